@@ -1,0 +1,49 @@
+// Encoding (fmt) and decoding (simdjson On Demand) of one line of the lifecycle channel.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "messages.hpp"
+
+namespace nes::proto {
+
+/// A line whose `type` this direction does not know: callers log it and skip it.
+struct UnknownMessage {
+  std::string type;
+  bool operator==(const UnknownMessage&) const = default;
+};
+
+/// A line that cannot be acted on. `reason` names the field path and what was expected, e.g.
+/// `boot.exec.uid: expected unsigned 32-bit integer, got -1`.
+struct DecodeError {
+  std::string reason;
+  bool operator==(const DecodeError&) const = default;
+};
+
+/// Result of decoding one line from the guest (used by the host).
+using GuestDecoded = std::variant<GuestMessage, UnknownMessage, DecodeError>;
+/// Result of decoding one line from the host (used by the guest).
+using HostDecoded = std::variant<HostMessage, UnknownMessage, DecodeError>;
+
+/// Decode one line (without its '\n'; a trailing '\r' is tolerated). Never throws.
+GuestDecoded decode_guest(std::string_view line);
+/// Decode one line (without its '\n'; a trailing '\r' is tolerated). Never throws.
+HostDecoded decode_host(std::string_view line);
+
+/// Compact JSON, `type` first, unset optionals omitted, no trailing newline.
+/// Strings: `"` `\` and every control character escaped; invalid UTF-8 bytes each become U+FFFD
+/// (the output is always valid JSON/UTF-8). Precondition for WorkloadExited: exactly one field set.
+std::string encode(const GuestMessage& m);
+std::string encode(const HostMessage& m);
+
+/// encode(m) followed by '\n': one line ready to write to the stream.
+std::string encode_line(const GuestMessage& m);
+std::string encode_line(const HostMessage& m);
+
+/// The wire tag of a message ("ready", "boot", ...).
+std::string_view type_name(const GuestMessage& m);
+std::string_view type_name(const HostMessage& m);
+
+}  // namespace nes::proto

@@ -1,0 +1,155 @@
+// The lifecycle channel's messages: one C++ value type per wire message of protocol version 2
+// (../shared/design/PROTOCOL.md, wire-compatible with the reference implementation's v2).
+// Both ends (nesinit/ and host/) use only these types; nothing else defines the wire.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace nes::proto {
+
+/// The protocol version this build speaks (`ready.protocol_version`).
+inline constexpr std::uint32_t kProtocolVersion = 2;
+/// Default hard cap on one line, in bytes, excluding the '\n' (PROTOCOL.md "Bounds").
+inline constexpr std::size_t kDefaultLineCap = 1u << 20;
+/// uid/gid value refused on the wire: to set*id(2) it means "unchanged".
+inline constexpr std::uint32_t kInvalidId = 4294967295u;
+
+// ---- guest -> host -----------------------------------------------------------------------------
+
+/// First line from the guest, unprompted: `{"type":"ready","protocol_version":2}`.
+struct Ready {
+  std::uint32_t protocol_version = kProtocolVersion;
+  bool operator==(const Ready&) const = default;
+};
+
+/// All shares are mounted; the workload is about to start.
+struct Mounted {
+  bool operator==(const Mounted&) const = default;
+};
+
+/// A share failed to mount; nothing was started. `err` is the errno value (0 if none).
+struct MountFailed {
+  std::string tag;
+  std::string reason;
+  std::int32_t err = 0;  // wire name: "errno"
+  bool operator==(const MountFailed&) const = default;
+};
+
+/// The workload's exec succeeded (learned through a CLOEXEC pipe). `pid` >= 1, in the guest.
+struct Started {
+  std::int32_t pid = 1;
+  bool operator==(const Started&) const = default;
+};
+
+/// Why a workload could not start. Statuses follow POSIX shells: not_found 127, else 126.
+enum class StartFailClass { not_found, not_executable, other };
+
+/// exec or its set-up failed; no `workload_exited` follows. `err` is the errno value.
+struct StartFailed {
+  std::string reason;
+  std::int32_t err = 0;  // wire name: "errno"
+  StartFailClass cls = StartFailClass::other;  // wire name: "class"
+  bool operator==(const StartFailed&) const = default;
+};
+
+/// The workload was reaped. Exactly one of `exit_code` (0..255) and `signal` (1..64) is set:
+/// a kill must never look like a clean run.
+struct WorkloadExited {
+  std::optional<std::uint8_t> exit_code;
+  std::optional<std::uint8_t> signal;
+  static WorkloadExited code(std::uint8_t c) { return {c, std::nullopt}; }
+  static WorkloadExited killed(std::uint8_t sig) { return {std::nullopt, sig}; }
+  bool operator==(const WorkloadExited&) const = default;
+};
+
+/// A host line could not be acted on; the session goes on.
+struct ProtocolError {
+  std::string reason;
+  bool operator==(const ProtocolError&) const = default;
+};
+
+/// Any message the guest sends.
+using GuestMessage =
+    std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited, ProtocolError>;
+
+// ---- host -> guest -----------------------------------------------------------------------------
+
+/// What to run. `argv` non-empty (never a shell string); `env` exactly the workload's environment
+/// (see PROTOCOL.md for the NESINIT_* geometry variables); `cwd` nullopt = "/".
+struct Exec {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+  std::optional<std::string> cwd;
+  std::uint32_t uid = 0;
+  std::uint32_t gid = 0;
+  std::vector<std::uint32_t> groups;  // supplementary groups; setgroups(2) is always called
+  bool operator==(const Exec&) const = default;
+};
+
+/// Share file system. virtiofs (default), 9p, tmpfs (tag is only a name), bind (tag is a guest path).
+enum class FsType { virtiofs, ninep, tmpfs, bind };
+
+/// One share to mount, always nosuid,nodev. `at` is an absolute guest path.
+struct Mount {
+  std::string tag;
+  std::string at;
+  bool ro = false;
+  FsType fs = FsType::virtiofs;
+  bool operator==(const Mount&) const = default;
+};
+
+/// The output the workload should produce; the init hands it over uninterpreted.
+struct Geometry {
+  std::uint32_t width = 0;
+  std::uint32_t height = 0;
+  std::uint32_t fps = 0;
+  bool hdr = false;
+  bool operator==(const Geometry&) const = default;
+};
+
+/// The final act of an ordered shutdown.
+enum class Halt { poweroff, reboot };
+
+/// What the workload's exit means. `terminal`: does it end the session (not a restart policy).
+/// `halt` overrides the init's configured final act for this session.
+struct OnExit {
+  bool terminal = true;
+  std::optional<Halt> halt;
+  bool operator==(const OnExit&) const = default;
+};
+
+/// The boot descriptor: exactly one per connection, host -> guest.
+struct Boot {
+  Exec exec;
+  std::vector<Mount> mounts;
+  Geometry geometry;
+  OnExit on_exit;
+  std::optional<std::string> hostname;
+  bool operator==(const Boot&) const = default;
+};
+
+/// SIGTERM to the workload's process group (idempotent: at most one SIGTERM ever).
+struct Stop {
+  bool operator==(const Stop&) const = default;
+};
+
+/// End the session: ordered shutdown. After `workload_exited` it is also the host's ack.
+struct Shutdown {
+  bool operator==(const Shutdown&) const = default;
+};
+
+/// Send `signal` (1..64) to the workload's process group.
+struct Kill {
+  std::uint8_t signal = 0;
+  bool operator==(const Kill&) const = default;
+};
+
+/// Any message the host sends.
+using HostMessage = std::variant<Boot, Stop, Shutdown, Kill>;
+
+}  // namespace nes::proto

