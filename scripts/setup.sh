@@ -7,7 +7,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 
 pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson-dev doctest-dev
-      binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
+      python3 binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
       dumb-init libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
