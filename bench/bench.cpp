@@ -1,0 +1,376 @@
+// bench: nesinit measured side by side with tini, catatonit and dumb-init (Debian's), every figure
+// a ratio against a peer run in the same invocation, contenders alternating, medians of repeats.
+// Usage: bench [--iterations N] [--storm N] [--out FILE]   (needs root: unshare --pid)
+// Env: NESINIT_BIN (the static init), NES_STORM_BIN (bench/storm). Prints a Markdown table.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include "protocol/protocol.hpp"
+
+extern char** environ;
+namespace fs = std::filesystem;
+namespace proto = nes::proto;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+/// An owned file descriptor.
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(Fd&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+  Fd& operator=(Fd&& o) noexcept { reset(); fd = std::exchange(o.fd, -1); return *this; }
+  ~Fd() { reset(); }
+  void reset() { if (fd >= 0) ::close(fd); fd = -1; }
+};
+
+/// A spawned process, killed (SIGKILL) and reaped if still running when it goes out of scope.
+struct Proc {
+  pid_t pid = -1;
+  int status = 0;
+  Proc() = default;
+  Proc(Proc&& o) noexcept : pid(std::exchange(o.pid, -1)), status(o.status) {}
+  ~Proc() {
+    if (pid > 0) { ::kill(pid, SIGKILL); while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {} }
+  }
+  /// Wait (bounded by `limit_ms`, then SIGKILL) and return the wait status.
+  int wait(int limit_ms = 60000) {
+    auto t = Clock::now();
+    while (true) {
+      pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) { pid = -1; return status; }
+      if (ms_since(t) > limit_ms) { ::kill(pid, SIGKILL); }
+      struct timespec ts{0, 200000};  // 0.2 ms poll of a child we own: bench only, not a test
+      nanosleep(&ts, nullptr);
+    }
+  }
+};
+
+/// posix_spawn argv; stdout/stderr to `out_fd` (or /dev/null when -1).
+Proc spawn(const std::vector<std::string>& args, int out_fd = -1) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (out_fd >= 0) {
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+  } else {
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  }
+  Proc p;
+  int rc = posix_spawnp(&p.pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error(fmt::format("spawn {}: {}", args[0], std::strerror(rc)));
+  return p;
+}
+
+/// Run to completion, return everything it wrote on stdout+stderr (bounded to 1 MiB).
+std::string run_capture(const std::vector<std::string>& args) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+  Fd r(p[0]), w(p[1]);
+  Proc pr = spawn(args, w.fd);
+  w.reset();
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(r.fd, buf, sizeof buf)) > 0 && out.size() < (1u << 20)) out.append(buf, n);
+  pr.wait();
+  return out;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+const std::vector<std::string> kNs = {"unshare", "--pid", "--fork", "--mount-proc"};
+
+std::vector<std::string> ns(std::vector<std::string> rest) {
+  std::vector<std::string> v = kNs;
+  v.insert(v.end(), rest.begin(), rest.end());
+  return v;
+}
+
+/// One peer init: how to run ARGV under it as PID 1 of a fresh pid namespace.
+struct Peer {
+  std::string name;
+  std::string bin;
+  std::function<std::vector<std::string>(const std::vector<std::string>&)> cmd;
+};
+
+std::vector<Peer> peers() {
+  std::vector<Peer> v;
+  auto add = [&](std::string name, std::string bin, std::vector<std::string> pre) {
+    if (access(bin.c_str(), X_OK) != 0) return;
+    v.push_back({name, bin, [bin, pre](const std::vector<std::string>& a) {
+                   std::vector<std::string> c = {bin};
+                   c.insert(c.end(), pre.begin(), pre.end());
+                   c.insert(c.end(), a.begin(), a.end());
+                   return ns(c);
+                 }});
+  };
+  add("tini-static", "/usr/bin/tini-static", {"-s", "--"});
+  add("catatonit", "/usr/bin/catatonit", {"--"});
+  add("dumb-init", "/usr/bin/dumb-init", {});
+  return v;
+}
+
+/// A scripted host for nesinit over a Unix socket: one full session per call.
+struct NesRun {
+  double total_ms = 0;     // spawn -> namespace init reaped
+  double protocol_ms = 0;  // accept -> workload_exited -> shutdown (the ack) written
+  std::string output;      // what the namespace wrote on stdout/stderr
+  std::optional<proto::WorkloadExited> exited;
+};
+
+std::string read_line(int fd, std::string& buf, int timeout_ms) {
+  auto t = Clock::now();
+  while (true) {
+    auto nl = buf.find('\n');
+    if (nl != std::string::npos) {
+      std::string l = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      return l;
+    }
+    int left = timeout_ms - static_cast<int>(ms_since(t));
+    if (left <= 0) throw std::runtime_error("timed out waiting for a line from nesinit");
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, left) <= 0) continue;
+    char b[4096];
+    ssize_t n = read(fd, b, sizeof b);
+    if (n <= 0) throw std::runtime_error("channel closed before the expected line");
+    buf.append(b, n);
+  }
+}
+
+NesRun nesinit_cycle(const std::string& init, const fs::path& dir,
+                     const std::vector<std::string>& argv, bool capture) {
+  NesRun r;
+  fs::path sock = dir / "ch.sock";
+  fs::remove(sock);
+  Fd l(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, sock.c_str(), sizeof a.sun_path - 1);
+  if (bind(l.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l.fd, 1) != 0)
+    throw std::runtime_error("bind/listen " + sock.string());
+  int p[2] = {-1, -1};
+  if (capture && pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
+  Fd pr(p[0]), pw(p[1]);
+  auto t0 = Clock::now();
+  Proc proc = spawn(ns({init, "--channel=unix:" + sock.string(), "--log=quiet"}), pw.fd);
+  pw.reset();
+  pollfd pf{l.fd, POLLIN, 0};
+  if (poll(&pf, 1, 10000) != 1) throw std::runtime_error("nesinit did not dial in");
+  Fd c(accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC));
+  auto ta = Clock::now();
+  std::string buf;
+  auto ready = proto::decode_guest(read_line(c.fd, buf, 10000));
+  if (!std::holds_alternative<proto::GuestMessage>(ready)) throw std::runtime_error("bad ready");
+  proto::Boot b;
+  b.exec.argv = argv;
+  b.exec.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}};
+  b.on_exit.terminal = true;
+  std::string line = proto::encode_line(proto::HostMessage{b});
+  if (write(c.fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    throw std::runtime_error("write boot");
+  while (!r.exited) {
+    auto d = proto::decode_guest(read_line(c.fd, buf, 60000));
+    if (auto* m = std::get_if<proto::GuestMessage>(&d)) {
+      if (auto* e = std::get_if<proto::WorkloadExited>(m)) r.exited = *e;
+      if (auto* f = std::get_if<proto::StartFailed>(m)) throw std::runtime_error("start_failed: " + f->reason);
+    }
+  }
+  line = proto::encode_line(proto::HostMessage{proto::Shutdown{}});
+  if (write(c.fd, line.data(), line.size()) < 0) throw std::runtime_error("write shutdown");
+  r.protocol_ms = ms_since(ta);
+  if (capture) {
+    char b2[4096];
+    ssize_t n;
+    while ((n = read(pr.fd, b2, sizeof b2)) > 0 && r.output.size() < (1u << 20)) r.output.append(b2, n);
+  }
+  proc.wait();
+  r.total_ms = ms_since(t0);
+  return r;
+}
+
+double timed(const std::vector<std::string>& cmd) {
+  auto t = Clock::now();
+  Proc p = spawn(cmd);
+  p.wait();
+  return ms_since(t);
+}
+
+std::string grep_value(const std::string& text, const std::string& key) {
+  auto i = text.find(key);
+  if (i == std::string::npos) return {};
+  auto e = text.find('\n', i);
+  return text.substr(i + key.size(), e == std::string::npos ? std::string::npos : e - i - key.size());
+}
+
+double kib_of(const std::string& vmrss) { return std::atof(vmrss.c_str()); }
+
+struct Row {
+  std::string figure, unit;
+  double nes;
+  std::vector<std::pair<std::string, double>> peers;
+};
+
+std::string trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string fmt_num(double v) { return v >= 100 ? fmt::format("{:.0f}", v) : fmt::format("{:.3g}", v); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iterations = 200, storm = 10000;
+  std::string out = "bench/results/latest.md";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&](const char* f) {
+      if (i + 1 >= argc) { fmt::print(stderr, "bench: {} needs a value\n", f); std::exit(2); }
+      return std::string(argv[++i]);
+    };
+    if (a == "--iterations") iterations = std::atoi(val("--iterations").c_str());
+    else if (a == "--storm") storm = std::atoi(val("--storm").c_str());
+    else if (a == "--out") out = val("--out");
+    else { fmt::print(stderr, "usage: bench [--iterations N] [--storm N] [--out FILE]\n"); return 2; }
+  }
+  const char* init_env = std::getenv("NESINIT_BIN");
+  const char* storm_env = std::getenv("NES_STORM_BIN");
+  if (!init_env || !storm_env) { fmt::print(stderr, "bench: set NESINIT_BIN and NES_STORM_BIN\n"); return 2; }
+  std::string init = init_env, storm_bin = storm_env;
+  char tmpl[] = "/tmp/nesbench.XXXXXX";
+  if (!mkdtemp(tmpl)) { fmt::print(stderr, "bench: mkdtemp failed\n"); return 1; }
+  fs::path dir = tmpl;
+  struct Cleanup { fs::path d; ~Cleanup() { std::error_code ec; fs::remove_all(d, ec); } } cleanup{dir};
+  auto ps = peers();
+  std::vector<Row> rows;
+
+  try {
+    // P1: full cycle of /bin/true, contenders alternating (rotation), medians.
+    std::map<std::string, std::vector<double>> t;
+    for (int i = 0; i < iterations; ++i) {
+      int k = static_cast<int>(ps.size()) + 2;
+      for (int j = 0; j < k; ++j) {
+        int which = (i + j) % k;
+        if (which == 0) {
+          auto r = nesinit_cycle(init, dir, {"/bin/true"}, false);
+          if (!r.exited || r.exited->exit_code != 0) throw std::runtime_error("true did not exit 0");
+          t["nesinit"].push_back(r.total_ms);
+          t["nesinit protocol share"].push_back(r.protocol_ms);
+        } else if (which == 1) {
+          t["bare"].push_back(timed(ns({"/bin/true"})));
+        } else {
+          auto& p = ps[which - 2];
+          t[p.name].push_back(timed(p.cmd({"/bin/true"})));
+        }
+      }
+    }
+    Row p1{"P1 full cycle `/bin/true` (median of " + std::to_string(iterations) + ")", "ms",
+           median(t["nesinit"]), {}};
+    p1.peers.push_back({"bare ns (floor)", median(t["bare"])});
+    for (auto& p : ps) p1.peers.push_back({p.name, median(t[p.name])});
+    rows.push_back(p1);
+    rows.push_back({"P1 nesinit protocol share (accept → workload_exited → ack)", "ms",
+                    median(t["nesinit protocol share"]), {{"nesinit full cycle", median(t["nesinit"])}}});
+
+    // P2: stripped static size.
+    fs::path stripped = dir / "nesinit.stripped";
+    run_capture({"strip", "-o", stripped.string(), init});
+    Row p2{"P2 stripped static binary", "KiB", fs::file_size(stripped) / 1024.0, {}};
+    for (auto [n, b] : {std::pair{"tini-static", "/usr/bin/tini-static"}, {"catatonit", "/usr/bin/catatonit"}})
+      if (fs::exists(b)) p2.peers.push_back({n, fs::file_size(b) / 1024.0});
+    rows.push_back(p2);
+
+    // P3: VmRSS of PID 1 while the workload runs (read by the workload from /proc/1/status).
+    const std::vector<std::string> rss_cmd = {"/bin/sh", "-c", "grep VmRSS /proc/1/status"};
+    std::map<std::string, std::vector<double>> rss;
+    for (int i = 0; i < 5; ++i) {
+      rss["nesinit"].push_back(kib_of(grep_value(nesinit_cycle(init, dir, rss_cmd, true).output, "VmRSS:")));
+      for (auto& p : ps) rss[p.name].push_back(kib_of(grep_value(run_capture(p.cmd(rss_cmd)), "VmRSS:")));
+    }
+    Row p3{"P3 PID 1 VmRSS while the workload runs", "KiB", median(rss["nesinit"]), {}};
+    for (auto& p : ps) p3.peers.push_back({p.name, median(rss[p.name])});
+    rows.push_back(p3);
+
+    // P4: reaping storm: N orphans by double fork; time until PID 1 reaped them all.
+    std::map<std::string, std::vector<double>> st;
+    std::map<std::string, int> left;
+    const std::vector<std::string> storm_cmd = {storm_bin, std::to_string(storm)};
+    for (int i = 0; i < 3; ++i) {
+      auto parse = [&](const std::string& name, const std::string& o) {
+        st[name].push_back(std::atof(grep_value(o, "reaped_ms=").c_str()));
+        left[name] = std::max(left[name], std::atoi(grep_value(o, "zombies_left=").c_str()));
+      };
+      parse("nesinit", nesinit_cycle(init, dir, storm_cmd, true).output);
+      for (auto& p : ps)
+        if (p.name != "dumb-init") parse(p.name, run_capture(p.cmd(storm_cmd)));
+    }
+    Row p4{fmt::format("P4 reaping storm, {} orphans (zombies left: nesinit {})", storm, left["nesinit"]),
+           "ms", median(st["nesinit"]), {}};
+    for (auto& p : ps)
+      if (p.name != "dumb-init")
+        p4.peers.push_back({fmt::format("{} (left {})", p.name, left[p.name]), median(st[p.name])});
+    rows.push_back(p4);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench: {}\n", e.what());
+    return 1;
+  }
+
+  std::string table = "| figure | unit | nesinit | peer | peer value | nesinit / peer |\n|---|---|---|---|---|---|\n";
+  for (auto& r : rows)
+    for (auto& [pn, pv] : r.peers)
+      table += fmt::format("| {} | {} | {} | {} | {} | {:.2f} |\n", r.figure, r.unit, fmt_num(r.nes), pn,
+                           fmt_num(pv), pv > 0 ? r.nes / pv : 0.0);
+  std::string head = fmt::format("# nesinit bench — {}\n\nmachine: {}, {} cores; commit {}\n\n",
+                                 trim(run_capture({"date", "-u", "+%Y-%m-%dT%H:%M:%SZ"})),
+                                 trim(run_capture({"uname", "-srm"})),
+                                 sysconf(_SC_NPROCESSORS_ONLN),
+                                 trim(run_capture({"git", "rev-parse", "--short", "HEAD"})));
+  fmt::print("{}{}", head, table);
+  if (!out.empty()) {
+    fs::create_directories(fs::path(out).parent_path());
+    std::ofstream(out) << head << table;
+  }
+  return 0;
+}
