@@ -1,8 +1,975 @@
+// Encoding (fmt) and decoding (simdjson On Demand, error codes only) of the lifecycle channel's
+// lines. See docs/protocol.md for the policies (invalid UTF-8, duplicate keys, depth, NUL bytes).
+//
+// Decoding runs three passes over the same padded copy of the line (each one fast, the line is at
+// most the LineReader's cap):
+//   A. find `type` (top-level fields only, values skipped);
+//   B. validate the whole line as strict JSON: one object, no trailing content, no duplicate key in
+//      any object, nesting at most kMaxDepth, every string/number/literal well formed;
+//   C. decode the known message, checking every field's type and range against PROTOCOL.md.
+// Pass B makes pass C simple (it only judges the contract) and makes unknown fields and unknown
+// messages as well-formed as known ones. Built with -fno-exceptions: no simdjson exception API.
 #include "codec.hpp"
-// placeholder: being implemented (issue 2)
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include "status.hpp"
+
 namespace nes::proto {
-GuestDecoded decode_guest(std::string_view) { return DecodeError{"not implemented"}; }
-HostDecoded decode_host(std::string_view) { return DecodeError{"not implemented"}; }
-std::string encode(const GuestMessage&) { return {}; }
-std::string encode(const HostMessage&) { return {}; }
+namespace {
+
+namespace od = simdjson::ondemand;
+using simdjson::error_code;
+
+/// Deepest nesting accepted anywhere on a line (the top-level object is depth 1). The contract
+/// needs 3 (boot.exec.argv); unknown fields get generous room, but recursion stays bounded.
+constexpr int kMaxDepth = 64;
+/// Longest excerpt of an offending value quoted in an error reason, in bytes.
+constexpr std::size_t kExcerpt = 48;
+
+// ============================================ encoding ============================================
+
+using Buf = fmt::memory_buffer;
+
+void put(Buf& b, std::string_view s) { b.append(s.data(), s.data() + s.size()); }
+
+/// Length of the well-formed UTF-8 sequence starting at s[i], or 0 if s[i] does not start one
+/// (Unicode 15 Table 3-7: no overlongs, no surrogates, nothing above U+10FFFF).
+std::size_t utf8_seq_len(std::string_view s, std::size_t i) {
+  auto at = [&](std::size_t k) -> unsigned { return static_cast<unsigned char>(s[k]); };
+  const unsigned c = at(i);
+  const std::size_t left = s.size() - i;
+  auto cont = [&](std::size_t k, unsigned lo = 0x80, unsigned hi = 0xBF) {
+    return k < left && at(i + k) >= lo && at(i + k) <= hi;
+  };
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c == 0xE0) return cont(1, 0xA0, 0xBF) && cont(2) ? 3 : 0;
+  if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) return cont(1) && cont(2) ? 3 : 0;
+  if (c == 0xED) return cont(1, 0x80, 0x9F) && cont(2) ? 3 : 0;
+  if (c == 0xF0) return cont(1, 0x90, 0xBF) && cont(2) && cont(3) ? 4 : 0;
+  if (c >= 0xF1 && c <= 0xF3) return cont(1) && cont(2) && cont(3) ? 4 : 0;
+  if (c == 0xF4) return cont(1, 0x80, 0x8F) && cont(2) && cont(3) ? 4 : 0;
+  return 0;
 }
+
+/// A JSON string literal (RFC 8259 §7): `"` and `\` escaped, every control character U+0000..U+001F
+/// escaped (short forms where JSON has them, else \u00XX), each byte that is not part of a
+/// well-formed UTF-8 sequence replaced by U+FFFD. The output is always valid JSON and UTF-8.
+void put_string(Buf& b, std::string_view s) {
+  b.push_back('"');
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const std::size_t n = utf8_seq_len(s, i);
+      if (n == 0) {
+        put(b, "\xEF\xBF\xBD");  // U+FFFD REPLACEMENT CHARACTER, one per invalid byte
+        ++i;
+      } else {
+        put(b, s.substr(i, n));
+        i += n;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"': put(b, "\\\""); break;
+      case '\\': put(b, "\\\\"); break;
+      case '\b': put(b, "\\b"); break;
+      case '\f': put(b, "\\f"); break;
+      case '\n': put(b, "\\n"); break;
+      case '\r': put(b, "\\r"); break;
+      case '\t': put(b, "\\t"); break;
+      default:
+        if (c < 0x20) {
+          fmt::format_to(std::back_inserter(b), "\\u{:04x}", static_cast<unsigned>(c));
+        } else {
+          b.push_back(static_cast<char>(c));
+        }
+    }
+    ++i;
+  }
+  b.push_back('"');
+}
+
+template <class Int>
+void put_int(Buf& b, Int v) {
+  // uint8_t would otherwise be a character to some formatters: widen explicitly.
+  if constexpr (std::is_signed_v<Int>) {
+    fmt::format_to(std::back_inserter(b), "{}", static_cast<long long>(v));
+  } else {
+    fmt::format_to(std::back_inserter(b), "{}", static_cast<unsigned long long>(v));
+  }
+}
+
+void put_bool(Buf& b, bool v) { put(b, v ? "true" : "false"); }
+
+/// `,"name":` (or without the comma for the first field of an object).
+void key(Buf& b, std::string_view name, bool first = false) {
+  if (!first) b.push_back(',');
+  put_string(b, name);
+  b.push_back(':');
+}
+
+void open(Buf& b, std::string_view type) {
+  put(b, "{\"type\":");
+  put_string(b, type);
+}
+
+// ---- one function per message: field order is the reference's, optional/additive fields last.
+
+void enc(Buf& b, const Ready& m) {
+  open(b, "ready");
+  key(b, "protocol_version");
+  put_int(b, m.protocol_version);
+}
+void enc(Buf& b, const Mounted&) { open(b, "mounted"); }
+void enc(Buf& b, const MountFailed& m) {
+  open(b, "mount_failed");
+  key(b, "tag");
+  put_string(b, m.tag);
+  key(b, "reason");
+  put_string(b, m.reason);
+  key(b, "errno");
+  put_int(b, m.err);
+}
+void enc(Buf& b, const Started& m) {
+  open(b, "started");
+  key(b, "pid");
+  put_int(b, m.pid);
+}
+void enc(Buf& b, const StartFailed& m) {
+  open(b, "start_failed");
+  key(b, "reason");
+  put_string(b, m.reason);
+  key(b, "errno");
+  put_int(b, m.err);
+  key(b, "class");
+  put_string(b, to_string(m.cls));
+}
+void enc(Buf& b, const WorkloadExited& m) {
+  // Faithful: whatever is set is written; a value with both or neither is refused by decode.
+  open(b, "workload_exited");
+  if (m.exit_code) {
+    key(b, "exit_code");
+    put_int(b, *m.exit_code);
+  }
+  if (m.signal) {
+    key(b, "signal");
+    put_int(b, *m.signal);
+  }
+}
+void enc(Buf& b, const ProtocolError& m) {
+  open(b, "protocol_error");
+  key(b, "reason");
+  put_string(b, m.reason);
+}
+
+void enc(Buf& b, const Exec& e) {
+  b.push_back('{');
+  key(b, "argv", true);
+  b.push_back('[');
+  for (std::size_t i = 0; i < e.argv.size(); ++i) {
+    if (i) b.push_back(',');
+    put_string(b, e.argv[i]);
+  }
+  b.push_back(']');
+  key(b, "env");
+  b.push_back('{');
+  bool first = true;
+  for (const auto& [k, v] : e.env) {
+    key(b, k, first);
+    first = false;
+    put_string(b, v);
+  }
+  b.push_back('}');
+  key(b, "cwd");
+  if (e.cwd) {
+    put_string(b, *e.cwd);
+  } else {
+    put(b, "null");  // the reference's shape: cwd is the one optional written as null
+  }
+  key(b, "uid");
+  put_int(b, e.uid);
+  key(b, "gid");
+  put_int(b, e.gid);
+  if (!e.groups.empty()) {  // additive: omitted when empty, so a v2 peer sees the reference shape
+    key(b, "groups");
+    b.push_back('[');
+    for (std::size_t i = 0; i < e.groups.size(); ++i) {
+      if (i) b.push_back(',');
+      put_int(b, e.groups[i]);
+    }
+    b.push_back(']');
+  }
+  b.push_back('}');
+}
+
+void enc(Buf& b, const Boot& m) {
+  open(b, "boot");
+  key(b, "exec");
+  enc(b, m.exec);
+  key(b, "mounts");
+  b.push_back('[');
+  for (std::size_t i = 0; i < m.mounts.size(); ++i) {
+    const Mount& mt = m.mounts[i];
+    if (i) b.push_back(',');
+    b.push_back('{');
+    key(b, "tag", true);
+    put_string(b, mt.tag);
+    key(b, "at");
+    put_string(b, mt.at);
+    key(b, "ro");
+    put_bool(b, mt.ro);
+    if (mt.fs != FsType::virtiofs) {  // additive: the default is omitted
+      key(b, "fs");
+      put_string(b, to_string(mt.fs));
+    }
+    b.push_back('}');
+  }
+  b.push_back(']');
+  key(b, "geometry");
+  b.push_back('{');
+  key(b, "width", true);
+  put_int(b, m.geometry.width);
+  key(b, "height");
+  put_int(b, m.geometry.height);
+  key(b, "fps");
+  put_int(b, m.geometry.fps);
+  key(b, "hdr");
+  put_bool(b, m.geometry.hdr);
+  b.push_back('}');
+  key(b, "on_exit");
+  b.push_back('{');
+  key(b, "terminal", true);
+  put_bool(b, m.on_exit.terminal);
+  if (m.on_exit.halt) {
+    key(b, "halt");
+    put_string(b, to_string(*m.on_exit.halt));
+  }
+  b.push_back('}');
+  if (m.hostname) {
+    key(b, "hostname");
+    put_string(b, *m.hostname);
+  }
+}
+void enc(Buf& b, const Stop&) { open(b, "stop"); }
+void enc(Buf& b, const Shutdown&) { open(b, "shutdown"); }
+void enc(Buf& b, const Kill& m) {
+  open(b, "kill");
+  key(b, "signal");
+  put_int(b, m.signal);
+}
+
+template <class Variant>
+std::string encode_any(const Variant& m, bool newline) {
+  Buf b;
+  std::visit([&](const auto& x) { enc(b, x); }, m);
+  b.push_back('}');
+  if (newline) b.push_back('\n');
+  return fmt::to_string(b);
+}
+
+// ============================================ decoding ============================================
+
+/// A field path, built only when an error is reported: `boot.exec.argv[2]`, `boot.exec.env.PATH`,
+/// `boot.exec.env["A.B"]` (keys that are not plain identifiers are quoted).
+struct Path {
+  const Path* parent = nullptr;
+  std::string_view name;  // root name or key
+  std::size_t index = 0;
+  enum class Kind { root, key, index } kind = Kind::root;
+
+  Path operator/(std::string_view k) const { return Path{this, k, 0, Kind::key}; }
+  Path operator[](std::size_t i) const { return Path{this, {}, i, Kind::index}; }
+};
+
+std::string excerpt_json(std::string_view s) {
+  Buf b;
+  const bool cut = s.size() > kExcerpt;
+  put_string(b, cut ? s.substr(0, kExcerpt) : s);
+  if (cut) put(b, "...");
+  return fmt::to_string(b);
+}
+
+bool plain_identifier(std::string_view k) {
+  if (k.empty() || k.size() > kExcerpt) return false;
+  return std::all_of(k.begin(), k.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+void path_to(Buf& b, const Path& p) {
+  if (p.parent) path_to(b, *p.parent);
+  switch (p.kind) {
+    case Path::Kind::root: put(b, p.name); break;
+    case Path::Kind::key:
+      if (plain_identifier(p.name)) {
+        if (b.size()) b.push_back('.');
+        put(b, p.name);
+      } else {
+        b.push_back('[');
+        put(b, excerpt_json(p.name));
+        b.push_back(']');
+      }
+      break;
+    case Path::Kind::index: fmt::format_to(std::back_inserter(b), "[{}]", p.index); break;
+  }
+}
+
+std::string path_str(const Path& p) {
+  Buf b;
+  path_to(b, p);
+  return fmt::to_string(b);
+}
+
+/// The first error of a decode; every helper returns false once it is set.
+struct Err {
+  std::string reason;
+  bool fail(const Path& p, std::string_view what) {
+    reason = fmt::format("{}: {}", path_str(p), what);
+    return false;
+  }
+  bool expected(const Path& p, std::string_view expect, std::string_view got) {
+    reason = fmt::format("{}: expected {}, got {}", path_str(p), expect, got);
+    return false;
+  }
+  bool json(const Path& p, error_code e) {
+    reason = fmt::format("{}: invalid JSON ({})", path_str(p), simdjson::error_message(e));
+    return false;
+  }
+};
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r' || s.back() == '\n'))
+    s.remove_suffix(1);
+  return s;
+}
+
+std::string_view type_word(od::json_type t) {
+  switch (t) {
+    case od::json_type::array: return "array";
+    case od::json_type::object: return "object";
+    case od::json_type::number: return "number";
+    case od::json_type::string: return "string";
+    case od::json_type::boolean: return "boolean";
+    case od::json_type::null: return "null";
+  }
+  return "value";
+}
+
+/// What a value is, for "got ...": the token itself for scalars (clipped), else "array"/"object".
+std::string describe(od::value& v) {
+  od::json_type t{};
+  if (v.type().get(t) != simdjson::SUCCESS) return "invalid JSON";
+  if (t == od::json_type::array || t == od::json_type::object) return std::string(type_word(t));
+  std::string_view tok = trim(v.raw_json_token());
+  if (tok.size() <= kExcerpt) return std::string(tok);
+  return std::string(tok.substr(0, kExcerpt)) + "...";
+}
+
+// ---- pass B: strict JSON validation of a whole line -------------------------------------------
+
+bool validate_value(od::value v, const Path& p, int depth, Err& err);
+
+bool validate_object(od::object obj, const Path& p, int depth, Err& err) {
+  std::vector<std::string_view> keys;  // views into the parser's string buffer (valid this pass)
+  for (auto fr : obj) {
+    od::field f;
+    if (auto e = std::move(fr).get(f)) return err.json(p, e);
+    std::string_view k;
+    if (auto e = f.unescaped_key().get(k)) return err.json(p, e);
+    keys.push_back(k);
+    if (!validate_value(f.value(), p / k, depth + 1, err)) return false;
+  }
+  std::sort(keys.begin(), keys.end());
+  auto dup = std::adjacent_find(keys.begin(), keys.end());
+  if (dup != keys.end()) return err.fail(p, fmt::format("duplicate key {}", excerpt_json(*dup)));
+  return true;
+}
+
+bool validate_value(od::value v, const Path& p, int depth, Err& err) {
+  od::json_type t{};
+  if (auto e = v.type().get(t)) return err.json(p, e);
+  switch (t) {
+    case od::json_type::object: {
+      if (depth >= kMaxDepth)
+        return err.fail(p, fmt::format("nesting deeper than {} levels", kMaxDepth));
+      od::object o;
+      if (auto e = v.get_object().get(o)) return err.json(p, e);
+      return validate_object(o, p, depth, err);
+    }
+    case od::json_type::array: {
+      if (depth >= kMaxDepth)
+        return err.fail(p, fmt::format("nesting deeper than {} levels", kMaxDepth));
+      od::array a;
+      if (auto e = v.get_array().get(a)) return err.json(p, e);
+      std::size_t i = 0;
+      for (auto er : a) {
+        od::value el;
+        if (auto e = std::move(er).get(el)) return err.json(p, e);
+        if (!validate_value(el, p[i], depth + 1, err)) return false;
+        ++i;
+      }
+      return true;
+    }
+    case od::json_type::string: {
+      std::string_view s;
+      if (auto e = v.get_string().get(s)) return err.json(p, e);
+      return true;
+    }
+    case od::json_type::number: {
+      // Integers beyond 64 bits are valid JSON (RFC 8259 §6): accept them as doubles. A number
+      // beyond a double's range is refused (RFC 8259 §9 lets a parser limit the range).
+      od::number n;
+      double d = 0;
+      if (v.get_number().get(n) == simdjson::SUCCESS) return true;
+      if (auto e = v.get_double().get(d)) return err.json(p, e);
+      return true;
+    }
+    case od::json_type::boolean: {
+      bool b = false;
+      if (auto e = v.get_bool().get(b)) return err.json(p, e);
+      return true;
+    }
+    case od::json_type::null: {
+      bool is = false;
+      if (auto e = v.is_null().get(is)) return err.json(p, e);
+      if (!is) return err.json(p, simdjson::N_ATOM_ERROR);
+      return true;
+    }
+  }
+  return err.json(p, simdjson::TAPE_ERROR);
+}
+
+// ---- pass C: typed fields ------------------------------------------------------------------------
+
+bool get_int(od::value v, const Path& p, std::int64_t lo, std::int64_t hi, std::string_view expect,
+             std::int64_t& out, Err& err) {
+  od::json_type t{};
+  if (v.type().get(t) != simdjson::SUCCESS || t != od::json_type::number)
+    return err.expected(p, expect, describe(v));
+  std::string got = describe(v);
+  std::int64_t x = 0;
+  if (v.get_int64().get(x) != simdjson::SUCCESS || x < lo || x > hi)
+    return err.expected(p, expect, got);
+  out = x;
+  return true;
+}
+
+template <class T>
+bool get_ranged(od::value v, const Path& p, std::int64_t lo, std::int64_t hi,
+                std::string_view expect, T& out, Err& err) {
+  std::int64_t x = 0;
+  if (!get_int(v, p, lo, hi, expect, x, err)) return false;
+  out = static_cast<T>(x);
+  return true;
+}
+
+constexpr std::string_view kU32 = "unsigned 32-bit integer";
+
+bool get_u32(od::value v, const Path& p, std::uint32_t& out, Err& err) {
+  return get_ranged(v, p, 0, std::numeric_limits<std::uint32_t>::max(), kU32, out, err);
+}
+
+/// uid/gid: a u32 other than 4294967295 (to set*id(2) it means "unchanged").
+bool get_id(od::value v, const Path& p, std::uint32_t& out, Err& err) {
+  if (!get_u32(v, p, out, err)) return false;
+  if (out == kInvalidId)
+    return err.expected(p, "unsigned 32-bit integer other than 4294967295 (\"unchanged\" to set*id)",
+                        "4294967295");
+  return true;
+}
+
+bool get_bool(od::value v, const Path& p, bool& out, Err& err) {
+  od::json_type t{};
+  if (v.type().get(t) != simdjson::SUCCESS || t != od::json_type::boolean ||
+      v.get_bool().get(out) != simdjson::SUCCESS)
+    return err.expected(p, "boolean", describe(v));
+  return true;
+}
+
+/// A string without NUL bytes (they cannot reach execve(2), mount(2) or sethostname(2)).
+bool get_str(od::value v, const Path& p, std::string& out, Err& err) {
+  od::json_type t{};
+  std::string_view s;
+  if (v.type().get(t) != simdjson::SUCCESS || t != od::json_type::string ||
+      v.get_string().get(s) != simdjson::SUCCESS)
+    return err.expected(p, "string", describe(v));
+  if (auto nul = s.find('\0'); nul != std::string_view::npos)
+    return err.expected(p, "string without NUL bytes", fmt::format("NUL at byte {}", nul));
+  out.assign(s);
+  return true;
+}
+
+template <class Enum, std::size_t N>
+bool get_enum(od::value v, const Path& p, const std::array<Enum, N>& values, Enum& out, Err& err) {
+  std::string expect = "one of";
+  for (std::size_t i = 0; i < N; ++i)
+    expect += fmt::format("{}\"{}\"", i ? ", " : " ", to_string(values[i]));
+  od::json_type t{};
+  std::string_view s;
+  if (v.type().get(t) != simdjson::SUCCESS || t != od::json_type::string ||
+      v.get_string().get(s) != simdjson::SUCCESS)
+    return err.expected(p, expect, describe(v));
+  for (Enum e : values) {
+    if (to_string(e) == s) {
+      out = e;
+      return true;
+    }
+  }
+  return err.expected(p, expect, excerpt_json(s));
+}
+
+/// Calls f(key, value) for every field of the object in `v`; `expect` names the object's shape.
+template <class F>
+bool each_field(od::value v, const Path& p, std::string_view expect, Err& err, F&& f) {
+  od::json_type t{};
+  od::object o;
+  if (v.type().get(t) != simdjson::SUCCESS || t != od::json_type::object ||
+      v.get_object().get(o) != simdjson::SUCCESS)
+    return err.expected(p, expect, describe(v));
+  for (auto fr : o) {
+    od::field fl;
+    std::string_view k;
+    if (auto e = std::move(fr).get(fl)) return err.json(p, e);
+    if (auto e = fl.unescaped_key().get(k)) return err.json(p, e);
+    if (!f(k, fl.value())) return false;
+  }
+  return true;
+}
+
+/// Calls f(index, element) for every element of the array in `v`.
+template <class F>
+bool each_element(od::value v, const Path& p, std::string_view expect, Err& err, F&& f) {
+  od::json_type t{};
+  od::array a;
+  if (v.type().get(t) != simdjson::SUCCESS || t != od::json_type::array ||
+      v.get_array().get(a) != simdjson::SUCCESS)
+    return err.expected(p, expect, describe(v));
+  std::size_t i = 0;
+  for (auto er : a) {
+    od::value el;
+    if (auto e = std::move(er).get(el)) return err.json(p, e);
+    if (!f(i, el)) return false;
+    ++i;
+  }
+  return true;
+}
+
+bool missing(const Path& p, std::string_view field, std::string_view expect, Err& err) {
+  return err.fail(p / field, fmt::format("missing (expected {})", expect));
+}
+
+// ---- boot ----
+
+bool dec_exec(od::value v, const Path& p, Exec& out, Err& err) {
+  bool argv = false, uid = false, gid = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "argv") {
+      argv = true;
+      if (!each_element(fv, fp, "non-empty array of strings", err, [&](std::size_t i, od::value el) {
+            return get_str(el, fp[i], out.argv.emplace_back(), err);
+          }))
+        return false;
+      if (out.argv.empty()) return err.expected(fp, "non-empty array of strings", "[]");
+      return true;
+    }
+    if (k == "env") {
+      return each_field(fv, fp, "object of strings", err, [&](std::string_view name, od::value ev) {
+        const Path ep = fp / name;
+        if (name.empty() || name.find('=') != std::string_view::npos)
+          return err.fail(ep, "environment variable name must be non-empty and contain no '='");
+        if (name.find('\0') != std::string_view::npos)
+          return err.fail(ep, "environment variable name must not contain NUL bytes");
+        std::string val;
+        if (!get_str(ev, ep, val, err)) return false;
+        out.env.emplace(std::string(name), std::move(val));  // duplicates refused in pass B
+        return true;
+      });
+    }
+    if (k == "cwd") {
+      bool is_null = false;
+      if (fv.is_null().get(is_null) == simdjson::SUCCESS && is_null) {
+        out.cwd.reset();
+        return true;
+      }
+      od::json_type t{};
+      if (fv.type().get(t) != simdjson::SUCCESS || t != od::json_type::string)
+        return err.expected(fp, "string or null", describe(fv));
+      return get_str(fv, fp, out.cwd.emplace(), err);
+    }
+    if (k == "uid") return uid = true, get_id(fv, fp, out.uid, err);
+    if (k == "gid") return gid = true, get_id(fv, fp, out.gid, err);
+    if (k == "groups") {
+      return each_element(fv, fp, "array of unsigned 32-bit integers", err,
+                          [&](std::size_t i, od::value el) {
+                            return get_u32(el, fp[i], out.groups.emplace_back(), err);
+                          });
+    }
+    return true;  // unknown field: ignored at v2
+  });
+  if (!ok) return false;
+  if (!argv) return missing(p, "argv", "non-empty array of strings", err);
+  if (!uid) return missing(p, "uid", kU32, err);
+  if (!gid) return missing(p, "gid", kU32, err);
+  return true;
+}
+
+constexpr std::array kFsTypes{FsType::virtiofs, FsType::ninep, FsType::tmpfs, FsType::bind};
+constexpr std::array kHalts{Halt::poweroff, Halt::reboot};
+constexpr std::array kClasses{StartFailClass::not_found, StartFailClass::not_executable,
+                              StartFailClass::other};
+
+bool dec_mount(od::value v, const Path& p, Mount& out, Err& err) {
+  bool tag = false, at = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "tag") return tag = true, get_str(fv, fp, out.tag, err);
+    if (k == "at") {
+      at = true;
+      if (!get_str(fv, fp, out.at, err)) return false;
+      if (out.at.empty() || out.at.front() != '/')
+        return err.expected(fp, "absolute path", excerpt_json(out.at));
+      return true;
+    }
+    if (k == "ro") return get_bool(fv, fp, out.ro, err);
+    if (k == "fs") return get_enum(fv, fp, kFsTypes, out.fs, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!tag) return missing(p, "tag", "string", err);
+  if (!at) return missing(p, "at", "absolute path", err);
+  return true;
+}
+
+bool dec_geometry(od::value v, const Path& p, Geometry& out, Err& err) {
+  bool w = false, h = false, fps = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "width") return w = true, get_u32(fv, fp, out.width, err);
+    if (k == "height") return h = true, get_u32(fv, fp, out.height, err);
+    if (k == "fps") return fps = true, get_u32(fv, fp, out.fps, err);
+    if (k == "hdr") return get_bool(fv, fp, out.hdr, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!w) return missing(p, "width", kU32, err);
+  if (!h) return missing(p, "height", kU32, err);
+  if (!fps) return missing(p, "fps", kU32, err);
+  return true;
+}
+
+bool dec_on_exit(od::value v, const Path& p, OnExit& out, Err& err) {
+  bool terminal = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "terminal") return terminal = true, get_bool(fv, fp, out.terminal, err);
+    if (k == "halt") return get_enum(fv, fp, kHalts, out.halt.emplace(), err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!terminal) return missing(p, "terminal", "boolean", err);
+  return true;
+}
+
+/// Calls f(key, value) for every top-level field except `type`.
+template <class F>
+bool each_top_field(od::document& doc, const Path& p, Err& err, F&& f) {
+  od::object o;
+  if (auto e = doc.get_object().get(o)) return err.json(p, e);
+  for (auto fr : o) {
+    od::field fl;
+    std::string_view k;
+    if (auto e = std::move(fr).get(fl)) return err.json(p, e);
+    if (auto e = fl.unescaped_key().get(k)) return err.json(p, e);
+    if (k == "type") continue;
+    if (!f(k, fl.value())) return false;
+  }
+  return true;
+}
+
+bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
+  bool exec = false, geometry = false, on_exit = false;
+  bool ok = each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "exec") return exec = true, dec_exec(fv, fp, out.exec, err);
+    if (k == "mounts")
+      return each_element(fv, fp, "array of objects", err, [&](std::size_t i, od::value el) {
+        return dec_mount(el, fp[i], out.mounts.emplace_back(), err);
+      });
+    if (k == "geometry") return geometry = true, dec_geometry(fv, fp, out.geometry, err);
+    if (k == "on_exit") return on_exit = true, dec_on_exit(fv, fp, out.on_exit, err);
+    if (k == "hostname") return get_str(fv, fp, out.hostname.emplace(), err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!exec) return missing(p, "exec", "object", err);
+  if (!geometry) return missing(p, "geometry", "object", err);
+  if (!on_exit) return missing(p, "on_exit", "object", err);
+  return true;
+}
+
+// ---- the small messages ----
+
+template <class Msg>
+bool dec(od::document& doc, const Path& p, Msg&, Err& err)
+  requires(std::is_empty_v<Msg>)
+{
+  return each_top_field(doc, p, err, [](std::string_view, od::value) { return true; });
+}
+
+bool dec(od::document& doc, const Path& p, Ready& out, Err& err) {
+  bool ver = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "protocol_version") return ver = true, get_u32(fv, p / k, out.protocol_version, err);
+        return true;
+      }))
+    return false;
+  return ver || missing(p, "protocol_version", kU32, err);
+}
+
+constexpr std::string_view kErrno = "integer 0..2147483647";
+constexpr std::int64_t kI32Max = std::numeric_limits<std::int32_t>::max();
+
+bool dec(od::document& doc, const Path& p, MountFailed& out, Err& err) {
+  bool tag = false, reason = false, errn = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "tag") return tag = true, get_str(fv, p / k, out.tag, err);
+        if (k == "reason") return reason = true, get_str(fv, p / k, out.reason, err);
+        if (k == "errno") return errn = true, get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err, err);
+        return true;
+      }))
+    return false;
+  if (!tag) return missing(p, "tag", "string", err);
+  if (!reason) return missing(p, "reason", "string", err);
+  return errn || missing(p, "errno", kErrno, err);
+}
+
+bool dec(od::document& doc, const Path& p, Started& out, Err& err) {
+  bool pid = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "pid")
+          return pid = true, get_ranged(fv, p / k, 1, kI32Max, "integer 1..2147483647", out.pid, err);
+        return true;
+      }))
+    return false;
+  return pid || missing(p, "pid", "integer 1..2147483647", err);
+}
+
+bool dec(od::document& doc, const Path& p, StartFailed& out, Err& err) {
+  bool reason = false, errn = false, cls = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "reason") return reason = true, get_str(fv, p / k, out.reason, err);
+        if (k == "errno") return errn = true, get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err, err);
+        if (k == "class") return cls = true, get_enum(fv, p / k, kClasses, out.cls, err);
+        return true;
+      }))
+    return false;
+  if (!reason) return missing(p, "reason", "string", err);
+  if (!errn) return missing(p, "errno", kErrno, err);
+  return cls || missing(p, "class", "one of \"not_found\", \"not_executable\", \"other\"", err);
+}
+
+constexpr std::string_view kExitCode = "integer 0..255";
+constexpr std::string_view kSignal = "integer 1..64";
+
+bool dec(od::document& doc, const Path& p, WorkloadExited& out, Err& err) {
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "exit_code") return get_ranged(fv, p / k, 0, 255, kExitCode, out.exit_code.emplace(), err);
+        if (k == "signal") return get_ranged(fv, p / k, 1, 64, kSignal, out.signal.emplace(), err);
+        return true;
+      }))
+    return false;
+  if (out.exit_code && out.signal)
+    return err.expected(p, "exactly one of exit_code and signal", "both");
+  if (!out.exit_code && !out.signal)
+    return err.expected(p, "exactly one of exit_code and signal", "neither");
+  return true;
+}
+
+bool dec(od::document& doc, const Path& p, ProtocolError& out, Err& err) {
+  bool reason = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "reason") return reason = true, get_str(fv, p / k, out.reason, err);
+        return true;
+      }))
+    return false;
+  return reason || missing(p, "reason", "string", err);
+}
+
+bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
+  bool sig = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "signal") return sig = true, get_ranged(fv, p / k, 1, 64, kSignal, out.signal, err);
+        return true;
+      }))
+    return false;
+  return sig || missing(p, "signal", kSignal, err);
+}
+
+// ---- the three passes ----
+
+constexpr std::string_view kTag(const Ready*) { return "ready"; }
+constexpr std::string_view kTag(const Mounted*) { return "mounted"; }
+constexpr std::string_view kTag(const MountFailed*) { return "mount_failed"; }
+constexpr std::string_view kTag(const Started*) { return "started"; }
+constexpr std::string_view kTag(const StartFailed*) { return "start_failed"; }
+constexpr std::string_view kTag(const WorkloadExited*) { return "workload_exited"; }
+constexpr std::string_view kTag(const ProtocolError*) { return "protocol_error"; }
+constexpr std::string_view kTag(const Boot*) { return "boot"; }
+constexpr std::string_view kTag(const Stop*) { return "stop"; }
+constexpr std::string_view kTag(const Shutdown*) { return "shutdown"; }
+constexpr std::string_view kTag(const Kill*) { return "kill"; }
+
+template <class T>
+constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));
+
+/// Index of the alternative of Variant whose wire tag is `type`, or N if none.
+template <class Variant, std::size_t I = 0>
+std::size_t index_of(std::string_view type) {
+  if constexpr (I == std::variant_size_v<Variant>) {
+    return I;
+  } else {
+    if (tag_of<std::variant_alternative_t<I, Variant>> == type) return I;
+    return index_of<Variant, I + 1>(type);
+  }
+}
+
+template <class Variant, std::size_t I = 0>
+bool dec_alt(std::size_t idx, od::document& doc, const Path& p, Variant& out, Err& err) {
+  if constexpr (I == std::variant_size_v<Variant>) {
+    return false;
+  } else {
+    if (idx == I) return dec(doc, p, out.template emplace<I>(), err);
+    return dec_alt<Variant, I + 1>(idx, doc, p, out, err);
+  }
+}
+
+/// Decodes one line into Variant's alternatives; the result is Decoded (GuestDecoded/HostDecoded).
+template <class Variant, class Decoded>
+Decoded decode_line(std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  if (trim(line).empty()) return DecodeError{"line: empty (expected a JSON object)"};
+
+  simdjson::padded_string buf(line);
+  od::parser parser;
+  od::document doc;
+  const Path msg{nullptr, "message"};
+  Err err;
+  // Each pass starts from a fresh iteration: document::rewind() is unusable after an error has
+  // abandoned the iterator, and stage 1 over at most one line is cheap.
+  auto start = [&]() -> error_code { return parser.iterate(buf).get(doc); };
+  if (auto e = start()) {
+    err.json(msg, e);
+    return DecodeError{std::move(err.reason)};
+  }
+
+  // Pass A: find `type` (first occurrence; a duplicate is refused by pass B).
+  std::string type;
+  bool have_type = false, type_is_string = false;
+  {
+    od::object o;
+    if (doc.get_object().get(o) == simdjson::SUCCESS) {
+      for (auto fr : o) {
+        od::field f;
+        std::string_view k;
+        if (std::move(fr).get(f) || f.unescaped_key().get(k)) break;
+        if (k != "type") continue;
+        have_type = true;
+        std::string_view s;
+        if (f.value().get_string().get(s) == simdjson::SUCCESS) {
+          type.assign(s);
+          type_is_string = true;
+        }
+        break;
+      }
+    }
+  }
+  const std::size_t idx = type_is_string ? index_of<Variant>(type) : std::variant_size_v<Variant>;
+  const bool known = idx < std::variant_size_v<Variant>;
+  const Path root{nullptr, known ? std::string_view(type) : std::string_view("message")};
+
+  // Pass B: the line is exactly one well-formed JSON object.
+  if (auto e = start()) {
+    err.json(root, e);
+    return DecodeError{std::move(err.reason)};
+  }
+  {
+    od::json_type t{};
+    if (auto e = doc.type().get(t)) {
+      err.json(root, e);
+      return DecodeError{std::move(err.reason)};
+    }
+    if (t != od::json_type::object) {
+      err.expected(root, "a JSON object", type_word(t));
+      return DecodeError{std::move(err.reason)};
+    }
+    od::object o;
+    if (auto e = doc.get_object().get(o)) {
+      err.json(root, e);
+      return DecodeError{std::move(err.reason)};
+    }
+    if (!validate_object(o, root, 1, err)) return DecodeError{std::move(err.reason)};
+    const char* rest = nullptr;
+    if (doc.current_location().get(rest) == simdjson::SUCCESS) {
+      err.fail(root, fmt::format("unexpected content after the JSON object at byte {}",
+                                 rest - buf.data()));
+      return DecodeError{std::move(err.reason)};
+    }
+  }
+
+  if (!have_type) return DecodeError{"type: missing (expected string)"};
+  if (!type_is_string) {
+    // Re-read the value to describe it.
+    od::value tv;
+    std::string got = "non-string";
+    if (start() == simdjson::SUCCESS && doc.find_field_unordered("type").get(tv) == simdjson::SUCCESS)
+      got = describe(tv);
+    return DecodeError{fmt::format("type: expected string, got {}", got)};
+  }
+  if (type.find('\0') != std::string::npos)
+    return DecodeError{"type: expected string without NUL bytes, got NUL"};
+  if (!known) return UnknownMessage{std::move(type)};
+
+  // Pass C: the contract.
+  Variant out;
+  if (auto e = start()) {
+    err.json(root, e);
+    return DecodeError{std::move(err.reason)};
+  }
+  if (!dec_alt(idx, doc, root, out, err)) return DecodeError{std::move(err.reason)};
+  return out;
+}
+
+}  // namespace
+
+GuestDecoded decode_guest(std::string_view line) {
+  return decode_line<GuestMessage, GuestDecoded>(line);
+}
+HostDecoded decode_host(std::string_view line) { return decode_line<HostMessage, HostDecoded>(line); }
+
+std::string encode(const GuestMessage& m) { return encode_any(m, false); }
+std::string encode(const HostMessage& m) { return encode_any(m, false); }
+std::string encode_line(const GuestMessage& m) { return encode_any(m, true); }
+std::string encode_line(const HostMessage& m) { return encode_any(m, true); }
+
+std::string_view type_name(const GuestMessage& m) {
+  return std::visit([](const auto& x) { return tag_of<std::decay_t<decltype(x)>>; }, m);
+}
+std::string_view type_name(const HostMessage& m) {
+  return std::visit([](const auto& x) { return tag_of<std::decay_t<decltype(x)>>; }, m);
+}
+
+}  // namespace nes::proto
