@@ -31,9 +31,7 @@ namespace {
 namespace od = simdjson::ondemand;
 using simdjson::error_code;
 
-/// Deepest nesting accepted anywhere on a line (the top-level object is depth 1). The contract
-/// needs 3 (boot.exec.argv); unknown fields get generous room, but recursion stays bounded.
-constexpr int kMaxDepth = 64;
+constexpr int kMaxDepth = kMaxJsonDepth;
 /// Longest excerpt of an offending value quoted in an error reason, in bytes.
 constexpr std::size_t kExcerpt = 48;
 
@@ -294,10 +292,19 @@ struct Path {
   Path operator[](std::size_t i) const { return Path{this, {}, i, Kind::index}; }
 };
 
+/// The first kExcerpt bytes of s, cut back to a UTF-8 character boundary.
+std::string_view clip(std::string_view s) {
+  if (s.size() <= kExcerpt) return s;
+  std::size_t n = kExcerpt;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n);
+}
+
+/// s as a JSON string literal, clipped (with "..." after the closing quote when clipped).
 std::string excerpt_json(std::string_view s) {
   Buf b;
   const bool cut = s.size() > kExcerpt;
-  put_string(b, cut ? s.substr(0, kExcerpt) : s);
+  put_string(b, clip(s));
   if (cut) put(b, "...");
   return fmt::to_string(b);
 }
@@ -375,7 +382,7 @@ std::string describe(od::value& v) {
   if (t == od::json_type::array || t == od::json_type::object) return std::string(type_word(t));
   std::string_view tok = trim(v.raw_json_token());
   if (tok.size() <= kExcerpt) return std::string(tok);
-  return std::string(tok.substr(0, kExcerpt)) + "...";
+  return std::string(clip(tok)) + "...";
 }
 
 // ---- pass B: strict JSON validation of a whole line -------------------------------------------
@@ -403,14 +410,14 @@ bool validate_value(od::value v, const Path& p, int depth, Err& err) {
   if (auto e = v.type().get(t)) return err.json(p, e);
   switch (t) {
     case od::json_type::object: {
-      if (depth >= kMaxDepth)
+      if (depth > kMaxDepth)
         return err.fail(p, fmt::format("nesting deeper than {} levels", kMaxDepth));
       od::object o;
       if (auto e = v.get_object().get(o)) return err.json(p, e);
       return validate_object(o, p, depth, err);
     }
     case od::json_type::array: {
-      if (depth >= kMaxDepth)
+      if (depth > kMaxDepth)
         return err.fail(p, fmt::format("nesting deeper than {} levels", kMaxDepth));
       od::array a;
       if (auto e = v.get_array().get(a)) return err.json(p, e);
@@ -964,6 +971,19 @@ std::string encode(const GuestMessage& m) { return encode_any(m, false); }
 std::string encode(const HostMessage& m) { return encode_any(m, false); }
 std::string encode_line(const GuestMessage& m) { return encode_any(m, true); }
 std::string encode_line(const HostMessage& m) { return encode_any(m, true); }
+
+namespace {
+template <class Msg, class Decoded>
+std::optional<DecodeError> validate_any(const Msg& m, Decoded (*decode)(std::string_view)) {
+  Decoded d = decode(encode(m));
+  if (auto* e = std::get_if<DecodeError>(&d)) return std::move(*e);
+  if (auto* got = std::get_if<Msg>(&d); got && *got == m) return std::nullopt;
+  return DecodeError{fmt::format("{}: a string is not valid UTF-8", type_name(m))};
+}
+}  // namespace
+
+std::optional<DecodeError> validate(const GuestMessage& m) { return validate_any(m, &decode_guest); }
+std::optional<DecodeError> validate(const HostMessage& m) { return validate_any(m, &decode_host); }
 
 std::string_view type_name(const GuestMessage& m) {
   return std::visit([](const auto& x) { return tag_of<std::decay_t<decltype(x)>>; }, m);

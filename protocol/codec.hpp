@@ -1,6 +1,7 @@
 // Encoding (fmt) and decoding (simdjson On Demand) of one line of the lifecycle channel.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -22,6 +23,10 @@ struct DecodeError {
   bool operator==(const DecodeError&) const = default;
 };
 
+/// Deepest nesting of JSON objects/arrays accepted on a line, the top-level object counting as 1.
+/// Deeper lines are a DecodeError (bounded recursion; the contract itself needs 3).
+inline constexpr int kMaxJsonDepth = 64;
+
 /// Result of decoding one line from the guest (used by the host).
 using GuestDecoded = std::variant<GuestMessage, UnknownMessage, DecodeError>;
 /// Result of decoding one line from the host (used by the guest).
@@ -41,6 +46,13 @@ std::string encode(const HostMessage& m);
 /// encode(m) followed by '\n': one line ready to write to the stream.
 std::string encode_line(const GuestMessage& m);
 std::string encode_line(const HostMessage& m);
+
+/// Would the peer accept `m`? nullopt if decode(encode(m)) == m; otherwise the DecodeError the
+/// peer would report (e.g. `boot.exec.argv: expected non-empty array of strings, got []`), or a
+/// DecodeError naming the type when a string is not valid UTF-8 (encode would alter it).
+/// Senders call it before writing a line they built from outside input.
+std::optional<DecodeError> validate(const GuestMessage& m);
+std::optional<DecodeError> validate(const HostMessage& m);
 
 /// The wire tag of a message ("ready", "boot", ...).
 std::string_view type_name(const GuestMessage& m);

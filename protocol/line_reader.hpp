@@ -34,6 +34,11 @@ class LineReader {
   std::optional<Line> next();
   /// True if bytes of an unfinished line are pending (EOF now would cut a line in half).
   bool partial() const;
+  /// Bytes of the unfinished line held in memory: at most cap + 1 (room for a trailing '\r'),
+  /// and 0 while an over-long line is being dropped. Lets callers and tests check the bound.
+  std::size_t buffered() const { return cur_.size(); }
+  /// The cap this reader enforces, in bytes.
+  std::size_t cap() const { return cap_; }
 
  private:
   std::size_t cap_;

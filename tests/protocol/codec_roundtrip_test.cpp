@@ -1,0 +1,331 @@
+// Encoding and round trips: every message with edge values, every control character, unicode,
+// the invalid-UTF-8 and NUL policies, and the reference's wire shapes (PROTOCOL.md).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "support.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+using namespace nes::proto;
+using namespace nes::proto::test;
+
+namespace {
+
+/// Properties every encoded line has: one compact JSON object, `type` first, no raw control bytes.
+template <class Msg>
+void check_shape(const Msg& m, const std::string& enc) {
+  const std::string head = std::string(R"({"type":")") + std::string(type_name(m)) + "\"";
+  CHECK(starts_with(enc, head));
+  CHECK(enc.back() == '}');
+  for (unsigned char c : enc) CHECK_MESSAGE(c >= 0x20, "raw control byte in " << enc);
+  CHECK(encode_line(m) == enc + "\n");
+}
+
+Boot boot_with_string(std::string s) {
+  Boot b = reference_boot();
+  b.exec.argv.push_back(s);
+  b.exec.env["K" + s] = s;
+  b.exec.cwd = "/" + s;
+  b.mounts.push_back(Mount{s, "/" + s, false, FsType::bind});
+  b.hostname = s;
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("every host message round-trips: decode(encode(m)) == m") {
+  for (const HostMessage& m : host_samples()) {
+    const std::string enc = encode(m);
+    CAPTURE(enc);
+    check_shape(m, enc);
+    HostDecoded d = decode_host(enc);
+    REQUIRE(summary(d) == "ok");
+    CHECK(std::get<HostMessage>(d) == m);
+    CHECK(!validate(m).has_value());
+    // The other direction does not know these types: skipped, not an error.
+    CHECK(summary(decode_guest(enc)) == "unknown:" + std::string(type_name(m)));
+  }
+}
+
+TEST_CASE("every guest message round-trips: decode(encode(m)) == m") {
+  for (const GuestMessage& m : guest_samples()) {
+    const std::string enc = encode(m);
+    CAPTURE(enc);
+    check_shape(m, enc);
+    GuestDecoded d = decode_guest(enc);
+    REQUIRE(summary(d) == "ok");
+    CHECK(std::get<GuestMessage>(d) == m);
+    CHECK(!validate(m).has_value());
+    CHECK(summary(decode_host(enc)) == "unknown:" + std::string(type_name(m)));
+  }
+}
+
+TEST_CASE("exact wire shapes: the reference's lines, byte for byte") {
+  CHECK(encode(HostMessage{reference_boot()}) == kReferenceBootLine);
+  CHECK(encode(GuestMessage{Ready{}}) == R"({"type":"ready","protocol_version":2})");
+  CHECK(encode(GuestMessage{WorkloadExited::code(3)}) == R"({"type":"workload_exited","exit_code":3})");
+  CHECK(encode(GuestMessage{WorkloadExited::killed(9)}) == R"({"type":"workload_exited","signal":9})");
+  CHECK(encode(HostMessage{Stop{}}) == R"({"type":"stop"})");
+  CHECK(encode(HostMessage{Shutdown{}}) == R"({"type":"shutdown"})");
+  CHECK(encode(HostMessage{Kill{15}}) == R"({"type":"kill","signal":15})");
+  CHECK(encode(GuestMessage{Mounted{}}) == R"({"type":"mounted"})");
+  CHECK(encode(GuestMessage{MountFailed{"w", "no", 19}}) ==
+        R"({"type":"mount_failed","tag":"w","reason":"no","errno":19})");
+  CHECK(encode(GuestMessage{Started{42}}) == R"({"type":"started","pid":42})");
+  CHECK(encode(GuestMessage{StartFailed{"r", 2, StartFailClass::not_found}}) ==
+        R"({"type":"start_failed","reason":"r","errno":2,"class":"not_found"})");
+  CHECK(encode(GuestMessage{ProtocolError{"x"}}) == R"({"type":"protocol_error","reason":"x"})");
+  // Additive fields appear only when set to something other than their default.
+  CHECK(encode(HostMessage{full_boot()}) ==
+        "{\"type\":\"boot\",\"exec\":{\"argv\":[\"/usr/bin/env\",\"\",\"with space\","
+        "\"quote\\\"back\\\\slash\",\"\xC3\xA9\xE6\x97\xA5\xF0\x9F\x98\x80\"],"
+        "\"env\":{\"EMPTY\":\"\",\"PATH\":\"/bin\",\"UNI\xC3\x89\":\"\xF4\x8F\xBF\xBF\"},"
+        "\"cwd\":\"/tmp/work dir\",\"uid\":4294967294,\"gid\":0,\"groups\":[0,1,4294967294,4294967295]},"
+        "\"mounts\":[{\"tag\":\"work\",\"at\":\"/work\",\"ro\":true},"
+        "{\"tag\":\"nine\",\"at\":\"/n\",\"ro\":false,\"fs\":\"9p\"},"
+        "{\"tag\":\"scratch\",\"at\":\"/tmp\",\"ro\":false,\"fs\":\"tmpfs\"},"
+        "{\"tag\":\"/srv\",\"at\":\"/mnt/srv\",\"ro\":true,\"fs\":\"bind\"}],"
+        "\"geometry\":{\"width\":4294967295,\"height\":0,\"fps\":1,\"hdr\":true},"
+        "\"on_exit\":{\"terminal\":false,\"halt\":\"reboot\"},\"hostname\":\"guest-1\"}");
+}
+
+TEST_CASE("every control character U+0001..U+001F round-trips in every string field") {
+  const char* short_forms[32] = {};
+  short_forms['\b'] = "\\b";
+  short_forms['\f'] = "\\f";
+  short_forms['\n'] = "\\n";
+  short_forms['\r'] = "\\r";
+  short_forms['\t'] = "\\t";
+  for (int c = 1; c < 0x20; ++c) {
+    CAPTURE(c);
+    const std::string s = std::string("a") + static_cast<char>(c) + "b";
+    // The exact escape: JSON's short form where it has one, else \u00XX (lower-case hex).
+    char want[8];
+    std::snprintf(want, sizeof want, "\\u%04x", c);
+    const std::string esc = short_forms[c] ? short_forms[c] : want;
+    CHECK(encode(GuestMessage{ProtocolError{s}}) ==
+          std::string(R"({"type":"protocol_error","reason":"a)") + esc + "b\"}");
+
+    const Boot b = boot_with_string(s);
+    HostDecoded d = decode_host(encode(HostMessage{b}));
+    REQUIRE(summary(d) == "ok");
+    CHECK(std::get<Boot>(std::get<HostMessage>(d)) == b);
+    const GuestMessage g = MountFailed{s, s, 1};
+    CHECK(std::get<GuestMessage>(decode_guest(encode(g))) == g);
+  }
+  // DEL and the escapable printable characters.
+  for (std::string s : {std::string("\x7f"), std::string("\"\\/"), std::string(256, '\\')}) {
+    const Boot b = boot_with_string(s);
+    CHECK(std::get<Boot>(std::get<HostMessage>(decode_host(encode(HostMessage{b})))) == b);
+  }
+}
+
+TEST_CASE("NUL: encoded faithfully as \\u0000, refused on decode naming the field; validate agrees") {
+  const std::string nul("a\0b", 3);
+  Boot b = reference_boot();
+  b.exec.argv.push_back(nul);
+  const std::string enc = encode(HostMessage{b});
+  CHECK(enc.find(R"("a\u0000b")") != std::string::npos);
+  const std::string want = "boot.exec.argv[3]: expected string without NUL bytes, got NUL at byte 1";
+  CHECK(error_of(decode_host(enc)) == want);
+  REQUIRE(validate(HostMessage{b}).has_value());
+  CHECK(validate(HostMessage{b})->reason == want);
+
+  Boot h = reference_boot();
+  h.hostname = nul;
+  CHECK(error_of(decode_host(encode(HostMessage{h}))) ==
+        "boot.hostname: expected string without NUL bytes, got NUL at byte 1");
+  CHECK(error_of(decode_guest(encode(GuestMessage{ProtocolError{nul}}))) ==
+        "protocol_error.reason: expected string without NUL bytes, got NUL at byte 1");
+}
+
+TEST_CASE("invalid UTF-8: each offending byte becomes U+FFFD; valid sequences pass untouched") {
+  const std::string fffd = "\xEF\xBF\xBD";
+  struct Case { std::string in, out; };
+  const Case cases[] = {
+      {"\xFF", fffd},                                   // never valid
+      {"a\x80z", "a" + fffd + "z"},                      // lone continuation byte
+      {"\xE2\x82", fffd + fffd},                        // truncated 3-byte sequence
+      {"\xE2\x82" "A", fffd + fffd + "A"},
+      {"\xC0\xAF", fffd + fffd},                        // overlong '/'
+      {"\xE0\x80\xAF", fffd + fffd + fffd},             // overlong, 3 bytes
+      {"\xED\xA0\x80", fffd + fffd + fffd},             // UTF-16 surrogate U+D800
+      {"\xF4\x90\x80\x80", fffd + fffd + fffd + fffd},  // above U+10FFFF
+      {"\xF8\x88\x80\x80\x80", fffd + fffd + fffd + fffd + fffd},
+      {"\xC3\xA9", "\xC3\xA9"},                         // U+00E9
+      {"\xEF\xBF\xBF", "\xEF\xBF\xBF"},                 // U+FFFF (a noncharacter, but valid)
+      {"\xF0\x9F\x98\x80", "\xF0\x9F\x98\x80"},         // U+1F600
+      {"\xF4\x8F\xBF\xBF", "\xF4\x8F\xBF\xBF"},         // U+10FFFF
+      {"\xE2\x80\xA8", "\xE2\x80\xA8"},                 // U+2028 (legal raw in JSON)
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.in);
+    const std::string enc = encode(GuestMessage{ProtocolError{c.in}});
+    CHECK(enc == R"({"type":"protocol_error","reason":")" + c.out + "\"}");
+    GuestDecoded d = decode_guest(enc);
+    REQUIRE(summary(d) == "ok");
+    CHECK(std::get<ProtocolError>(std::get<GuestMessage>(d)).reason == c.out);
+    CHECK(validate(GuestMessage{ProtocolError{c.in}}).has_value() == (c.in != c.out));
+  }
+  CHECK(validate(GuestMessage{ProtocolError{"\xFF"}})->reason ==
+        "protocol_error: a string is not valid UTF-8");
+}
+
+TEST_CASE("unicode strings round-trip in every string field") {
+  for (std::string s : {std::string("\xC3\xA9t\xC3\xA9"), std::string("\xE6\x97\xA5\xE6\x9C\xAC"),
+                        std::string("\xF0\x9F\x98\x80\xF0\x9F\x8E\xA5"), std::string("\xD7\xA9\xD7\x9C"),
+                        std::string("\xEF\xBB\xBF" "bom")}) {
+    const Boot b = boot_with_string(s);
+    CHECK(std::get<Boot>(std::get<HostMessage>(decode_host(encode(HostMessage{b})))) == b);
+  }
+  // Escaped input decodes to the same bytes: "\u00e9" and "\ud83d\ude00" (a surrogate pair).
+  HostDecoded d = decode_host(
+      R"({"type":"boot","exec":{"argv":["\u00e9","\ud83d\ude00","\u0041\/"],"uid":0,"gid":0},)"
+      R"("geometry":{"width":1,"height":1,"fps":1},"on_exit":{"terminal":true}})");
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<Boot>(std::get<HostMessage>(d)).exec.argv ==
+        std::vector<std::string>{"\xC3\xA9", "\xF0\x9F\x98\x80", "A/"});
+}
+
+TEST_CASE("huge env and argv round-trip (a line just under the 1 MiB cap)") {
+  Boot b = reference_boot();
+  for (int i = 0; i < 20000; ++i) b.exec.env["VAR_" + std::to_string(i)] = std::string(32, 'x');
+  for (int i = 0; i < 2000; ++i) b.exec.argv.push_back("arg" + std::to_string(i));
+  const std::string enc = encode(HostMessage{b});
+  CAPTURE(enc.size());
+  CHECK(enc.size() < kDefaultLineCap);
+  CHECK(enc.size() > kDefaultLineCap * 3 / 4);
+  HostDecoded d = decode_host(enc);
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<Boot>(std::get<HostMessage>(d)) == b);
+  CHECK(!validate(HostMessage{b}).has_value());
+}
+
+TEST_CASE("range limits: the edges decode, one past them does not") {
+  auto exited = [](std::string field, std::string v) {
+    return decode_guest(R"({"type":"workload_exited",")" + field + "\":" + v + "}");
+  };
+  CHECK(summary(exited("exit_code", "0")) == "ok");
+  CHECK(summary(exited("exit_code", "255")) == "ok");
+  CHECK(error_of(exited("exit_code", "256")) == "workload_exited.exit_code: expected integer 0..255, got 256");
+  CHECK(error_of(exited("exit_code", "-1")) == "workload_exited.exit_code: expected integer 0..255, got -1");
+  CHECK(summary(exited("signal", "1")) == "ok");
+  CHECK(summary(exited("signal", "64")) == "ok");
+  CHECK(error_of(exited("signal", "0")) == "workload_exited.signal: expected integer 1..64, got 0");
+  CHECK(error_of(exited("signal", "65")) == "workload_exited.signal: expected integer 1..64, got 65");
+  CHECK(error_of(decode_host(R"({"type":"kill","signal":0})")) == "kill.signal: expected integer 1..64, got 0");
+  CHECK(error_of(decode_host(R"({"type":"kill","signal":65})")) == "kill.signal: expected integer 1..64, got 65");
+  CHECK(summary(decode_guest(R"({"type":"started","pid":2147483647})")) == "ok");
+  CHECK(error_of(decode_guest(R"({"type":"started","pid":2147483648})")) ==
+        "started.pid: expected integer 1..2147483647, got 2147483648");
+  CHECK(error_of(decode_guest(R"({"type":"started","pid":0})")) ==
+        "started.pid: expected integer 1..2147483647, got 0");
+
+  Boot b = reference_boot();
+  b.exec.uid = kU32Max - 1;
+  b.exec.gid = kU32Max - 1;
+  CHECK(summary(decode_host(encode(HostMessage{b}))) == "ok");
+  b.exec.uid = kInvalidId;
+  CHECK(error_of(decode_host(encode(HostMessage{b}))) ==
+        "boot.exec.uid: expected unsigned 32-bit integer other than 4294967295 (\"unchanged\" to "
+        "set*id), got 4294967295");
+  // The issue's own example.
+  std::string line(kReferenceBootLine);
+  line.replace(line.find("\"uid\":0"), 7, "\"uid\":-1");
+  CHECK(error_of(decode_host(line)) == "boot.exec.uid: expected unsigned 32-bit integer, got -1");
+}
+
+TEST_CASE("workload_exited with both or neither field: refused, and validate() says so") {
+  const WorkloadExited both{3, 9}, neither{};
+  CHECK(error_of(decode_guest(encode(GuestMessage{both}))) ==
+        "workload_exited: expected exactly one of exit_code and signal, got both");
+  CHECK(error_of(decode_guest(encode(GuestMessage{neither}))) ==
+        "workload_exited: expected exactly one of exit_code and signal, got neither");
+  CHECK(validate(GuestMessage{both}).has_value());
+  CHECK(validate(GuestMessage{neither}).has_value());
+}
+
+TEST_CASE("the reference's shapes decode: fields in any order, cwd null, env omitted, unknown fields") {
+  const Boot want = reference_boot();
+  CHECK(std::get<Boot>(std::get<HostMessage>(decode_host(kReferenceBootLine))) == want);
+
+  // Every order of the top-level fields (type included) and of exec's fields.
+  J tree = J::obj({{"type", J::s("boot")},
+                   {"exec", J::obj({{"argv", J::arr({J::s("/bin/sh"), J::s("-c"), J::s("echo hi")})},
+                                    {"env", J::obj({{"PATH", J::s("/usr/bin:/bin")}})},
+                                    {"cwd", J::null()}, {"uid", J::n(0)}, {"gid", J::n(0)}})},
+                   {"mounts", J::arr({J::obj({{"tag", J::s("work")}, {"at", J::s("/work")}, {"ro", J::b(false)}})})},
+                   {"geometry", J::obj({{"width", J::n(1920)}, {"height", J::n(1080)}, {"fps", J::n(60)}, {"hdr", J::b(false)}})},
+                   {"on_exit", J::obj({{"terminal", J::b(true)}})}});
+  auto& top = std::get<J::Obj>(tree.v);
+  std::vector<int> order(top.size());
+  std::iota(order.begin(), order.end(), 0);
+  int n = 0;
+  do {
+    J t;
+    J::Obj o;
+    for (int i : order) o.push_back(top[i]);
+    t.v = o;
+    auto& exec = std::get<J::Obj>(t.at({"exec"})->v);
+    std::rotate(exec.begin(), exec.begin() + (n % exec.size()), exec.end());
+    std::reverse(exec.begin(), exec.begin() + (n % 3));
+    CAPTURE(t.dump());
+    HostDecoded d = decode_host(t.dump());
+    REQUIRE(summary(d) == "ok");
+    CHECK(std::get<Boot>(std::get<HostMessage>(d)) == want);
+    ++n;
+  } while (std::next_permutation(order.begin(), order.end()));
+  CHECK(n == 120);  // 5! orders of type, exec, mounts, geometry, on_exit
+
+  // Optional fields omitted take their defaults.
+  HostDecoded d = decode_host(
+      R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},)"
+      R"("geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":false}})");
+  REQUIRE(summary(d) == "ok");
+  const Boot& b = std::get<Boot>(std::get<HostMessage>(d));
+  CHECK(b.exec.env.empty());
+  CHECK(!b.exec.cwd);
+  CHECK(b.exec.groups.empty());
+  CHECK(b.mounts.empty());
+  CHECK(!b.geometry.hdr);
+  CHECK(!b.on_exit.terminal);
+  CHECK(!b.on_exit.halt);
+  CHECK(!b.hostname);
+  HostDecoded m = decode_host(R"({"type":"boot","exec":{"argv":["x"],"uid":0,"gid":0},)"
+                              R"("mounts":[{"tag":"t","at":"/t"}],)"
+                              R"("geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":true}})");
+  REQUIRE(summary(m) == "ok");
+  CHECK(std::get<Boot>(std::get<HostMessage>(m)).mounts == std::vector<Mount>{Mount{"t", "/t", false, FsType::virtiofs}});
+
+  // Unknown fields at every level are ignored, whatever their shape.
+  const std::string video = R"({"codec":"h264","layers":[{"id":1,"opts":{"x":[null,true,1.5e3,"s"]}}]})";
+  std::string extra(kReferenceBootLine);
+  extra.insert(extra.size() - 1, R"(,"video":)" + video + R"(,"z":null,"n":-1.5)");
+  extra.insert(extra.find("\"uid\""), R"("future":[1,2],)");
+  extra.insert(extra.find("\"tag\""), R"("opts":{"cache":"auto"},)");
+  extra.insert(extra.find("\"width\""), R"("dpi":96.5,)");
+  extra.insert(extra.find("\"terminal\""), R"("restart":"never",)");
+  CAPTURE(extra);
+  HostDecoded e = decode_host(extra);
+  REQUIRE(summary(e) == "ok");
+  CHECK(std::get<Boot>(std::get<HostMessage>(e)) == want);
+  CHECK(summary(decode_host(R"({"type":"stop","reason":"user"})")) == "ok");
+  CHECK(summary(decode_guest(R"({"protocol_version":2,"type":"ready","features":["x"]})")) == "ok");
+
+  // Whitespace between tokens (the contract's examples are displayed with it) and a trailing \r.
+  CHECK(summary(decode_host(" { \"type\" :\t\"stop\" } ")) == "ok");
+  CHECK(summary(decode_host(std::string(kReferenceBootLine) + "\r")) == "ok");
+  CHECK(summary(decode_guest("{\"type\":\"ready\",\"protocol_version\":2}\r")) == "ok");
+}
+
+TEST_CASE("unknown types are skipped, not errors; type_name matches the wire tag") {
+  CHECK(summary(decode_host(R"({"type":"resize","width":3})")) == "unknown:resize");
+  CHECK(summary(decode_guest(R"({"type":"heartbeat"})")) == "unknown:heartbeat");
+  CHECK(summary(decode_guest(R"({"type":""})")) == "unknown:");
+  CHECK(summary(decode_host(R"({"type":"Stop"})")) == "unknown:Stop");  // tags are case-sensitive
+  // Known to the other direction only: unknown here.
+  CHECK(summary(decode_host(R"({"type":"ready","protocol_version":2})")) == "unknown:ready");
+  CHECK(summary(decode_guest(R"({"type":"kill","signal":9})")) == "unknown:kill");
+  CHECK(type_name(HostMessage{Kill{9}}) == "kill");
+  CHECK(type_name(GuestMessage{StartFailed{}}) == "start_failed");
+}
