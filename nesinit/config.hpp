@@ -1,0 +1,121 @@
+// Configuration of the init (kernel command line `nesinit.*` keys, then argv `--` flags, which
+// win), the channel address, and the mode decision (guest / sandbox / not PID 1).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "log.hpp"
+#include "protocol/messages.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::init {
+
+/// `vsock:CID:PORT`: dial out to the host over AF_VSOCK (guest mode only).
+struct VsockAddr {
+  std::uint32_t cid = 2;
+  std::uint32_t port = 7000;
+  bool operator==(const VsockAddr&) const = default;
+};
+/// `virtio-port:NAME`: a virtio-serial port found by name in /sys/class/virtio-ports/*/name.
+struct VirtioPortAddr {
+  std::string name;
+  bool operator==(const VirtioPortAddr&) const = default;
+};
+/// `unix:PATH`: a Unix stream socket the host listens on (tests, namespace sandboxes).
+struct UnixAddr {
+  std::string path;
+  bool operator==(const UnixAddr&) const = default;
+};
+using Channel = std::variant<VsockAddr, VirtioPortAddr, UnixAddr>;
+
+/// The production default (PROTOCOL.md "Transport"): the host is CID 2, port 7000.
+inline constexpr VsockAddr kDefaultVsock{2, 7000};
+
+/// A parse result: a value, or an error text naming the field and what was expected.
+template <typename T>
+struct Parsed {
+  std::optional<T> value;
+  std::string error;
+  explicit operator bool() const { return value.has_value(); }
+};
+
+/// Parse `vsock:CID:PORT` (u32 decimal each), `virtio-port:NAME` (1..64 bytes, no '/'), or
+/// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; FACTS.md).
+Parsed<Channel> parse_channel(std::string_view s);
+/// The canonical spelling of a channel (inverse of parse_channel).
+std::string to_string(const Channel& c);
+
+/// Everything the init can be configured with. Times in milliseconds.
+struct Config {
+  std::optional<Channel> channel;          // required in sandbox mode; guest default kDefaultVsock
+  std::uint32_t grace_ms = 10000;          // SIGTERM -> SIGKILL, for the workload and for the rest
+  std::uint32_t ack_timeout_ms = 3000;     // outcome sent -> power off without the host's ack
+  std::uint32_t boot_timeout_ms = 30000;   // ready sent -> no boot -> ordered shutdown
+  std::uint32_t connect_timeout_ms = 10000;  // dialling the channel, all retries together
+  proto::Halt halt = proto::Halt::poweroff;  // final act; the descriptor's on_exit.halt wins
+  LogLevel log = LogLevel::info;
+  bool operator==(const Config&) const = default;
+};
+
+/// Set one key (`channel`, `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
+/// `halt`, `log`; '-' and '_' are the same). Returns an error text, or empty on success; on error
+/// `c` is unchanged. Times: decimal u32 milliseconds.
+std::string apply_key(Config& c, std::string_view key, std::string_view value);
+
+/// Split a kernel command line into words the way the kernel does: whitespace separates, double
+/// quotes group (and are removed).
+std::vector<std::string> split_cmdline(std::string_view cmdline);
+
+/// Apply every `nesinit.KEY=VALUE` word of a kernel command line. Other words are not ours and are
+/// skipped silently; a bad `nesinit.*` key or value is appended to `notes` and skipped (never
+/// fatal: PID 1 exiting panics the kernel).
+void apply_cmdline(Config& c, std::string_view cmdline, std::vector<std::string>& notes);
+
+/// What argv asks for.
+enum class Command { run, help, version, self_check };
+
+/// Result of parsing argv: the command, and problems found (unknown flags, bare words, bad
+/// values), each a sentence naming the argument.
+struct ArgvResult {
+  Command command = Command::run;
+  std::vector<std::string> problems;
+};
+
+/// Apply argv flags (`--channel=…`, `--grace-ms=…`, also `--key value`); `args` excludes argv[0].
+/// `--help`/`-h`, `--version`, `--self-check` select the command.
+ArgvResult apply_argv(Config& c, const std::vector<std::string_view>& args);
+
+/// The three modes (issue 3). guest: PID 1 of the initial pid namespace (a real VM); sandbox: PID 1
+/// of another pid namespace; not_pid1: anything else.
+enum class Mode { guest, sandbox, not_pid1 };
+std::string_view to_string(Mode m);
+
+/// The initial pid namespace's inode number (PROC_PID_INIT_INO in include/linux/proc_ns.h).
+inline constexpr std::uint64_t kInitialPidNsInode = 4026531836u;
+/// The initial UTS namespace's inode number (PROC_UTS_INIT_INO): sethostname there would rename
+/// the machine, so a sandbox refuses it.
+inline constexpr std::uint64_t kInitialUtsNsInode = 4026531838u;
+
+/// guest iff pid == 1 and the pid namespace inode is the initial one; sandbox iff pid == 1 and the
+/// inode is known and another one; not_pid1 otherwise. An unknown inode with pid 1 is `sandbox`
+/// (the safe side: never reboot or sync a machine by mistake).
+Mode decide_mode(pid_t pid, std::optional<std::uint64_t> pidns_inode);
+
+/// Inode of /proc/self/ns/<which> ("pid", "uts"), or nullopt if /proc is not readable.
+std::optional<std::uint64_t> ns_inode(const char* which);
+
+/// Final checks for a mode: sandbox needs an explicit non-vsock channel; guest defaults to
+/// kDefaultVsock. Returns an error text, or empty.
+std::string finalize_for_mode(Config& c, Mode m);
+
+/// Usage text for --help and errors.
+std::string_view usage();
+
+}  // namespace nes::init

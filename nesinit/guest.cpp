@@ -1,0 +1,147 @@
+#include "guest.hpp"
+
+#include <fcntl.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "mounts.hpp"
+
+namespace nes::init {
+
+namespace {
+void mount_if_absent(const Log& log, const char* src, const char* target, const char* fstype,
+                     unsigned long flags, const char* data) {
+  if (is_mount_point(target)) {
+    log.debug("bringup", "{} already mounted", target);
+    return;
+  }
+  if (int e = mkdir_p(target); e != 0) {
+    log.warn("bringup", "mkdir {}: {}", target, std::strerror(e));
+    return;
+  }
+  if (::mount(src, target, fstype, flags, data) != 0)
+    log.warn("bringup", "mount {} on {}: {}", fstype, target, std::strerror(errno));
+  else
+    log.debug("bringup", "mounted {} on {}", fstype, target);
+}
+}  // namespace
+
+void guest_early(const Log& log) {
+  // devtmpfs before anything else: /dev/console lives there when the initramfs has no node.
+  bool dev_err = false;
+  if (!is_mount_point("/dev")) {
+    ::mkdir("/dev", 0755);
+    dev_err = ::mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755") != 0 && errno != EBUSY;
+  }
+  int dev_errno = errno;
+  // fds 0-2: whichever are closed get the console, so nothing opened later lands on them.
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0) continue;
+    int c = ::open("/dev/console", O_RDWR | O_NOCTTY);
+    if (c < 0) c = ::open("/dev/null", O_RDWR | O_NOCTTY);
+    if (c >= 0 && c != fd) {
+      ::dup2(c, fd);
+      ::close(c);
+    }
+  }
+  if (dev_err) log.warn("bringup", "mount devtmpfs on /dev: {}", std::strerror(dev_errno));
+}
+
+void guest_mounts_and_net(const Log& log) {
+  mount_if_absent(log, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  mount_if_absent(log, "sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  mount_if_absent(log, "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "mode=0620,ptmxmode=0666");
+  mount_if_absent(log, "shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+  mount_if_absent(log, "run", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
+  mount_if_absent(log, "cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
+  if (int e = loopback_up(); e != 0) log.warn("bringup", "lo up: {}", std::strerror(e));
+  // Ctrl-Alt-Del (a VMM's "reset" key) then reaches PID 1 as SIGINT: an ordered shutdown instead
+  // of an immediate reboot. EINVAL: not supported here; harmless.
+  if (::reboot(RB_DISABLE_CAD) != 0 && errno != EINVAL)
+    log.warn("bringup", "reboot(RB_DISABLE_CAD): {}", std::strerror(errno));
+  log.info("bringup", "file systems and lo ready");
+}
+
+int loopback_up() {
+  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return errno;
+  ifreq ifr {};
+  std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  int err = 0;
+  if (::ioctl(s, SIOCGIFFLAGS, &ifr) != 0) {
+    err = errno;
+  } else {
+    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+    if (::ioctl(s, SIOCSIFFLAGS, &ifr) != 0) err = errno;
+  }
+  ::close(s);
+  return err;
+}
+
+std::vector<std::string> parse_modules_list(std::string_view text) {
+  std::vector<std::string> out;
+  while (!text.empty()) {
+    auto nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
+    auto hash = line.find('#');
+    if (hash != std::string_view::npos) line = line.substr(0, hash);
+    while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+    while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r'))
+      line.remove_suffix(1);
+    if (!line.empty()) out.emplace_back(line);
+  }
+  return out;
+}
+
+int load_modules(const Log& log, const char* list_path) {
+  int fd = ::open(list_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    log.debug("modules", "{}: {}", list_path, std::strerror(errno));
+    return 0;
+  }
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > (1u << 20)) break;  // a list, not a payload: bounded at 1 MiB
+  }
+  ::close(fd);
+  int failed = 0, loaded = 0;
+  for (const std::string& path : parse_modules_list(text)) {
+    int mfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (mfd < 0) {
+      log.warn("modules", "{}: {}", path, std::strerror(errno));
+      ++failed;
+      continue;
+    }
+    long r = ::syscall(SYS_finit_module, mfd, "", 0);
+    int e = errno;
+    ::close(mfd);
+    if (r == 0) {
+      ++loaded;
+      log.debug("modules", "loaded {}", path);
+    } else if (e == EEXIST) {
+      log.debug("modules", "{} already loaded", path);
+    } else {
+      log.warn("modules", "{}: {}", path, std::strerror(e));
+      ++failed;
+    }
+  }
+  log.info("modules", "{} loaded, {} failed", loaded, failed);
+  return failed;
+}
+
+}  // namespace nes::init

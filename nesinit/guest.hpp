@@ -1,0 +1,33 @@
+// Guest-mode bring-up: what a kernel hands PID 1 is a bare root file system. Only ever called in
+// guest mode (PID 1 of the initial pid namespace).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "log.hpp"
+
+namespace nes::init {
+
+/// devtmpfs on /dev (if /dev is not a mount point yet), then fds 0-2 on /dev/console (O_NOCTTY;
+/// /dev/null if there is no console) for whichever of them are closed. Call before opening
+/// anything else, so no other file lands on fds 0-2.
+void guest_early(const Log& log);
+
+/// proc, sysfs, devpts, /dev/shm, /run (tmpfs), cgroup2 on /sys/fs/cgroup, each only if not
+/// already mounted; `lo` up; reboot(RB_DISABLE_CAD) so Ctrl-Alt-Del arrives as SIGINT.
+void guest_mounts_and_net(const Log& log);
+
+/// Parse a modules list: one path per line; blank lines and '#' comments skipped, surrounding
+/// blanks trimmed.
+std::vector<std::string> parse_modules_list(std::string_view text);
+
+/// Load the modules listed in /etc/nesinit/modules (if present) with finit_module, in order.
+/// EEXIST (already loaded or built in) is fine; other failures are logged and loading goes on.
+/// Returns the number that failed.
+int load_modules(const Log& log, const char* list_path = "/etc/nesinit/modules");
+
+/// Bring `lo` up (SIOCSIFFLAGS IFF_UP); the kernel assigns 127.0.0.1/8. Returns 0 or errno.
+int loopback_up();
+
+}  // namespace nes::init

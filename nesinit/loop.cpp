@@ -1,0 +1,317 @@
+#include "loop.hpp"
+
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <optional>
+
+#include "mounts.hpp"
+#include "protocol/codec.hpp"
+#include "protocol/line_reader.hpp"
+#include "session.hpp"
+#include "shutdown.hpp"
+#include "transport.hpp"
+#include "workload.hpp"
+
+namespace nes::init {
+
+std::uint64_t monotonic_ms() {
+  timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000u + static_cast<std::uint64_t>(ts.tv_nsec) / 1000000u;
+}
+
+namespace {
+
+/// Bytes queued for the host but not yet written; beyond this the host is not reading and the
+/// channel is treated as lost (every message is small; a healthy host drains it at once).
+constexpr std::size_t kOutCap = 1u << 20;
+
+template <class... F>
+struct Overload : F... { using F::operator()...; };
+template <class... F>
+Overload(F...) -> Overload<F...>;
+
+class Pid1 {
+ public:
+  Pid1(Mode mode, const Config& cfg, const Log& log, int sfd, Reaper& reaper)
+      : mode_(mode), cfg_(cfg), log_(log), sfd_(sfd), reaper_(reaper),
+        session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt}) {}
+
+  [[noreturn]] void run() {
+    dial();
+    for (;;) {
+      drain();
+      if (session_.waiting_for_children()) {
+        reap();
+        if (!pending_.empty()) continue;
+      }
+      poll_once();
+    }
+  }
+
+ private:
+  // ---- dialling ------------------------------------------------------------------------------
+  void dial() {
+    const Channel ch = *cfg_.channel;
+    int stop_sig = 0;
+    auto wait = [&](std::uint32_t ms) -> bool {
+      // The backoff waits on the signalfd: a shutdown signal ends the dialling at once, SIGCHLD
+      // is reaped (a module helper may exit), anything else waits for the loop.
+      const std::uint64_t until = monotonic_ms() + ms;
+      for (;;) {
+        std::uint64_t now = monotonic_ms();
+        if (now >= until) return true;
+        pollfd p{sfd_, POLLIN, 0};
+        int r = ::poll(&p, 1, static_cast<int>(until - now));
+        if (r <= 0) continue;
+        for (int sig : read_signals()) {
+          if (sig == SIGCHLD) reaper_.reap();
+          else if (sig == SIGTERM || sig == SIGINT || sig == SIGPWR) stop_sig = sig;
+          else deferred_signals_.push_back(sig);
+        }
+        if (stop_sig) return false;
+      }
+    };
+    log_.info("dial", "{} (up to {} ms)", to_string(ch), cfg_.connect_timeout_ms);
+    int fd = nes::init::dial(ch, mode_ == Mode::guest, cfg_.connect_timeout_ms, wait, monotonic_ms, log_);
+    if (fd < 0) {
+      std::string why = stop_sig ? fmt::format("dialling {} abandoned: signal {}", to_string(ch), stop_sig)
+                                 : fmt::format("dialling {} failed: {}", to_string(ch), std::strerror(-fd));
+      pending_.push_back(ev::ChannelFailed{why});
+      return;
+    }
+    chan_ = fd;
+    pending_.push_back(ev::ChannelUp{});
+    for (int sig : deferred_signals_) pending_.push_back(ev::Signal{sig});
+    deferred_signals_.clear();
+  }
+
+  // ---- events and actions ----------------------------------------------------------------------
+  void drain() {
+    while (!pending_.empty()) {
+      Event e = std::move(pending_.front());
+      pending_.pop_front();
+      for (Action& a : session_.handle(e)) perform(a);
+    }
+  }
+
+  void perform(Action& a) {
+    std::visit(Overload{
+                   [&](act::Send& s) { send(s.msg); },
+                   [&](act::Mount&) { do_mounts(); },
+                   [&](act::Spawn&) { do_spawn(); },
+                   [&](act::SignalGroup& s) {
+                     int e = signal_group(pgid_, s.signo);
+                     log_.info("signal-group", "signal {} to group {}{}", s.signo, pgid_,
+                               e ? fmt::format(": {}", std::strerror(e)) : std::string());
+                   },
+                   [&](act::SignalAll& s) {
+                     int e = signal_all(s.signo);
+                     log_.debug("signal-all", "signal {}{}", s.signo,
+                                e ? fmt::format(": {}", std::strerror(e)) : std::string());
+                   },
+                   [&](act::ArmTimer& t) {
+                     deadline_[static_cast<int>(t.timer)] = monotonic_ms() + t.ms;
+                     log_.debug("timer", "{} armed for {} ms", to_string(t.timer), t.ms);
+                   },
+                   [&](act::CancelTimer& t) { deadline_[static_cast<int>(t.timer)].reset(); },
+                   [&](act::Note& n) { log_.line(n.severity, n.phase, n.text); },
+                   [&](act::PowerOff& p) { power_off(p.halt); },
+               },
+               a);
+  }
+
+  void send(const proto::GuestMessage& m) {
+    if (chan_ < 0) return;
+    std::string line = proto::encode_line(m);
+    if (log_.enabled(Severity::debug))
+      log_.debug("send", "{}", std::string_view(line).substr(0, line.size() - 1));
+    else
+      log_.info("send", "{}", proto::type_name(m));
+    if (out_.size() + line.size() > kOutCap) {
+      log_.error("channel", "host not reading ({} bytes queued); treating the channel as lost", out_.size());
+      lose_channel();
+      return;
+    }
+    out_ += line;
+    flush();
+  }
+
+  /// Write what the socket takes now. Returns false if the channel broke.
+  bool flush() {
+    while (chan_ >= 0 && !out_.empty()) {
+      ssize_t n = ::write(chan_, out_.data(), out_.size());
+      if (n > 0) {
+        out_.erase(0, static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return true;
+      log_.warn("channel", "write: {}", n < 0 ? std::strerror(errno) : "wrote nothing");
+      lose_channel();
+      return false;
+    }
+    return true;
+  }
+
+  void lose_channel() {
+    if (chan_ < 0) return;
+    ::close(chan_);
+    chan_ = -1;
+    out_.clear();
+    pending_.push_back(ev::Eof{});
+  }
+
+  void do_mounts() {
+    const proto::Boot& b = *session_.boot();
+    log_.info("mount", "{} share(s)", b.mounts.size());
+    if (auto f = shares_.mount_all(b.mounts, log_)) {
+      pending_.push_back(ev::MountFailed{*f});
+      return;
+    }
+    log_.info("mounted", "all shares mounted");
+    pending_.push_back(ev::MountsDone{});
+  }
+
+  void do_spawn() {
+    const proto::Boot& b = *session_.boot();
+    if (b.hostname) {
+      // A sandbox in the machine's own UTS namespace must not rename the machine.
+      auto uts = ns_inode("uts");
+      if (mode_ == Mode::sandbox && (!uts || *uts == kInitialUtsNsInode)) {
+        log_.warn("hostname", "'{}' not set: this sandbox shares the machine's UTS namespace", *b.hostname);
+      } else if (::sethostname(b.hostname->data(), b.hostname->size()) != 0) {
+        int e = errno;
+        pending_.push_back(ev::StartFailed{proto::StartFailed{
+            fmt::format("sethostname {}: {}", *b.hostname, std::strerror(e)), e, proto::StartFailClass::other}});
+        return;
+      } else {
+        log_.info("hostname", "{}", *b.hostname);
+      }
+    }
+    log_.info("spawn", "{}", b.exec.argv.empty() ? std::string() : b.exec.argv[0]);
+    auto r = spawn(b.exec, b.geometry, mode_ == Mode::guest ? Stdio::console : Stdio::inherit, reaper_);
+    if (auto* pid = std::get_if<pid_t>(&r)) {
+      pgid_ = *pid;
+      pending_.push_back(ev::Started{*pid});
+    } else {
+      pending_.push_back(ev::StartFailed{std::get<proto::StartFailed>(r)});
+    }
+  }
+
+  [[noreturn]] void power_off(proto::Halt halt) {
+    // Give the last lines (the outcome) a bounded chance to leave before the channel closes.
+    const std::uint64_t until = monotonic_ms() + 1000;
+    while (chan_ >= 0 && !out_.empty()) {
+      std::uint64_t now = monotonic_ms();
+      if (now >= until) break;
+      pollfd p{chan_, POLLOUT, 0};
+      if (::poll(&p, 1, static_cast<int>(until - now)) > 0 && !flush()) break;
+    }
+    if (chan_ >= 0) ::close(chan_);
+    chan_ = -1;
+    log_.info("halt", "orphans reaped: {}", reaper_.orphans_total());
+    final_act(mode_, shares_, halt, reaper_, log_);
+  }
+
+  // ---- I/O -------------------------------------------------------------------------------------
+  std::vector<int> read_signals() {
+    std::vector<int> sigs;
+    signalfd_siginfo si[16];
+    for (;;) {
+      ssize_t n = ::read(sfd_, si, sizeof si);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof si[0]; ++i)
+        sigs.push_back(static_cast<int>(si[i].ssi_signo));
+    }
+    return sigs;
+  }
+
+  void reap() {
+    Reaped r = reaper_.reap();
+    if (r.orphans) log_.debug("reap", "{} orphan(s) reaped", r.orphans);
+    if (r.workload) pending_.push_back(ev::Exited{*r.workload});
+    if (r.no_children && session_.waiting_for_children()) pending_.push_back(ev::NoChildren{});
+  }
+
+  void poll_once() {
+    const std::uint64_t now = monotonic_ms();
+    int timeout = -1;
+    for (auto& d : deadline_)
+      if (d) {
+        std::uint64_t left = *d > now ? *d - now : 0;
+        if (timeout < 0 || left < static_cast<std::uint64_t>(timeout))
+          timeout = static_cast<int>(std::min<std::uint64_t>(left, 1u << 30));
+      }
+    pollfd p[2] = {{sfd_, POLLIN, 0}, {chan_, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
+    int r = ::poll(p, chan_ >= 0 ? 2 : 1, timeout);
+    if (r < 0 && errno != EINTR) log_.error("loop", "poll: {}", std::strerror(errno));
+
+    const std::uint64_t after = monotonic_ms();
+    for (int i = 0; i < kTimerCount; ++i)
+      if (deadline_[i] && *deadline_[i] <= after) {
+        deadline_[i].reset();
+        pending_.push_back(ev::TimerFired{static_cast<Timer>(i)});
+      }
+    if (r <= 0) return;
+    if (p[0].revents & POLLIN) {
+      for (int sig : read_signals()) {
+        // SIGCHLD: one reaper, one waiter; merged SIGCHLDs are covered by reaping until none.
+        if (sig == SIGCHLD) reap();
+        else pending_.push_back(ev::Signal{sig});
+      }
+    }
+    if (chan_ >= 0 && (p[1].revents & POLLOUT)) flush();
+    if (chan_ >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) read_channel();
+  }
+
+  void read_channel() {
+    char buf[65536];
+    ssize_t n = ::read(chan_, buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+      if (n < 0) log_.warn("channel", "read: {}", std::strerror(errno));
+      if (reader_.partial()) log_.warn("channel", "EOF in the middle of a line; the partial line is dropped");
+      lose_channel();
+      return;
+    }
+    reader_.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+    while (auto line = reader_.next()) {
+      if (log_.enabled(Severity::debug) && line->kind == proto::Line::Kind::text)
+        log_.debug("recv", "{}", line->text);
+      pending_.push_back(ev::Line{std::move(*line)});
+    }
+  }
+
+  Mode mode_;
+  const Config& cfg_;
+  const Log& log_;
+  int sfd_;
+  Reaper& reaper_;
+  Session session_;
+  Shares shares_;
+  int chan_ = -1;
+  pid_t pgid_ = 0;
+  std::string out_;
+  proto::LineReader reader_;
+  std::deque<Event> pending_;
+  std::vector<int> deferred_signals_;
+  std::optional<std::uint64_t> deadline_[kTimerCount];
+};
+
+}  // namespace
+
+void run_pid1(Mode mode, const Config& cfg, const Log& log, int sfd, Reaper& reaper) {
+  Pid1 p(mode, cfg, log, sfd, reaper);
+  p.run();
+}
+
+}  // namespace nes::init

@@ -1,0 +1,134 @@
+#include "mounts.hpp"
+
+#include <sys/mount.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace nes::init {
+
+int mkdir_p(const std::string& path) {
+  if (path.empty()) return EINVAL;
+  std::string cur;
+  std::size_t i = 0;
+  while (i < path.size()) {
+    std::size_t slash = path.find('/', i + 1);
+    cur = path.substr(0, slash);
+    i = slash == std::string::npos ? path.size() : slash;
+    if (cur.empty() || cur == "/") continue;
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return errno;
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return errno;
+  return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+}
+
+bool is_mount_point(const std::string& path) {
+  if (path == "/") return true;
+  struct stat a {}, b {};
+  if (::stat(path.c_str(), &a) != 0) return false;
+  if (::stat((path + "/..").c_str(), &b) != 0) return false;
+  return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
+}
+
+std::string validate_mount(const proto::Mount& m, std::size_t i) {
+  auto bad_path = [](const std::string& p) {
+    if (p.empty() || p[0] != '/') return "must be an absolute path";
+    std::size_t s = 0;
+    while (s < p.size()) {
+      std::size_t e = p.find('/', s + 1);
+      std::string_view comp = std::string_view(p).substr(s + 1, (e == std::string::npos ? p.size() : e) - s - 1);
+      if (comp == "." || comp == "..") return "must not contain '.' or '..' components";
+      if (e == std::string::npos) break;
+      s = e;
+    }
+    return "";
+  };
+  if (const char* why = bad_path(m.at); *why) return fmt::format("mounts[{}].at: {}", i, why);
+  if (m.at.find_first_not_of('/') == std::string::npos)
+    return fmt::format("mounts[{}].at: must not be /", i);
+  if (m.tag.empty()) return fmt::format("mounts[{}].tag: must not be empty", i);
+  if (m.fs == proto::FsType::bind)
+    if (const char* why = bad_path(m.tag); *why)
+      return fmt::format("mounts[{}].tag: bind source {}", i, why);
+  return {};
+}
+
+MountCall mount_call(const proto::Mount& m) {
+  unsigned long base = MS_NOSUID | MS_NODEV | (m.ro ? MS_RDONLY : 0);
+  switch (m.fs) {
+    case proto::FsType::virtiofs: return {m.tag, "virtiofs", base, ""};
+    case proto::FsType::ninep: return {m.tag, "9p", base, "trans=virtio,version=9p2000.L"};
+    case proto::FsType::tmpfs: return {m.tag, "tmpfs", base, "mode=0755"};
+    case proto::FsType::bind: return {m.tag, "", MS_BIND, ""};
+  }
+  return {m.tag, "virtiofs", base, ""};
+}
+
+unsigned long bind_remount_flags(const proto::Mount& m) {
+  return MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (m.ro ? MS_RDONLY : 0);
+}
+
+std::optional<proto::MountFailed> Shares::mount_all(const std::vector<proto::Mount>& mounts,
+                                                    const Log& log) {
+  for (std::size_t i = 0; i < mounts.size(); ++i) {
+    const proto::Mount& m = mounts[i];
+    if (std::string why = validate_mount(m, i); !why.empty())
+      return proto::MountFailed{m.tag, why, EINVAL};
+    if (m.fs == proto::FsType::bind) {
+      // A missing source is reported as such, not as a failure to create the mount point.
+      struct stat st {};
+      if (::stat(m.tag.c_str(), &st) != 0) {
+        int e = errno;
+        return proto::MountFailed{m.tag, fmt::format("bind source {}: {}", m.tag, std::strerror(e)), e};
+      }
+    }
+    if (int e = mkdir_p(m.at); e != 0)
+      return proto::MountFailed{m.tag, fmt::format("mount point {}: {}", m.at, std::strerror(e)), e};
+    MountCall c = mount_call(m);
+    const char* fstype = c.fstype.empty() ? nullptr : c.fstype.c_str();
+    if (::mount(c.source.c_str(), m.at.c_str(), fstype, c.flags, c.data.empty() ? nullptr : c.data.c_str()) != 0) {
+      int e = errno;
+      return proto::MountFailed{m.tag, fmt::format("mount {} {} on {}: {}", proto::to_string(m.fs),
+                                                   m.tag, m.at, std::strerror(e)), e};
+    }
+    mounted_.push_back(m.at);
+    if (m.fs == proto::FsType::bind &&
+        ::mount(nullptr, m.at.c_str(), nullptr, bind_remount_flags(m), nullptr) != 0) {
+      int e = errno;
+      return proto::MountFailed{m.tag, fmt::format("remount bind {} nosuid,nodev{}: {}", m.at,
+                                                   m.ro ? ",ro" : "", std::strerror(e)), e};
+    }
+    log.info("mount", "{} {} on {} ({},nosuid,nodev)", proto::to_string(m.fs), m.tag, m.at,
+             m.ro ? "ro" : "rw");
+  }
+  return std::nullopt;
+}
+
+int Shares::unmount_all(const Log& log) {
+  int left = 0;
+  while (!mounted_.empty()) {
+    std::string at = std::move(mounted_.back());
+    mounted_.pop_back();
+    if (::umount2(at.c_str(), 0) == 0) {
+      log.info("unmount", "{}", at);
+      continue;
+    }
+    int e = errno;
+    if (::umount2(at.c_str(), MNT_DETACH) == 0) {
+      log.warn("unmount", "{}: {}; lazily detached", at, std::strerror(e));
+      continue;
+    }
+    log.error("unmount", "{}: {}; left mounted", at, std::strerror(errno));
+    ++left;
+  }
+  return left;
+}
+
+int make_root_private() {
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
+  return 0;
+}
+
+}  // namespace nes::init

@@ -1,0 +1,60 @@
+// The descriptor's shares (virtiofs, 9p, tmpfs, bind), always nosuid,nodev, `ro` honoured, mount
+// points created; and their removal in reverse order at shutdown.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "log.hpp"
+#include "protocol/messages.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::init {
+
+/// mkdir -p with mode 0755 for each missing component. Returns 0 or an errno value.
+int mkdir_p(const std::string& path);
+
+/// True if `path` is a mount point (its device differs from its parent's, or it is "/").
+bool is_mount_point(const std::string& path);
+
+/// Check a share before touching anything: `at` absolute, not "/", no "." or ".." components;
+/// bind `tag` absolute. Returns an error naming the field (`mounts[i].at: ...`), or empty.
+std::string validate_mount(const proto::Mount& m, std::size_t index);
+
+/// The mount(2) arguments for a share: source, fstype (empty for bind), flags, data.
+struct MountCall {
+  std::string source;
+  std::string fstype;
+  unsigned long flags = 0;
+  std::string data;
+  bool operator==(const MountCall&) const = default;
+};
+/// virtiofs: source = tag; 9p: trans=virtio,version=9p2000.L; tmpfs: mode=0755; bind: MS_BIND
+/// (nosuid/nodev/ro need a second MS_REMOUNT|MS_BIND call, see remount_flags).
+MountCall mount_call(const proto::Mount& m);
+/// Flags of the bind remount that applies nosuid,nodev (and ro).
+unsigned long bind_remount_flags(const proto::Mount& m);
+
+/// The shares this init mounted, in order; unmounted in reverse.
+class Shares {
+ public:
+  /// Mount all shares in order. On the first failure returns a MountFailed naming the tag, with
+  /// the reason and errno; shares mounted before it stay listed (unmounted at shutdown).
+  std::optional<proto::MountFailed> mount_all(const std::vector<proto::Mount>& mounts, const Log& log);
+
+  /// Unmount every share in reverse order; a busy one is lazily detached (MNT_DETACH) and logged.
+  /// Returns the number that could not be unmounted even lazily.
+  int unmount_all(const Log& log);
+
+  const std::vector<std::string>& mounted() const { return mounted_; }
+
+ private:
+  std::vector<std::string> mounted_;
+};
+
+/// Make "/" and everything under it MS_REC|MS_PRIVATE, so no mount of ours propagates to a parent
+/// namespace (sandbox mode, before any mount). Returns 0 or an errno value.
+int make_root_private();
+
+}  // namespace nes::init

@@ -1,0 +1,428 @@
+#include "session.hpp"
+
+#include <csignal>
+
+namespace nes::init {
+
+namespace {
+template <class... F>
+struct Overload : F... { using F::operator()...; };
+template <class... F>
+Overload(F...) -> Overload<F...>;
+
+std::string describe(const proto::WorkloadExited& w) {
+  if (w.signal) return fmt::format("signal {}", *w.signal);
+  return fmt::format("exit_code {}", w.exit_code.value_or(0));
+}
+}  // namespace
+
+std::string_view to_string(Timer t) {
+  switch (t) {
+    case Timer::boot: return "boot";
+    case Timer::workload_grace: return "workload_grace";
+    case Timer::workload_kill: return "workload_kill";
+    case Timer::all_grace: return "all_grace";
+    case Timer::all_kill: return "all_kill";
+    case Timer::ack: return "ack";
+  }
+  return "?";
+}
+
+std::string_view to_string(Phase p) {
+  switch (p) {
+    case Phase::idle_before_channel: return "idle_before_channel";
+    case Phase::awaiting_boot: return "awaiting_boot";
+    case Phase::mounting: return "mounting";
+    case Phase::starting: return "starting";
+    case Phase::running: return "running";
+    case Phase::settled: return "settled";
+    case Phase::shutting_down: return "shutting_down";
+    case Phase::done: return "done";
+  }
+  return "?";
+}
+
+std::string_view to_string(Stage s) {
+  switch (s) {
+    case Stage::none: return "none";
+    case Stage::workload_term: return "workload_term";
+    case Stage::workload_kill: return "workload_kill";
+    case Stage::all_term: return "all_term";
+    case Stage::all_kill: return "all_kill";
+    case Stage::await_ack: return "await_ack";
+    case Stage::final: return "final";
+  }
+  return "?";
+}
+
+proto::Halt Session::halt() const {
+  if (boot_ && boot_->on_exit.halt) return *boot_->on_exit.halt;
+  return opt_.halt;
+}
+
+Actions Session::handle(const Event& e) {
+  out_.clear();
+  // Once the final act is asked for, nothing else happens (the loop never returns from it).
+  if (phase_ != Phase::done) std::visit([this](const auto& x) { on(x); }, e);
+  Actions r;
+  r.swap(out_);
+  return r;
+}
+
+// ---- helpers -------------------------------------------------------------------------------------
+
+void Session::note(Severity s, std::string_view phase, std::string text) {
+  out_.push_back(act::Note{s, std::string(phase), std::move(text)});
+}
+
+void Session::send(proto::GuestMessage m) {
+  if (!channel_open_) {
+    note(Severity::warn, "channel", fmt::format("closed; not sent: {}", proto::type_name(m)));
+    return;
+  }
+  out_.push_back(act::Send{std::move(m)});
+}
+
+void Session::arm(Timer t, std::uint32_t ms) {
+  armed_[static_cast<int>(t)] = true;
+  out_.push_back(act::ArmTimer{t, ms});
+}
+
+void Session::cancel(Timer t) {
+  if (!armed_[static_cast<int>(t)]) return;
+  armed_[static_cast<int>(t)] = false;
+  out_.push_back(act::CancelTimer{t});
+}
+
+void Session::term_workload() {
+  // The workload receives at most one SIGTERM from the init, ever: `stop`, `kill{15}`, EOF and
+  // shutdown step 1 all share it, and its grace period runs from the first one.
+  if (term_sent_ || workload_pid_ <= 0) return;
+  term_sent_ = true;
+  out_.push_back(act::SignalGroup{SIGTERM});
+  arm(Timer::workload_grace, opt_.grace_ms);
+}
+
+void Session::settle(proto::GuestMessage outcome) {
+  if (outcome_) {
+    // Outcome finality: the first final event stands; a later one is only logged.
+    note(Severity::warn, "outcome",
+         fmt::format("{} after the outcome {}; not reported", proto::type_name(outcome),
+                     proto::type_name(*outcome_)));
+    return;
+  }
+  outcome_ = outcome;
+  send(std::move(outcome));
+  const bool terminal = boot_ ? boot_->on_exit.terminal : true;
+  if (phase_ == Phase::shutting_down) {
+    // Reported during a shutdown: the host gets ack_timeout_ms to acknowledge it.
+    if (!acked_ && channel_open_ && !ack_armed_) {
+      arm(Timer::ack, opt_.ack_timeout_ms);
+      ack_armed_ = true;
+    }
+    return;
+  }
+  if (terminal) {
+    begin_shutdown("terminal outcome");
+  } else {
+    // Not terminal: stay up, reaping and serving the channel, until `shutdown`.
+    phase_ = Phase::settled;
+    note(Severity::info, "settled", "not terminal; waiting for shutdown");
+  }
+}
+
+// ---- events --------------------------------------------------------------------------------------
+
+void Session::on(const ev::ChannelUp&) {
+  if (phase_ != Phase::idle_before_channel) return;
+  channel_open_ = true;
+  phase_ = Phase::awaiting_boot;
+  // The guest speaks first and sends its version before reading anything.
+  send(proto::Ready{});
+  arm(Timer::boot, opt_.boot_timeout_ms);
+}
+
+void Session::on(const ev::ChannelFailed& f) {
+  if (phase_ != Phase::idle_before_channel) return;
+  note(Severity::error, "channel", f.reason);
+  begin_shutdown("no channel");
+}
+
+void Session::on(const ev::Line& l) {
+  if (l.line.kind == proto::Line::Kind::too_long) {
+    send(proto::ProtocolError{fmt::format("line of {} bytes exceeds the cap; dropped", l.line.length)});
+    note(Severity::warn, "protocol", fmt::format("dropped an over-long line ({} bytes)", l.line.length));
+    return;
+  }
+  on(ev::Message{proto::decode_host(l.line.text)});
+}
+
+void Session::on(const ev::Message& m) {
+  std::visit(Overload{
+                 [&](const proto::DecodeError& e) {
+                   // Malformed: answered, not acted on; the session goes on.
+                   note(Severity::warn, "protocol", e.reason);
+                   send(proto::ProtocolError{e.reason});
+                 },
+                 [&](const proto::UnknownMessage& u) {
+                   note(Severity::info, "protocol", fmt::format("skipped unknown type '{}'", u.type));
+                 },
+                 [&](const proto::HostMessage& hm) {
+                   std::visit(Overload{
+                                  [&](const proto::Boot& b) { on_boot(b); },
+                                  [&](const proto::Stop&) { on_stop("stop"); },
+                                  [&](const proto::Kill& k) { on_kill(k.signal); },
+                                  [&](const proto::Shutdown&) { on_shutdown_msg(); },
+                              },
+                              hm);
+                 },
+             },
+             m.msg);
+}
+
+void Session::on_boot(const proto::Boot& b) {
+  if (phase_ != Phase::awaiting_boot) {
+    // Exactly one boot is acted on per connection.
+    note(Severity::warn, "boot", fmt::format("another boot in phase {}; ignored", to_string(phase_)));
+    return;
+  }
+  cancel(Timer::boot);
+  boot_ = b;
+  phase_ = Phase::mounting;
+  note(Severity::info, "boot",
+       fmt::format("argv[0]={} mounts={} terminal={}", b.exec.argv.empty() ? "" : b.exec.argv[0],
+                   b.mounts.size(), b.on_exit.terminal));
+  out_.push_back(act::Mount{});
+}
+
+void Session::on_stop(std::string_view why) {
+  if (workload_pid_ <= 0) {
+    note(Severity::info, "stop", fmt::format("{}: no workload running; nothing to do", why));
+    return;
+  }
+  if (term_sent_) {
+    note(Severity::info, "stop", fmt::format("{}: SIGTERM already sent; not repeated", why));
+    return;
+  }
+  note(Severity::info, "stop", fmt::format("{}: SIGTERM to the workload's group", why));
+  term_workload();
+}
+
+void Session::on_kill(int signo) {
+  if (signo == SIGTERM) return on_stop("kill{15}");
+  if (workload_pid_ <= 0) {
+    note(Severity::info, "kill", fmt::format("signal {}: no workload running; nothing to do", signo));
+    return;
+  }
+  note(Severity::info, "kill", fmt::format("signal {} to the workload's group", signo));
+  out_.push_back(act::SignalGroup{signo});
+}
+
+void Session::on_shutdown_msg() {
+  if (outcome_ && !acked_) {
+    acked_ = true;
+    cancel(Timer::ack);
+    note(Severity::info, "ack", "host acknowledged the outcome");
+  }
+  if (phase_ == Phase::shutting_down) {
+    if (stage_ == Stage::await_ack) enter_await_ack();
+    return;
+  }
+  begin_shutdown("host sent shutdown");
+}
+
+void Session::on(const ev::Eof&) {
+  if (!channel_open_) return;
+  channel_open_ = false;
+  note(Severity::info, "channel", "EOF from the host");
+  if (phase_ == Phase::shutting_down) {
+    // Nobody is left to acknowledge: the outcome was sent or can no longer be.
+    if (stage_ == Stage::await_ack) enter_await_ack();
+    return;
+  }
+  // Before boot: nothing to run. While running: the workload's one SIGTERM (shutdown step 1).
+  begin_shutdown("channel EOF");
+}
+
+void Session::on(const ev::MountsDone&) {
+  if (phase_ != Phase::mounting) return;
+  send(proto::Mounted{});
+  phase_ = Phase::starting;
+  out_.push_back(act::Spawn{});
+}
+
+void Session::on(const ev::MountFailed& f) {
+  if (phase_ != Phase::mounting) return;
+  note(Severity::error, "mount", fmt::format("{}: {}", f.failure.tag, f.failure.reason));
+  settle(f.failure);  // nothing is started
+}
+
+void Session::on(const ev::Started& s) {
+  if (phase_ != Phase::starting) return;
+  workload_pid_ = s.pid;
+  phase_ = Phase::running;
+  note(Severity::info, "started", fmt::format("pid {}", s.pid));
+  send(proto::Started{s.pid});
+}
+
+void Session::on(const ev::StartFailed& f) {
+  if (phase_ != Phase::starting) return;
+  note(Severity::error, "start", fmt::format("{} ({})", f.failure.reason, proto::to_string(f.failure.cls)));
+  settle(f.failure);  // no workload_exited follows
+}
+
+void Session::on(const ev::Exited& x) {
+  if (workload_pid_ <= 0) return;
+  workload_pid_ = 0;
+  cancel(Timer::workload_grace);
+  cancel(Timer::workload_kill);
+  note(Severity::info, "exited", describe(x.status));
+  settle(x.status);
+  if (phase_ == Phase::shutting_down &&
+      (stage_ == Stage::workload_term || stage_ == Stage::workload_kill))
+    enter_all_term();
+}
+
+void Session::on(const ev::Signal& s) {
+  switch (s.signo) {
+    // Ordered shutdown: SIGTERM (a supervisor), SIGINT (Ctrl-Alt-Del once RB_DISABLE_CAD is set,
+    // or a terminal), SIGPWR (power failure / a VMM's power button via a UPS-style daemon).
+    case SIGTERM:
+    case SIGINT:
+    case SIGPWR:
+      if (phase_ == Phase::shutting_down) {
+        note(Severity::info, "signal", fmt::format("signal {} during shutdown; already shutting down", s.signo));
+        return;
+      }
+      begin_shutdown(fmt::format("signal {}", s.signo));
+      return;
+    // Forwarded to the workload's process group (tini's set): terminal hang-up, quit/dump, user
+    // signals, window size change, continue.
+    case SIGHUP:
+    case SIGQUIT:
+    case SIGUSR1:
+    case SIGUSR2:
+    case SIGWINCH:
+    case SIGCONT:
+      if (workload_pid_ > 0) {
+        note(Severity::info, "signal", fmt::format("forwarding signal {} to the workload's group", s.signo));
+        out_.push_back(act::SignalGroup{s.signo});
+      } else {
+        note(Severity::info, "signal", fmt::format("signal {}: no workload; dropped", s.signo));
+      }
+      return;
+    default:
+      // SIGTTIN/SIGTTOU/SIGTSTP: PID 1 never stops. SIGPIPE: the write reports EPIPE instead.
+      // Anything else (SIGALRM, real-time signals, ...): nothing of ours; logged and dropped.
+      note(Severity::debug, "signal", fmt::format("signal {} ignored", s.signo));
+      return;
+  }
+}
+
+void Session::on(const ev::TimerFired& t) {
+  const int i = static_cast<int>(t.timer);
+  if (!armed_[i]) return;  // cancelled meanwhile
+  armed_[i] = false;
+  switch (t.timer) {
+    case Timer::boot:
+      if (phase_ == Phase::awaiting_boot)
+        begin_shutdown(fmt::format("no boot within {} ms", opt_.boot_timeout_ms));
+      return;
+    case Timer::workload_grace:
+      grace_expired_ = true;
+      if (stage_ == Stage::workload_term && workload_pid_ > 0) {
+        note(Severity::info, "shutdown", fmt::format("workload still up after {} ms grace: SIGKILL to its group", opt_.grace_ms));
+        out_.push_back(act::SignalGroup{SIGKILL});
+        stage_ = Stage::workload_kill;
+        arm(Timer::workload_kill, kKillWaitMs);
+      }
+      return;
+    case Timer::workload_kill:
+      if (stage_ == Stage::workload_kill) {
+        note(Severity::error, "shutdown", "workload not reaped after SIGKILL; going on without it");
+        enter_all_term();
+      }
+      return;
+    case Timer::all_grace:
+      if (stage_ == Stage::all_term) {
+        note(Severity::info, "kill-all", fmt::format("processes left after {} ms grace: SIGKILL to all", opt_.grace_ms));
+        out_.push_back(act::SignalAll{SIGKILL});
+        stage_ = Stage::all_kill;
+        arm(Timer::all_kill, kKillWaitMs);
+      }
+      return;
+    case Timer::all_kill:
+      if (stage_ == Stage::all_kill) {
+        note(Severity::error, "shutdown", "processes left after SIGKILL; going on without them");
+        enter_await_ack();
+      }
+      return;
+    case Timer::ack:
+      ack_expired_ = true;
+      note(Severity::warn, "ack", fmt::format("no acknowledgement within {} ms", opt_.ack_timeout_ms));
+      if (stage_ == Stage::await_ack) enter_await_ack();
+      return;
+  }
+}
+
+void Session::on(const ev::NoChildren&) {
+  if (!waiting_for_children()) return;
+  cancel(Timer::all_grace);
+  cancel(Timer::all_kill);
+  note(Severity::info, "shutdown", "no processes left");
+  enter_await_ack();
+}
+
+// ---- ordered shutdown ------------------------------------------------------------------------------
+
+void Session::begin_shutdown(std::string reason) {
+  if (phase_ == Phase::shutting_down || phase_ == Phase::done) return;
+  phase_ = Phase::shutting_down;
+  cancel(Timer::boot);
+  note(Severity::info, "shutdown", fmt::format("begin: {}", reason));
+  if (outcome_ && !acked_ && channel_open_ && !ack_armed_) {
+    arm(Timer::ack, opt_.ack_timeout_ms);
+    ack_armed_ = true;
+  }
+  stage_ = Stage::workload_term;
+  if (workload_pid_ <= 0) return enter_all_term();
+  // Step 1: the workload's group gets its one SIGTERM (unless already sent), then up to grace_ms
+  // (counted from that first SIGTERM), then SIGKILL.
+  if (!term_sent_) {
+    note(Severity::info, "term-workload", "SIGTERM to the workload's group");
+    term_workload();
+  } else if (grace_expired_) {
+    note(Severity::info, "kill-workload", "grace since the earlier SIGTERM is over: SIGKILL to its group");
+    out_.push_back(act::SignalGroup{SIGKILL});
+    stage_ = Stage::workload_kill;
+    arm(Timer::workload_kill, kKillWaitMs);
+  } else {
+    note(Severity::info, "term-workload", "SIGTERM already sent; waiting out its grace");
+  }
+}
+
+void Session::enter_all_term() {
+  // Step 2: everything else (orphans, daemons the workload left behind).
+  stage_ = Stage::all_term;
+  note(Severity::info, "term-all", "SIGTERM to all remaining processes");
+  out_.push_back(act::SignalAll{SIGTERM});
+  arm(Timer::all_grace, opt_.grace_ms);
+}
+
+void Session::enter_await_ack() {
+  stage_ = Stage::await_ack;
+  // Power off only once the outcome is safe: acknowledged by `shutdown`, or nobody is listening
+  // (EOF), or ack_timeout_ms passed, or there is nothing to acknowledge.
+  if (!outcome_ || acked_ || !channel_open_ || ack_expired_) return enter_final();
+  note(Severity::info, "ack", "waiting for the host's acknowledgement");
+}
+
+void Session::enter_final() {
+  stage_ = Stage::final;
+  phase_ = Phase::done;
+  for (int i = 0; i < kTimerCount; ++i)
+    if (armed_[i]) cancel(static_cast<Timer>(i));
+  out_.push_back(act::PowerOff{halt()});
+}
+
+}  // namespace nes::init

@@ -1,0 +1,165 @@
+// The session: a sans-I/O state machine for one connection of the lifecycle channel and the
+// ordered shutdown that ends it. Events in (a decoded line, EOF, mounts done, workload started /
+// exited, a signal to PID 1, a timer), actions out (send a message, mount, spawn, signal, arm a
+// timer, power off). It never touches a file descriptor or a clock: the loop (loop.cpp) does the
+// I/O, which keeps every rule here testable by driving events directly (tests/init/session_test).
+// Rules: PROTOCOL.md and issue 3; the reasons: docs/init.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "log.hpp"
+#include "protocol/codec.hpp"
+#include "protocol/line_reader.hpp"
+#include "protocol/messages.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::init {
+
+/// The session's timers. Each is armed with a duration in ms; re-arming replaces it.
+enum class Timer {
+  boot,             // ready sent -> boot_timeout_ms
+  workload_grace,   // the workload's one SIGTERM -> grace_ms -> SIGKILL (during shutdown)
+  workload_kill,    // SIGKILL to the workload's group -> kKillWaitMs -> give up on it
+  all_grace,        // kill(-1, SIGTERM) -> grace_ms -> kill(-1, SIGKILL)
+  all_kill,         // kill(-1, SIGKILL) -> kKillWaitMs -> give up on stragglers
+  ack,              // terminal outcome sent -> ack_timeout_ms -> power off without the ack
+};
+inline constexpr int kTimerCount = 6;
+std::string_view to_string(Timer t);
+
+/// How long to wait for processes to disappear after SIGKILL (they can only be stuck in the
+/// kernel, e.g. uninterruptible I/O on a dead share): ms.
+inline constexpr std::uint32_t kKillWaitMs = 5000;
+
+// ---- events ------------------------------------------------------------------------------------
+namespace ev {
+struct ChannelUp {};                              // dialled: the session begins
+struct ChannelFailed { std::string reason; };     // dialling gave up: shut down
+struct Line { proto::Line line; };                // a framed line (the session decodes it)
+struct Message { proto::HostDecoded msg; };       // an already-decoded line
+struct Eof {};                                    // the host closed the channel (or it broke)
+struct MountsDone {};
+struct MountFailed { proto::MountFailed failure; };
+struct Started { std::int32_t pid; };
+struct StartFailed { proto::StartFailed failure; };
+struct Exited { proto::WorkloadExited status; };  // the workload was reaped
+struct Signal { int signo; };                     // a signal to PID 1 (read from signalfd)
+struct TimerFired { Timer timer; };
+struct NoChildren {};                             // waitpid(-1) says ECHILD
+}  // namespace ev
+using Event = std::variant<ev::ChannelUp, ev::ChannelFailed, ev::Line, ev::Message, ev::Eof,
+                           ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
+                           ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren>;
+
+// ---- actions -----------------------------------------------------------------------------------
+namespace act {
+struct Send { proto::GuestMessage msg; };
+struct Mount {};                 // mount session().boot()->mounts, report MountsDone/MountFailed
+struct Spawn {};                 // set the hostname, start the workload of session().boot()
+struct SignalGroup { int signo; };  // kill(-workload_pgid, signo)
+struct SignalAll { int signo; };    // kill(-1, signo): everything but PID 1
+struct ArmTimer { Timer timer; std::uint32_t ms; };
+struct CancelTimer { Timer timer; };
+struct Note { Severity severity; std::string phase; std::string text; };  // one log line
+struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
+}  // namespace act
+using Action = std::variant<act::Send, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
+                            act::ArmTimer, act::CancelTimer, act::Note, act::PowerOff>;
+using Actions = std::vector<Action>;
+
+/// Where the session is.
+enum class Phase { idle_before_channel, awaiting_boot, mounting, starting, running, settled,
+                   shutting_down, done };
+/// Where the ordered shutdown is (Phase::shutting_down).
+enum class Stage { none, workload_term, workload_kill, all_term, all_kill, await_ack, final };
+std::string_view to_string(Phase p);
+std::string_view to_string(Stage s);
+
+/// The session's configuration (Config's times, in ms).
+struct SessionOptions {
+  std::uint32_t grace_ms = 10000;
+  std::uint32_t ack_timeout_ms = 3000;
+  std::uint32_t boot_timeout_ms = 30000;
+  proto::Halt halt = proto::Halt::poweroff;
+};
+
+class Session {
+ public:
+  explicit Session(SessionOptions o) : opt_(o) {}
+
+  /// Feed one event; returns the actions to perform, in order.
+  Actions handle(const Event& e);
+
+  Phase phase() const { return phase_; }
+  Stage stage() const { return stage_; }
+  /// The descriptor acted on (set once, by the first valid `boot`).
+  const std::optional<proto::Boot>& boot() const { return boot_; }
+  /// The session's outcome: the first final event sent (mount_failed, start_failed,
+  /// workload_exited). Never replaced.
+  const std::optional<proto::GuestMessage>& outcome() const { return outcome_; }
+  bool channel_open() const { return channel_open_; }
+  bool workload_alive() const { return workload_pid_ > 0; }
+  std::int32_t workload_pid() const { return workload_pid_; }
+  bool term_sent() const { return term_sent_; }
+  /// True while the shutdown waits for every other process to be gone (the loop then reports
+  /// NoChildren as soon as waitpid says ECHILD).
+  bool waiting_for_children() const {
+    return stage_ == Stage::all_term || stage_ == Stage::all_kill;
+  }
+  /// The final act the session will ask for (descriptor's on_exit.halt wins over the config).
+  proto::Halt halt() const;
+
+ private:
+  void on(const ev::ChannelUp&);
+  void on(const ev::ChannelFailed&);
+  void on(const ev::Line&);
+  void on(const ev::Message&);
+  void on(const ev::Eof&);
+  void on(const ev::MountsDone&);
+  void on(const ev::MountFailed&);
+  void on(const ev::Started&);
+  void on(const ev::StartFailed&);
+  void on(const ev::Exited&);
+  void on(const ev::Signal&);
+  void on(const ev::TimerFired&);
+  void on(const ev::NoChildren&);
+
+  void on_boot(const proto::Boot& b);
+  void on_stop(std::string_view why);
+  void on_kill(int signo);
+  void on_shutdown_msg();
+
+  void send(proto::GuestMessage m);
+  void settle(proto::GuestMessage outcome);  // record + send the outcome, then terminal or not
+  void note(Severity s, std::string_view phase, std::string text);
+  void arm(Timer t, std::uint32_t ms);
+  void cancel(Timer t);
+  void term_workload();  // the one SIGTERM (if not sent yet)
+
+  void begin_shutdown(std::string reason);
+  void enter_all_term();
+  void enter_await_ack();
+  void enter_final();
+
+  SessionOptions opt_;
+  Actions out_;
+  Phase phase_ = Phase::idle_before_channel;
+  Stage stage_ = Stage::none;
+  bool channel_open_ = false;
+  std::optional<proto::Boot> boot_;
+  std::int32_t workload_pid_ = 0;  // > 0 while the workload is alive (started, not yet reaped)
+  bool term_sent_ = false;         // the workload's one SIGTERM, ever
+  bool grace_expired_ = false;     // grace_ms since that SIGTERM have passed
+  std::optional<proto::GuestMessage> outcome_;
+  bool acked_ = false;             // `shutdown` received after the outcome, or EOF
+  bool ack_armed_ = false;
+  bool ack_expired_ = false;
+  bool armed_[kTimerCount] = {};
+};
+
+}  // namespace nes::init

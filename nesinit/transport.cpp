@@ -1,0 +1,133 @@
+#include "transport.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/vm_sockets.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace nes::init {
+
+SockAddr vsock_sockaddr(const VsockAddr& a) {
+  SockAddr s;
+  auto* vm = reinterpret_cast<sockaddr_vm*>(&s.storage);
+  vm->svm_family = AF_VSOCK;
+  vm->svm_cid = a.cid;
+  vm->svm_port = a.port;
+  s.len = sizeof(sockaddr_vm);
+  return s;
+}
+
+SockAddr unix_sockaddr(const UnixAddr& a) {
+  SockAddr s;
+  auto* un = reinterpret_cast<sockaddr_un*>(&s.storage);
+  un->sun_family = AF_UNIX;
+  std::size_t n = std::min(a.path.size(), sizeof(un->sun_path) - 1);
+  std::memcpy(un->sun_path, a.path.data(), n);
+  s.len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n + 1);
+  return s;
+}
+
+std::optional<std::string> find_virtio_port(const std::string& name, const std::string& sysfs_dir,
+                                            const std::string& dev_dir) {
+  DIR* d = ::opendir(sysfs_dir.c_str());
+  if (!d) return std::nullopt;
+  std::optional<std::string> found;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::string file = sysfs_dir + "/" + e->d_name + "/name";
+    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[128];
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    ::close(fd);
+    if (n <= 0) continue;
+    std::string_view v(buf, static_cast<std::size_t>(n));
+    while (!v.empty() && (v.back() == '\n' || v.back() == '\0')) v.remove_suffix(1);
+    if (v == name) {
+      found = dev_dir + "/" + e->d_name;
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+namespace {
+int connect_socket(int domain, const SockAddr& a) {
+  int fd = ::socket(domain, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  int r;
+  do r = ::connect(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.len);
+  while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    int e = errno;
+    ::close(fd);
+    return -e;
+  }
+  int fl = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  return fd;
+}
+}  // namespace
+
+int dial_once(const Channel& c, bool guest) {
+  if (auto* u = std::get_if<UnixAddr>(&c)) return connect_socket(AF_UNIX, unix_sockaddr(*u));
+  if (auto* p = std::get_if<VirtioPortAddr>(&c)) {
+    auto dev = find_virtio_port(p->name);
+    if (!dev) return -ENOENT;
+    int fd = ::open(dev->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    return fd < 0 ? -errno : fd;
+  }
+  // vsock: only a real guest dials it (never a test, never a sandbox).
+  if (!guest) return -EPERM;
+  return connect_socket(AF_VSOCK, vsock_sockaddr(std::get<VsockAddr>(c)));
+}
+
+bool retryable(int err) {
+  switch (err) {
+    case ENOENT:        // socket path / virtio port not there yet
+    case ECONNREFUSED:  // nobody listening yet
+    case ECONNRESET:    // vsock: host listener not up yet
+    case ENODEV:        // vsock transport not loaded yet
+    case EAGAIN:
+    case EINTR:
+    case ETIMEDOUT:
+    case ENXIO:         // virtio port present but host side not ready
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case EADDRNOTAVAIL:
+    case EAFNOSUPPORT:  // vsock module still loading
+      return true;
+    default:
+      return false;
+  }
+}
+
+int dial(const Channel& c, bool guest, std::uint32_t timeout_ms,
+         const std::function<bool(std::uint32_t)>& wait, const std::function<std::uint64_t()>& now_ms,
+         const Log& log) {
+  const std::uint64_t start = now_ms();
+  std::uint32_t backoff = 10;
+  int last = -ETIMEDOUT;
+  for (unsigned attempt = 1;; ++attempt) {
+    int fd = dial_once(c, guest);
+    if (fd >= 0) {
+      log.info("dial", "{} connected (attempt {})", to_string(c), attempt);
+      return fd;
+    }
+    last = fd;
+    log.debug("dial", "{} attempt {}: {}", to_string(c), attempt, std::strerror(-fd));
+    if (!retryable(-fd)) return last;
+    const std::uint64_t elapsed = now_ms() - start;
+    if (elapsed >= timeout_ms) return last;
+    std::uint32_t w = static_cast<std::uint32_t>(std::min<std::uint64_t>(backoff, timeout_ms - elapsed));
+    if (!wait(w)) return -ECANCELED;
+    backoff = std::min<std::uint32_t>(backoff * 2, 500);
+  }
+}
+
+}  // namespace nes::init

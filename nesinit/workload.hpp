@@ -1,0 +1,54 @@
+// Starting the workload: fork with every signal blocked, set the child up (session, stdio,
+// signals, oom_score_adj, fds, environment, cwd, credentials) and exec; success or the failing
+// step and its errno come back through a CLOEXEC pipe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "protocol/messages.hpp"
+#include "reaper.hpp"
+
+namespace nes::init {
+
+/// PATH used to resolve argv[0] when exec.env has no PATH (the usual root PATH of Debian's
+/// /etc/profile and of Docker's default environment).
+inline constexpr const char* kDefaultPath =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The workload's environment, `NAME=value` strings: exactly exec.env, plus NESINIT_WIDTH,
+/// NESINIT_HEIGHT, NESINIT_FPS, NESINIT_HDR (0/1) from geometry unless exec.env has the same name
+/// (PROTOCOL.md "Environment handed to the workload"). Sorted by name.
+std::vector<std::string> workload_env(const proto::Exec& exec, const proto::Geometry& g);
+
+/// The paths execve is tried with, in order: argv0 itself if it contains '/', else each PATH entry
+/// (an empty entry means the current directory, as in POSIX execvp) joined with argv0. `path` is
+/// exec.env's PATH if present, else kDefaultPath.
+std::vector<std::string> exec_candidates(const std::string& argv0, const std::string& path);
+
+/// The set-up step that failed in the child.
+enum class SpawnStep : int { fork = 1, pipe, setsid, console, sigmask, chdir, setgroups, setgid,
+                             setuid, exec };
+std::string_view to_string(SpawnStep s);
+
+/// start_failed's class for a failing step and errno: exec ENOENT/ENOTDIR -> not_found (127 in
+/// POSIX shells), exec EACCES/ENOEXEC/EPERM/EISDIR -> not_executable (126), everything else
+/// (set-up steps, E2BIG, ENOMEM, ...) -> other.
+proto::StartFailClass classify(SpawnStep step, int err);
+
+/// How to set up the child's stdio: guest mode opens /dev/console (O_NOCTTY: never a controlling
+/// terminal); sandbox mode keeps the init's own fds 0-2, which its parent chose.
+enum class Stdio { console, inherit };
+
+/// Start `exec`. On success the child has exec'd and its pid is registered with `reaper` (it may
+/// already have exited: the reaper delivers its status later). On failure the child has been
+/// collected and a StartFailed says which step failed with which errno.
+/// Blocks only until the child's execve returns (the pipe's CLOEXEC end closes) or the child
+/// reports its failure.
+std::variant<pid_t, proto::StartFailed> spawn(const proto::Exec& exec, const proto::Geometry& g,
+                                              Stdio stdio, Reaper& reaper);
+
+}  // namespace nes::init
