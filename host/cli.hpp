@@ -1,0 +1,110 @@
+// The `neshost` CLI's seams: a subcommand table filled at static-initialisation time (each
+// cli_*.cpp registers its own), a small flag parser, and serve_vm() — the one-VM loop that
+// `serve` (and a VMM runner such as `run`) builds on. Usage errors exit 2 and name the flag.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "host/endpoint.hpp"
+#include "host/host.hpp"
+#include "host/result.hpp"
+#include "host/session.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::cli {
+
+/// Exit status for a usage error (bad flag, bad value), as getopt-style tools do.
+inline constexpr int kExitUsage = 2;
+
+/// Arguments after the subcommand name.
+using Args = std::vector<std::string_view>;
+
+/// One subcommand: `neshost NAME ...`. `main` returns the process exit status.
+struct Subcommand {
+  std::string_view name;
+  std::string_view summary;  // one line for `neshost --help`
+  int (*main)(const Args& args);
+};
+
+/// Adds a subcommand; use from a namespace-scope object in the subcommand's own .cpp:
+///   static const nes::cli::Registrar reg{{"run", "boot a QEMU microVM and serve it", run_main}};
+/// The file must be a source of the `neshost` executable (host/meson.build `neshost_sources`).
+struct Registrar {
+  explicit Registrar(Subcommand s);
+};
+/// All registered subcommands, sorted by name.
+std::vector<Subcommand> subcommands();
+
+/// A flag a subcommand accepts. `takes_value`: `--name VALUE` or `--name=VALUE`.
+struct FlagSpec {
+  std::string_view name;  // without the leading "--"
+  bool takes_value = true;
+};
+
+/// Parsed command line: flags (last one wins), positionals in order, whether --help was given.
+struct Parsed {
+  std::map<std::string, std::string, std::less<>> flags;
+  std::vector<std::string> positional;
+  bool help = false;
+  bool has(std::string_view f) const { return flags.find(f) != flags.end(); }
+  std::optional<std::string> get(std::string_view f) const {
+    auto it = flags.find(f);
+    return it == flags.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+};
+
+/// Parse `args` against `specs`. Errors name the flag: "unknown flag --x", "--state needs a value".
+/// `--` ends flags. `-h`/`--help` set `help`.
+host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& args);
+
+/// Print "neshost CMD: MESSAGE" and a hint to stderr; returns kExitUsage.
+int usage_error(std::string_view cmd, std::string_view message);
+
+/// Seconds (decimal allowed, e.g. "0.5") -> milliseconds; error names `flag`. 0 < S <= 31 days.
+host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std::string_view v);
+/// Unsigned integer in [lo, hi]; error names `flag`.
+host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v, std::uint64_t lo,
+                                       std::uint64_t hi);
+
+/// Read a boot descriptor from a JSON file: a `boot` message (PROTOCOL.md), with or without its
+/// `"type":"boot"` key. At most 1 MiB. Errors name the file and the field.
+host::Result<proto::Boot> load_descriptor(const std::filesystem::path& file);
+
+/// Everything serve_vm() needs for one VM.
+struct ServeConfig {
+  host::SessionConfig session;
+  host::ListenSpec listen;
+  std::filesystem::path state_dir;
+  std::optional<std::uint32_t> cid;  // vsock: the guest's CID (required for vsock:PORT)
+};
+
+/// How the program embedding serve_vm() manages the VMM. Defaults (as `neshost serve`): there is
+/// no VMM process; the VM counts as started once listening and as exited once its channel is gone
+/// after the outcome, and destroy only logs.
+struct ServeEmbedder {
+  /// Called once the endpoint is up (on the io_context thread). Start the VMM here and call
+  /// host.vm_started(vm); later call host.vm_exited(vm) when it exits. Default: vm_started now.
+  std::function<void(host::Host& host, const std::string& vm)> on_listening;
+  /// Embedder hooks (destroy: kill the VMM; remove: delete its resources).
+  host::Hooks hooks;
+  /// true (serve): no VMM, so the guest's channel closing (or never opening) after the outcome
+  /// means the VM is gone. A real VMM runner sets false and reports vm_exited itself.
+  bool channel_is_vm = true;
+  /// Each event is also passed here (after it is printed).
+  std::function<void(host::Host& host, const host::Event& ev)> on_event;
+};
+
+/// Serve one VM until its session finishes; prints one line per event to stdout; SIGINT/SIGTERM
+/// ask the guest to shut down (a second one gives up). Returns the outcome's exit status (the
+/// protocol/status.hpp table), or 125 when there is no durable outcome.
+int serve_vm(const ServeConfig& cfg, ServeEmbedder embedder = {});
+
+}  // namespace nes::cli

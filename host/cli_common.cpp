@@ -1,0 +1,232 @@
+// Shared pieces of the neshost CLI: subcommand table, flag parsing, descriptor loading, serve_vm().
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <fmt/format.h>
+
+#include "host/cli.hpp"
+#include "host/fd.hpp"
+#include "protocol/codec.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::cli {
+
+namespace asio = boost::asio;
+
+namespace {
+std::vector<Subcommand>& table() {
+  static std::vector<Subcommand> t;  // filled before main() by Registrar objects
+  return t;
+}
+}  // namespace
+
+Registrar::Registrar(Subcommand s) { table().push_back(s); }
+
+std::vector<Subcommand> subcommands() {
+  auto t = table();
+  std::sort(t.begin(), t.end(), [](auto& a, auto& b) { return a.name < b.name; });
+  return t;
+}
+
+host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& args) {
+  Parsed p;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a == "--") {
+      for (++i; i < args.size(); ++i) p.positional.emplace_back(args[i]);
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      p.help = true;
+      continue;
+    }
+    if (!a.starts_with("--")) {
+      if (a.starts_with("-") && a.size() > 1) return host::Error{fmt::format("unknown flag {}", a)};
+      p.positional.emplace_back(a);
+      continue;
+    }
+    std::string_view name = a.substr(2);
+    std::optional<std::string_view> value;
+    if (auto eq = name.find('='); eq != std::string_view::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    auto spec = std::find_if(specs.begin(), specs.end(), [&](auto& s) { return s.name == name; });
+    if (spec == specs.end()) return host::Error{fmt::format("unknown flag --{}", name)};
+    if (spec->takes_value) {
+      if (!value) {
+        if (i + 1 >= args.size()) return host::Error{fmt::format("--{} needs a value", name)};
+        value = args[++i];
+      }
+      p.flags[std::string(name)] = std::string(*value);
+    } else {
+      if (value) return host::Error{fmt::format("--{} takes no value", name)};
+      p.flags[std::string(name)] = "";
+    }
+  }
+  return p;
+}
+
+int usage_error(std::string_view cmd, std::string_view message) {
+  fmt::print(stderr, "neshost {}: {}\nTry 'neshost {} --help'.\n", cmd, message, cmd);
+  return kExitUsage;
+}
+
+host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std::string_view v) {
+  double s = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), s);
+  if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(s) || s <= 0 ||
+      s > 31.0 * 24 * 3600)
+    return host::Error{fmt::format("--{}: expected seconds > 0 (e.g. 30 or 0.5), got '{}'", flag, v)};
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(s * 1000)));
+}
+
+host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v, std::uint64_t lo,
+                                       std::uint64_t hi) {
+  std::uint64_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
+    return host::Error{fmt::format("--{}: expected an integer {}..{}, got '{}'", flag, lo, hi, v)};
+  return x;
+}
+
+host::Result<proto::Boot> load_descriptor(const std::filesystem::path& file) {
+  host::Fd f{::open(file.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (!f) return host::Error{fmt::format("--descriptor: {}: {}", file.string(), std::strerror(errno))};
+  std::string text;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(f.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return host::Error{fmt::format("--descriptor: {}: {}", file.string(), std::strerror(errno))};
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > proto::kDefaultLineCap)
+      return host::Error{fmt::format("--descriptor: {}: larger than {} bytes", file.string(),
+                                     proto::kDefaultLineCap)};
+  }
+  // A descriptor file may be pretty-printed: one JSON value, newlines are just whitespace.
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  auto decoded = proto::decode_host(text);
+  if (!std::holds_alternative<proto::HostMessage>(decoded)) {
+    // Without `"type":"boot"`: add it and try again.
+    auto brace = text.find('{');
+    if (brace != std::string::npos && text.find("\"type\"") == std::string::npos) {
+      std::string with = text;
+      with.insert(brace + 1, "\"type\":\"boot\",");
+      auto again = proto::decode_host(with);
+      if (std::holds_alternative<proto::HostMessage>(again)) decoded = std::move(again);
+    }
+  }
+  if (auto* e = std::get_if<proto::DecodeError>(&decoded))
+    return host::Error{fmt::format("--descriptor: {}: {}", file.string(), e->reason)};
+  if (auto* u = std::get_if<proto::UnknownMessage>(&decoded))
+    return host::Error{fmt::format("--descriptor: {}: type '{}' is not boot", file.string(), u->type)};
+  auto& m = std::get<proto::HostMessage>(decoded);
+  if (!std::holds_alternative<proto::Boot>(m))
+    return host::Error{fmt::format("--descriptor: {}: expected a boot message", file.string())};
+  return std::get<proto::Boot>(m);
+}
+
+int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
+  asio::io_context io;
+  const std::string vm = cfg.session.vm;
+  host::Host* hostp = nullptr;
+  bool exit_posted = false;
+
+  host::HostOptions hopt;
+  hopt.state_dir = cfg.state_dir;
+  hopt.hooks = emb.hooks;
+  if (!hopt.hooks.destroy && emb.channel_is_vm) {
+    // No VMM to destroy: the guest's channel was the VM.
+    hopt.hooks.destroy = [&](const std::string& id, std::uint64_t) {
+      asio::post(io, [&, id] { if (hostp) (void)hostp->vm_exited(id); });
+    };
+  }
+  hopt.on_event = [&](const host::Event& ev) {
+    fmt::print("{} {}{}{}\n", ev.vm.empty() ? "-" : ev.vm, ev.kind, ev.detail.empty() ? "" : " ",
+               ev.detail);
+    std::fflush(stdout);
+    if (!hostp) return;
+    if (emb.on_event) emb.on_event(*hostp, ev);
+    if (ev.kind == "finished") io.stop();
+    if (emb.channel_is_vm && !exit_posted) {
+      auto* s = hostp->session(vm);
+      if (s && s->outcome() && !s->stream_open()) {
+        exit_posted = true;
+        asio::post(io, [&] { (void)hostp->vm_exited(vm); });
+      }
+    }
+  };
+  host::Host host(io, hopt);
+  hostp = &host;
+
+  if (auto s = host.add_vm(cfg.session); !s) {
+    fmt::print(stderr, "neshost: {}\n", s.error().message);
+    return proto::kStatusHostFailure;
+  }
+  host::Status up = host::Ok{};
+  switch (cfg.listen.kind) {
+    case host::ListenSpec::Kind::unix_path: {
+      host::UnixListenOptions u;
+      u.path = cfg.listen.path;
+      up = host.listen_unix(vm, u);
+      break;
+    }
+    case host::ListenSpec::Kind::fd:
+      up = host.attach_stream(vm, host::Fd{cfg.listen.fd});
+      break;
+    case host::ListenSpec::Kind::vsock:
+      if (!cfg.cid) {
+        fmt::print(stderr, "neshost: vsock:PORT needs --cid (the guest's CID names the VM)\n");
+        return kExitUsage;
+      }
+      up = host.map_cid(*cfg.cid, vm);
+      if (up) up = host.listen_vsock(cfg.listen.port);
+      break;
+  }
+  if (!up) {
+    fmt::print(stderr, "neshost: {}\n", up.error().message);
+    return proto::kStatusHostFailure;
+  }
+
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  int signals_seen = 0;
+  std::function<void()> arm_signals = [&] {
+    signals.async_wait([&](boost::system::error_code ec, int sig) {
+      if (ec) return;
+      if (++signals_seen == 1) {
+        fmt::print("{} signal {}: shutting down\n", vm, sig);
+        std::fflush(stdout);
+        (void)host.shutdown(vm);
+        arm_signals();
+      } else {
+        fmt::print("{} signal {}: giving up\n", vm, sig);
+        std::fflush(stdout);
+        io.stop();
+      }
+    });
+  };
+  arm_signals();
+
+  if (emb.on_listening) emb.on_listening(host, vm);
+  else (void)host.vm_started(vm);
+
+  io.run();
+  auto* sess = host.session(vm);
+  if (!sess || !sess->durable() || !sess->outcome()) {
+    fmt::print(stderr, "neshost: no durable outcome for {}\n", vm);
+    return proto::kStatusHostFailure;
+  }
+  return sess->outcome()->exit_status;
+}
+
+}  // namespace nes::cli

@@ -1,0 +1,101 @@
+// `neshost serve`: serve one VM on one endpoint, print one line per event, exit with the
+// outcome's exit status.
+#include <fmt/format.h>
+
+#include "host/cli.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::cli {
+namespace {
+
+constexpr std::string_view kHelp = R"(usage: neshost serve --listen unix:PATH|vsock:PORT|fd:N --descriptor FILE --state DIR
+                     [--vm ID] [--generation N] [--on-exit stop|keep|remove] [--timeout S]
+                     [--ready-timeout S] [--stop-timeout S] [--cid CID]
+
+Serve one VM: wait for the guest's `ready`, send the boot descriptor, record the outcome durably
+in DIR/ID/outcome.json, acknowledge it with `shutdown`, apply --on-exit. Prints one line per
+event ("VM EVENT DETAIL") and exits with the outcome's exit status: the workload's code, 128+N if
+killed by signal N, 127/126 if it could not start, 124 on --timeout, 125 for host-side failures.
+
+  --listen unix:PATH   listen on a Unix socket (mode 0600, parent 0700; a live one is refused)
+           vsock:PORT  listen on AF_VSOCK VMADDR_CID_ANY:PORT (needs --cid)
+           fd:N        an already-connected stream inherited as fd N
+  --descriptor FILE    boot descriptor JSON (PROTOCOL.md `boot`; "type" may be omitted)
+  --state DIR          state directory for outcome records
+  --vm ID              VM id, [A-Za-z0-9._-], default vm0
+  --generation N       generation of this VM (default 1); an older one never overwrites a newer
+  --on-exit POLICY     stop (default), keep (VM stays up until SIGTERM), remove
+  --timeout S          host's wall limit in seconds: outcome `timeout` (124)
+  --ready-timeout S    seconds from start to the guest's `ready` (default 30)
+  --stop-timeout S     seconds from `shutdown` to the VM's exit before destroy (default 10)
+  --cid CID            vsock: the guest CID that names this VM
+SIGINT/SIGTERM: ask the guest to shut down; a second one gives up.
+)";
+
+constexpr FlagSpec kFlags[] = {{"listen"},        {"descriptor"},    {"state"},
+                               {"vm"},            {"generation"},    {"on-exit"},
+                               {"timeout"},       {"ready-timeout"}, {"stop-timeout"},
+                               {"cid"}};
+
+int serve_main(const Args& args) {
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("serve", p.error().message);
+  if (p->help) {
+    fmt::print("{}", kHelp);
+    return 0;
+  }
+  if (!p->positional.empty())
+    return usage_error("serve", fmt::format("unexpected argument '{}'", p->positional.front()));
+  for (auto req : {"listen", "descriptor", "state"})
+    if (!p->has(req)) return usage_error("serve", fmt::format("--{} is required", req));
+
+  ServeConfig cfg;
+  auto listen = host::parse_listen_spec(*p->get("listen"));
+  if (!listen) return usage_error("serve", listen.error().message);
+  cfg.listen = *listen;
+  cfg.state_dir = *p->get("state");
+  if (cfg.state_dir.empty()) return usage_error("serve", "--state: empty path");
+  cfg.session.vm = p->get("vm").value_or("vm0");
+  if (auto prob = host::vm_id_problem(cfg.session.vm)) return usage_error("serve", "--vm: " + *prob);
+  if (auto g = p->get("generation")) {
+    auto n = parse_uint("generation", *g, 0, UINT64_MAX);
+    if (!n) return usage_error("serve", n.error().message);
+    cfg.session.generation = *n;
+  }
+  if (auto o = p->get("on-exit")) {
+    auto pol = host::on_exit_from_string(*o);
+    if (!pol) return usage_error("serve", fmt::format("--on-exit: expected stop, keep or remove, got '{}'", *o));
+    cfg.session.on_exit = *pol;
+  }
+  for (auto [flag, dst] : {std::pair{"ready-timeout", &cfg.session.ready_timeout},
+                           std::pair{"stop-timeout", &cfg.session.stop_timeout}}) {
+    if (auto v = p->get(flag)) {
+      auto ms = parse_seconds(flag, *v);
+      if (!ms) return usage_error("serve", ms.error().message);
+      *dst = *ms;
+    }
+  }
+  if (auto v = p->get("timeout")) {
+    auto ms = parse_seconds("timeout", *v);
+    if (!ms) return usage_error("serve", ms.error().message);
+    cfg.session.wall_timeout = *ms;
+  }
+  if (auto v = p->get("cid")) {
+    auto c = parse_uint("cid", *v, 3, 0xFFFFFFFEu);
+    if (!c) return usage_error("serve", c.error().message);
+    cfg.cid = static_cast<std::uint32_t>(*c);
+  }
+  if (cfg.listen.kind == host::ListenSpec::Kind::vsock && !cfg.cid)
+    return usage_error("serve", "--listen vsock:PORT needs --cid");
+  auto desc = load_descriptor(*p->get("descriptor"));
+  if (!desc) return usage_error("serve", desc.error().message);
+  cfg.session.descriptor = std::move(*desc);
+  if (cfg.session.descriptor.exec.argv.empty())
+    return usage_error("serve", "--descriptor: exec.argv is empty");
+  return serve_vm(cfg);
+}
+
+const Registrar reg{{"serve", "serve one VM: boot it, record its outcome, apply --on-exit", serve_main}};
+
+}  // namespace
+}  // namespace nes::cli

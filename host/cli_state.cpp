@@ -1,0 +1,129 @@
+// `neshost wait` and `neshost inspect`: read outcome records from a state dir, from any process.
+#include <poll.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fmt/format.h>
+
+#include "host/cli.hpp"
+#include "host/fd.hpp"
+#include "host/record.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::cli {
+namespace {
+
+constexpr std::string_view kWaitHelp = R"(usage: neshost wait --state DIR [--generation N] [--timeout S] VM
+
+Wait until DIR/VM/outcome.json holds an outcome (of generation N or newer, if given), print its
+exit status and exit with it. Returns at once if it is already recorded. Works from any process:
+it needs only the state dir (inotify, no polling loop).
+  --timeout S   give up after S seconds: exit 124 (timeout(1))
+Exit 1 if the state dir or the record cannot be read.
+)";
+
+constexpr std::string_view kInspectHelp = R"(usage: neshost inspect --state DIR VM
+
+Print DIR/VM/outcome.json (one JSON object: schema_version, vm, generation, outcome, exit_code,
+signal, exit_status, reason, started_at, finished_at). Exit 1 if there is none.
+)";
+
+constexpr FlagSpec kWaitFlags[] = {{"state"}, {"generation"}, {"timeout"}};
+constexpr FlagSpec kInspectFlags[] = {{"state"}};
+
+struct Target {
+  std::filesystem::path state;
+  std::string vm;
+};
+
+host::Result<Target> target(std::string_view cmd, const Parsed& p) {
+  if (!p.has("state")) return host::Error{"--state is required"};
+  if (p.positional.empty()) return host::Error{"VM is required"};
+  if (p.positional.size() > 1)
+    return host::Error{fmt::format("unexpected argument '{}'", p.positional[1])};
+  if (auto prob = host::vm_id_problem(p.positional[0])) return host::Error{"VM: " + *prob};
+  (void)cmd;
+  return Target{*p.get("state"), p.positional[0]};
+}
+
+int inspect_main(const Args& args) {
+  auto p = parse_flags(kInspectFlags, args);
+  if (!p) return usage_error("inspect", p.error().message);
+  if (p->help) { fmt::print("{}", kInspectHelp); return 0; }
+  auto t = target("inspect", *p);
+  if (!t) return usage_error("inspect", t.error().message);
+  auto r = host::read_record(t->state, t->vm);
+  if (!r) { fmt::print(stderr, "neshost inspect: {}\n", r.error().message); return 1; }
+  if (!*r) {
+    fmt::print(stderr, "neshost inspect: no outcome recorded for vm '{}' in {}\n", t->vm, t->state.string());
+    return 1;
+  }
+  fmt::print("{}", host::encode_record(**r));
+  return 0;
+}
+
+int wait_main(const Args& args) {
+  auto p = parse_flags(kWaitFlags, args);
+  if (!p) return usage_error("wait", p.error().message);
+  if (p->help) { fmt::print("{}", kWaitHelp); return 0; }
+  auto t = target("wait", *p);
+  if (!t) return usage_error("wait", t.error().message);
+  std::uint64_t min_gen = 0;
+  if (auto g = p->get("generation")) {
+    auto n = parse_uint("generation", *g, 0, UINT64_MAX);
+    if (!n) return usage_error("wait", n.error().message);
+    min_gen = *n;
+  }
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (auto v = p->get("timeout")) {
+    auto ms = parse_seconds("timeout", *v);
+    if (!ms) return usage_error("wait", ms.error().message);
+    deadline = std::chrono::steady_clock::now() + *ms;
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(t->state, ec)) {
+    fmt::print(stderr, "neshost wait: --state: {} is not a directory\n", t->state.string());
+    return 1;
+  }
+  host::Fd in{::inotify_init1(IN_CLOEXEC | IN_NONBLOCK)};
+  if (!in) { fmt::print(stderr, "neshost wait: inotify: {}\n", std::strerror(errno)); return 1; }
+  // Watch first, then look: a record renamed in between is seen either way.
+  if (::inotify_add_watch(in.get(), t->state.c_str(), IN_CREATE | IN_MOVED_TO | IN_ONLYDIR) < 0) {
+    fmt::print(stderr, "neshost wait: watching {}: {}\n", t->state.string(), std::strerror(errno));
+    return 1;
+  }
+  bool vm_watched = false;
+  auto vm_dir = t->state / t->vm;
+  for (;;) {
+    if (!vm_watched &&
+        ::inotify_add_watch(in.get(), vm_dir.c_str(), IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR) >= 0)
+      vm_watched = true;
+    auto r = host::read_record(t->state, t->vm);
+    if (!r) { fmt::print(stderr, "neshost wait: {}\n", r.error().message); return 1; }
+    if (*r && (*r)->generation >= min_gen) {
+      fmt::print("{}\n", (*r)->exit_status);
+      return (*r)->exit_status;
+    }
+    int timeout_ms = -1;
+    if (deadline) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        fmt::print(stderr, "neshost wait: no outcome for vm '{}' within --timeout\n", t->vm);
+        return proto::kStatusTimeout;
+      }
+      timeout_ms = static_cast<int>(std::min<long long>(left.count(), 1 << 30));
+    }
+    pollfd pfd{in.get(), POLLIN, 0};
+    int n = ::poll(&pfd, 1, timeout_ms);
+    if (n < 0 && errno != EINTR) { fmt::print(stderr, "neshost wait: poll: {}\n", std::strerror(errno)); return 1; }
+    alignas(inotify_event) char buf[4096];
+    while (::read(in.get(), buf, sizeof buf) > 0) {}
+  }
+}
+
+const Registrar reg_wait{{"wait", "wait for a VM's recorded outcome; exit with its status", wait_main}};
+const Registrar reg_inspect{{"inspect", "print a VM's outcome record", inspect_main}};
+
+}  // namespace
+}  // namespace nes::cli

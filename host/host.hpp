@@ -1,0 +1,107 @@
+// nes::host::Host — the thin Asio loop around Session (host/session.hpp): endpoints, timers,
+// guest streams, the durable-record worker pool, embedder hooks and the API. One io_context;
+// C++20 coroutines (asio::awaitable) for accept and read loops. Why: docs/host.md.
+#pragma once
+
+#include <utility>  // before Asio 1.74: awaitable.hpp uses std::exchange without it
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "host/endpoint.hpp"
+#include "host/fd.hpp"
+#include "host/record.hpp"
+#include "host/result.hpp"
+#include "host/session.hpp"
+
+namespace nes::host {
+
+/// One line's worth of what happened to a VM (for logs and the CLI). `kind` is a snake_case tag
+/// (connected, ready, boot_sent, started, outcome, recorded, shutdown_sent, destroy, ...).
+struct Event {
+  std::string vm;
+  std::uint64_t generation = 0;
+  std::string kind;
+  std::string detail;
+};
+
+/// Embedder callbacks, called on the io_context thread; they must not block. `destroy`: kill the
+/// VMM now (the guest did not power off in time). `remove`: delete the VM's resources (called
+/// only once the record is durable and the embedder reported vm_exited).
+struct Hooks {
+  std::function<void(const std::string& vm, std::uint64_t generation)> destroy;
+  std::function<void(const std::string& vm, std::uint64_t generation)> remove;
+};
+
+/// Host-wide settings.
+struct HostOptions {
+  std::filesystem::path state_dir;   // records go to <state_dir>/<vm>/outcome.json
+  std::size_t writer_threads = 2;    // durable-write worker pool size (bounded)
+  Hooks hooks;
+  std::function<void(const Event&)> on_event;  // called synchronously on the io_context thread
+  WriteOptions write;                // retries, lock bound, test fault injection
+  std::size_t read_chunk = 8192;     // bytes per read from a guest stream
+  std::size_t send_cap = 256 * 1024; // bytes queued to one guest, beyond which sends are dropped
+};
+
+/// The durable record, or why there is none.
+using WaitResult = Result<Record>;
+
+/// Serves many VMs on one io_context. Every member function must be called on the io_context's
+/// thread (post to it from elsewhere). Outcome records are written on an internal thread pool;
+/// nothing here blocks on a guest or a disk.
+class Host {
+ public:
+  Host(boost::asio::io_context& io, HostOptions opt);
+  ~Host();
+  Host(const Host&) = delete;
+  Host& operator=(const Host&) = delete;
+
+  /// Register a VM generation. A registered VM with an older generation is superseded (its
+  /// stream closed, its late events ignored); the same or a newer one is refused.
+  Status add_vm(SessionConfig cfg);
+  /// Listen for this VM's guest on its own Unix socket (see listen_unix() in endpoint.hpp).
+  Status listen_unix(const std::string& vm, const UnixListenOptions& opt);
+  /// Hand in an already-connected stream for this VM (socketpair, inherited fd, ...). Owns fd.
+  Status attach_stream(const std::string& vm, Fd fd);
+  /// Listen on AF_VSOCK VMADDR_CID_ANY:port; peers are mapped to VMs by map_cid().
+  Status listen_vsock(std::uint32_t port);
+  /// Peer CID -> VM for the vsock listener; unknown CIDs are refused.
+  Status map_cid(std::uint32_t cid, const std::string& vm);
+
+  /// The VMM process started: the `ready` deadline runs from now.
+  Status vm_started(const std::string& vm);
+  /// The VMM process exited.
+  Status vm_exited(const std::string& vm);
+
+  /// `stop` to the guest (SIGTERM to the workload), now or right after boot.
+  Status stop(const std::string& vm);
+  /// `kill{signal}` to the guest; signal 1..64; needs a booted session.
+  Status kill(const std::string& vm, int signal);
+  /// `shutdown` to the guest; then wait for vm_exited (destroy hook past the stop deadline).
+  Status shutdown(const std::string& vm);
+
+  /// The VM's durable outcome: immediately if recorded for the VM's current generation (on disk
+  /// too, e.g. written by an earlier process), else when it becomes durable. For an unregistered
+  /// VM: whatever the state dir holds, or an error. The handler runs on the io_context.
+  void async_wait(const std::string& vm, std::function<void(WaitResult)> handler);
+  /// Coroutine form of async_wait.
+  boost::asio::awaitable<WaitResult> wait(std::string vm);
+
+  /// Registered VMs whose session has not finished.
+  std::size_t live_sessions() const;
+  /// The VM's session state machine (inspection only), or nullptr.
+  const Session* session(const std::string& vm) const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace nes::host

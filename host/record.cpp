@@ -1,0 +1,393 @@
+#include "host/record.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fmt/format.h>
+#include <simdjson.h>
+#include <thread>
+
+#include "host/fd.hpp"
+#include "protocol/codec.hpp"
+
+namespace nes::host {
+
+namespace fs = std::filesystem;
+
+WallTime wall_now() {
+  return std::chrono::time_point_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now());
+}
+
+std::string format_rfc3339(WallTime t) {
+  auto ns = t.time_since_epoch().count();
+  auto secs = ns / 1'000'000'000;
+  auto frac = ns % 1'000'000'000;
+  if (frac < 0) { frac += 1'000'000'000; --secs; }
+  std::time_t tt = static_cast<std::time_t>(secs);
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:09}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, frac);
+}
+
+std::optional<WallTime> parse_rfc3339(std::string_view s) {
+  // YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ = 30 bytes
+  if (s.size() != 30) return std::nullopt;
+  auto digits = [&](std::size_t pos, std::size_t n) -> std::optional<long> {
+    long v = 0;
+    for (std::size_t i = pos; i < pos + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return std::nullopt;
+      v = v * 10 + (s[i] - '0');
+    }
+    return v;
+  };
+  if (s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[19] != '.' ||
+      s[29] != 'Z')
+    return std::nullopt;
+  auto Y = digits(0, 4), M = digits(5, 2), D = digits(8, 2), h = digits(11, 2), m = digits(14, 2),
+       sec = digits(17, 2), f = digits(20, 9);
+  if (!Y || !M || !D || !h || !m || !sec || !f) return std::nullopt;
+  if (*M < 1 || *M > 12 || *D < 1 || *D > 31 || *h > 23 || *m > 59 || *sec > 60) return std::nullopt;
+  std::tm tm{};
+  tm.tm_year = static_cast<int>(*Y - 1900);
+  tm.tm_mon = static_cast<int>(*M - 1);
+  tm.tm_mday = static_cast<int>(*D);
+  tm.tm_hour = static_cast<int>(*h);
+  tm.tm_min = static_cast<int>(*m);
+  tm.tm_sec = static_cast<int>(*sec);
+  std::time_t tt = timegm(&tm);
+  return WallTime{std::chrono::nanoseconds{static_cast<std::int64_t>(tt) * 1'000'000'000 + *f}};
+}
+
+std::optional<std::string> vm_id_problem(std::string_view id) {
+  if (id.empty()) return std::string("vm id is empty");
+  if (id.size() > 64) return fmt::format("vm id is {} bytes; at most 64", id.size());
+  if (id.front() == '.' || id.front() == '-')
+    return fmt::format("vm id '{}' starts with '{}'", id, id.front());
+  for (char c : id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) return fmt::format("vm id may hold only [A-Za-z0-9._-]; got byte 0x{:02x}",
+                                static_cast<unsigned char>(c));
+  }
+  return std::nullopt;
+}
+
+std::string json_string(std::string_view s) {
+  // Reuse protocol/'s string escaping: encode a one-string message and cut out the literal.
+  // codec.hpp guarantees compact output with `type` first, so the shape is fixed.
+  static constexpr std::string_view kPrefix = R"({"type":"protocol_error","reason":)";
+  std::string line = proto::encode(proto::GuestMessage{proto::ProtocolError{std::string(s)}});
+  if (line.size() >= kPrefix.size() + 1 && line.compare(0, kPrefix.size(), kPrefix) == 0 &&
+      line.back() == '}')
+    return line.substr(kPrefix.size(), line.size() - kPrefix.size() - 1);
+  // Unreachable with a conforming codec; keep the record valid JSON regardless.
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') { out += '\\'; out += static_cast<char>(c); }
+    else if (c < 0x20 || c >= 0x80) out += fmt::format("\\u{:04x}", c < 0x80 ? c : 0xfffd);
+    else out += static_cast<char>(c);
+  }
+  return out + "\"";
+}
+
+namespace {
+std::string opt_u8(const std::optional<std::uint8_t>& v) {
+  return v ? fmt::format("{}", *v) : std::string("null");
+}
+}  // namespace
+
+std::string encode_record(const Record& r) {
+  return fmt::format(
+      R"({{"schema_version":{},"vm":{},"generation":{},"outcome":"{}","exit_code":{},"signal":{},)"
+      R"("exit_status":{},"reason":{},"started_at":"{}","finished_at":"{}"}})"
+      "\n",
+      Record::kSchemaVersion, json_string(r.vm), r.generation, proto::to_string(r.outcome),
+      opt_u8(r.exit_code), opt_u8(r.signal), r.exit_status, json_string(r.reason),
+      format_rfc3339(r.started_at), format_rfc3339(r.finished_at));
+}
+
+Result<Record> parse_record(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(json);
+  simdjson::dom::element root;
+  if (auto err = parser.parse(padded).get(root))
+    return Error{fmt::format("record: not valid JSON ({})", simdjson::error_message(err))};
+  simdjson::dom::object obj;
+  if (root.get(obj)) return Error{"record: expected a JSON object"};
+  Record r;
+  bool seen_schema = false, seen_vm = false, seen_gen = false, seen_outcome = false,
+       seen_status = false, seen_reason = false, seen_start = false, seen_finish = false;
+  auto u8_or_null = [](simdjson::dom::element v, std::string_view name, std::uint64_t lo,
+                       std::uint64_t hi) -> Result<std::optional<std::uint8_t>> {
+    if (v.is_null()) return std::optional<std::uint8_t>{};
+    std::uint64_t x;
+    if (v.get_uint64().get(x) || x < lo || x > hi)
+      return Error{fmt::format("{}: expected null or an integer {}..{}", name, lo, hi)};
+    return std::optional<std::uint8_t>{static_cast<std::uint8_t>(x)};
+  };
+  auto time_of = [](simdjson::dom::element v, std::string_view name) -> Result<WallTime> {
+    std::string_view s;
+    if (v.get_string().get(s)) return Error{fmt::format("{}: expected an RFC 3339 string", name)};
+    auto t = parse_rfc3339(s);
+    if (!t) return Error{fmt::format("{}: expected YYYY-MM-DDTHH:MM:SS.nnnnnnnnnZ", name)};
+    return *t;
+  };
+  for (auto [key, v] : obj) {
+    if (key == "schema_version") {
+      std::uint64_t x;
+      if (v.get_uint64().get(x) || x != Record::kSchemaVersion)
+        return Error{fmt::format("schema_version: expected {}", Record::kSchemaVersion)};
+      seen_schema = true;
+    } else if (key == "vm") {
+      std::string_view s;
+      if (v.get_string().get(s)) return Error{"vm: expected a string"};
+      r.vm = std::string(s);
+      seen_vm = true;
+    } else if (key == "generation") {
+      if (v.get_uint64().get(r.generation))
+        return Error{"generation: expected an unsigned 64-bit integer"};
+      seen_gen = true;
+    } else if (key == "outcome") {
+      std::string_view s;
+      if (v.get_string().get(s)) return Error{"outcome: expected a string"};
+      auto o = proto::outcome_from_string(s);
+      if (!o) return Error{fmt::format("outcome: unknown value '{}'", s)};
+      r.outcome = *o;
+      seen_outcome = true;
+    } else if (key == "exit_code") {
+      auto x = u8_or_null(v, "exit_code", 0, 255);
+      if (!x) return x.error();
+      r.exit_code = *x;
+    } else if (key == "signal") {
+      auto x = u8_or_null(v, "signal", 1, 64);
+      if (!x) return x.error();
+      r.signal = *x;
+    } else if (key == "exit_status") {
+      std::int64_t x;
+      if (v.get_int64().get(x) || x < 0 || x > 255)
+        return Error{"exit_status: expected an integer 0..255"};
+      r.exit_status = static_cast<int>(x);
+      seen_status = true;
+    } else if (key == "reason") {
+      std::string_view s;
+      if (v.get_string().get(s)) return Error{"reason: expected a string"};
+      r.reason = std::string(s);
+      seen_reason = true;
+    } else if (key == "started_at") {
+      auto t = time_of(v, "started_at");
+      if (!t) return t.error();
+      r.started_at = *t;
+      seen_start = true;
+    } else if (key == "finished_at") {
+      auto t = time_of(v, "finished_at");
+      if (!t) return t.error();
+      r.finished_at = *t;
+      seen_finish = true;
+    }
+  }
+  const char* missing = !seen_schema ? "schema_version" : !seen_vm ? "vm" : !seen_gen ? "generation"
+                        : !seen_outcome ? "outcome" : !seen_status ? "exit_status"
+                        : !seen_reason ? "reason" : !seen_start ? "started_at"
+                        : !seen_finish ? "finished_at" : nullptr;
+  if (missing) return Error{fmt::format("{}: required field missing", missing)};
+  return r;
+}
+
+std::string_view to_string(WriteStep s) {
+  switch (s) {
+    case WriteStep::temp_written: return "temp_written";
+    case WriteStep::temp_fsynced: return "temp_fsynced";
+    case WriteStep::renamed: return "renamed";
+    case WriteStep::dir_fsynced: return "dir_fsynced";
+  }
+  return "?";
+}
+
+std::optional<WriteStep> write_step_from_string(std::string_view s) {
+  for (auto st : {WriteStep::temp_written, WriteStep::temp_fsynced, WriteStep::renamed,
+                  WriteStep::dir_fsynced})
+    if (to_string(st) == s) return st;
+  return std::nullopt;
+}
+
+fs::path record_path(const fs::path& state_dir, std::string_view vm) {
+  return state_dir / std::string(vm) / "outcome.json";
+}
+
+namespace {
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+/// fsync a directory by path.
+int fsync_dir(const fs::path& dir) {
+  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (!d) return errno;
+  if (::fsync(d.get()) != 0) return errno;
+  return 0;
+}
+
+/// mkdir with mode 0700; if it was created, fsync its parent so the new entry is durable.
+Status make_dir_durable(const fs::path& dir) {
+  if (::mkdir(dir.c_str(), 0700) == 0) {
+    fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+    if (int e = fsync_dir(parent))
+      return Error{fmt::format("fsync {}: {}", parent.string(), errno_text(e))};
+    return Ok{};
+  }
+  if (errno == EEXIST) {
+    struct stat st{};
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return Ok{};
+    return Error{fmt::format("{}: exists and is not a directory", dir.string())};
+  }
+  return Error{fmt::format("mkdir {}: {}", dir.string(), errno_text(errno))};
+}
+
+Status make_dirs_durable(const fs::path& dir) {
+  // Create missing ancestors first (each one fsynced into its parent).
+  std::vector<fs::path> chain;
+  for (fs::path p = dir; !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) break;
+    chain.push_back(p);
+    if (p.parent_path() == p) break;
+  }
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
+    if (auto s = make_dir_durable(*it); !s) return s;
+  return Ok{};
+}
+
+Result<std::string> read_small_file(const fs::path& p, std::size_t cap, bool& missing) {
+  missing = false;
+  Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (!f) {
+    if (errno == ENOENT) { missing = true; return std::string(); }
+    return Error{fmt::format("open {}: {}", p.string(), errno_text(errno))};
+  }
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(f.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{fmt::format("read {}: {}", p.string(), errno_text(errno))};
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() > cap) return Error{fmt::format("{}: larger than {} bytes", p.string(), cap)};
+  }
+  return out;
+}
+
+std::atomic<std::uint64_t> g_temp_counter{0};  // unique temp names within this process
+
+bool is_temp_name(std::string_view n) {
+  return n.starts_with(".outcome.json.") && n.ends_with(".tmp");
+}
+
+/// One attempt: fresh temp, write, fsync, rename, fsync dir. Returns 0 or the failing errno and
+/// sets `what` to the failing step's description.
+int attempt_write(const fs::path& dir, const std::string& bytes, const WriteOptions& opt,
+                  std::string& what) {
+  auto tmp = dir / fmt::format(".outcome.json.{}.{}.tmp", ::getpid(), g_temp_counter++);
+  auto fail = [&](std::string w, int e) {
+    what = std::move(w);
+    ::unlink(tmp.c_str());
+    return e ? e : EIO;
+  };
+  auto hook = [&](WriteStep s) { return opt.at_step ? opt.at_step(s) : 0; };
+  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
+  if (!f) return fail("create temp " + tmp.string(), errno);
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(f.get(), bytes.data() + off, bytes.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return fail("write " + tmp.string(), errno);
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  if (int e = hook(WriteStep::temp_written)) return fail("write " + tmp.string(), e);
+  if (::fsync(f.get()) != 0) return fail("fsync " + tmp.string(), errno);
+  if (int e = hook(WriteStep::temp_fsynced)) return fail("fsync " + tmp.string(), e);
+  if (::close(f.release()) != 0) return fail("close " + tmp.string(), errno);
+  auto final_path = dir / "outcome.json";
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) return fail("rename to outcome.json", errno);
+  if (int e = hook(WriteStep::renamed)) return fail("rename to outcome.json", e);
+  int e = fsync_dir(dir);
+  if (!e) e = hook(WriteStep::dir_fsynced);
+  if (e) { what = "fsync " + dir.string(); return e; }
+  return 0;
+}
+
+}  // namespace
+
+Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
+                                 const WriteOptions& opt) {
+  if (auto p = vm_id_problem(r.vm)) return Error{*p};
+  if (auto s = make_dirs_durable(state_dir); !s) return s.error();
+  fs::path dir = state_dir / r.vm;
+  if (auto s = make_dir_durable(dir); !s) return s.error();
+
+  // Per-VM lock: serialises writers of this VM across threads and processes (flock is per open
+  // file description). Bounded: LOCK_NB, retried.
+  auto lock_path = dir / ".lock";
+  Fd lock{::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)};
+  if (!lock) return Error{fmt::format("open {}: {}", lock_path.string(), errno_text(errno))};
+  for (int i = 0;; ++i) {
+    if (::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) break;
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      return Error{fmt::format("flock {}: {}", lock_path.string(), errno_text(errno))};
+    if (i + 1 >= opt.lock_tries)
+      return Error{fmt::format("flock {}: still held by another writer", lock_path.string())};
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  // Generation check under the lock: an older generation never replaces a newer record, and the
+  // first record of a generation wins (outcome finality).
+  bool missing = false;
+  auto existing = read_small_file(dir / "outcome.json", 1u << 20, missing);
+  if (existing && !missing) {
+    if (auto old = parse_record(*existing); old) {
+      if (old->generation > r.generation) return WriteResult{WriteResult::Kind::stale, *old, 0};
+      if (old->generation == r.generation)
+        return WriteResult{WriteResult::Kind::already_recorded, *old, 0};
+    }
+    // An unparsable record cannot be a torn write of ours (rename is atomic); replace it.
+  }
+
+  // Leftover temps of crashed writers are garbage: only outcome.json is ever read.
+  std::error_code ec;
+  for (auto& ent : fs::directory_iterator(dir, ec))
+    if (is_temp_name(ent.path().filename().string())) ::unlink(ent.path().c_str());
+
+  std::string bytes = encode_record(r);
+  std::string what;
+  int err = 0;
+  for (int attempt = 1; attempt <= std::max(1, opt.attempts); ++attempt) {
+    err = attempt_write(dir, bytes, opt, what);
+    if (!err) return WriteResult{WriteResult::Kind::written, r, attempt};
+  }
+  return Error{fmt::format("recording outcome of {}: {}: {} (after {} attempts)", r.vm, what,
+                           errno_text(err), std::max(1, opt.attempts))};
+}
+
+Result<std::optional<Record>> read_record(const fs::path& state_dir, std::string_view vm) {
+  if (auto p = vm_id_problem(vm)) return Error{*p};
+  bool missing = false;
+  auto path = record_path(state_dir, vm);
+  auto text = read_small_file(path, 1u << 20, missing);
+  if (!text) return text.error();
+  if (missing) return std::optional<Record>{};
+  auto r = parse_record(*text);
+  if (!r) return Error{fmt::format("{}: {}", path.string(), r.error().message)};
+  return std::optional<Record>{std::move(*r)};
+}
+
+}  // namespace nes::host

@@ -1,0 +1,100 @@
+// The durable outcome record `<state_dir>/<vm>/outcome.json`: its schema, its JSON form (written
+// with fmt, read with simdjson), and the crash-durable write protocol (docs/host.md "Durability").
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "host/result.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::host {
+
+/// Wall-clock instants in records (UTC, nanoseconds).
+using WallTime = std::chrono::time_point<std::chrono::system_clock, std::chrono::nanoseconds>;
+
+/// The current wall-clock time at nanosecond resolution.
+WallTime wall_now();
+/// RFC 3339 UTC with nanoseconds, e.g. `2026-11-30T10:40:00.123456789Z`.
+std::string format_rfc3339(WallTime t);
+/// Inverse of format_rfc3339 (exactly that shape: 9 fraction digits, `Z`); nullopt if malformed.
+std::optional<WallTime> parse_rfc3339(std::string_view s);
+
+/// A VM id is used as a directory name: 1..64 bytes of [A-Za-z0-9._-], not starting with '.' or
+/// '-'. Returns an error naming the problem, or nullopt if valid.
+std::optional<std::string> vm_id_problem(std::string_view id);
+
+/// JSON string literal (with quotes) for `s`, escaped exactly as protocol/'s encoder escapes
+/// strings (control characters, `"`, `\`; invalid UTF-8 bytes become U+FFFD).
+std::string json_string(std::string_view s);
+
+/// One recorded outcome (schema_version 1). `exit_code` is set only for `exited`, `signal` only for
+/// `signalled`; `exit_status` comes from protocol/status.hpp's table.
+struct Record {
+  static constexpr int kSchemaVersion = 1;
+  std::string vm;
+  std::uint64_t generation = 0;
+  proto::Outcome outcome = proto::Outcome::channel_lost;
+  std::optional<std::uint8_t> exit_code;
+  std::optional<std::uint8_t> signal;
+  int exit_status = proto::kStatusHostFailure;
+  std::string reason;
+  WallTime started_at{};
+  WallTime finished_at{};
+  bool operator==(const Record&) const = default;
+};
+
+/// The record as one compact JSON object plus '\n'. Absent exit_code/signal are written as null.
+std::string encode_record(const Record& r);
+/// Parse and validate a record; the error names the field, e.g. `generation: expected unsigned
+/// 64-bit integer`. Unknown fields are ignored (later schema additions).
+Result<Record> parse_record(std::string_view json);
+
+/// Steps of one durable write attempt, in order (docs/host.md "Durability").
+enum class WriteStep { temp_written, temp_fsynced, renamed, dir_fsynced };
+std::string_view to_string(WriteStep s);
+std::optional<WriteStep> write_step_from_string(std::string_view s);
+
+/// Knobs of write_record(). `at_step` (tests only) runs after each step of each attempt; a
+/// non-zero return is treated as that errno failing the step (fault injection).
+struct WriteOptions {
+  int attempts = 3;                          // each attempt starts from a fresh temp file
+  int lock_tries = 500;                      // flock(LOCK_NB) tries, 10 ms apart (5 s bound)
+  std::function<int(WriteStep)> at_step;     // nullptr in production
+};
+
+/// What write_record() did.
+struct WriteResult {
+  enum class Kind {
+    written,           // `record` is now durable on disk
+    already_recorded,  // a record of the same generation was there first; it is kept (first wins)
+    stale              // the disk holds a newer generation; nothing was written
+  };
+  Kind kind = Kind::written;
+  Record on_disk;   // the record on disk afterwards
+  int attempts = 0; // attempts used (written only)
+};
+
+/// Durably record `r` under `<state_dir>/<r.vm>/outcome.json`: create the directories (0700; fsync
+/// the parent of each one created), take the per-VM flock `<vm>/.lock`, compare generations, then
+/// fresh temp file in the same directory, write, fsync, rename over outcome.json, fsync the
+/// directory. Any failing step unlinks the temp and starts over with a fresh one (a retried fsync
+/// after EIO can report success for lost data); after `attempts` the last error is returned.
+/// Blocking: call it on a worker thread, never on an io_context thread.
+Result<WriteResult> write_record(const std::filesystem::path& state_dir, const Record& r,
+                                 const WriteOptions& opt = {});
+
+/// Read `<state_dir>/<vm>/outcome.json` (at most 1 MiB). nullopt if there is none; an error if it
+/// cannot be read or parsed. Temp files beside it are ignored.
+Result<std::optional<Record>> read_record(const std::filesystem::path& state_dir,
+                                          std::string_view vm);
+
+/// Path of a VM's record.
+std::filesystem::path record_path(const std::filesystem::path& state_dir, std::string_view vm);
+
+}  // namespace nes::host

@@ -1,0 +1,149 @@
+// The host's per-VM session state machine, sans I/O: events in (guest bytes, EOF, deadlines,
+// vm_started/vm_exited, record durable, API calls), actions out (send a line, write the record,
+// close, arm a timer, call a hook, log an event). host/host.cpp is the thin Asio loop around it.
+// Why it behaves as it does: docs/host.md.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "host/record.hpp"
+#include "host/result.hpp"
+#include "protocol/line_reader.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::host {
+
+/// What happens to the VM once its outcome is durable (docs/host.md "on_exit").
+/// stop: send `shutdown`, wait for vm_exited, past the stop deadline call destroy.
+/// keep: nothing; the VM stays up until shutdown() (the guest is booted with terminal=false).
+/// remove: as stop, then the remove hook once the record is durable and the VM has exited.
+enum class OnExitPolicy { stop, keep, remove };
+std::string_view to_string(OnExitPolicy p);
+std::optional<OnExitPolicy> on_exit_from_string(std::string_view s);
+
+/// One VM generation as the embedder registers it.
+struct SessionConfig {
+  std::string vm;                    // identity (from the endpoint, never from guest data)
+  std::uint64_t generation = 1;      // the embedder's restart counter; newer wins on disk
+  proto::Boot descriptor;            // sent after `ready`; on_exit.terminal is overridden
+  OnExitPolicy on_exit = OnExitPolicy::stop;
+  std::chrono::milliseconds ready_timeout{30000};  // from vm_started to `ready`
+  std::chrono::milliseconds stop_timeout{10000};   // shutdown sent -> vm_exited, else destroy
+  std::optional<std::chrono::milliseconds> wall_timeout;  // host's limit -> outcome `timeout`
+  std::size_t line_cap = proto::kDefaultLineCap;          // bytes per guest line
+};
+
+/// The session's timers. `stop` runs twice at most: destroy, then give up waiting.
+enum class TimerKind { ready, wall, stop };
+
+namespace act {
+struct Send { std::string line; };                      // one encoded line, '\n' included
+struct CloseStream {};                                  // stop reading/writing the guest stream
+struct ArmTimer { TimerKind kind; std::chrono::milliseconds after; };
+struct CancelTimer { TimerKind kind; };
+struct WriteRecord { Record record; };                  // make durable (worker pool)
+struct CallDestroy {};                                  // embedder: kill the VMM
+struct CallRemove {};                                   // embedder: delete the VM's resources
+struct Log { std::string kind; std::string detail; };   // one event for humans/CLI
+struct Finished {};                                     // nothing more happens for this VM
+}  // namespace act
+
+using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
+                            act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
+                            act::Finished>;
+
+/// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
+/// in order. Memory is bounded whatever the guest sends: at most line_cap bytes of one unfinished
+/// line, plus a handful of short strings.
+class Session {
+ public:
+  explicit Session(SessionConfig cfg);
+
+  // ---- events ----
+  /// The VMM process started: the ready deadline starts now.
+  void vm_started(WallTime now);
+  /// A guest stream was connected. false: refuse it (a live stream exists, or the session is over).
+  bool stream_opened(WallTime now);
+  /// Bytes from the guest stream (any split).
+  void received(std::string_view bytes, WallTime now);
+  /// EOF or a read error on the guest stream.
+  void stream_closed(WallTime now);
+  /// A timer armed by ArmTimer expired.
+  void timer_fired(TimerKind k, WallTime now);
+  /// The VMM process exited (only the embedder knows).
+  void vm_exited(WallTime now);
+  /// The record is durable; `on_disk` is what is on disk (maybe an earlier record of this
+  /// generation, which wins).
+  void record_durable(const Record& on_disk);
+  /// The record could not be made durable (after bounded retries), or a newer generation is on disk.
+  void record_failed(std::string error);
+
+  // ---- API ----
+  /// Ask the guest to SIGTERM the workload (sent at once, or right after the boot descriptor).
+  Status stop();
+  /// Send `signal` (1..64) to the workload's process group; needs a booted session.
+  Status kill(int signal);
+  /// End the session: send `shutdown` (if a stream is up) and wait for vm_exited like `stop`.
+  Status shutdown(WallTime now);
+
+  // ---- state ----
+  /// Actions produced so far, in order; clears the queue.
+  std::vector<Action> take();
+  /// The final outcome, once there is one (not necessarily durable yet).
+  const std::optional<Record>& outcome() const { return outcome_; }
+  bool durable() const { return durable_; }
+  bool finished() const { return finished_; }
+  bool stream_open() const { return stream_open_; }
+  const SessionConfig& config() const { return cfg_; }
+  /// Bytes of guest data currently held (the unfinished line). For memory-bound tests.
+  std::size_t buffered_bytes() const { return std::min(pending_line_bytes_, cfg_.line_cap + 1); }
+
+ private:
+  void handle_line(std::string_view line, WallTime now);
+  void handle_message(const proto::GuestMessage& m, WallTime now);
+  void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,
+                std::optional<proto::StartFailClass> cls, std::string reason, WallTime now);
+  void protocol_violation(std::string reason, WallTime now);
+  void send(const proto::HostMessage& m);
+  void send_boot();
+  void close_stream();
+  void begin_shutdown();
+  void maybe_finish();
+  void finish(bool allow_remove);
+  void log_limited(std::uint64_t& counter, std::string kind, std::string detail);
+  void log(std::string kind, std::string detail);
+
+  SessionConfig cfg_;
+  proto::LineReader reader_;
+  std::vector<Action> out_;
+  std::optional<WallTime> started_at_;
+  std::optional<Record> outcome_;
+  std::size_t pending_line_bytes_ = 0;  // bytes since the last '\n' (for the endless-line check)
+  std::uint64_t lines_ = 0;             // lines seen on the current stream
+  std::uint64_t unknown_ = 0;           // unknown-type lines skipped
+  std::uint64_t ignored_ = 0;           // lines ignored after the outcome
+  bool stream_open_ = false;
+  bool stream_ever_ = false;
+  bool ready_ = false;        // `ready` seen on the current stream (a session is booted)
+  bool ready_ever_ = false;   // any `ready` seen (the ready deadline is met)
+  int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up
+  bool stop_pending_ = false; // stop() before boot
+  bool stop_sent_ = false;
+  bool recording_ = false;
+  bool durable_ = false;
+  bool record_failed_ = false;
+  bool shutdown_requested_ = false;  // API shutdown() or policy after durable
+  bool shutdown_sent_ = false;
+  bool vm_exited_ = false;
+  bool destroy_called_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace nes::host
