@@ -1,0 +1,212 @@
+// Outcome records: JSON form, parsing errors, generations, the durable write protocol with
+// injected failures (fresh temp each attempt), the per-VM lock.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/file.h>
+#include <fcntl.h>
+
+#include <thread>
+
+#include "host/record.hpp"
+#include "support.hpp"
+
+using namespace nes;
+using namespace nes::host;
+namespace fs = std::filesystem;
+
+namespace {
+Record sample(std::uint64_t gen = 1, int code = 3) {
+  Record r;
+  r.vm = "vm-a";
+  r.generation = gen;
+  r.outcome = proto::Outcome::exited;
+  r.exit_code = static_cast<std::uint8_t>(code);
+  r.exit_status = code;
+  r.reason = "workload exited with code " + std::to_string(code);
+  r.started_at = WallTime{std::chrono::nanoseconds(1'764'499'200'123'456'789LL)};
+  r.finished_at = WallTime{std::chrono::nanoseconds(1'764'499'201'000'000'001LL)};
+  return r;
+}
+std::vector<std::string> temps(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (auto& e : fs::directory_iterator(dir)) {
+    auto n = e.path().filename().string();
+    if (n.ends_with(".tmp")) v.push_back(n);
+  }
+  return v;
+}
+}  // namespace
+
+TEST_CASE("RFC 3339 UTC with nanoseconds, both ways") {
+  WallTime t{std::chrono::nanoseconds(1'764'499'200'123'456'789LL)};
+  CHECK(format_rfc3339(t) == "2025-11-30T10:40:00.123456789Z");
+  CHECK(parse_rfc3339("2025-11-30T10:40:00.123456789Z") == t);
+  CHECK(!parse_rfc3339("2025-11-30T10:40:00Z"));
+  CHECK(!parse_rfc3339("2025-13-30T10:40:00.123456789Z"));
+  CHECK(!parse_rfc3339("2025-11-30 10:40:00.123456789Z"));
+}
+
+TEST_CASE("record JSON has exactly the schema's fields and round-trips") {
+  auto r = sample();
+  auto j = encode_record(r);
+  CHECK(j == R"({"schema_version":1,"vm":"vm-a","generation":1,"outcome":"exited","exit_code":3,)"
+             R"("signal":null,"exit_status":3,"reason":"workload exited with code 3",)"
+             R"("started_at":"2025-11-30T10:40:00.123456789Z","finished_at":"2025-11-30T10:40:01.000000001Z"})"
+             "\n");
+  auto back = parse_record(j);
+  REQUIRE(back);
+  CHECK(*back == r);
+  Record s = r;
+  s.outcome = proto::Outcome::signalled;
+  s.exit_code.reset();
+  s.signal = 9;
+  s.exit_status = 137;
+  s.reason = "quote \" backslash \\ newline \n tab \t bell \x07 invalid \xff end";
+  auto back2 = parse_record(encode_record(s));
+  REQUIRE(back2);
+  CHECK(back2->signal == std::optional<std::uint8_t>(9));
+  CHECK(back2->reason.find("quote \" backslash \\ newline \n tab \t bell \x07 invalid ") == 0);
+  CHECK(back2->reason.find("\xff") == std::string::npos);  // became U+FFFD: valid UTF-8 on disk
+}
+
+TEST_CASE("record parse errors name the field") {
+  CHECK(parse_record("nope").error().message.find("not valid JSON") != std::string::npos);
+  CHECK(parse_record("[]").error().message.find("object") != std::string::npos);
+  auto j = encode_record(sample());
+  auto with = [&](std::string from, std::string to) {
+    auto s = j;
+    s.replace(s.find(from), from.size(), to);
+    return parse_record(s);
+  };
+  CHECK(with("\"generation\":1", "\"generation\":-1").error().message.starts_with("generation"));
+  CHECK(with("\"exit_code\":3", "\"exit_code\":256").error().message.starts_with("exit_code"));
+  CHECK(with("\"signal\":null", "\"signal\":0").error().message.starts_with("signal"));
+  CHECK(with("\"outcome\":\"exited\"", "\"outcome\":\"meh\"").error().message.starts_with("outcome"));
+  CHECK(with("\"schema_version\":1", "\"schema_version\":2").error().message.starts_with("schema_version"));
+  CHECK(with("\"started_at\":\"2025", "\"started_at\":\"x025").error().message.starts_with("started_at"));
+  CHECK(with(",\"reason\":\"workload exited with code 3\"", "").error().message.starts_with("reason"));
+  CHECK(with("{", "{\"later_field\":[1,2],"));  // unknown fields are ignored
+}
+
+TEST_CASE("vm ids are safe directory names") {
+  CHECK(!vm_id_problem("vm-1.a_B"));
+  CHECK(vm_id_problem(""));
+  CHECK(vm_id_problem(".."));
+  CHECK(vm_id_problem("a/b"));
+  CHECK(vm_id_problem("-x"));
+  CHECK(vm_id_problem(std::string(65, 'a')));
+  CHECK(vm_id_problem(std::string("a\0b", 3)));
+}
+
+TEST_CASE("write_record: creates dirs 0700, writes, reads back, no temp left") {
+  test::TempDir t;
+  auto state = t.path / "deep" / "state";
+  auto w = write_record(state, sample());
+  REQUIRE(w);
+  CHECK(w->kind == WriteResult::Kind::written);
+  CHECK(w->attempts == 1);
+  CHECK((fs::status(state).permissions() & fs::perms::all) == fs::perms::owner_all);
+  CHECK((fs::status(state / "vm-a").permissions() & fs::perms::all) == fs::perms::owner_all);
+  auto r = read_record(state, "vm-a");
+  REQUIRE(r);
+  REQUIRE(*r);
+  CHECK(**r == sample());
+  CHECK(temps(state / "vm-a").empty());
+  auto none = read_record(state, "other");
+  REQUIRE(none);
+  CHECK(!*none);
+}
+
+TEST_CASE("generations: newer replaces, same keeps the first, older is stale") {
+  test::TempDir t;
+  REQUIRE(write_record(t.path, sample(5, 1))->kind == WriteResult::Kind::written);
+  auto same = write_record(t.path, sample(5, 2));
+  REQUIRE(same);
+  CHECK(same->kind == WriteResult::Kind::already_recorded);
+  CHECK(same->on_disk.exit_code == std::optional<std::uint8_t>(1));
+  auto old = write_record(t.path, sample(4, 9));
+  REQUIRE(old);
+  CHECK(old->kind == WriteResult::Kind::stale);
+  CHECK(old->on_disk.generation == 5);
+  auto newer = write_record(t.path, sample(6, 7));
+  REQUIRE(newer);
+  CHECK(newer->kind == WriteResult::Kind::written);
+  CHECK((*read_record(t.path, "vm-a"))->exit_code == std::optional<std::uint8_t>(7));
+}
+
+TEST_CASE("a failing step restarts from a fresh temp file; bounded attempts surface the error") {
+  test::TempDir t;
+  for (auto failing : {WriteStep::temp_written, WriteStep::temp_fsynced, WriteStep::renamed,
+                       WriteStep::dir_fsynced}) {
+    CAPTURE(to_string(failing));
+    int calls = 0;
+    WriteOptions o;
+    o.at_step = [&](WriteStep s) {
+      if (s == failing && calls++ == 0) return EIO;  // first attempt fails at this step
+      return 0;
+    };
+    auto r = sample(10 + static_cast<int>(failing), 4);
+    auto w = write_record(t.path, r, o);
+    REQUIRE(w);
+    CHECK(w->kind == WriteResult::Kind::written);
+    CHECK(w->attempts == 2);
+    CHECK(temps(t.path / "vm-a").empty());
+    CHECK((*read_record(t.path, "vm-a"))->generation == r.generation);
+  }
+  WriteOptions always;
+  always.attempts = 3;
+  int seen = 0;
+  always.at_step = [&](WriteStep s) { return s == WriteStep::temp_fsynced ? (++seen, EIO) : 0; };
+  auto w = write_record(t.path, sample(99), always);
+  REQUIRE(!w);
+  CHECK(seen == 3);
+  CHECK(w.error().message.find("after 3 attempts") != std::string::npos);
+  CHECK(temps(t.path / "vm-a").empty());
+  CHECK((*read_record(t.path, "vm-a"))->generation == 13);  // the previous record is intact
+}
+
+TEST_CASE("per-VM lock: a held flock bounds the writer; leftover temps are removed") {
+  test::TempDir t;
+  REQUIRE(write_record(t.path, sample(1)));
+  { std::ofstream(t.path / "vm-a" / ".outcome.json.1.2.tmp") << "{\"torn"; }
+  Fd lock{::open((t.path / "vm-a" / ".lock").c_str(), O_RDWR | O_CLOEXEC)};
+  REQUIRE(::flock(lock.get(), LOCK_EX) == 0);
+  WriteOptions o;
+  o.lock_tries = 3;
+  auto w = write_record(t.path, sample(2), o);
+  REQUIRE(!w);
+  CHECK(w.error().message.find("held by another writer") != std::string::npos);
+  lock.reset();
+  auto w2 = write_record(t.path, sample(2), o);
+  REQUIRE(w2);
+  CHECK(temps(t.path / "vm-a").empty());
+}
+
+TEST_CASE("concurrent writers of one VM: the newest generation ends up on disk") {
+  test::TempDir t;
+  std::vector<std::thread> th;
+  for (int g = 1; g <= 16; ++g)
+    th.emplace_back([&, g] { CHECK(write_record(t.path, sample(g, g))); });
+  for (auto& x : th) x.join();
+  CHECK((*read_record(t.path, "vm-a"))->generation == 16);
+}
+
+TEST_CASE("readers never see a torn record while a writer replaces it") {
+  test::TempDir t;
+  REQUIRE(write_record(t.path, sample(1, 1)));
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, bad{0};
+  std::thread reader([&] {
+    while (!stop) {
+      auto r = read_record(t.path, "vm-a");
+      if (!r || !*r) ++bad;
+      ++reads;
+    }
+  });
+  for (int g = 2; g <= 200; ++g) REQUIRE(write_record(t.path, sample(g, g % 256)));
+  stop = true;
+  reader.join();
+  CHECK(bad == 0);
+  CHECK(reads > 0);
+}

@@ -1,0 +1,439 @@
+// Sans-I/O tests of host/session.hpp: every guest message path, each on_exit policy, deadlines,
+// version mismatch, policy overriding `terminal`, finality, bounded memory. No sockets, no clock.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "host/session.hpp"
+#include "protocol/codec.hpp"
+#include "support.hpp"
+
+using namespace nes;
+using namespace nes::host;
+using nes::test::sample_boot;
+
+namespace {
+
+/// A Session plus everything it asked for, split by kind.
+struct Probe {
+  Session s;
+  std::vector<std::string> sent;     // lines sent to the guest
+  std::vector<Record> writes;
+  std::vector<std::string> logs;     // "kind detail"
+  std::vector<TimerKind> armed, cancelled;
+  int closes = 0, destroys = 0, removes = 0, finished = 0;
+  WallTime t{std::chrono::seconds(1'700'000'000)};
+
+  explicit Probe(OnExitPolicy p = OnExitPolicy::stop, std::size_t cap = proto::kDefaultLineCap)
+      : s(cfg(p, cap)) {}
+  static SessionConfig cfg(OnExitPolicy p, std::size_t cap) {
+    SessionConfig c;
+    c.vm = "vm1";
+    c.generation = 4;
+    c.descriptor = sample_boot();
+    c.on_exit = p;
+    c.line_cap = cap;
+    c.ready_timeout = std::chrono::milliseconds(1500);
+    c.stop_timeout = std::chrono::milliseconds(700);
+    return c;
+  }
+  void pump() {
+    for (auto& a : s.take()) {
+      std::visit(
+          [&](auto& x) {
+            using T = std::decay_t<decltype(x)>;
+            if constexpr (std::is_same_v<T, act::Send>) sent.push_back(x.line);
+            else if constexpr (std::is_same_v<T, act::CloseStream>) ++closes;
+            else if constexpr (std::is_same_v<T, act::ArmTimer>) armed.push_back(x.kind);
+            else if constexpr (std::is_same_v<T, act::CancelTimer>) cancelled.push_back(x.kind);
+            else if constexpr (std::is_same_v<T, act::WriteRecord>) writes.push_back(x.record);
+            else if constexpr (std::is_same_v<T, act::CallDestroy>) ++destroys;
+            else if constexpr (std::is_same_v<T, act::CallRemove>) ++removes;
+            else if constexpr (std::is_same_v<T, act::Log>) logs.push_back(x.kind + " " + x.detail);
+            else if constexpr (std::is_same_v<T, act::Finished>) ++finished;
+          },
+          a);
+    }
+  }
+  void start() { s.vm_started(t); CHECK(s.stream_opened(t)); pump(); }
+  void feed(std::string_view b) { s.received(b, t); pump(); }
+  void booted() { start(); feed(test::ready_line()); }
+  std::string last_type() const { return sent.empty() ? "" : test::host_type(sent.back().substr(0, sent.back().size() - 1)); }
+  bool logged(std::string_view kind) const {
+    for (auto& l : logs) if (l.starts_with(kind)) return true;
+    return false;
+  }
+  /// Complete the durable write as the worker pool would.
+  void durable() { REQUIRE(!writes.empty()); s.record_durable(writes.back()); pump(); }
+  const Record& outcome() const { REQUIRE(s.outcome()); return *s.outcome(); }
+};
+
+proto::Boot boot_of(const std::string& line) {
+  auto d = proto::decode_host(line.substr(0, line.size() - 1));
+  REQUIRE(std::holds_alternative<proto::HostMessage>(d));
+  return std::get<proto::Boot>(std::get<proto::HostMessage>(d));
+}
+
+}  // namespace
+
+TEST_CASE("ready -> boot descriptor, then exited -> record -> shutdown ack -> stop policy") {
+  Probe p;
+  p.booted();
+  REQUIRE(p.sent.size() == 1);
+  auto boot = boot_of(p.sent[0]);
+  CHECK(boot.exec.argv == sample_boot().exec.argv);
+  CHECK(boot.on_exit.terminal);
+  CHECK(std::count(p.cancelled.begin(), p.cancelled.end(), TimerKind::ready) == 1);
+  p.feed("{\"type\":\"mounted\"}\n");
+  p.feed(test::started_line(42));
+  CHECK(p.logged("started pid=42"));
+  p.feed(test::exited_line(3));
+  REQUIRE(p.writes.size() == 1);
+  auto& r = p.writes[0];
+  CHECK(r.vm == "vm1");
+  CHECK(r.generation == 4);
+  CHECK(r.outcome == proto::Outcome::exited);
+  CHECK(r.exit_code == std::optional<std::uint8_t>(3));
+  CHECK(!r.signal);
+  CHECK(r.exit_status == 3);
+  CHECK(p.sent.size() == 1);  // no ack before durable
+  p.durable();
+  CHECK(p.last_type() == "shutdown");
+  CHECK(p.armed.back() == TimerKind::stop);
+  CHECK(!p.s.finished());
+  p.s.stream_closed(p.t);  // guest powered off
+  p.s.vm_exited(p.t);
+  p.pump();
+  CHECK(p.s.finished());
+  CHECK(p.removes == 0);
+  CHECK(p.destroys == 0);
+}
+
+TEST_CASE("signalled, start_failed, mount_failed map through protocol's status table") {
+  {
+    Probe p;
+    p.booted();
+    p.feed(test::signalled_line(9));
+    CHECK(p.outcome().outcome == proto::Outcome::signalled);
+    CHECK(p.outcome().signal == std::optional<std::uint8_t>(9));
+    CHECK(!p.outcome().exit_code);
+    CHECK(p.outcome().exit_status == 137);
+  }
+  {
+    Probe p;
+    p.booted();
+    p.feed(R"({"type":"start_failed","reason":"no such file","errno":2,"class":"not_found"})" "\n");
+    CHECK(p.outcome().outcome == proto::Outcome::start_failed);
+    CHECK(p.outcome().exit_status == 127);
+    CHECK(p.outcome().reason.find("not_found") != std::string::npos);
+    CHECK(p.outcome().reason.find("no such file") != std::string::npos);
+  }
+  {
+    Probe p;
+    p.booted();
+    p.feed(R"({"type":"start_failed","reason":"perm","errno":13,"class":"not_executable"})" "\n");
+    CHECK(p.outcome().exit_status == 126);
+  }
+  {
+    Probe p;
+    p.booted();
+    p.feed(R"({"type":"mount_failed","tag":"work","reason":"bad","errno":19})" "\n");
+    CHECK(p.outcome().outcome == proto::Outcome::mount_failed);
+    CHECK(p.outcome().exit_status == 125);
+    CHECK(p.outcome().reason.find("'work'") != std::string::npos);
+  }
+}
+
+TEST_CASE("guest protocol_error and unknown types are logged, the session goes on") {
+  Probe p;
+  p.booted();
+  p.feed(R"({"type":"protocol_error","reason":"boot.exec: bad"})" "\n");
+  p.feed(R"({"type":"future_thing","x":1})" "\n");
+  CHECK(p.logged("guest_protocol_error"));
+  CHECK(p.logged("skipped unknown type 'future_thing'"));
+  CHECK(!p.s.outcome());
+  p.feed(test::exited_line(0));
+  CHECK(p.outcome().outcome == proto::Outcome::exited);
+}
+
+TEST_CASE("the first final event wins; later ones and garbage are only logged") {
+  Probe p;
+  p.booted();
+  p.feed(test::exited_line(5));
+  p.feed(test::signalled_line(15));
+  p.feed("garbage\n");
+  p.feed(std::string(3 << 20, 'x') + "\n");
+  CHECK(p.writes.size() == 1);
+  CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(5));
+  CHECK(p.logged("ignored_after_outcome"));
+  CHECK(p.logged("protocol_error_after_outcome"));
+  CHECK(p.closes == 0);  // every guest message is still consumed
+}
+
+TEST_CASE("version mismatch names both versions and closes") {
+  Probe p;
+  p.start();
+  p.feed(test::ready_line(1));
+  CHECK(p.outcome().outcome == proto::Outcome::version_mismatch);
+  CHECK(p.outcome().reason.find("version 1") != std::string::npos);
+  CHECK(p.outcome().reason.find("version 2") != std::string::npos);
+  CHECK(p.outcome().exit_status == 125);
+  CHECK(p.closes == 1);
+  CHECK(p.sent.empty());
+}
+
+TEST_CASE("ready deadline: armed at vm_started, no_ready when it fires first") {
+  Probe p;
+  p.s.vm_started(p.t);
+  p.pump();
+  REQUIRE(p.armed.size() == 1);
+  CHECK(p.armed[0] == TimerKind::ready);
+  CHECK(p.s.stream_opened(p.t));
+  p.feed("{\"type\":\"rea");  // slowloris
+  p.s.timer_fired(TimerKind::ready, p.t);
+  p.pump();
+  CHECK(p.outcome().outcome == proto::Outcome::no_ready);
+  CHECK(p.outcome().reason.find("1500 ms") != std::string::npos);
+  CHECK(p.closes == 1);
+  // ready deadline that fires after ready is harmless
+  Probe q;
+  q.booted();
+  q.s.timer_fired(TimerKind::ready, q.t);
+  q.pump();
+  CHECK(!q.s.outcome());
+}
+
+TEST_CASE("policy overrides the descriptor's terminal") {
+  Probe keep(OnExitPolicy::keep);
+  keep.booted();
+  CHECK_FALSE(boot_of(keep.sent[0]).on_exit.terminal);  // descriptor said true
+  Probe stop(OnExitPolicy::stop);
+  stop.s = Session([] {
+    auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+    c.descriptor.on_exit.terminal = false;
+    return c;
+  }());
+  stop.booted();
+  CHECK(boot_of(stop.sent[0]).on_exit.terminal);
+}
+
+TEST_CASE("on_exit keep: no ack until shutdown(), then as stop") {
+  Probe p(OnExitPolicy::keep);
+  p.booted();
+  p.feed(test::exited_line(0));
+  p.durable();
+  CHECK(p.sent.size() == 1);  // only boot: the VM is kept
+  CHECK(p.logged("kept"));
+  CHECK(!p.s.finished());
+  CHECK(p.s.shutdown(p.t));
+  p.pump();
+  CHECK(p.last_type() == "shutdown");
+  p.s.vm_exited(p.t);
+  p.pump();
+  CHECK(p.s.finished());
+  CHECK(p.removes == 0);
+}
+
+TEST_CASE("on_exit remove: remove hook only after durable and vm_exited") {
+  Probe p(OnExitPolicy::remove);
+  p.booted();
+  p.feed(test::exited_line(1));
+  p.s.vm_exited(p.t);  // before the record is durable
+  p.pump();
+  CHECK(p.removes == 0);
+  p.durable();
+  CHECK(p.removes == 1);
+  CHECK(p.s.finished());
+}
+
+TEST_CASE("on_exit stop: destroy past the stop deadline, then give up") {
+  Probe p(OnExitPolicy::stop);
+  p.booted();
+  p.feed(test::exited_line(2));
+  p.durable();
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(p.destroys == 1);
+  CHECK(!p.s.finished());
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(p.s.finished());
+  CHECK(p.logged("gave_up"));
+}
+
+TEST_CASE("remove: record failure never removes") {
+  Probe p(OnExitPolicy::remove);
+  p.booted();
+  p.feed(test::exited_line(1));
+  p.s.record_failed("disk on fire");
+  p.pump();
+  p.s.vm_exited(p.t);
+  p.pump();
+  CHECK(p.s.finished());
+  CHECK(p.removes == 0);
+}
+
+TEST_CASE("vm_exited before an outcome: queued bytes are read first") {
+  Probe p;
+  p.booted();
+  p.s.vm_exited(p.t);
+  p.pump();
+  CHECK(!p.s.outcome());           // waiting for the stream to drain
+  p.feed(test::exited_line(9));    // the report written just before power-off
+  CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(9));
+  p.durable();
+  CHECK(p.s.finished());
+}
+
+TEST_CASE("vm_exited with no stream: channel_lost at once") {
+  Probe p;
+  p.s.vm_started(p.t);
+  p.s.vm_exited(p.t);
+  p.pump();
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(p.outcome().reason.find("before `ready`") != std::string::npos);
+}
+
+TEST_CASE("EOF: mid-line, before ready, before outcome") {
+  {
+    Probe p;
+    p.booted();
+    p.feed("{\"type\":\"workload_ex");
+    p.s.stream_closed(p.t);
+    p.pump();
+    CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+    CHECK(p.outcome().reason.find("middle of line 2") != std::string::npos);
+  }
+  {
+    Probe p;
+    p.start();
+    p.s.stream_closed(p.t);
+    p.pump();
+    CHECK(p.outcome().reason == "channel closed before `ready`");
+  }
+  {
+    Probe p;
+    p.booted();
+    p.s.stream_closed(p.t);
+    p.pump();
+    CHECK(p.outcome().reason == "channel closed before an outcome");
+  }
+}
+
+TEST_CASE("second ready on the same stream starts a new session") {
+  Probe p;
+  p.booted();
+  p.feed(test::started_line());
+  p.feed(test::ready_line());
+  CHECK(p.logged("guest_restarted"));
+  CHECK(p.sent.size() == 2);
+  CHECK(test::host_type(p.sent[1].substr(0, p.sent[1].size() - 1)) == "boot");
+  p.feed(test::exited_line(6));
+  CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(6));
+}
+
+TEST_CASE("a second live stream is refused; none after the outcome") {
+  Probe p;
+  p.booted();
+  CHECK_FALSE(p.s.stream_opened(p.t));
+  p.feed(test::exited_line(0));
+  p.s.stream_closed(p.t);
+  CHECK_FALSE(p.s.stream_opened(p.t));
+}
+
+TEST_CASE("malformed and over-long lines -> protocol_error with the reason; nothing after is acted on") {
+  Probe p;
+  p.booted();
+  p.feed("{\"type\":\"workload_exited\",\"exit_code\":300}\n" + test::exited_line(1));
+  CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
+  CHECK(p.outcome().reason.find("line 2") != std::string::npos);
+  CHECK(p.outcome().reason.find("exit_code") != std::string::npos);
+  CHECK(p.closes == 1);
+  CHECK(p.writes.size() == 1);
+
+  Probe q(OnExitPolicy::stop, 64);
+  q.booted();
+  q.feed(std::string(100, 'a') + "\n");
+  CHECK(q.outcome().outcome == proto::Outcome::protocol_error);
+  CHECK(q.outcome().reason.find("64-byte cap") != std::string::npos);
+}
+
+TEST_CASE("endless line: judged at the cap, not at a newline; memory stays bounded") {
+  Probe p(OnExitPolicy::stop, 1000);
+  p.booted();
+  for (int i = 0; i < 3; ++i) p.feed(std::string(300, 'z'));
+  CHECK(!p.s.outcome());
+  CHECK(p.s.buffered_bytes() <= 1001);
+  p.feed(std::string(300, 'z'));
+  CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
+  CHECK(p.outcome().reason.find("without a newline") != std::string::npos);
+}
+
+TEST_CASE("message before ready is a protocol error; unknown type before ready is skipped") {
+  Probe p;
+  p.start();
+  p.feed("{\"type\":\"hello\"}\n");
+  CHECK(!p.s.outcome());
+  p.feed(test::started_line());
+  CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
+  CHECK(p.outcome().reason.find("expected `ready` first") != std::string::npos);
+}
+
+TEST_CASE("wall timeout -> outcome timeout (124)") {
+  auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.wall_timeout = std::chrono::milliseconds(5000);
+  Probe p;
+  p.s = Session(c);
+  p.booted();
+  CHECK(std::count(p.armed.begin(), p.armed.end(), TimerKind::wall) == 1);
+  p.s.timer_fired(TimerKind::wall, p.t);
+  p.pump();
+  CHECK(p.outcome().outcome == proto::Outcome::timeout);
+  CHECK(p.outcome().exit_status == 124);
+  p.durable();
+  CHECK(p.last_type() == "shutdown");
+}
+
+TEST_CASE("API: stop before boot is queued, kill validates, shutdown before ready skips boot") {
+  Probe p;
+  p.start();
+  CHECK(p.s.stop());
+  CHECK_FALSE(p.s.kill(9));  // no booted session
+  p.feed(test::ready_line());
+  REQUIRE(p.sent.size() == 2);
+  CHECK(p.last_type() == "stop");
+  CHECK_FALSE(p.s.kill(0));
+  CHECK_FALSE(p.s.kill(65));
+  CHECK(p.s.kill(64));
+  p.pump();
+  CHECK(p.last_type() == "kill");
+
+  Probe q;
+  q.start();
+  CHECK(q.s.shutdown(q.t));
+  q.feed(test::ready_line());
+  REQUIRE(q.sent.size() == 1);
+  CHECK(q.last_type() == "shutdown");
+}
+
+TEST_CASE("durable record of the same generation written first wins") {
+  Probe p;
+  p.booted();
+  p.feed(test::exited_line(3));
+  Record earlier = p.writes.back();
+  earlier.outcome = proto::Outcome::signalled;
+  earlier.exit_code.reset();
+  earlier.signal = 15;
+  earlier.exit_status = 143;
+  p.s.record_durable(earlier);
+  p.pump();
+  CHECK(p.outcome().exit_status == 143);
+  CHECK(p.logged("already_recorded"));
+}
+
+TEST_CASE("guest text in a reason is bounded") {
+  Probe p;
+  p.booted();
+  std::string huge(100000, 'r');
+  p.feed(R"({"type":"start_failed","reason":")" + huge + R"(","errno":2,"class":"other"})" "\n");
+  CHECK(p.outcome().reason.size() < 2000);
+}
