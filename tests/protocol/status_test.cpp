@@ -1,0 +1,111 @@
+// The outcome -> exit-status table (protocol/status.hpp): POSIX shell 127/126/128+N, timeout(1)
+// 124, docker/podman 125 for host-side failures; and docs/protocol.md's table agrees with it.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "support.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+using namespace nes::proto;
+using namespace nes::proto::test;
+
+namespace {
+constexpr Outcome kAll[] = {Outcome::exited,         Outcome::signalled, Outcome::start_failed,
+                            Outcome::mount_failed,   Outcome::channel_lost, Outcome::protocol_error,
+                            Outcome::no_ready,       Outcome::version_mismatch, Outcome::timeout};
+}
+
+TEST_CASE("the constants are the conventions they name") {
+  CHECK(kStatusTimeout == 124);
+  CHECK(kStatusHostFailure == 125);
+  CHECK(kStatusNotExecutable == 126);
+  CHECK(kStatusNotFound == 127);
+  CHECK(kStatusSignalBase == 128);
+}
+
+TEST_CASE("guest reports -> exit status") {
+  for (int c : {0, 1, 3, 124, 125, 126, 127, 128, 255}) {
+    CHECK(exit_status(WorkloadExited::code(static_cast<std::uint8_t>(c))) == c);
+    CHECK(exit_status(Outcome::exited, static_cast<std::uint8_t>(c)) == c);
+  }
+  for (int s : {1, 2, 9, 15, 31, 64}) {
+    CAPTURE(s);
+    CHECK(exit_status(WorkloadExited::killed(static_cast<std::uint8_t>(s))) == 128 + s);
+    CHECK(exit_status(Outcome::signalled, std::nullopt, static_cast<std::uint8_t>(s)) == 128 + s);
+  }
+  CHECK(exit_status(WorkloadExited::killed(9)) == 137);   // SIGKILL, as docker reports it
+  CHECK(exit_status(WorkloadExited::killed(15)) == 143);  // SIGTERM
+  CHECK(exit_status(StartFailed{"", 2, StartFailClass::not_found}) == 127);
+  CHECK(exit_status(StartFailed{"", 13, StartFailClass::not_executable}) == 126);
+  CHECK(exit_status(StartFailed{"", 1, StartFailClass::other}) == 126);
+  CHECK(exit_status(Outcome::start_failed, {}, {}, StartFailClass::not_found) == 127);
+  CHECK(exit_status(Outcome::start_failed, {}, {}, StartFailClass::not_executable) == 126);
+  CHECK(exit_status(Outcome::start_failed, {}, {}, StartFailClass::other) == 126);
+  CHECK(exit_status(MountFailed{"t", "r", 19}) == 125);
+}
+
+TEST_CASE("host-side outcomes -> exit status") {
+  CHECK(exit_status(Outcome::timeout) == 124);
+  for (Outcome o : {Outcome::mount_failed, Outcome::channel_lost, Outcome::protocol_error,
+                    Outcome::no_ready, Outcome::version_mismatch}) {
+    CAPTURE(to_string(o));
+    CHECK(exit_status(o) == 125);
+  }
+}
+
+TEST_CASE("names: outcomes round-trip; enum names are the wire's") {
+  for (Outcome o : kAll) {
+    CAPTURE(to_string(o));
+    CHECK(outcome_from_string(to_string(o)) == o);
+  }
+  CHECK(!outcome_from_string("Exited").has_value());
+  CHECK(!outcome_from_string("").has_value());
+  // The wire spelling comes from to_string: the codec uses the same function both ways.
+  CHECK(to_string(FsType::ninep) == "9p");
+  CHECK(to_string(Halt::poweroff) == "poweroff");
+  CHECK(to_string(StartFailClass::not_executable) == "not_executable");
+  Boot b = reference_boot();
+  b.mounts[0].fs = FsType::ninep;
+  CHECK(encode(HostMessage{b}).find(R"("fs":"9p")") != std::string::npos);
+}
+
+TEST_CASE("docs/protocol.md's outcome table states what status.hpp computes") {
+  const char* root = std::getenv("NES_SOURCE_ROOT");
+  REQUIRE_MESSAGE(root, "NES_SOURCE_ROOT is set by meson test");
+  std::ifstream f(std::string(root) + "/docs/protocol.md");
+  REQUIRE(f.good());
+  // Rows: | `outcome` [(`class`)] | message | status | convention |
+  const std::regex row(R"(^\| `([a-z_]+)`(?: \(`([a-z_]+)`\))? \|[^|]*\| ([^|]+?) \|)");
+  std::string line;
+  std::size_t rows = 0;
+  std::vector<std::string> seen;
+  bool in_section = false;  // the table under "## Outcome → exit status"
+  while (std::getline(f, line)) {
+    if (starts_with(line, "## ")) in_section = starts_with(line, "## Outcome");
+    std::smatch m;
+    if (!in_section || !std::regex_search(line, m, row)) continue;
+    CAPTURE(line);
+    auto o = outcome_from_string(m[1].str());
+    REQUIRE(o.has_value());
+    seen.push_back(m[1].str());
+    std::optional<StartFailClass> cls;
+    if (m[2].matched) {
+      for (auto c : {StartFailClass::not_found, StartFailClass::not_executable, StartFailClass::other})
+        if (to_string(c) == m[2].str()) cls = c;
+      REQUIRE(cls.has_value());
+    }
+    const std::string status = m[3].str();
+    if (*o == Outcome::exited) {
+      CHECK(status == "the code, 0..255");
+    } else if (*o == Outcome::signalled) {
+      CHECK(status == "128+N");
+    } else {
+      CHECK(status == std::to_string(exit_status(*o, std::nullopt, std::nullopt, cls)));
+    }
+    ++rows;
+  }
+  for (Outcome o : kAll) CHECK_MESSAGE(std::find(seen.begin(), seen.end(), to_string(o)) != seen.end(), to_string(o));
+  CHECK(rows >= std::size(kAll));
+}
