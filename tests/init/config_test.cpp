@@ -1,0 +1,123 @@
+// Configuration: channel addresses, kernel command line keys, argv flags (which win), modes.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include "nesinit/config.hpp"
+#include "nesinit/guest.hpp"
+
+using namespace nes::init;
+using nes::proto::Halt;
+
+TEST_CASE("parse_channel: the three transports and their errors") {
+  auto v = parse_channel("vsock:2:7000");
+  REQUIRE(v);
+  CHECK(*v.value == Channel{VsockAddr{2, 7000}});
+  CHECK(*parse_channel("vsock:4294967295:1").value == Channel{VsockAddr{4294967295u, 1}});
+  CHECK(*parse_channel("virtio-port:nes.0").value == Channel{VirtioPortAddr{"nes.0"}});
+  CHECK(*parse_channel("unix:/run/x.sock").value == Channel{UnixAddr{"/run/x.sock"}});
+  for (const char* bad : {"", "vsock", "vsock:2", "vsock:x:1", "vsock:2:", "vsock:4294967296:1",
+                          "vsock:-1:2", "virtio-port:", "virtio-port:a/b", "unix:", "tcp:1.2.3.4:5",
+                          "VSOCK:2:7000"}) {
+    CAPTURE(bad);
+    auto p = parse_channel(bad);
+    CHECK(!p);
+    CHECK(p.error.rfind("channel:", 0) == 0);
+  }
+  CHECK(!parse_channel("unix:" + std::string(108, 'a')));
+  CHECK(parse_channel("unix:" + std::string(107, 'a')));
+  for (const char* s : {"vsock:3:1024", "virtio-port:nes.0", "unix:/tmp/a"})
+    CHECK(to_string(*parse_channel(s).value) == s);
+}
+
+TEST_CASE("defaults") {
+  Config c;
+  CHECK(c.grace_ms == 10000);
+  CHECK(c.ack_timeout_ms == 3000);
+  CHECK(c.boot_timeout_ms == 30000);
+  CHECK(c.halt == Halt::poweroff);
+  CHECK(c.log == LogLevel::info);
+  CHECK(!c.channel);
+}
+
+TEST_CASE("kernel command line: nesinit.* keys, quoting, bad values never fatal") {
+  Config c;
+  std::vector<std::string> notes;
+  apply_cmdline(c,
+                "console=ttyS0 quiet nesinit.channel=virtio-port:nes.0 nesinit.grace_ms=2500 "
+                "nesinit.halt=reboot \"nesinit.log=debug\" nesinit.bogus=1 nesinit.ack_timeout_ms=x "
+                "nesinit.boot-timeout-ms=100 nesinit.novalue\n",
+                notes);
+  CHECK(c.channel == Channel{VirtioPortAddr{"nes.0"}});
+  CHECK(c.grace_ms == 2500);
+  CHECK(c.halt == Halt::reboot);
+  CHECK(c.log == LogLevel::debug);
+  CHECK(c.ack_timeout_ms == 3000);  // bad value: unchanged
+  CHECK(c.boot_timeout_ms == 100);
+  REQUIRE(notes.size() == 3);
+  CHECK(notes[0].find("bogus") != std::string::npos);
+  CHECK(notes[1].find("ack_timeout_ms") != std::string::npos);
+  CHECK(notes[2].find("novalue") != std::string::npos);
+  CHECK(split_cmdline(R"(a "b c" d="e f"  )") == std::vector<std::string>{"a", "b c", "d=e f"});
+}
+
+TEST_CASE("argv flags win over the command line; both spellings") {
+  Config c;
+  std::vector<std::string> notes;
+  apply_cmdline(c, "nesinit.channel=vsock:2:7000 nesinit.grace_ms=1", notes);
+  auto r = apply_argv(c, {"--channel=unix:/tmp/s", "--grace-ms", "2000", "--connect-timeout-ms=5",
+                          "--halt=reboot", "--log=quiet"});
+  CHECK(r.command == Command::run);
+  CHECK(r.problems.empty());
+  CHECK(c.channel == Channel{UnixAddr{"/tmp/s"}});
+  CHECK(c.grace_ms == 2000);
+  CHECK(c.connect_timeout_ms == 5);
+  CHECK(c.halt == Halt::reboot);
+  CHECK(c.log == LogLevel::quiet);
+}
+
+TEST_CASE("argv: commands, bare words, unknown flags, bad values") {
+  Config c;
+  CHECK(apply_argv(c, {"--help"}).command == Command::help);
+  CHECK(apply_argv(c, {"--version"}).command == Command::version);
+  CHECK(apply_argv(c, {"--self-check"}).command == Command::self_check);
+  auto r = apply_argv(c, {"single", "--nope=1", "--grace-ms=abc", "--halt=sleep", "--log"});
+  CHECK(r.command == Command::run);
+  REQUIRE(r.problems.size() == 5);
+  CHECK(r.problems[0].find("single") != std::string::npos);
+  CHECK(r.problems[1].find("unknown key") != std::string::npos);
+  CHECK(r.problems[2].find("grace_ms") != std::string::npos);
+  CHECK(r.problems[3].find("halt") != std::string::npos);
+  CHECK(r.problems[4].find("missing value") != std::string::npos);
+  CHECK(c == Config{});
+}
+
+TEST_CASE("mode: guest only as PID 1 of the initial pid namespace") {
+  CHECK(decide_mode(1, kInitialPidNsInode) == Mode::guest);
+  CHECK(decide_mode(1, 4026532500u) == Mode::sandbox);
+  CHECK(decide_mode(1, std::nullopt) == Mode::sandbox);
+  CHECK(decide_mode(2, kInitialPidNsInode) == Mode::not_pid1);
+  CHECK(decide_mode(777, std::nullopt) == Mode::not_pid1);
+  // This test process: not PID 1, whatever namespace it is in.
+  CHECK(decide_mode(::getpid(), ns_inode("pid")) == Mode::not_pid1);
+  CHECK(ns_inode("pid").has_value());
+}
+
+TEST_CASE("finalize_for_mode: vsock default only for a guest; a sandbox needs a non-vsock channel") {
+  Config g;
+  CHECK(finalize_for_mode(g, Mode::guest).empty());
+  CHECK(g.channel == Channel{VsockAddr{2, 7000}});
+  Config s;
+  CHECK(finalize_for_mode(s, Mode::sandbox).find("required") != std::string::npos);
+  s.channel = VsockAddr{2, 7000};
+  CHECK(finalize_for_mode(s, Mode::sandbox).find("vsock") != std::string::npos);
+  s.channel = UnixAddr{"/tmp/x"};
+  CHECK(finalize_for_mode(s, Mode::sandbox).empty());
+}
+
+TEST_CASE("modules list: one path per line, comments and blanks skipped") {
+  CHECK(parse_modules_list("# virtio\n/lib/a.ko\n\n  /lib/b.ko  # dep\r\n\t\n/lib/c.ko") ==
+        std::vector<std::string>{"/lib/a.ko", "/lib/b.ko", "/lib/c.ko"});
+  CHECK(parse_modules_list("").empty());
+}

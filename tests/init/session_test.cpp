@@ -1,0 +1,468 @@
+// The session state machine driven directly: events in, actions out, for every path of issue 3
+// and PROTOCOL.md. No I/O, no clock: timers fire because the test says so.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <csignal>
+
+#include "nesinit/session.hpp"
+
+using namespace nes::init;
+namespace proto = nes::proto;
+
+namespace {
+
+template <class T>
+std::vector<T> only(const Actions& as) {
+  std::vector<T> out;
+  for (auto& a : as)
+    if (auto* p = std::get_if<T>(&a)) out.push_back(*p);
+  return out;
+}
+
+/// Type names of the messages sent, in order.
+std::vector<std::string> sent(const Actions& as) {
+  std::vector<std::string> out;
+  for (auto& s : only<act::Send>(as)) out.emplace_back(proto::type_name(s.msg));
+  return out;
+}
+
+std::vector<int> group_signals(const Actions& as) {
+  std::vector<int> out;
+  for (auto& s : only<act::SignalGroup>(as)) out.push_back(s.signo);
+  return out;
+}
+std::vector<int> all_signals(const Actions& as) {
+  std::vector<int> out;
+  for (auto& s : only<act::SignalAll>(as)) out.push_back(s.signo);
+  return out;
+}
+bool armed(const Actions& as, Timer t, std::uint32_t ms) {
+  for (auto& a : only<act::ArmTimer>(as))
+    if (a.timer == t && a.ms == ms) return true;
+  return false;
+}
+bool cancelled(const Actions& as, Timer t) {
+  for (auto& a : only<act::CancelTimer>(as))
+    if (a.timer == t) return true;
+  return false;
+}
+std::optional<proto::Halt> power_off(const Actions& as) {
+  auto p = only<act::PowerOff>(as);
+  if (p.empty()) return std::nullopt;
+  return p.front().halt;
+}
+
+proto::Boot make_boot(bool terminal = true) {
+  proto::Boot b;
+  b.exec.argv = {"/bin/true"};
+  b.geometry = {1920, 1080, 60, false};
+  b.on_exit.terminal = terminal;
+  return b;
+}
+
+Event msg(proto::HostMessage m) { return ev::Message{proto::HostDecoded{std::move(m)}}; }
+
+constexpr SessionOptions kOpt{1000, 300, 5000, proto::Halt::poweroff};
+
+/// A session brought to `running` with workload pid 42.
+Session running(bool terminal = true, SessionOptions o = kOpt) {
+  Session s(o);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(make_boot(terminal)));
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{42});
+  REQUIRE(s.phase() == Phase::running);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("happy path: ready, boot, mounted, started, workload_exited, ack, power-off") {
+  Session s(kOpt);
+  auto a = s.handle(ev::ChannelUp{});
+  CHECK(sent(a) == std::vector<std::string>{"ready"});
+  CHECK(armed(a, Timer::boot, 5000));
+  CHECK(s.phase() == Phase::awaiting_boot);
+
+  a = s.handle(msg(make_boot()));
+  CHECK(cancelled(a, Timer::boot));
+  CHECK(only<act::Mount>(a).size() == 1);
+  CHECK(sent(a).empty());
+  CHECK(s.phase() == Phase::mounting);
+
+  a = s.handle(ev::MountsDone{});
+  CHECK(sent(a) == std::vector<std::string>{"mounted"});
+  CHECK(only<act::Spawn>(a).size() == 1);
+
+  a = s.handle(ev::Started{42});
+  REQUIRE(only<act::Send>(a).size() == 1);
+  CHECK(std::get<proto::Started>(only<act::Send>(a)[0].msg).pid == 42);
+  CHECK(s.workload_alive());
+
+  a = s.handle(ev::Exited{proto::WorkloadExited::code(3)});
+  REQUIRE(only<act::Send>(a).size() == 1);
+  CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg) == proto::WorkloadExited::code(3));
+  // Terminal: ordered shutdown begins; the workload is gone, so step 2 at once.
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(group_signals(a).empty());
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+  CHECK(armed(a, Timer::ack, 300));
+  CHECK(armed(a, Timer::all_grace, 1000));
+  CHECK(!power_off(a));
+
+  a = s.handle(ev::NoChildren{});
+  CHECK(s.stage() == Stage::await_ack);
+  CHECK(!power_off(a));  // not before the ack
+
+  a = s.handle(msg(proto::Shutdown{}));
+  CHECK(power_off(a) == proto::Halt::poweroff);
+  CHECK(s.phase() == Phase::done);
+  // Nothing after the final act.
+  CHECK(s.handle(ev::Eof{}).empty());
+  CHECK(s.handle(msg(proto::Stop{})).empty());
+}
+
+TEST_CASE("exactly one boot is acted on; a second is ignored and logged") {
+  Session s = running();
+  auto a = s.handle(msg(make_boot()));
+  CHECK(only<act::Mount>(a).empty());
+  CHECK(only<act::Spawn>(a).empty());
+  CHECK(sent(a).empty());
+  REQUIRE(only<act::Note>(a).size() == 1);
+  CHECK(only<act::Note>(a)[0].severity == Severity::warn);
+  CHECK(s.phase() == Phase::running);
+}
+
+TEST_CASE("unknown types are skipped; malformed lines get protocol_error and are not acted on") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  auto a = s.handle(ev::Message{proto::UnknownMessage{"resize"}});
+  CHECK(sent(a).empty());
+  CHECK(only<act::Note>(a).size() == 1);
+  CHECK(s.phase() == Phase::awaiting_boot);
+
+  a = s.handle(ev::Message{proto::DecodeError{"boot.exec.uid: expected u32"}});
+  REQUIRE(only<act::Send>(a).size() == 1);
+  CHECK(std::get<proto::ProtocolError>(only<act::Send>(a)[0].msg).reason == "boot.exec.uid: expected u32");
+  CHECK(s.phase() == Phase::awaiting_boot);
+
+  // Through the real codec: a line with a bad field, then an over-long line.
+  a = s.handle(ev::Line{proto::Line{proto::Line::Kind::text, R"({"type":"kill","signal":0})", 26}});
+  CHECK(sent(a) == std::vector<std::string>{"protocol_error"});
+  a = s.handle(ev::Line{proto::Line{proto::Line::Kind::too_long, "", 2000000}});
+  CHECK(sent(a) == std::vector<std::string>{"protocol_error"});
+  a = s.handle(ev::Line{proto::Line{proto::Line::Kind::text, "not json", 8}});
+  CHECK(sent(a) == std::vector<std::string>{"protocol_error"});
+  CHECK(s.phase() == Phase::awaiting_boot);
+  // A valid boot line through the codec is acted on.
+  a = s.handle(ev::Line{proto::Line{proto::Line::Kind::text,
+      R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":false}})", 0}});
+  CHECK(only<act::Mount>(a).size() == 1);
+  REQUIRE(s.boot());
+  CHECK(s.boot()->on_exit.terminal == false);
+}
+
+TEST_CASE("no boot within boot_timeout_ms: ordered shutdown, no ack wait") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  auto a = s.handle(ev::TimerFired{Timer::boot});
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+  a = s.handle(ev::NoChildren{});
+  CHECK(power_off(a) == proto::Halt::poweroff);
+  CHECK(!s.outcome());
+}
+
+TEST_CASE("a stale timer (cancelled by boot) does nothing") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(make_boot()));
+  CHECK(s.handle(ev::TimerFired{Timer::boot}).empty());
+  CHECK(s.phase() == Phase::mounting);
+}
+
+TEST_CASE("EOF before boot: ordered shutdown") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  auto a = s.handle(ev::Eof{});
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(!s.channel_open());
+  a = s.handle(ev::NoChildren{});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("shutdown before boot: ordered shutdown, nothing to acknowledge") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  auto a = s.handle(msg(proto::Shutdown{}));
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+  a = s.handle(ev::NoChildren{});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("dial gave up: ordered shutdown without a channel") {
+  Session s(kOpt);
+  auto a = s.handle(ev::ChannelFailed{"dialling unix:/x failed"});
+  CHECK(sent(a).empty());
+  CHECK(s.phase() == Phase::shutting_down);
+  a = s.handle(ev::NoChildren{});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("EOF while the workload runs: its one SIGTERM, then ordered shutdown") {
+  Session s = running();
+  auto a = s.handle(ev::Eof{});
+  CHECK(group_signals(a) == std::vector<int>{SIGTERM});
+  CHECK(armed(a, Timer::workload_grace, 1000));
+  CHECK(all_signals(a).empty());
+  a = s.handle(ev::Exited{proto::WorkloadExited::killed(15)});
+  CHECK(sent(a).empty());  // nobody to send to, but the outcome is recorded
+  REQUIRE(s.outcome());
+  CHECK(std::get<proto::WorkloadExited>(*s.outcome()) == proto::WorkloadExited::killed(15));
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+  a = s.handle(ev::NoChildren{});
+  CHECK(power_off(a));  // EOF: nobody left to acknowledge
+}
+
+TEST_CASE("at most one SIGTERM: stop, stop, kill{15}, shutdown and EOF share it") {
+  Session s = running();
+  auto a = s.handle(msg(proto::Stop{}));
+  CHECK(group_signals(a) == std::vector<int>{SIGTERM});
+  CHECK(armed(a, Timer::workload_grace, 1000));
+  CHECK(s.term_sent());
+  CHECK(group_signals(s.handle(msg(proto::Stop{}))).empty());
+  CHECK(group_signals(s.handle(msg(proto::Kill{15}))).empty());
+  a = s.handle(msg(proto::Shutdown{}));
+  CHECK(group_signals(a).empty());  // still waiting out the first SIGTERM's grace
+  CHECK(s.stage() == Stage::workload_term);
+  CHECK(group_signals(s.handle(ev::Signal{SIGTERM})).empty());
+  CHECK(group_signals(s.handle(ev::Eof{})).empty());
+  // Grace over: SIGKILL, never a second SIGTERM.
+  a = s.handle(ev::TimerFired{Timer::workload_grace});
+  CHECK(group_signals(a) == std::vector<int>{SIGKILL});
+  CHECK(armed(a, Timer::workload_kill, kKillWaitMs));
+  a = s.handle(ev::Exited{proto::WorkloadExited::killed(9)});
+  CHECK(cancelled(a, Timer::workload_kill));
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+}
+
+TEST_CASE("grace runs from the first SIGTERM: expired before shutdown means SIGKILL at once") {
+  Session s = running();
+  s.handle(msg(proto::Stop{}));
+  auto a = s.handle(ev::TimerFired{Timer::workload_grace});
+  CHECK(group_signals(a).empty());  // not shutting down: stop is SIGTERM only
+  CHECK(s.phase() == Phase::running);
+  a = s.handle(msg(proto::Shutdown{}));
+  CHECK(group_signals(a) == std::vector<int>{SIGKILL});
+  CHECK(s.stage() == Stage::workload_kill);
+}
+
+TEST_CASE("shutdown while running: SIGTERM, workload exits, report, ack wait, power-off") {
+  Session s = running();
+  auto a = s.handle(msg(proto::Shutdown{}));
+  CHECK(group_signals(a) == std::vector<int>{SIGTERM});
+  a = s.handle(ev::Exited{proto::WorkloadExited::killed(15)});
+  CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
+  CHECK(armed(a, Timer::ack, 300));
+  a = s.handle(ev::NoChildren{});
+  CHECK(!power_off(a));
+  // A shutdown sent before the outcome is not its ack; the next one is.
+  a = s.handle(msg(proto::Shutdown{}));
+  CHECK(power_off(a));
+}
+
+TEST_CASE("workload that survives SIGKILL: the shutdown goes on without it") {
+  Session s = running();
+  s.handle(msg(proto::Shutdown{}));
+  s.handle(ev::TimerFired{Timer::workload_grace});
+  auto a = s.handle(ev::TimerFired{Timer::workload_kill});
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+  CHECK(s.stage() == Stage::all_term);
+}
+
+TEST_CASE("stragglers: kill(-1, SIGTERM), grace, kill(-1, SIGKILL), bounded wait") {
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  CHECK(s.stage() == Stage::all_term);
+  auto a = s.handle(ev::TimerFired{Timer::all_grace});
+  CHECK(all_signals(a) == std::vector<int>{SIGKILL});
+  CHECK(armed(a, Timer::all_kill, kKillWaitMs));
+  CHECK(s.stage() == Stage::all_kill);
+  a = s.handle(ev::TimerFired{Timer::all_kill});
+  CHECK(s.stage() == Stage::await_ack);
+  a = s.handle(ev::TimerFired{Timer::ack});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("ack: power-off after ack_timeout_ms without the host's shutdown") {
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(1)});
+  s.handle(ev::NoChildren{});
+  CHECK(s.stage() == Stage::await_ack);
+  auto a = s.handle(ev::TimerFired{Timer::ack});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("ack: EOF counts as the acknowledgement") {
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(1)});
+  s.handle(ev::NoChildren{});
+  auto a = s.handle(ev::Eof{});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("ack: arriving before the stragglers are gone, power-off waits for them") {
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(1)});
+  auto a = s.handle(msg(proto::Shutdown{}));
+  CHECK(cancelled(a, Timer::ack));
+  CHECK(!power_off(a));
+  CHECK(s.stage() == Stage::all_term);
+  a = s.handle(ev::NoChildren{});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("not terminal: stay up after the exit, until shutdown (which is also the ack)") {
+  Session s = running(false);
+  auto a = s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+  CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
+  CHECK(s.phase() == Phase::settled);
+  CHECK(all_signals(a).empty());
+  CHECK(only<act::ArmTimer>(a).empty());
+  // Stray lines change nothing.
+  CHECK(sent(s.handle(msg(proto::Stop{}))).empty());
+  CHECK(s.phase() == Phase::settled);
+  a = s.handle(msg(proto::Shutdown{}));
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+  a = s.handle(ev::NoChildren{});
+  CHECK(power_off(a));
+}
+
+TEST_CASE("mount_failed: nothing starts; terminal shuts down, not terminal waits") {
+  for (bool terminal : {true, false}) {
+    CAPTURE(terminal);
+    Session s(kOpt);
+    s.handle(ev::ChannelUp{});
+    s.handle(msg(make_boot(terminal)));
+    auto a = s.handle(ev::MountFailed{proto::MountFailed{"work", "mount virtiofs work on /w: ENODEV", 19}});
+    CHECK(sent(a) == std::vector<std::string>{"mount_failed"});
+    CHECK(only<act::Spawn>(a).empty());
+    CHECK(s.phase() == (terminal ? Phase::shutting_down : Phase::settled));
+    // A late MountsDone (impossible in the loop) would not start anything either.
+    CHECK(only<act::Spawn>(s.handle(ev::MountsDone{})).empty());
+  }
+}
+
+TEST_CASE("start_failed: reported, no workload_exited follows, terminal shuts down") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(make_boot()));
+  s.handle(ev::MountsDone{});
+  auto a = s.handle(ev::StartFailed{proto::StartFailed{"execve /nonexistent: ENOENT", 2,
+                                                      proto::StartFailClass::not_found}});
+  CHECK(sent(a) == std::vector<std::string>{"start_failed"});
+  CHECK(!s.workload_alive());
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(sent(s.handle(ev::Exited{proto::WorkloadExited::code(127)})).empty());
+  REQUIRE(s.outcome());
+  CHECK(std::holds_alternative<proto::StartFailed>(*s.outcome()));
+}
+
+TEST_CASE("outcome finality: the first final event stands") {
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  s.handle(ev::Exited{proto::WorkloadExited::code(1)});
+  s.handle(ev::StartFailed{proto::StartFailed{"x", 1, proto::StartFailClass::other}});
+  s.handle(msg(make_boot()));
+  REQUIRE(s.outcome());
+  CHECK(std::get<proto::WorkloadExited>(*s.outcome()) == proto::WorkloadExited::code(0));
+}
+
+TEST_CASE("signals to PID 1: shutdown set, forwarded set, the rest ignored") {
+  for (int sig : {SIGTERM, SIGINT, SIGPWR}) {
+    CAPTURE(sig);
+    Session s = running();
+    auto a = s.handle(ev::Signal{sig});
+    CHECK(s.phase() == Phase::shutting_down);
+    CHECK(group_signals(a) == std::vector<int>{SIGTERM});
+  }
+  for (int sig : {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, SIGCONT}) {
+    CAPTURE(sig);
+    Session s = running();
+    CHECK(group_signals(s.handle(ev::Signal{sig})) == std::vector<int>{sig});
+    CHECK(s.phase() == Phase::running);
+    Session idle(kOpt);
+    idle.handle(ev::ChannelUp{});
+    CHECK(group_signals(idle.handle(ev::Signal{sig})).empty());
+  }
+  for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE, SIGALRM, SIGRTMIN + 3}) {
+    CAPTURE(sig);
+    Session s = running();
+    auto a = s.handle(ev::Signal{sig});
+    CHECK(group_signals(a).empty());
+    CHECK(all_signals(a).empty());
+    CHECK(s.phase() == Phase::running);
+  }
+}
+
+TEST_CASE("kill{signal}: to the group while running; nothing before start or after exit") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  CHECK(group_signals(s.handle(msg(proto::Kill{9}))).empty());
+  Session r = running(false);
+  CHECK(group_signals(r.handle(msg(proto::Kill{10}))) == std::vector<int>{10});
+  CHECK(group_signals(r.handle(msg(proto::Kill{9}))) == std::vector<int>{9});
+  r.handle(ev::Exited{proto::WorkloadExited::killed(9)});
+  CHECK(group_signals(r.handle(msg(proto::Kill{9}))).empty());
+  CHECK(group_signals(r.handle(msg(proto::Stop{}))).empty());
+}
+
+TEST_CASE("halt: the descriptor's on_exit.halt wins over the configuration") {
+  SessionOptions o = kOpt;
+  o.halt = proto::Halt::reboot;
+  {
+    Session s(o);  // no descriptor: the configuration
+    s.handle(ev::ChannelUp{});
+    s.handle(ev::Eof{});
+    CHECK(power_off(s.handle(ev::NoChildren{})) == proto::Halt::reboot);
+  }
+  Session s(o);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = make_boot();
+  b.on_exit.halt = proto::Halt::poweroff;
+  s.handle(msg(b));
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{9});
+  s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  s.handle(ev::NoChildren{});
+  CHECK(power_off(s.handle(msg(proto::Shutdown{}))) == proto::Halt::poweroff);
+}
+
+TEST_CASE("a workload that exits before started is sent: started, then workload_exited") {
+  // The loop registers the pid before it can reap, so the events always come in this order.
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(make_boot()));
+  s.handle(ev::MountsDone{});
+  auto a1 = s.handle(ev::Started{5});
+  auto a2 = s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  CHECK(sent(a1) == std::vector<std::string>{"started"});
+  CHECK(sent(a2) == std::vector<std::string>{"workload_exited"});
+}
+
+TEST_CASE("every exit code and signal is reported as it came") {
+  for (int c = 0; c <= 255; ++c) {
+    Session s = running();
+    auto a = s.handle(ev::Exited{proto::WorkloadExited::code(static_cast<std::uint8_t>(c))});
+    REQUIRE(only<act::Send>(a).size() == 1);
+    CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg).exit_code == c);
+  }
+  for (int sig = 1; sig <= 64; ++sig) {
+    Session s = running();
+    auto a = s.handle(ev::Exited{proto::WorkloadExited::killed(static_cast<std::uint8_t>(sig))});
+    auto w = std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg);
+    CHECK(w.signal == sig);
+    CHECK(!w.exit_code);
+  }
+}

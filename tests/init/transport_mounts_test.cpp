@@ -1,0 +1,208 @@
+// Transport address handling and dialling (Unix sockets only; vsock is never connected here),
+// virtio-serial port lookup in a fake sysfs, and the pure parts of mounting.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <linux/vm_sockets.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+#include "nesinit/mounts.hpp"
+#include "nesinit/transport.hpp"
+
+using namespace nes::init;
+namespace proto = nes::proto;
+namespace fs = std::filesystem;
+
+namespace {
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/nesinit-tr-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
+};
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() { if (fd >= 0) ::close(fd); }
+};
+int lowest_free_fd() {
+  int fd = ::open("/dev/null", O_RDONLY);
+  ::close(fd);
+  return fd;
+}
+int listen_unix(const std::string& path) {
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(s, 4) == 0);
+  return s;
+}
+Log quiet_log() { return Log(2, LogLevel::quiet); }
+}  // namespace
+
+TEST_CASE("vsock address handling (no socket is created)") {
+  SockAddr a = vsock_sockaddr(VsockAddr{2, 7000});
+  auto* vm = reinterpret_cast<const sockaddr_vm*>(&a.storage);
+  CHECK(vm->svm_family == AF_VSOCK);
+  CHECK(vm->svm_cid == 2u);
+  CHECK(vm->svm_port == 7000u);
+  CHECK(a.len == sizeof(sockaddr_vm));
+  SockAddr b = vsock_sockaddr(VsockAddr{4294967295u, 1});
+  CHECK(reinterpret_cast<const sockaddr_vm*>(&b.storage)->svm_cid == 4294967295u);
+}
+
+TEST_CASE("dial refuses vsock outside a guest, before creating any socket") {
+  int before = lowest_free_fd();
+  CHECK(dial_once(Channel{VsockAddr{2, 7000}}, /*guest=*/false) == -EPERM);
+  CHECK(lowest_free_fd() == before);
+  std::uint64_t now = 0;
+  int waits = 0;
+  int r = dial(Channel{VsockAddr{2, 7000}}, false, 1000, [&](std::uint32_t) { ++waits; return true; },
+               [&] { return now; }, quiet_log());
+  CHECK(r == -EPERM);
+  CHECK(waits == 0);  // not retryable
+}
+
+TEST_CASE("unix sockaddr") {
+  SockAddr a = unix_sockaddr(UnixAddr{"/tmp/x.sock"});
+  auto* un = reinterpret_cast<const sockaddr_un*>(&a.storage);
+  CHECK(un->sun_family == AF_UNIX);
+  CHECK(std::string(un->sun_path) == "/tmp/x.sock");
+}
+
+TEST_CASE("virtio-serial port lookup by name in sysfs") {
+  TempDir t;
+  fs::create_directories(t.path / "vport0p0");
+  fs::create_directories(t.path / "vport1p1");
+  fs::create_directories(t.path / "vport1p2");  // no name file
+  std::ofstream(t.path / "vport0p0" / "name") << "org.qemu.guest_agent.0\n";
+  std::ofstream(t.path / "vport1p1" / "name") << "nes.0\n";
+  CHECK(find_virtio_port("nes.0", t.path.string(), "/devx") == std::optional<std::string>("/devx/vport1p1"));
+  CHECK(find_virtio_port("org.qemu.guest_agent.0", t.path.string()) ==
+        std::optional<std::string>("/dev/vport0p0"));
+  CHECK(!find_virtio_port("nes", t.path.string()));
+  CHECK(!find_virtio_port("nes.0", (t.path / "missing").string()));
+}
+
+TEST_CASE("dial: a listener that appears on the third attempt; backoff doubles") {
+  TempDir t;
+  const std::string path = (t.path / "s").string();
+  std::uint64_t now = 0;
+  std::vector<std::uint32_t> waits;
+  int lsock = -1;
+  int fd = dial(Channel{UnixAddr{path}}, false, 5000,
+                [&](std::uint32_t ms) {
+                  waits.push_back(ms);
+                  now += ms;
+                  if (waits.size() == 2) lsock = listen_unix(path);
+                  return true;
+                },
+                [&] { return now; }, quiet_log());
+  Fd l(lsock);
+  REQUIRE(fd >= 0);
+  Fd f(fd);
+  CHECK(waits == std::vector<std::uint32_t>{10, 20});
+  CHECK((::fcntl(fd, F_GETFL) & O_NONBLOCK) != 0);
+  CHECK((::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);
+  Fd peer(::accept(lsock, nullptr, nullptr));
+  CHECK(::write(fd, "x\n", 2) == 2);
+  char c[2];
+  CHECK(::read(peer.fd, c, 2) == 2);
+}
+
+TEST_CASE("dial: bounded by connect_timeout_ms; backoff capped at 500 ms") {
+  TempDir t;
+  std::uint64_t now = 0;
+  std::vector<std::uint32_t> waits;
+  int r = dial(Channel{UnixAddr{(t.path / "none").string()}}, false, 3000,
+               [&](std::uint32_t ms) { waits.push_back(ms); now += ms; return true; },
+               [&] { return now; }, quiet_log());
+  CHECK(r == -ENOENT);
+  std::uint64_t total = 0;
+  for (auto w : waits) {
+    CHECK(w <= 500);
+    total += w;
+  }
+  CHECK(total == 3000);
+  CHECK(waits.front() == 10);
+}
+
+TEST_CASE("dial: abandoned when the wait says so (a shutdown signal)") {
+  TempDir t;
+  std::uint64_t now = 0;
+  int r = dial(Channel{UnixAddr{(t.path / "none").string()}}, false, 3000,
+               [&](std::uint32_t) { return false; }, [&] { return now; }, quiet_log());
+  CHECK(r == -ECANCELED);
+}
+
+TEST_CASE("retryable errors") {
+  CHECK(retryable(ENOENT));
+  CHECK(retryable(ECONNREFUSED));
+  CHECK(retryable(ENODEV));
+  CHECK(!retryable(EACCES));
+  CHECK(!retryable(EPERM));
+}
+
+TEST_CASE("validate_mount: fields named in errors") {
+  proto::Mount m{"work", "/work", false, proto::FsType::virtiofs};
+  CHECK(validate_mount(m, 0).empty());
+  m.at = "work";
+  CHECK(validate_mount(m, 2).find("mounts[2].at") == 0);
+  m.at = "/";
+  CHECK(!validate_mount(m, 0).empty());
+  m.at = "//";
+  CHECK(!validate_mount(m, 0).empty());
+  m.at = "/a/../etc";
+  CHECK(validate_mount(m, 0).find("'..'") != std::string::npos);
+  m.at = "/a/./b";
+  CHECK(!validate_mount(m, 0).empty());
+  m.at = "/a/b..c/";
+  CHECK(validate_mount(m, 0).empty());
+  m.tag = "";
+  CHECK(validate_mount(m, 1).find("mounts[1].tag") == 0);
+  proto::Mount b{"relative", "/x", false, proto::FsType::bind};
+  CHECK(validate_mount(b, 0).find("mounts[0].tag") == 0);
+  b.tag = "/srv/data";
+  CHECK(validate_mount(b, 0).empty());
+}
+
+TEST_CASE("mount calls: always nosuid,nodev; ro; bind via a remount") {
+  auto v = mount_call({"work", "/w", true, proto::FsType::virtiofs});
+  CHECK(v == MountCall{"work", "virtiofs", MS_NOSUID | MS_NODEV | MS_RDONLY, ""});
+  auto p = mount_call({"share", "/s", false, proto::FsType::ninep});
+  CHECK(p == MountCall{"share", "9p", MS_NOSUID | MS_NODEV, "trans=virtio,version=9p2000.L"});
+  auto t = mount_call({"scratch", "/t", false, proto::FsType::tmpfs});
+  CHECK(t.fstype == "tmpfs");
+  CHECK(t.flags == (MS_NOSUID | MS_NODEV));
+  proto::Mount b{"/src", "/dst", true, proto::FsType::bind};
+  CHECK(mount_call(b) == MountCall{"/src", "", MS_BIND, ""});
+  CHECK(bind_remount_flags(b) == (MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | MS_RDONLY));
+  b.ro = false;
+  CHECK((bind_remount_flags(b) & MS_RDONLY) == 0);
+}
+
+TEST_CASE("mkdir_p and is_mount_point") {
+  TempDir t;
+  CHECK(mkdir_p((t.path / "a/b/c").string()) == 0);
+  CHECK(fs::is_directory(t.path / "a/b/c"));
+  CHECK(mkdir_p((t.path / "a/b/c/").string()) == 0);
+  std::ofstream(t.path / "file") << "x";
+  CHECK(mkdir_p((t.path / "file/sub").string()) == ENOTDIR);
+  CHECK(mkdir_p((t.path / "file").string()) == ENOTDIR);
+  CHECK(is_mount_point("/"));
+  CHECK(is_mount_point("/proc"));
+  CHECK(!is_mount_point(t.path.string() + "/a"));
+  CHECK(!is_mount_point(t.path.string() + "/missing"));
+}

@@ -1,0 +1,232 @@
+// The workload's start: environment, PATH resolution, failure classes, and real spawns (the test
+// process is a subreaper; every child is reaped by the test).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "nesinit/workload.hpp"
+
+using namespace nes::init;
+namespace proto = nes::proto;
+namespace fs = std::filesystem;
+
+namespace {
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/nesinit-wl-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+/// Spawn and wait for the workload's exit through the reaper (blocking waitpid on its pid).
+int run_and_wait(const proto::Exec& e, const proto::Geometry& g, proto::StartFailed* failed = nullptr) {
+  Reaper r;
+  auto res = spawn(e, g, Stdio::inherit, r);
+  if (auto* f = std::get_if<proto::StartFailed>(&res)) {
+    if (failed) *failed = *f;
+    CHECK(r.watched() == 0);
+    return -1;
+  }
+  pid_t pid = std::get<pid_t>(res);
+  CHECK(r.watched() == pid);
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  return st;
+}
+}  // namespace
+
+TEST_CASE("environment: exactly exec.env plus the geometry variables; exec.env wins") {
+  proto::Exec e;
+  e.env = {{"A", "1"}, {"NESINIT_FPS", "override"}};
+  auto env = workload_env(e, proto::Geometry{1920, 1080, 60, true});
+  CHECK(env == std::vector<std::string>{"A=1", "NESINIT_FPS=override", "NESINIT_HDR=1",
+                                        "NESINIT_HEIGHT=1080", "NESINIT_WIDTH=1920"});
+  CHECK(workload_env(proto::Exec{}, proto::Geometry{}) ==
+        std::vector<std::string>{"NESINIT_FPS=0", "NESINIT_HDR=0", "NESINIT_HEIGHT=0", "NESINIT_WIDTH=0"});
+}
+
+TEST_CASE("exec candidates: slash means as-is, else each PATH entry") {
+  CHECK(exec_candidates("/bin/sh", "/x") == std::vector<std::string>{"/bin/sh"});
+  CHECK(exec_candidates("./a", "/x") == std::vector<std::string>{"./a"});
+  CHECK(exec_candidates("sh", "/a:/b/::/c") ==
+        std::vector<std::string>{"/a/sh", "/b/sh", "sh", "/c/sh"});
+  CHECK(exec_candidates("sh", kDefaultPath).front() == "/usr/local/sbin/sh");
+}
+
+TEST_CASE("classify: 127-style not_found, 126-style not_executable, other") {
+  CHECK(classify(SpawnStep::exec, ENOENT) == proto::StartFailClass::not_found);
+  CHECK(classify(SpawnStep::exec, ENOTDIR) == proto::StartFailClass::not_found);
+  CHECK(classify(SpawnStep::exec, EACCES) == proto::StartFailClass::not_executable);
+  CHECK(classify(SpawnStep::exec, ENOEXEC) == proto::StartFailClass::not_executable);
+  CHECK(classify(SpawnStep::exec, E2BIG) == proto::StartFailClass::other);
+  CHECK(classify(SpawnStep::chdir, ENOENT) == proto::StartFailClass::other);
+  CHECK(classify(SpawnStep::setuid, EPERM) == proto::StartFailClass::other);
+}
+
+TEST_CASE("spawn for real: environment, cwd, session, fds, mask, credentials") {
+  TempDir t;
+  // Leak an fd without CLOEXEC into the init side: the workload must not see it.
+  int leak = ::open("/dev/null", O_RDONLY);
+  REQUIRE(leak >= 3);
+  sigset_t blocked, old;
+  sigfillset(&blocked);
+  ::sigprocmask(SIG_SETMASK, &blocked, &old);  // as PID 1 has them
+
+  proto::Exec e;
+  const fs::path out = t.path / "out";
+  e.argv = {"/bin/sh", "-c",
+            "exec > " + out.string() + "; env | sort; echo cwd=$(pwd); "
+            "echo sid=$(cut -d' ' -f6 /proc/$$/stat) pid=$$; "
+            "ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; id -u; id -g; id -G"};
+  e.env = {{"PATH", "/usr/bin:/bin"}, {"X", "y z"}};
+  e.cwd = t.path.string();
+  e.uid = 0;
+  e.gid = 0;
+  e.groups = {0, 44};
+  int st = run_and_wait(e, proto::Geometry{640, 480, 30, false});
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  ::close(leak);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  std::string o = slurp(out);
+  CAPTURE(o);
+  CHECK(o.find("NESINIT_WIDTH=640\n") != std::string::npos);
+  CHECK(o.find("NESINIT_HEIGHT=480\n") != std::string::npos);
+  CHECK(o.find("NESINIT_FPS=30\n") != std::string::npos);
+  CHECK(o.find("NESINIT_HDR=0\n") != std::string::npos);
+  CHECK(o.find("X=y z\n") != std::string::npos);
+  CHECK(o.find("HOME=") == std::string::npos);  // exactly exec.env: nothing inherited
+  CHECK(o.find("cwd=" + t.path.string() + "\n") != std::string::npos);
+  // sid == pid: its own session (setsid).
+  auto sid = o.find("sid=");
+  auto pidp = o.find(" pid=");
+  REQUIRE(sid != std::string::npos);
+  CHECK(o.substr(sid + 4, pidp - sid - 4) == o.substr(pidp + 5, o.find('\n', pidp) - pidp - 5));
+  CHECK(o.find("\n0 1 2 3 \n") != std::string::npos);   // 0-2 + the fd of `ls` itself
+  CHECK(o.find("\n0\n0\n0 44\n") != std::string::npos);  // uid, gid, groups
+}
+
+TEST_CASE("spawn: oom_score_adj back to 0 in the workload") {
+  // Lowering oom_score_adj needs CAP_SYS_RESOURCE (PID 1 sets -1000 for itself). Done in a forked
+  // helper so the test process keeps its own value.
+  TempDir t;
+  const fs::path out = t.path / "o";
+  pid_t helper = ::fork();
+  REQUIRE(helper >= 0);
+  if (helper == 0) {
+    int fd = ::open("/proc/self/oom_score_adj", O_WRONLY);
+    if (fd < 0 || ::write(fd, "-500", 4) != 4) ::_exit(77);  // no CAP_SYS_RESOURCE here
+    ::close(fd);
+    proto::Exec e;
+    e.argv = {"/bin/sh", "-c", "cat /proc/self/oom_score_adj > " + out.string()};
+    Reaper r;
+    auto res = spawn(e, {}, Stdio::inherit, r);
+    if (!std::holds_alternative<pid_t>(res)) ::_exit(1);
+    int st;
+    ::waitpid(std::get<pid_t>(res), &st, 0);
+    ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 2);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(helper, &st, 0) == helper);
+  REQUIRE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) {
+    WARN_MESSAGE(false, "no CAP_SYS_RESOURCE: oom_score_adj cannot be lowered on this machine");
+    return;
+  }
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(slurp(out) == "0\n");
+}
+
+TEST_CASE("spawn: signal mask empty and dispositions default in the exec'd program") {
+  TempDir t;
+  const fs::path out = t.path / "sig";
+  sigset_t blocked, old;
+  sigfillset(&blocked);
+  ::sigprocmask(SIG_SETMASK, &blocked, &old);
+  auto old_usr1 = ::signal(SIGUSR1, SIG_IGN);
+  auto old_hup = ::signal(SIGHUP, SIG_IGN);
+  proto::Exec e;
+  // No fork in the shell: `exec` with a redirection replaces sh by grep, which reads its own
+  // mask and ignored set as the init left them.
+  e.argv = {"/bin/sh", "-c", "exec grep -E '^Sig(Blk|Ign)' /proc/self/status > " + out.string()};
+  int st = run_and_wait(e, {});
+  ::signal(SIGUSR1, old_usr1);
+  ::signal(SIGHUP, old_hup);
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  CHECK(WIFEXITED(st));
+  CHECK(slurp(out) == "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+}
+
+TEST_CASE("spawn: default PATH resolution when exec.env has no PATH") {
+  proto::Exec e;
+  e.argv = {"true"};
+  int st = run_and_wait(e, {});
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+}
+
+TEST_CASE("spawn failures: class and errno, and the child is collected") {
+  proto::StartFailed f;
+  proto::Exec e;
+  e.argv = {"/nonexistent"};
+  CHECK(run_and_wait(e, {}, &f) == -1);
+  CHECK(f.cls == proto::StartFailClass::not_found);
+  CHECK(f.err == ENOENT);
+  CHECK(f.reason.find("/nonexistent") != std::string::npos);
+
+  e.argv = {"/etc/passwd"};
+  CHECK(run_and_wait(e, {}, &f) == -1);
+  CHECK(f.cls == proto::StartFailClass::not_executable);
+  CHECK(f.err == EACCES);
+
+  e.argv = {"no-such-program-anywhere"};
+  e.env = {{"PATH", "/usr/bin:/bin"}};
+  CHECK(run_and_wait(e, {}, &f) == -1);
+  CHECK(f.cls == proto::StartFailClass::not_found);
+
+  e.argv = {"/bin/true"};
+  e.cwd = "/nonexistent-dir";
+  CHECK(run_and_wait(e, {}, &f) == -1);
+  CHECK(f.cls == proto::StartFailClass::other);
+  CHECK(f.err == ENOENT);
+  CHECK(f.reason.find("chdir") != std::string::npos);
+  // No child left behind.
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);
+  CHECK(errno == ECHILD);
+}
+
+TEST_CASE("spawn: a program found only through the descriptor's PATH runs") {
+  TempDir t;
+  fs::path prog = t.path / "only-here";
+  {
+    std::ofstream f(prog);
+    f << "#!/bin/sh\nexit 42\n";
+  }
+  fs::permissions(prog, fs::perms::owner_all);
+  proto::Exec e;
+  e.argv = {"only-here"};
+  e.env = {{"PATH", "/nonexistent:" + t.path.string()}};
+  int st = run_and_wait(e, {});
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 42);
+}
