@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
   const char* init_env = std::getenv("NESINIT_BIN");
   const char* storm_env = std::getenv("NES_STORM_BIN");
   if (!init_env || !storm_env) { fmt::print(stderr, "bench: set NESINIT_BIN and NES_STORM_BIN\n"); return 2; }
-  std::string init = init_env, storm_bin = storm_env;
+  std::string init = fs::absolute(init_env).string(), storm_bin = fs::absolute(storm_env).string();
   char tmpl[] = "/tmp/nesbench.XXXXXX";
   if (!mkdtemp(tmpl)) { fmt::print(stderr, "bench: mkdtemp failed\n"); return 1; }
   fs::path dir = tmpl;
