@@ -1,0 +1,256 @@
+#include "harness.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace nes::init::test {
+
+namespace {
+std::uint64_t now_ms() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000u + static_cast<std::uint64_t>(ts.tv_nsec) / 1000000u;
+}
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+}  // namespace
+
+std::string init_bin() {
+  const char* b = std::getenv("NESINIT_BIN");
+  if (!b || !*b) throw std::runtime_error("NESINIT_BIN is not set");
+  return b;
+}
+
+Sandbox::Sandbox(SandboxOptions o) {
+  char tmpl[] = "/tmp/nesinit-e2e-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  sock_path_ = (dir_ / "host.sock").string();
+  if (o.listen) {
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, sock_path_.c_str(), sizeof a.sun_path - 1);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 1) != 0)
+      throw std::runtime_error("listen failed");
+  }
+  std::vector<std::string> args = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child"};
+  for (auto& a : o.unshare_args) args.push_back(a);
+  args.push_back(init_bin());
+  args.push_back("--channel=unix:" + sock_path_);
+  args.push_back("--log=" + o.log);
+  for (auto& a : o.init_args) args.push_back(a);
+
+  int op[2], ep[2];
+  if (::pipe2(op, O_CLOEXEC) != 0 || ::pipe2(ep, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    ::dup2(op[1], 1);
+    ::dup2(ep[1], 2);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    ::dup2(devnull, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp("unshare", argv.data());
+    ::_exit(127);
+  }
+  ::close(op[1]);
+  ::close(ep[1]);
+  out_fd_ = op[0];
+  err_fd_ = ep[0];
+  ::fcntl(out_fd_, F_SETFL, O_NONBLOCK);
+  ::fcntl(err_fd_, F_SETFL, O_NONBLOCK);
+  pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  if (pidfd_ < 0) throw std::runtime_error("pidfd_open failed");
+}
+
+Sandbox::~Sandbox() {
+  if (!status_ && pid_ > 0) {
+    // --kill-child: unshare's death takes the namespace's init (and so the namespace) with it.
+    ::kill(pid_, SIGKILL);
+    int st;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+  close_fd(chan_);
+  close_fd(listen_fd_);
+  close_fd(out_fd_);
+  close_fd(err_fd_);
+  close_fd(pidfd_);
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+bool Sandbox::pump(int timeout_ms) {
+  pollfd p[5];
+  int n = 0;
+  int idx_listen = -1, idx_chan = -1, idx_out = -1, idx_err = -1, idx_pid = -1;
+  if (listen_fd_ >= 0 && chan_ < 0) { idx_listen = n; p[n++] = {listen_fd_, POLLIN, 0}; }
+  if (chan_ >= 0 && !chan_eof_) { idx_chan = n; p[n++] = {chan_, POLLIN, 0}; }
+  if (out_fd_ >= 0) { idx_out = n; p[n++] = {out_fd_, POLLIN, 0}; }
+  if (err_fd_ >= 0) { idx_err = n; p[n++] = {err_fd_, POLLIN, 0}; }
+  if (!status_) { idx_pid = n; p[n++] = {pidfd_, POLLIN, 0}; }
+  int r = ::poll(p, static_cast<nfds_t>(n), timeout_ms);
+  if (r <= 0) return false;
+  char buf[65536];
+  auto drain = [&](int& fd, std::string& into) {
+    for (;;) {
+      ssize_t k = ::read(fd, buf, sizeof buf);
+      if (k > 0) { into.append(buf, static_cast<std::size_t>(k)); continue; }
+      if (k < 0 && errno == EINTR) continue;
+      if (k == 0) close_fd(fd);
+      break;
+    }
+  };
+  if (idx_out >= 0 && p[idx_out].revents) drain(out_fd_, out_);
+  if (idx_err >= 0 && p[idx_err].revents) drain(err_fd_, err_);
+  if (idx_listen >= 0 && (p[idx_listen].revents & POLLIN)) {
+    chan_ = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  }
+  if (idx_chan >= 0 && p[idx_chan].revents) {
+    for (;;) {
+      ssize_t k = ::read(chan_, buf, sizeof buf);
+      if (k > 0) { reader_.feed(std::string_view(buf, static_cast<std::size_t>(k))); continue; }
+      if (k < 0 && errno == EINTR) continue;
+      if (k == 0 || (k < 0 && errno != EAGAIN)) chan_eof_ = true;
+      break;
+    }
+  }
+  if (idx_pid >= 0 && (p[idx_pid].revents & POLLIN)) {
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) status_ = st;
+  }
+  return true;
+}
+
+bool Sandbox::accept(int timeout_ms) {
+  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
+  while (chan_ < 0) {
+    std::uint64_t now = now_ms();
+    if (now >= until || status_) return chan_ >= 0;
+    pump(static_cast<int>(until - now));
+  }
+  return true;
+}
+
+std::optional<proto::GuestMessage> Sandbox::next(int timeout_ms) {
+  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
+  for (;;) {
+    if (auto l = reader_.next()) {
+      if (l->kind != proto::Line::Kind::text) {
+        last_error_ = "over-long line from the guest";
+        return std::nullopt;
+      }
+      auto d = proto::decode_guest(l->text);
+      if (auto* m = std::get_if<proto::GuestMessage>(&d)) return *m;
+      last_error_ = "undecodable guest line: " + l->text;
+      return std::nullopt;
+    }
+    if (chan_eof_) {
+      last_error_ = "EOF";
+      return std::nullopt;
+    }
+    std::uint64_t now = now_ms();
+    if (now >= until) {
+      last_error_ = "timeout";
+      return std::nullopt;
+    }
+    pump(static_cast<int>(until - now));
+  }
+}
+
+bool Sandbox::wait_eof(int timeout_ms) {
+  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
+  while (!chan_eof_) {
+    std::uint64_t now = now_ms();
+    if (now >= until || chan_ < 0) return chan_eof_;
+    pump(static_cast<int>(until - now));
+  }
+  return true;
+}
+
+void Sandbox::send(const proto::HostMessage& m) { send_raw(proto::encode_line(m)); }
+
+void Sandbox::send_raw(const std::string& bytes) {
+  std::string_view rest = bytes;
+  const std::uint64_t until = now_ms() + 10000;
+  while (chan_ >= 0 && !rest.empty() && now_ms() < until) {
+    ssize_t k = ::send(chan_, rest.data(), rest.size(), MSG_NOSIGNAL);
+    if (k > 0) { rest.remove_prefix(static_cast<std::size_t>(k)); continue; }
+    if (k < 0 && errno == EAGAIN) {
+      pollfd p{chan_, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+      continue;
+    }
+    if (k < 0 && errno == EINTR) continue;
+    break;
+  }
+}
+
+void Sandbox::close_channel() {
+  close_fd(chan_);
+  chan_eof_ = true;
+}
+
+bool Sandbox::wait_stdout(std::string_view needle, int timeout_ms) {
+  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
+  while (out_.find(needle) == std::string::npos) {
+    std::uint64_t now = now_ms();
+    if (now >= until || (out_fd_ < 0)) return out_.find(needle) != std::string::npos;
+    pump(static_cast<int>(until - now));
+  }
+  return true;
+}
+
+std::optional<int> Sandbox::wait_exit(int timeout_ms) {
+  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
+  // Until the process is gone and its output is drained.
+  while (!status_ || out_fd_ >= 0 || err_fd_ >= 0) {
+    std::uint64_t now = now_ms();
+    if (now >= until) break;
+    if (!pump(static_cast<int>(until - now)) && status_) break;
+  }
+  return status_;
+}
+
+proto::Boot make_boot(std::vector<std::string> argv, bool terminal) {
+  proto::Boot b;
+  b.exec.argv = std::move(argv);
+  b.geometry = {1280, 720, 30, false};
+  b.on_exit.terminal = terminal;
+  return b;
+}
+
+bool in_order(const std::string& hay, const std::vector<std::string>& needles, std::string* missing) {
+  std::size_t pos = 0;
+  for (auto& n : needles) {
+    auto f = hay.find(n, pos);
+    if (f == std::string::npos) {
+      if (missing) *missing = n;
+      return false;
+    }
+    pos = f + n.size();
+  }
+  return true;
+}
+
+}  // namespace nes::init::test

@@ -1,0 +1,91 @@
+// End-to-end harness: the real static init ($NESINIT_BIN) as PID 1 of a fresh pid + mount
+// namespace (`unshare --pid --fork --mount-proc --kill-child`), always with an explicit
+// `--channel=unix:PATH`, against a scripted host on that Unix socket. RAII: the destructor kills
+// and reaps the namespace (SIGKILL to unshare; --kill-child takes its init with it) and removes
+// the temp dir, whatever the test did. No sleeps: every wait is on a message, an output or an
+// exit, each with a bounded timeout.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "protocol/protocol.hpp"
+
+namespace nes::init::test {
+
+struct SandboxOptions {
+  std::vector<std::string> init_args;     // after --channel=unix:PATH
+  std::vector<std::string> unshare_args;  // extra namespace flags, e.g. --uts
+  bool listen = true;                     // false: no host listener at all
+  std::string log = "info";
+};
+
+class Sandbox {
+ public:
+  explicit Sandbox(SandboxOptions o = {});
+  ~Sandbox();
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  const std::filesystem::path& dir() const { return dir_; }
+  /// Accept the init's connection (bounded).
+  bool accept(int timeout_ms = 10000);
+  /// The next message from the guest, or nullopt on EOF/timeout. A line that does not decode is a
+  /// test failure (returned as nullopt, with the reason in last_error()).
+  std::optional<proto::GuestMessage> next(int timeout_ms = 10000);
+  /// Next message, required to be of type T.
+  template <class T>
+  std::optional<T> expect(int timeout_ms = 10000) {
+    auto m = next(timeout_ms);
+    if (!m) return std::nullopt;
+    if (auto* t = std::get_if<T>(&*m)) return *t;
+    last_error_ = "unexpected message: " + proto::encode(*m);
+    return std::nullopt;
+  }
+  /// True once the guest closed the channel (after draining): waits up to timeout_ms.
+  bool wait_eof(int timeout_ms = 10000);
+  void send(const proto::HostMessage& m);
+  void send_raw(const std::string& bytes);
+  /// Close our end of the channel (EOF for the init).
+  void close_channel();
+  /// Wait until the workload's/init's stdout contains `needle`.
+  bool wait_stdout(std::string_view needle, int timeout_ms = 10000);
+  /// Wait for the namespace to end: the wait status of unshare, which re-raises its child's
+  /// terminating signal (SIGINT for power-off, SIGHUP for reboot). nullopt on timeout.
+  std::optional<int> wait_exit(int timeout_ms = 20000);
+
+  const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
+  const std::string& last_error() const { return last_error_; }
+
+ private:
+  /// One poll round over channel, stdout, stderr and the process; false on timeout.
+  bool pump(int timeout_ms);
+
+  std::filesystem::path dir_;
+  std::string sock_path_;
+  int listen_fd_ = -1;
+  int chan_ = -1;
+  int out_fd_ = -1, err_fd_ = -1;
+  int pidfd_ = -1;
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+  bool chan_eof_ = false;
+  std::string out_, err_, last_error_;
+  proto::LineReader reader_;
+};
+
+/// A boot descriptor running argv (terminal unless said otherwise).
+proto::Boot make_boot(std::vector<std::string> argv, bool terminal = true);
+
+/// True if `needles` occur in `hay` in this order (each after the previous one).
+bool in_order(const std::string& hay, const std::vector<std::string>& needles, std::string* missing = nullptr);
+
+/// Path of the init under test ($NESINIT_BIN).
+std::string init_bin();
+
+}  // namespace nes::init::test
