@@ -532,12 +532,19 @@ void Host::async_wait(const std::string& id, std::function<void(WaitResult)> han
 }
 
 asio::awaitable<WaitResult> Host::wait(std::string vm) {
-  co_return co_await asio::async_initiate<const asio::use_awaitable_t<>, void(WaitResult)>(
-      [this, vm](auto handler) {
-        auto shared = std::make_shared<decltype(handler)>(std::move(handler));
-        async_wait(vm, [shared](WaitResult r) { (*shared)(std::move(r)); });
-      },
-      asio::use_awaitable);
+  // A timer that never expires on its own is the coroutine's event: async_wait's handler stores
+  // the result and cancels it.
+  auto ev = std::make_shared<asio::steady_timer>(impl_->io, asio::steady_timer::time_point::max());
+  auto result = std::make_shared<std::optional<WaitResult>>();
+  async_wait(vm, [ev, result](WaitResult r) {
+    *result = std::move(r);
+    ev->cancel();
+  });
+  while (!*result) {
+    error_code ec;
+    co_await ev->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+  co_return std::move(**result);
 }
 
 std::size_t Host::live_sessions() const {

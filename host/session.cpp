@@ -289,6 +289,10 @@ void Session::record_durable(const Record& on_disk) {
   outcome_ = on_disk;
   log("recorded", fmt::format("{} exit_status={}", proto::to_string(on_disk.outcome),
                               on_disk.exit_status));
+  if (stop_phase_ == 3) {  // already gave up waiting for the VM
+    finish(false);
+    return;
+  }
   if (cfg_.on_exit == OnExitPolicy::keep && !shutdown_requested_) {
     log("kept", "the VM stays up until shutdown()");
     maybe_finish();
@@ -302,6 +306,10 @@ void Session::record_failed(std::string error) {
   recording_ = false;
   record_failed_ = true;
   log("record_failed", std::move(error));
+  if (stop_phase_ == 3) {
+    finish(false);
+    return;
+  }
   if (cfg_.on_exit == OnExitPolicy::keep && !shutdown_requested_) {
     maybe_finish();
     return;

@@ -10,6 +10,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/read_until.hpp>
@@ -210,6 +211,8 @@ inline asio::awaitable<void> guest_at(std::string path, std::vector<Step> script
 /// A Host on its own io_context, recording every event and hook call. Drive it with run_until().
 struct Harness {
   asio::io_context io;
+  // Keeps run_one_for() from seeing an idle loop as stopped while work is on the worker pool.
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   TempDir tmp;
   fs::path state;
   std::vector<host::Event> events;
@@ -248,7 +251,7 @@ struct Harness {
     c.generation = generation;
     c.descriptor = sample_boot();
     c.on_exit = p;
-    c.stop_timeout = 5s;
+    c.stop_timeout = 2s;
     return c;
   }
 
