@@ -100,6 +100,10 @@ struct ServeEmbedder {
   bool channel_is_vm = true;
   /// Each event is also passed here (after it is printed).
   std::function<void(host::Host& host, const host::Event& ev)> on_event;
+  /// Run on this io_context instead of a private one (a VMM runner posts QEMU's exit to it).
+  boost::asio::io_context* io = nullptr;
+  /// Print one line per event on stdout (serve). `run` keeps stdout for the workload's output.
+  bool print_events = true;
 };
 
 /// Serve one VM until its session finishes; prints one line per event to stdout; SIGINT/SIGTERM

@@ -137,7 +137,8 @@ host::Result<proto::Boot> load_descriptor(const std::filesystem::path& file) {
 }
 
 int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
-  asio::io_context io;
+  asio::io_context own_io;
+  asio::io_context& io = emb.io ? *emb.io : own_io;
   const std::string vm = cfg.session.vm;
   host::Host* hostp = nullptr;
   bool exit_posted = false;
@@ -152,9 +153,11 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
     };
   }
   hopt.on_event = [&](const host::Event& ev) {
-    fmt::print("{} {}{}{}\n", ev.vm.empty() ? "-" : ev.vm, ev.kind, ev.detail.empty() ? "" : " ",
-               ev.detail);
-    std::fflush(stdout);
+    if (emb.print_events) {
+      fmt::print("{} {}{}{}\n", ev.vm.empty() ? "-" : ev.vm, ev.kind, ev.detail.empty() ? "" : " ",
+                 ev.detail);
+      std::fflush(stdout);
+    }
     if (!hostp) return;
     if (emb.on_event) emb.on_event(*hostp, ev);
     if (ev.kind == "finished") io.stop();
@@ -204,13 +207,17 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
     signals.async_wait([&](boost::system::error_code ec, int sig) {
       if (ec) return;
       if (++signals_seen == 1) {
-        fmt::print("{} signal {}: shutting down\n", vm, sig);
-        std::fflush(stdout);
+        if (emb.print_events) {
+          fmt::print("{} signal {}: shutting down\n", vm, sig);
+          std::fflush(stdout);
+        }
         (void)host.shutdown(vm);
         arm_signals();
       } else {
-        fmt::print("{} signal {}: giving up\n", vm, sig);
-        std::fflush(stdout);
+        if (emb.print_events) {
+          fmt::print("{} signal {}: giving up\n", vm, sig);
+          std::fflush(stdout);
+        }
         io.stop();
       }
     });

@@ -76,8 +76,10 @@ mkdir -p "$root"/{dev,proc,sys,run,tmp,root,sbin,etc/nesinit}
 chmod 1777 "$root/tmp"
 chmod 0700 "$root/root"
 install -m 0755 "$init" "$root/init"
+# A build-tree init carries symbols; the guest does not need them.
+if file -L "$init" | grep -q ELF; then strip -s "$root/init" 2>/dev/null || true; fi
 rm -f "$root/sbin/init"
-install -m 0755 "$init" "$root/sbin/init"
+ln "$root/init" "$root/sbin/init"  # one file, two names (cpio keeps the hard link)
 
 # ---- modules, in dependency order ----
 # Debian's package ships no modules.dep (depmod runs at install), so read each module's own

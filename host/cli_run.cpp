@@ -1,0 +1,587 @@
+// `neshost run`: boot a QEMU microVM with nesinit as PID 1, run one workload in it, show its
+// output (the VM console) live and exit with its exit status — `docker run --rm`, behind a VM
+// boundary. `neshost stop`: end a VM that `run --on-exit keep` left up. Built on serve_vm()
+// (host/cli.hpp) and the launcher in host/vm/. Why it works this way: docs/vm.md.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "host/cli.hpp"
+#include "host/fd.hpp"
+#include "host/record.hpp"
+#include "host/vm/accel.hpp"
+#include "host/vm/process.hpp"
+#include "host/vm/qemu_argv.hpp"
+#include "protocol/status.hpp"
+
+#ifndef NESHOST_DEFAULT_KERNEL
+#define NESHOST_DEFAULT_KERNEL ".cache/kernel/vmlinuz"
+#endif
+#ifndef NESHOST_DEFAULT_INITRD
+#define NESHOST_DEFAULT_INITRD "build/host/vm/initrd.cpio"
+#endif
+#ifndef NESHOST_MKINITRD
+#define NESHOST_MKINITRD "scripts/mkinitrd.sh"
+#endif
+#ifndef NESHOST_NESINIT
+#define NESHOST_NESINIT "build/nesinit/nesinit"
+#endif
+
+namespace nes::cli {
+namespace {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr std::string_view kRunHelp = R"(usage: neshost run [OPTIONS] [--] ARGV...
+
+Boot a QEMU microVM (q35) with nesinit as PID 1, run ARGV in it and exit with its exit status:
+the workload's code, 128+N if killed by signal N, 127/126 if it could not start, 124 on
+--timeout, 125 for host-side failures (QEMU or the kernel missing, no `ready` in time, ...).
+The workload's stdout/stderr are the VM console, shown live. The outcome record is written to
+STATE/VM/outcome.json (see `neshost inspect`).
+
+  --kernel PATH        guest kernel (default: $NESHOST_KERNEL, else the one scripts/fetch-kernel.sh
+                       fetched)
+  --initrd PATH        initramfs with nesinit as /init (default: $NESHOST_INITRD, else the build's)
+  --rootfs DIR         pack DIR as the guest's userland instead (nesinit and the kernel's virtio
+                       modules are added; scripts/mkinitrd.sh)
+  --mem MiB            guest RAM (default 256)
+  --cpus N             vCPUs (default 1)
+  --accel tcg|kvm|auto auto (default): KVM only if a short probe boot under KVM works, else TCG
+  -e, --env K=V        workload environment (repeatable; PATH defaults to the usual one)
+  -w, --workdir DIR    workload working directory (default /)
+  --user UID:GID       workload uid and gid (default 0:0)
+  --hostname NAME      guest hostname
+  --on-exit POLICY     stop (default): power off, wait for QEMU; remove: also delete the VM's
+                       scratch files (console log); keep: leave the VM up after the workload
+                       exits until `neshost stop --state DIR VM` (or SIGTERM)
+  --state DIR          state directory (default: $NESHOST_STATE, else /var/lib/neshost as root,
+                       else ~/.local/state/neshost)
+  --vm ID              VM id, [A-Za-z0-9._-] (default: vm-<random>)
+  --timeout S          workload wall limit in seconds: `stop`, grace, shutdown; exit 124
+  --ready-timeout S    seconds from QEMU's start to the guest's `ready` (default 30)
+  --console            show every kernel and init message, and neshost's events on stderr
+SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
+at once).
+)";
+
+constexpr std::string_view kStopHelp = R"(usage: neshost stop --state DIR [--timeout S] VM
+
+Stop a VM left up by `neshost run --on-exit keep`: its `neshost run` process shuts the guest down
+in order, QEMU exits, and that process exits with the outcome's status. Waits for it (default
+60 s). Exit 0 once it has exited, 1 if no such VM is running, 124 if it did not exit in time.
+)";
+
+// ---- options ----
+
+struct RunOptions {
+  std::optional<fs::path> kernel, initrd, rootfs, state;
+  std::uint32_t mem = 256, cpus = 1;
+  vm::Accel accel = vm::Accel::auto_probe;
+  std::map<std::string, std::string> env;
+  std::optional<std::string> workdir, hostname, vm;
+  std::uint32_t uid = 0, gid = 0;
+  host::OnExitPolicy on_exit = host::OnExitPolicy::stop;
+  std::optional<std::chrono::milliseconds> timeout;
+  std::chrono::milliseconds ready_timeout = 30s;
+  bool console = false, help = false;
+  std::vector<std::string> argv;
+};
+
+host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v) {
+  auto colon = v.find(':');
+  auto uid = parse_uint("user", v.substr(0, colon), 0, proto::kInvalidId - 1);
+  if (!uid) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
+  std::uint64_t gid = *uid;
+  if (colon != std::string_view::npos) {
+    auto g = parse_uint("user", v.substr(colon + 1), 0, proto::kInvalidId - 1);
+    if (!g) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
+    gid = *g;
+  }
+  return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};
+}
+
+/// docker-run-style parsing: options until `--` or the first non-option; the rest is ARGV.
+/// `-e` and `-w` are the short forms docker users type. Errors name the flag.
+host::Result<RunOptions> parse_run(const Args& args) {
+  RunOptions o;
+  static constexpr std::string_view kValued[] = {
+      "kernel", "initrd", "rootfs", "mem", "cpus", "accel", "env", "workdir", "user", "hostname",
+      "on-exit", "state", "vm", "timeout", "ready-timeout"};
+  std::size_t i = 0;
+  for (; i < args.size(); ++i) {
+    std::string_view a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+      continue;
+    }
+    if (!a.starts_with("-") || a == "-") break;  // ARGV starts here
+    std::string name;
+    std::optional<std::string_view> value;
+    if (a == "-e" || a == "-w") {
+      name = a == "-e" ? "env" : "workdir";
+    } else if (a.starts_with("--")) {
+      std::string_view n = a.substr(2);
+      if (auto eq = n.find('='); eq != std::string_view::npos) {
+        value = n.substr(eq + 1);
+        n = n.substr(0, eq);
+      }
+      name = std::string(n);
+    } else {
+      return host::Error{fmt::format("unknown flag {}", a)};
+    }
+    if (name == "console") {
+      if (value) return host::Error{"--console takes no value"};
+      o.console = true;
+      continue;
+    }
+    if (std::find(std::begin(kValued), std::end(kValued), name) == std::end(kValued))
+      return host::Error{fmt::format("unknown flag --{}", name)};
+    if (!value) {
+      if (i + 1 >= args.size()) return host::Error{fmt::format("--{} needs a value", name)};
+      value = args[++i];
+    }
+    std::string v(*value);
+    if (name == "kernel") o.kernel = v;
+    else if (name == "initrd") o.initrd = v;
+    else if (name == "rootfs") o.rootfs = v;
+    else if (name == "state") o.state = v;
+    else if (name == "hostname") o.hostname = v;
+    else if (name == "workdir") {
+      if (!v.starts_with("/")) return host::Error{fmt::format("--workdir: '{}' is not an absolute path", v)};
+      o.workdir = v;
+    } else if (name == "vm") {
+      if (auto prob = host::vm_id_problem(v)) return host::Error{"--vm: " + *prob};
+      o.vm = v;
+    } else if (name == "mem") {
+      auto n = parse_uint("mem", v, 64, 1024 * 1024);
+      if (!n) return n.error();
+      o.mem = static_cast<std::uint32_t>(*n);
+    } else if (name == "cpus") {
+      auto n = parse_uint("cpus", v, 1, 64);
+      if (!n) return n.error();
+      o.cpus = static_cast<std::uint32_t>(*n);
+    } else if (name == "accel") {
+      auto acc = vm::accel_from_string(v);
+      if (!acc) return host::Error{fmt::format("--accel: expected tcg, kvm or auto, got '{}'", v)};
+      o.accel = *acc;
+    } else if (name == "env") {
+      auto eq = v.find('=');
+      if (eq == 0 || eq == std::string::npos)
+        return host::Error{fmt::format("--env: expected K=V, got '{}'", v)};
+      o.env[v.substr(0, eq)] = v.substr(eq + 1);
+    } else if (name == "user") {
+      auto u = parse_user(v);
+      if (!u) return u.error();
+      std::tie(o.uid, o.gid) = *u;
+    } else if (name == "on-exit") {
+      auto pol = host::on_exit_from_string(v);
+      if (!pol) return host::Error{fmt::format("--on-exit: expected stop, keep or remove, got '{}'", v)};
+      o.on_exit = *pol;
+    } else if (name == "timeout") {
+      auto ms = parse_seconds("timeout", v);
+      if (!ms) return ms.error();
+      o.timeout = *ms;
+    } else if (name == "ready-timeout") {
+      auto ms = parse_seconds("ready-timeout", v);
+      if (!ms) return ms.error();
+      o.ready_timeout = *ms;
+    }
+  }
+  for (; i < args.size(); ++i) o.argv.emplace_back(args[i]);
+  if (o.initrd && o.rootfs) return host::Error{"--initrd and --rootfs exclude each other"};
+  if (!o.help && o.argv.empty()) return host::Error{"ARGV is required (neshost run [OPTIONS] -- ARGV...)"};
+  return o;
+}
+
+// ---- small helpers ----
+
+fs::path default_state_dir() {
+  if (const char* s = std::getenv("NESHOST_STATE"); s && *s) return s;
+  if (::geteuid() == 0) return "/var/lib/neshost";
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return fs::path(x) / "neshost";
+  const char* home = std::getenv("HOME");
+  return fs::path(home && *home ? home : "/tmp") / ".local/state/neshost";
+}
+
+fs::path env_or(const char* var, const char* dflt) {
+  if (const char* s = std::getenv(var); s && *s) return s;
+  return dflt;
+}
+
+std::string random_vm_id() {
+  unsigned char b[4] = {};
+  if (::getrandom(b, sizeof b, 0) != sizeof b) {
+    auto t = static_cast<std::uint32_t>(::getpid());
+    std::memcpy(b, &t, sizeof b);
+  }
+  return fmt::format("vm-{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3]);
+}
+
+/// Field 22 of /proc/PID/stat (start time in clock ticks since boot): with the pid, it names one
+/// process for good (a recycled pid has another start time).
+std::optional<unsigned long long> proc_start_time(pid_t pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string s((std::istreambuf_iterator<char>(f)), {});
+  auto rp = s.rfind(')');
+  if (rp == std::string::npos) return std::nullopt;
+  std::istringstream rest(s.substr(rp + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {
+    if (!(rest >> field)) return std::nullopt;
+  }
+  return std::stoull(field);
+}
+
+fs::path pid_file(const fs::path& state, const std::string& vm) { return state / vm / "neshost-run.pid"; }
+
+/// A private directory for one run's sockets and generated initramfs, removed on every path that
+/// unwinds (the socket path must fit sun_path, so it lives under /tmp, not the state dir).
+struct RuntimeDir {
+  fs::path path;
+  RuntimeDir() {
+    char tmpl[] = "/tmp/neshost-XXXXXX";
+    if (::mkdtemp(tmpl)) path = tmpl;
+  }
+  ~RuntimeDir() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+  RuntimeDir(const RuntimeDir&) = delete;
+  RuntimeDir& operator=(const RuntimeDir&) = delete;
+};
+
+/// Removes a file on scope exit.
+struct FileGuard {
+  fs::path path;
+  ~FileGuard() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove(path, ec);
+  }
+};
+
+/// The VM console, shown live on stdout and kept (bounded) in STATE/VM/console.log. The serial
+/// line's CRLF becomes LF (the tty's ONLCR, not the workload's bytes). Called on the launcher's
+/// drain thread only.
+class ConsoleOut {
+ public:
+  static constexpr std::size_t kLogCap = 4u << 20;  // bytes of console.log
+  void open_log(const fs::path& p) { log_.reset(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)); }
+  void write(std::string_view b) {
+    std::string out;
+    out.reserve(b.size() + 1);
+    for (char c : b) {
+      if (cr_) {
+        if (c != '\n') out += '\r';
+        cr_ = false;
+      }
+      if (c == '\r') cr_ = true;
+      else out += c;
+    }
+    put(1, out, stdout_ok_);
+    if (log_ && logged_ < kLogCap) {
+      std::string_view part(out.data(), std::min(out.size(), kLogCap - logged_));
+      bool ok = true;
+      put(log_.get(), part, ok);
+      logged_ += part.size();
+    }
+  }
+
+ private:
+  static void put(int fd, std::string_view s, bool& ok) {
+    while (ok && !s.empty()) {
+      ssize_t n = ::write(fd, s.data(), s.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        ok = false;  // EPIPE (SIGPIPE is ignored) etc.: stop writing there, keep draining
+        return;
+      }
+      s.remove_prefix(static_cast<std::size_t>(n));
+    }
+  }
+  bool cr_ = false, stdout_ok_ = true;
+  host::Fd log_;
+  std::size_t logged_ = 0;
+};
+
+/// Runs scripts/mkinitrd.sh for --rootfs; its output goes to stderr. Bounded (120 s).
+host::Status build_initrd(const fs::path& rootfs, const fs::path& kernel, const fs::path& out) {
+  std::vector<std::string> argv{env_or("NESHOST_MKINITRD", NESHOST_MKINITRD), "--rootfs",
+                                rootfs.string(), "--init", env_or("NESHOST_NESINIT", NESHOST_NESINIT),
+                                "-o", out.string()};
+  // Modules must match the kernel: Debian layout <root>/boot/vmlinuz-REL and <root>/lib/modules/REL.
+  std::error_code ec;
+  fs::path k = fs::canonical(kernel, ec);
+  if (!ec) {
+    std::string name = k.filename().string();
+    if (name.starts_with("vmlinuz-")) {
+      fs::path mods = k.parent_path().parent_path() / "lib/modules" / name.substr(8);
+      if (fs::is_directory(mods, ec)) argv.insert(argv.end(), {"--modules-dir", mods.string()});
+    }
+  }
+  auto err = [](std::string_view b) { [[maybe_unused]] auto n = ::write(2, b.data(), b.size()); };
+  vm::LaunchOptions lo;
+  lo.argv = argv;
+  lo.console = err;
+  lo.diagnostics = err;
+  auto p = vm::VmProcess::launch(std::move(lo));
+  if (!p) return host::Error{"--rootfs: " + p.error().message};
+  auto e = (*p)->wait_for(120s);
+  if (!e) e = (*p)->terminate(1s);
+  (*p)->finish_output(2s);
+  if (e->code != 0) return host::Error{fmt::format("--rootfs: {} {}", argv[0], vm::describe(*e))};
+  return host::Ok{};
+}
+
+// ---- run ----
+
+int run_main(const Args& args) {
+  auto parsed = parse_run(args);
+  if (!parsed) return usage_error("run", parsed.error().message);
+  RunOptions o = std::move(*parsed);
+  if (o.help) {
+    fmt::print("{}", kRunHelp);
+    return 0;
+  }
+  auto fail = [](std::string_view msg) {
+    fmt::print(stderr, "neshost run: {}\n", msg);
+    return proto::kStatusHostFailure;
+  };
+  // A closed stdout must not kill us mid-shutdown (QEMU would die with us, the record unwritten).
+  ::signal(SIGPIPE, SIG_IGN);
+
+  fs::path kernel = o.kernel ? *o.kernel : env_or("NESHOST_KERNEL", NESHOST_DEFAULT_KERNEL);
+  std::error_code ec;
+  if (!fs::is_regular_file(kernel, ec))
+    return fail(fmt::format("kernel '{}' not found (scripts/fetch-kernel.sh fetches one, or pass --kernel)",
+                            kernel.string()));
+  if (o.rootfs && !fs::is_directory(*o.rootfs, ec))
+    return fail(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
+
+  RuntimeDir rt;
+  if (rt.path.empty()) return fail(fmt::format("mkdtemp /tmp/neshost-XXXXXX: {}", std::strerror(errno)));
+  fs::path initrd;
+  if (o.rootfs) {
+    initrd = rt.path / "initrd.cpio";
+    if (auto s = build_initrd(*o.rootfs, kernel, initrd); !s) return fail(s.error().message);
+  } else {
+    initrd = o.initrd ? *o.initrd : env_or("NESHOST_INITRD", NESHOST_DEFAULT_INITRD);
+    if (!fs::is_regular_file(initrd, ec))
+      return fail(fmt::format("initramfs '{}' not found (scripts/mkinitrd.sh builds one, or pass --initrd/--rootfs)",
+                              initrd.string()));
+  }
+
+  // The accelerator, decided before anything else runs (the probe boot is bounded).
+  std::string why;
+  vm::Accel accel = vm::resolve_accel(o.accel, [&] {
+    auto dev = vm::kvm_device_usable();
+    if (!dev.usable) return dev;
+    return vm::probe_kvm_boot("qemu-system-x86_64", kernel);
+  }, &why);
+  if (o.console) fmt::print(stderr, "neshost: accel {} ({})\n", vm::to_string(accel), why);
+
+  // Session: the descriptor and the host's policy.
+  ServeConfig cfg;
+  cfg.state_dir = o.state ? *o.state : default_state_dir();
+  cfg.session.vm = o.vm ? *o.vm : random_vm_id();
+  const std::string vmid = cfg.session.vm;
+  if (auto prev = host::read_record(cfg.state_dir, vmid); prev && *prev)
+    cfg.session.generation = (*prev)->generation + 1;  // a new run of the same VM is newer
+  cfg.session.on_exit = o.on_exit;
+  cfg.session.ready_timeout = o.ready_timeout;
+  cfg.session.wall_timeout = o.timeout;
+  auto& ex = cfg.session.descriptor.exec;
+  ex.argv = o.argv;
+  ex.env = o.env;
+  // docker's default PATH when the user gave none (the init would resolve argv[0] without it, but
+  // the workload's own children need it too).
+  ex.env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  ex.cwd = o.workdir;
+  ex.uid = o.uid;
+  ex.gid = o.gid;
+  cfg.session.descriptor.hostname = o.hostname;
+  cfg.session.descriptor.on_exit.terminal = o.on_exit != host::OnExitPolicy::keep;
+  const fs::path channel = rt.path / "channel.sock";
+  cfg.listen.kind = host::ListenSpec::Kind::unix_path;
+  cfg.listen.path = channel.string();
+
+  // STATE/VM/: the record (the library), this run's pid (for `neshost stop`), the console log.
+  fs::create_directories(cfg.state_dir / vmid, ec);
+  if (ec) return fail(fmt::format("--state: cannot create {}: {}", (cfg.state_dir / vmid).string(), ec.message()));
+  FileGuard pidf{pid_file(cfg.state_dir, vmid)};
+  {
+    std::ofstream f(pidf.path, std::ios::trunc);
+    f << ::getpid() << ' ' << proc_start_time(::getpid()).value_or(0) << '\n';
+  }
+  auto console = std::make_shared<ConsoleOut>();
+  const fs::path console_log = cfg.state_dir / vmid / "console.log";
+  console->open_log(console_log);
+
+  // The kernel command line: the channel, the console's verbosity, the init's log level.
+  vm::KernelCmdline kc;
+  kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
+  kc.extra = {"edd=off"};  // the boot stub's "Probing EDD" line, before any log level applies
+  if (!o.console) kc.extra.push_back("nesinit.log=quiet");
+  vm::QemuSpec spec;
+  spec.kernel = kernel;
+  spec.initrd = initrd;
+  spec.append = vm::kernel_cmdline(kc);
+  spec.mem_mib = o.mem;
+  spec.cpus = o.cpus;
+  spec.accel = accel;
+  spec.channel_socket = channel;
+  auto argv = vm::qemu_argv(spec);
+  if (!argv.error.empty()) return fail(argv.error);
+  if (o.console) fmt::print(stderr, "neshost: {}\n", fmt::join(argv.argv, " "));
+
+  asio::io_context io;
+  std::unique_ptr<vm::VmProcess> qemu;
+  std::optional<asio::posix::stream_descriptor> exit_watch;
+  bool remove_scratch = false;
+  std::string launch_error;
+
+  ServeEmbedder emb;
+  emb.io = &io;
+  emb.print_events = false;
+  emb.channel_is_vm = false;
+  emb.on_listening = [&](host::Host& h, const std::string& id) {
+    vm::LaunchOptions lo;
+    lo.argv = argv.argv;
+    lo.console = [console](std::string_view b) { console->write(b); };
+    lo.diagnostics = [](std::string_view b) { [[maybe_unused]] auto n = ::write(2, b.data(), b.size()); };
+    auto p = vm::VmProcess::launch(std::move(lo));
+    if (!p) {
+      launch_error = p.error().message;
+      fmt::print(stderr, "neshost run: cannot start QEMU: {}\n", launch_error);
+      (void)h.vm_started(id);  // the session then ends as no_ready (125) through vm_exited
+      (void)h.vm_exited(id);
+      return;
+    }
+    qemu = std::move(*p);
+    (void)h.vm_started(id);
+    // QEMU's exit, seen through its pidfd on this io_context: reap, drain the console to EOF
+    // (so every line precedes our exit), then tell the library.
+    exit_watch.emplace(io, ::fcntl(qemu->pidfd(), F_DUPFD_CLOEXEC, 3));
+    exit_watch->async_wait(asio::posix::stream_descriptor::wait_read,
+                           [&, id](boost::system::error_code) {
+                             if (!qemu) return;
+                             if (auto e = qemu->wait_for(0ms); e && o.console)
+                               fmt::print(stderr, "neshost: qemu {}\n", vm::describe(*e));
+                             qemu->finish_output(2s);
+                             (void)h.vm_exited(id);
+                           });
+  };
+  emb.hooks.destroy = [&](const std::string&, std::uint64_t) {
+    if (qemu) qemu->signal(SIGKILL);  // the exit watch reaps it and reports vm_exited
+  };
+  emb.hooks.remove = [&](const std::string&, std::uint64_t) { remove_scratch = true; };
+  emb.on_event = [&](host::Host&, const host::Event& ev) {
+    if (o.console)
+      fmt::print(stderr, "neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
+    // A workload that ran speaks for itself; anything else gets one line saying why.
+    if (ev.kind == "outcome" && !o.console && !ev.detail.starts_with("exited") &&
+        !ev.detail.starts_with("signalled"))
+      fmt::print(stderr, "neshost run: {}\n", ev.detail);
+    if (ev.kind == "recorded" && o.on_exit == host::OnExitPolicy::keep)
+      fmt::print(stderr, "neshost run: VM {} kept running; stop it with: neshost stop --state {} {}\n",
+                 vmid, cfg.state_dir.string(), vmid);
+    std::fflush(stderr);
+  };
+
+  int status = serve_vm(cfg, std::move(emb));
+
+  // Whatever happened (a second signal, a library error): QEMU is gone before we return, and its
+  // console drained.
+  if (qemu) {
+    if (!qemu->exit_status()) qemu->terminate(1s);
+    qemu->finish_output(2s);
+  }
+  exit_watch.reset();
+  qemu.reset();
+  if (remove_scratch) fs::remove(console_log, ec);
+  return status;
+}
+
+// ---- stop ----
+
+int stop_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"timeout"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("stop", p.error().message);
+  if (p->help) {
+    fmt::print("{}", kStopHelp);
+    return 0;
+  }
+  if (!p->has("state")) return usage_error("stop", "--state is required");
+  if (p->positional.size() != 1) return usage_error("stop", "exactly one VM is required");
+  const std::string vmid = p->positional[0];
+  if (auto prob = host::vm_id_problem(vmid)) return usage_error("stop", "VM: " + *prob);
+  std::chrono::milliseconds bound = 60s;
+  if (auto v = p->get("timeout")) {
+    auto ms = parse_seconds("timeout", *v);
+    if (!ms) return usage_error("stop", ms.error().message);
+    bound = *ms;
+  }
+  fs::path state = *p->get("state");
+  std::ifstream f(pid_file(state, vmid));
+  long long pid = 0;
+  unsigned long long start = 0;
+  if (!(f >> pid >> start) || pid <= 1) {
+    fmt::print(stderr, "neshost stop: no running VM '{}' in {}\n", vmid, state.string());
+    return 1;
+  }
+  // The pidfd pins the process; the start time proves it is still the `neshost run` that wrote
+  // the file (not a recycled pid).
+  host::Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0)));
+  if (!pidfd || proc_start_time(static_cast<pid_t>(pid)) != start) {
+    fmt::print(stderr, "neshost stop: VM '{}' in {} is not running (stale {})\n", vmid, state.string(),
+               pid_file(state, vmid).string());
+    return 1;
+  }
+  if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0) != 0) {
+    fmt::print(stderr, "neshost stop: signal {}: {}\n", pid, std::strerror(errno));
+    return 1;
+  }
+  pollfd pf{pidfd.get(), POLLIN, 0};
+  int r;
+  do r = ::poll(&pf, 1, static_cast<int>(bound.count())); while (r < 0 && errno == EINTR);
+  if (r == 0) {
+    fmt::print(stderr, "neshost stop: VM '{}' still running after {} ms\n", vmid, bound.count());
+    return proto::kStatusTimeout;
+  }
+  return 0;
+}
+
+const Registrar run_reg{{"run", "boot a QEMU microVM, run ARGV in it, exit with its status", run_main}};
+const Registrar stop_reg{{"stop", "stop a VM that `run --on-exit keep` left up", stop_main}};
+
+}  // namespace
+}  // namespace nes::cli

@@ -1,0 +1,344 @@
+#include "host/vm/process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <future>
+
+#include <fmt/format.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD 3  // linux/wait.h: waitid(2) on a pidfd (Linux 5.4)
+#endif
+
+namespace nes::vm {
+
+std::string describe(const ProcessExit& e) {
+  if (e.signal) return fmt::format("killed by signal {}", *e.signal);
+  if (e.code) return fmt::format("exited with code {}", *e.code);
+  return "reaped elsewhere (status unknown)";
+}
+
+namespace {
+
+constexpr std::size_t kDiagTailCap = 8192;
+
+int sys_pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+int sys_pidfd_send_signal(int pidfd, int sig) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
+
+/// Resolves a program name the way execvp(3) does, but before fork (the child may only make
+/// async-signal-safe calls). Returns the path, or an error naming the program.
+host::Result<std::string> resolve_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) == 0) return name;
+    return host::Error{fmt::format("{}: {}", name, std::strerror(errno))};
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  int last = ENOENT;
+  while (true) {
+    auto colon = p.find(':');
+    std::string dir(p.substr(0, colon));
+    std::string cand = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    if (errno != ENOENT) last = errno;
+    if (colon == std::string_view::npos) break;
+    p.remove_prefix(colon + 1);
+  }
+  return host::Error{fmt::format("{}: {} (searched PATH)", name, std::strerror(last))};
+}
+
+/// The one thread every child is forked from. PR_SET_PDEATHSIG fires when the *thread* that
+/// forked the child exits, not the process; this thread lives until the process exits, so
+/// "the parent died" means "this process died". Jobs run one at a time, in order.
+class Spawner {
+ public:
+  /// The spawner of the calling process. After a fork(2) the child has no spawner thread (only
+  /// the forking thread is copied), so a process that is not the one the spawner was made in
+  /// gets a fresh one; the inherited object is deliberately leaked (its std::thread names a
+  /// thread that does not exist here: destroying it would call std::terminate).
+  static Spawner& instance() {
+    static std::mutex mu;
+    static std::unique_ptr<Spawner> s;
+    static pid_t owner = 0;
+    std::lock_guard lk(mu);
+    if (!s || owner != ::getpid()) {
+      if (s) [[maybe_unused]] Spawner* leaked = s.release();
+      s = std::make_unique<Spawner>(Key{});
+      owner = ::getpid();
+    }
+    return *s;
+  }
+  template <class F>
+  auto run(F f) -> decltype(f()) {
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto fut = task.get_future();
+    {
+      std::lock_guard lk(mu_);
+      jobs_.emplace_back([&task] { task(); });
+    }
+    cv_.notify_one();
+    return fut.get();
+  }
+  ~Spawner() {
+    {
+      std::lock_guard lk(mu_);
+      quit_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Key {
+    explicit Key() = default;
+  };
+
+ public:
+  explicit Spawner(Key) {
+    thread_ = std::thread([this] {
+      // Asynchronous signals for this process are handled elsewhere; never on this thread.
+      sigset_t all;
+      sigfillset(&all);
+      pthread_sigmask(SIG_BLOCK, &all, nullptr);
+      std::unique_lock lk(mu_);
+      while (true) {
+        cv_.wait(lk, [this] { return quit_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        auto job = std::move(jobs_.front());
+        jobs_.pop_front();
+        lk.unlock();
+        job();
+        lk.lock();
+      }
+    });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool quit_ = false;
+  std::thread thread_;
+};
+
+struct Forked {
+  pid_t pid = -1;
+  host::Fd pidfd;
+};
+
+/// Runs on the spawner thread. Only async-signal-safe calls between fork and execve.
+host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::string>& argv,
+                               int death_signal, int out_w, int err_w) {
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  host::Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!devnull) return host::Error{fmt::format("open /dev/null: {}", std::strerror(errno))};
+  int st[2];
+  if (::pipe2(st, O_CLOEXEC) != 0) return host::Error{fmt::format("pipe2: {}", std::strerror(errno))};
+  host::Fd st_r(st[0]), st_w(st[1]);
+  const pid_t parent = ::getpid();
+
+  pid_t pid = ::fork();
+  if (pid < 0) return host::Error{fmt::format("fork: {}", std::strerror(errno))};
+  if (pid == 0) {
+    // Child. Own session: a terminal's Ctrl-C (SIGINT to the foreground process group) reaches
+    // neshost, which shuts the guest down in order, never QEMU directly.
+    ::setsid();
+    ::prctl(PR_SET_PDEATHSIG, death_signal);
+    if (::getppid() != parent) ::_exit(125);  // the parent died before prctl took effect
+    // Move every source above 2 first, so no dup2 below can clobber another source (our own
+    // fds 0-2 may have been closed, making a pipe end land there).
+    int src[4] = {devnull.get(), out_w, err_w, st_w.get()};
+    for (int& fd : src) fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    ::dup2(src[0], 0);  // dup2 clears FD_CLOEXEC on the target
+    ::dup2(src[1], 1);
+    ::dup2(src[2], 2);
+    // The status pipe survives as fd 3 (CLOEXEC: closed by a successful execve).
+    int sfd = 3;
+    ::dup3(src[3], sfd, O_CLOEXEC);
+    ::syscall(SYS_close_range, 4u, ~0u, 0u);  // no descriptor of ours leaks into QEMU
+    // Reset what execve keeps: the mask and ignored dispositions.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);  // EINVAL for KILL/STOP: fine
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(path.c_str(), cargv.data(), environ);
+    int e = errno;
+    [[maybe_unused]] auto n = ::write(sfd, &e, sizeof e);
+    ::_exit(127);
+  }
+  st_w.reset();
+  Forked f;
+  f.pid = pid;
+  f.pidfd = host::Fd(sys_pidfd_open(pid));
+  int e = 0;
+  ssize_t n;
+  do n = ::read(st_r.get(), &e, sizeof e); while (n < 0 && errno == EINTR);
+  if (n == sizeof e || !f.pidfd) {
+    // exec failed (or no pidfd): reap the child now; it has exited or is about to.
+    int status;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (!f.pidfd && n != sizeof e) return host::Error{"pidfd_open failed"};
+    return host::Error{fmt::format("{}: {}", path, std::strerror(e))};
+  }
+  return f;
+}
+
+}  // namespace
+
+host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
+  if (opts.argv.empty()) return host::Error{"argv: empty"};
+  auto path = resolve_program(opts.argv[0]);
+  if (!path) return path.error();
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return host::Error{fmt::format("pipe2: {}", std::strerror(errno))};
+  host::Fd out_r(out[0]), out_w(out[1]);
+  if (::pipe2(err, O_CLOEXEC) != 0) return host::Error{fmt::format("pipe2: {}", std::strerror(errno))};
+  host::Fd err_r(err[0]), err_w(err[1]);
+  host::Fd wake(::eventfd(0, EFD_CLOEXEC));
+  if (!wake) return host::Error{fmt::format("eventfd: {}", std::strerror(errno))};
+
+  auto forked = Spawner::instance().run([&] {
+    return fork_exec(*path, opts.argv, opts.death_signal, out_w.get(), err_w.get());
+  });
+  if (!forked) return forked.error();
+  auto p = std::make_unique<VmProcess>(Key{});
+  p->pid_ = forked->pid;
+  p->pidfd_ = std::move(forked->pidfd);
+  p->out_r_ = std::move(out_r);
+  p->err_r_ = std::move(err_r);
+  p->wake_ = std::move(wake);
+  p->console_ = std::move(opts.console);
+  p->diagnostics_ = std::move(opts.diagnostics);
+  // Our copies of the write ends close here: EOF on the pipes then means the child is gone.
+  out_w.reset();
+  err_w.reset();
+  p->drain_ = std::thread([raw = p.get()] { raw->drain_loop(); });
+  return p;
+}
+
+void VmProcess::drain_loop() {
+  char buf[65536];
+  bool out_open = true, err_open = true;
+  while (out_open || err_open) {
+    pollfd fds[3] = {{out_open ? out_r_.get() : -1, POLLIN, 0},
+                     {err_open ? err_r_.get() : -1, POLLIN, 0},
+                     {wake_.get(), POLLIN, 0}};
+    if (::poll(fds, 3, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (fds[2].revents) break;  // finish_output gave up waiting for EOF
+    for (int i = 0; i < 2; ++i) {
+      if (!fds[i].revents) continue;
+      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) {
+        (i == 0 ? out_open : err_open) = false;
+        continue;
+      }
+      std::string_view chunk(buf, static_cast<std::size_t>(n));
+      if (i == 0) {
+        if (console_) console_(chunk);
+      } else {
+        {
+          std::lock_guard lk(mu_);
+          diag_tail_.append(chunk);
+          if (diag_tail_.size() > kDiagTailCap) diag_tail_.erase(0, diag_tail_.size() - kDiagTailCap);
+        }
+        if (diagnostics_) diagnostics_(chunk);
+      }
+    }
+  }
+  std::lock_guard lk(mu_);
+  drained_ = true;
+  drained_cv_.notify_all();
+}
+
+std::optional<ProcessExit> VmProcess::wait_for(std::chrono::milliseconds timeout) {
+  if (exit_) return exit_;
+  pollfd p{pidfd_.get(), POLLIN, 0};
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    int r = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
+    if (r > 0) break;
+    if (r == 0) return std::nullopt;
+    if (errno != EINTR) return std::nullopt;
+  }
+  siginfo_t si{};
+  while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &si, WEXITED) < 0) {
+    if (errno == ECHILD) {  // reaped by someone else (SIGCHLD ignored, or a waitpid(-1))
+      exit_ = ProcessExit{};
+      return exit_;
+    }
+    if (errno != EINTR) return std::nullopt;
+  }
+  ProcessExit e;
+  if (si.si_code == CLD_EXITED)
+    e.code = si.si_status;
+  else
+    e.signal = si.si_status;
+  exit_ = e;
+  return exit_;
+}
+
+bool VmProcess::signal(int sig) {
+  if (exit_) return false;
+  return sys_pidfd_send_signal(pidfd_.get(), sig) == 0;
+}
+
+ProcessExit VmProcess::terminate(std::chrono::milliseconds grace) {
+  if (exit_) return *exit_;
+  signal(SIGTERM);
+  if (auto e = wait_for(grace)) return *e;
+  signal(SIGKILL);
+  // SIGKILL cannot be caught: the wait ends as soon as the kernel has torn the process down.
+  while (!exit_) wait_for(std::chrono::milliseconds(1000));
+  return *exit_;
+}
+
+bool VmProcess::finish_output(std::chrono::milliseconds bound) {
+  bool to_eof;
+  {
+    std::unique_lock lk(mu_);
+    to_eof = drained_cv_.wait_for(lk, bound, [this] { return drained_; });
+  }
+  if (!to_eof) {
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_.get(), &one, sizeof one);
+  }
+  if (drain_.joinable()) drain_.join();
+  return to_eof;
+}
+
+std::string VmProcess::diagnostics_tail() const {
+  std::lock_guard lk(mu_);
+  return diag_tail_;
+}
+
+VmProcess::~VmProcess() {
+  if (!exit_) {
+    signal(SIGKILL);
+    while (!exit_) wait_for(std::chrono::milliseconds(1000));
+  }
+  finish_output(std::chrono::milliseconds(2000));
+}
+
+}  // namespace nes::vm

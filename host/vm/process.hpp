@@ -1,0 +1,103 @@
+// One QEMU process, owned RAII-style: started in its own session, killed if this process dies,
+// its console drained until it has exited, never left behind (docs/vm.md "Process").
+#pragma once
+
+#include <sys/types.h>
+
+#include <csignal>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "host/fd.hpp"
+#include "host/result.hpp"
+
+namespace nes::vm {
+
+/// Receives bytes as they arrive, on the launcher's drain thread (never on the caller's).
+using ByteSink = std::function<void(std::string_view)>;
+
+/// What to start.
+struct LaunchOptions {
+  std::vector<std::string> argv;  // argv[0] is looked up in PATH unless it contains '/'
+  ByteSink console;               // the child's stdout: for QEMU, the guest's serial console
+  ByteSink diagnostics;           // the child's stderr: QEMU's own warnings and errors
+  /// Signal the child gets when the thread that forked it dies (PR_SET_PDEATHSIG). The fork runs
+  /// on one spawner thread that lives as long as this process, so in effect: when we die.
+  int death_signal = SIGKILL;
+};
+
+/// How the process ended (waitid(2)): one of `code` (0..255) and `signal` is set; neither if
+/// another part of the program reaped it first (ECHILD).
+struct ProcessExit {
+  std::optional<int> code;
+  std::optional<int> signal;
+  bool operator==(const ProcessExit&) const = default;
+};
+/// "exited with code 0" / "killed by signal 9".
+std::string describe(const ProcessExit& e);
+
+/// A running child process (QEMU). Not copyable or movable (the drain thread points at it).
+/// The destructor never leaves it behind: SIGKILL if still running, reap, join the drain thread.
+class VmProcess {
+ public:
+  /// fork+exec on the spawner thread: new session (setsid: a Ctrl-C on our terminal reaches us,
+  /// not QEMU), PR_SET_PDEATHSIG, stdin /dev/null, stdout/stderr pipes, every other fd closed,
+  /// signal mask and dispositions reset. Success only once execve succeeded (CLOEXEC status pipe).
+  /// Errors: program not found / not executable (with errno text), pipe/fork/pidfd failures.
+  static host::Result<std::unique_ptr<VmProcess>> launch(LaunchOptions opts);
+
+private:
+  struct Key {  // passkey: only launch() can construct
+    explicit Key() = default;
+  };
+
+ public:
+  explicit VmProcess(Key) {}
+  VmProcess(const VmProcess&) = delete;
+  VmProcess& operator=(const VmProcess&) = delete;
+  ~VmProcess();
+
+  pid_t pid() const { return pid_; }
+  /// A pidfd (pidfd_open(2)): readable once the process has exited. For poll/epoll/Asio; owned here.
+  int pidfd() const { return pidfd_.get(); }
+  /// Waits up to `timeout` for the process to exit and reaps it. nullopt: still running.
+  /// Idempotent: after the reap, returns the same ProcessExit at once.
+  std::optional<ProcessExit> wait_for(std::chrono::milliseconds timeout);
+  /// The exit, if already reaped.
+  std::optional<ProcessExit> exit_status() const { return exit_; }
+  /// Sends `sig` through the pidfd (no pid-reuse race). false once reaped or on error.
+  bool signal(int sig);
+  /// Ends it on every path: SIGTERM (QEMU exits cleanly on it), up to `grace`, then SIGKILL and
+  /// reap. Returns how it ended. Bounded by grace + the kernel's SIGKILL delivery.
+  ProcessExit terminate(std::chrono::milliseconds grace);
+  /// After the process was reaped: wait up to `bound` for its stdout/stderr to reach EOF (every
+  /// byte it wrote delivered to the sinks), then stop the drain thread. Returns true if drained
+  /// to EOF. Safe to call more than once.
+  bool finish_output(std::chrono::milliseconds bound);
+  /// The last ≤ 8 KiB QEMU wrote to stderr (for error messages).
+  std::string diagnostics_tail() const;
+
+ private:
+  void drain_loop();
+
+  pid_t pid_ = -1;
+  host::Fd pidfd_;
+  host::Fd out_r_, err_r_, wake_;  // console pipe, stderr pipe, eventfd that stops the drain
+  ByteSink console_, diagnostics_;
+  std::optional<ProcessExit> exit_;
+  mutable std::mutex mu_;
+  std::condition_variable drained_cv_;
+  bool drained_ = false;
+  std::string diag_tail_;
+  std::thread drain_;
+};
+
+}  // namespace nes::vm

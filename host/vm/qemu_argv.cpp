@@ -1,0 +1,92 @@
+#include "host/vm/qemu_argv.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+
+namespace nes::vm {
+
+std::string_view to_string(Accel a) {
+  switch (a) {
+    case Accel::tcg: return "tcg";
+    case Accel::kvm: return "kvm";
+    case Accel::auto_probe: return "auto";
+  }
+  return "?";
+}
+
+std::optional<Accel> accel_from_string(std::string_view s) {
+  if (s == "tcg") return Accel::tcg;
+  if (s == "kvm") return Accel::kvm;
+  if (s == "auto") return Accel::auto_probe;
+  return std::nullopt;
+}
+
+std::string kernel_cmdline(const KernelCmdline& c) {
+  // ttyS0: the only console (-nodefaults, one serial port). quiet + loglevel: the kernel's own
+  // filter keeps its messages off the console (loglevel=0 hides even KERN_EMERG such as the
+  // "reboot: Power down" line); --console shows all of them.
+  std::string s = c.console == ConsoleLevel::quiet ? "console=ttyS0 quiet loglevel=0"
+                                                   : "console=ttyS0 loglevel=7";
+  s += " panic=-1 nesinit.channel=" + c.channel;
+  for (const auto& e : c.extra) s += " " + e;
+  return s;
+}
+
+namespace {
+// QEMU's option syntax: a ',' inside a value is written ",,".
+std::string qemu_escape(std::string_view v) {
+  std::string out;
+  for (char ch : v) {
+    out += ch;
+    if (ch == ',') out += ',';
+  }
+  return out;
+}
+bool valid_port_name(std::string_view n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (char ch : n)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-'))
+      return false;
+  return true;
+}
+}  // namespace
+
+ArgvResult qemu_argv(const QemuSpec& s) {
+  auto fail = [](std::string m) { return ArgvResult{{}, std::move(m)}; };
+  if (s.qemu.empty()) return fail("qemu: empty program name");
+  if (s.kernel.empty()) return fail("kernel: no kernel image given");
+  if (s.mem_mib < 64 || s.mem_mib > 1024 * 1024)
+    return fail(fmt::format("mem_mib: {} MiB is outside 64..1048576", s.mem_mib));
+  if (s.cpus < 1 || s.cpus > 64) return fail(fmt::format("cpus: {} is outside 1..64", s.cpus));
+  if (s.accel == Accel::auto_probe) return fail("accel: 'auto' must be resolved before building argv");
+  if (!valid_port_name(s.port_name))
+    return fail(fmt::format("port_name: '{}' is not 1..64 of [A-Za-z0-9._-]", s.port_name));
+  if (s.channel_socket && s.channel_socket->native().size() >= 108)
+    return fail(fmt::format("channel_socket: '{}' is longer than sun_path (107 bytes)",
+                            s.channel_socket->native()));
+
+  std::vector<std::string> a{s.qemu};
+  auto add = [&](std::initializer_list<std::string> xs) { a.insert(a.end(), xs); };
+  // q35 boots reliably here (microvm hangs without tsc_early_khz). -no-reboot: a guest reboot or
+  // a panic (panic=-1) ends QEMU, so every end of the guest is QEMU exiting.
+  add({"-M", "q35", "-accel", std::string(to_string(s.accel))});
+  if (s.accel == Accel::kvm) add({"-cpu", "host"});
+  add({"-m", std::to_string(s.mem_mib), "-smp", std::to_string(s.cpus)});
+  add({"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none"});
+  if (s.firmware) add({"-bios", *s.firmware});
+  add({"-kernel", s.kernel.native()});
+  if (s.initrd) add({"-initrd", s.initrd->native()});
+  add({"-append", s.append});
+  // The console: the one serial port, on QEMU's stdout (a pipe the launcher drains).
+  add({"-chardev", "stdio,id=con0,signal=off", "-serial", "chardev:con0"});
+  if (s.channel_socket) {
+    // The lifecycle channel: virtio-serial port `nes.0`; QEMU dials our listener (server=off).
+    add({"-device", "virtio-serial-pci,id=vser0",
+         "-chardev", "socket,id=nes0,server=off,path=" + qemu_escape(s.channel_socket->native()),
+         "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=" + s.port_name});
+  }
+  return {std::move(a), {}};
+}
+
+}  // namespace nes::vm

@@ -1,0 +1,61 @@
+// The QEMU command line for one nesinit microVM: pure functions, no I/O (docs/vm.md).
+// Recipe measured in FACTS.md "A real microVM on these machines": q35, -no-reboot, kernel
+// panic=-1, the channel as virtio-serial port `nes.0` whose chardev *connects* to our listener.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace nes::vm {
+
+/// The accelerator QEMU runs the guest with. `auto_probe` is only a request: it is resolved to
+/// kvm or tcg (accel.hpp) before any argv is built.
+enum class Accel { tcg, kvm, auto_probe };
+std::string_view to_string(Accel a);                  // "tcg", "kvm", "auto"
+std::optional<Accel> accel_from_string(std::string_view s);
+
+/// The kernel's console verbosity. quiet: workload output only (`quiet loglevel=0`: the
+/// kernel's own log level keeps its messages off the console, no line is filtered by us);
+/// full: every kernel message (`loglevel=7`), for `--console`.
+enum class ConsoleLevel { quiet, full };
+
+/// What goes on the kernel command line (`-append`).
+struct KernelCmdline {
+  ConsoleLevel console = ConsoleLevel::quiet;
+  std::string channel = "virtio-port:nes.0";  // nesinit.channel=…
+  std::vector<std::string> extra;             // appended verbatim, in order (e.g. nesinit.log=debug)
+};
+/// `console=ttyS0 quiet loglevel=0 panic=-1 nesinit.channel=virtio-port:nes.0 …`.
+/// panic=-1: a panic reboots at once, which -no-reboot turns into QEMU exiting.
+std::string kernel_cmdline(const KernelCmdline& c);
+
+/// One VM's QEMU invocation.
+struct QemuSpec {
+  std::string qemu = "qemu-system-x86_64";  // looked up in PATH if it has no '/'
+  std::filesystem::path kernel;             // bzImage (e.g. Debian's vmlinuz)
+  std::optional<std::filesystem::path> initrd;
+  std::string append;                       // kernel command line (kernel_cmdline())
+  std::uint32_t mem_mib = 256;              // guest RAM, MiB (>= 64)
+  std::uint32_t cpus = 1;                   // vCPUs (1..64)
+  Accel accel = Accel::tcg;                 // tcg or kvm (never auto_probe here)
+  std::optional<std::filesystem::path> channel_socket;  // a *listening* Unix socket: QEMU connects
+  std::string port_name = "nes.0";          // the virtio-serial port's name as the guest sees it
+  std::optional<std::string> firmware = "qboot.rom";  // -bios; qboot prints nothing on the serial
+                                                      // line (SeaBIOS resets the terminal)
+};
+
+/// Checks the spec's fields (names the bad one) and builds the argv, argv[0] = spec.qemu.
+/// The serial console is QEMU's stdout (`-chardev stdio`): the launcher gives QEMU /dev/null as
+/// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
+/// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket).
+struct ArgvResult {
+  std::vector<std::string> argv;
+  std::string error;  // empty on success
+};
+ArgvResult qemu_argv(const QemuSpec& spec);
+
+}  // namespace nes::vm

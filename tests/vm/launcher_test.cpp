@@ -1,0 +1,349 @@
+// Unit tests of host/vm: QEMU argv, kernel command line, the process launcher (session, death
+// signal, descriptors, output drain, kill on every path) and the accelerator choice. Real
+// processes, no QEMU (the microVM itself is exercised by tests/vm/run-vm-tests.sh).
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "host/vm/accel.hpp"
+#include "host/vm/process.hpp"
+#include "host/vm/qemu_argv.hpp"
+
+using namespace nes::vm;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Collects bytes from a drain thread.
+struct Capture {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string data;
+  ByteSink sink() {
+    return [this](std::string_view b) {
+      std::lock_guard lk(mu);
+      data.append(b);
+      cv.notify_all();
+    };
+  }
+  /// Waits (bounded) until `s` has arrived.
+  bool wait_for_text(std::string_view s, std::chrono::milliseconds bound) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, bound, [&] { return data.find(s) != std::string::npos; });
+  }
+  std::string get() {
+    std::lock_guard lk(mu);
+    return data;
+  }
+};
+
+/// A temp directory removed on every path.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/nesvm-test.XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::filesystem::path script(const std::string& name, const std::string& body) {
+    auto p = path / name;
+    std::ofstream(p) << "#!/bin/sh\n" << body << "\n";
+    ::chmod(p.c_str(), 0755);
+    return p;
+  }
+};
+
+bool has_pair(const std::vector<std::string>& a, const std::string& k, const std::string& v) {
+  for (std::size_t i = 0; i + 1 < a.size(); ++i)
+    if (a[i] == k && a[i + 1] == v) return true;
+  return false;
+}
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+/// LaunchOptions for argv with an optional console sink.
+LaunchOptions opts(std::vector<std::string> argv, ByteSink console = {}) {
+  LaunchOptions o;
+  o.argv = std::move(argv);
+  o.console = std::move(console);
+  return o;
+}
+
+QemuSpec base_spec() {
+  QemuSpec s;
+  s.kernel = "/k/vmlinuz";
+  s.initrd = "/k/initrd.cpio";
+  s.append = "console=ttyS0";
+  s.channel_socket = "/run/x/channel.sock";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log level") {
+  KernelCmdline c;
+  CHECK(kernel_cmdline(c) ==
+        "console=ttyS0 quiet loglevel=0 panic=-1 nesinit.channel=virtio-port:nes.0");
+  c.console = ConsoleLevel::full;
+  c.extra = {"nesinit.log=debug"};
+  CHECK(kernel_cmdline(c) ==
+        "console=ttyS0 loglevel=7 panic=-1 nesinit.channel=virtio-port:nes.0 nesinit.log=debug");
+}
+
+TEST_CASE("qemu_argv: the measured q35 recipe with the channel as virtio-serial port nes.0") {
+  auto r = qemu_argv(base_spec());
+  REQUIRE(r.error.empty());
+  const auto& a = r.argv;
+  CHECK(a.at(0) == "qemu-system-x86_64");
+  CHECK(has_pair(a, "-M", "q35"));
+  CHECK(has_pair(a, "-accel", "tcg"));
+  CHECK(has_pair(a, "-m", "256"));
+  CHECK(has_pair(a, "-smp", "1"));
+  CHECK(std::find(a.begin(), a.end(), "-no-reboot") != a.end());
+  CHECK(std::find(a.begin(), a.end(), "-nodefaults") != a.end());
+  CHECK(has_pair(a, "-kernel", "/k/vmlinuz"));
+  CHECK(has_pair(a, "-initrd", "/k/initrd.cpio"));
+  CHECK(has_pair(a, "-append", "console=ttyS0"));
+  CHECK(has_pair(a, "-serial", "chardev:con0"));
+  CHECK(has_pair(a, "-chardev", "socket,id=nes0,server=off,path=/run/x/channel.sock"));
+  CHECK(has_pair(a, "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"));
+  CHECK(std::find(a.begin(), a.end(), "-cpu") == a.end());  // tcg: QEMU's default model
+}
+
+TEST_CASE("qemu_argv: kvm, sizes, no initrd, comma in the socket path") {
+  auto s = base_spec();
+  s.accel = Accel::kvm;
+  s.mem_mib = 512;
+  s.cpus = 2;
+  s.initrd.reset();
+  s.channel_socket = "/tmp/a,b/ch.sock";
+  auto r = qemu_argv(s);
+  REQUIRE(r.error.empty());
+  CHECK(has_pair(r.argv, "-accel", "kvm"));
+  CHECK(has_pair(r.argv, "-cpu", "host"));
+  CHECK(has_pair(r.argv, "-m", "512"));
+  CHECK(has_pair(r.argv, "-smp", "2"));
+  CHECK(std::find(r.argv.begin(), r.argv.end(), "-initrd") == r.argv.end());
+  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes0,server=off,path=/tmp/a,,b/ch.sock"));
+}
+
+TEST_CASE("qemu_argv: bad fields are named, no argv is built") {
+  auto check = [](QemuSpec s, const char* field) {
+    auto r = qemu_argv(s);
+    CHECK(r.argv.empty());
+    CHECK_MESSAGE(r.error.rfind(field, 0) == 0, r.error);
+  };
+  auto s = base_spec();
+  s.kernel.clear();
+  check(s, "kernel:");
+  s = base_spec();
+  s.mem_mib = 16;
+  check(s, "mem_mib:");
+  s = base_spec();
+  s.cpus = 0;
+  check(s, "cpus:");
+  s = base_spec();
+  s.accel = Accel::auto_probe;
+  check(s, "accel:");
+  s = base_spec();
+  s.port_name = "nes 0";
+  check(s, "port_name:");
+  s = base_spec();
+  s.channel_socket = "/" + std::string(120, 'x');
+  check(s, "channel_socket:");
+}
+
+TEST_CASE("accel names round-trip") {
+  for (auto a : {Accel::tcg, Accel::kvm, Accel::auto_probe})
+    CHECK(accel_from_string(to_string(a)) == a);
+  CHECK_FALSE(accel_from_string("hvf").has_value());
+}
+
+TEST_CASE("launch: stdout and stderr drained separately to EOF, exit code reported") {
+  Capture out, err;
+  LaunchOptions o;
+  o.argv = {"/bin/sh", "-c", "echo to-console; echo to-stderr >&2; exit 3"};
+  o.console = out.sink();
+  o.diagnostics = err.sink();
+  auto p = VmProcess::launch(std::move(o));
+  REQUIRE(p.ok());
+  auto e = (*p)->wait_for(10s);
+  REQUIRE(e.has_value());
+  CHECK(e->code == 3);
+  CHECK_FALSE(e->signal.has_value());
+  CHECK((*p)->finish_output(5s));
+  CHECK(out.get() == "to-console\n");
+  CHECK(err.get() == "to-stderr\n");
+  CHECK((*p)->diagnostics_tail() == "to-stderr\n");
+  CHECK((*p)->wait_for(0ms) == e);  // idempotent after the reap
+}
+
+TEST_CASE("launch: a missing program is an error naming it, nothing left running") {
+  auto p = VmProcess::launch(opts({"/nonexistent/qemu-system-x86_64"}));
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.error().message.find("/nonexistent/qemu-system-x86_64") != std::string::npos);
+  auto q = VmProcess::launch(opts({"nes-no-such-program-xyz"}));
+  REQUIRE_FALSE(q.ok());
+  CHECK(q.error().message.find("nes-no-such-program-xyz") != std::string::npos);
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // ECHILD: no child exists at all
+}
+
+TEST_CASE("launch: own session, stdin /dev/null, only fds 0-2, signal state reset") {
+  // Ignore SIGINT here and block SIGUSR1: the child must not inherit either.
+  struct sigaction ign {}, old {};
+  ign.sa_handler = SIG_IGN;
+  ::sigaction(SIGINT, &ign, &old);
+  sigset_t usr1, oldmask;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  ::pthread_sigmask(SIG_BLOCK, &usr1, &oldmask);
+  // A descriptor without CLOEXEC must not leak either.
+  int leaky = ::open("/dev/null", O_RDONLY);
+
+  Capture out;
+  LaunchOptions o;
+  o.argv = {"/bin/sh", "-c",
+            "ls /proc/self/fd | tr '\\n' ' '; echo; readlink /proc/self/fd/0;"
+            " grep -E '^(SigIgn|SigBlk)' /proc/self/status; cut -d' ' -f6 /proc/self/stat;"
+            " echo pid=$$"};
+  o.console = out.sink();
+  auto p = VmProcess::launch(std::move(o));
+  ::close(leaky);
+  ::sigaction(SIGINT, &old, nullptr);
+  ::pthread_sigmask(SIG_SETMASK, &oldmask, nullptr);
+  REQUIRE(p.ok());
+  REQUIRE((*p)->wait_for(10s).has_value());
+  REQUIRE((*p)->finish_output(5s));
+  std::istringstream s(out.get());
+  std::string fds, stdin_target, ign_line, blk_line, sid, pidline;
+  std::getline(s, fds);
+  std::getline(s, stdin_target);
+  std::getline(s, ign_line);
+  std::getline(s, blk_line);
+  std::getline(s, sid);
+  std::getline(s, pidline);
+  // ls sees 0 1 2 and its own directory fd (3): nothing of ours.
+  CHECK(fds == "0 1 2 3 ");
+  CHECK(stdin_target == "/dev/null");
+  CHECK(ign_line.find("0000000000000000") != std::string::npos);
+  CHECK(blk_line.find("0000000000000000") != std::string::npos);
+  CHECK(pidline == "pid=" + sid);  // session id == its own pid: setsid() ran
+  CHECK(sid == std::to_string((*p)->pid()));
+}
+
+TEST_CASE("terminate: SIGTERM first; a process ignoring it is SIGKILLed after the grace") {
+  {
+    auto p = VmProcess::launch(opts({"/bin/sleep", "100"}));
+    REQUIRE(p.ok());
+    auto e = (*p)->terminate(5s);
+    CHECK(e.signal == SIGTERM);
+  }
+  {
+    Capture out;
+    // Announce readiness after installing the trap, so the SIGTERM cannot arrive before it.
+    auto p = VmProcess::launch(
+        opts({"/bin/sh", "-c", "trap '' TERM; echo armed; exec sleep 100"}, out.sink()));
+    REQUIRE(p.ok());
+    // Wait (bounded) for the trap to be in place: the child says so on stdout.
+    REQUIRE(out.wait_for_text("armed\n", 10s));
+    pid_t pid = (*p)->pid();
+    auto e = (*p)->terminate(200ms);
+    CHECK(e.signal == SIGKILL);
+    CHECK_FALSE(alive(pid));
+  }
+}
+
+TEST_CASE("destructor: a running process is killed and reaped, its output thread joined") {
+  pid_t pid;
+  {
+    auto p = VmProcess::launch(opts({"/bin/sleep", "100"}));
+    REQUIRE(p.ok());
+    pid = (*p)->pid();
+    CHECK(alive(pid));
+  }
+  CHECK_FALSE(alive(pid));  // reaped: the pid no longer exists
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);
+}
+
+TEST_CASE("death signal: the child dies when its launcher process dies") {
+  // We become a subreaper so the orphaned grandchild is reparented to us and can be reaped here.
+  REQUIRE(::prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+  int pfd[2];
+  REQUIRE(::pipe(pfd) == 0);
+  pid_t helper = ::fork();
+  REQUIRE(helper >= 0);
+  if (helper == 0) {
+    ::close(pfd[0]);
+    auto p = VmProcess::launch(opts({"/bin/sleep", "100"}));
+    pid_t gc = p.ok() ? (*p)->pid() : -1;
+    [[maybe_unused]] auto n = ::write(pfd[1], &gc, sizeof gc);
+    ::raise(SIGKILL);  // die without running any destructor
+  }
+  ::close(pfd[1]);
+  pid_t gc = -1;
+  REQUIRE(::read(pfd[0], &gc, sizeof gc) == sizeof gc);
+  ::close(pfd[0]);
+  REQUIRE(gc > 0);
+  int st = 0;
+  REQUIRE(::waitpid(helper, &st, 0) == helper);
+  CHECK(WIFSIGNALED(st));
+  // The grandchild got PR_SET_PDEATHSIG's SIGKILL; waiting for it ends as soon as it is dead.
+  REQUIRE(::waitpid(gc, &st, 0) == gc);
+  CHECK(WIFSIGNALED(st));
+  CHECK(WTERMSIG(st) == SIGKILL);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+TEST_CASE("accel: explicit choices are kept; auto follows the probe") {
+  std::string why;
+  int probes = 0;
+  auto yes = [&] { ++probes; return KvmProbe{true, "ok"}; };
+  auto no = [&] { ++probes; return KvmProbe{false, "guest hung"}; };
+  CHECK(resolve_accel(Accel::tcg, yes, &why) == Accel::tcg);
+  CHECK(resolve_accel(Accel::kvm, no, &why) == Accel::kvm);
+  CHECK(probes == 0);
+  CHECK(resolve_accel(Accel::auto_probe, yes, &why) == Accel::kvm);
+  CHECK(resolve_accel(Accel::auto_probe, no, &why) == Accel::tcg);
+  CHECK(why == "guest hung");
+  CHECK(probes == 2);
+}
+
+TEST_CASE("accel: /dev/kvm checks refuse what is not a KVM device") {
+  auto r = kvm_device_usable("/nonexistent/kvm");
+  CHECK_FALSE(r.usable);
+  CHECK(r.reason.find("/nonexistent/kvm") != std::string::npos);
+  auto n = kvm_device_usable("/dev/null");
+  CHECK_FALSE(n.usable);
+  CHECK(n.reason.find("KVM_GET_API_VERSION") != std::string::npos);
+}
+
+TEST_CASE("probe_kvm_boot: a guest that panics as expected is usable; a hung one is not") {
+  TempDir d;
+  auto good = d.script("qemu-good", "echo '[ 0.5] Kernel panic - not syncing: VFS: Unable to mount root fs'");
+  auto hang = d.script("qemu-hang", "exec sleep 100");
+  auto odd = d.script("qemu-odd", "echo 'qemu: something else' >&2; exit 1");
+  CHECK(probe_kvm_boot(good, "/k/vmlinuz", 10s).usable);
+  auto h = probe_kvm_boot(hang, "/k/vmlinuz", 300ms);
+  CHECK_FALSE(h.usable);
+  CHECK(h.reason.find("hung") != std::string::npos);
+  auto o = probe_kvm_boot(odd, "/k/vmlinuz", 10s);
+  CHECK_FALSE(o.usable);
+  CHECK(o.reason.find("exited with code 1") != std::string::npos);
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);
+}
