@@ -238,7 +238,7 @@ TEST_CASE("environment names: non-empty, no '=' (they could not reach the worklo
 // ---- hand-written -------------------------------------------------------------------------------
 
 TEST_CASE("truncated JSON: every proper prefix of a valid line is an error, never a message") {
-  for (const std::string line : {std::string(kReferenceBootLine), boot_tree().dump(),
+  for (const std::string& line : {std::string(kReferenceBootLine), boot_tree().dump(),
                                  std::string(R"({"type":"workload_exited","signal":9})")}) {
     for (std::size_t n = 0; n < line.size(); ++n) {
       CAPTURE(line.substr(0, n));
