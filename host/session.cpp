@@ -419,13 +419,25 @@ void Session::stream_closed(WallTime now) {
   if (!stream_open_) return;
   stream_open_ = false;
   bool partial = reader_.partial();
+  bool had_session = ready_;
   ready_ = false;
   log("disconnected", partial ? "in the middle of a line" : "");
+  if (!had_session && !outcome_) {
+    // No `ready` on this stream: it carried no session (a stale-path probe, a peer that gave up).
+    // The ready deadline and vm_exited still bound the wait; another stream may come.
+    log("no_session", "stream closed before `ready`");
+    if (vm_exited_) {
+      finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
+               ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`",
+               now);
+      maybe_finish();
+    }
+    return;
+  }
   if (!outcome_) {
     std::string why = partial ? fmt::format("channel closed in the middle of line {} ({} bytes)",
                                             lines_ + 1, pending_line_bytes_)
-                      : ready_ever_ ? std::string("channel closed before an outcome")
-                                    : std::string("channel closed before `ready`");
+                              : std::string("channel closed before an outcome");
     finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt, why, now);
   }
   maybe_finish();

@@ -68,7 +68,8 @@ std::vector<Case> hand_written() {
   c.push_back({"ready-no-version", {step::Send{line(R"({"type":"ready"})")}}, O::protocol_error, "line 1"});
   c.push_back({"started-before-ready", {step::Send{started_line()}}, O::protocol_error, "expected `ready` first"});
   c.push_back({"exit-before-ready", {step::Send{exited_line(0)}}, O::protocol_error, "expected `ready` first"});
-  c.push_back({"connect-and-close", {step::Close{}}, O::channel_lost, "before `ready`"});
+  c.push_back({"connect-and-close", {step::Close{}}, O::channel_lost, "VM exited before `ready`"});
+  c.push_back({"half-ready-then-eof", {step::Send{R.substr(0, 10)}}, O::channel_lost, "VM exited before `ready`"});
   c.push_back({"silent", {step::WaitClose{}}, O::no_ready, "no `ready` within 300 ms", std::nullopt, true});
   c.push_back({"slowloris", {step::Drip{R, 100ms}}, O::no_ready, "no `ready` within 300 ms", std::nullopt, true});
   c.push_back({"ready-then-eof", {step::Send{R}, step::Expect{"boot"}}, O::channel_lost, "before an outcome"});
@@ -146,9 +147,11 @@ std::vector<Case> generated() {
     script.push_back(step::Send{junk});
     bool has_nl = junk.find('\n') != std::string::npos;
     int line_no = after ? 2 : 1;
+    // EOF on a stream that never said `ready` is no session; the VMM's exit decides.
     c.push_back({"garbage-" + std::to_string(i), std::move(script),
                  has_nl ? O::protocol_error : O::channel_lost,
-                 has_nl ? "line " + std::to_string(line_no) : "middle of line " + std::to_string(line_no)});
+                 has_nl ? "line " + std::to_string(line_no)
+                 : after ? "middle of line 2" : "VM exited before `ready`"});
   }
   // A valid transcript cut at a random byte, then EOF.
   const std::string full = R + started_line(3) + line(R"({"type":"mounted"})") + exited_line(42);
@@ -167,9 +170,9 @@ std::vector<Case> generated() {
       k.outcome = O::exited;
       k.reason = "code 42";
       k.status = 42;
-    } else if (cut == 0) {
+    } else if (cut < bounds[0]) {
       k.outcome = O::channel_lost;
-      k.reason = "before `ready`";
+      k.reason = "VM exited before `ready`";
     } else if (at_bound) {
       k.outcome = O::channel_lost;
       k.reason = "before an outcome";

@@ -304,11 +304,18 @@ TEST_CASE("EOF: mid-line, before ready, before outcome") {
     CHECK(p.outcome().reason.find("middle of line 2") != std::string::npos);
   }
   {
-    Probe p;
+    Probe p;  // a stream without `ready` carries no session: not an outcome
     p.start();
+    p.feed("{\"type\":\"rea");
     p.s.stream_closed(p.t);
     p.pump();
-    CHECK(p.outcome().reason == "channel closed before `ready`");
+    CHECK(!p.s.outcome());
+    CHECK(p.logged("no_session"));
+    CHECK(p.s.stream_opened(p.t));  // another may come
+    p.s.stream_closed(p.t);
+    p.s.vm_exited(p.t);
+    p.pump();
+    CHECK(p.outcome().reason == "VM exited before `ready`");
   }
   {
     Probe p;
@@ -436,4 +443,33 @@ TEST_CASE("guest text in a reason is bounded") {
   std::string huge(100000, 'r');
   p.feed(R"({"type":"start_failed","reason":")" + huge + R"(","errno":2,"class":"other"})" "\n");
   CHECK(p.outcome().reason.size() < 2000);
+}
+
+TEST_CASE("vm_exited, then EOF of a stream that never said ready: channel_lost at once") {
+  Probe p;
+  p.start();
+  p.feed("{\"ty");
+  p.s.vm_exited(p.t);
+  p.pump();
+  CHECK(!p.s.outcome());  // waiting for the stream to drain
+  p.s.stream_closed(p.t);
+  p.pump();
+  CHECK(p.outcome().reason == "VM exited before `ready`");
+  p.durable();
+  CHECK(p.s.finished());
+}
+
+TEST_CASE("gave up waiting for the VM before the record was durable: finish once it is") {
+  Probe p;
+  p.booted();
+  CHECK(p.s.shutdown(p.t));
+  p.pump();
+  p.s.timer_fired(TimerKind::stop, p.t);  // destroy
+  p.s.timer_fired(TimerKind::stop, p.t);  // give up: no outcome either -> channel_lost
+  p.pump();
+  CHECK(p.destroys == 1);
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(!p.s.finished());
+  p.durable();
+  CHECK(p.s.finished());
 }

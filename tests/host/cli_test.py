@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""neshost CLI end to end: serve/wait/inspect against scripted fake guests over Unix sockets.
+
+Every process is bounded by a timeout and reaped; every temp dir removed. No sleeps: readiness is
+the `listening` event line serve prints; `wait` blocks on inotify.
+usage: cli_test.py NESHOST_BIN
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+NESHOST = sys.argv[1]
+failures = []
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    checks += 1
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def run(args, timeout=30, **kw):
+    return subprocess.run([NESHOST] + args, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+DESC = {"exec": {"argv": ["/bin/sh", "-c", "exit 3"], "env": {}, "uid": 0, "gid": 0},
+        "geometry": {"width": 1, "height": 1, "fps": 1}, "on_exit": {"terminal": True}}
+
+
+class Serve:
+    """`neshost serve` in the background; waits for its `listening` line."""
+
+    def __init__(self, tmp, extra=(), vm="vm0", sock=None):
+        self.sock = sock or os.path.join(tmp, "s", vm + ".sock")
+        desc = os.path.join(tmp, "desc.json")
+        with open(desc, "w") as f:
+            json.dump(DESC, f, indent=2)  # pretty-printed on purpose
+        self.state = os.path.join(tmp, "state")
+        self.p = subprocess.Popen([NESHOST, "serve", "--listen", "unix:" + self.sock, "--descriptor", desc,
+                                   "--state", self.state, "--vm", vm] + list(extra),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if " listening " in line:
+                break
+
+    def finish(self, timeout=30):
+        try:
+            out, err = self.p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            out, err = self.p.communicate()
+            failures.append("serve did not finish")
+        self.lines += out.splitlines()
+        self.err = err
+        return self.p.returncode
+
+    def __del__(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def guest(path, lines, expect=("boot",), then=(), read_after=()):
+    """Connect, send `lines`, read one line per `expect` type, send `then`, read `read_after`."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(20)
+    s.connect(path)
+    f = s.makefile("rb")
+    got = []
+    s.sendall("".join(l + "\n" for l in lines).encode())
+    for t in expect:
+        line = f.readline()
+        got.append(line)
+        check(json.loads(line)["type"] == t, "expected %s, got %r" % (t, line))
+    s.sendall("".join(l + "\n" for l in then).encode())
+    for t in read_after:
+        line = f.readline()
+        got.append(line)
+        check(line and json.loads(line)["type"] == t, "expected %s after, got %r" % (t, line))
+    s.close()
+    return got
+
+
+READY = '{"type":"ready","protocol_version":2}'
+
+
+def test_help_and_usage():
+    for args in (["--help"], ["serve", "--help"], ["wait", "--help"], ["inspect", "--help"]):
+        r = run(args)
+        check(r.returncode == 0 and "usage" in r.stdout, "help %s" % args)
+    cases = [
+        (["serve", "--bogus"], "--bogus"),
+        (["serve", "--listen", "tcp:1", "--descriptor", "x", "--state", "y"], "--listen"),
+        (["serve", "--descriptor", "x", "--state", "y"], "--listen"),
+        (["serve", "--listen", "unix:/tmp/x", "--descriptor", "/nonexistent", "--state", "y"], "--descriptor"),
+        (["serve", "--listen", "unix:/tmp/x", "--descriptor", "x", "--state", "y", "--on-exit", "maybe"], "--on-exit"),
+        (["serve", "--listen", "unix:/tmp/x", "--descriptor", "x", "--state", "y", "--timeout", "-1"], "--timeout"),
+        (["serve", "--listen", "unix:/" + "a" * 120, "--descriptor", "x", "--state", "y"], "sun_path"),
+        (["serve", "--listen", "vsock:7000", "--descriptor", "x", "--state", "y"], "--cid"),
+        (["serve", "--listen", "unix:/tmp/x", "--descriptor", "x", "--state", "y", "--vm", "../etc"], "--vm"),
+        (["serve", "--listen"], "--listen needs a value"),
+        (["wait", "--state", "/tmp"], "VM is required"),
+        (["wait", "--state", "/tmp", "--timeout", "abc", "vm"], "--timeout"),
+        (["inspect", "vm"], "--state"),
+        (["nonsense"], "unknown command"),
+        ([], "usage"),
+    ]
+    for args, needle in cases:
+        r = run(args)
+        check(r.returncode == 2, "exit 2 for %s (got %d)" % (args, r.returncode))
+        check(needle in r.stderr + r.stdout, "%r names %r: %r" % (args, needle, r.stderr))
+
+
+def test_serve_exit_code_then_wait_inspect_from_new_processes():
+    with tempfile.TemporaryDirectory(prefix="nesh-") as tmp:
+        state = os.path.join(tmp, "state")
+        os.makedirs(state)
+        # A waiter started before the outcome exists.
+        waiter = subprocess.Popen([NESHOST, "wait", "--state", state, "--timeout", "60", "vm0"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sv = Serve(tmp)
+        got = guest(sv.sock, [READY], ("boot",), ['{"type":"started","pid":9}', '{"type":"workload_exited","exit_code":3}'],
+                    ("shutdown",))
+        boot = json.loads(got[0])
+        check(boot["exec"]["argv"] == ["/bin/sh", "-c", "exit 3"], "descriptor sent")
+        check(boot["on_exit"]["terminal"] is True, "terminal from policy stop")
+        rc = sv.finish()
+        check(rc == 3, "serve exits with the workload's code (got %d)" % rc)
+        kinds = [l.split(" ")[1] for l in sv.lines]
+        for k in ("listening", "connected", "ready", "boot_sent", "started", "outcome", "recorded",
+                  "shutdown_sent", "finished"):
+            check(k in kinds, "event %s printed" % k)
+        check(not os.path.exists(sv.sock), "socket removed at the end")
+        out, err = waiter.communicate(timeout=30)
+        check(waiter.returncode == 3 and out.strip() == "3", "wait before: %d %r %r" % (waiter.returncode, out, err))
+        r = run(["wait", "--state", state, "vm0"])
+        check(r.returncode == 3 and r.stdout.strip() == "3", "wait after, fresh process")
+        r = run(["inspect", "--state", state, "vm0"])
+        check(r.returncode == 0, "inspect")
+        rec = json.loads(r.stdout)
+        check(list(rec) == ["schema_version", "vm", "generation", "outcome", "exit_code", "signal", "exit_status",
+                            "reason", "started_at", "finished_at"], "record fields %s" % list(rec))
+        check(rec["outcome"] == "exited" and rec["exit_code"] == 3 and rec["signal"] is None and rec["exit_status"] == 3,
+              "record values %s" % rec)
+        check(rec["started_at"].endswith("Z") and len(rec["started_at"]) == 30, "RFC 3339 ns")
+        r = run(["inspect", "--state", state, "other"])
+        check(r.returncode == 1 and "no outcome" in r.stderr, "inspect missing")
+        r = run(["wait", "--state", state, "--timeout", "0.2", "other"])
+        check(r.returncode == 124, "wait --timeout gives 124 (got %d)" % r.returncode)
+
+
+def serve_case(extra, lines, then, expect_rc, expect_outcome, read_after=("shutdown",), expect=("boot",)):
+    with tempfile.TemporaryDirectory(prefix="nesh-") as tmp:
+        sv = Serve(tmp, extra)
+        if lines is not None:
+            guest(sv.sock, lines, expect, then, read_after)
+        rc = sv.finish()
+        check(rc == expect_rc, "%s: exit %d, want %d (%s)" % (expect_outcome, rc, expect_rc, sv.err))
+        r = run(["inspect", "--state", sv.state, "vm0"])
+        rec = json.loads(r.stdout) if r.returncode == 0 else {}
+        check(rec.get("outcome") == expect_outcome, "%s recorded: %s" % (expect_outcome, rec))
+        return sv, rec
+
+
+def test_outcomes_and_statuses():
+    serve_case([], [READY], ['{"type":"workload_exited","signal":9}'], 137, "signalled")
+    serve_case([], [READY], ['{"type":"start_failed","reason":"nope","errno":2,"class":"not_found"}'], 127, "start_failed")
+    serve_case([], [READY], ['{"type":"mount_failed","tag":"w","reason":"x","errno":19}'], 125, "mount_failed")
+    serve_case(["--ready-timeout", "0.2", "--stop-timeout", "0.2"], None, [], 125, "no_ready")
+    serve_case([], ['{"type":"ready","protocol_version":1}'], [], 125, "version_mismatch", (), ())
+    serve_case([], [READY], ["not json"], 125, "protocol_error", ())
+    serve_case(["--timeout", "0.3"], [READY], ['{"type":"started","pid":2}'], 124, "timeout")
+    sv, rec = serve_case(["--generation", "9"], [READY], ['{"type":"workload_exited","exit_code":0}'], 0, "exited")
+    check(rec.get("generation") == 9, "--generation recorded")
+
+
+def test_keep_until_sigterm():
+    with tempfile.TemporaryDirectory(prefix="nesh-") as tmp:
+        sv = Serve(tmp, ["--on-exit", "keep"])
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(20)
+        s.connect(sv.sock)
+        f = s.makefile("rb")
+        s.sendall((READY + "\n").encode())
+        boot = json.loads(f.readline())
+        check(boot["on_exit"]["terminal"] is False, "keep: terminal=false overrides the descriptor")
+        s.sendall(b'{"type":"workload_exited","exit_code":4}\n')
+        for line in sv.p.stdout:  # wait for the `kept` event: the VM stays up
+            sv.lines.append(line.rstrip("\n"))
+            if " kept " in line or line.split(" ")[1].strip() == "kept":
+                break
+        sv.p.terminate()  # SIGTERM: shutdown() -> `shutdown` to the guest
+        line = f.readline()
+        check(json.loads(line)["type"] == "shutdown", "keep: shutdown only after SIGTERM")
+        s.close()
+        rc = sv.finish()
+        check(rc == 4, "keep: exit status 4 (got %d)" % rc)
+
+
+def test_in_use_is_refused():
+    with tempfile.TemporaryDirectory(prefix="nesh-") as tmp:
+        sv = Serve(tmp)
+        desc = os.path.join(tmp, "desc.json")
+        r = run(["serve", "--listen", "unix:" + sv.sock, "--descriptor", desc, "--state", os.path.join(tmp, "st2")])
+        check(r.returncode == 125 and "in use" in r.stderr, "live socket not stolen: %d %r" % (r.returncode, r.stderr))
+        check(os.path.exists(sv.sock), "the live socket is still there")
+        guest(sv.sock, [READY], ("boot",), ['{"type":"workload_exited","exit_code":0}'], ("shutdown",))
+        check(sv.finish() == 0, "first serve unaffected")
+
+
+for t in [test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
+          test_keep_until_sigterm, test_in_use_is_refused]:
+    print("--", t.__name__, flush=True)
+    t()
+print("%d checks, %d failed" % (checks, len(failures)))
+sys.exit(1 if failures else 0)
