@@ -84,6 +84,9 @@ STATE/VM/outcome.json (see `neshost inspect`).
   --vm ID              VM id, [A-Za-z0-9._-] (default: vm-<random>)
   --timeout S          workload wall limit in seconds: `stop`, grace, shutdown; exit 124
   --ready-timeout S    seconds from QEMU's start to the guest's `ready` (default 30)
+  --grace S            seconds between the workload's SIGTERM and SIGKILL in an ordered shutdown
+                       (default 10; the init's grace_ms); QEMU is killed if the guest has not
+                       powered off S+5 seconds after `shutdown`
   --console            show every kernel and init message, and neshost's events on stderr
 SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
 at once).
@@ -108,6 +111,7 @@ struct RunOptions {
   host::OnExitPolicy on_exit = host::OnExitPolicy::stop;
   std::optional<std::chrono::milliseconds> timeout;
   std::chrono::milliseconds ready_timeout = 30s;
+  std::chrono::milliseconds grace = 10s;
   bool console = false, help = false;
   std::vector<std::string> argv;
 };
@@ -131,7 +135,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
   RunOptions o;
   static constexpr std::string_view kValued[] = {
       "kernel", "initrd", "rootfs", "mem", "cpus", "accel", "env", "workdir", "user", "hostname",
-      "on-exit", "state", "vm", "timeout", "ready-timeout"};
+      "on-exit", "state", "vm", "timeout", "ready-timeout", "grace"};
   std::size_t i = 0;
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -210,6 +214,10 @@ host::Result<RunOptions> parse_run(const Args& args) {
       auto ms = parse_seconds("timeout", v);
       if (!ms) return ms.error();
       o.timeout = *ms;
+    } else if (name == "grace") {
+      auto ms = parse_seconds("grace", v);
+      if (!ms) return ms.error();
+      o.grace = *ms;
     } else if (name == "ready-timeout") {
       auto ms = parse_seconds("ready-timeout", v);
       if (!ms) return ms.error();
@@ -264,12 +272,13 @@ std::optional<unsigned long long> proc_start_time(pid_t pid) {
 fs::path pid_file(const fs::path& state, const std::string& vm) { return state / vm / "neshost-run.pid"; }
 
 /// A private directory for one run's sockets and generated initramfs, removed on every path that
-/// unwinds (the socket path must fit sun_path, so it lives under /tmp, not the state dir).
+/// unwinds. Under $TMPDIR (default /tmp), not the state dir: the socket path must fit sun_path.
 struct RuntimeDir {
   fs::path path;
   RuntimeDir() {
-    char tmpl[] = "/tmp/neshost-XXXXXX";
-    if (::mkdtemp(tmpl)) path = tmpl;
+    const char* t = std::getenv("TMPDIR");
+    std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
+    if (::mkdtemp(tmpl.data())) path = tmpl;
   }
   ~RuntimeDir() {
     std::error_code ec;
@@ -387,7 +396,7 @@ int run_main(const Args& args) {
     return fail(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
 
   RuntimeDir rt;
-  if (rt.path.empty()) return fail(fmt::format("mkdtemp /tmp/neshost-XXXXXX: {}", std::strerror(errno)));
+  if (rt.path.empty()) return fail(fmt::format("mkdtemp $TMPDIR/neshost-XXXXXX: {}", std::strerror(errno)));
   fs::path initrd;
   if (o.rootfs) {
     initrd = rt.path / "initrd.cpio";
@@ -418,6 +427,10 @@ int run_main(const Args& args) {
   cfg.session.on_exit = o.on_exit;
   cfg.session.ready_timeout = o.ready_timeout;
   cfg.session.wall_timeout = o.timeout;
+  cfg.session.wall_from_started = true;  // the workload's limit, not the boot's
+  // The host's deadline from `shutdown` to QEMU's exit must cover the guest's own grace (SIGTERM
+  // .. SIGKILL) plus its report and power-off, or a slow workload's outcome would be cut off.
+  cfg.session.stop_timeout = o.grace + 5s;
   auto& ex = cfg.session.descriptor.exec;
   ex.argv = o.argv;
   ex.env = o.env;
@@ -448,8 +461,11 @@ int run_main(const Args& args) {
   // The kernel command line: the channel, the console's verbosity, the init's log level.
   vm::KernelCmdline kc;
   kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
-  kc.extra = {"edd=off"};  // the boot stub's "Probing EDD" line, before any log level applies
+  kc.extra = {"edd=off",  // the boot stub's "Probing EDD" line, before any log level applies
+              fmt::format("nesinit.grace_ms={}", o.grace.count())};
   if (!o.console) kc.extra.push_back("nesinit.log=quiet");
+  // Extra kernel arguments for debugging (e.g. nesinit.log=debug), appended last.
+  if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) kc.extra.emplace_back(a);
   vm::QemuSpec spec;
   spec.kernel = kernel;
   spec.initrd = initrd;

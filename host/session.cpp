@@ -86,7 +86,8 @@ void Session::vm_started(WallTime now) {
   log("vm_started", "");
   if (outcome_) return;
   if (!ready_ever_) out_.push_back(act::ArmTimer{TimerKind::ready, cfg_.ready_timeout});
-  if (cfg_.wall_timeout) out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+  if (cfg_.wall_timeout && !cfg_.wall_from_started)
+    out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
 }
 
 bool Session::stream_opened(WallTime) {
@@ -224,6 +225,8 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
           log("mounted", "");
         } else if constexpr (std::is_same_v<T, proto::Started>) {
           log("started", fmt::format("pid={}", msg.pid));
+          if (cfg_.wall_timeout && cfg_.wall_from_started && !outcome_)
+            out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
         } else if constexpr (std::is_same_v<T, proto::MountFailed>) {
           finalize(proto::Outcome::mount_failed, std::nullopt, std::nullopt, std::nullopt,
                    fmt::format("share '{}' failed to mount (errno {}): {}", bounded(msg.tag),

@@ -37,6 +37,8 @@ struct SessionConfig {
   std::chrono::milliseconds ready_timeout{30000};  // from vm_started to `ready`
   std::chrono::milliseconds stop_timeout{10000};   // shutdown sent -> vm_exited, else destroy
   std::optional<std::chrono::milliseconds> wall_timeout;  // host's limit -> outcome `timeout`
+  bool wall_from_started = false;  // the limit runs from `started` (the workload's) instead of
+                                   // from vm_started (the whole VM's); `neshost run --timeout`
   std::size_t line_cap = proto::kDefaultLineCap;          // bytes per guest line
 };
 

@@ -68,7 +68,7 @@ void guest_mounts_and_net(const Log& log) {
   // of an immediate reboot. EINVAL: not supported here; harmless.
   if (::reboot(RB_DISABLE_CAD) != 0 && errno != EINVAL)
     log.warn("bringup", "reboot(RB_DISABLE_CAD): {}", std::strerror(errno));
-  log.info("bringup", "file systems and lo ready");
+  log.debug("bringup", "file systems and lo ready");  // before nesinit.log is read: debug
 }
 
 int loopback_up() {

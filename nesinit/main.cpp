@@ -152,7 +152,6 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  log.info("mode", "{} (pid {})", to_string(mode), ::getpid());
 
   // 4. Orphans come to us (PID 1 gets them anyway; explicit for the sandbox); we are the last
   // process the OOM killer should pick.
@@ -166,6 +165,8 @@ int main(int argc, char** argv) {
   if (mode == Mode::guest) apply_cmdline(cfg, read_small_file("/proc/cmdline"), notes);
   ArgvResult a = apply_argv(cfg, args);
   log.set_level(cfg.log);
+  // Logged only now: with nesinit.log=quiet (neshost run) nothing but the workload reaches the console.
+  log.info("mode", "{} (pid {})", to_string(mode), ::getpid());
   for (auto& n : notes) log.warn("config", "{}", n);
   if (mode == Mode::guest) {
     // Bare words and unknown flags are what the kernel hands PID 1: never fatal here.

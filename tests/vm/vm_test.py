@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""microVM tests of `neshost run` (meson suite `vm`): a real QEMU (TCG), the Debian cloud kernel
+and nesinit as PID 1. Usage: vm_test.py CASE. Each case boots one VM and judges by what the host
+recorded (STATE/VM/outcome.json) and neshost's exit status, never by QEMU's exit status. After
+every case: neshost left no descendant behind (this runner is a subreaper, so anything neshost
+left would be reparented here) and no socket or temp dir (neshost's TMPDIR must be empty).
+
+Env: NESHOST (the binary), NESHOST_INITRD (default initramfs), VM_STATIC_PROBE (static program
+for --rootfs), NES_SOURCE_ROOT (for the kernel release).
+"""
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+NESHOST = os.environ["NESHOST"]
+SRC = os.environ.get("NES_SOURCE_ROOT", ".")
+BOUND = 120  # seconds: the most any one neshost may take before the case fails
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+class Proc:
+    """A child process whose stdout/stderr are collected by threads, with bounded waits."""
+
+    def __init__(self, argv, env):
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.out, self.err = b"", b""
+        self.cv = threading.Condition()
+        self.threads = [threading.Thread(target=self._pump, args=(self.p.stdout, "out")),
+                        threading.Thread(target=self._pump, args=(self.p.stderr, "err"))]
+        for t in self.threads:
+            t.start()
+
+    def _pump(self, f, name):
+        while True:
+            b = f.read1(65536)
+            with self.cv:
+                if b:
+                    setattr(self, name, getattr(self, name) + b)
+                self.cv.notify_all()
+            if not b:
+                return
+
+    def wait_text(self, stream, text, bound=BOUND):
+        """Waits until `text` appeared on stream ('out'/'err'); False at the bound or on exit."""
+        deadline = time.monotonic() + bound
+        with self.cv:
+            while text.encode() not in getattr(self, stream):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.p.poll() is not None and all(not t.is_alive() for t in self.threads)):
+                    return text.encode() in getattr(self, stream)
+                self.cv.wait(min(left, 0.5))
+            return True
+
+    def finish(self, bound=BOUND):
+        try:
+            rc = self.p.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+            raise Failure(f"neshost still running after {bound} s; stderr:\n{self.err.decode(errors='replace')}")
+        for t in self.threads:
+            t.join()
+        return rc
+
+
+class Case:
+    """One VM run in a private temp dir: state dir + neshost's TMPDIR (must end empty)."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="nesvmt.", dir="/tmp")
+        self.state = os.path.join(self.tmp, "state")
+        self.rt = os.path.join(self.tmp, "rt")
+        os.mkdir(self.rt)
+        self.env = dict(os.environ, TMPDIR=self.rt)
+        self.procs = []
+
+    def start(self, *args, vm="t", accel="tcg"):
+        p = Proc([NESHOST, "run", "--accel", accel, "--state", self.state, "--vm", vm, *args], self.env)
+        self.procs.append(p)
+        return p
+
+    def run(self, *args, **kw):
+        p = self.start(*args, **kw)
+        rc = p.finish()
+        return rc, p.out.decode(errors="replace"), p.err.decode(errors="replace")
+
+    def neshost(self, *args):
+        r = subprocess.run([NESHOST, *args], capture_output=True, env=self.env, timeout=BOUND)
+        return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+    def record(self, vm="t"):
+        with open(os.path.join(self.state, vm, "outcome.json")) as f:
+            return json.load(f)
+
+    def close(self, ok):
+        for p in self.procs:
+            if p.p.poll() is None:
+                p.p.kill()
+                p.p.wait()
+        if ok:
+            left = os.listdir(self.rt)
+            check(left == [], f"neshost left files in its TMPDIR: {left}")
+            orphans = []
+            while True:  # every descendant neshost left behind was reparented to us
+                try:
+                    pid, st = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    orphans.append("a live descendant")
+                    break
+                orphans.append(f"pid {pid}")
+            check(not orphans, f"processes left behind (e.g. QEMU): {orphans}")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def lines(s):
+    return [l for l in s.split("\n") if l != ""]
+
+
+def kernel_release():
+    with open(os.path.join(SRC, ".cache/kernel/release")) as f:
+        return f.read().strip()
+
+
+# ---- cases ----
+
+def case_exit7(c):
+    """README command 1's workload; --accel auto (the KVM probe must fall back here)."""
+    rc, out, err = c.run("--", "/bin/sh", "-c", "echo hello from the guest; uname -r; exit 7", accel="auto")
+    check(rc == 7, f"exit status {rc}, want 7; stderr:\n{err}")
+    check(lines(out) == ["hello from the guest", kernel_release()], f"stdout {out!r}")
+    r = c.record()
+    check((r["outcome"], r["exit_code"], r["signal"], r["exit_status"]) == ("exited", 7, None, 7), f"record {r}")
+
+
+def case_kill9(c):
+    rc, out, err = c.run("--", "/bin/sh", "-c", "kill -9 $$")
+    r = c.record()
+    check((r["outcome"], r["exit_code"], r["signal"], r["exit_status"]) == ("signalled", None, 9, 137), f"record {r}")
+    check(rc == 137, f"exit status {rc}, want 137; stderr:\n{err}")
+
+
+def case_not_found(c):
+    rc, out, err = c.run("--", "/nonexistent")
+    r = c.record()
+    check((r["outcome"], r["exit_status"]) == ("start_failed", 127), f"record {r}")
+    check(rc == 127, f"exit status {rc}, want 127")
+    check("start_failed" in err and "/nonexistent" in err, f"stderr does not say why: {err!r}")
+
+
+def case_ignores_stop(c):
+    """SIGTERM to neshost -> ordered shutdown; the workload ignores SIGTERM -> SIGKILL after grace."""
+    p = c.start("--grace", "1", "--", "/bin/sh", "-c", "trap '' TERM; echo armed; exec sleep 100")
+    check(p.wait_text("out", "armed\n"), f"workload never started; stderr:\n{p.err.decode()}")
+    p.p.send_signal(signal.SIGTERM)
+    rc = p.finish()
+    r = c.record()
+    check((r["outcome"], r["signal"], r["exit_status"]) == ("signalled", 9, 137), f"record {r}")
+    check(rc == 137, f"exit status {rc}, want 137")
+
+
+def case_keep_stop(c):
+    p = c.start("--on-exit", "keep", "--", "/bin/sh", "-c", "echo kept; exit 3", vm="k")
+    rc, out, _ = c.neshost("wait", "--state", c.state, "--timeout", str(BOUND), "k")
+    check(rc == 3, f"neshost wait gave {rc}, want 3")
+    check(p.wait_text("err", "neshost stop --state"), f"no stop hint; stderr:\n{p.err.decode()}")
+    check(p.p.poll() is None, "neshost run exited although --on-exit keep")
+    rc, out, err = c.neshost("stop", "--state", c.state, "k")
+    check(rc == 0, f"neshost stop gave {rc}: {err}")
+    rc = p.finish()
+    check(rc == 3, f"neshost run gave {rc}, want 3")
+    check(lines(p.out.decode()) == ["kept"], f"stdout {p.out!r}")
+    r = c.record("k")
+    check((r["outcome"], r["exit_code"]) == ("exited", 3), f"record {r}")
+    rc, _, err = c.neshost("stop", "--state", c.state, "k")
+    check(rc == 1, f"stopping a stopped VM gave {rc}: {err}")
+
+
+def case_timeout(c):
+    rc, out, err = c.run("--timeout", "2", "--", "sleep", "100")
+    r = c.record()
+    check((r["outcome"], r["exit_status"]) == ("timeout", 124), f"record {r}")
+    check(rc == 124, f"exit status {rc}, want 124")
+
+
+def case_s8(c):
+    """S8: orphans are reaped; the workload counts zombies and must see 0."""
+    w = ('for i in 1 2 3 4 5; do sh -c "sh -c \\"sleep 1\\" &" & wait; done; sleep 3; '
+         'grep -l "^State:.*Z" /proc/[0-9]*/status | wc -l')
+    rc, out, err = c.run("--", "/bin/sh", "-c", w)
+    check(rc == 0, f"exit status {rc}, want 0; stderr:\n{err}")
+    check(lines(out) == ["0"], f"stdout {out!r}")
+    r = c.record()
+    check((r["outcome"], r["exit_code"]) == ("exited", 0), f"record {r}")
+
+
+def case_s11(c):
+    """S11: the exit code survives the ordered shutdown."""
+    rc, out, err = c.run("--", "false")
+    r = c.record()
+    check((r["outcome"], r["exit_code"], r["exit_status"]) == ("exited", 1, 1), f"record {r}")
+    check(rc == 1, f"exit status {rc}, want 1")
+
+
+def case_rootfs(c):
+    """--rootfs DIR holding only a static program: packed with nesinit, no busybox."""
+    root = os.path.join(c.tmp, "rootfs")
+    os.mkdir(root)
+    shutil.copy(os.environ["VM_STATIC_PROBE"], os.path.join(root, "probe"))
+    rc, out, err = c.run("--rootfs", root, "--hostname", "vmtest", "--", "/probe", "hello")
+    check(lines(out) == ["static probe: hello pid1=no hostname=vmtest"], f"stdout {out!r}; stderr:\n{err}")
+    check(rc == 5, f"exit status {rc}, want 5")
+    r = c.record()
+    check((r["outcome"], r["exit_code"]) == ("exited", 5), f"record {r}")
+
+
+CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        print(f"usage: vm_test.py {{{','.join(CASES)}}}", file=sys.stderr)
+        return 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        print("prctl(PR_SET_CHILD_SUBREAPER) failed", file=sys.stderr)
+        return 1
+    c = Case()
+    ok = False
+    try:
+        CASES[sys.argv[1]](c)
+        ok = True
+    except Failure as e:
+        print(f"FAIL {sys.argv[1]}: {e}", file=sys.stderr)
+        for p in c.procs:
+            sys.stderr.write(p.err.decode(errors="replace")[-4000:])
+    finally:
+        try:
+            c.close(ok)
+        except Failure as e:
+            print(f"FAIL {sys.argv[1]} (cleanup): {e}", file=sys.stderr)
+            ok = False
+    print(f"{'ok' if ok else 'FAIL'} {sys.argv[1]}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
