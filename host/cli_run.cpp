@@ -26,7 +26,6 @@
 #include <string>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include "host/cli.hpp"
 #include "host/fd.hpp"
@@ -476,7 +475,11 @@ int run_main(const Args& args) {
   spec.channel_socket = channel;
   auto argv = vm::qemu_argv(spec);
   if (!argv.error.empty()) return fail(argv.error);
-  if (o.console) fmt::print(stderr, "neshost: {}\n", fmt::join(argv.argv, " "));
+  if (o.console) {
+    std::string line = "neshost:";
+    for (const auto& a : argv.argv) line += " " + a;
+    fmt::print(stderr, "{}\n", line);
+  }
 
   asio::io_context io;
   std::unique_ptr<vm::VmProcess> qemu;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up on a fresh Debian 12 machine, as root: Debian packages, the pinned
-# zig toolchain (npm ci), simdjson's amalgamation, and a configured build directory `build/`.
+# zig toolchain (npm ci), simdjson's amalgamation, the guest kernel (scripts/fetch-kernel.sh), and a
+# configured build directory `build/`.
 # Each step is skipped when already done. Usage: scripts/setup.sh [BUILD_DIR [meson options…]]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,4 +30,6 @@ if [[ ! -x $zig ]] || ! "$zig" version 2>/dev/null | grep -qx 0.11.0; then
 fi
 
 scripts/fetch-simdjson.sh
+# The guest kernel for `neshost run` and the vm tests (Debian's cloud kernel, unpacked, not installed).
+scripts/fetch-kernel.sh >/dev/null
 scripts/configure.sh "$@"
