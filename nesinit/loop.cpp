@@ -32,6 +32,8 @@ namespace {
 /// Bytes queued for the host but not yet written; beyond this the host is not reading and the
 /// channel is treated as lost (every message is small; a healthy host drains it at once).
 constexpr std::size_t kOutCap = 1u << 20;
+/// How often a virtio port with no host connected is looked at again: ms.
+constexpr std::uint64_t kPortRetryMs = 100;
 
 template <class... F>
 struct Overload : F... { using F::operator()...; };
@@ -88,6 +90,7 @@ class Pid1 {
       return;
     }
     chan_ = fd;
+    is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
     pending_.push_back(ev::ChannelUp{});
     for (int sig : deferred_signals_) pending_.push_back(ev::Signal{sig});
     deferred_signals_.clear();
@@ -213,7 +216,9 @@ class Pid1 {
       std::uint64_t now = monotonic_ms();
       if (now >= until) break;
       pollfd p{chan_, POLLOUT, 0};
-      if (::poll(&p, 1, static_cast<int>(until - now)) > 0 && !flush()) break;
+      if (::poll(&p, 1, static_cast<int>(until - now)) <= 0) continue;
+      if (!(p.revents & POLLOUT)) break;  // hung up (a virtio port without its host): give up
+      if (!flush()) break;
     }
     if (chan_ >= 0) ::close(chan_);
     chan_ = -1;
@@ -251,8 +256,21 @@ class Pid1 {
         if (timeout < 0 || left < static_cast<std::uint64_t>(timeout))
           timeout = static_cast<int>(std::min<std::uint64_t>(left, 1u << 30));
       }
+    // A virtio port whose host side is not connected polls as POLLHUP without end: leave it out
+    // of the poll set until its retry time, which then bounds the timeout like a timer.
+    bool watch_chan = chan_ >= 0;
+    if (watch_chan && port_retry_at_) {
+      if (*port_retry_at_ > now) {
+        watch_chan = false;
+        std::uint64_t left = *port_retry_at_ - now;
+        if (timeout < 0 || left < static_cast<std::uint64_t>(timeout)) timeout = static_cast<int>(left);
+      } else {
+        port_retry_at_.reset();
+      }
+    }
     pollfd p[2] = {{sfd_, POLLIN, 0}, {chan_, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
-    int r = ::poll(p, chan_ >= 0 ? 2 : 1, timeout);
+    int r = ::poll(p, watch_chan ? 2 : 1, timeout);
+    if (!watch_chan) p[1].revents = 0;
     if (r < 0 && errno != EINTR) log_.error("loop", "poll: {}", std::strerror(errno));
 
     const std::uint64_t after = monotonic_ms();
@@ -277,6 +295,19 @@ class Pid1 {
     char buf[65536];
     ssize_t n = ::read(chan_, buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n == 0 && is_port_) {
+      // virtio-serial has no connection events: read() == 0 means "no host connected right now"
+      // (before QEMU's port-open arrives, or while the host reconnects). Not an EOF: look again
+      // in kPortRetryMs; the boot and ack deadlines bound how long that may last.
+      if (!port_down_) log_.info("channel", "virtio port: host side not connected; waiting");
+      port_down_ = true;
+      port_retry_at_ = monotonic_ms() + kPortRetryMs;
+      return;
+    }
+    if (n > 0 && port_down_) {
+      log_.info("channel", "virtio port: host side connected");
+      port_down_ = false;
+    }
     if (n <= 0) {
       if (n < 0) log_.warn("channel", "read: {}", std::strerror(errno));
       if (reader_.partial()) log_.warn("channel", "EOF in the middle of a line; the partial line is dropped");
@@ -305,6 +336,9 @@ class Pid1 {
   std::deque<Event> pending_;
   std::vector<int> deferred_signals_;
   std::optional<std::uint64_t> deadline_[kTimerCount];
+  bool is_port_ = false;    // the channel is a virtio-serial port (no EOF semantics)
+  bool port_down_ = false;  // its host side was seen disconnected
+  std::optional<std::uint64_t> port_retry_at_;
 };
 
 }  // namespace
