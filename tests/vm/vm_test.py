@@ -231,6 +231,46 @@ def case_rootfs(c):
     check((r["outcome"], r["exit_code"]) == ("exited", 5), f"record {r}")
 
 
+def case_neshost_killed(c):
+    """neshost SIGKILLed mid-boot (no cleanup code runs): QEMU dies with it (PR_SET_PDEATHSIG)."""
+    p = c.start("--console", "--", "true")
+    check(p.wait_text("err", "vm_started"), f"QEMU never started; stderr:\n{p.err.decode()}")
+    p.p.kill()
+    p.finish()
+    # QEMU was reparented to this subreaper; it must already be dying of SIGKILL. Reap it (bounded:
+    # a QEMU that survived would keep this wait open until the meson timeout fails the case).
+    reaped = []
+    while True:
+        try:
+            pid, st = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        reaped.append((pid, os.WTERMSIG(st) if os.WIFSIGNALED(st) else None))
+    check(len(reaped) == 1 and reaped[0][1] == signal.SIGKILL, f"reaped after neshost's death: {reaped}")
+    # SIGKILL leaves neshost no chance to remove its temp dir: that one path is expected to leave it.
+    for d in os.listdir(c.rt):
+        shutil.rmtree(os.path.join(c.rt, d))
+
+
+def case_usage(c):
+    """Bad command lines: exit 2 naming the flag; nothing boots."""
+    for args, needle in [(["--mem", "10", "--", "true"], "--mem"),
+                         (["--accel", "hvf", "--", "true"], "--accel"),
+                         (["--initrd", "/x", "--rootfs", "/y", "--", "true"], "--rootfs"),
+                         (["--user", "root", "--", "true"], "--user"),
+                         (["-e", "NOEQUALS", "--", "true"], "--env"),
+                         (["--on-exit", "later", "--", "true"], "--on-exit"),
+                         ([], "ARGV")]:
+        rc, out, err = c.neshost("run", *args)
+        check(rc == 2 and needle in err, f"run {args}: rc {rc}, stderr {err!r}")
+    rc, _, err = c.neshost("stop", "vm0")
+    check(rc == 2 and "--state" in err, f"stop without --state: {rc} {err!r}")
+    rc, _, err = c.neshost("stop", "--state", c.state, "nosuchvm")
+    check(rc == 1 and "no running VM" in err, f"stop of an unknown VM: {rc} {err!r}")
+    rc, _, err = c.neshost("run", "--kernel", "/nonexistent/vmlinuz", "--", "true")
+    check(rc == 125 and "/nonexistent/vmlinuz" in err, f"missing kernel: {rc} {err!r}")
+
+
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
