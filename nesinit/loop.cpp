@@ -97,6 +97,9 @@ class Pid1 {
   }
 
   // ---- events and actions ----------------------------------------------------------------------
+  /// The result of an action the loop performs synchronously (mount, spawn) goes to the *front*
+  /// of the queue: the session sees `started` right after `spawn`, before any event that was
+  /// already waiting (e.g. an EOF found while sending `mounted`).
   void drain() {
     while (!pending_.empty()) {
       Event e = std::move(pending_.front());
@@ -176,11 +179,11 @@ class Pid1 {
     const proto::Boot& b = *session_.boot();
     log_.info("mount", "{} share(s)", b.mounts.size());
     if (auto f = shares_.mount_all(b.mounts, log_)) {
-      pending_.push_back(ev::MountFailed{*f});
+      pending_.push_front(ev::MountFailed{*f});
       return;
     }
     log_.info("mounted", "all shares mounted");
-    pending_.push_back(ev::MountsDone{});
+    pending_.push_front(ev::MountsDone{});
   }
 
   void do_spawn() {
@@ -192,7 +195,7 @@ class Pid1 {
         log_.warn("hostname", "'{}' not set: this sandbox shares the machine's UTS namespace", *b.hostname);
       } else if (::sethostname(b.hostname->data(), b.hostname->size()) != 0) {
         int e = errno;
-        pending_.push_back(ev::StartFailed{proto::StartFailed{
+        pending_.push_front(ev::StartFailed{proto::StartFailed{
             fmt::format("sethostname {}: {}", *b.hostname, std::strerror(e)), e, proto::StartFailClass::other}});
         return;
       } else {
@@ -203,9 +206,9 @@ class Pid1 {
     auto r = spawn(b.exec, b.geometry, mode_ == Mode::guest ? Stdio::console : Stdio::inherit, reaper_);
     if (auto* pid = std::get_if<pid_t>(&r)) {
       pgid_ = *pid;
-      pending_.push_back(ev::Started{*pid});
+      pending_.push_front(ev::Started{*pid});
     } else {
-      pending_.push_back(ev::StartFailed{std::get<proto::StartFailed>(r)});
+      pending_.push_front(ev::StartFailed{std::get<proto::StartFailed>(r)});
     }
   }
 

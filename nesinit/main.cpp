@@ -99,11 +99,13 @@ int self_check(const Config& c, const Log& log) {
   return bad ? 1 : 0;
 }
 
-void write_oom_score_adj(const char* v) {
+/// Returns 0 or an errno value (lowering needs CAP_SYS_RESOURCE).
+int write_oom_score_adj(const char* v) {
   int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  [[maybe_unused]] auto n = ::write(fd, v, std::strlen(v));
+  if (fd < 0) return errno;
+  int e = ::write(fd, v, std::strlen(v)) < 0 ? errno : 0;
   ::close(fd);
+  return e;
 }
 
 }  // namespace
@@ -156,7 +158,7 @@ int main(int argc, char** argv) {
   // 4. Orphans come to us (PID 1 gets them anyway; explicit for the sandbox); we are the last
   // process the OOM killer should pick.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  write_oom_score_adj("-1000");
+  const int oom_err = write_oom_score_adj("-1000");
 
   // 5. Configuration: the kernel command line first (guest only: a sandbox's /proc/cmdline is the
   // machine's), then argv, which wins.
@@ -168,6 +170,7 @@ int main(int argc, char** argv) {
   // Logged only now: with nesinit.log=quiet (neshost run) nothing but the workload reaches the console.
   log.info("mode", "{} (pid {})", to_string(mode), ::getpid());
   for (auto& n : notes) log.warn("config", "{}", n);
+  if (oom_err) log.debug("oom", "oom_score_adj -1000: {}", std::strerror(oom_err));
   if (mode == Mode::guest) {
     // Bare words and unknown flags are what the kernel hands PID 1: never fatal here.
     for (auto& p : a.problems) log.warn("config", "{}", p);

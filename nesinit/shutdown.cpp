@@ -39,8 +39,9 @@ void final_act(Mode mode, Shares& shares, proto::Halt halt, Reaper& reaper, cons
   // Defence in depth: the mode was decided at start; check again before anything machine-wide.
   const auto ino = ns_inode("pid");
   const bool initial_ns = ino && *ino == kInitialPidNsInode;
-  if (::getpid() != 1 || mode == Mode::not_pid1 || (mode == Mode::guest) != initial_ns ||
-      (mode == Mode::sandbox && !ino)) {
+  // An unknown inode (someone unmounted /proc) trusts the start-up decision; a known one must
+  // agree with it.
+  if (::getpid() != 1 || mode == Mode::not_pid1 || (ino && (mode == Mode::guest) != initial_ns)) {
     log.error("halt", "mode {} does not match pid {} / pid namespace; refusing to halt",
               to_string(mode), ::getpid());
     wait_forever(reaper, log);

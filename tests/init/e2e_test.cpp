@@ -305,6 +305,21 @@ TEST_CASE("protocol: malformed lines get protocol_error, unknown types are skipp
   CHECK(sb.err().find("another boot") != std::string::npos);
 }
 
+TEST_CASE("boot and shutdown in one write: the workload starts, gets its SIGTERM, is reported") {
+  Sandbox sb{SandboxOptions{}};
+  REQUIRE(sb.accept());
+  REQUIRE(sb.expect<proto::Ready>());
+  sb.send_raw(proto::encode_line(proto::HostMessage{make_boot({"sleep", "1000"})}) +
+              proto::encode_line(proto::HostMessage{proto::Shutdown{}}));
+  REQUIRE(sb.expect<proto::Mounted>());
+  REQUIRE(sb.expect<proto::Started>());
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE(x);
+  CHECK(x->signal == SIGTERM);
+  sb.send(proto::Shutdown{});
+  CHECK(powered_off(sb.wait_exit()));
+}
+
 TEST_CASE("no boot within boot_timeout_ms: ordered shutdown and power-off") {
   Sandbox sb({.init_args = {"--boot-timeout-ms=200"}});
   REQUIRE(sb.accept());
