@@ -31,6 +31,7 @@
 #include "host/fd.hpp"
 #include "host/record.hpp"
 #include "host/vm/accel.hpp"
+#include "host/vm/console.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
 #include "protocol/status.hpp"
@@ -303,17 +304,13 @@ class ConsoleOut {
  public:
   static constexpr std::size_t kLogCap = 4u << 20;  // bytes of console.log
   void open_log(const fs::path& p) { log_.reset(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)); }
-  void write(std::string_view b) {
-    std::string out;
-    out.reserve(b.size() + 1);
-    for (char c : b) {
-      if (cr_) {
-        if (c != '\n') out += '\r';
-        cr_ = false;
-      }
-      if (c == '\r') cr_ = true;
-      else out += c;
-    }
+  void write(std::string_view b) { emit(crlf_.feed(b)); }
+  /// At the end of the console stream (QEMU has exited and its output is drained).
+  void finish() { emit(crlf_.finish()); }
+
+ private:
+  void emit(const std::string& out) {
+    if (out.empty()) return;
     put(1, out, stdout_ok_);
     if (log_ && logged_ < kLogCap) {
       std::string_view part(out.data(), std::min(out.size(), kLogCap - logged_));
@@ -322,8 +319,6 @@ class ConsoleOut {
       logged_ += part.size();
     }
   }
-
- private:
   static void put(int fd, std::string_view s, bool& ok) {
     while (ok && !s.empty()) {
       ssize_t n = ::write(fd, s.data(), s.size());
@@ -335,7 +330,8 @@ class ConsoleOut {
       s.remove_prefix(static_cast<std::size_t>(n));
     }
   }
-  bool cr_ = false, stdout_ok_ = true;
+  vm::CrlfToLf crlf_;
+  bool stdout_ok_ = true;
   host::Fd log_;
   std::size_t logged_ = 0;
 };
@@ -515,6 +511,7 @@ int run_main(const Args& args) {
                              if (auto e = qemu->wait_for(0ms); e && o.console)
                                fmt::print(stderr, "neshost: qemu {}\n", vm::describe(*e));
                              qemu->finish_output(2s);
+                             console->finish();
                              (void)h.vm_exited(id);
                            });
   };

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "host/vm/accel.hpp"
+#include "host/vm/console.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
 
@@ -346,4 +347,20 @@ TEST_CASE("probe_kvm_boot: a guest that panics as expected is usable; a hung one
   CHECK_FALSE(o.usable);
   CHECK(o.reason.find("exited with code 1") != std::string::npos);
   CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);
+}
+
+TEST_CASE("CrlfToLf: the serial line's CRLF becomes LF, across any chunk split") {
+  const std::string in = "a\r\nb\rc\r\r\nd\r";
+  const std::string want = "a\nb\rc\r\nd\r";
+  for (std::size_t cut = 0; cut <= in.size(); ++cut) {
+    CrlfToLf c;
+    std::string got = c.feed(in.substr(0, cut));
+    got += c.feed(in.substr(cut));
+    got += c.finish();
+    CHECK_MESSAGE(got == want, "split at " << cut);
+  }
+  CrlfToLf c;
+  CHECK(c.feed("\r") == "");
+  CHECK(c.feed("\n") == "\n");
+  CHECK(c.finish() == "");
 }

@@ -91,7 +91,10 @@ class Case:
         self.procs = []
 
     def start(self, *args, vm="t", accel="tcg"):
-        p = Proc([NESHOST, "run", "--accel", accel, "--state", self.state, "--vm", vm, *args], self.env)
+        # A generous ready deadline: CI runs these next to heavy suites on 2 cores (correctness,
+        # not speed, is under test here).
+        p = Proc([NESHOST, "run", "--accel", accel, "--ready-timeout", "100", "--state", self.state,
+                  "--vm", vm, *args], self.env)
         self.procs.append(p)
         return p
 
