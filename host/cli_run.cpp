@@ -280,7 +280,9 @@ struct RuntimeDir {
     std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
     if (::mkdtemp(tmpl.data())) path = tmpl;
   }
-  ~RuntimeDir() {
+  ~RuntimeDir() { remove_now(); }
+  /// Removes it (idempotent).
+  void remove_now() {
     std::error_code ec;
     if (!path.empty()) fs::remove_all(path, ec);
   }
@@ -520,6 +522,9 @@ int run_main(const Args& args) {
   };
   emb.hooks.remove = [&](const std::string&, std::uint64_t) { remove_scratch = true; };
   emb.on_event = [&](host::Host&, const host::Event& ev) {
+    // QEMU has read the kernel and initramfs and dialled the socket: nothing in the runtime dir
+    // is needed any more. Removing it now means even a SIGKILLed neshost leaves no socket behind.
+    if (ev.kind == "connected") rt.remove_now();
     if (o.console)
       fmt::print(stderr, "neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.
