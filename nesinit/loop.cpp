@@ -298,18 +298,20 @@ class Pid1 {
     char buf[65536];
     ssize_t n = ::read(chan_, buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-    if (n == 0 && is_port_) {
-      // virtio-serial has no connection events: read() == 0 means "no host connected right now"
-      // (before QEMU's port-open arrives, or while the host reconnects). Not an EOF: look again
-      // in kPortRetryMs; the boot and ack deadlines bound how long that may last.
-      if (!port_down_) log_.info("channel", "virtio port: host side not connected; waiting");
+    if (n == 0 && is_port_ && !host_seen_) {
+      // virtio-serial has no connection events: read() == 0 means "no host connected right now".
+      // Before the host has sent anything that is the window between the port appearing and
+      // the VMM's port-open: not an EOF. Look again in kPortRetryMs (the boot deadline bounds
+      // the wait). Once the host has spoken, a hang-up is its EOF, as on a socket.
+      if (!port_down_) log_.info("channel", "virtio port: host side not connected yet; waiting");
       port_down_ = true;
       port_retry_at_ = monotonic_ms() + kPortRetryMs;
       return;
     }
-    if (n > 0 && port_down_) {
-      log_.info("channel", "virtio port: host side connected");
+    if (n > 0) {
+      if (port_down_) log_.info("channel", "virtio port: host side connected");
       port_down_ = false;
+      host_seen_ = true;
     }
     if (n <= 0) {
       if (n < 0) log_.warn("channel", "read: {}", std::strerror(errno));
@@ -341,6 +343,7 @@ class Pid1 {
   std::optional<std::uint64_t> deadline_[kTimerCount];
   bool is_port_ = false;    // the channel is a virtio-serial port (no EOF semantics)
   bool port_down_ = false;  // its host side was seen disconnected
+  bool host_seen_ = false;  // the host has sent at least one byte
   std::optional<std::uint64_t> port_retry_at_;
 };
 
