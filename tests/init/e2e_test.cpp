@@ -320,6 +320,37 @@ TEST_CASE("boot and shutdown in one write: the workload starts, gets its SIGTERM
   CHECK(powered_off(sb.wait_exit()));
 }
 
+TEST_CASE("--log=quiet: a clean session writes nothing but the workload's output") {
+  Sandbox sb{SandboxOptions{.log = "quiet"}};
+  REQUIRE(sb.accept());
+  REQUIRE(sb.expect<proto::Ready>());
+  sb.send(make_boot({"/bin/sh", "-c", "echo only-this"}));
+  REQUIRE(sb.expect<proto::Mounted>());
+  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE(sb.expect<proto::WorkloadExited>());
+  sb.send(proto::Shutdown{});
+  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.out() == "only-this\n");
+  CHECK(sb.err() == "");
+}
+
+TEST_CASE("kill{signal}: the host's signal reaches the workload's group") {
+  Sandbox sb{SandboxOptions{}};
+  REQUIRE(sb.accept());
+  REQUIRE(sb.expect<proto::Ready>());
+  sb.send(make_boot({"/bin/sh", "-c", "trap 'echo GOT-USR2; exit 12' USR2; echo UP; while :; do sleep 0.05; done"}));
+  REQUIRE(sb.expect<proto::Mounted>());
+  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE(sb.wait_stdout("UP\n"));
+  sb.send(proto::Kill{static_cast<std::uint8_t>(SIGUSR2)});
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE(x);
+  CHECK(*x == proto::WorkloadExited::code(12));
+  sb.send(proto::Shutdown{});
+  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.out().find("GOT-USR2") != std::string::npos);
+}
+
 TEST_CASE("no boot within boot_timeout_ms: ordered shutdown and power-off") {
   Sandbox sb({.init_args = {"--boot-timeout-ms=200"}});
   REQUIRE(sb.accept());
