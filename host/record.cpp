@@ -314,13 +314,13 @@ int attempt_write(const fs::path& dir, const std::string& bytes, const WriteOpti
     off += static_cast<std::size_t>(n);
   }
   if (int e = hook(WriteStep::temp_written)) return fail("write " + tmp.string(), e);
-  if (::fsync(f.get()) != 0) return fail("fsync " + tmp.string(), errno);
+  if (opt.sync && ::fsync(f.get()) != 0) return fail("fsync " + tmp.string(), errno);
   if (int e = hook(WriteStep::temp_fsynced)) return fail("fsync " + tmp.string(), e);
   if (::close(f.release()) != 0) return fail("close " + tmp.string(), errno);
   auto final_path = dir / "outcome.json";
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) return fail("rename to outcome.json", errno);
   if (int e = hook(WriteStep::renamed)) return fail("rename to outcome.json", e);
-  int e = fsync_dir(dir);
+  int e = opt.sync ? fsync_dir(dir) : 0;
   if (!e) e = hook(WriteStep::dir_fsynced);
   if (e) { what = "fsync " + dir.string(); return e; }
   return 0;

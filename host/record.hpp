@@ -66,6 +66,7 @@ struct WriteOptions {
   int attempts = 3;                          // each attempt starts from a fresh temp file
   int lock_tries = 500;                      // flock(LOCK_NB) tries, 10 ms apart (5 s bound)
   std::function<int(WriteStep)> at_step;     // nullptr in production
+  bool sync = true;  // false skips every fsync: NOT crash-durable; only to measure its cost
 };
 
 /// What write_record() did.

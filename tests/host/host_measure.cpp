@@ -1,0 +1,145 @@
+// Measurements for the host (not a test: bench/ territory, no assertions on time).
+//   host_measure [N]           sessions/s at N concurrent guests with and without durable
+//                            records, raw fsync rate of the same directory, host memory/session
+//   host_measure guests DIR N MODE   (internal) the fake guests, in their own process so the host's
+//                            RSS is the host's alone. MODE: exit | hold
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <fmt/format.h>
+
+#include <boost/asio/post.hpp>
+#include <cstdio>
+
+#include "support.hpp"
+
+extern char** environ;
+
+using namespace nes;
+using namespace nes::host;
+using namespace nes::test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int guests_main(const std::string& dir, int n, const std::string& mode) {
+  raise_nofile();
+  asio::io_context io;
+  int failed = 0;
+  for (int i = 0; i < n; ++i) {
+    auto log = std::make_shared<GuestLog>();
+    std::vector<Step> script = {step::Send{ready_line()}, step::Expect{"boot"}};
+    if (mode == "exit") {
+      script.push_back(step::Send{exited_line(i % 256)});
+      script.push_back(step::Expect{"shutdown"});
+    } else {
+      script.push_back(step::Expect{"shutdown"});
+    }
+    asio::co_spawn(io, guest_at(fmt::format("{}/vm{:04}.sock", dir, i), std::move(script), log),
+                   [&failed, log](std::exception_ptr) { failed += !log->error.empty(); });
+  }
+  io.run();
+  return failed ? 1 : 0;
+}
+
+struct GuestProc {
+  pid_t pid = -1;
+  GuestProc(const std::string& self, const std::string& dir, int n, const std::string& mode) {
+    std::vector<std::string> a = {self, "guests", dir, std::to_string(n), mode};
+    std::vector<char*> argv;
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) pid = -1;
+  }
+  int wait() {
+    int st = 0;
+    if (pid > 0 && ::waitpid(pid, &st, 0) == pid) pid = -1;
+    return st;
+  }
+  ~GuestProc() {
+    if (pid > 0) { ::kill(pid, SIGKILL); wait(); }
+  }
+};
+
+struct Run {
+  double seconds = 0;
+  int records = 0;
+  long rss_kib_live = 0;
+};
+
+Run serve_n(const std::string& self, int n, bool sync, bool hold) {
+  int booted = 0;
+  Harness h([&](HostOptions& o) {
+    o.write.sync = sync;
+    // Count boots instead of keeping every event (the harness's log would grow per event).
+    o.on_event = [&](const Event& e) { booted += e.kind == "boot_sent"; };
+  });
+  for (int i = 0; i < n; ++i) h.add(h.config(fmt::format("vm{:04}", i)));
+  long rss0 = rss_kib();
+  auto t0 = Clock::now();
+  GuestProc g(self, (h.tmp.path / "sock").string(), n, hold ? "hold" : "exit");
+  Run r;
+  if (hold) {
+    // All sessions booted and live: the host's memory for n sessions.
+    h.run_until([&] { return booted == n; }, 120s);
+    r.rss_kib_live = rss_kib() - rss0;
+    for (int i = 0; i < n; ++i) (void)h.host->shutdown(fmt::format("vm{:04}", i));
+  }
+  // The VMM "exits" once its guest's channel is gone.
+  h.run_until([&] {
+    for (int i = 0; i < n; ++i) {
+      auto id = fmt::format("vm{:04}", i);
+      auto& s = h.session(id);
+      if (s.outcome() && !s.stream_open() && !s.finished()) (void)h.host->vm_exited(id);
+    }
+    return h.host->live_sessions() == 0;
+  }, 300s);
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  g.wait();
+  for (int i = 0; i < n; ++i) r.records += h.record(fmt::format("vm{:04}", i)).has_value();
+  return r;
+}
+
+double fsync_rate(const fs::path& dir, int n, bool with_dir) {
+  auto f = dir / "fsync-probe";
+  int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  std::string rec(240, 'x');
+  auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    (void)::pwrite(fd, rec.data(), rec.size(), 0);
+    ::fsync(fd);
+    if (with_dir) ::fsync(dfd);
+  }
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fd);
+  ::close(dfd);
+  return n / s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 5 && std::string_view(argv[1]) == "guests") return guests_main(argv[2], std::atoi(argv[3]), argv[4]);
+  int n = argc > 1 ? std::atoi(argv[1]) : 1000;
+  raise_nofile();
+  std::string self = fs::canonical("/proc/self/exe").string();
+  for (int round = 0; round < 3; ++round) {
+    auto durable = serve_n(self, n, true, false);
+    auto nosync = serve_n(self, n, false, false);
+    fmt::print("round {}: {} concurrent guests: durable records {:.0f} sessions/s ({} records, {:.2f} s); "
+               "without fsync {:.0f} sessions/s ({} records, {:.2f} s)\n",
+               round, n, n / durable.seconds, durable.records, durable.seconds, n / nosync.seconds,
+               nosync.records, nosync.seconds);
+  }
+  TempDir t;
+  fmt::print("raw fsync rate in {}: {:.0f}/s (write+fsync), {:.0f}/s (write+fsync+dir fsync)\n",
+             t.path.string(), fsync_rate(t.path, 2000, false), fsync_rate(t.path, 2000, true));
+  auto hold = serve_n(self, n, true, true);
+  fmt::print("host memory with {} live booted sessions: {} KiB RSS growth = {:.1f} KiB/session\n", n,
+             hold.rss_kib_live, double(hold.rss_kib_live) / n);
+  return 0;
+}
