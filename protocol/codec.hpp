@@ -33,13 +33,21 @@ using GuestDecoded = std::variant<GuestMessage, UnknownMessage, DecodeError>;
 using HostDecoded = std::variant<HostMessage, UnknownMessage, DecodeError>;
 
 /// Decode one line (without its '\n'; a trailing '\r' is tolerated). Never throws.
+/// Strict JSON, exactly one object; duplicate keys in any object, nesting deeper than
+/// kMaxJsonDepth, NUL in a contract string, and out-of-range values are DecodeErrors; unknown
+/// fields are ignored; an unknown `type` is UnknownMessage. No length cap here: the LineReader
+/// caps lines. Policies and their reasons: docs/protocol.md.
 GuestDecoded decode_guest(std::string_view line);
 /// Decode one line (without its '\n'; a trailing '\r' is tolerated). Never throws.
 HostDecoded decode_host(std::string_view line);
 
-/// Compact JSON, `type` first, unset optionals omitted, no trailing newline.
+/// Compact JSON, `type` first, unset optionals omitted, no trailing newline. Exceptions that keep
+/// the reference's shape: `exec.cwd` unset is written as null; additive fields at their default
+/// (`groups` empty, `fs` virtiofs) are omitted.
 /// Strings: `"` `\` and every control character escaped; invalid UTF-8 bytes each become U+FFFD
-/// (the output is always valid JSON/UTF-8). Precondition for WorkloadExited: exactly one field set.
+/// (the output is always valid JSON/UTF-8). Values are written as given: a NUL byte becomes
+/// \u0000 and a WorkloadExited with both/neither field is written so; the peer refuses such lines
+/// (check with validate()). Precondition for WorkloadExited: exactly one field set.
 std::string encode(const GuestMessage& m);
 std::string encode(const HostMessage& m);
 
