@@ -351,6 +351,21 @@ TEST_CASE("kill{signal}: the host's signal reaches the workload's group") {
   CHECK(sb.out().find("GOT-USR2") != std::string::npos);
 }
 
+TEST_CASE("an over-long line (2 MiB) is refused without ending the session") {
+  Sandbox sb{SandboxOptions{}};
+  REQUIRE(sb.accept());
+  REQUIRE(sb.expect<proto::Ready>());
+  sb.send_raw("{\"type\":\"boot\",\"x\":\"" + std::string(2u << 20, 'a') + "\"}\n");
+  auto pe = sb.expect<proto::ProtocolError>();
+  REQUIRE_MESSAGE(pe, sb.last_error());
+  sb.send(make_boot({"/bin/true"}));
+  REQUIRE(sb.expect<proto::Mounted>());
+  REQUIRE(sb.expect<proto::Started>());
+  CHECK(sb.expect<proto::WorkloadExited>() == proto::WorkloadExited::code(0));
+  sb.send(proto::Shutdown{});
+  CHECK(powered_off(sb.wait_exit()));
+}
+
 TEST_CASE("no boot within boot_timeout_ms: ordered shutdown and power-off") {
   Sandbox sb({.init_args = {"--boot-timeout-ms=200"}});
   REQUIRE(sb.accept());
@@ -389,19 +404,20 @@ TEST_CASE("EOF while the workload runs: its one SIGTERM, then power-off") {
 }
 
 TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarded to the workload") {
-  {
+  for (int sig : {SIGTERM, SIGINT, SIGPWR}) {
+    CAPTURE(sig);
     Sandbox sb{SandboxOptions{}};
     REQUIRE(sb.accept());
     REQUIRE(sb.expect<proto::Ready>());
-    sb.send(make_boot({"/bin/sh", "-c", "kill -TERM 1; exec sleep 1000"}));
+    sb.send(make_boot({"/bin/sh", "-c", "kill -" + std::to_string(sig) + " 1; exec sleep 1000"}));
     REQUIRE(sb.expect<proto::Mounted>());
     REQUIRE(sb.expect<proto::Started>());
     auto x = sb.expect<proto::WorkloadExited>();
     REQUIRE(x);
-    CHECK(x->signal == SIGTERM);
+    CHECK(x->signal == SIGTERM);  // the workload's one SIGTERM (shutdown step 1)
     sb.send(proto::Shutdown{});
     CHECK(powered_off(sb.wait_exit()));
-    CHECK(sb.err().find("shutdown: begin: signal 15") != std::string::npos);
+    CHECK(sb.err().find("shutdown: begin: signal " + std::to_string(sig)) != std::string::npos);
   }
   {
     Sandbox sb{SandboxOptions{}};
