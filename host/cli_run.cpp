@@ -271,6 +271,17 @@ std::optional<unsigned long long> proc_start_time(pid_t pid) {
 
 fs::path pid_file(const fs::path& state, const std::string& vm) { return state / vm / "neshost-run.pid"; }
 
+/// The pid of the `neshost run` serving VM in `state`, if that process is still alive: the pid
+/// file's start time must match the live process's (a recycled pid does not).
+std::optional<pid_t> running_pid(const fs::path& state, const std::string& vm) {
+  std::ifstream f(pid_file(state, vm));
+  long long pid = 0;
+  unsigned long long start = 0;
+  if (!(f >> pid >> start) || pid <= 1 || pid == ::getpid()) return std::nullopt;
+  if (proc_start_time(static_cast<pid_t>(pid)) != start) return std::nullopt;
+  return static_cast<pid_t>(pid);
+}
+
 /// A private directory for one run's sockets and generated initramfs, removed on every path that
 /// unwinds. Under $TMPDIR (default /tmp), not the state dir: the socket path must fit sun_path.
 struct RuntimeDir {
@@ -446,6 +457,9 @@ int run_main(const Args& args) {
   // STATE/VM/: the record (the library), this run's pid (for `neshost stop`), the console log.
   fs::create_directories(cfg.state_dir / vmid, ec);
   if (ec) return fail(fmt::format("--state: cannot create {}: {}", (cfg.state_dir / vmid).string(), ec.message()));
+  if (auto live = running_pid(cfg.state_dir, vmid))
+    return fail(fmt::format("VM '{}' is already running in {} (neshost pid {})", vmid,
+                            cfg.state_dir.string(), *live));
   FileGuard pidf{pid_file(cfg.state_dir, vmid)};
   {
     std::ofstream f(pidf.path, std::ios::trunc);
@@ -572,23 +586,16 @@ int stop_main(const Args& args) {
     bound = *ms;
   }
   fs::path state = *p->get("state");
-  std::ifstream f(pid_file(state, vmid));
-  long long pid = 0;
-  unsigned long long start = 0;
-  if (!(f >> pid >> start) || pid <= 1) {
+  auto pid = running_pid(state, vmid);
+  // The pidfd pins the process; checking again after opening it closes the window in which the
+  // pid could have been recycled.
+  host::Fd pidfd(pid ? static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0)) : -1);
+  if (!pid || !pidfd || running_pid(state, vmid) != pid) {
     fmt::print(stderr, "neshost stop: no running VM '{}' in {}\n", vmid, state.string());
     return 1;
   }
-  // The pidfd pins the process; the start time proves it is still the `neshost run` that wrote
-  // the file (not a recycled pid).
-  host::Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0)));
-  if (!pidfd || proc_start_time(static_cast<pid_t>(pid)) != start) {
-    fmt::print(stderr, "neshost stop: VM '{}' in {} is not running (stale {})\n", vmid, state.string(),
-               pid_file(state, vmid).string());
-    return 1;
-  }
   if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0) != 0) {
-    fmt::print(stderr, "neshost stop: signal {}: {}\n", pid, std::strerror(errno));
+    fmt::print(stderr, "neshost stop: signal {}: {}\n", *pid, std::strerror(errno));
     return 1;
   }
   pollfd pf{pidfd.get(), POLLIN, 0};
