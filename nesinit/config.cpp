@@ -210,6 +210,8 @@ std::string_view usage() {
          "               [--ack-timeout-ms=MS] [--boot-timeout-ms=MS] [--connect-timeout-ms=MS]\n"
          "               [--halt=poweroff|reboot] [--log=quiet|info|debug]\n"
          "       nesinit --help | --version | --self-check\n"
+         "Defaults: grace 10000 ms, ack timeout 3000 ms, boot timeout 30000 ms, connect timeout\n"
+         "10000 ms, halt poweroff, log info; channel vsock:2:7000 in a real guest only.\n"
          "PID 1 for microVMs: runs one workload described by the host over the lifecycle channel.\n"
          "As PID 1 of a real VM, kernel command line keys nesinit.KEY=VALUE apply first (flags win);\n"
          "as PID 1 of a pid namespace (sandbox), --channel is required and may not be vsock.\n"
