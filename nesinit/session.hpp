@@ -88,6 +88,9 @@ struct SessionOptions {
   proto::Halt halt = proto::Halt::poweroff;
 };
 
+/// One session of the lifecycle channel, from the dial to the final act. Single-threaded; never
+/// throws; every input is bounded by the protocol's own limits. Feed it events in the order they
+/// happened; perform the returned actions in order (results of Mount/Spawn come back as events).
 class Session {
  public:
   explicit Session(SessionOptions o) : opt_(o) {}
