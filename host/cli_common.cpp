@@ -154,8 +154,12 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
   }
   hopt.on_event = [&](const host::Event& ev) {
     if (emb.print_events) {
-      fmt::print("{} {}{}{}\n", ev.vm.empty() ? "-" : ev.vm, ev.kind, ev.detail.empty() ? "" : " ",
-                 ev.detail);
+      // fputs, not fmt::print: a closed stdout (`serve | head -1`) must not throw mid-session;
+      // the outcome is still recorded and the exit status still returned.
+      std::fputs(fmt::format("{} {}{}{}\n", ev.vm.empty() ? "-" : ev.vm, ev.kind,
+                             ev.detail.empty() ? "" : " ", ev.detail)
+                     .c_str(),
+                 stdout);
       std::fflush(stdout);
     }
     if (!hostp) return;

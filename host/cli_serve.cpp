@@ -1,5 +1,7 @@
 // `neshost serve`: serve one VM on one endpoint, print one line per event, exit with the
 // outcome's exit status.
+#include <csignal>
+
 #include <fmt/format.h>
 
 #include "host/cli.hpp"
@@ -92,6 +94,9 @@ int serve_main(const Args& args) {
   cfg.session.descriptor = std::move(*desc);
   if (cfg.session.descriptor.exec.argv.empty())
     return usage_error("serve", "--descriptor: exec.argv is empty");
+  // A reader of our stdout going away (`serve | head -1`) must not kill the session mid-way:
+  // the outcome is still recorded and returned. (serve starts no child that would inherit this.)
+  ::signal(SIGPIPE, SIG_IGN);
   return serve_vm(cfg);
 }
 
