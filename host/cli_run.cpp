@@ -536,9 +536,12 @@ int run_main(const Args& args) {
   };
   emb.hooks.remove = [&](const std::string&, std::uint64_t) { remove_scratch = true; };
   emb.on_event = [&](host::Host&, const host::Event& ev) {
-    // QEMU has read the kernel and initramfs and dialled the socket: nothing in the runtime dir
-    // is needed any more. Removing it now means even a SIGKILLed neshost leaves no socket behind.
-    if (ev.kind == "connected") rt.remove_now();
+    // QEMU has dialled the socket: its path is needed no more, so even a SIGKILLed neshost leaves
+    // no socket behind. Once the guest said `ready` it is running, so QEMU has also read the
+    // initramfs (QEMU connects chardevs before it loads the initramfs): the whole dir can go.
+    std::error_code rm_ec;
+    if (ev.kind == "connected") fs::remove(channel, rm_ec);
+    if (ev.kind == "ready") rt.remove_now();
     if (o.console)
       fmt::print(stderr, "neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.
