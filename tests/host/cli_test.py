@@ -139,7 +139,12 @@ def test_serve_exit_code_then_wait_inspect_from_new_processes():
                   "shutdown_sent", "finished"):
             check(k in kinds, "event %s printed" % k)
         check(not os.path.exists(sv.sock), "socket removed at the end")
-        out, err = waiter.communicate(timeout=30)
+        try:
+            out, err = waiter.communicate(timeout=30)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.wait()
         check(waiter.returncode == 3 and out.strip() == "3", "wait before: %d %r %r" % (waiter.returncode, out, err))
         r = run(["wait", "--state", state, "vm0"])
         check(r.returncode == 3 and r.stdout.strip() == "3", "wait after, fresh process")
