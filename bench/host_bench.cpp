@@ -1,141 +1,158 @@
-// host_bench: P5. Sessions/s for N concurrent fake guests (one Unix endpoint each) against one
-// Host, with durable records on the disk and with the state dir on tmpfs (fsync is free there:
-// the same code without the disk's durability cost), next to the raw rate of the durable-write
-// floor on the same directory (write + fsync + rename + fsync dir). Also host memory per session
-// (VmRSS growth while all sessions are live / N). Prints Markdown rows.
-// Usage: host_bench [--guests N] [--disk DIR] [--tmpfs DIR]
+// host_bench: P5 of bench/ (no assertions on time; scripts/bench.sh runs it). Prints Markdown rows.
+//   host_bench [N]           sessions/s at N concurrent guests with and without durable records
+//                            (median of 3 alternating rounds), next to the raw fsync rate of the
+//                            same directory; host memory per registered VM and per live session
+//   host_bench guests DIR N MODE   (internal) the fake guests, in their own process so the host's
+//                            RSS is the host's alone. MODE: exit | hold
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <boost/asio/post.hpp>
-#include <cstdio>
-#include <fstream>
-#include <thread>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <fmt/format.h>
 
+#include <boost/asio/post.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
 #include "tests/host/support.hpp"
+
+extern char** environ;
 
 using namespace nes;
 using namespace nes::host;
 using namespace nes::test;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double secs_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-long vmrss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string l;
-  while (std::getline(f, l))
-    if (l.rfind("VmRSS:", 0) == 0) return std::atol(l.c_str() + 6);
-  return 0;
-}
-
-struct Run {
-  double sessions_per_s = 0;
-  double kib_per_session = 0;
-  int records = 0;
-};
-
-/// N guests: ready, boot, started, workload_exited{code}, wait for shutdown (the ack), close.
-Run sessions(int n, const std::string& tmpdir) {
-  setenv("TMPDIR", tmpdir.c_str(), 1);
-  Harness h;
-  std::vector<std::string> paths;
-  long rss0 = vmrss_kib();
-  for (int i = 0; i < n; ++i) {
-    auto c = h.config(fmt::format("vm{:04}", i));
-    c.descriptor.exec.argv = {"/bin/sh", "-c", fmt::format("exit {}", i % 256)};
-    paths.push_back(h.add(c));
-  }
-  asio::io_context gio;
-  std::atomic<int> errors{0};
-  auto t0 = Clock::now();
+int guests_main(const std::string& dir, int n, const std::string& mode) {
+  raise_nofile();
+  asio::io_context io;
+  int failed = 0;
   for (int i = 0; i < n; ++i) {
     auto log = std::make_shared<GuestLog>();
-    auto id = fmt::format("vm{:04}", i);
-    asio::co_spawn(gio,
-                   guest_at(paths[i], {step::Send{ready_line()}, step::Expect{"boot"},
-                                       step::Send{started_line(i + 2) + exited_line(i % 256)},
-                                       step::Expect{"shutdown"}, step::Close{}},
-                            log),
-                   [&, log, id](std::exception_ptr) {
-                     if (!log->error.empty()) ++errors;
-                     asio::post(h.io, [&, id] { (void)h.host->vm_exited(id); });
-                   });
+    std::vector<Step> script = {step::Send{ready_line()}, step::Expect{"boot"}};
+    if (mode == "exit") {
+      script.push_back(step::Send{exited_line(i % 256)});
+      script.push_back(step::Expect{"shutdown"});
+    } else {
+      script.push_back(step::Expect{"shutdown"});
+    }
+    asio::co_spawn(io, guest_at(fmt::format("{}/vm{:04}.sock", dir, i), std::move(script), log),
+                   [&failed, log](std::exception_ptr) { failed += !log->error.empty(); });
   }
-  std::thread guests([&] { gio.run(); });
-  long peak = 0;
-  bool ok = h.run_until([&] {
-    peak = std::max(peak, vmrss_kib());
-    return h.host->live_sessions() == 0;
-  }, std::chrono::seconds(300));
-  double el = secs_since(t0);
-  guests.join();
+  io.run();
+  return failed ? 1 : 0;
+}
+
+struct GuestProc {
+  pid_t pid = -1;
+  GuestProc(const std::string& self, const std::string& dir, int n, const std::string& mode) {
+    std::vector<std::string> a = {self, "guests", dir, std::to_string(n), mode};
+    std::vector<char*> argv;
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    if (::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) pid = -1;
+  }
+  int wait() {
+    int st = 0;
+    if (pid > 0 && ::waitpid(pid, &st, 0) == pid) pid = -1;
+    return st;
+  }
+  ~GuestProc() {
+    if (pid > 0) { ::kill(pid, SIGKILL); wait(); }
+  }
+};
+
+struct Run {
+  double seconds = 0;
+  int records = 0;
+  long rss_kib_live = 0;        // RSS growth with n booted sessions (vs. before the Host)
+  long rss_kib_registered = 0;  // RSS growth with n VMs registered and listening
+};
+
+Run serve_n(const std::string& self, int n, bool sync, bool hold) {
+  long rss_start = rss_kib();
+  int booted = 0;
+  Harness* hp = nullptr;
+  Harness h([&](HostOptions& o) {
+    o.write.sync = sync;
+    // Count instead of keeping every event; the VMM "exits" once its guest's channel is gone.
+    o.on_event = [&](const Event& e) {
+      booted += e.kind == "boot_sent";
+      if (e.kind == "disconnected")
+        asio::post(hp->io, [hp, vm = e.vm] { (void)hp->host->vm_exited(vm); });
+    };
+  });
+  hp = &h;
+  for (int i = 0; i < n; ++i) h.add(h.config(fmt::format("vm{:04}", i)));
+  long rss_listening = rss_kib();
+  auto t0 = Clock::now();
+  GuestProc g(self, (h.tmp.path / "sock").string(), n, hold ? "hold" : "exit");
   Run r;
-  for (int i = 0; i < n; ++i) r.records += h.record(fmt::format("vm{:04}", i)) ? 1 : 0;
-  if (!ok || errors) fmt::print(stderr, "host_bench: {} guest errors, finished={}\n", errors.load(), ok);
-  r.sessions_per_s = n / el;
-  r.kib_per_session = double(peak - rss0) / n;
+  if (hold) {
+    h.run_until([&] { return booted == n; }, 120s);
+    r.rss_kib_registered = rss_listening - rss_start;
+    r.rss_kib_live = rss_kib() - rss_start;
+    for (int i = 0; i < n; ++i) (void)h.host->shutdown(fmt::format("vm{:04}", i));
+  }
+  h.run_until([&] { return h.host->live_sessions() == 0; }, 300s);
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  g.wait();
+  for (int i = 0; i < n; ++i) r.records += h.record(fmt::format("vm{:04}", i)).has_value();
   return r;
 }
 
-/// The floor: write + fsync + rename + fsync(dir) of a small file, `n` times, under `parent`.
-double raw_fsync_per_s(const std::string& parent, int n) {
-  setenv("TMPDIR", parent.c_str(), 1);
-  TempDir d;
-  int dfd = ::open(d.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  std::string body(300, 'x');  // about the size of an outcome record
+double fsync_rate(const fs::path& dir, int n, bool with_dir) {
+  auto f = dir / "fsync-probe";
+  int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  std::string rec(240, 'x');
   auto t0 = Clock::now();
   for (int i = 0; i < n; ++i) {
-    auto tmp = d.path / fmt::format(".tmp{}", i);
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 || ::write(fd, body.data(), body.size()) < 0 || ::fsync(fd) != 0) return 0;
-    ::close(fd);
-    if (::rename(tmp.c_str(), (d.path / "outcome.json").c_str()) != 0 || ::fsync(dfd) != 0) return 0;
+    (void)::pwrite(fd, rec.data(), rec.size(), 0);
+    ::fsync(fd);
+    if (with_dir) ::fsync(dfd);
   }
-  double r = n / secs_since(t0);
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fd);
   ::close(dfd);
-  return r;
+  return n / s;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = 1000;
-  std::string disk = "/var/tmp", tmpfs = "/dev/shm";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i + 1 >= argc) { fmt::print(stderr, "usage: host_bench [--guests N] [--disk DIR] [--tmpfs DIR]\n"); return 2; }
-    if (a == "--guests") n = std::atoi(argv[++i]);
-    else if (a == "--disk") disk = argv[++i];
-    else if (a == "--tmpfs") tmpfs = argv[++i];
-    else { fmt::print(stderr, "host_bench: unknown flag {}\n", a); return 2; }
-  }
-  if (raise_nofile() < 4 * n) { fmt::print(stderr, "host_bench: RLIMIT_NOFILE too low for {} guests\n", n); return 1; }
-  // Alternate: disk, tmpfs, disk, tmpfs, disk, tmpfs; medians of three.
-  std::vector<double> d, t, f, kib;
+  if (argc >= 5 && std::string_view(argv[1]) == "guests") return guests_main(argv[2], std::atoi(argv[3]), argv[4]);
+  int n = argc > 1 ? std::atoi(argv[1]) : 1000;
+  raise_nofile();
+  std::string self = fs::canonical("/proc/self/exe").string();
+  // Memory first, in a fresh heap (freed memory of earlier runs would hide the growth).
+  auto hold = serve_n(self, n, true, true);
+  std::vector<double> dur, nos;
   int lost = 0;
-  for (int k = 0; k < 3; ++k) {
-    auto a = sessions(n, disk);
-    auto b = sessions(n, tmpfs);
-    d.push_back(a.sessions_per_s);
-    t.push_back(b.sessions_per_s);
-    kib.push_back(a.kib_per_session);
-    lost += (n - a.records) + (n - b.records);
-    f.push_back(raw_fsync_per_s(disk, n));
+  for (int round = 0; round < 3; ++round) {
+    auto durable = serve_n(self, n, true, false);
+    auto nosync = serve_n(self, n, false, false);
+    dur.push_back(n / durable.seconds);
+    nos.push_back(n / nosync.seconds);
+    lost += (n - durable.records) + (n - nosync.records);
   }
   auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-  fmt::print("| P5 host sessions/s, {} concurrent guests, durable records on disk (records lost: {}) | sessions/s | {:.0f} | raw write+fsync+rename+fsync-dir floor | {:.0f} | {:.2f} |\n",
-             n, lost, med(d), med(f), med(d) / med(f));
-  fmt::print("| P5 host sessions/s, {} concurrent guests, state on tmpfs (no disk cost) | sessions/s | {:.0f} | durable on disk | {:.0f} | {:.2f} |\n",
-             n, med(t), med(d), med(t) / med(d));
-  fmt::print("| P5 host memory per live session (VmRSS growth / {}) | KiB | {:.1f} | — | — | — |\n", n, med(kib));
+  TempDir t;
+  double raw = fsync_rate(t.path, 2000, true);
+  fmt::print("| P5 host, {} concurrent guests, durable records (records lost: {}) | sessions/s | {:.0f} "
+             "| raw write+fsync+fsync-dir, same dir | {:.0f} | {:.2f} |\n",
+             n, lost, med(dur), raw, med(dur) / raw);
+  fmt::print("| P5 host, {} concurrent guests, durable records | sessions/s | {:.0f} "
+             "| same, without fsync | {:.0f} | {:.2f} |\n",
+             n, med(dur), med(nos), med(dur) / med(nos));
+  fmt::print("| P5 host memory per live booted session (RSS growth / {}) | KiB | {:.1f} "
+             "| per registered, listening VM | {:.1f} | {:.2f} |\n",
+             n, double(hold.rss_kib_live) / n, double(hold.rss_kib_registered) / n,
+             double(hold.rss_kib_live) / std::max(1L, hold.rss_kib_registered));
   return lost == 0 ? 0 : 1;
 }

@@ -322,10 +322,15 @@ void Session::record_failed(std::string error) {
 
 void Session::begin_shutdown() {
   shutdown_requested_ = true;
-  if (stream_open_ && ready_ && !shutdown_sent_) {
+  // A `shutdown` sent before the guest's final report is not its ack (PROTOCOL.md "Outcome
+  // finality": only one after workload_exited is). Once the outcome is durable, send it once more,
+  // so the guest powers off now instead of waiting out its ack_timeout_ms.
+  const bool recorded = durable_ || record_failed_;
+  if (stream_open_ && ready_ && (!shutdown_sent_ || (recorded && !ack_sent_))) {
     send(proto::Shutdown{});
     shutdown_sent_ = true;
-    log("shutdown_sent", outcome_ ? "ack of the recorded outcome" : "requested");
+    ack_sent_ = recorded;
+    log("shutdown_sent", recorded ? "ack of the recorded outcome" : "requested");
   }
   if (!vm_exited_ && stop_phase_ == 0) {
     stop_phase_ = 1;

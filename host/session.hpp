@@ -143,6 +143,7 @@ class Session {
   bool record_failed_ = false;
   bool shutdown_requested_ = false;  // API shutdown() or policy after durable
   bool shutdown_sent_ = false;
+  bool ack_sent_ = false;       // a `shutdown` went out after the outcome was durable
   bool vm_exited_ = false;
   bool destroy_called_ = false;
   bool finished_ = false;

@@ -10,5 +10,5 @@ ninja -C build bench/bench bench/storm bench/host_bench nesinit/nesinit
 out=bench/results/latest.md
 mkdir -p bench/results
 NESINIT_BIN=build/nesinit/nesinit NES_STORM_BIN=build/bench/storm build/bench/bench "$@" --out "$out" >/dev/null
-build/bench/host_bench --guests 1000 >> "$out"
+build/bench/host_bench 1000 >> "$out"
 cat "$out"

@@ -233,6 +233,24 @@ TEST_CASE("on_exit keep: no ack until shutdown(), then as stop") {
   CHECK(p.removes == 0);
 }
 
+TEST_CASE("shutdown() while the workload runs: a second shutdown acks the durable outcome") {
+  Probe p;
+  p.booted();
+  CHECK(p.s.shutdown(p.t));
+  p.pump();
+  CHECK(p.last_type() == "shutdown");  // the request: the guest stops its workload
+  auto before = p.sent.size();
+  p.feed(test::signalled_line(15));
+  CHECK(p.sent.size() == before);      // nothing is acked before the record is durable
+  p.durable();
+  REQUIRE(p.sent.size() == before + 1);
+  CHECK(p.last_type() == "shutdown");  // the ack: the guest powers off without its ack timeout
+  CHECK(p.logged("shutdown_sent ack of the recorded outcome"));
+  CHECK(p.s.shutdown(p.t));            // idempotent afterwards
+  p.pump();
+  CHECK(p.sent.size() == before + 1);
+}
+
 TEST_CASE("on_exit remove: remove hook only after durable and vm_exited") {
   Probe p(OnExitPolicy::remove);
   p.booted();
