@@ -147,11 +147,7 @@ TEST_CASE("sandbox: a full cycle, the logged phase order, power-off ends the nam
 TEST_CASE("reboot: --halt=reboot ends the namespace with SIGHUP; the descriptor's halt wins") {
   {
     Sandbox sb({.init_args = {"--halt=reboot"}});
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
-    sb.send(make_boot({"/bin/true"}));
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(make_boot({"/bin/true"})), sb.last_error());
     REQUIRE(sb.expect<proto::WorkloadExited>());
     sb.send(proto::Shutdown{});
     auto st = sb.wait_exit();
@@ -322,11 +318,7 @@ TEST_CASE("boot and shutdown in one write: the workload starts, gets its SIGTERM
 
 TEST_CASE("--log=quiet: a clean session writes nothing but the workload's output") {
   Sandbox sb{SandboxOptions{.log = "quiet"}};
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
-  sb.send(make_boot({"/bin/sh", "-c", "echo only-this"}));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "echo only-this"})), sb.last_error());
   REQUIRE(sb.expect<proto::WorkloadExited>());
   sb.send(proto::Shutdown{});
   CHECK(powered_off(sb.wait_exit()));
@@ -336,11 +328,7 @@ TEST_CASE("--log=quiet: a clean session writes nothing but the workload's output
 
 TEST_CASE("kill{signal}: the host's signal reaches the workload's group") {
   Sandbox sb{SandboxOptions{}};
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
-  sb.send(make_boot({"/bin/sh", "-c", "trap 'echo GOT-USR2; exit 12' USR2; echo UP; while :; do sleep 0.05; done"}));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "trap 'echo GOT-USR2; exit 12' USR2; echo UP; while :; do sleep 0.05; done"})), sb.last_error());
   REQUIRE(sb.wait_stdout("UP\n"));
   sb.send(proto::Kill{static_cast<std::uint8_t>(SIGUSR2)});
   auto x = sb.expect<proto::WorkloadExited>();
@@ -393,11 +381,7 @@ TEST_CASE("no host listening: bounded dial, then ordered shutdown") {
 
 TEST_CASE("EOF while the workload runs: its one SIGTERM, then power-off") {
   Sandbox sb({.init_args = {"--grace-ms=60000"}});
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
-  sb.send(make_boot({"sleep", "1000"}));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(make_boot({"sleep", "1000"})), sb.last_error());
   sb.close_channel();
   CHECK(powered_off(sb.wait_exit()));
   CHECK(sb.err().find("exited: signal 15") != std::string::npos);
@@ -407,11 +391,7 @@ TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarde
   for (int sig : {SIGTERM, SIGINT, SIGPWR}) {
     CAPTURE(sig);
     Sandbox sb{SandboxOptions{}};
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
-    sb.send(make_boot({"/bin/sh", "-c", "kill -" + std::to_string(sig) + " 1; exec sleep 1000"}));
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "kill -" + std::to_string(sig) + " 1; exec sleep 1000"})), sb.last_error());
     auto x = sb.expect<proto::WorkloadExited>();
     REQUIRE(x);
     CHECK(x->signal == SIGTERM);  // the workload's one SIGTERM (shutdown step 1)
@@ -421,11 +401,7 @@ TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarde
   }
   {
     Sandbox sb{SandboxOptions{}};
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
-    sb.send(make_boot({"/bin/sh", "-c", "trap 'echo GOT-USR1; exit 5' USR1; kill -USR1 1; while :; do sleep 0.05; done"}));
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "trap 'echo GOT-USR1; exit 5' USR1; kill -USR1 1; while :; do sleep 0.05; done"})), sb.last_error());
     auto x = sb.expect<proto::WorkloadExited>();
     REQUIRE(x);
     CHECK(*x == proto::WorkloadExited::code(5));
@@ -437,11 +413,7 @@ TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarde
 
 TEST_CASE("not terminal: the init stays up after the exit, kill is harmless, shutdown ends it") {
   Sandbox sb{SandboxOptions{}};
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
-  sb.send(make_boot({"/bin/sh", "-c", "exit 4"}, false));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "exit 4"}, false)), sb.last_error());
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(x->exit_code == 4);
@@ -582,11 +554,7 @@ TEST_CASE("S5 exec failures: not found (127), not executable (126), found throug
 
 TEST_CASE("S6 no SIGTERM handler, grace 60 s: stop kills it with 15, never 9") {
   Sandbox sb({.init_args = {"--grace-ms=60000"}});
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
-  sb.send(make_boot({"sleep", "1000"}));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(make_boot({"sleep", "1000"})), sb.last_error());
   sb.send(proto::Stop{});
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
@@ -640,11 +608,7 @@ TEST_CASE("S8 orphans never left as zombies") {
 
 TEST_CASE("S10 exactly one SIGTERM: stop then shutdown, TERM1 once, never TERM2") {
   Sandbox sb({.init_args = {"--grace-ms=1500"}});
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
-  sb.send(make_boot({"sh", "-c", "n=0; trap 'n=$((n+1)); echo TERM$n' TERM; echo READY; while :; do sleep 0.1; done"}));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(make_boot({"sh", "-c", "n=0; trap 'n=$((n+1)); echo TERM$n' TERM; echo READY; while :; do sleep 0.1; done"})), sb.last_error());
   REQUIRE(sb.wait_stdout("READY\n"));
   sb.send(proto::Stop{});
   REQUIRE(sb.wait_stdout("TERM1\n"));
@@ -662,11 +626,7 @@ TEST_CASE("S10 exactly one SIGTERM: stop then shutdown, TERM1 once, never TERM2"
 TEST_CASE("S11 the exit code survives the shutdown: acked by EOF, and by ack timeout") {
   {
     Sandbox sb{SandboxOptions{}};
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
-    sb.send(make_boot({"false"}));
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(make_boot({"false"})), sb.last_error());
     auto x = sb.expect<proto::WorkloadExited>();
     REQUIRE(x);
     CHECK(*x == proto::WorkloadExited::code(1));
@@ -675,11 +635,7 @@ TEST_CASE("S11 the exit code survives the shutdown: acked by EOF, and by ack tim
   }
   {
     Sandbox sb({.init_args = {"--ack-timeout-ms=300"}});
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
-    sb.send(make_boot({"false"}));
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(make_boot({"false"})), sb.last_error());
     auto x = sb.expect<proto::WorkloadExited>();
     REQUIRE(x);
     CHECK(*x == proto::WorkloadExited::code(1));

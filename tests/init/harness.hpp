@@ -46,6 +46,17 @@ class Sandbox {
     last_error_ = "unexpected message: " + proto::encode(*m);
     return std::nullopt;
   }
+  /// The usual opening: accept, `ready`, send `boot`, then `mounted` and `started`. False at the
+  /// first step that fails, with that step named in last_error().
+  bool start(const proto::Boot& boot) {
+    auto fail = [&](const char* step) { last_error_ = std::string(step) + ": " + last_error_; return false; };
+    if (!accept()) return fail("accept");
+    if (!expect<proto::Ready>()) return fail("ready");
+    send(boot);
+    if (!expect<proto::Mounted>()) return fail("mounted");
+    if (!expect<proto::Started>()) return fail("started");
+    return true;
+  }
   /// True once the guest closed the channel (after draining): waits up to timeout_ms.
   bool wait_eof(int timeout_ms = 10000);
   void send(const proto::HostMessage& m);
