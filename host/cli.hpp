@@ -74,7 +74,7 @@ host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std
 host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v, std::uint64_t lo,
                                        std::uint64_t hi);
 
-/// Read a boot descriptor from a JSON file: a `boot` message (PROTOCOL.md), with or without its
+/// Read a boot descriptor from a JSON file: a `boot` message (docs/protocol.md), with or without its
 /// `"type":"boot"` key. At most 1 MiB. Errors name the file and the field.
 host::Result<proto::Boot> load_descriptor(const std::filesystem::path& file);
 

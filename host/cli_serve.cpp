@@ -22,7 +22,7 @@ killed by signal N, 127/126 if it could not start, 124 on --timeout, 125 for hos
   --listen unix:PATH   listen on a Unix socket (mode 0600, parent 0700; a live one is refused)
            vsock:PORT  listen on AF_VSOCK VMADDR_CID_ANY:PORT (needs --cid)
            fd:N        an already-connected stream inherited as fd N
-  --descriptor FILE    boot descriptor JSON (PROTOCOL.md `boot`; "type" may be omitted)
+  --descriptor FILE    boot descriptor JSON (docs/protocol.md `boot`; "type" may be omitted)
   --state DIR          state directory for outcome records
   --vm ID              VM id, [A-Za-z0-9._-], default vm0
   --generation N       generation of this VM (default 1); an older one never overwrites a newer

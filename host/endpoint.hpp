@@ -21,7 +21,7 @@ namespace nes::host {
 inline constexpr std::size_t kSunPathSize = 108;
 
 /// Firecracker / Cloud Hypervisor: a guest connection to vsock port `port` arrives on the Unix
-/// socket `<uds_path>_<port>` (their hybrid-vsock convention; FACTS.md "VMM facts").
+/// socket `<uds_path>_<port>` (their hybrid-vsock convention; docs/facts.md "VMM facts").
 std::string firecracker_vsock_path(std::string_view uds_path, std::uint32_t port);
 /// libkrun: krun_add_vsock_port(ctx, port, path) maps the port to exactly `path`.
 std::string libkrun_vsock_path(std::string_view path);
@@ -46,7 +46,7 @@ Result<Fd> listen_unix(const UnixListenOptions& opt);
 
 /// VMADDR_CID_ANY.
 inline constexpr std::uint32_t kVsockCidAny = 0xFFFFFFFFu;
-/// The host's own CID; guests dial it (PROTOCOL.md "Transport").
+/// The host's own CID; guests dial it (docs/protocol.md "Transport").
 inline constexpr std::uint32_t kVsockCidHost = 2;
 
 /// A sockaddr_vm for `cid:port` (svm_family AF_VSOCK). Pure: builds bytes, opens nothing.
@@ -72,7 +72,7 @@ class CidRegistry {
 };
 
 /// Create, bind and listen an AF_VSOCK socket on VMADDR_CID_ANY:port (non-blocking, CLOEXEC).
-/// Never used by tests on these machines (FACTS.md: never touch AF_VSOCK here).
+/// Never used by tests on these machines (docs/facts.md: never touch AF_VSOCK here).
 Result<Fd> listen_vsock(std::uint32_t port, int backlog = 128);
 
 /// Parse "unix:PATH", "vsock:PORT" or "fd:N" (--listen). `kind` is the prefix.

@@ -322,7 +322,7 @@ void Session::record_failed(std::string error) {
 
 void Session::begin_shutdown() {
   shutdown_requested_ = true;
-  // A `shutdown` sent before the guest's final report is not its ack (PROTOCOL.md "Outcome
+  // A `shutdown` sent before the guest's final report is not its ack (docs/protocol.md "Outcome
   // finality": only one after workload_exited is). Once the outcome is durable, send it once more,
   // so the guest powers off now instead of waiting out its ack_timeout_ms.
   const bool recorded = durable_ || record_failed_;

@@ -35,7 +35,7 @@ struct UnixAddr {
 };
 using Channel = std::variant<VsockAddr, VirtioPortAddr, UnixAddr>;
 
-/// The production default (PROTOCOL.md "Transport"): the host is CID 2, port 7000.
+/// The production default (docs/protocol.md "Transport"): the host is CID 2, port 7000.
 inline constexpr VsockAddr kDefaultVsock{2, 7000};
 
 /// A parse result: a value, or an error text naming the field and what was expected.
@@ -47,7 +47,7 @@ struct Parsed {
 };
 
 /// Parse `vsock:CID:PORT` (u32 decimal each), `virtio-port:NAME` (1..64 bytes, no '/'), or
-/// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; FACTS.md).
+/// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; docs/facts.md).
 Parsed<Channel> parse_channel(std::string_view s);
 /// The canonical spelling of a channel (inverse of parse_channel).
 std::string to_string(const Channel& c);
@@ -92,7 +92,7 @@ struct ArgvResult {
 /// `--help`/`-h`, `--version`, `--self-check` select the command.
 ArgvResult apply_argv(Config& c, const std::vector<std::string_view>& args);
 
-/// The three modes (issue 3). guest: PID 1 of the initial pid namespace (a real VM); sandbox: PID 1
+/// The three modes. guest: PID 1 of the initial pid namespace (a real VM); sandbox: PID 1
 /// of another pid namespace; not_pid1: anything else.
 enum class Mode { guest, sandbox, not_pid1 };
 std::string_view to_string(Mode m);

@@ -1,4 +1,4 @@
-// nesinit: PID 1 for microVMs. Start-up order (issue 3, docs/init.md): block signals, decide the
+// nesinit: PID 1 for microVMs. Start-up order (docs/init.md): block signals, decide the
 // mode, (guest) bring the system up, configure, dial, then the event loop (loop.cpp) until the
 // final act. As PID 1 this function never returns.
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 // exited, a signal to PID 1, a timer), actions out (send a message, mount, spawn, signal, arm a
 // timer, power off). It never touches a file descriptor or a clock: the loop (loop.cpp) does the
 // I/O, which keeps every rule here testable by driving events directly (tests/init/session_test).
-// Rules: PROTOCOL.md and issue 3; the reasons: docs/init.md.
+// Rules: docs/protocol.md; the reasons: docs/init.md.
 #pragma once
 
 #include <cstdint>

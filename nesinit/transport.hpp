@@ -1,7 +1,7 @@
 // The channel's transports: a Unix stream socket, a virtio-serial port found by name, or vsock.
 // All carry the same byte protocol; this file only finds and opens the fd.
 // Safety: an AF_VSOCK socket is only ever connected in guest mode (dial refuses otherwise);
-// tests exercise the vsock address handling only (FACTS.md: CID 2 here is the machine's own
+// tests exercise the vsock address handling only (docs/facts.md: CID 2 here is the machine's own
 // hypervisor).
 #pragma once
 

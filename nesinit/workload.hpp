@@ -21,7 +21,7 @@ inline constexpr const char* kDefaultPath =
 
 /// The workload's environment, `NAME=value` strings: exactly exec.env, plus NESINIT_WIDTH,
 /// NESINIT_HEIGHT, NESINIT_FPS, NESINIT_HDR (0/1) from geometry unless exec.env has the same name
-/// (PROTOCOL.md "Environment handed to the workload"). Sorted by name.
+/// (docs/protocol.md "Environment handed to the workload"). Sorted by name.
 std::vector<std::string> workload_env(const proto::Exec& exec, const proto::Geometry& g);
 
 /// The paths execve is tried with, in order: argv0 itself if it contains '/', else each PATH entry

@@ -6,7 +6,7 @@
 //   A. find `type` (top-level fields only, values skipped);
 //   B. validate the whole line as strict JSON: one object, no trailing content, no duplicate key in
 //      any object, nesting at most kMaxDepth, every string/number/literal well formed;
-//   C. decode the known message, checking every field's type and range against PROTOCOL.md.
+//   C. decode the known message, checking every field's type and range against docs/protocol.md.
 // Pass B makes pass C simple (it only judges the contract) and makes unknown fields and unknown
 // messages as well-formed as known ones. Built with -fno-exceptions: no simdjson exception API.
 #include "codec.hpp"

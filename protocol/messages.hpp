@@ -1,5 +1,5 @@
 // The lifecycle channel's messages: one C++ value type per wire message of protocol version 2
-// (../shared/design/PROTOCOL.md, wire-compatible with the reference implementation's v2).
+// (docs/protocol.md, wire-compatible with the reference implementation's v2).
 // Both ends (nesinit/ and host/) use only these types; nothing else defines the wire.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace nes::proto {
 
 /// The protocol version this build speaks (`ready.protocol_version`).
 inline constexpr std::uint32_t kProtocolVersion = 2;
-/// Default hard cap on one line, in bytes, excluding the '\n' (PROTOCOL.md "Bounds").
+/// Default hard cap on one line, in bytes, excluding the '\n' (docs/protocol.md "Bounds").
 inline constexpr std::size_t kDefaultLineCap = 1u << 20;
 /// uid/gid value refused on the wire: to set*id(2) it means "unchanged".
 inline constexpr std::uint32_t kInvalidId = 4294967295u;
@@ -80,7 +80,7 @@ using GuestMessage =
 // ---- host -> guest -----------------------------------------------------------------------------
 
 /// What to run. `argv` non-empty (never a shell string); `env` exactly the workload's environment
-/// (see PROTOCOL.md for the NESINIT_* geometry variables); `cwd` nullopt = "/".
+/// (see docs/protocol.md for the NESINIT_* geometry variables); `cwd` nullopt = "/".
 struct Exec {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;

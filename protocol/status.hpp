@@ -1,5 +1,5 @@
-// Outcome -> exit status: the one table both ends and the CLI use (PROTOCOL.md; docker/podman
-// conventions, FACTS.md "Exit-status conventions").
+// Outcome -> exit status: the one table both ends and the CLI use (docs/protocol.md; docker/podman
+// conventions, docs/facts.md "Exit-status conventions").
 #pragma once
 
 #include <cstdint>

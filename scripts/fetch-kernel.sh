@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the guest kernel: Debian's cloud flavour (FACTS.md "A real microVM"), downloaded with
+# Fetch the guest kernel: Debian's cloud flavour (docs/facts.md "A real microVM"), downloaded with
 # `apt-get download` and unpacked with `dpkg-deb -x` — never installed on this machine.
 #
 # Result (idempotent; a second run does nothing unless the metapackage now points elsewhere):

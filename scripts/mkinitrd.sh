@@ -2,7 +2,7 @@
 # Assemble a guest initramfs (cpio "newc", every entry owned by 0:0) for `neshost run`:
 #   /init and /sbin/init      the init (nesinit, static)
 #   userland                  Debian's busybox-static with all its applet links, or --rootfs DIR
-#   /dev/console (c 5 1)      without it PID 1 starts with no stdout (FACTS.md)
+#   /dev/console (c 5 1)      without it PID 1 starts with no stdout (docs/facts.md)
 #   /lib/modules/<release>/…  the kernel's virtio modules (decompressed if .ko.xz/.ko.zst/.ko.gz)
 #   /etc/nesinit/modules      their absolute paths, one per line, in dependency order (a module
 #                             after everything it depends on), read by nesinit at boot

@@ -1,5 +1,5 @@
 // Choosing the accelerator: KVM only if a short, bounded probe boot under KVM works, else TCG.
-// On these machines /dev/kvm exists but guests hang under it (FACTS.md): opening the device is
+// On these machines /dev/kvm exists but guests hang under it (docs/facts.md): opening the device is
 // not proof, only a guest that runs is (docs/vm.md "Accelerator").
 #pragma once
 

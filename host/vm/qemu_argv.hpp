@@ -1,5 +1,5 @@
 // The QEMU command line for one nesinit microVM: pure functions, no I/O (docs/vm.md).
-// Recipe measured in FACTS.md "A real microVM on these machines": q35, -no-reboot, kernel
+// Recipe measured in docs/facts.md "A real microVM on these machines": q35, -no-reboot, kernel
 // panic=-1, the channel as virtio-serial port `nes.0` whose chardev *connects* to our listener.
 #pragma once
 

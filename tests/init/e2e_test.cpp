@@ -1,7 +1,7 @@
 // End-to-end: the real static init as PID 1 of a fresh pid + mount namespace, over a Unix socket,
 // against a scripted host (harness.hpp). Asserts the messages, the logged phase order, the
 // namespace init's wait status (SIGINT = power-off, SIGHUP = reboot), real mounts, and the bug
-// scenarios S1-S8, S10, S11 of ../shared/scenarios/bug-scenarios.md.
+// scenarios S1-S8, S10, S11 of tests/init/scenarios.md.
 // This binary doubles as a probe run *inside* the sandbox: `init_e2e_test probe statvfs PATH` /
 // `probe write PATH` (argv[1] == "probe", before doctest sees anything).
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -460,7 +460,7 @@ TEST_CASE("hostname: set in its own UTS namespace; refused in the machine's") {
   CHECK(std::string(before) == std::string(after));
 }
 
-// ---- scenarios (../shared/scenarios/bug-scenarios.md) ------------------------------------------
+// ---- scenarios (tests/init/scenarios.md) ------------------------------------------
 
 TEST_CASE("S1 merged SIGCHLD: workload and orphan exit together, 1000 runs, always exit_code 0") {
   int ok = 0, runs = 1000;

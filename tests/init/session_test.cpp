@@ -1,5 +1,5 @@
-// The session state machine driven directly: events in, actions out, for every path of issue 3
-// and PROTOCOL.md. No I/O, no clock: timers fire because the test says so.
+// The session state machine driven directly: events in, actions out, for every path of the protocol
+// and docs/protocol.md. No I/O, no clock: timers fire because the test says so.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // Encoding and round trips: every message with edge values, every control character, unicode,
-// the invalid-UTF-8 and NUL policies, and the reference's wire shapes (PROTOCOL.md).
+// the invalid-UTF-8 and NUL policies, and the reference's wire shapes (docs/protocol.md).
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "support.hpp"
 

@@ -39,7 +39,7 @@ inline bool starts_with(std::string_view s, std::string_view p) { return s.subst
 inline constexpr std::uint32_t kU32Max = std::numeric_limits<std::uint32_t>::max();
 inline constexpr std::int32_t kI32Max = std::numeric_limits<std::int32_t>::max();
 
-/// The reference's boot descriptor (PROTOCOL.md), as a value.
+/// The reference's boot descriptor (docs/protocol.md), as a value.
 inline Boot reference_boot() {
   Boot b;
   b.exec.argv = {"/bin/sh", "-c", "echo hi"};
@@ -52,7 +52,7 @@ inline Boot reference_boot() {
   return b;
 }
 
-/// PROTOCOL.md's boot example, verbatim but on one line (it is displayed wrapped there).
+/// docs/protocol.md's boot example, verbatim but on one line (it is displayed wrapped there).
 inline constexpr std::string_view kReferenceBootLine =
     R"({"type":"boot",)"
     R"("exec":{"argv":["/bin/sh","-c","echo hi"],"env":{"PATH":"/usr/bin:/bin"},"cwd":null,"uid":0,"gid":0},)"
