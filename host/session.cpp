@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "host/escape.hpp"
 #include "protocol/codec.hpp"
 #include "protocol/status.hpp"
 
@@ -51,7 +52,18 @@ std::vector<Action> Session::take() {
 }
 
 void Session::log(std::string kind, std::string detail) {
-  out_.push_back(act::Log{std::move(kind), std::move(detail)});
+  // Details carry guest text (reasons, types): escaped here, so no consumer of the event (a
+  // terminal, a log file) ever sees a guest's control bytes or a forged line break.
+  out_.push_back(act::Log{std::move(kind), escape_text(detail)});
+}
+
+void Session::log_guest(std::string kind, std::string detail) {
+  // One counter per kind (kinds are a fixed set of literals): a guest repeating one message
+  // cannot make the host log more than kLogRepeat lines of it.
+  for (auto& [k, n] : guest_logs_)
+    if (k == kind) return log_limited(n, std::move(kind), std::move(detail));
+  guest_logs_.emplace_back(kind, 0);
+  log_limited(guest_logs_.back().second, std::move(kind), std::move(detail));
 }
 
 void Session::log_limited(std::uint64_t& counter, std::string kind, std::string detail) {
@@ -65,12 +77,19 @@ void Session::send(const proto::HostMessage& m) {
 }
 
 void Session::send_boot() {
+  booted_ = true;
   proto::Boot b = cfg_.descriptor;
   // The host's policy always wins over what the descriptor said: under `keep` the workload's
   // exit must not power the VM off, so the guest waits for our `shutdown`.
   b.on_exit.terminal = cfg_.on_exit != OnExitPolicy::keep;
   send(b);
   log("boot_sent", fmt::format("terminal={}", b.on_exit.terminal));
+  // The workload's limit starts with the one boot (a restarted guest gets no second arming):
+  // an earlier v2 guest never sends `started`, and the mounts must be bounded too.
+  if (cfg_.wall_timeout && cfg_.wall_from_started && !wall_armed_ && !outcome_) {
+    wall_armed_ = true;
+    out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+  }
 }
 
 void Session::close_stream() {
@@ -92,20 +111,21 @@ void Session::vm_started(WallTime now) {
 
 bool Session::stream_opened(WallTime) {
   if (stream_open_) {
-    log("refused", "a session for this VM is already live");
+    log_guest("refused", "a session for this VM is already live");
     return false;
   }
   if (outcome_ || finished_) {
-    log("refused", "this VM generation already has its outcome");
+    log_guest("refused", "this VM generation already has its outcome");
     return false;
   }
   stream_open_ = true;
   stream_ever_ = true;
   ready_ = false;
+  booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
   reader_ = proto::LineReader(cfg_.line_cap);
   pending_line_bytes_ = 0;
   lines_ = 0;
-  log("connected", "");
+  log_guest("connected", "");
   return true;
 }
 
@@ -165,15 +185,13 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
   if (auto* r = std::get_if<proto::Ready>(&m)) {
     if (ready_) {
       // virtio-serial has no connection events: a second `ready` is a restarted guest.
+      booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
       if (outcome_) {
-        log("guest_restarted", "after the outcome: not booted again");
-        if (shutdown_requested_) {
-          send(proto::Shutdown{});
-          shutdown_sent_ = true;
-        }
+        log_guest("guest_restarted", "after the outcome: not booted again");
+        maybe_send_shutdown();  // before boot, and only once the outcome is durable
         return;
       }
-      log("guest_restarted", "second ready on this stream: new session");
+      log_guest("guest_restarted", "second ready on this stream: new session");
     } else if (outcome_) {
       log_limited(ignored_, "ignored_after_outcome", "ready");
       return;
@@ -189,12 +207,10 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
       close_stream();
       return;
     }
-    log("ready", fmt::format("protocol_version={}", r->protocol_version));
+    log_guest("ready", fmt::format("protocol_version={}", r->protocol_version));
     if (shutdown_requested_) {
       // Shut down before anything ran: no boot descriptor.
-      send(proto::Shutdown{});
-      shutdown_sent_ = true;
-      log("shutdown_sent", "before boot");
+      maybe_send_shutdown();
       return;
     }
     send_boot();
@@ -215,27 +231,39 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
                     std::holds_alternative<proto::StartFailed>(m) ||
                     std::holds_alternative<proto::WorkloadExited>(m);
   if (final_kind && outcome_) {
+    // The host's outcome (e.g. its wall limit) stands; the guest now waits for its ack, which the
+    // durable record of that outcome allows.
+    guest_reported_ = true;
     log_limited(ignored_, "ignored_after_outcome", std::string(guest_type(m)));
+    maybe_send_shutdown();
     return;
   }
   std::visit(
       [&](const auto& msg) {
         using T = std::decay_t<decltype(msg)>;
         if constexpr (std::is_same_v<T, proto::Mounted>) {
-          log("mounted", "");
+          log_guest("mounted", "");
         } else if constexpr (std::is_same_v<T, proto::Started>) {
-          log("started", fmt::format("pid={}", msg.pid));
-          if (cfg_.wall_timeout && cfg_.wall_from_started && !outcome_)
+          log_guest("started", msg.pid ? fmt::format("pid={}", *msg.pid) : std::string());
+          // From the first `started` on, the limit is the workload's; later ones never move it.
+          if (cfg_.wall_timeout && cfg_.wall_from_started && !outcome_ && !wall_rearmed_) {
+            wall_rearmed_ = true;
             out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+          }
         } else if constexpr (std::is_same_v<T, proto::MountFailed>) {
+          guest_reported_ = true;
           finalize(proto::Outcome::mount_failed, std::nullopt, std::nullopt, std::nullopt,
-                   fmt::format("share '{}' failed to mount (errno {}): {}", bounded(msg.tag),
-                               msg.err, bounded(msg.reason)),
+                   fmt::format("share {} failed to mount{}: {}",
+                               msg.tag ? fmt::format("'{}'", bounded(*msg.tag)) : "(unnamed)",
+                               msg.err ? fmt::format(" (errno {})", *msg.err) : "",
+                               bounded(msg.reason)),
                    now);
         } else if constexpr (std::is_same_v<T, proto::StartFailed>) {
+          guest_reported_ = true;
           finalize(proto::Outcome::start_failed, std::nullopt, std::nullopt, msg.cls,
-                   fmt::format("workload failed to start ({}, errno {}): {}",
-                               proto::to_string(msg.cls), msg.err, bounded(msg.reason)),
+                   fmt::format("workload failed to start ({}{}): {}", proto::to_string(msg.cls),
+                               msg.err ? fmt::format(", errno {}", *msg.err) : "",
+                               bounded(msg.reason)),
                    now);
         } else if constexpr (std::is_same_v<T, proto::WorkloadExited>) {
           if (msg.exit_code.has_value() == msg.signal.has_value() ||
@@ -246,14 +274,16 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
                             lines_),
                 now);
           } else if (msg.exit_code) {
+            guest_reported_ = true;
             finalize(proto::Outcome::exited, msg.exit_code, std::nullopt, std::nullopt,
                      fmt::format("workload exited with code {}", *msg.exit_code), now);
           } else {
+            guest_reported_ = true;
             finalize(proto::Outcome::signalled, std::nullopt, msg.signal, std::nullopt,
                      fmt::format("workload killed by signal {}", *msg.signal), now);
           }
         } else if constexpr (std::is_same_v<T, proto::ProtocolError>) {
-          log("guest_protocol_error", bounded(msg.reason));
+          log_guest("guest_protocol_error", bounded(msg.reason));
         }
       },
       m);
@@ -322,21 +352,63 @@ void Session::record_failed(std::string error) {
 
 void Session::begin_shutdown() {
   shutdown_requested_ = true;
-  // A `shutdown` sent before the guest's final report is not its ack (docs/protocol.md "Outcome
-  // finality": only one after workload_exited is). Once the outcome is durable, send it once more,
-  // so the guest powers off now instead of waiting out its ack_timeout_ms.
-  const bool recorded = durable_ || record_failed_;
-  if (stream_open_ && ready_ && (!shutdown_sent_ || (recorded && !ack_sent_))) {
-    send(proto::Shutdown{});
-    shutdown_sent_ = true;
-    ack_sent_ = recorded;
-    log("shutdown_sent", recorded ? "ack of the recorded outcome" : "requested");
-  }
+  request_end();
+  maybe_send_shutdown();
   if (!vm_exited_ && stop_phase_ == 0) {
+    // The stop deadline covers the grace a running workload gets before `shutdown` goes out.
     stop_phase_ = 1;
-    out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
+    auto after = cfg_.stop_timeout + (grace_armed_ && !grace_over_ ? cfg_.grace : std::chrono::milliseconds(0));
+    out_.push_back(act::ArmTimer{TimerKind::stop, after});
   }
   maybe_finish();
+}
+
+void Session::request_end() {
+  // A workload still running gets `stop` (its one SIGTERM) first: the guest then reports how it
+  // ended before any `shutdown` exists that it could take for the ack.
+  if (!(stream_open_ && ready_ && booted_) || guest_reported_) return;
+  if (!stop_sent_) {
+    send(proto::Stop{});
+    stop_sent_ = true;
+    log("stop_sent", fmt::format("ending the workload; shutdown follows within {} ms",
+                                 cfg_.grace.count()));
+  }
+  if (!grace_armed_) {
+    grace_armed_ = true;
+    out_.push_back(act::ArmTimer{TimerKind::grace, cfg_.grace});
+  }
+}
+
+void Session::maybe_send_shutdown() {
+  if (!shutdown_requested_ || !stream_open_ || !ready_) return;
+  // The guest takes any `shutdown` after its final report as the ack that the outcome is durable
+  // (PROTOCOL.md "Outcome finality"). So while an outcome exists that is not durable, nothing
+  // goes out; a record that failed is never acknowledged (the guest powers off after its own
+  // ack_timeout_ms and the stop deadline bounds the wait for that).
+  if (outcome_ && !durable_) return;
+  if (guest_reported_) {
+    if (ack_sent_) return;
+    send(proto::Shutdown{});
+    shutdown_sent_ = ack_sent_ = true;
+    log("shutdown_sent", "ack of the recorded outcome");
+    return;
+  }
+  if (shutdown_sent_) return;
+  // A booted guest that has not reported: `stop` went out; the `shutdown` follows the grace.
+  if (booted_ && !grace_over_) return;
+  send(proto::Shutdown{});
+  shutdown_sent_ = true;
+  log("shutdown_sent", booted_ ? "requested: the grace after stop is over" : "before boot");
+}
+
+void Session::lost(std::string reason, WallTime now) {
+  if (end_requested_)
+    finalize(proto::Outcome::stopped, std::nullopt, std::nullopt, std::nullopt,
+             fmt::format("the host ended the session and the guest reported no outcome ({})", reason),
+             now);
+  else
+    finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
+             std::move(reason), now);
 }
 
 void Session::maybe_finish() {
@@ -370,17 +442,23 @@ void Session::timer_fired(TimerKind k, WallTime now) {
       }
       break;
     case TimerKind::wall:
-      if (!outcome_)
-        finalize(proto::Outcome::timeout, std::nullopt, std::nullopt, std::nullopt,
-                 fmt::format("still running at the host's {} ms limit", cfg_.wall_timeout->count()),
-                 now);
+      if (outcome_) break;
+      finalize(proto::Outcome::timeout, std::nullopt, std::nullopt, std::nullopt,
+               fmt::format("still running at the host's {} ms limit", cfg_.wall_timeout->count()),
+               now);
+      // The limit ends the workload whatever the policy: `stop`, grace, `shutdown`.
+      begin_shutdown();
+      break;
+    case TimerKind::grace:
+      if (!grace_armed_ || grace_over_) break;
+      grace_over_ = true;
+      if (!guest_reported_) log("grace_over", fmt::format("no outcome {} ms after stop", cfg_.grace.count()));
+      maybe_send_shutdown();
       break;
     case TimerKind::stop:
       if (vm_exited_) {
         // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
-        if (!outcome_)
-          finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
-                   "VM exited; its channel stayed open and no outcome arrived", now);
+        if (!outcome_) lost("VM exited; its channel stayed open and no outcome arrived", now);
         close_stream();
         maybe_finish();
         break;
@@ -389,14 +467,11 @@ void Session::timer_fired(TimerKind k, WallTime now) {
         stop_phase_ = 2;
         log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
         out_.push_back(act::CallDestroy{});
-        destroy_called_ = true;
         out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
       } else if (stop_phase_ == 2) {
         stop_phase_ = 3;
         log("gave_up", fmt::format("no vm_exited {} ms after destroy", cfg_.stop_timeout.count()));
-        if (!outcome_)
-          finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
-                   "VM did not exit and no outcome arrived", now);
+        if (!outcome_) lost("VM did not exit and no outcome arrived", now);
         if (durable_ || record_failed_) finish(false);
       }
       break;
@@ -416,9 +491,7 @@ void Session::vm_exited(WallTime now) {
       out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
       return;
     }
-    finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
-             ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`",
-             now);
+    lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
   }
   maybe_finish();
 }
@@ -429,15 +502,13 @@ void Session::stream_closed(WallTime now) {
   bool partial = reader_.partial();
   bool had_session = ready_;
   ready_ = false;
-  log("disconnected", partial ? "in the middle of a line" : "");
+  log_guest("disconnected", partial ? "in the middle of a line" : "");
   if (!had_session && !outcome_) {
     // No `ready` on this stream: it carried no session (a stale-path probe, a peer that gave up).
     // The ready deadline and vm_exited still bound the wait; another stream may come.
-    log("no_session", "stream closed before `ready`");
+    log_guest("no_session", "stream closed before `ready`");
     if (vm_exited_) {
-      finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
-               ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`",
-               now);
+      lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
       maybe_finish();
     }
     return;
@@ -446,7 +517,7 @@ void Session::stream_closed(WallTime now) {
     std::string why = partial ? fmt::format("channel closed in the middle of line {} ({} bytes)",
                                             lines_ + 1, pending_line_bytes_)
                               : std::string("channel closed before an outcome");
-    finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt, why, now);
+    lost(std::move(why), now);
   }
   maybe_finish();
 }
@@ -477,6 +548,7 @@ Status Session::kill(int signal) {
 
 Status Session::shutdown(WallTime) {
   if (finished_) return Error{"shutdown: the session is over"};
+  if (!outcome_) end_requested_ = true;
   begin_shutdown();
   return Ok{};
 }

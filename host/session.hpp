@@ -36,14 +36,20 @@ struct SessionConfig {
   OnExitPolicy on_exit = OnExitPolicy::stop;
   std::chrono::milliseconds ready_timeout{30000};  // from vm_started to `ready`
   std::chrono::milliseconds stop_timeout{10000};   // shutdown sent -> vm_exited, else destroy
+  /// Ending a running workload (shutdown(), the wall limit): `stop` (its SIGTERM), then this long
+  /// for its outcome, then `shutdown` (the guest escalates to SIGKILL). As `docker stop -t`.
+  std::chrono::milliseconds grace{10000};
   std::optional<std::chrono::milliseconds> wall_timeout;  // host's limit -> outcome `timeout`
-  bool wall_from_started = false;  // the limit runs from `started` (the workload's) instead of
-                                   // from vm_started (the whole VM's); `neshost run --timeout`
+  /// The limit runs from the workload's first `started` (an earlier v2 revision never sends one:
+  /// then from `boot`, which also bounds the mounts) instead of from vm_started (the whole VM's);
+  /// `neshost run --timeout`. Armed at most twice (boot, first `started`), never re-armed later.
+  bool wall_from_started = false;
   std::size_t line_cap = proto::kDefaultLineCap;          // bytes per guest line
 };
 
-/// The session's timers. `stop` runs twice at most: destroy, then give up waiting.
-enum class TimerKind { ready, wall, stop };
+/// The session's timers. `stop` runs twice at most: destroy, then give up waiting. `grace`: from
+/// the host's `stop` of a running workload to the `shutdown` that follows it.
+enum class TimerKind { ready, wall, stop, grace };
 
 namespace act {
 struct Send { std::string line; };                      // one encoded line, '\n' included
@@ -92,7 +98,10 @@ class Session {
   Status stop();
   /// Send `signal` (1..64) to the workload's process group; needs a booted session.
   Status kill(int signal);
-  /// End the session: send `shutdown` (if a stream is up) and wait for vm_exited like `stop`.
+  /// End the session. A running workload first gets `stop`, then `grace` for its outcome, then
+  /// `shutdown`; a `shutdown` after the guest's outcome is its ack, so it goes out only once the
+  /// record is durable, and never for a record that failed (the guest then powers off after its
+  /// own ack_timeout_ms; past the stop deadline the VM is destroyed). Waits for vm_exited.
   Status shutdown(WallTime now);
 
   // ---- state ----
@@ -117,10 +126,14 @@ class Session {
   void send_boot();
   void close_stream();
   void begin_shutdown();
+  void request_end();
+  void maybe_send_shutdown();
+  void lost(std::string reason, WallTime now);
   void maybe_finish();
   void finish(bool allow_remove);
   void log_limited(std::uint64_t& counter, std::string kind, std::string detail);
   void log(std::string kind, std::string detail);
+  void log_guest(std::string kind, std::string detail);  // a guest-triggered event: rate-limited
 
   SessionConfig cfg_;
   proto::LineReader reader_;
@@ -131,21 +144,29 @@ class Session {
   std::uint64_t lines_ = 0;             // lines seen on the current stream
   std::uint64_t unknown_ = 0;           // unknown-type lines skipped
   std::uint64_t ignored_ = 0;           // lines ignored after the outcome
+  std::vector<std::pair<std::string, std::uint64_t>> guest_logs_;  // per guest-triggered kind
   bool stream_open_ = false;
   bool stream_ever_ = false;
   bool ready_ = false;        // `ready` seen on the current stream (a session is booted)
   bool ready_ever_ = false;   // any `ready` seen (the ready deadline is met)
   int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up
   bool stop_pending_ = false; // stop() before boot
-  bool stop_sent_ = false;
+  bool stop_sent_ = false;    // `stop` went out on the current stream
+  bool booted_ = false;       // `boot` went out on the current stream
+  bool guest_reported_ = false;  // the guest sent its final report on the current stream: any
+                                 // `shutdown` it receives from now on is its ack
+  bool grace_armed_ = false;
+  bool grace_over_ = false;
+  bool wall_armed_ = false;   // the wall limit was armed at the first `boot`
+  bool wall_rearmed_ = false; // the wall limit moved to the first `started` once
   bool recording_ = false;
   bool durable_ = false;
   bool record_failed_ = false;
-  bool shutdown_requested_ = false;  // API shutdown() or policy after durable
+  bool shutdown_requested_ = false;  // API shutdown(), the wall limit, or policy after durable
+  bool end_requested_ = false;       // the API asked for the end before any outcome
   bool shutdown_sent_ = false;
-  bool ack_sent_ = false;       // a `shutdown` went out after the outcome was durable
+  bool ack_sent_ = false;       // a `shutdown` went out after the guest's report, record durable
   bool vm_exited_ = false;
-  bool destroy_called_ = false;
   bool finished_ = false;
 };
 

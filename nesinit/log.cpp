@@ -1,9 +1,14 @@
 #include "log.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -32,15 +37,59 @@ void Log::line(Severity s, std::string_view phase, std::string_view text) const 
   out += text.substr(0, kMax);
   if (text.size() > kMax) out += "...";
   out += '\n';
-  // One write per line; a short write or EINTR is retried, any other failure is dropped (the log
-  // must never stop PID 1).
-  std::string_view rest = out;
-  while (!rest.empty()) {
-    ssize_t n = ::write(fd_, rest.data(), rest.size());
+  // One write per line. A line the fd cannot take now is dropped and counted (the log must never
+  // stop PID 1); the count goes out ahead of the next line that fits.
+  if (unreported_) {
+    std::string note = fmt::format("nesinit: log: warning: {} line(s) dropped (output not read)\n",
+                                   unreported_);
+    if (!write_now(note)) {
+      ++dropped_, ++unreported_;
+      return;
+    }
+    unreported_ = 0;
+  }
+  if (!write_now(out)) ++dropped_, ++unreported_;
+}
+
+bool Log::write_now(std::string_view rest) const {
+  if (poll_first_) {
+    pollfd p{fd_, POLLOUT, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLOUT)) return false;
+  }
+  const int fd = own_fd_ >= 0 ? own_fd_ : fd_;
+  // A short write (the pipe filled up mid-line) loses the rest of that line: retrying would wait.
+  for (int tries = 0; !rest.empty() && tries < 4; ++tries) {
+    ssize_t n = is_socket_ ? ::send(fd, rest.data(), rest.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
+                           : ::write(fd, rest.data(), rest.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
+    if (n <= 0) return false;
     rest.remove_prefix(static_cast<std::size_t>(n));
   }
+  return rest.empty();
+}
+
+int Log::make_nonblocking() {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return errno;
+  if (S_ISREG(st.st_mode)) return 0;
+  if (S_ISSOCK(st.st_mode)) {
+    is_socket_ = true;
+    return 0;
+  }
+  char path[32];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
+  int fd = ::open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    poll_first_ = true;
+    return errno;
+  }
+  if (own_fd_ >= 0) ::close(own_fd_);
+  own_fd_ = fd;
+  return 0;
+}
+
+Log::~Log() {
+  if (own_fd_ >= 0) ::close(own_fd_);
 }
 
 std::string errno_text(int err) {

@@ -63,16 +63,23 @@ class Pid1 {
   void dial() {
     const Channel ch = *cfg_.channel;
     int stop_sig = 0;
-    auto wait = [&](std::uint32_t ms) -> bool {
-      // The backoff waits on the signalfd: a shutdown signal ends the dialling at once, SIGCHLD
-      // is reaped (a module helper may exit), anything else waits for the loop.
+    auto wait = [&](std::uint32_t ms, int fd) -> bool {
+      // The backoff (and a connect in progress, `fd`) waits on the signalfd: a shutdown signal
+      // ends the dialling at once, SIGCHLD is reaped (a module helper may exit), anything else
+      // waits for the loop.
       const std::uint64_t until = monotonic_ms() + ms;
       for (;;) {
         std::uint64_t now = monotonic_ms();
         if (now >= until) return true;
-        pollfd p{sfd_, POLLIN, 0};
-        int r = ::poll(&p, 1, static_cast<int>(until - now));
+        pollfd p[2] = {{sfd_, POLLIN, 0}, {fd, POLLOUT, 0}};
+        int r = ::poll(p, fd >= 0 ? 2 : 1, static_cast<int>(until - now));
+        if (r < 0 && errno != EINTR) {
+          poll_backoff();
+          continue;
+        }
         if (r <= 0) continue;
+        if (fd >= 0 && p[1].revents) return true;
+        if (!p[0].revents) continue;
         for (int sig : read_signals()) {
           if (sig == SIGCHLD) reaper_.reap();
           else if (sig == SIGTERM || sig == SIGINT || sig == SIGPWR) stop_sig = sig;
@@ -229,6 +236,19 @@ class Pid1 {
     final_act(mode_, shares_, halt, reaper_, log_);
   }
 
+  /// poll(2) itself failed (ENOMEM, or EINVAL from a bad fd set): nothing the loop can fix at
+  /// once. Wait, doubling from 10 ms to 1 s, so a persistent failure is not a busy loop, and log
+  /// the first few only; the deadlines still fire after each wait.
+  void poll_backoff() {
+    const int e = errno;
+    ++poll_errors_;
+    if (poll_errors_ <= 3) log_.error("loop", "poll: {} (retrying with backoff)", std::strerror(e));
+    const std::uint64_t ms = std::min<std::uint64_t>(10ull << std::min<unsigned>(poll_errors_ - 1, 7), 1000);
+    timespec ts{static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000L};
+    while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+
   // ---- I/O -------------------------------------------------------------------------------------
   std::vector<int> read_signals() {
     std::vector<int> sigs;
@@ -274,7 +294,8 @@ class Pid1 {
     pollfd p[2] = {{sfd_, POLLIN, 0}, {chan_, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
     int r = ::poll(p, watch_chan ? 2 : 1, timeout);
     if (!watch_chan) p[1].revents = 0;
-    if (r < 0 && errno != EINTR) log_.error("loop", "poll: {}", std::strerror(errno));
+    if (r < 0 && errno != EINTR) poll_backoff();
+    else if (r >= 0) poll_errors_ = 0;
 
     const std::uint64_t after = monotonic_ms();
     for (int i = 0; i < kTimerCount; ++i)
@@ -345,6 +366,7 @@ class Pid1 {
   bool port_down_ = false;  // its host side was seen disconnected
   bool host_seen_ = false;  // the host has sent at least one byte
   std::optional<std::uint64_t> port_retry_at_;
+  unsigned poll_errors_ = 0;  // consecutive poll(2) failures
 };
 
 }  // namespace

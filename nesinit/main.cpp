@@ -142,10 +142,13 @@ int main(int argc, char** argv) {
   }
 
   // 2.-3. guest mode: a bare kernel environment.
+  int log_err = 0;
   if (mode == Mode::guest) {
     guest_early(log);
     guest_mounts_and_net(log);
+    log_err = log.make_nonblocking();  // needs /proc
   } else {
+    log_err = log.make_nonblocking();
     // sandbox: our own mount namespace, private from "/" down, before any mount, so nothing we
     // mount propagates to whoever started us (even if they did not unshare the mount namespace).
     if (::unshare(CLONE_NEWNS) != 0) log.warn("sandbox", "unshare(CLONE_NEWNS): {}", std::strerror(errno));
@@ -171,6 +174,7 @@ int main(int argc, char** argv) {
   log.info("mode", "{} (pid {})", to_string(mode), ::getpid());
   for (auto& n : notes) log.warn("config", "{}", n);
   if (oom_err) log.debug("oom", "oom_score_adj -1000: {}", std::strerror(oom_err));
+  if (log_err) log.debug("log", "no non-blocking reopen of stderr ({}); polling before each line", std::strerror(log_err));
   if (mode == Mode::guest) {
     // Bare words and unknown flags are what the kernel hands PID 1: never fatal here.
     for (auto& p : a.problems) log.warn("config", "{}", p);
@@ -197,7 +201,13 @@ int main(int argc, char** argv) {
   if (mode == Mode::guest) load_modules(log);
 
   int sfd = ::signalfd(-1, &blocked, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (sfd < 0) log.error("loop", "signalfd: {}", std::strerror(errno));
+  if (sfd < 0) {
+    // Without it PID 1 never learns of SIGCHLD or SIGTERM: the loop would hang silently. Fail
+    // here, before the loop, as catatonit's bail() does (as a real PID 1 the kernel then panics,
+    // which a VMM reports; better than a VM that never ends).
+    log.error("loop", "signalfd: {}; cannot run without it", std::strerror(errno));
+    return 1;
+  }
   Reaper reaper;
   // 6. onwards: dial, session, ordered shutdown. Never returns.
   run_pid1(mode, cfg, log, sfd, reaper);

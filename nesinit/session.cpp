@@ -253,7 +253,7 @@ void Session::on(const ev::MountsDone&) {
 
 void Session::on(const ev::MountFailed& f) {
   if (phase_ != Phase::mounting) return;
-  note(Severity::error, "mount", fmt::format("{}: {}", f.failure.tag, f.failure.reason));
+  note(Severity::error, "mount", fmt::format("{}: {}", f.failure.tag.value_or(""), f.failure.reason));
   settle(f.failure);  // nothing is started
 }
 

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/vm_sockets.h>
+#include <poll.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -56,26 +57,46 @@ std::optional<std::string> find_virtio_port(const std::string& name, const std::
   return found;
 }
 
-namespace {
-int connect_socket(int domain, const SockAddr& a) {
-  int fd = ::socket(domain, SOCK_STREAM | SOCK_CLOEXEC, 0);
+int connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
+                   const std::function<std::uint64_t()>& now_ms) {
+  // Never a blocking connect(): PID 1 has every signal blocked, so nothing would cut it short
+  // (a Unix listener with a full backlog blocks it until a slot frees; vsock until the kernel's
+  // own connect timeout).
+  int fd = ::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return -errno;
   int r;
   do r = ::connect(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.len);
   while (r != 0 && errno == EINTR);
-  if (r != 0) {
-    int e = errno;
-    ::close(fd);
-    return -e;
+  if (r == 0) return fd;
+  int e = errno;
+  // A Unix socket answers at once (EAGAIN: backlog full, retried by dial's backoff); vsock and
+  // TCP report EINPROGRESS and finish later: wait for writability up to the deadline.
+  while (e == EINPROGRESS) {
+    const std::uint64_t now = now_ms();
+    if (now >= deadline_ms) {
+      e = ETIMEDOUT;
+      break;
+    }
+    if (!wait(static_cast<std::uint32_t>(std::min<std::uint64_t>(deadline_ms - now, 1u << 30)), fd)) {
+      e = ECANCELED;
+      break;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, 0) != 1) continue;
+    int soerr = 0;
+    socklen_t len = sizeof soerr;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0) soerr = errno;
+    if (soerr == 0) return fd;
+    e = soerr;
   }
-  int fl = ::fcntl(fd, F_GETFL);
-  ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-  return fd;
+  ::close(fd);
+  return -e;
 }
-}  // namespace
 
-int dial_once(const Channel& c, bool guest) {
-  if (auto* u = std::get_if<UnixAddr>(&c)) return connect_socket(AF_UNIX, unix_sockaddr(*u));
+int dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
+              const std::function<std::uint64_t()>& now_ms) {
+  if (auto* u = std::get_if<UnixAddr>(&c))
+    return connect_socket(AF_UNIX, unix_sockaddr(*u), deadline_ms, wait, now_ms);
   if (auto* p = std::get_if<VirtioPortAddr>(&c)) {
     auto dev = find_virtio_port(p->name);
     if (!dev) return -ENOENT;
@@ -84,7 +105,11 @@ int dial_once(const Channel& c, bool guest) {
   }
   // vsock: only a real guest dials it (never a test, never a sandbox).
   if (!guest) return -EPERM;
-  return connect_socket(AF_VSOCK, vsock_sockaddr(std::get<VsockAddr>(c)));
+  return connect_socket(AF_VSOCK, vsock_sockaddr(std::get<VsockAddr>(c)), deadline_ms, wait, now_ms);
+}
+
+int dial_once(const Channel& c, bool guest) {
+  return dial_once(c, guest, 0, [](std::uint32_t, int) { return true; }, [] { return std::uint64_t{0}; });
 }
 
 bool retryable(int err) {
@@ -107,14 +132,14 @@ bool retryable(int err) {
   }
 }
 
-int dial(const Channel& c, bool guest, std::uint32_t timeout_ms,
-         const std::function<bool(std::uint32_t)>& wait, const std::function<std::uint64_t()>& now_ms,
-         const Log& log) {
+int dial(const Channel& c, bool guest, std::uint32_t timeout_ms, const DialWait& wait,
+         const std::function<std::uint64_t()>& now_ms, const Log& log) {
   const std::uint64_t start = now_ms();
   std::uint32_t backoff = 10;
   int last = -ETIMEDOUT;
   for (unsigned attempt = 1;; ++attempt) {
-    int fd = dial_once(c, guest);
+    int fd = dial_once(c, guest, start + timeout_ms, wait, now_ms);
+    if (fd == -ECANCELED) return fd;
     if (fd >= 0) {
       log.info("dial", "{} connected (attempt {})", to_string(c), attempt);
       return fd;
@@ -125,7 +150,7 @@ int dial(const Channel& c, bool guest, std::uint32_t timeout_ms,
     const std::uint64_t elapsed = now_ms() - start;
     if (elapsed >= timeout_ms) return last;
     std::uint32_t w = static_cast<std::uint32_t>(std::min<std::uint64_t>(backoff, timeout_ms - elapsed));
-    if (!wait(w)) return -ECANCELED;
+    if (!wait(w, -1)) return -ECANCELED;
     backoff = std::min<std::uint32_t>(backoff * 2, 500);
   }
 }

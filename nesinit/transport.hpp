@@ -34,19 +34,34 @@ std::optional<std::string> find_virtio_port(const std::string& name,
                                             const std::string& sysfs_dir = "/sys/class/virtio-ports",
                                             const std::string& dev_dir = "/dev");
 
+/// How dialling waits: `wait(ms, fd)` returns after at most `ms` milliseconds, or earlier when
+/// `fd` (if >= 0) is writable; false means "abandon dialling" (a shutdown signal arrived).
+using DialWait = std::function<bool(std::uint32_t ms, int fd)>;
+
+/// A SOCK_STREAM socket of `domain` (non-blocking, CLOEXEC) connected to `a` without ever
+/// blocking: a connect that is in progress (vsock, TCP) is waited for through `wait`, up to
+/// `deadline_ms` on `now_ms`'s clock. Returns the fd, or -errno: -ETIMEDOUT past the deadline,
+/// -ECANCELED when `wait` said abandon, -EAGAIN for a Unix listener whose backlog is full.
+int connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
+                   const std::function<std::uint64_t()>& now_ms);
+
 /// One attempt: returns a connected/opened fd (O_CLOEXEC, non-blocking), or -errno.
-/// `guest` must be true for vsock, else -EPERM without creating any socket.
+/// `guest` must be true for vsock, else -EPERM without creating any socket. An in-progress
+/// connect is bounded by `deadline_ms` and cut short by `wait` (see connect_socket).
+int dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
+              const std::function<std::uint64_t()>& now_ms);
+/// dial_once without waiting: an in-progress connect fails at once with -ETIMEDOUT.
 int dial_once(const Channel& c, bool guest);
 
 /// Whether a failed attempt's errno is worth retrying (the peer is not there *yet*).
 bool retryable(int err);
 
-/// Dial with bounded retry: attempts until success, a non-retryable error, or `timeout_ms` total.
-/// Between attempts `wait(ms)` is called (backoff 10 ms doubling to 500 ms); it returns false to
-/// abandon dialling (e.g. a shutdown signal arrived). Returns the fd, or -errno of the last
-/// attempt (-ETIMEDOUT if none was made).
-int dial(const Channel& c, bool guest, std::uint32_t timeout_ms,
-         const std::function<bool(std::uint32_t)>& wait, const std::function<std::uint64_t()>& now_ms,
-         const Log& log);
+/// Dial with bounded retry: attempts until success, a non-retryable error, or `timeout_ms` total
+/// (an attempt in progress counts against it too). Between attempts `wait(ms, -1)` is called
+/// (backoff 10 ms doubling to 500 ms); it returns false to abandon dialling (e.g. a shutdown
+/// signal arrived): then -ECANCELED. Returns the fd, or -errno of the last attempt (-ETIMEDOUT if
+/// none was made).
+int dial(const Channel& c, bool guest, std::uint32_t timeout_ms, const DialWait& wait,
+         const std::function<std::uint64_t()>& now_ms, const Log& log);
 
 }  // namespace nes::init

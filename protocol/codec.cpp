@@ -142,24 +142,32 @@ void enc(Buf& b, const Ready& m) {
 void enc(Buf& b, const Mounted&) { open(b, "mounted"); }
 void enc(Buf& b, const MountFailed& m) {
   open(b, "mount_failed");
-  key(b, "tag");
-  put_string(b, m.tag);
+  if (m.tag) {
+    key(b, "tag");
+    put_string(b, *m.tag);
+  }
   key(b, "reason");
   put_string(b, m.reason);
-  key(b, "errno");
-  put_int(b, m.err);
+  if (m.err) {
+    key(b, "errno");
+    put_int(b, *m.err);
+  }
 }
 void enc(Buf& b, const Started& m) {
   open(b, "started");
-  key(b, "pid");
-  put_int(b, m.pid);
+  if (m.pid) {
+    key(b, "pid");
+    put_int(b, *m.pid);
+  }
 }
 void enc(Buf& b, const StartFailed& m) {
   open(b, "start_failed");
   key(b, "reason");
   put_string(b, m.reason);
-  key(b, "errno");
-  put_int(b, m.err);
+  if (m.err) {
+    key(b, "errno");
+    put_int(b, *m.err);
+  }
   key(b, "class");
   put_string(b, to_string(m.cls));
 }
@@ -758,43 +766,39 @@ bool dec(od::document& doc, const Path& p, Ready& out, Err& err) {
 constexpr std::string_view kErrno = "integer 0..2147483647";
 constexpr std::int64_t kI32Max = std::numeric_limits<std::int32_t>::max();
 
+// Every v2 revision the reference shipped is accepted (docs/protocol.md "Revisions of v2"): a
+// later one sends `started` without `pid` and the failures with `reason` alone, so only `reason`
+// is required; a field that is present must still be well-formed.
 bool dec(od::document& doc, const Path& p, MountFailed& out, Err& err) {
-  bool tag = false, reason = false, errn = false;
+  bool reason = false;
   if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
-        if (k == "tag") return tag = true, get_str(fv, p / k, out.tag, err);
+        if (k == "tag") return get_str(fv, p / k, out.tag.emplace(), err);
         if (k == "reason") return reason = true, get_str(fv, p / k, out.reason, err);
-        if (k == "errno") return errn = true, get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err, err);
+        if (k == "errno") return get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err.emplace(), err);
         return true;
       }))
     return false;
-  if (!tag) return missing(p, "tag", "string", err);
-  if (!reason) return missing(p, "reason", "string", err);
-  return errn || missing(p, "errno", kErrno, err);
+  return reason || missing(p, "reason", "string", err);
 }
 
 bool dec(od::document& doc, const Path& p, Started& out, Err& err) {
-  bool pid = false;
-  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
-        if (k == "pid")
-          return pid = true, get_ranged(fv, p / k, 1, kI32Max, "integer 1..2147483647", out.pid, err);
-        return true;
-      }))
-    return false;
-  return pid || missing(p, "pid", "integer 1..2147483647", err);
+  return each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+    if (k == "pid")
+      return get_ranged(fv, p / k, 1, kI32Max, "integer 1..2147483647", out.pid.emplace(), err);
+    return true;
+  });
 }
 
 bool dec(od::document& doc, const Path& p, StartFailed& out, Err& err) {
-  bool reason = false, errn = false, cls = false;
+  bool reason = false;
   if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
         if (k == "reason") return reason = true, get_str(fv, p / k, out.reason, err);
-        if (k == "errno") return errn = true, get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err, err);
-        if (k == "class") return cls = true, get_enum(fv, p / k, kClasses, out.cls, err);
+        if (k == "errno") return get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err.emplace(), err);
+        if (k == "class") return get_enum(fv, p / k, kClasses, out.cls, err);
         return true;
       }))
     return false;
-  if (!reason) return missing(p, "reason", "string", err);
-  if (!errn) return missing(p, "errno", kErrno, err);
-  return cls || missing(p, "class", "one of \"not_found\", \"not_executable\", \"other\"", err);
+  return reason || missing(p, "reason", "string", err);
 }
 
 constexpr std::string_view kExitCode = "integer 0..255";

@@ -33,26 +33,30 @@ struct Mounted {
 };
 
 /// A share failed to mount; nothing was started. `err` is the errno value (0 if none).
+/// `tag` and `err` are unset only when decoded from a v2 revision that sends `reason` alone;
+/// this init always sets both.
 struct MountFailed {
-  std::string tag;
+  std::optional<std::string> tag;
   std::string reason;
-  std::int32_t err = 0;  // wire name: "errno"
+  std::optional<std::int32_t> err;  // wire name: "errno"
   bool operator==(const MountFailed&) const = default;
 };
 
-/// The workload's exec succeeded (learned through a CLOEXEC pipe). `pid` >= 1, in the guest.
+/// The workload's exec succeeded (learned through a CLOEXEC pipe). `pid` >= 1, in the guest;
+/// unset only when decoded from a v2 revision that sends `{"type":"started"}` alone.
 struct Started {
-  std::int32_t pid = 1;
+  std::optional<std::int32_t> pid;
   bool operator==(const Started&) const = default;
 };
 
 /// Why a workload could not start. Statuses follow POSIX shells: not_found 127, else 126.
 enum class StartFailClass { not_found, not_executable, other };
 
-/// exec or its set-up failed; no `workload_exited` follows. `err` is the errno value.
+/// exec or its set-up failed; no `workload_exited` follows. `err` is the errno value (unset,
+/// and `cls` other, when decoded from a v2 revision that sends `reason` alone).
 struct StartFailed {
   std::string reason;
-  std::int32_t err = 0;  // wire name: "errno"
+  std::optional<std::int32_t> err;  // wire name: "errno"
   StartFailClass cls = StartFailClass::other;  // wire name: "class"
   bool operator==(const StartFailed&) const = default;
 };

@@ -24,6 +24,7 @@ int exit_status(Outcome o, std::optional<std::uint8_t> exit_code,
     case Outcome::start_failed:
       return cls == StartFailClass::not_found ? kStatusNotFound : kStatusNotExecutable;
     case Outcome::timeout: return kStatusTimeout;
+    case Outcome::stopped: return kStatusStopped;
     case Outcome::mount_failed:
     case Outcome::channel_lost:
     case Outcome::protocol_error:
@@ -34,7 +35,7 @@ int exit_status(Outcome o, std::optional<std::uint8_t> exit_code,
 }
 
 namespace {
-constexpr std::array<std::pair<Outcome, std::string_view>, 9> kOutcomeNames{{
+constexpr std::array<std::pair<Outcome, std::string_view>, 10> kOutcomeNames{{
     {Outcome::exited, "exited"},
     {Outcome::signalled, "signalled"},
     {Outcome::start_failed, "start_failed"},
@@ -44,6 +45,7 @@ constexpr std::array<std::pair<Outcome, std::string_view>, 9> kOutcomeNames{{
     {Outcome::no_ready, "no_ready"},
     {Outcome::version_mismatch, "version_mismatch"},
     {Outcome::timeout, "timeout"},
+    {Outcome::stopped, "stopped"},
 }};
 }  // namespace
 

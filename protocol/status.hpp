@@ -21,6 +21,7 @@ enum class Outcome {
   no_ready,          // no `ready` within the deadline from vm_started
   version_mismatch,  // ready.protocol_version != 2
   timeout,           // the host's wall limit expired
+  stopped,           // the host ended the session (shutdown()) and the guest reported nothing
 };
 
 /// Exit-status constants (POSIX shell; timeout(1); docker/podman for host-side failures).
@@ -29,6 +30,9 @@ inline constexpr int kStatusHostFailure = 125;    // docker run: the daemon/host
 inline constexpr int kStatusNotExecutable = 126;  // POSIX shell: found but not executable
 inline constexpr int kStatusNotFound = 127;       // POSIX shell: command not found
 inline constexpr int kStatusSignalBase = 128;     // POSIX shell: 128+N killed by signal N
+/// 143 = 128+SIGTERM: what docker reports for a container `docker stop` ended. Used for
+/// Outcome::stopped, where the host asked for the end and the guest reported nothing.
+inline constexpr int kStatusStopped = 143;
 
 /// Exit status of a workload_exited report: the code, or 128+signal.
 int exit_status(const WorkloadExited& m);
@@ -37,7 +41,8 @@ int exit_status(const StartFailed& m);
 /// 125.
 int exit_status(const MountFailed& m);
 /// The status of a recorded outcome. `exit_code`/`signal`/`cls` are consulted for exited,
-/// signalled and start_failed respectively; every host-side failure is 125, timeout 124.
+/// signalled and start_failed respectively; every host-side failure is 125, timeout 124,
+/// stopped 143.
 int exit_status(Outcome o, std::optional<std::uint8_t> exit_code = std::nullopt,
                 std::optional<std::uint8_t> signal = std::nullopt,
                 std::optional<StartFailClass> cls = std::nullopt);

@@ -233,12 +233,12 @@ TEST_CASE("on_exit keep: no ack until shutdown(), then as stop") {
   CHECK(p.removes == 0);
 }
 
-TEST_CASE("shutdown() while the workload runs: a second shutdown acks the durable outcome") {
+TEST_CASE("shutdown() while the workload runs: stop first; the shutdown acks the durable outcome") {
   Probe p;
   p.booted();
   CHECK(p.s.shutdown(p.t));
   p.pump();
-  CHECK(p.last_type() == "shutdown");  // the request: the guest stops its workload
+  CHECK(p.last_type() == "stop");  // not a shutdown: the guest could take that for the ack
   auto before = p.sent.size();
   p.feed(test::signalled_line(15));
   CHECK(p.sent.size() == before);      // nothing is acked before the record is durable
@@ -414,7 +414,10 @@ TEST_CASE("wall timeout -> outcome timeout (124)") {
   p.pump();
   CHECK(p.outcome().outcome == proto::Outcome::timeout);
   CHECK(p.outcome().exit_status == 124);
+  CHECK(p.last_type() == "stop");  // stop, grace, shutdown
   p.durable();
+  p.s.timer_fired(TimerKind::grace, p.t);
+  p.pump();
   CHECK(p.last_type() == "shutdown");
 }
 
@@ -483,10 +486,10 @@ TEST_CASE("gave up waiting for the VM before the record was durable: finish once
   CHECK(p.s.shutdown(p.t));
   p.pump();
   p.s.timer_fired(TimerKind::stop, p.t);  // destroy
-  p.s.timer_fired(TimerKind::stop, p.t);  // give up: no outcome either -> channel_lost
+  p.s.timer_fired(TimerKind::stop, p.t);  // give up: no outcome; the host asked -> stopped
   p.pump();
   CHECK(p.destroys == 1);
-  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(p.outcome().outcome == proto::Outcome::stopped);
   CHECK(!p.s.finished());
   p.durable();
   CHECK(p.s.finished());

@@ -45,11 +45,19 @@ Sandbox::Sandbox(SandboxOptions o) {
     sockaddr_un a{};
     a.sun_family = AF_UNIX;
     std::strncpy(a.sun_path, sock_path_.c_str(), sizeof a.sun_path - 1);
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 1) != 0)
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listen_fd_, o.full_backlog ? 0 : 1) != 0)
       throw std::runtime_error("listen failed");
+    if (o.full_backlog) {
+      // Backlog 0 holds one pending connection: ours. The init's connect then finds it full.
+      filler_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (::connect(filler_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+        throw std::runtime_error("filler connect failed");
+    }
   }
   std::vector<std::string> args = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child"};
   for (auto& a : o.unshare_args) args.push_back(a);
+  for (auto& a : o.wrapper) args.push_back(a);
   args.push_back(init_bin());
   args.push_back("--channel=unix:" + sock_path_);
   args.push_back("--log=" + o.log);
@@ -57,6 +65,17 @@ Sandbox::Sandbox(SandboxOptions o) {
 
   int op[2], ep[2];
   if (::pipe2(op, O_CLOEXEC) != 0 || ::pipe2(ep, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+  if (o.stderr_unread) {
+    // One page, filled by us: the init's first log line finds no room.
+    int sz = ::fcntl(ep[1], F_SETPIPE_SZ, 4096);
+    if (sz < 0) throw std::runtime_error("F_SETPIPE_SZ failed");
+    std::string fill(static_cast<std::size_t>(sz), '.');
+    ::fcntl(ep[1], F_SETFL, O_NONBLOCK);
+    if (::write(ep[1], fill.data(), fill.size()) != static_cast<ssize_t>(fill.size()))
+      throw std::runtime_error("filling the stderr pipe failed");
+    ::fcntl(ep[1], F_SETFL, 0);
+    err_paused_ = true;
+  }
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
@@ -96,6 +115,7 @@ Sandbox::~Sandbox() {
   close_fd(out_fd_);
   close_fd(err_fd_);
   close_fd(pidfd_);
+  close_fd(filler_);
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }
@@ -104,10 +124,10 @@ bool Sandbox::pump(int timeout_ms) {
   pollfd p[5];
   int n = 0;
   int idx_listen = -1, idx_chan = -1, idx_out = -1, idx_err = -1, idx_pid = -1;
-  if (listen_fd_ >= 0 && chan_ < 0) { idx_listen = n; p[n++] = {listen_fd_, POLLIN, 0}; }
+  if (listen_fd_ >= 0 && chan_ < 0 && filler_ < 0) { idx_listen = n; p[n++] = {listen_fd_, POLLIN, 0}; }
   if (chan_ >= 0 && !chan_eof_) { idx_chan = n; p[n++] = {chan_, POLLIN, 0}; }
   if (out_fd_ >= 0) { idx_out = n; p[n++] = {out_fd_, POLLIN, 0}; }
-  if (err_fd_ >= 0) { idx_err = n; p[n++] = {err_fd_, POLLIN, 0}; }
+  if (err_fd_ >= 0 && !err_paused_) { idx_err = n; p[n++] = {err_fd_, POLLIN, 0}; }
   if (!status_) { idx_pid = n; p[n++] = {pidfd_, POLLIN, 0}; }
   int r = ::poll(p, static_cast<nfds_t>(n), timeout_ms);
   if (r <= 0) return false;
@@ -221,10 +241,48 @@ bool Sandbox::wait_stdout(std::string_view needle, int timeout_ms) {
   return true;
 }
 
+bool Sandbox::wait_stderr(std::string_view needle, int timeout_ms) {
+  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
+  while (err_.find(needle) == std::string::npos) {
+    std::uint64_t now = now_ms();
+    if (now >= until || err_fd_ < 0 || err_paused_) return err_.find(needle) != std::string::npos;
+    pump(static_cast<int>(until - now));
+  }
+  return true;
+}
+
+bool Sandbox::signal_init(int sig) {
+  if (status_ || pid_ <= 0) return false;
+  std::string path = "/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[64] = {};
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  pid_t child = static_cast<pid_t>(std::strtol(buf, nullptr, 10));
+  return child > 0 && ::kill(child, sig) == 0;
+}
+
+void Sandbox::read_stderr() {
+  if (!err_paused_) return;
+  err_paused_ = false;
+  // Discard the page we wrote ourselves; what follows is the init's.
+  std::size_t skip = 4096;
+  char buf[4096];
+  while (skip > 0) {
+    pollfd p{err_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 10000) <= 0) break;
+    ssize_t k = ::read(err_fd_, buf, std::min(skip, sizeof buf));
+    if (k <= 0) break;
+    skip -= static_cast<std::size_t>(k);
+  }
+}
+
 std::optional<int> Sandbox::wait_exit(int timeout_ms) {
   const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
   // Until the process is gone and its output is drained.
-  while (!status_ || out_fd_ >= 0 || err_fd_ >= 0) {
+  while (!status_ || out_fd_ >= 0 || (err_fd_ >= 0 && !err_paused_)) {
     std::uint64_t now = now_ms();
     if (now >= until) break;
     if (!pump(static_cast<int>(until - now)) && status_) break;

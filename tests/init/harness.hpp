@@ -22,6 +22,11 @@ struct SandboxOptions {
   std::vector<std::string> unshare_args;  // extra namespace flags, e.g. --uts
   bool listen = true;                     // false: no host listener at all
   std::string log = "info";
+  bool full_backlog = false;    // listen with backlog 0 and queue one connection of our own: the
+                                // init's connect finds the listener alive and its backlog full
+  bool stderr_unread = false;   // the init's stderr: a one-page pipe, already full, not read
+                                // until read_stderr() (a log nobody reads)
+  std::vector<std::string> wrapper;  // argv run before the init inside the namespace (prlimit ...)
 };
 
 class Sandbox {
@@ -65,6 +70,12 @@ class Sandbox {
   void close_channel();
   /// Wait until the workload's/init's stdout contains `needle`.
   bool wait_stdout(std::string_view needle, int timeout_ms = 10000);
+  /// Wait until the init's stderr contains `needle`.
+  bool wait_stderr(std::string_view needle, int timeout_ms = 10000);
+  /// Send `sig` to the namespace's PID 1 from outside (found as unshare's child). False if absent.
+  bool signal_init(int sig);
+  /// Start reading the init's stderr (stderr_unread), first discarding the bytes we put there.
+  void read_stderr();
   /// Wait for the namespace to end: the wait status of unshare, which re-raises its child's
   /// terminating signal (SIGINT for power-off, SIGHUP for reboot). nullopt on timeout.
   std::optional<int> wait_exit(int timeout_ms = 20000);
@@ -83,6 +94,8 @@ class Sandbox {
   int chan_ = -1;
   int out_fd_ = -1, err_fd_ = -1;
   int pidfd_ = -1;
+  int filler_ = -1;           // our connection that fills the backlog (full_backlog)
+  bool err_paused_ = false;   // stderr_unread, until read_stderr()
   pid_t pid_ = -1;
   std::optional<int> status_;
   bool chan_eof_ = false;

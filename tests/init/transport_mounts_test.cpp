@@ -5,6 +5,8 @@
 
 #include <fcntl.h>
 #include <linux/vm_sockets.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -40,16 +42,19 @@ int lowest_free_fd() {
   ::close(fd);
   return fd;
 }
-int listen_unix(const std::string& path) {
+int listen_unix(const std::string& path, int backlog = 4) {
   int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
   REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(s, 4) == 0);
+  REQUIRE(::listen(s, backlog) == 0);
   return s;
 }
-Log quiet_log() { return Log(2, LogLevel::quiet); }
+const Log& quiet_log() {
+  static Log l(2, LogLevel::quiet);
+  return l;
+}
 }  // namespace
 
 TEST_CASE("vsock address handling (no socket is created)") {
@@ -69,7 +74,7 @@ TEST_CASE("dial refuses vsock outside a guest, before creating any socket") {
   CHECK(lowest_free_fd() == before);
   std::uint64_t now = 0;
   int waits = 0;
-  int r = dial(Channel{VsockAddr{2, 7000}}, false, 1000, [&](std::uint32_t) { ++waits; return true; },
+  int r = dial(Channel{VsockAddr{2, 7000}}, false, 1000, [&](std::uint32_t, int) { ++waits; return true; },
                [&] { return now; }, quiet_log());
   CHECK(r == -EPERM);
   CHECK(waits == 0);  // not retryable
@@ -103,7 +108,7 @@ TEST_CASE("dial: a listener that appears on the third attempt; backoff doubles")
   std::vector<std::uint32_t> waits;
   int lsock = -1;
   int fd = dial(Channel{UnixAddr{path}}, false, 5000,
-                [&](std::uint32_t ms) {
+                [&](std::uint32_t ms, int) {
                   waits.push_back(ms);
                   now += ms;
                   if (waits.size() == 2) lsock = listen_unix(path);
@@ -127,7 +132,7 @@ TEST_CASE("dial: bounded by connect_timeout_ms; backoff capped at 500 ms") {
   std::uint64_t now = 0;
   std::vector<std::uint32_t> waits;
   int r = dial(Channel{UnixAddr{(t.path / "none").string()}}, false, 3000,
-               [&](std::uint32_t ms) { waits.push_back(ms); now += ms; return true; },
+               [&](std::uint32_t ms, int) { waits.push_back(ms); now += ms; return true; },
                [&] { return now; }, quiet_log());
   CHECK(r == -ENOENT);
   std::uint64_t total = 0;
@@ -143,8 +148,74 @@ TEST_CASE("dial: abandoned when the wait says so (a shutdown signal)") {
   TempDir t;
   std::uint64_t now = 0;
   int r = dial(Channel{UnixAddr{(t.path / "none").string()}}, false, 3000,
-               [&](std::uint32_t) { return false; }, [&] { return now; }, quiet_log());
+               [&](std::uint32_t, int) { return false; }, [&] { return now; }, quiet_log());
   CHECK(r == -ECANCELED);
+}
+
+TEST_CASE("dial: a Unix listener whose backlog is full never blocks; the deadline bounds it") {
+  TempDir t;
+  const std::string path = (t.path / "s").string();
+  Fd l(listen_unix(path, /*backlog=*/0));
+  Fd filler(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  SockAddr a = unix_sockaddr(UnixAddr{path});
+  REQUIRE(::connect(filler.fd, reinterpret_cast<const sockaddr*>(&a.storage), a.len) == 0);
+  // The queue is full now: a blocking connect() would wait for accept().
+  std::uint64_t now = 0;
+  int waits = 0;
+  int r = dial(Channel{UnixAddr{path}}, false, 1000,
+               [&](std::uint32_t ms, int fd) { ++waits; CHECK(fd == -1); now += ms; return true; },
+               [&] { return now; }, quiet_log());
+  CHECK(r == -EAGAIN);
+  CHECK(waits > 1);
+  CHECK(now == 1000);
+  // Cut short by a signal on the first wait.
+  int r2 = dial(Channel{UnixAddr{path}}, false, 60000, [&](std::uint32_t, int) { return false; },
+                [&] { return now; }, quiet_log());
+  CHECK(r2 == -ECANCELED);
+}
+
+TEST_CASE("connect_socket: a connect in progress (the vsock path's shape, over loopback TCP) is "
+          "waited for through wait(), bounded by the deadline, and closed on the way out") {
+  // A TCP listener with backlog 0 and one connection queued drops further SYNs: connect() reports
+  // EINPROGRESS, exactly what a vsock connect to a host that does not answer does.
+  Fd l(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(l.fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
+  socklen_t len = sizeof in;
+  REQUIRE(::getsockname(l.fd, reinterpret_cast<sockaddr*>(&in), &len) == 0);
+  REQUIRE(::listen(l.fd, 0) == 0);
+  Fd filler(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(::connect(filler.fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
+  SockAddr a;
+  std::memcpy(&a.storage, &in, sizeof in);
+  a.len = sizeof in;
+  const int before = lowest_free_fd();
+  std::uint64_t now = 0;
+  std::vector<int> fds;
+  int r = connect_socket(AF_INET, a, 700,
+                         [&](std::uint32_t ms, int fd) { fds.push_back(fd); now += std::min<std::uint32_t>(ms, 100); return true; },
+                         [&] { return now; });
+  CHECK(r == -ETIMEDOUT);
+  REQUIRE(!fds.empty());
+  CHECK(fds.front() >= 0);  // it waited on the socket, not blind
+  CHECK(now >= 700);
+  CHECK(lowest_free_fd() == before);
+  int r2 = connect_socket(AF_INET, a, 60000, [&](std::uint32_t, int) { return false; }, [&] { return now; });
+  CHECK(r2 == -ECANCELED);
+  CHECK(lowest_free_fd() == before);
+  // Once the backlog frees, the same path connects: the wait returns on writability.
+  Fd accepted(::accept(l.fd, nullptr, nullptr));
+  int r3 = connect_socket(AF_INET, a, now + 10000,
+                          [&](std::uint32_t ms, int fd) {
+                            pollfd p{fd, POLLOUT, 0};
+                            ::poll(&p, 1, static_cast<int>(std::min<std::uint32_t>(ms, 5000)));
+                            return true;
+                          },
+                          [&] { return now; });
+  CHECK(r3 >= 0);
+  Fd done(r3);
 }
 
 TEST_CASE("retryable errors") {

@@ -76,13 +76,13 @@ const std::vector<Field> kSchema = {
     {"kill", {"signal"}, "kill.signal", Kind::integer, true, false, {"0", "65", "-9", "4294967305"}},
     // guest -> host
     {"ready", {"protocol_version"}, "ready.protocol_version", Kind::u32, true, false, {"-1", "4294967296"}},
-    {"mount_failed", {"tag"}, "mount_failed.tag", Kind::string, true},
+    {"mount_failed", {"tag"}, "mount_failed.tag", Kind::string, false},  // optional: a later v2 revision
     {"mount_failed", {"reason"}, "mount_failed.reason", Kind::string, true},
-    {"mount_failed", {"errno"}, "mount_failed.errno", Kind::integer, true, false, {"-1", "2147483648"}},
-    {"started", {"pid"}, "started.pid", Kind::integer, true, false, {"0", "-1", "2147483648"}},
+    {"mount_failed", {"errno"}, "mount_failed.errno", Kind::integer, false, false, {"-1", "2147483648"}},
+    {"started", {"pid"}, "started.pid", Kind::integer, false, false, {"0", "-1", "2147483648"}},
     {"start_failed", {"reason"}, "start_failed.reason", Kind::string, true},
-    {"start_failed", {"errno"}, "start_failed.errno", Kind::integer, true, false, {"-2", "2147483648"}},
-    {"start_failed", {"class"}, "start_failed.class", Kind::enumeration, true, false, {R"("nope")", R"("not-found")"}},
+    {"start_failed", {"errno"}, "start_failed.errno", Kind::integer, false, false, {"-2", "2147483648"}},
+    {"start_failed", {"class"}, "start_failed.class", Kind::enumeration, false, false, {R"("nope")", R"("not-found")"}},
     {"exited_code", {"exit_code"}, "workload_exited.exit_code", Kind::integer, true, false, {"-1", "256", "1000"},
      "workload_exited: expected exactly one of exit_code and signal, got neither"},
     {"exited_signal", {"signal"}, "workload_exited.signal", Kind::integer, true, false, {"0", "65", "-15"},

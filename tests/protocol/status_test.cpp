@@ -13,7 +13,8 @@ using namespace nes::proto::test;
 namespace {
 constexpr Outcome kAll[] = {Outcome::exited,         Outcome::signalled, Outcome::start_failed,
                             Outcome::mount_failed,   Outcome::channel_lost, Outcome::protocol_error,
-                            Outcome::no_ready,       Outcome::version_mismatch, Outcome::timeout};
+                            Outcome::no_ready,       Outcome::version_mismatch, Outcome::timeout,
+                            Outcome::stopped};
 }
 
 TEST_CASE("the constants are the conventions they name") {
@@ -47,6 +48,7 @@ TEST_CASE("guest reports -> exit status") {
 
 TEST_CASE("host-side outcomes -> exit status") {
   CHECK(exit_status(Outcome::timeout) == 124);
+  CHECK(exit_status(Outcome::stopped) == 143);  // 128+SIGTERM, as docker reports `docker stop`
   for (Outcome o : {Outcome::mount_failed, Outcome::channel_lost, Outcome::protocol_error,
                     Outcome::no_ready, Outcome::version_mismatch}) {
     CAPTURE(to_string(o));
