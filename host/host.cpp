@@ -45,13 +45,13 @@ struct Stream {
 /// One registered VM generation and its I/O objects.
 struct Vm {
   Vm(asio::io_context& io, SessionConfig cfg)
-      : core(std::move(cfg)), ready_timer(io), wall_timer(io), stop_timer(io) {}
+      : core(std::move(cfg)), ready_timer(io), wall_timer(io), stop_timer(io), grace_timer(io) {}
   Session core;
   std::shared_ptr<Stream> stream;
   std::shared_ptr<unix_acceptor> acceptor;
   std::string socket_path;  // unlinked when the session finishes
-  asio::steady_timer ready_timer, wall_timer, stop_timer;
-  std::uint64_t timer_seq[3] = {0, 0, 0};
+  asio::steady_timer ready_timer, wall_timer, stop_timer, grace_timer;
+  std::uint64_t timer_seq[4] = {0, 0, 0, 0};  // one per TimerKind
   std::vector<std::function<void(WaitResult)>> waiters;
   std::optional<WaitResult> result;  // settled: durable record, or why not
   bool draining = false;
@@ -59,7 +59,13 @@ struct Vm {
   const std::string& id() const { return core.config().vm; }
   std::uint64_t generation() const { return core.config().generation; }
   asio::steady_timer& timer(TimerKind k) {
-    return k == TimerKind::ready ? ready_timer : k == TimerKind::wall ? wall_timer : stop_timer;
+    switch (k) {
+      case TimerKind::ready: return ready_timer;
+      case TimerKind::wall: return wall_timer;
+      case TimerKind::stop: return stop_timer;
+      case TimerKind::grace: return grace_timer;
+    }
+    return stop_timer;
   }
 };
 
@@ -365,6 +371,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       vm->ready_timer.cancel();
       vm->wall_timer.cancel();
       vm->stop_timer.cancel();
+      vm->grace_timer.cancel();
       if (!vm->socket_path.empty()) ::unlink(vm->socket_path.c_str());
     }
     if (vsock) {
@@ -394,6 +401,7 @@ Status Host::add_vm(SessionConfig cfg) {
     old->ready_timer.cancel();
     old->wall_timer.cancel();
     old->stop_timer.cancel();
+    old->grace_timer.cancel();
     impl_->settle(old, Error{fmt::format("vm '{}': generation {} superseded by {}", cfg.vm,
                                          old->generation(), cfg.generation)});
   }

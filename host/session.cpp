@@ -382,7 +382,7 @@ void Session::request_end() {
 void Session::maybe_send_shutdown() {
   if (!shutdown_requested_ || !stream_open_ || !ready_) return;
   // The guest takes any `shutdown` after its final report as the ack that the outcome is durable
-  // (PROTOCOL.md "Outcome finality"). So while an outcome exists that is not durable, nothing
+  // (docs/protocol.md "Outcome finality"). So while an outcome exists that is not durable, nothing
   // goes out; a record that failed is never acknowledged (the guest powers off after its own
   // ack_timeout_ms and the stop deadline bounds the wait for that).
   if (outcome_ && !durable_) return;

@@ -182,7 +182,8 @@ def test_outcomes_and_statuses():
     serve_case(["--ready-timeout", "0.2", "--stop-timeout", "0.2"], None, [], 125, "no_ready")
     serve_case([], ['{"type":"ready","protocol_version":1}'], [], 125, "version_mismatch", (), ())
     serve_case([], [READY], ["not json"], 125, "protocol_error", ())
-    serve_case(["--timeout", "1.5"], [READY], ['{"type":"started","pid":2}'], 124, "timeout")
+    # The wall limit ends a running workload with `stop` first (then grace, then shutdown).
+    serve_case(["--timeout", "1.5"], [READY], ['{"type":"started","pid":2}'], 124, "timeout", ("stop",))
     sv, rec = serve_case(["--generation", "9"], [READY], ['{"type":"workload_exited","exit_code":0}'], 0, "exited")
     check(rec.get("generation") == 9, "--generation recorded")
 

@@ -252,7 +252,7 @@ TEST_CASE("a second live connection for the same VM is refused; the first is una
   CHECK(!g1->done);
   REQUIRE(h.host->shutdown("two"));
   REQUIRE(h.run_until([&] { return g1->lines.size() == 2; }));
-  CHECK(g1->lines.back() == R"({"type":"shutdown"})");
+  CHECK(g1->lines.back() == R"({"type":"stop"})");  // a running workload: stop, grace, shutdown
 }
 
 TEST_CASE("attach_stream: an already-connected fd (socketpair)") {
