@@ -276,6 +276,31 @@ void enc(Buf& b, const Boot& m) {
     key(b, "hostname");
     put_string(b, *m.hostname);
   }
+  if (m.stdio) {  // additive: every field written, so the host's intent is explicit on the wire
+    const Stdio& st = *m.stdio;
+    key(b, "stdio");
+    b.push_back('{');
+    key(b, "stdin", true);
+    put_bool(b, st.attach_stdin);
+    key(b, "terminal");
+    if (st.terminal) {
+      b.push_back('{');
+      key(b, "rows", true);
+      put_int(b, st.terminal->rows);
+      key(b, "cols");
+      put_int(b, st.terminal->cols);
+      b.push_back('}');
+    } else {
+      put(b, "null");
+    }
+    key(b, "mode");
+    put_string(b, to_string(st.mode));
+    key(b, "buffer_bytes");
+    put_int(b, st.buffer_bytes);
+    key(b, "drain_ms");
+    put_int(b, st.drain_ms);
+    b.push_back('}');
+  }
 }
 void enc(Buf& b, const Stop&) { open(b, "stop"); }
 void enc(Buf& b, const Shutdown&) { open(b, "shutdown"); }
@@ -707,6 +732,47 @@ bool dec_on_exit(od::value v, const Path& p, OnExit& out, Err& err) {
   return true;
 }
 
+constexpr std::array kStdioModes{StdioMode::lossless, StdioMode::lossy};
+constexpr std::string_view kCells = "integer 1..65535";
+
+bool is_null(od::value& v) {
+  bool n = false;
+  return v.is_null().get(n) == simdjson::SUCCESS && n;
+}
+
+bool dec_terminal(od::value v, const Path& p, Terminal& out, Err& err) {
+  bool rows = false, cols = false;
+  bool ok = each_field(v, p, "object or null", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "rows") return rows = true, get_ranged(fv, fp, 1, 65535, kCells, out.rows, err);
+    if (k == "cols") return cols = true, get_ranged(fv, fp, 1, 65535, kCells, out.cols, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!rows) return missing(p, "rows", kCells, err);
+  if (!cols) return missing(p, "cols", kCells, err);
+  return true;
+}
+
+/// `boot.stdio`: every field optional with its default (docs/protocol.md "Data channel").
+bool dec_stdio(od::value v, const Path& p, Stdio& out, Err& err) {
+  return each_field(v, p, "object or null", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "stdin") return get_bool(fv, fp, out.attach_stdin, err);
+    if (k == "terminal") {
+      if (is_null(fv)) return out.terminal.reset(), true;
+      return dec_terminal(fv, fp, out.terminal.emplace(), err);
+    }
+    if (k == "mode") return get_enum(fv, fp, kStdioModes, out.mode, err);
+    if (k == "buffer_bytes")
+      return get_ranged(fv, fp, kStdioBufferMin, kStdioBufferMax, "integer 4096..67108864",
+                        out.buffer_bytes, err);
+    if (k == "drain_ms")
+      return get_ranged(fv, fp, 0, kStdioDrainMaxMs, "integer 0..60000", out.drain_ms, err);
+    return true;
+  });
+}
+
 /// Calls f(key, value) for every top-level field except `type`.
 template <class F>
 bool each_top_field(od::document& doc, const Path& p, Err& err, F&& f) {
@@ -735,6 +801,10 @@ bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
     if (k == "geometry") return geometry = true, dec_geometry(fv, fp, out.geometry, err);
     if (k == "on_exit") return on_exit = true, dec_on_exit(fv, fp, out.on_exit, err);
     if (k == "hostname") return get_str(fv, fp, out.hostname.emplace(), err);
+    if (k == "stdio") {
+      if (is_null(fv)) return out.stdio.reset(), true;
+      return dec_stdio(fv, fp, out.stdio.emplace(), err);
+    }
     return true;
   });
   if (!ok) return false;

@@ -127,6 +127,37 @@ struct OnExit {
   bool operator==(const OnExit&) const = default;
 };
 
+/// How the init treats the workload's output when the host reads slower than it is written.
+/// lossless: the init stops reading the pipe (the workload blocks); lossy: oldest unsent bytes
+/// are dropped and counted (a `dropped` frame on the data channel, docs/protocol.md).
+enum class StdioMode { lossless, lossy };
+
+/// A pseudo-terminal for the workload, in character cells, each 1..65535 (struct winsize).
+struct Terminal {
+  std::uint16_t rows = 24;
+  std::uint16_t cols = 80;
+  bool operator==(const Terminal&) const = default;
+};
+
+/// Bounds of `boot.stdio` (docs/protocol.md "Data channel").
+inline constexpr std::uint32_t kStdioBufferMin = 4096;             // bytes
+inline constexpr std::uint32_t kStdioBufferMax = 64u << 20;        // bytes (64 MiB)
+inline constexpr std::uint32_t kStdioBufferDefault = 1u << 20;     // bytes (1 MiB)
+inline constexpr std::uint32_t kStdioDrainMaxMs = 60000;           // ms
+inline constexpr std::uint32_t kStdioDrainDefaultMs = 500;         // ms
+
+/// The workload's stdin/stdout/stderr go over the data channel (binary frames, protocol/frame.hpp)
+/// instead of the console. Absent from the descriptor: the workload inherits the console.
+/// Wire names: "stdin", "terminal", "mode", "buffer_bytes", "drain_ms".
+struct Stdio {
+  bool attach_stdin = false;             // true: host sends stdin frames; false: /dev/null
+  std::optional<Terminal> terminal;      // set: a PTY (stdout and stderr are both the PTY)
+  StdioMode mode = StdioMode::lossless;
+  std::uint32_t buffer_bytes = kStdioBufferDefault;  // per output stream, kStdioBufferMin..Max
+  std::uint32_t drain_ms = kStdioDrainDefaultMs;     // wait for output EOF after the reap, 0..Max
+  bool operator==(const Stdio&) const = default;
+};
+
 /// The boot descriptor: exactly one per connection, host -> guest.
 struct Boot {
   Exec exec;
@@ -134,6 +165,7 @@ struct Boot {
   Geometry geometry;
   OnExit on_exit;
   std::optional<std::string> hostname;
+  std::optional<Stdio> stdio;  // additive; unset or null: the workload inherits the console
   bool operator==(const Boot&) const = default;
 };
 

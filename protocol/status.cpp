@@ -82,4 +82,6 @@ std::string_view to_string(FsType f) {
 
 std::string_view to_string(Halt h) { return h == Halt::reboot ? "reboot" : "poweroff"; }
 
+std::string_view to_string(StdioMode m) { return m == StdioMode::lossy ? "lossy" : "lossless"; }
+
 }  // namespace nes::proto

@@ -52,6 +52,7 @@ std::string_view to_string(Outcome o);
 std::string_view to_string(StartFailClass c);
 std::string_view to_string(FsType f);
 std::string_view to_string(Halt h);
+std::string_view to_string(StdioMode m);
 std::optional<Outcome> outcome_from_string(std::string_view s);
 
 }  // namespace nes::proto

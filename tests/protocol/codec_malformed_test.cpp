@@ -12,7 +12,7 @@ using namespace nes::proto::test;
 namespace {
 
 /// The JSON shape a field expects; it decides which wrong-typed values are tried.
-enum class Kind { u32, integer, boolean, string, string_or_null, enumeration, array, object };
+enum class Kind { u32, integer, boolean, string, string_or_null, enumeration, array, object, object_or_null };
 
 /// Well-formed JSON values of each type, used as "the wrong type" for every other kind.
 const std::vector<std::pair<Kind, std::vector<std::string>>> kWrongTypes = {
@@ -24,6 +24,7 @@ const std::vector<std::pair<Kind, std::vector<std::string>>> kWrongTypes = {
     {Kind::enumeration, {"1", "true", "null", R"(["virtiofs"])", "{}"}},
     {Kind::array, {R"("a")", "1", "true", "null", "{}"}},
     {Kind::object, {R"("a")", "1", "false", "null", "[]"}},
+    {Kind::object_or_null, {R"("a")", "1", "false", "[]", "[{}]"}},
 };
 
 const std::vector<std::string>& wrong_types(Kind k) {
@@ -72,6 +73,14 @@ const std::vector<Field> kSchema = {
     {"boot", {"on_exit", "terminal"}, "boot.on_exit.terminal", Kind::boolean, true},
     {"boot", {"on_exit", "halt"}, "boot.on_exit.halt", Kind::enumeration, false, false, {R"("halt")", R"("Reboot")"}},
     {"boot", {"hostname"}, "boot.hostname", Kind::string, false},
+    {"boot", {"stdio"}, "boot.stdio", Kind::object_or_null, false},
+    {"boot", {"stdio", "stdin"}, "boot.stdio.stdin", Kind::boolean, false},
+    {"boot", {"stdio", "terminal"}, "boot.stdio.terminal", Kind::object_or_null, false},
+    {"boot", {"stdio", "terminal", "rows"}, "boot.stdio.terminal.rows", Kind::integer, true, false, {"0", "-1", "65536"}},
+    {"boot", {"stdio", "terminal", "cols"}, "boot.stdio.terminal.cols", Kind::integer, true, false, {"0", "65536", "4294967297"}},
+    {"boot", {"stdio", "mode"}, "boot.stdio.mode", Kind::enumeration, false, false, {R"("LOSSY")", R"("none")", R"("")"}},
+    {"boot", {"stdio", "buffer_bytes"}, "boot.stdio.buffer_bytes", Kind::integer, false, false, {"0", "4095", "67108865", "-1"}},
+    {"boot", {"stdio", "drain_ms"}, "boot.stdio.drain_ms", Kind::integer, false, false, {"-1", "60001", "18446744073709551616"}},
     // kill
     {"kill", {"signal"}, "kill.signal", Kind::integer, true, false, {"0", "65", "-9", "4294967305"}},
     // guest -> host
@@ -208,10 +217,21 @@ TEST_CASE("schema table: the reasons read as the contract says") {
   CHECK(boot_with({"on_exit", "halt"}, R"("halt")") ==
         R"(boot.on_exit.halt: expected one of "poweroff", "reboot", got "halt")");
   CHECK(boot_with({"geometry"}, "[]") == "boot.geometry: expected object, got array");
+  CHECK(boot_with({"stdio"}, "true") == "boot.stdio: expected object or null, got true");
+  CHECK(boot_with({"stdio", "terminal", "rows"}, "0") ==
+        "boot.stdio.terminal.rows: expected integer 1..65535, got 0");
+  CHECK(boot_with({"stdio", "mode"}, R"("fast")") ==
+        R"(boot.stdio.mode: expected one of "lossless", "lossy", got "fast")");
+  CHECK(boot_with({"stdio", "buffer_bytes"}, "4095") ==
+        "boot.stdio.buffer_bytes: expected integer 4096..67108864, got 4095");
+  CHECK(boot_with({"stdio", "drain_ms"}, "60001") == "boot.stdio.drain_ms: expected integer 0..60000, got 60001");
   CHECK(boot_with({"geometry", "fps"}, "59.94") == "boot.geometry.fps: expected unsigned 32-bit integer, got 59.94");
   J t = boot_tree();
   t.remove({"exec", "uid"});
   CHECK(error_of(decode_host(t.dump())) == "boot.exec.uid: missing (expected unsigned 32-bit integer)");
+  t = boot_tree();
+  t.remove({"stdio", "terminal", "cols"});
+  CHECK(error_of(decode_host(t.dump())) == "boot.stdio.terminal.cols: missing (expected integer 1..65535)");
   t = boot_tree();
   t.remove({"on_exit"});
   CHECK(error_of(decode_host(t.dump())) == "boot.on_exit: missing (expected object)");

@@ -75,6 +75,16 @@ TEST_CASE("exact wire shapes: the reference's lines, byte for byte") {
   CHECK(encode(GuestMessage{StartFailed{"r", 2, StartFailClass::not_found}}) ==
         R"({"type":"start_failed","reason":"r","errno":2,"class":"not_found"})");
   CHECK(encode(GuestMessage{ProtocolError{"x"}}) == R"({"type":"protocol_error","reason":"x"})");
+  // boot.stdio: absent means the console (reference shape); present, every field is written.
+  Boot st = reference_boot();
+  st.stdio = Stdio{};
+  CHECK(encode(HostMessage{st}) ==
+        std::string(kReferenceBootLine.substr(0, kReferenceBootLine.size() - 1)) +
+            R"(,"stdio":{"stdin":false,"terminal":null,"mode":"lossless","buffer_bytes":1048576,"drain_ms":500}})");
+  st.stdio = Stdio{true, Terminal{40, 132}, StdioMode::lossy, 4096, 0};
+  CHECK(encode(HostMessage{st}) ==
+        std::string(kReferenceBootLine.substr(0, kReferenceBootLine.size() - 1)) +
+            R"(,"stdio":{"stdin":true,"terminal":{"rows":40,"cols":132},"mode":"lossy","buffer_bytes":4096,"drain_ms":0}})");
   // Additive fields appear only when set to something other than their default.
   CHECK(encode(HostMessage{full_boot()}) ==
         "{\"type\":\"boot\",\"exec\":{\"argv\":[\"/usr/bin/env\",\"\",\"with space\","
@@ -86,7 +96,9 @@ TEST_CASE("exact wire shapes: the reference's lines, byte for byte") {
         "{\"tag\":\"scratch\",\"at\":\"/tmp\",\"ro\":false,\"fs\":\"tmpfs\"},"
         "{\"tag\":\"/srv\",\"at\":\"/mnt/srv\",\"ro\":true,\"fs\":\"bind\"}],"
         "\"geometry\":{\"width\":4294967295,\"height\":0,\"fps\":1,\"hdr\":true},"
-        "\"on_exit\":{\"terminal\":false,\"halt\":\"reboot\"},\"hostname\":\"guest-1\"}");
+        "\"on_exit\":{\"terminal\":false,\"halt\":\"reboot\"},\"hostname\":\"guest-1\","
+        "\"stdio\":{\"stdin\":true,\"terminal\":{\"rows\":1,\"cols\":65535},\"mode\":\"lossy\","
+        "\"buffer_bytes\":67108864,\"drain_ms\":60000}}");
 }
 
 TEST_CASE("every control character U+0001..U+001F round-trips in every string field") {

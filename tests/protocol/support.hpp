@@ -74,6 +74,7 @@ inline Boot full_boot() {
   b.geometry = Geometry{kU32Max, 0, 1, true};
   b.on_exit = OnExit{false, Halt::reboot};
   b.hostname = "guest-1";
+  b.stdio = Stdio{true, Terminal{1, 65535}, StdioMode::lossy, kStdioBufferMax, kStdioDrainMaxMs};
   return b;
 }
 
@@ -89,6 +90,12 @@ inline std::vector<HostMessage> host_samples() {
   halt.on_exit.halt = Halt::poweroff;
   halt.exec.cwd = "/";
   v.emplace_back(halt);
+  Boot pipes = reference_boot();
+  pipes.stdio = Stdio{};  // every field at its default: still written out in full
+  v.emplace_back(pipes);
+  Boot tty = reference_boot();
+  tty.stdio = Stdio{false, Terminal{65535, 1}, StdioMode::lossless, kStdioBufferMin, 0};
+  v.emplace_back(tty);
   v.emplace_back(Stop{});
   v.emplace_back(Shutdown{});
   v.emplace_back(Kill{1});
@@ -243,6 +250,11 @@ inline J boot_tree() {
                            {"hdr", J::b(false)}})},
       {"on_exit", J::obj({{"terminal", J::b(true)}, {"halt", J::s("poweroff")}})},
       {"hostname", J::s("vm")},
+      {"stdio", J::obj({{"stdin", J::b(true)},
+                        {"terminal", J::obj({{"rows", J::n(24)}, {"cols", J::n(80)}})},
+                        {"mode", J::s("lossy")},
+                        {"buffer_bytes", J::n(65536)},
+                        {"drain_ms", J::n(500)}})},
   });
 }
 

@@ -1,0 +1,213 @@
+// Data-channel frames: encoder and incremental decoder (docs/protocol.md "Data channel").
+#include "frame.hpp"
+
+#include <algorithm>
+#include <utility>
+
+// GCC 12 with -fsanitize reports a false -Wstringop-overflow inside fmt 9's format-spec parser.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
+#include <fmt/format.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+namespace nes::proto {
+namespace {
+
+void put_header(std::string& out, Stream s, FrameKind k, std::uint32_t len) {
+  const char h[kFrameHeader] = {static_cast<char>(s), static_cast<char>(k), 0, 0,
+                                static_cast<char>(len >> 24), static_cast<char>(len >> 16),
+                                static_cast<char>(len >> 8), static_cast<char>(len)};
+  out.append(h, kFrameHeader);
+}
+
+std::uint64_t be(const unsigned char* p, std::size_t n) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+bool known_stream(unsigned v) { return v <= 2; }
+bool known_kind(unsigned v) { return v <= 3; }
+
+}  // namespace
+
+std::string_view to_string(Stream s) {
+  switch (s) {
+    case Stream::in: return "stdin";
+    case Stream::out: return "stdout";
+    case Stream::err: return "stderr";
+  }
+  return "stream";
+}
+
+std::string_view to_string(FrameKind k) {
+  switch (k) {
+    case FrameKind::data: return "data";
+    case FrameKind::eof: return "eof";
+    case FrameKind::resize: return "resize";
+    case FrameKind::dropped: return "dropped";
+  }
+  return "frame";
+}
+
+void append_data(std::string& out, Stream s, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const std::size_t n = std::min(bytes.size(), kFrameDataMax);
+    put_header(out, s, FrameKind::data, static_cast<std::uint32_t>(n));
+    out.append(bytes.data(), n);
+    bytes.remove_prefix(n);
+  }
+}
+
+void append_eof(std::string& out, Stream s) { put_header(out, s, FrameKind::eof, 0); }
+
+void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols) {
+  put_header(out, Stream::in, FrameKind::resize, 4);
+  const char p[4] = {static_cast<char>(rows >> 8), static_cast<char>(rows),
+                     static_cast<char>(cols >> 8), static_cast<char>(cols)};
+  out.append(p, 4);
+}
+
+void append_dropped(std::string& out, Stream s, std::uint64_t count) {
+  put_header(out, s, FrameKind::dropped, 8);
+  char p[8];
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(count >> (56 - 8 * i));
+  out.append(p, 8);
+}
+
+void append_frame(std::string& out, const Frame& f) {
+  switch (f.kind) {
+    case FrameKind::data: append_data(out, f.stream, f.data); return;
+    case FrameKind::eof: append_eof(out, f.stream); return;
+    case FrameKind::resize:
+      put_header(out, f.stream, FrameKind::resize, 4);
+      out.push_back(static_cast<char>(f.rows >> 8));
+      out.push_back(static_cast<char>(f.rows));
+      out.push_back(static_cast<char>(f.cols >> 8));
+      out.push_back(static_cast<char>(f.cols));
+      return;
+    case FrameKind::dropped: append_dropped(out, f.stream, f.dropped); return;
+  }
+}
+
+std::string encode_frame(const Frame& f) {
+  std::string out;
+  append_frame(out, f);
+  return out;
+}
+
+FrameDecoder::FrameDecoder(FrameRules rules) : rules_(rules) {}
+
+bool FrameDecoder::fail(std::string reason) {
+  error_ = fmt::format("{} (frame at byte {})", reason, start_);
+  return false;
+}
+
+/// Judges a complete header against the grammar and the session's rules, before any payload is
+/// buffered (so an oversized length is refused without reading it).
+bool FrameDecoder::check_header() {
+  const unsigned s = hdr_[0], k = hdr_[1];
+  len_ = static_cast<std::uint32_t>(be(hdr_ + 4, 4));
+  if (!known_kind(k)) return fail(fmt::format("frame: kind {} unknown", k));
+  const auto kind = static_cast<FrameKind>(k);
+  const std::string_view kn = to_string(kind);
+  if (!known_stream(s)) return fail(fmt::format("{} frame: stream {} unknown", kn, s));
+  const auto stream = static_cast<Stream>(s);
+  const std::string where = fmt::format("{} frame on {}", kn, to_string(stream));
+  if (hdr_[2] != 0 || hdr_[3] != 0)
+    return fail(fmt::format("{}: reserved bytes 2-3 are 0x{:02x}{:02x}, expected zero", where,
+                            static_cast<unsigned>(hdr_[2]), static_cast<unsigned>(hdr_[3])));
+  const bool from_host = rules_.sender == FrameSender::host;
+  bool legal = false;
+  if (from_host) {
+    legal = stream == Stream::in && (kind == FrameKind::data || kind == FrameKind::eof ||
+                                     kind == FrameKind::resize);
+  } else {
+    legal = stream != Stream::in && kind != FrameKind::resize;
+  }
+  if (!legal)
+    return fail(fmt::format("{}: not a {} frame", where, from_host ? "host-to-guest" : "guest-to-host"));
+  if (kind == FrameKind::resize && !rules_.terminal) return fail(where + ": no terminal");
+  if (from_host && kind == FrameKind::data && !rules_.input) return fail(where + ": stdin not attached");
+  if (!from_host && rules_.terminal && stream == Stream::err)
+    return fail(where + ": with a terminal all output is stdout");
+  if (kind == FrameKind::dropped && !rules_.lossy) return fail(where + ": not in lossy mode");
+  if (kind != FrameKind::resize && eof_[s]) return fail(where + ": stream already at eof");
+  switch (kind) {
+    case FrameKind::data:
+      if (len_ == 0) return fail(fmt::format("{}: length 0 (expected 1..{})", where, kFrameDataMax));
+      if (len_ > kFrameDataMax)
+        return fail(fmt::format("{}: length {} over the cap of {} bytes", where, len_, kFrameDataMax));
+      return true;
+    case FrameKind::eof:
+      return len_ == 0 || fail(fmt::format("{}: length {} (expected 0)", where, len_));
+    case FrameKind::resize:
+      return len_ == 4 || fail(fmt::format("{}: length {} (expected 4)", where, len_));
+    case FrameKind::dropped:
+      return len_ == 8 || fail(fmt::format("{}: length {} (expected 8)", where, len_));
+  }
+  return true;
+}
+
+/// The current frame is complete: judge its payload and hand it out.
+bool FrameDecoder::finish(Frame& out) {
+  out = Frame{};
+  out.stream = static_cast<Stream>(hdr_[0]);
+  out.kind = static_cast<FrameKind>(hdr_[1]);
+  const auto* p = reinterpret_cast<const unsigned char*>(payload_.data());
+  switch (out.kind) {
+    case FrameKind::data: out.data = std::move(payload_); break;
+    case FrameKind::eof: eof_[hdr_[0]] = true; break;
+    case FrameKind::resize:
+      out.rows = static_cast<std::uint16_t>(be(p, 2));
+      out.cols = static_cast<std::uint16_t>(be(p + 2, 2));
+      if (out.rows == 0 || out.cols == 0)
+        return fail(fmt::format("resize frame on stdin: {} {} (expected 1..65535)",
+                                out.rows == 0 ? "rows" : "cols", 0));
+      break;
+    case FrameKind::dropped: out.dropped = be(p, 8); break;
+  }
+  payload_.clear();
+  have_ = 0;
+  return true;
+}
+
+std::optional<Frame> FrameDecoder::next(std::string_view& in) {
+  while (!failed() && !in.empty()) {
+    if (have_ == 0) start_ = offset_;
+    if (have_ < kFrameHeader) {
+      const std::size_t n = std::min(kFrameHeader - have_, in.size());
+      std::copy_n(reinterpret_cast<const unsigned char*>(in.data()), n, hdr_ + have_);
+      have_ += n;
+      offset_ += n;
+      in.remove_prefix(n);
+      if (have_ < kFrameHeader) return std::nullopt;
+      if (!check_header()) return std::nullopt;
+      payload_.clear();
+      if (len_ == 0) {
+        Frame f;
+        if (finish(f)) return f;
+        return std::nullopt;
+      }
+      continue;
+    }
+    const std::size_t want = kFrameHeader + len_ - have_;
+    const std::size_t n = std::min(want, in.size());
+    payload_.append(in.data(), n);
+    have_ += n;
+    offset_ += n;
+    in.remove_prefix(n);
+    if (n == want) {
+      Frame f;
+      if (finish(f)) return f;
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace nes::proto
