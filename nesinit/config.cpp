@@ -81,6 +81,12 @@ std::string apply_key(Config& c, std::string_view key_in, std::string_view value
     c.channel = *p.value;
     return {};
   }
+  if (key == "data_channel" || key == "data") {
+    auto p = parse_channel(value);
+    if (!p) return "data_" + p.error;
+    c.data_channel = *p.value;
+    return {};
+  }
   if (key == "grace_ms") return ms(c.grace_ms);
   if (key == "ack_timeout_ms") return ms(c.ack_timeout_ms);
   if (key == "boot_timeout_ms") return ms(c.boot_timeout_ms);
@@ -197,21 +203,34 @@ std::optional<std::uint64_t> ns_inode(const char* which) {
 std::string finalize_for_mode(Config& c, Mode m) {
   if (m == Mode::guest) {
     if (!c.channel) c.channel = kDefaultVsock;
+    if (!c.data_channel) c.data_channel = default_data_channel(*c.channel, m);
     return {};
   }
   if (!c.channel) return "channel: required outside a real guest (e.g. --channel=unix:PATH)";
   if (std::holds_alternative<VsockAddr>(*c.channel))
     return "channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)";
+  if (c.data_channel && std::holds_alternative<VsockAddr>(*c.data_channel))
+    return "data_channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)";
   return {};
+}
+
+std::optional<Channel> default_data_channel(const Channel& control, Mode m) {
+  if (m != Mode::guest) return std::nullopt;
+  if (auto* v = std::get_if<VsockAddr>(&control)) return Channel{VsockAddr{v->cid, kDataVsockPort}};
+  if (auto* p = std::get_if<VirtioPortAddr>(&control); p && p->name == "nes.0")
+    return Channel{VirtioPortAddr{"nes.1"}};
+  return std::nullopt;
 }
 
 std::string_view usage() {
   return "usage: nesinit [--channel=vsock:CID:PORT|virtio-port:NAME|unix:PATH] [--grace-ms=MS]\n"
+         "               [--data-channel=ADDR (the workload's stdio; same forms)]\n"
          "               [--ack-timeout-ms=MS] [--boot-timeout-ms=MS] [--connect-timeout-ms=MS]\n"
          "               [--halt=poweroff|reboot] [--log=quiet|info|debug]\n"
          "       nesinit --help | --version | --self-check\n"
          "Defaults: grace 10000 ms, ack timeout 3000 ms, boot timeout 30000 ms, connect timeout\n"
-         "10000 ms, halt poweroff, log info; channel vsock:2:7000 in a real guest only.\n"
+         "10000 ms, halt poweroff, log info; channel vsock:2:7000 in a real guest only; data channel\n"
+         "vsock:CID:7001 beside vsock, virtio-port:nes.1 beside virtio-port:nes.0, in a real guest only.\n"
          "PID 1 for microVMs: runs one workload described by the host over the lifecycle channel.\n"
          "As PID 1 of a real VM, kernel command line keys nesinit.KEY=VALUE apply first (flags win);\n"
          "as PID 1 of a pid namespace (sandbox), --channel is required and may not be vsock.\n"

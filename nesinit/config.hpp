@@ -55,6 +55,7 @@ std::string to_string(const Channel& c);
 /// Everything the init can be configured with. Times in milliseconds.
 struct Config {
   std::optional<Channel> channel;          // required in sandbox mode; guest default kDefaultVsock
+  std::optional<Channel> data_channel;     // the workload's stdio (boot.stdio); see data_channel_for
   std::uint32_t grace_ms = 10000;          // SIGTERM -> SIGKILL, for the workload and for the rest
   std::uint32_t ack_timeout_ms = 3000;     // outcome sent -> power off without the host's ack
   std::uint32_t boot_timeout_ms = 30000;   // ready sent -> no boot -> ordered shutdown
@@ -64,7 +65,7 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
-/// Set one key (`channel`, `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
+/// Set one key (`channel`, `data_channel` (alias `data`, as in `nesinit.data=`), `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
 /// `halt`, `log`; '-' and '_' are the same). Returns an error text, or empty on success; on error
 /// `c` is unchanged. Times: decimal u32 milliseconds.
 std::string apply_key(Config& c, std::string_view key, std::string_view value);
@@ -96,6 +97,13 @@ ArgvResult apply_argv(Config& c, const std::vector<std::string_view>& args);
 /// of another pid namespace; not_pid1: anything else.
 enum class Mode { guest, sandbox, not_pid1 };
 std::string_view to_string(Mode m);
+
+/// The data channel's address when none is configured (docs/protocol.md "Data channel"): in guest
+/// mode `vsock:CID:7001` beside a vsock channel and `virtio-port:nes.1` beside `virtio-port:nes.0`;
+/// otherwise (sandbox mode, other names) none: a stdio descriptor then fails to start.
+std::optional<Channel> default_data_channel(const Channel& control, Mode m);
+/// The vsock port of the data channel beside a vsock lifecycle channel.
+inline constexpr std::uint32_t kDataVsockPort = 7001;
 
 /// The initial pid namespace's inode number (PROC_PID_INIT_INO in include/linux/proc_ns.h).
 inline constexpr std::uint64_t kInitialPidNsInode = 4026531836u;

@@ -1,6 +1,7 @@
 #include "loop.hpp"
 
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include "protocol/line_reader.hpp"
 #include "session.hpp"
 #include "shutdown.hpp"
+#include "stdio.hpp"
 #include "transport.hpp"
 #include "workload.hpp"
 
@@ -63,6 +65,51 @@ class Pid1 {
   void dial() {
     const Channel ch = *cfg_.channel;
     int stop_sig = 0;
+    int fd = dial_retrying(ch, stop_sig);
+    if (fd < 0) {
+      std::string why = stop_sig ? fmt::format("dialling {} abandoned: signal {}", to_string(ch), stop_sig)
+                                 : fmt::format("dialling {} failed: {}", to_string(ch), std::strerror(-fd));
+      pending_.push_back(ev::ChannelFailed{why});
+      return;
+    }
+    chan_ = fd;
+    is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
+    pending_.push_back(ev::ChannelUp{});
+    for (int sig : deferred_signals_) pending_.push_back(ev::Signal{sig});
+    deferred_signals_.clear();
+  }
+
+  /// The data channel (boot.stdio), dialled like the lifecycle channel. Signals that arrive
+  /// meanwhile are queued behind the result; a shutdown signal abandons the dial.
+  void do_dial_data() {
+    auto failed = [&](std::string why, int err) { pending_.push_front(ev::DataFailed{std::move(why), err}); };
+    if (!cfg_.data_channel) {
+      failed("data channel: no address configured (--data-channel=ADDR or nesinit.data=ADDR)", 0);
+      return;
+    }
+    const Channel ch = *cfg_.data_channel;
+    int stop_sig = 0;
+    int fd = dial_retrying(ch, stop_sig);
+    for (int sig : deferred_signals_) pending_.push_back(ev::Signal{sig});
+    deferred_signals_.clear();
+    if (fd < 0) {
+      if (stop_sig) {
+        failed(fmt::format("data channel {}: dialling abandoned: signal {}", to_string(ch), stop_sig), EINTR);
+        pending_.push_back(ev::Signal{stop_sig});
+      } else {
+        failed(fmt::format("data channel {}: {}", to_string(ch), std::strerror(-fd)), -fd);
+      }
+      return;
+    }
+    data_ = fd;
+    data_is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
+    stdio_.emplace(*session_.boot()->stdio);
+    log_.info("data", "connected to {}", to_string(ch));
+    pending_.push_front(ev::DataUp{});
+  }
+
+  /// Dial `ch` with the configured bounded retry; the backoff serves the signalfd.
+  int dial_retrying(const Channel& ch, int& stop_sig) {
     auto wait = [&](std::uint32_t ms, int fd) -> bool {
       // The backoff (and a connect in progress, `fd`) waits on the signalfd: a shutdown signal
       // ends the dialling at once, SIGCHLD is reaped (a module helper may exit), anything else
@@ -89,18 +136,7 @@ class Pid1 {
       }
     };
     log_.info("dial", "{} (up to {} ms)", to_string(ch), cfg_.connect_timeout_ms);
-    int fd = nes::init::dial(ch, mode_ == Mode::guest, cfg_.connect_timeout_ms, wait, monotonic_ms, log_);
-    if (fd < 0) {
-      std::string why = stop_sig ? fmt::format("dialling {} abandoned: signal {}", to_string(ch), stop_sig)
-                                 : fmt::format("dialling {} failed: {}", to_string(ch), std::strerror(-fd));
-      pending_.push_back(ev::ChannelFailed{why});
-      return;
-    }
-    chan_ = fd;
-    is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
-    pending_.push_back(ev::ChannelUp{});
-    for (int sig : deferred_signals_) pending_.push_back(ev::Signal{sig});
-    deferred_signals_.clear();
+    return nes::init::dial(ch, mode_ == Mode::guest, cfg_.connect_timeout_ms, wait, monotonic_ms, log_);
   }
 
   // ---- events and actions ----------------------------------------------------------------------
@@ -118,6 +154,7 @@ class Pid1 {
   void perform(Action& a) {
     std::visit(Overload{
                    [&](act::Send& s) { send(s.msg); },
+                   [&](act::DialData&) { do_dial_data(); },
                    [&](act::Mount&) { do_mounts(); },
                    [&](act::Spawn&) { do_spawn(); },
                    [&](act::SignalGroup& s) {
@@ -210,7 +247,27 @@ class Pid1 {
       }
     }
     log_.info("spawn", "{}", b.exec.argv.empty() ? std::string() : b.exec.argv[0]);
-    auto r = spawn(b.exec, b.geometry, mode_ == Mode::guest ? Stdio::console : Stdio::inherit, reaper_);
+    ChildFds cfds;
+    if (b.stdio) {
+      auto made = make_stdio(*b.stdio);
+      if (auto* err = std::get_if<std::string>(&made)) {
+        pending_.push_front(ev::StartFailed{proto::StartFailed{*err, errno, proto::StartFailClass::other}});
+        return;
+      }
+      fds_ = std::move(std::get<StdioFds>(made));
+      if (fds_.terminal) {
+        cfds = ChildFds{{fds_.child_in.get(), fds_.child_in.get(), fds_.child_in.get()}, true};
+      } else {
+        cfds = ChildFds{{fds_.child_in.get(), fds_.child_out.get(), fds_.child_err.get()}, false};
+      }
+    }
+    auto r = spawn(b.exec, b.geometry, mode_ == Mode::guest ? Stdio::console : Stdio::inherit, reaper_,
+                   b.stdio ? &cfds : nullptr);
+    // The workload has its copies: the init keeps only its own ends, so EOF means the workload
+    // (and whatever inherited its fds) closed them.
+    fds_.child_in.reset();
+    fds_.child_out.reset();
+    fds_.child_err.reset();
     if (auto* pid = std::get_if<pid_t>(&r)) {
       pgid_ = *pid;
       pending_.push_front(ev::Started{*pid});
@@ -220,16 +277,28 @@ class Pid1 {
   }
 
   [[noreturn]] void power_off(proto::Halt halt) {
-    // Give the last lines (the outcome) a bounded chance to leave before the channel closes.
+    // Give the last lines (the outcome) and the workload's last output a bounded chance to
+    // leave before the channels close.
     const std::uint64_t until = monotonic_ms() + 1000;
-    while (chan_ >= 0 && !out_.empty()) {
+    for (;;) {
+      const bool data_due = data_ >= 0 && stdio_ && (stdio_->tx_pending() || !stdio_->outputs_done());
+      if (!(chan_ >= 0 && !out_.empty()) && !data_due) break;
       std::uint64_t now = monotonic_ms();
       if (now >= until) break;
-      pollfd p{chan_, POLLOUT, 0};
-      if (::poll(&p, 1, static_cast<int>(until - now)) <= 0) continue;
-      if (!(p.revents & POLLOUT)) break;  // hung up (a virtio port without its host): give up
-      if (!flush()) break;
+      pollfd p[1 + kStdioFds];
+      p[0] = {chan_ >= 0 && !out_.empty() ? chan_ : -1, POLLOUT, 0};
+      stdio_poll_set(p + 1);
+      if (::poll(p, 1 + kStdioFds, static_cast<int>(until - now)) <= 0) continue;
+      if (p[0].revents & (POLLHUP | POLLERR)) {
+        // hung up (a virtio port without its host): give up on it
+        if (chan_ >= 0) ::close(chan_);
+        chan_ = -1;
+      } else if (p[0].revents & POLLOUT) {
+        flush();
+      }
+      stdio_handle(p + 1);
     }
+    close_data();
     if (chan_ >= 0) ::close(chan_);
     chan_ = -1;
     log_.info("halt", "orphans reaped: {}", reaper_.orphans_total());
@@ -291,9 +360,16 @@ class Pid1 {
         port_retry_at_.reset();
       }
     }
-    pollfd p[2] = {{sfd_, POLLIN, 0}, {chan_, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
-    int r = ::poll(p, watch_chan ? 2 : 1, timeout);
-    if (!watch_chan) p[1].revents = 0;
+    if (data_retry_at_) {
+      if (*data_retry_at_ > now) {
+        std::uint64_t left = *data_retry_at_ - now;
+        if (timeout < 0 || left < static_cast<std::uint64_t>(timeout)) timeout = static_cast<int>(left);
+      }
+    }
+    pollfd p[2 + kStdioFds] = {{sfd_, POLLIN, 0},
+                               {watch_chan ? chan_ : -1, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
+    stdio_poll_set(p + 2);
+    int r = ::poll(p, 2 + kStdioFds, timeout);
     if (r < 0 && errno != EINTR) poll_backoff();
     else if (r >= 0) poll_errors_ = 0;
 
@@ -313,6 +389,169 @@ class Pid1 {
     }
     if (chan_ >= 0 && (p[1].revents & POLLOUT)) flush();
     if (chan_ >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) read_channel();
+    stdio_handle(p + 2);
+  }
+
+  // ---- the workload's stdio (boot.stdio): the data channel, the pipes or the PTY ----------------
+  // Indices into the stdio part of a poll set.
+  enum { kData = 0, kOut = 1, kErr = 2, kIn = 3, kStdioFds = 4 };
+
+  /// Fills the stdio part of a poll set: each fd only with what the core wants now (fd -1 when
+  /// nothing, so a hung-up pipe the core is not reading cannot make poll spin).
+  void stdio_poll_set(pollfd* p) {
+    for (int i = 0; i < kStdioFds; ++i) p[i] = {-1, 0, 0};
+    if (!stdio_) return;
+    StdioCore& c = *stdio_;
+    const std::uint64_t now = monotonic_ms();
+    if (data_retry_at_ && *data_retry_at_ <= now) data_retry_at_.reset();
+    if (data_ >= 0 && !data_retry_at_) {
+      short ev = 0;
+      if (!data_rx_eof_ && c.rx_room() > 0) ev |= POLLIN;
+      if (c.tx_pending()) ev |= POLLOUT;
+      if (ev) p[kData] = {data_, ev, 0};
+    }
+    if (fds_.out && c.out_room(proto::Stream::out) > 0) p[kOut] = {fds_.out.get(), POLLIN, 0};
+    if (fds_.err && c.out_room(proto::Stream::err) > 0) p[kErr] = {fds_.err.get(), POLLIN, 0};
+    if (!c.in_pending().empty()) {
+      // With a terminal stdin is the PTY master too: one fd, polled for both directions.
+      if (fds_.terminal && fds_.out) {
+        if (p[kOut].fd >= 0) p[kOut].events |= POLLOUT;
+        else p[kOut] = {fds_.out.get(), POLLOUT, 0};
+      } else if (fds_.in) {
+        p[kIn] = {fds_.in.get(), POLLOUT, 0};
+      }
+    }
+  }
+
+  /// Performs the I/O poll found ready, then what the core asks for (resize, closing stdin, a
+  /// framing error, both outputs at EOF).
+  void stdio_handle(const pollfd* p) {
+    if (!stdio_) return;
+    StdioCore& c = *stdio_;
+    if (p[kOut].revents & (POLLIN | POLLHUP | POLLERR)) read_output(proto::Stream::out, fds_.out);
+    if (p[kErr].revents & (POLLIN | POLLHUP | POLLERR)) read_output(proto::Stream::err, fds_.err);
+    if ((p[kIn].revents | (fds_.terminal ? p[kOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
+      write_stdin();
+    if (p[kData].revents & POLLOUT) write_data();
+    if (p[kData].revents & (POLLIN | POLLHUP | POLLERR)) read_data(p[kData].revents);
+    if (data_ >= 0 && c.tx_pending()) write_data();  // new output: try at once, it rarely blocks
+    if (auto ws = c.take_resize(); ws && fds_.terminal && fds_.out) {
+      winsize w{};
+      w.ws_row = ws->rows;
+      w.ws_col = ws->cols;
+      if (::ioctl(fds_.out.get(), TIOCSWINSZ, &w) != 0) log_.warn("data", "TIOCSWINSZ: {}", std::strerror(errno));
+      else log_.debug("data", "resize {}x{}", ws->rows, ws->cols);
+    }
+    if (!c.in_pending().empty()) write_stdin();
+    if (c.in_close_due()) {
+      if (!fds_.terminal) fds_.in.reset();  // the workload reads EOF
+      c.in_closed();
+    }
+    if (data_ >= 0 && !c.rx_error().empty()) {
+      log_.warn("data", "{}; closing the data channel", c.rx_error());
+      pending_.push_back(ev::DataError{c.rx_error()});
+      close_data();
+    }
+    if (c.outputs_done() && !outputs_reported_) {
+      outputs_reported_ = true;
+      pending_.push_back(ev::OutputsDone{});
+    }
+  }
+
+  void read_output(proto::Stream s, host::Fd& fd) {
+    StdioCore& c = *stdio_;
+    const std::size_t room = std::min(c.out_room(s), sizeof io_buf_);
+    if (room == 0 || !fd) return;
+    ssize_t n = ::read(fd.get(), io_buf_, room);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n > 0) {
+      c.on_output(s, std::string_view(io_buf_, static_cast<std::size_t>(n)));
+      return;
+    }
+    // EOF; for a PTY master EIO once every slave fd is closed.
+    if (n < 0 && !(fds_.terminal && errno == EIO)) log_.warn("data", "read {}: {}", proto::to_string(s), std::strerror(errno));
+    c.on_output_eof(s);
+    if (fds_.terminal) c.in_closed();
+    fd.reset();
+  }
+
+  void write_stdin() {
+    StdioCore& c = *stdio_;
+    const int fd = fds_.terminal ? fds_.out.get() : fds_.in.get();
+    while (fd >= 0 && !c.in_pending().empty()) {
+      std::string_view v = c.in_pending();
+      ssize_t n = ::write(fd, v.data(), v.size());
+      if (n > 0) {
+        c.in_written(static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return;
+      // EPIPE: the workload closed its stdin; what the host sends later has no reader.
+      log_.info("data", "stdin: {}; discarding further input", n < 0 ? std::strerror(errno) : "short write");
+      c.in_closed();
+      if (!fds_.terminal) fds_.in.reset();
+      return;
+    }
+  }
+
+  void write_data() {
+    StdioCore& c = *stdio_;
+    while (data_ >= 0) {
+      std::string_view v = c.tx();
+      if (v.empty()) return;
+      ssize_t n = ::write(data_, v.data(), v.size());
+      if (n > 0) {
+        c.sent(static_cast<std::size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return;
+      log_.warn("data", "write: {}; output from now on is discarded", n < 0 ? std::strerror(errno) : "wrote nothing");
+      close_data();
+      return;
+    }
+  }
+
+  void read_data(short revents) {
+    StdioCore& c = *stdio_;
+    const std::size_t room = std::min(c.rx_room(), sizeof io_buf_);
+    if (data_is_port_ && !(revents & POLLIN)) {
+      // A virtio port with no host connected polls as POLLHUP: not an EOF (there is none on a
+      // port); look again in kPortRetryMs.
+      data_retry_at_ = monotonic_ms() + kPortRetryMs;
+      return;
+    }
+    if (room == 0) return;
+    ssize_t n = ::read(data_, io_buf_, room);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n > 0) {
+      c.on_rx(std::string_view(io_buf_, static_cast<std::size_t>(n)));
+      return;
+    }
+    if (data_is_port_ && n == 0) {
+      data_retry_at_ = monotonic_ms() + kPortRetryMs;
+      return;
+    }
+    if (n < 0) {
+      log_.warn("data", "read: {}", std::strerror(errno));
+      close_data();
+      return;
+    }
+    // The host closed its sending side: stdin's EOF. Output may still go the other way.
+    log_.info("data", "EOF from the host");
+    data_rx_eof_ = true;
+    c.on_rx_eof();
+  }
+
+  void close_data() {
+    if (data_ >= 0) ::close(data_);
+    data_ = -1;
+    if (!stdio_) return;
+    stdio_->channel_closed();
+    // Nothing more can arrive for stdin: the workload reads EOF instead of waiting for good.
+    stdio_->in_closed();
+    if (!fds_.terminal) fds_.in.reset();
   }
 
   void read_channel() {
@@ -356,6 +595,14 @@ class Pid1 {
   Session session_;
   Shares shares_;
   int chan_ = -1;
+  int data_ = -1;             // the data channel (boot.stdio), or -1
+  bool data_is_port_ = false;
+  bool data_rx_eof_ = false;  // the host closed its sending side
+  std::optional<std::uint64_t> data_retry_at_;  // a virtio data port without its host: look again then
+  std::optional<StdioCore> stdio_;
+  StdioFds fds_;
+  bool outputs_reported_ = false;
+  char io_buf_[kStdioChunk];
   pid_t pgid_ = 0;
   std::string out_;
   proto::LineReader reader_;

@@ -193,8 +193,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}", usage());
     return 2;
   }
-  log.info("config", "channel={} grace_ms={} ack_timeout_ms={} boot_timeout_ms={} connect_timeout_ms={} halt={}",
-           to_string(*cfg.channel), cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms,
+  log.info("config", "channel={} data_channel={} grace_ms={} ack_timeout_ms={} boot_timeout_ms={} connect_timeout_ms={} halt={}",
+           to_string(*cfg.channel), cfg.data_channel ? to_string(*cfg.data_channel) : "none", cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms,
            cfg.connect_timeout_ms, nes::proto::to_string(cfg.halt));
 
   // 3. Modules (guest): the channel's transport may be among them (virtio_console, vsock).

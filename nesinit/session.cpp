@@ -24,6 +24,7 @@ std::string_view to_string(Timer t) {
     case Timer::all_grace: return "all_grace";
     case Timer::all_kill: return "all_kill";
     case Timer::ack: return "ack";
+    case Timer::drain: return "drain";
   }
   return "?";
 }
@@ -190,9 +191,37 @@ void Session::on_boot(const proto::Boot& b) {
   boot_ = b;
   phase_ = Phase::mounting;
   note(Severity::info, "boot",
-       fmt::format("argv[0]={} mounts={} terminal={}", b.exec.argv.empty() ? "" : b.exec.argv[0],
-                   b.mounts.size(), b.on_exit.terminal));
+       fmt::format("argv[0]={} mounts={} terminal={} stdio={}", b.exec.argv.empty() ? "" : b.exec.argv[0],
+                   b.mounts.size(), b.on_exit.terminal, b.stdio ? "data channel" : "console"));
+  // With stdio the data channel comes first: if it cannot be had, nothing is mounted or started.
+  if (b.stdio) out_.push_back(act::DialData{});
+  else out_.push_back(act::Mount{});
+}
+
+void Session::on(const ev::DataUp&) {
+  if (phase_ != Phase::mounting || !boot_ || !boot_->stdio) return;
   out_.push_back(act::Mount{});
+}
+
+void Session::on(const ev::DataFailed& f) {
+  if (phase_ != Phase::mounting) return;
+  note(Severity::error, "data", f.reason);
+  settle(proto::StartFailed{f.reason, f.err, proto::StartFailClass::other});
+}
+
+void Session::on(const ev::DataError& e) {
+  // The host broke the data channel's framing: the loop closed it; the session goes on.
+  note(Severity::warn, "data", e.reason);
+  send(proto::ProtocolError{fmt::format("data channel: {}", e.reason)});
+}
+
+void Session::on(const ev::OutputsDone&) {
+  if (outputs_done_) return;
+  outputs_done_ = true;
+  if (!held_exit_) return;
+  cancel(Timer::drain);
+  note(Severity::info, "exited", "stdout and stderr at EOF");
+  report_held_exit();
 }
 
 void Session::on_stop(std::string_view why) {
@@ -277,7 +306,14 @@ void Session::on(const ev::Exited& x) {
   cancel(Timer::workload_grace);
   cancel(Timer::workload_kill);
   note(Severity::info, "exited", describe(x.status));
-  settle(x.status);
+  if (boot_ && boot_->stdio && !outputs_done_) {
+    // Its last output must reach the data channel before the outcome, but a process that
+    // inherited stdout may keep it open for good: wait for EOF at most drain_ms.
+    held_exit_ = x.status;
+    arm(Timer::drain, boot_->stdio->drain_ms);
+  } else {
+    settle(x.status);
+  }
   if (phase_ == Phase::shutting_down &&
       (stage_ == Stage::workload_term || stage_ == Stage::workload_kill))
     enter_all_term();
@@ -357,6 +393,12 @@ void Session::on(const ev::TimerFired& t) {
         enter_await_ack();
       }
       return;
+    case Timer::drain:
+      if (held_exit_) {
+        note(Severity::info, "exited", fmt::format("output not at EOF {} ms after the reap; reporting", boot_->stdio->drain_ms));
+        report_held_exit();
+      }
+      return;
     case Timer::ack:
       ack_expired_ = true;
       note(Severity::warn, "ack", fmt::format("no acknowledgement within {} ms", opt_.ack_timeout_ms));
@@ -409,8 +451,17 @@ void Session::enter_all_term() {
   arm(Timer::all_grace, opt_.grace_ms);
 }
 
+void Session::report_held_exit() {
+  proto::WorkloadExited w = *held_exit_;
+  held_exit_.reset();
+  settle(w);
+  if (stage_ == Stage::await_ack) enter_await_ack();
+}
+
 void Session::enter_await_ack() {
   stage_ = Stage::await_ack;
+  // A reaped workload's outcome still waiting for its output: the drain timer bounds the wait.
+  if (held_exit_) return note(Severity::info, "ack", "waiting for the workload's output to end");
   // Power off only once the outcome is safe: acknowledged by `shutdown`, or nobody is listening
   // (EOF), or ack_timeout_ms passed, or there is nothing to acknowledge.
   if (!outcome_ || acked_ || !channel_open_ || ack_expired_) return enter_final();

@@ -28,8 +28,9 @@ enum class Timer {
   all_grace,        // kill(-1, SIGTERM) -> grace_ms -> kill(-1, SIGKILL)
   all_kill,         // kill(-1, SIGKILL) -> kKillWaitMs -> give up on stragglers
   ack,              // terminal outcome sent -> ack_timeout_ms -> power off without the ack
+  drain,            // workload reaped, its output not at EOF -> stdio.drain_ms -> report anyway
 };
-inline constexpr int kTimerCount = 6;
+inline constexpr int kTimerCount = 7;
 std::string_view to_string(Timer t);
 
 /// How long to wait for processes to disappear after SIGKILL (they can only be stuck in the
@@ -51,14 +52,20 @@ struct Exited { proto::WorkloadExited status; };  // the workload was reaped
 struct Signal { int signo; };                     // a signal to PID 1 (read from signalfd)
 struct TimerFired { Timer timer; };
 struct NoChildren {};                             // waitpid(-1) says ECHILD
+struct DataUp {};                                 // the data channel is connected (boot.stdio)
+struct DataFailed { std::string reason; int err; };  // it could not be dialled: nothing starts
+struct DataError { std::string reason; };         // the host broke the framing: channel closed
+struct OutputsDone {};                            // the workload's stdout and stderr are at EOF
 }  // namespace ev
 using Event = std::variant<ev::ChannelUp, ev::ChannelFailed, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
-                           ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren>;
+                           ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
+                           ev::DataFailed, ev::DataError, ev::OutputsDone>;
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
 struct Send { proto::GuestMessage msg; };
+struct DialData {};              // dial the data channel, report DataUp/DataFailed
 struct Mount {};                 // mount session().boot()->mounts, report MountsDone/MountFailed
 struct Spawn {};                 // set the hostname, start the workload of session().boot()
 struct SignalGroup { int signo; };  // kill(-workload_pgid, signo)
@@ -68,7 +75,7 @@ struct CancelTimer { Timer timer; };
 struct Note { Severity severity; std::string phase; std::string text; };  // one log line
 struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
 }  // namespace act
-using Action = std::variant<act::Send, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
+using Action = std::variant<act::Send, act::DialData, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::PowerOff>;
 using Actions = std::vector<Action>;
 
@@ -131,6 +138,10 @@ class Session {
   void on(const ev::Signal&);
   void on(const ev::TimerFired&);
   void on(const ev::NoChildren&);
+  void on(const ev::DataUp&);
+  void on(const ev::DataFailed&);
+  void on(const ev::DataError&);
+  void on(const ev::OutputsDone&);
 
   void on_boot(const proto::Boot& b);
   void on_stop(std::string_view why);
@@ -148,6 +159,7 @@ class Session {
   void enter_all_term();
   void enter_await_ack();
   void enter_final();
+  void report_held_exit();  // settle the outcome held back for the workload's output
 
   SessionOptions opt_;
   Actions out_;
@@ -163,6 +175,8 @@ class Session {
   bool ack_armed_ = false;
   bool ack_expired_ = false;
   bool armed_[kTimerCount] = {};
+  bool outputs_done_ = false;      // stdio: both output streams at EOF
+  std::optional<proto::WorkloadExited> held_exit_;  // reaped, waiting for outputs_done_ or drain
 };
 
 }  // namespace nes::init

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -54,6 +55,8 @@ std::string_view to_string(SpawnStep s) {
     case SpawnStep::setgid: return "setgid";
     case SpawnStep::setuid: return "setuid";
     case SpawnStep::exec: return "execve";
+    case SpawnStep::stdio: return "dup2 stdio";
+    case SpawnStep::terminal: return "TIOCSCTTY";
   }
   return "?";
 }
@@ -103,7 +106,7 @@ void close_fds_from_3(int keep) {
 }  // namespace
 
 std::variant<pid_t, proto::StartFailed> spawn(const proto::Exec& exec, const proto::Geometry& g,
-                                              Stdio stdio, Reaper& reaper) {
+                                              Stdio stdio, Reaper& reaper, const ChildFds* fds) {
   auto fail = [](SpawnStep step, int err, std::string detail = {}) {
     return proto::StartFailed{
         fmt::format("{}{}{}: {}", to_string(step), detail.empty() ? "" : " ", detail, std::strerror(err)),
@@ -142,7 +145,18 @@ std::variant<pid_t, proto::StartFailed> spawn(const proto::Exec& exec, const pro
     // Own session and process group: signals to the workload's group reach all it starts, and
     // nothing reaches PID 1 through a terminal.
     if (::setsid() < 0) child_fail(rfd, SpawnStep::setsid, errno);
-    if (stdio == Stdio::console) {
+    if (fds) {
+      // Move any of the given fds out of 0..2 first, so no dup2 below overwrites one still needed.
+      int src[3];
+      for (int i = 0; i < 3; ++i) {
+        if (fds->fd[i] < 0) child_fail(rfd, SpawnStep::stdio, EBADF);
+        src[i] = fds->fd[i] < 3 ? ::fcntl(fds->fd[i], F_DUPFD_CLOEXEC, 3) : fds->fd[i];
+        if (src[i] < 0) child_fail(rfd, SpawnStep::stdio, errno);
+      }
+      for (int i = 0; i < 3; ++i)
+        if (::dup2(src[i], i) < 0) child_fail(rfd, SpawnStep::stdio, errno);
+      if (fds->terminal && ::ioctl(0, TIOCSCTTY, 0) != 0) child_fail(rfd, SpawnStep::terminal, errno);
+    } else if (stdio == Stdio::console) {
       int fd = ::open("/dev/console", O_RDWR | O_NOCTTY);
       if (fd < 0) fd = ::open("/dev/null", O_RDWR);
       if (fd < 0) child_fail(rfd, SpawnStep::console, errno);

@@ -31,7 +31,7 @@ std::vector<std::string> exec_candidates(const std::string& argv0, const std::st
 
 /// The set-up step that failed in the child.
 enum class SpawnStep : int { fork = 1, pipe, setsid, console, sigmask, chdir, setgroups, setgid,
-                             setuid, exec };
+                             setuid, exec, stdio, terminal };
 std::string_view to_string(SpawnStep s);
 
 /// start_failed's class for a failing step and errno: exec ENOENT/ENOTDIR -> not_found (127 in
@@ -43,12 +43,21 @@ proto::StartFailClass classify(SpawnStep step, int err);
 /// terminal); sandbox mode keeps the init's own fds 0-2, which its parent chose.
 enum class Stdio { console, inherit };
 
+/// The workload's fds 0, 1, 2 when the init owns its stdio (boot.stdio): pipe ends or the PTY
+/// slave (then `terminal`: after setsid the child makes it its controlling terminal with
+/// TIOCSCTTY, so ^C and job control reach the workload's group). Overrides `Stdio`.
+struct ChildFds {
+  int fd[3] = {-1, -1, -1};
+  bool terminal = false;
+};
+
 /// Start `exec`. On success the child has exec'd and its pid is registered with `reaper` (it may
 /// already have exited: the reaper delivers its status later). On failure the child has been
 /// collected and a StartFailed says which step failed with which errno.
 /// Blocks only until the child's execve returns (the pipe's CLOEXEC end closes) or the child
 /// reports its failure.
 std::variant<pid_t, proto::StartFailed> spawn(const proto::Exec& exec, const proto::Geometry& g,
-                                              Stdio stdio, Reaper& reaper);
+                                              Stdio stdio, Reaper& reaper,
+                                              const ChildFds* fds = nullptr);
 
 }  // namespace nes::init

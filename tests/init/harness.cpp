@@ -55,6 +55,17 @@ Sandbox::Sandbox(SandboxOptions o) {
         throw std::runtime_error("filler connect failed");
     }
   }
+  if (o.data) {
+    const std::string data_path = (dir_ / "data.sock").string();
+    data_listen_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, data_path.c_str(), sizeof a.sun_path - 1);
+    if (::bind(data_listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(data_listen_, 1) != 0)
+      throw std::runtime_error("data listen failed");
+    o.init_args.insert(o.init_args.begin(), "--data-channel=unix:" + data_path);
+    data_dec_ = proto::FrameDecoder(o.data_rules);
+  }
   std::vector<std::string> args = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child"};
   for (auto& a : o.unshare_args) args.push_back(a);
   for (auto& a : o.wrapper) args.push_back(a);
@@ -116,14 +127,28 @@ Sandbox::~Sandbox() {
   close_fd(err_fd_);
   close_fd(pidfd_);
   close_fd(filler_);
+  close_fd(data_fd_);
+  close_fd(data_listen_);
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }
 
+std::uint64_t Sandbox::clock_ms() { return now_ms(); }
+
+std::size_t Sandbox::when(std::string_view what) const {
+  auto it = std::find(timeline_.begin(), timeline_.end(), what);
+  return it == timeline_.end() ? std::string::npos : static_cast<std::size_t>(it - timeline_.begin());
+}
+
 bool Sandbox::pump(int timeout_ms) {
-  pollfd p[5];
+  pollfd p[7];
   int n = 0;
-  int idx_listen = -1, idx_chan = -1, idx_out = -1, idx_err = -1, idx_pid = -1;
+  int idx_listen = -1, idx_chan = -1, idx_out = -1, idx_err = -1, idx_pid = -1, idx_dl = -1, idx_data = -1;
+  if (data_listen_ >= 0 && data_fd_ < 0 && !data_closed_) { idx_dl = n; p[n++] = {data_listen_, POLLIN, 0}; }
+  if (data_fd_ >= 0) {
+    short ev = static_cast<short>((data_paused_ ? 0 : POLLIN) | (data_tx_.empty() ? 0 : POLLOUT));
+    if (ev) { idx_data = n; p[n++] = {data_fd_, ev, 0}; }
+  }
   if (listen_fd_ >= 0 && chan_ < 0 && filler_ < 0) { idx_listen = n; p[n++] = {listen_fd_, POLLIN, 0}; }
   if (chan_ >= 0 && !chan_eof_) { idx_chan = n; p[n++] = {chan_, POLLIN, 0}; }
   if (out_fd_ >= 0) { idx_out = n; p[n++] = {out_fd_, POLLIN, 0}; }
@@ -146,10 +171,59 @@ bool Sandbox::pump(int timeout_ms) {
   if (idx_listen >= 0 && (p[idx_listen].revents & POLLIN)) {
     chan_ = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
   }
+  if (idx_dl >= 0 && (p[idx_dl].revents & POLLIN)) {
+    data_fd_ = ::accept4(data_listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  }
+  if (idx_data >= 0 && (p[idx_data].revents & POLLOUT)) {
+    ssize_t k = ::send(data_fd_, data_tx_.data(), data_tx_.size(), MSG_NOSIGNAL);
+    if (k > 0) data_tx_.erase(0, static_cast<std::size_t>(k));
+    else if (k < 0 && errno != EAGAIN && errno != EINTR) data_tx_.clear();  // the guest closed it
+  }
+  if (idx_data >= 0 && (p[idx_data].revents & (POLLIN | POLLHUP | POLLERR)) && !data_paused_) {
+    for (int round = 0; round < 64; ++round) {  // bounded, so the other fds get their turn
+      ssize_t k = ::read(data_fd_, buf, sizeof buf);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && errno == EAGAIN) break;
+      if (k <= 0) {
+        close_fd(data_fd_);
+        data_closed_ = true;
+        timeline_.push_back("data:closed");
+        break;
+      }
+      std::string_view in(buf, static_cast<std::size_t>(k));
+      while (auto f = data_dec_.next(in)) {
+        const auto si = static_cast<std::size_t>(f->stream);
+        switch (f->kind) {
+          case proto::FrameKind::data: data_[si] += f->data; break;
+          case proto::FrameKind::eof: timeline_.push_back("data:" + std::string(proto::to_string(f->stream)) + ":eof"); break;
+          case proto::FrameKind::dropped:
+            dropped_ += f->dropped;
+            timeline_.push_back("data:dropped");
+            break;
+          case proto::FrameKind::resize: break;
+        }
+      }
+      if (data_dec_.failed()) {
+        close_fd(data_fd_);
+        data_closed_ = true;
+        timeline_.push_back("data:error");
+        break;
+      }
+    }
+  }
   if (idx_chan >= 0 && p[idx_chan].revents) {
     for (;;) {
       ssize_t k = ::read(chan_, buf, sizeof buf);
-      if (k > 0) { reader_.feed(std::string_view(buf, static_cast<std::size_t>(k))); continue; }
+      if (k > 0) {
+        reader_.feed(std::string_view(buf, static_cast<std::size_t>(k)));
+        timeline_reader_.feed(std::string_view(buf, static_cast<std::size_t>(k)));
+        while (auto l = timeline_reader_.next()) {
+          auto d = proto::decode_guest(l->text);
+          auto* m = std::get_if<proto::GuestMessage>(&d);
+          timeline_.push_back(m ? "msg:" + std::string(proto::type_name(*m)) : "msg:?");
+        }
+        continue;
+      }
       if (k < 0 && errno == EINTR) continue;
       if (k == 0 || (k < 0 && errno != EAGAIN)) chan_eof_ = true;
       break;

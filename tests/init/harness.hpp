@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -27,6 +28,8 @@ struct SandboxOptions {
   bool stderr_unread = false;   // the init's stderr: a one-page pipe, already full, not read
                                 // until read_stderr() (a log nobody reads)
   std::vector<std::string> wrapper;  // argv run before the init inside the namespace (prlimit ...)
+  bool data = false;            // listen for the data channel too: --data-channel=unix:DIR/data.sock
+  proto::FrameRules data_rules{proto::FrameSender::guest, false, false, false};  // what it may send
 };
 
 class Sandbox {
@@ -76,6 +79,39 @@ class Sandbox {
   bool signal_init(int sig);
   /// Start reading the init's stderr (stderr_unread), first discarding the bytes we put there.
   void read_stderr();
+  // ---- the data channel (SandboxOptions::data): pumped along with everything else ----------------
+  /// Pump until `pred()` holds (true) or timeout_ms pass (false).
+  template <class Pred>
+  bool wait_until(Pred pred, int timeout_ms = 20000) {
+    const std::uint64_t until = clock_ms() + static_cast<std::uint64_t>(timeout_ms);
+    while (!pred()) {
+      const std::uint64_t now = clock_ms();
+      if (now >= until) return pred();
+      pump(static_cast<int>(std::min<std::uint64_t>(until - now, 100)));
+    }
+    return true;
+  }
+  /// Stop (true) or resume reading the data channel: a host that does not keep up.
+  void pause_data(bool paused) { data_paused_ = paused; }
+  /// Queue bytes (frames) for the guest; written as the socket takes them.
+  void send_data(std::string_view bytes) { data_tx_ += bytes; }
+  /// Bytes received per stream (stdout, stderr), drop counts, and the per-stream eofs.
+  const std::string& data_out() const { return data_[1]; }
+  const std::string& data_err() const { return data_[2]; }
+  std::uint64_t dropped() const { return dropped_; }
+  bool data_eof(proto::Stream s) const { return data_dec_.at_eof(s); }
+  bool data_connected() const { return data_fd_ >= 0 || data_closed_; }
+  /// The guest closed the data channel (EOF).
+  bool data_closed() const { return data_closed_; }
+  /// A framing error in what the guest sent ("" if none).
+  const std::string& data_error() const { return data_dec_.error(); }
+  /// What arrived, in arrival order across both channels: "msg:<type>", "data:<stream>:eof",
+  /// "data:dropped", "data:closed".
+  const std::vector<std::string>& timeline() const { return timeline_; }
+  /// Index of the first timeline entry equal to `what` (npos if none).
+  std::size_t when(std::string_view what) const;
+  static std::uint64_t clock_ms();
+
   /// Wait for the namespace to end: the wait status of unshare, which re-raises its child's
   /// terminating signal (SIGINT for power-off, SIGHUP for reboot). nullopt on timeout.
   std::optional<int> wait_exit(int timeout_ms = 20000);
@@ -95,6 +131,14 @@ class Sandbox {
   int out_fd_ = -1, err_fd_ = -1;
   int pidfd_ = -1;
   int filler_ = -1;           // our connection that fills the backlog (full_backlog)
+  int data_listen_ = -1, data_fd_ = -1;
+  bool data_paused_ = false, data_closed_ = false;
+  std::string data_[3];
+  std::string data_tx_;
+  std::uint64_t dropped_ = 0;
+  proto::FrameDecoder data_dec_{proto::FrameRules{}};
+  std::vector<std::string> timeline_;
+  proto::LineReader timeline_reader_;
   bool err_paused_ = false;   // stderr_unread, until read_stderr()
   pid_t pid_ = -1;
   std::optional<int> status_;

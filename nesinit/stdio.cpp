@@ -1,0 +1,232 @@
+#include "stdio.hpp"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace nes::init {
+
+using proto::Stream;
+
+// ---- OutputBuffer --------------------------------------------------------------------------------
+
+std::size_t OutputBuffer::room() const {
+  if (lossy_) return kStdioChunk;
+  return size() >= cap_ ? 0 : std::min(cap_ - size(), kStdioChunk);
+}
+
+void OutputBuffer::push(std::string_view b) {
+  if (lossy_ && size() + b.size() > cap_) {
+    std::size_t drop = size() + b.size() - cap_;
+    const std::size_t old = std::min(drop, size());
+    head_ += old;  // the oldest unsent bytes go first
+    drop -= old;
+    b.remove_prefix(drop);  // more than the whole ring: only the newest cap bytes are kept
+    dropped_ += old + drop;
+  }
+  if (head_ > 0 && head_ >= buf_.size() / 2) {
+    buf_.erase(0, head_);  // amortised: at most as many bytes moved as were consumed
+    head_ = 0;
+  }
+  buf_.append(b);
+}
+
+void OutputBuffer::consume(std::size_t n) {
+  head_ += std::min(n, size());
+  if (head_ == buf_.size()) {
+    buf_.clear();
+    head_ = 0;
+  }
+}
+
+// ---- StdioCore -----------------------------------------------------------------------------------
+
+StdioCore::StdioCore(const proto::Stdio& s)
+    : terminal_(s.terminal.has_value()),
+      out_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
+      err_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
+      decoder_(proto::FrameRules{proto::FrameSender::host, s.terminal.has_value(), s.attach_stdin, false}) {
+  // With a terminal there is no stderr: it is the PTY, like stdout.
+  if (terminal_) err_.eof = err_.eof_sent = true;
+  // Without stdin attached the workload has /dev/null (or a terminal nobody types on): nothing
+  // to write or close, and a stray eof must not become a ^D.
+  if (!s.attach_stdin) in_closed_ = true;
+}
+
+std::size_t StdioCore::out_room(Stream s) const {
+  const Out& o = out(s);
+  if (o.eof) return 0;
+  if (!open_) return kStdioChunk;  // nobody to send to: read and discard
+  return o.buf.room();
+}
+
+void StdioCore::on_output(Stream s, std::string_view bytes) {
+  if (!open_) return;
+  out(s).buf.push(bytes);
+}
+
+void StdioCore::on_output_eof(Stream s) { out(s).eof = true; }
+
+bool StdioCore::outputs_done() const { return out_.eof && err_.eof; }
+
+void StdioCore::frame_more() {
+  // One frame per stream per round, alternating which goes first, so a flood on one stream does
+  // not starve the other. A dropped count always precedes the stream's next data.
+  tx_.clear();
+  tx_head_ = 0;
+  for (int i = 0; i < 2; ++i) {
+    const Stream s = (i == 0) == err_first_ ? Stream::err : Stream::out;
+    Out& o = out(s);
+    if (o.buf.dropped_pending()) proto::append_dropped(tx_, s, o.buf.take_dropped());
+    const std::string_view v = o.buf.view();
+    if (!v.empty()) {
+      const std::size_t n = std::min(v.size(), proto::kFrameDataMax);
+      proto::append_data(tx_, s, v.substr(0, n));
+      o.buf.consume(n);
+    }
+    if (o.eof && !o.eof_sent && o.buf.size() == 0) {
+      proto::append_eof(tx_, s);
+      o.eof_sent = true;
+    }
+  }
+  err_first_ = !err_first_;
+}
+
+std::string_view StdioCore::tx() {
+  if (!open_) return {};
+  if (tx_head_ == tx_.size()) frame_more();
+  return std::string_view(tx_).substr(tx_head_);
+}
+
+void StdioCore::sent(std::size_t n) { tx_head_ = std::min(tx_head_ + n, tx_.size()); }
+
+bool StdioCore::tx_pending() { return !tx().empty(); }
+
+std::size_t StdioCore::buffered() const { return out_.buf.size() + err_.buf.size() + (tx_.size() - tx_head_); }
+
+const std::string& StdioCore::rx_error() const {
+  return decoder_.failed() ? decoder_.error() : eof_error_;
+}
+
+std::size_t StdioCore::rx_room() const {
+  if (!open_ || !rx_error().empty()) return 0;
+  const std::size_t held = in_.size() - in_head_;
+  // The decoder may hand over a whole data frame from what is read: leave room for one.
+  if (held + proto::kFrameDataMax > kStdinCap) return 0;
+  return std::min(kStdinCap - proto::kFrameDataMax - held, kStdioChunk);
+}
+
+void StdioCore::on_rx(std::string_view bytes) {
+  while (auto f = decoder_.next(bytes)) {
+    switch (f->kind) {
+      case proto::FrameKind::data:
+        if (in_closed_) break;  // the workload closed its stdin: nobody reads these
+        if (in_head_ > 0 && in_head_ >= in_.size() / 2) {
+          in_.erase(0, in_head_);
+          in_head_ = 0;
+        }
+        in_ += f->data;
+        break;
+      case proto::FrameKind::eof:
+        in_eof_ = true;
+        if (terminal_ && !in_closed_) in_ += '\x04';  // a PTY has no half-close: its VEOF, ^D
+        break;
+      case proto::FrameKind::resize: resize_ = proto::Terminal{f->rows, f->cols}; break;
+      case proto::FrameKind::dropped: break;  // not legal from the host: the decoder refused it
+    }
+  }
+}
+
+void StdioCore::on_rx_eof() {
+  if (!decoder_.idle()) {
+    // A partial frame at EOF: a framing error like any other.
+    if (!decoder_.failed() && eof_error_.empty())
+      eof_error_ = fmt::format("data channel closed inside a frame (at byte {})", decoder_.offset());
+    return;
+  }
+  if (!in_eof_) {
+    in_eof_ = true;
+    if (terminal_ && !in_closed_) in_ += '\x04';
+  }
+}
+
+void StdioCore::in_written(std::size_t n) {
+  in_head_ = std::min(in_head_ + n, in_.size());
+  if (in_head_ == in_.size()) {
+    in_.clear();
+    in_head_ = 0;
+  }
+}
+
+void StdioCore::in_closed() {
+  in_closed_ = true;
+  in_.clear();
+  in_head_ = 0;
+}
+
+void StdioCore::channel_closed() {
+  open_ = false;
+  out_.buf.consume(out_.buf.size());
+  err_.buf.consume(err_.buf.size());
+  tx_.clear();
+  tx_head_ = 0;
+}
+
+// ---- fds -----------------------------------------------------------------------------------------
+
+namespace {
+std::string sys_error(std::string_view what) { return fmt::format("{}: {}", what, std::strerror(errno)); }
+
+void set_nonblock(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+}  // namespace
+
+std::variant<StdioFds, std::string> make_stdio(const proto::Stdio& s) {
+  StdioFds f;
+  if (s.terminal) {
+    f.terminal = true;
+    f.out.reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!f.out) return sys_error("stdio: posix_openpt");
+    if (::grantpt(f.out.get()) != 0) return sys_error("stdio: grantpt");
+    if (::unlockpt(f.out.get()) != 0) return sys_error("stdio: unlockpt");
+    char name[128];
+    if (::ptsname_r(f.out.get(), name, sizeof name) != 0) return sys_error("stdio: ptsname");
+    // O_NOCTTY here: the init must never get a controlling terminal; the child takes it with
+    // TIOCSCTTY after setsid.
+    f.child_in.reset(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+    if (!f.child_in) return sys_error(fmt::format("stdio: open {}", name));
+    winsize ws{};
+    ws.ws_row = s.terminal->rows;
+    ws.ws_col = s.terminal->cols;
+    if (::ioctl(f.out.get(), TIOCSWINSZ, &ws) != 0) return sys_error("stdio: TIOCSWINSZ");
+    set_nonblock(f.out.get());
+    return f;
+  }
+  int p[2];
+  if (s.attach_stdin) {
+    if (::pipe2(p, O_CLOEXEC) != 0) return sys_error("stdio: pipe (stdin)");
+    f.child_in.reset(p[0]);
+    f.in.reset(p[1]);
+    set_nonblock(f.in.get());
+  } else {
+    f.child_in.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!f.child_in) return sys_error("stdio: open /dev/null");
+  }
+  if (::pipe2(p, O_CLOEXEC) != 0) return sys_error("stdio: pipe (stdout)");
+  f.out.reset(p[0]);
+  f.child_out.reset(p[1]);
+  if (::pipe2(p, O_CLOEXEC) != 0) return sys_error("stdio: pipe (stderr)");
+  f.err.reset(p[0]);
+  f.child_err.reset(p[1]);
+  set_nonblock(f.out.get());
+  set_nonblock(f.err.get());
+  return f;
+}
+
+}  // namespace nes::init

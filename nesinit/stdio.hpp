@@ -1,0 +1,149 @@
+// The workload's stdio on the data channel (docs/protocol.md "Data channel"), in two parts:
+// - StdioCore, sans-I/O: bytes read from the workload's output go in, data-channel frames come
+//   out; frames from the host go in, bytes for the workload's stdin come out. It decides every
+//   bound (how much may be read from which fd now) and never touches an fd, so its rules are
+//   tested by driving it directly (tests/init/stdio_test.cpp).
+// - make_stdio: the fds themselves, pipes or a pseudo-terminal, for the loop to poll.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+#include "host/fd.hpp"
+#include "protocol/frame.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::init {
+
+/// Largest single read from a pipe, the PTY or the data channel: bytes.
+inline constexpr std::size_t kStdioChunk = 65536;
+/// Bytes from the host held for the workload's stdin before the init stops reading the data
+/// channel (the host is then backpressured by its transport).
+inline constexpr std::size_t kStdinCap = 256 * 1024;
+
+/// One output stream's unsent bytes: at most `cap`. Lossless: the reader stops when full (room()
+/// is 0). Lossy: a ring that drops the oldest unsent bytes and counts them.
+class OutputBuffer {
+ public:
+  OutputBuffer(std::size_t cap, bool lossy) : cap_(cap), lossy_(lossy) {}
+  /// Bytes the reader may read now (lossless: cap - size; lossy: always kStdioChunk).
+  std::size_t room() const;
+  /// Append what was read; in lossy mode the oldest bytes beyond `cap` are dropped and counted.
+  void push(std::string_view bytes);
+  /// Unsent bytes, oldest first.
+  std::string_view view() const { return std::string_view(buf_).substr(head_); }
+  /// Remove the first `n` bytes (they were framed).
+  void consume(std::size_t n);
+  std::size_t size() const { return buf_.size() - head_; }
+  /// Bytes dropped since the last take_dropped() (lossy only).
+  std::uint64_t take_dropped() { return std::exchange(dropped_, 0); }
+  std::uint64_t dropped_pending() const { return dropped_; }
+
+ private:
+  std::size_t cap_;
+  bool lossy_;
+  std::string buf_;
+  std::size_t head_ = 0;  // bytes at the front already consumed (compacted lazily)
+  std::uint64_t dropped_ = 0;
+};
+
+/// The init's side of one session's stdio, without fds. Streams: stdout and stderr (with a
+/// terminal only stdout, which carries the PTY's output) and stdin. Call order is free; every
+/// query reflects all calls so far.
+class StdioCore {
+ public:
+  explicit StdioCore(const proto::Stdio& s);
+
+  // ---- workload output -> data channel
+  /// Bytes the loop may read from `s`'s pipe (or the PTY, stdout) now; 0: do not read it.
+  std::size_t out_room(proto::Stream s) const;
+  /// Bytes were read from `s`.
+  void on_output(proto::Stream s, std::string_view bytes);
+  /// `s`'s pipe (or the PTY) reached EOF: after its buffered bytes, an eof frame follows.
+  void on_output_eof(proto::Stream s);
+  /// Both output streams reached EOF (with a terminal: the PTY). Their frames are queued.
+  bool outputs_done() const;
+  /// Framed bytes to write to the data channel now ("" when nothing is due). Stable until sent().
+  std::string_view tx();
+  /// `n` bytes of tx() were written.
+  void sent(std::size_t n);
+  /// True while frames are buffered or due (the loop polls for POLLOUT).
+  bool tx_pending();
+  /// Bytes of output held (both streams and framed), for the loop's flush decisions and tests.
+  std::size_t buffered() const;
+
+  // ---- data channel -> workload stdin
+  /// Bytes the loop may read from the data channel now (0: stop reading it; backpressure).
+  std::size_t rx_room() const;
+  /// Bytes read from the data channel. Frames are decoded; a framing error closes the channel.
+  void on_rx(std::string_view bytes);
+  /// The host closed its side: stdin's eof (an EOF inside a frame is a framing error).
+  void on_rx_eof();
+  /// Bytes due to the workload's stdin (pipe or PTY master) now.
+  std::string_view in_pending() const { return std::string_view(in_).substr(in_head_); }
+  /// `n` bytes of in_pending() were written.
+  void in_written(std::size_t n);
+  /// stdin's eof was received and every byte before it written: close the stdin pipe now (with a
+  /// terminal: the PTY stays open; its EOF character ^D was queued instead). The loop then calls
+  /// in_closed().
+  bool in_close_due() const { return in_eof_ && !in_closed_ && in_pending().empty(); }
+  /// The workload's stdin is closed (the loop closed it, or a write said EPIPE): later stdin
+  /// data is discarded, as a pipe nobody reads would.
+  void in_closed();
+  /// A resize from the host not yet applied (TIOCSWINSZ), if any; taking it clears it.
+  std::optional<proto::Terminal> take_resize() { return std::exchange(resize_, std::nullopt); }
+
+  // ---- the data channel itself
+  /// The first framing error the host caused ("" if none); the loop closes the channel.
+  const std::string& rx_error() const;
+  /// The data channel is gone (error, write failure, power-off): output is read and discarded
+  /// from now on, so the workload never blocks on a channel that no longer exists.
+  void channel_closed();
+  bool channel_open() const { return open_; }
+  bool terminal() const { return terminal_; }
+
+ private:
+  struct Out {
+    OutputBuffer buf;
+    bool eof = false;       // the pipe reached EOF
+    bool eof_sent = false;  // its eof frame is framed
+  };
+  Out& out(proto::Stream s) { return s == proto::Stream::err ? err_ : out_; }
+  const Out& out(proto::Stream s) const { return s == proto::Stream::err ? err_ : out_; }
+  void frame_more();
+
+  bool terminal_;
+  bool open_ = true;
+  Out out_, err_;
+  std::string tx_;
+  std::size_t tx_head_ = 0;
+  bool err_first_ = false;  // round-robin between the two streams, one frame each
+  proto::FrameDecoder decoder_;
+  std::string in_;
+  std::size_t in_head_ = 0;
+  bool in_eof_ = false;
+  bool in_closed_ = false;
+  std::optional<proto::Terminal> resize_;
+  std::string eof_error_;  // the channel ended inside a frame
+};
+
+/// The fds of a workload's stdio. `child[i]` become the workload's fds 0..2 (the PTY slave for
+/// all three with a terminal); the init keeps the others, all O_CLOEXEC|O_NONBLOCK.
+struct StdioFds {
+  host::Fd child_in, child_out, child_err;  // closed by the loop right after the spawn
+  host::Fd in;    // write end of the stdin pipe (pipes with stdin attached), or none
+  host::Fd out;   // read end of the stdout pipe, or the PTY master (read and write)
+  host::Fd err;   // read end of the stderr pipe (pipes only)
+  bool terminal = false;
+};
+
+/// Opens the fds `s` asks for: pipes (stdin from /dev/null unless attached), or a PTY from
+/// /dev/ptmx sized rows x cols. Returns the fds, or an error naming the step and errno.
+std::variant<StdioFds, std::string> make_stdio(const proto::Stdio& s);
+
+}  // namespace nes::init

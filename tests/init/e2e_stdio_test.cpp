@@ -1,0 +1,268 @@
+// End-to-end: the workload's stdio on the data channel. The real static init as PID 1 of a fresh
+// pid + mount namespace, both channels Unix sockets, a scripted host (harness.hpp) that reads,
+// stops reading, writes stdin frames and breaks the framing. Orders are asserted on the
+// harness's timeline (arrival order across both channels), never on wall time.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "harness.hpp"
+
+using namespace nes::init::test;
+namespace proto = nes::proto;
+using proto::Stream;
+
+namespace {
+
+proto::Boot stdio_boot(std::vector<std::string> argv, proto::Stdio st = {}) {
+  proto::Boot b = make_boot(std::move(argv));
+  b.stdio = st;
+  return b;
+}
+
+SandboxOptions with_data(bool terminal = false, bool lossy = false) {
+  SandboxOptions o;
+  o.data = true;
+  o.data_rules = proto::FrameRules{proto::FrameSender::guest, terminal, false, lossy};
+  o.init_args = {"--grace-ms=2000"};
+  return o;
+}
+
+bool powered_off(std::optional<int> st) { return st && WIFSIGNALED(*st) && WTERMSIG(*st) == SIGINT; }
+
+/// The usual end: ack the outcome, the namespace powers off.
+void finish(Sandbox& sb) {
+  sb.send(proto::Shutdown{});
+  CHECK(powered_off(sb.wait_exit()));
+}
+
+std::string sha256_of(const std::string& path) {
+  std::string cmd = "sha256sum '" + path + "'";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  REQUIRE(f);
+  char buf[128] = {};
+  std::string out = std::fgets(buf, sizeof buf, f) ? std::string(buf) : std::string();
+  ::pclose(f);
+  return out.substr(0, 64);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+proto::Frame frame(proto::FrameKind k, std::string data = {}) {
+  proto::Frame f;
+  f.stream = Stream::in;
+  f.kind = k;
+  f.data = std::move(data);
+  return f;
+}
+
+std::string stdin_frames(std::string data, bool eof) {
+  std::string out;
+  proto::append_data(out, Stream::in, data);
+  if (eof) proto::append_eof(out, Stream::in);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("stdout and stderr apart, all 256 byte values, a last line without newline; eofs before the exit") {
+  std::string fmt_all;  // printf(1) format writing bytes 0..255 (octal escapes, POSIX)
+  std::string want;
+  for (int i = 0; i < 256; ++i) {
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\%03o", i);
+    fmt_all += esc;
+    want.push_back(static_cast<char>(i));
+  }
+  Sandbox sb(with_data());
+  REQUIRE_MESSAGE(sb.start(stdio_boot({"/bin/sh", "-c", "printf '" + fmt_all + "'; echo err-line >&2; printf 'last line, no newline'; printf 'e2' >&2; exit 5"})),
+                  sb.last_error());
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::code(5));
+  CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out) && sb.data_eof(Stream::err); }));
+  CHECK(sb.data_out() == want + "last line, no newline");
+  CHECK(sb.data_err() == "err-line\ne2");
+  CHECK(sb.data_error().empty());
+  // Both eofs were queued before the outcome, so they arrive first.
+  CHECK(sb.when("data:stdout:eof") < sb.when("msg:workload_exited"));
+  CHECK(sb.when("data:stderr:eof") < sb.when("msg:workload_exited"));
+  // Nothing of it reached the console.
+  CHECK(sb.out().find("last line") == std::string::npos);
+  finish(sb);
+}
+
+TEST_CASE("S12: 64 MiB to stdout then exit 7: no deadlock, exit 7, SHA-256 equal") {
+  Sandbox sb(with_data());
+  const std::string sent = (sb.dir() / "sent").string();
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "head -c 67108864 /dev/urandom | tee '" + sent + "'; exit 7"})));
+  const auto t0 = Sandbox::clock_ms();
+  CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out); }, 120000));
+  const auto t1 = Sandbox::clock_ms();
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::code(7));
+  REQUIRE(sb.data_out().size() == 67108864u);
+  {
+    std::ofstream out((sb.dir() / "received").string(), std::ios::binary);
+    out.write(sb.data_out().data(), static_cast<std::streamsize>(sb.data_out().size()));
+  }
+  const std::string a = sha256_of(sent), b = sha256_of((sb.dir() / "received").string());
+  CHECK(a.size() == 64);
+  CHECK(a == b);
+  MESSAGE("64 MiB stdout -> host: " << (t1 - t0) << " ms, ~" << (t1 > t0 ? 65536 / (t1 - t0) : 0) << " MiB/s (started to eof, sandbox)");
+  finish(sb);
+}
+
+TEST_CASE("S9: a background process keeps stdout open: the exit is reported in the drain window, the straggler removed at shutdown") {
+  Sandbox sb(with_data());
+  proto::Stdio st;
+  st.drain_ms = 300;
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "nohup tail -f /dev/null & echo parent-done"}, st)));
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::code(0));
+  // The outcome went out while stdout was still open (the straggler holds it); its eof came only
+  // once the ordered shutdown had removed the straggler.
+  CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out); }));
+  CHECK(sb.when("msg:workload_exited") < sb.when("data:stdout:eof"));
+  CHECK(sb.data_out() == "parent-done\n");
+  finish(sb);
+  std::string missing;
+  CHECK_MESSAGE(in_order(sb.err(), {"nesinit: exited: exit_code 0", "output not at EOF 300 ms after the reap",
+                                    "nesinit: send: workload_exited", "nesinit: term-all:",
+                                    "nesinit: shutdown: no processes left", "nesinit: poweroff:"},
+                         &missing),
+                "missing or out of order: " << missing << "\n" << sb.err());
+}
+
+TEST_CASE("stdin: frames reach the workload, eof closes it; without stdin `cat` ends at once") {
+  {
+    Sandbox sb(with_data());
+    proto::Stdio st;
+    st.attach_stdin = true;
+    REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "read x; echo got:$x; cat; echo end"}, st)));
+    sb.send_data(stdin_frames("abc\n", false));
+    CHECK(sb.wait_until([&] { return sb.data_out() == "got:abc\n"; }));
+    sb.send_data(stdin_frames("rest", true));
+    auto x = sb.expect<proto::WorkloadExited>();
+    REQUIRE_MESSAGE(x, sb.last_error());
+    CHECK(*x == proto::WorkloadExited::code(0));
+    CHECK(sb.data_out() == "got:abc\nrestend\n");
+    finish(sb);
+  }
+  {
+    Sandbox sb(with_data());
+    REQUIRE(sb.start(stdio_boot({"cat"})));
+    auto x = sb.expect<proto::WorkloadExited>();
+    REQUIRE_MESSAGE(x, sb.last_error());
+    CHECK(*x == proto::WorkloadExited::code(0));
+    CHECK(sb.data_out().empty());
+    finish(sb);
+  }
+}
+
+TEST_CASE("terminal: a /dev/pts tty of the asked size, resize reaches it, ^C ends sleep with SIGINT") {
+  Sandbox sb(with_data(true));
+  proto::Stdio st;
+  st.attach_stdin = true;
+  st.terminal = proto::Terminal{33, 111};
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "tty; stty size; read x; stty size; exec sleep 100"}, st)));
+  CHECK(sb.wait_until([&] { return sb.data_out().find("33 111\r\n") != std::string::npos; }));
+  CHECK(sb.data_out().rfind("/dev/pts/", 0) == 0);
+  std::string f;
+  proto::append_resize(f, 40, 132);
+  sb.send_data(f);
+  sb.send_data(stdin_frames("go\n", false));
+  CHECK(sb.wait_until([&] { return sb.data_out().find("40 132\r\n") != std::string::npos; }));
+  sb.send_data(stdin_frames("\x03", false));  // ^C: the line discipline's SIGINT to the group
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::killed(SIGINT));
+  CHECK(proto::exit_status(*x) == 130);
+  CHECK(sb.data_error().empty());  // nothing on stderr: with a terminal all output is stdout
+  finish(sb);
+}
+
+TEST_CASE("lossless, the host stops reading: the workload blocks, stop still reaches it, the outcome is reported") {
+  Sandbox sb(with_data());
+  proto::Stdio st;
+  st.buffer_bytes = 65536;
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "echo begin >&2; head -c 100000000 /dev/zero; echo finished >&2"}, st)));
+  CHECK(sb.wait_until([&] { return sb.data_err() == "begin\n"; }));
+  sb.pause_data(true);
+  // 100 MB cannot pass a 64 KiB buffer and the socket's without the host: the workload waits in
+  // write(2); the init does not, so `stop` is acted on.
+  sb.send(proto::Stop{});
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::killed(SIGTERM));
+  sb.pause_data(false);
+  CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out) || sb.data_closed(); }));
+  CHECK(sb.data_out().size() < 100000000u);
+  CHECK(sb.data_err() == "begin\n");
+  CHECK(sb.dropped() == 0);
+  finish(sb);
+}
+
+TEST_CASE("lossy, the host stops reading: the workload never blocks, the drop count is reported") {
+  Sandbox sb(with_data(false, true));
+  proto::Stdio st;
+  st.buffer_bytes = 65536;
+  st.mode = proto::StdioMode::lossy;
+  sb.pause_data(true);
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "head -c 20000000 /dev/zero; echo end"}, st)));
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::code(0));
+  sb.pause_data(false);
+  CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out); }));
+  CHECK(sb.dropped() > 0);
+  CHECK(sb.data_out().size() + sb.dropped() == 20000004u);  // every byte delivered or counted
+  CHECK(sb.data_out().size() >= 4u);
+  CHECK(sb.data_out().substr(sb.data_out().size() - 4) == "end\n");  // the newest bytes are kept
+  CHECK(sb.data_error().empty());
+  finish(sb);
+}
+
+TEST_CASE("a bad frame from the host: the data channel is closed with a named error, the outcome still reported") {
+  Sandbox sb(with_data());
+  proto::Stdio st;
+  st.attach_stdin = true;
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "read x; exit 4"}, st)));
+  sb.send_data(std::string("\x07\x00\x00\x00\x00\x00\x00\x01x", 9));
+  auto pe = sb.expect<proto::ProtocolError>();
+  REQUIRE_MESSAGE(pe, sb.last_error());
+  CHECK(pe->reason == "data channel: data frame: stream 7 unknown (frame at byte 0)");
+  CHECK(sb.wait_until([&] { return sb.data_closed(); }));
+  // Its stdin closed with the channel: `read` sees EOF and the shell exits 4.
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::code(4));
+  finish(sb);
+}
+
+TEST_CASE("stdio without a data channel address: start_failed naming it, nothing starts") {
+  SandboxOptions o;
+  o.init_args = {"--grace-ms=2000"};
+  Sandbox sb(o);
+  REQUIRE(sb.accept());
+  REQUIRE(sb.expect<proto::Ready>());
+  sb.send(stdio_boot({"/bin/true"}));
+  auto f = sb.expect<proto::StartFailed>();
+  REQUIRE_MESSAGE(f, sb.last_error());
+  CHECK(f->cls == proto::StartFailClass::other);
+  CHECK(f->reason.find("data channel") != std::string::npos);
+  finish(sb);
+}

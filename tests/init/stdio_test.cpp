@@ -1,0 +1,453 @@
+// The workload's stdio without fds: StdioCore (buffers, framing, flow control, stdin, resize,
+// framing errors) and the session's stdio rules (the data channel dialled before the mounts,
+// workload_exited held until both outputs are at EOF or the drain window ends). Then make_stdio's
+// real pipes and PTY.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <vector>
+
+#include "nesinit/session.hpp"
+#include "nesinit/stdio.hpp"
+#include "protocol/frame.hpp"
+
+using namespace nes::init;
+namespace proto = nes::proto;
+using proto::Stream;
+
+namespace {
+
+/// Everything the core wants written now, written in full (a host that keeps up).
+std::string drain_tx(StdioCore& c) {
+  std::string all;
+  for (std::string_view v = c.tx(); !v.empty(); v = c.tx()) {
+    all.append(v);
+    c.sent(v.size());
+  }
+  return all;
+}
+
+/// Decodes guest frames as a host would.
+std::vector<proto::Frame> frames(std::string_view wire, bool terminal = false, bool lossy = false) {
+  proto::FrameDecoder d({proto::FrameSender::guest, terminal, false, lossy});
+  std::vector<proto::Frame> out;
+  while (auto f = d.next(wire)) out.push_back(std::move(*f));
+  REQUIRE_MESSAGE(!d.failed(), d.error());
+  REQUIRE(wire.empty());
+  return out;
+}
+
+std::string data_of(const std::vector<proto::Frame>& fs, Stream s) {
+  std::string out;
+  for (auto& f : fs)
+    if (f.stream == s && f.kind == proto::FrameKind::data) out += f.data;
+  return out;
+}
+
+proto::Stdio pipes(std::uint32_t cap = 4096, bool lossy = false, bool in = false) {
+  proto::Stdio s;
+  s.buffer_bytes = cap;
+  s.mode = lossy ? proto::StdioMode::lossy : proto::StdioMode::lossless;
+  s.attach_stdin = in;
+  return s;
+}
+
+proto::Frame fdata(std::string d) {
+  proto::Frame f;
+  f.stream = Stream::in;
+  f.kind = proto::FrameKind::data;
+  f.data = std::move(d);
+  return f;
+}
+proto::Frame feof(Stream s = Stream::in) {
+  proto::Frame f;
+  f.stream = s;
+  f.kind = proto::FrameKind::eof;
+  return f;
+}
+proto::Frame fresize(std::uint16_t r, std::uint16_t c) {
+  proto::Frame f;
+  f.stream = Stream::in;
+  f.kind = proto::FrameKind::resize;
+  f.rows = r;
+  f.cols = c;
+  return f;
+}
+
+std::string host_frames(std::initializer_list<proto::Frame> fs) {
+  std::string out;
+  for (auto& f : fs) proto::append_frame(out, f);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("output: bytes per stream become data frames in order; eof follows the last byte") {
+  StdioCore c(pipes());
+  c.on_output(Stream::out, "hello ");
+  c.on_output(Stream::err, "oops");
+  c.on_output(Stream::out, "world");
+  c.on_output_eof(Stream::out);
+  CHECK(!c.outputs_done());
+  c.on_output_eof(Stream::err);
+  CHECK(c.outputs_done());
+  const auto fs = frames(drain_tx(c));
+  CHECK(data_of(fs, Stream::out) == "hello world");
+  CHECK(data_of(fs, Stream::err) == "oops");
+  REQUIRE(fs.size() >= 2);
+  int eofs = 0;
+  for (auto& f : fs) eofs += f.kind == proto::FrameKind::eof;
+  CHECK(eofs == 2);
+  CHECK(fs.back().kind == proto::FrameKind::eof);
+  CHECK(!c.tx_pending());
+  CHECK(c.buffered() == 0);
+}
+
+TEST_CASE("lossless: at most buffer_bytes unsent per stream, then the pipe is not read") {
+  StdioCore c(pipes(4096));
+  CHECK(c.out_room(Stream::out) == 4096);
+  c.on_output(Stream::out, std::string(4000, 'a'));
+  CHECK(c.out_room(Stream::out) == 96);
+  c.on_output(Stream::out, std::string(96, 'b'));
+  CHECK(c.out_room(Stream::out) == 0);          // full: the workload will block in write(2)
+  CHECK(c.out_room(Stream::err) == 4096);       // the other stream is independent
+  // A host that reads nothing: tx() frames at most one frame per stream; nothing is lost.
+  std::string_view v = c.tx();
+  CHECK(v.size() == 4096 + proto::kFrameHeader);
+  CHECK(c.out_room(Stream::out) == 4096);       // framed bytes left the stream's buffer
+  c.on_output(Stream::out, std::string(4096, 'c'));
+  CHECK(c.out_room(Stream::out) == 0);
+  CHECK(c.buffered() == 2 * 4096 + proto::kFrameHeader);
+  const auto fs = frames(drain_tx(c));
+  CHECK(data_of(fs, Stream::out) == std::string(4000, 'a') + std::string(96, 'b') + std::string(4096, 'c'));
+}
+
+TEST_CASE("lossy: the oldest unsent bytes are dropped and counted, before the next data") {
+  StdioCore c(pipes(4096, true));
+  CHECK(c.out_room(Stream::out) == kStdioChunk);  // always read
+  std::string all;
+  for (int i = 0; i < 10; ++i) {
+    std::string chunk(1000, static_cast<char>('0' + i));
+    all += chunk;
+    c.on_output(Stream::out, chunk);
+  }
+  c.on_output_eof(Stream::out);
+  c.on_output_eof(Stream::err);
+  const auto fs = frames(drain_tx(c), false, true);
+  REQUIRE(fs.size() >= 2);
+  CHECK(fs[0].kind == proto::FrameKind::dropped);
+  CHECK(fs[0].dropped == 10000 - 4096);
+  CHECK(data_of(fs, Stream::out) == all.substr(10000 - 4096));
+  // More than the whole ring in one read: only the newest cap bytes are kept.
+  StdioCore d(pipes(4096, true));
+  d.on_output(Stream::err, std::string(5000, 'x') + std::string(4096, 'y'));
+  const auto gs = frames(drain_tx(d), false, true);
+  REQUIRE(gs.size() == 2);
+  CHECK(gs[0].dropped == 5000);
+  CHECK(gs[1].data == std::string(4096, 'y'));
+}
+
+TEST_CASE("the two streams take turns: a flood on stdout does not starve stderr") {
+  StdioCore c(pipes(1 << 20));
+  c.on_output(Stream::out, std::string(5 * proto::kFrameDataMax, 'o'));
+  std::string_view first = c.tx();
+  c.sent(first.size());
+  c.on_output(Stream::err, "E");
+  const auto fs = frames(std::string(c.tx()));
+  bool err_seen = false;
+  for (auto& f : fs) err_seen |= f.stream == Stream::err;
+  CHECK(err_seen);
+}
+
+TEST_CASE("the channel gone: output is read and discarded, EOF still tracked") {
+  StdioCore c(pipes(4096));
+  c.on_output(Stream::out, std::string(4096, 'a'));
+  CHECK(c.out_room(Stream::out) == 0);
+  c.channel_closed();
+  CHECK(c.out_room(Stream::out) == kStdioChunk);
+  c.on_output(Stream::out, std::string(100000, 'b'));
+  CHECK(c.buffered() == 0);
+  CHECK(c.tx().empty());
+  c.on_output_eof(Stream::out);
+  c.on_output_eof(Stream::err);
+  CHECK(c.outputs_done());
+}
+
+TEST_CASE("stdin: data to the workload in order, bounded; eof closes it after the last byte") {
+  StdioCore c(pipes(4096, false, true));
+  CHECK(c.rx_room() > 0);
+  const std::string wire = host_frames({fdata("abc"),
+                                        fdata("def\n"),
+                                        feof()});
+  // Any split.
+  for (std::size_t i = 0; i < wire.size(); ++i) c.on_rx(std::string_view(wire).substr(i, 1));
+  CHECK(c.in_pending() == "abcdef\n");
+  CHECK(!c.in_close_due());  // not before its bytes are written
+  c.in_written(3);
+  CHECK(c.in_pending() == "def\n");
+  c.in_written(4);
+  CHECK(c.in_close_due());
+  c.in_closed();
+  CHECK(!c.in_close_due());
+  CHECK(c.rx_error().empty());
+}
+
+TEST_CASE("stdin: the buffer is bounded; a full buffer stops reading the data channel") {
+  StdioCore c(pipes(4096, false, true));
+  // A host with 1 MiB of stdin for a workload that reads nothing; the loop reads at most rx_room().
+  std::string wire;
+  for (int i = 0; i < 1024; ++i) proto::append_data(wire, Stream::in, std::string(1000, static_cast<char>('a' + i % 26)));
+  std::size_t off = 0;
+  while (c.rx_room() > 0 && off < wire.size()) {
+    const std::size_t n = std::min(c.rx_room(), wire.size() - off);
+    c.on_rx(std::string_view(wire).substr(off, n));
+    off += n;
+  }
+  CHECK(c.rx_room() == 0);
+  CHECK(off < wire.size());
+  CHECK(c.in_pending().size() <= kStdinCap);
+  CHECK(c.in_pending().size() > kStdinCap / 2);
+  c.in_written(c.in_pending().size());
+  CHECK(c.rx_room() > 0);  // written: the channel is read again
+  CHECK(c.rx_error().empty());
+}
+
+TEST_CASE("stdin: after the workload closed it, more data is discarded, not an error") {
+  StdioCore c(pipes(4096, false, true));
+  c.in_closed();
+  c.on_rx(host_frames({fdata("late")}));
+  CHECK(c.in_pending().empty());
+  CHECK(c.rx_error().empty());
+}
+
+TEST_CASE("terminal: resize is taken once; eof becomes ^D; stderr does not exist") {
+  proto::Stdio s;
+  s.terminal = proto::Terminal{24, 80};
+  s.attach_stdin = true;
+  StdioCore c(s);
+  c.on_rx(host_frames({fresize(50, 132)}));
+  auto r = c.take_resize();
+  REQUIRE(r);
+  CHECK(*r == proto::Terminal{50, 132});
+  CHECK(!c.take_resize());
+  c.on_rx(host_frames({fdata("\x03"), feof()}));
+  CHECK(c.in_pending() == "\x03\x04");
+  c.on_output(Stream::out, "x");
+  c.on_output_eof(Stream::out);
+  CHECK(c.outputs_done());  // the PTY is the only output
+  const auto fs = frames(drain_tx(c), true);
+  REQUIRE(fs.size() == 2);
+  CHECK(fs[1] == feof(Stream::out));
+}
+
+TEST_CASE("terminal without stdin: data is a framing error, a stray eof is no ^D") {
+  proto::Stdio s;
+  s.terminal = proto::Terminal{24, 80};
+  StdioCore c(s);
+  c.on_rx(host_frames({feof()}));
+  CHECK(c.in_pending().empty());
+  c.on_rx(host_frames({fdata("x")}));
+  CHECK(c.rx_error() == "data frame on stdin: stdin not attached (frame at byte 8)");
+  CHECK(c.rx_room() == 0);
+}
+
+TEST_CASE("framing errors from the host are named; EOF inside a frame is one") {
+  StdioCore c(pipes(4096, false, true));
+  c.on_rx(std::string("\x07\x00\x00\x00\x00\x00\x00\x01x", 9));
+  CHECK(c.rx_error() == "data frame: stream 7 unknown (frame at byte 0)");
+  CHECK(c.rx_room() == 0);
+  StdioCore d(pipes(4096, false, true));
+  d.on_rx(std::string("\x00\x00\x00", 3));
+  d.on_rx_eof();
+  CHECK(d.rx_error() == "data channel closed inside a frame (at byte 3)");
+  StdioCore e(pipes(4096, false, true));
+  e.on_rx_eof();  // a clean EOF is stdin's eof
+  CHECK(e.rx_error().empty());
+  CHECK(e.in_close_due());
+}
+
+// ---- the session's stdio rules --------------------------------------------------------------------
+
+namespace {
+template <class T>
+std::vector<T> only(const Actions& as) {
+  std::vector<T> out;
+  for (auto& a : as)
+    if (auto* p = std::get_if<T>(&a)) out.push_back(*p);
+  return out;
+}
+std::vector<std::string> sent(const Actions& as) {
+  std::vector<std::string> out;
+  for (auto& s : only<act::Send>(as)) out.emplace_back(proto::type_name(s.msg));
+  return out;
+}
+bool armed(const Actions& as, Timer t, std::uint32_t ms) {
+  for (auto& a : only<act::ArmTimer>(as))
+    if (a.timer == t && a.ms == ms) return true;
+  return false;
+}
+Event msg(proto::HostMessage m) { return ev::Message{proto::HostDecoded{std::move(m)}}; }
+constexpr SessionOptions kOpt{1000, 300, 5000, proto::Halt::poweroff};
+
+proto::Boot stdio_boot(std::uint32_t drain_ms = 500) {
+  proto::Boot b;
+  b.exec.argv = {"/bin/true"};
+  b.on_exit.terminal = true;
+  b.stdio = proto::Stdio{};
+  b.stdio->drain_ms = drain_ms;
+  return b;
+}
+
+Session running_with_stdio(std::uint32_t drain_ms = 500) {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  auto a = s.handle(msg(stdio_boot(drain_ms)));
+  REQUIRE(only<act::DialData>(a).size() == 1);
+  REQUIRE(only<act::Mount>(a).empty());  // the data channel first
+  a = s.handle(ev::DataUp{});
+  REQUIRE(only<act::Mount>(a).size() == 1);
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{42});
+  REQUIRE(s.phase() == Phase::running);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("session: without stdio nothing changes (no data channel, the exit reported at once)") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = stdio_boot();
+  b.stdio.reset();
+  auto a = s.handle(msg(b));
+  CHECK(only<act::DialData>(a).empty());
+  CHECK(only<act::Mount>(a).size() == 1);
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{42});
+  a = s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
+}
+
+TEST_CASE("session: the data channel cannot be dialled: start_failed (other), nothing mounted") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(stdio_boot()));
+  auto a = s.handle(ev::DataFailed{"data channel unix:/x: Connection refused", 111});
+  REQUIRE(sent(a) == std::vector<std::string>{"start_failed"});
+  auto f = std::get<proto::StartFailed>(only<act::Send>(a)[0].msg);
+  CHECK(f.cls == proto::StartFailClass::other);
+  CHECK(f.err == 111);
+  CHECK(f.reason.find("data channel") != std::string::npos);
+  CHECK(only<act::Mount>(a).empty());
+  CHECK(s.phase() == Phase::shutting_down);
+}
+
+TEST_CASE("session: outputs at EOF before the reap: the exit goes out at the reap") {
+  Session s = running_with_stdio();
+  CHECK(s.handle(ev::OutputsDone{}).empty() == true);
+  auto a = s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+  CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
+}
+
+TEST_CASE("session: reaped first: held until both outputs are at EOF") {
+  Session s = running_with_stdio();
+  auto a = s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+  CHECK(sent(a).empty());
+  CHECK(armed(a, Timer::drain, 500));
+  CHECK(s.phase() == Phase::running);
+  a = s.handle(ev::OutputsDone{});
+  REQUIRE(sent(a) == std::vector<std::string>{"workload_exited"});
+  CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg) == proto::WorkloadExited::code(7));
+  CHECK(s.phase() == Phase::shutting_down);
+  // The drain timer was cancelled: firing it now does nothing.
+  CHECK(sent(s.handle(ev::TimerFired{Timer::drain})).empty());
+}
+
+TEST_CASE("session: a straggler keeps stdout open: the exit goes out when the drain window ends") {
+  Session s = running_with_stdio(250);
+  auto a = s.handle(ev::Exited{proto::WorkloadExited::killed(9)});
+  CHECK(armed(a, Timer::drain, 250));
+  a = s.handle(ev::TimerFired{Timer::drain});
+  REQUIRE(sent(a) == std::vector<std::string>{"workload_exited"});
+  CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg) == proto::WorkloadExited::killed(9));
+  // Then the ordered shutdown removes the straggler.
+  CHECK(!only<act::SignalAll>(a).empty());
+  CHECK(sent(s.handle(ev::OutputsDone{})).empty());  // reported once
+}
+
+TEST_CASE("session: a shutdown while the exit is held waits for it, then reports before powering off") {
+  Session s = running_with_stdio();
+  s.handle(msg(proto::Stop{}));
+  auto a = s.handle(msg(proto::Shutdown{}));
+  a = s.handle(ev::Exited{proto::WorkloadExited::killed(15)});
+  CHECK(sent(a).empty());
+  a = s.handle(ev::NoChildren{});
+  CHECK(only<act::PowerOff>(a).empty());  // the outcome is not out yet
+  a = s.handle(ev::OutputsDone{});
+  CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
+  CHECK(only<act::PowerOff>(a).empty());  // now the host gets its chance to ack
+  a = s.handle(msg(proto::Shutdown{}));
+  CHECK(only<act::PowerOff>(a).size() == 1);
+}
+
+TEST_CASE("session: a framing error is reported as protocol_error; the session goes on") {
+  Session s = running_with_stdio();
+  auto a = s.handle(ev::DataError{"data frame: stream 7 unknown (frame at byte 0)"});
+  REQUIRE(sent(a) == std::vector<std::string>{"protocol_error"});
+  CHECK(std::get<proto::ProtocolError>(only<act::Send>(a)[0].msg).reason ==
+        "data channel: data frame: stream 7 unknown (frame at byte 0)");
+  CHECK(s.phase() == Phase::running);
+}
+
+// ---- real fds ------------------------------------------------------------------------------------
+
+TEST_CASE("make_stdio: pipes (stdin /dev/null unless attached), non-blocking and close-on-exec") {
+  auto r = make_stdio(pipes());
+  REQUIRE(std::holds_alternative<StdioFds>(r));
+  StdioFds& f = std::get<StdioFds>(r);
+  CHECK(!f.terminal);
+  CHECK(!f.in);
+  for (int fd : {f.out.get(), f.err.get()}) {
+    CHECK((::fcntl(fd, F_GETFL) & O_NONBLOCK) != 0);
+    CHECK((::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);
+  }
+  char c;
+  CHECK(::read(f.child_in.get(), &c, 1) == 0);  // /dev/null
+  CHECK(::write(f.child_out.get(), "o", 1) == 1);
+  CHECK(::read(f.out.get(), &c, 1) == 1);
+  CHECK(c == 'o');
+  CHECK(::read(f.out.get(), &c, 1) == -1);  // non-blocking, empty
+  auto w = make_stdio(pipes(4096, false, true));
+  StdioFds& g = std::get<StdioFds>(w);
+  REQUIRE(g.in);
+  CHECK(::write(g.in.get(), "i", 1) == 1);
+  CHECK(::read(g.child_in.get(), &c, 1) == 1);
+  CHECK(c == 'i');
+}
+
+TEST_CASE("make_stdio: a PTY of the asked size; bytes both ways") {
+  proto::Stdio s;
+  s.terminal = proto::Terminal{33, 111};
+  auto r = make_stdio(s);
+  REQUIRE_MESSAGE(std::holds_alternative<StdioFds>(r), std::get<std::string>(r));
+  StdioFds& f = std::get<StdioFds>(r);
+  CHECK(f.terminal);
+  CHECK(::isatty(f.child_in.get()));
+  winsize ws{};
+  REQUIRE(::ioctl(f.child_in.get(), TIOCGWINSZ, &ws) == 0);
+  CHECK(ws.ws_row == 33);
+  CHECK(ws.ws_col == 111);
+  CHECK(::write(f.child_in.get(), "t", 1) == 1);
+  char c = 0;
+  pollfd p{f.out.get(), POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 5000) == 1);
+  CHECK(::read(f.out.get(), &c, 1) == 1);
+  CHECK(c == 't');
+}
