@@ -116,6 +116,29 @@ TEST_CASE("finalize_for_mode: vsock default only for a guest; a sandbox needs a 
   CHECK(finalize_for_mode(s, Mode::sandbox).empty());
 }
 
+TEST_CASE("data channel: --data-channel / nesinit.data=, defaults only beside vsock and nes.0 in a guest") {
+  Config c;
+  CHECK(apply_key(c, "data-channel", "unix:/tmp/d.sock").empty());
+  CHECK(c.data_channel == Channel{UnixAddr{"/tmp/d.sock"}});
+  CHECK(apply_key(c, "data", "virtio-port:nes.1").empty());  // the kernel command line's key
+  CHECK(c.data_channel == Channel{VirtioPortAddr{"nes.1"}});
+  CHECK(apply_key(c, "data_channel", "tcp:1").rfind("data_channel: expected", 0) == 0);
+  CHECK(c.data_channel == Channel{VirtioPortAddr{"nes.1"}});  // unchanged on error
+  CHECK(default_data_channel(VsockAddr{3, 7000}, Mode::guest) == Channel{VsockAddr{3, 7001}});
+  CHECK(default_data_channel(VirtioPortAddr{"nes.0"}, Mode::guest) == Channel{VirtioPortAddr{"nes.1"}});
+  CHECK(!default_data_channel(VirtioPortAddr{"other"}, Mode::guest));
+  CHECK(!default_data_channel(UnixAddr{"/x"}, Mode::sandbox));
+  Config g;
+  CHECK(finalize_for_mode(g, Mode::guest).empty());
+  CHECK(g.data_channel == Channel{VsockAddr{2, 7001}});
+  Config s;
+  s.channel = UnixAddr{"/tmp/x"};
+  CHECK(finalize_for_mode(s, Mode::sandbox).empty());
+  CHECK(!s.data_channel);  // a sandbox has no default
+  s.data_channel = VsockAddr{2, 7001};
+  CHECK(finalize_for_mode(s, Mode::sandbox).find("data_channel: vsock") == 0);
+}
+
 TEST_CASE("modules list: one path per line, comments and blanks skipped") {
   CHECK(parse_modules_list("# virtio\n/lib/a.ko\n\n  /lib/b.ko  # dep\r\n\t\n/lib/c.ko") ==
         std::vector<std::string>{"/lib/a.ko", "/lib/b.ko", "/lib/c.ko"});
