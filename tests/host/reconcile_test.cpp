@@ -1,0 +1,373 @@
+// The reconcile rule over planted state dirs: monitors are real forked children (alive, exited
+// and reaped, zombie), records and monitor files are written by the library or planted by hand
+// (corrupt, stale, of another VM). Every child is reaped; every temp dir removed.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+#include "host/reconcile.hpp"
+#include "protocol/status.hpp"
+
+using namespace nes;
+using namespace nes::host;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Tmp {
+  fs::path path;
+  Tmp() {
+    std::string t = (fs::temp_directory_path() / "nesrc-XXXXXX").string();
+    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp");
+    path = t;
+  }
+  ~Tmp() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/// A child that blocks until killed; reaped by the destructor whatever happened.
+struct Child {
+  pid_t pid = -1;
+  bool reaped = false;
+  Child() {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // Only our read end: a sibling's write end held here would keep it from seeing EOF.
+      for (int fd = 3; fd < 1024; ++fd)
+        if (fd != p[0]) ::close(fd);
+      char c;
+      while (::read(p[0], &c, 1) < 0) {}  // EOF when the parent dies or closes: exit
+      ::_exit(0);
+    }
+    ::close(p[0]);
+    wfd = p[1];
+  }
+  /// Let it exit; `reap`: also wait for it (else it stays a zombie until the destructor).
+  void end(bool reap) {
+    ::close(wfd);
+    wfd = -1;
+    if (reap) {
+      ::waitpid(pid, nullptr, 0);
+      reaped = true;
+    } else {
+      // Wait until it is a zombie, without reaping it: WNOWAIT leaves it in place.
+      siginfo_t si{};
+      ::waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOWAIT);
+    }
+  }
+  ~Child() {
+    if (wfd >= 0) ::close(wfd);
+    if (!reaped) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  int wfd = -1;
+};
+
+MonitorInfo monitor_of(pid_t pid, std::string vm = "vm-a") {
+  MonitorInfo m;
+  m.vm = std::move(vm);
+  auto id = identity_of(pid);
+  REQUIRE(id);
+  m.monitor = *id;
+  m.created_at = wall_now();
+  m.command = {"/bin/sh", "-c", "exit 7"};
+  return m;
+}
+
+Record record(std::uint64_t gen, proto::Outcome o = proto::Outcome::exited, int code = 7,
+              std::string vm = "vm-a") {
+  Record r;
+  r.vm = std::move(vm);
+  r.generation = gen;
+  r.outcome = o;
+  if (o == proto::Outcome::exited) r.exit_code = static_cast<std::uint8_t>(code);
+  r.exit_status = o == proto::Outcome::exited ? code : proto::kStatusHostFailure;
+  r.reason = "planted";
+  r.started_at = r.finished_at = wall_now();
+  return r;
+}
+
+VmState state_of(const fs::path& state, std::string_view vm = "vm-a") {
+  auto s = reconcile(state, vm);
+  REQUIRE(s);
+  REQUIRE(s->has_value());
+  return **s;
+}
+
+void plant(const fs::path& p, std::string_view bytes) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::trunc | std::ios::binary) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("identity: pid plus start time plus boot; a zombie or a recycled pid is not alive") {
+  auto me = self_identity();
+  REQUIRE(me);
+  CHECK(me->pid == ::getpid());
+  CHECK(is_alive(*me));
+  ProcessIdentity recycled = *me;
+  recycled.start_time += 1;  // the same pid, another process
+  CHECK_FALSE(is_alive(recycled));
+  ProcessIdentity other_boot = *me;
+  other_boot.boot_id = "00000000-0000-0000-0000-000000000000";
+  CHECK_FALSE(is_alive(other_boot));
+
+  Child z;
+  auto id = identity_of(z.pid);
+  REQUIRE(id);
+  CHECK(is_alive(*id));
+  z.end(false);  // exited, not reaped: a zombie
+  CHECK_FALSE(is_alive(*id));
+}
+
+TEST_CASE("monitor.json round-trips; bad fields are named") {
+  MonitorInfo m;
+  m.vm = "vm-a";
+  m.generation = 3;
+  m.monitor = {1234, 987654321ull, "b-o-o-t"};
+  m.created_at = wall_now();
+  m.command = {"/bin/sh", "-c", "echo \"hi\"\n"};
+  auto back = parse_monitor(encode_monitor(m));
+  REQUIRE(back);
+  CHECK(*back == m);
+  CHECK(parse_monitor("{").error().message.find("JSON") != std::string::npos);
+  CHECK(parse_monitor(R"({"schema_version":1,"vm":"a","generation":0})").error().message.find("generation") == 0);
+  CHECK(parse_monitor(R"({"schema_version":2})").error().message.find("schema_version") == 0);
+}
+
+TEST_CASE("no such VM: no directory, or a directory with neither file") {
+  Tmp t;
+  auto s = reconcile(t.path, "vm-a");
+  REQUIRE(s);
+  CHECK_FALSE(s->has_value());
+  fs::create_directories(t.path / "vm-a");
+  plant(t.path / "vm-a" / "console.log", "x");
+  s = reconcile(t.path, "vm-a");
+  REQUIRE(s);
+  CHECK_FALSE(s->has_value());
+  CHECK_FALSE(reconcile(t.path, "../x"));
+}
+
+TEST_CASE("monitor alive and no outcome -> running; its outcome -> exited(7); then gone -> still exited(7)") {
+  Tmp t;
+  Child mon;
+  auto gen = begin_generation(t.path, monitor_of(mon.pid));
+  REQUIRE(gen);
+  CHECK(*gen == 1);
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::running);
+  CHECK(s.monitor_alive);
+  CHECK_FALSE(s.exit_status);
+  CHECK(s.generation == 1);
+  REQUIRE(write_record(t.path, record(1)));
+  s = state_of(t.path);
+  CHECK(s.status == VmStatus::exited);  // a valid outcome wins even while the monitor lives on
+  CHECK(s.exit_status == 7);
+  mon.end(true);
+  s = state_of(t.path);
+  CHECK(s.status == VmStatus::exited);
+  CHECK(s.exit_status == 7);
+  CHECK(s.reason == "exited with code 7");
+  CHECK_FALSE(s.monitor_alive);
+}
+
+TEST_CASE("monitor gone, record missing -> failed saying why (never running)") {
+  Tmp t;
+  Child mon;
+  REQUIRE(begin_generation(t.path, monitor_of(mon.pid)));
+  mon.end(true);
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::failed);
+  CHECK(s.exit_status == 125);
+  CHECK(s.reason.find("without recording an outcome") != std::string::npos);
+  CHECK(s.reason.find(std::to_string(mon.pid)) != std::string::npos);
+}
+
+TEST_CASE("monitor a zombie, record missing -> failed") {
+  Tmp t;
+  Child mon;
+  REQUIRE(begin_generation(t.path, monitor_of(mon.pid)));
+  mon.end(false);
+  CHECK(state_of(t.path).status == VmStatus::failed);
+}
+
+TEST_CASE("monitor gone, record corrupt -> failed with the parse error; alive -> running") {
+  Tmp t;
+  Child mon;
+  REQUIRE(begin_generation(t.path, monitor_of(mon.pid)));
+  plant(record_path(t.path, "vm-a"), "{\"schema_version\":1,\"vm\":");
+  CHECK(state_of(t.path).status == VmStatus::running);
+  mon.end(true);
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::failed);
+  CHECK(s.reason.find("unreadable") != std::string::npos);
+  CHECK(s.reason.find("not valid JSON") != std::string::npos);
+  // A record naming another VM is not this VM's outcome.
+  REQUIRE(fs::remove(record_path(t.path, "vm-a")));
+  plant(record_path(t.path, "vm-a"), encode_record(record(1, proto::Outcome::exited, 0, "vm-b")));
+  s = state_of(t.path);
+  CHECK(s.status == VmStatus::failed);
+  CHECK(s.reason.find("another VM") != std::string::npos);
+}
+
+TEST_CASE("a monitor file that is corrupt, no record -> failed naming the file") {
+  Tmp t;
+  plant(monitor_path(t.path, "vm-a"), "garbage");
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::failed);
+  CHECK(s.reason.find("monitor.json") != std::string::npos);
+}
+
+TEST_CASE("generations: reuse starts a new one; the older record is stale and ignored") {
+  Tmp t;
+  {
+    Child m1;
+    REQUIRE(begin_generation(t.path, monitor_of(m1.pid)) .value() == 1);
+    // The same VM id while its monitor lives: refused, nothing changed.
+    Child other;
+    auto again = begin_generation(t.path, monitor_of(other.pid));
+    REQUIRE_FALSE(again);
+    CHECK(again.error().message.find("is running") != std::string::npos);
+    REQUIRE(write_record(t.path, record(1, proto::Outcome::exited, 3)));
+    m1.end(true);
+  }
+  Child m2;
+  auto g2 = begin_generation(t.path, monitor_of(m2.pid));
+  REQUIRE(g2);
+  CHECK(*g2 == 2);
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::running);  // generation 1's exited(3) does not speak for 2
+  CHECK(s.generation == 2);
+  CHECK_FALSE(s.record);
+  // A late write of generation 1 (an old monitor finishing) changes nothing for generation 2.
+  auto late = write_record(t.path, record(1, proto::Outcome::exited, 9));
+  REQUIRE(late);
+  CHECK(late->kind == WriteResult::Kind::already_recorded);
+  CHECK(state_of(t.path).status == VmStatus::running);
+  m2.end(true);
+  s = state_of(t.path);
+  CHECK(s.status == VmStatus::failed);
+  CHECK(s.reason.find("stale") != std::string::npos);
+  // Generation 2's record, then a stale generation-1 stop request: still exited.
+  REQUIRE(write_record(t.path, record(2, proto::Outcome::exited, 4)));
+  auto st = persist_stop(t.path, "vm-a", 1);
+  REQUIRE(st);
+  s = state_of(t.path);
+  CHECK(s.status == VmStatus::exited);
+  CHECK(s.exit_status == 4);
+  CHECK_FALSE(s.stop_requested);
+}
+
+TEST_CASE("a record newer than the monitor file stands (e.g. serve wrote a later generation)") {
+  Tmp t;
+  Child m;
+  REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
+  REQUIRE(write_record(t.path, record(5, proto::Outcome::exited, 2)));
+  auto s = state_of(t.path);
+  CHECK(s.generation == 5);
+  CHECK(s.status == VmStatus::exited);
+  CHECK(s.exit_status == 2);
+}
+
+TEST_CASE("explicit stop persisted first; a late natural exit never overwrites it") {
+  Tmp t;
+  Child m;
+  REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
+  auto st = persist_stop(t.path, "vm-a", 1);
+  REQUIRE(st);
+  CHECK(st->kind == StopResult::Kind::persisted);
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::running);  // still being stopped
+  CHECK(s.stop_requested);
+  CHECK(persist_stop(t.path, "vm-a", 1)->kind == StopResult::Kind::already_requested);
+  REQUIRE(write_record(t.path, record(1, proto::Outcome::exited, 0)));  // the natural exit, late
+  s = state_of(t.path);
+  CHECK(s.status == VmStatus::stopped);
+  CHECK(s.exit_status == 0);
+  CHECK(s.reason.find("stopped on request") == 0);
+  m.end(true);
+  CHECK(state_of(t.path).status == VmStatus::stopped);
+}
+
+TEST_CASE("natural exit recorded first; the stop then finds it final and writes nothing") {
+  Tmp t;
+  Child m;
+  REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
+  REQUIRE(write_record(t.path, record(1, proto::Outcome::exited, 7)));
+  auto st = persist_stop(t.path, "vm-a", 1);
+  REQUIRE(st);
+  CHECK(st->kind == StopResult::Kind::already_final);
+  REQUIRE(st->record);
+  CHECK(st->record->exit_status == 7);
+  CHECK_FALSE(fs::exists(stop_path(t.path, "vm-a")));
+  CHECK(state_of(t.path).status == VmStatus::exited);
+}
+
+TEST_CASE("stop persisted, monitor gone without an outcome -> stopped (143)") {
+  Tmp t;
+  Child m;
+  REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
+  REQUIRE(persist_stop(t.path, "vm-a", 1));
+  m.end(true);
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::stopped);
+  CHECK(s.exit_status == 143);
+}
+
+TEST_CASE("stop and the natural exit race from threads: exactly one order wins, consistently") {
+  for (int round = 0; round < 20; ++round) {
+    Tmp t;
+    Child m;
+    REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
+    std::optional<StopResult::Kind> kind;
+    std::thread stopper([&] { kind = persist_stop(t.path, "vm-a", 1)->kind; });
+    std::thread exiter([&] { (void)write_record(t.path, record(1, proto::Outcome::exited, 0)); });
+    stopper.join();
+    exiter.join();
+    auto s = state_of(t.path);
+    REQUIRE(kind);
+    if (*kind == StopResult::Kind::persisted) CHECK(s.status == VmStatus::stopped);
+    else CHECK(s.status == VmStatus::exited);
+  }
+}
+
+TEST_CASE("failed outcomes reconcile as failed with their reason; list_vms and remove_vm") {
+  Tmp t;
+  Record r = record(1, proto::Outcome::no_ready);
+  r.reason = "no ready within 30000 ms";
+  REQUIRE(write_record(t.path, r));
+  auto s = state_of(t.path);
+  CHECK(s.status == VmStatus::failed);
+  CHECK(s.exit_status == 125);
+  CHECK(s.reason.find("no ready within") != std::string::npos);
+
+  Child m;
+  REQUIRE(begin_generation(t.path, monitor_of(m.pid, "vm-b")));
+  fs::create_directories(t.path / ".hidden");
+  plant(t.path / "file", "x");
+  CHECK(list_vms(t.path) == std::vector<std::string>{"vm-a", "vm-b"});
+  auto refused = remove_vm(t.path, "vm-b");
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("running") != std::string::npos);
+  m.end(true);
+  REQUIRE(remove_vm(t.path, "vm-b"));
+  REQUIRE(remove_vm(t.path, "vm-a"));
+  CHECK(list_vms(t.path).empty());
+  CHECK_FALSE(remove_vm(t.path, "vm-a"));
+}
