@@ -111,4 +111,8 @@ struct ServeEmbedder {
 /// protocol/status.hpp table), or 125 when there is no durable outcome.
 int serve_vm(const ServeConfig& cfg, ServeEmbedder embedder = {});
 
+/// `neshost run`'s default state directory: $NESHOST_STATE, else /var/lib/neshost as root, else
+/// $XDG_STATE_HOME/neshost, else ~/.local/state/neshost.
+std::filesystem::path default_state_dir();
+
 }  // namespace nes::cli

@@ -240,4 +240,15 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
   return sess->outcome()->exit_status;
 }
 
+// ---- the state dir of `neshost run` ----
+
+std::filesystem::path default_state_dir() {
+  namespace fs = std::filesystem;
+  if (const char* s = std::getenv("NESHOST_STATE"); s && *s) return s;
+  if (::geteuid() == 0) return "/var/lib/neshost";
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return fs::path(x) / "neshost";
+  const char* home = std::getenv("HOME");
+  return fs::path(home && *home ? home : "/tmp") / ".local/state/neshost";
+}
+
 }  // namespace nes::cli

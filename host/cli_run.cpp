@@ -1,6 +1,6 @@
 // `neshost run`: boot a QEMU microVM with nesinit as PID 1, run one workload in it, show its
 // output (the VM console) live and exit with its exit status — `docker run --rm`, behind a VM
-// boundary. `neshost stop`: end a VM that `run --on-exit keep` left up. Built on serve_vm()
+// boundary; with -d, in the background (host/monitor.hpp). Built on serve_vm()
 // (host/cli.hpp) and the launcher in host/vm/. Why it works this way: docs/vm.md.
 #include <fcntl.h>
 #include <poll.h>
@@ -29,6 +29,8 @@
 
 #include "host/cli.hpp"
 #include "host/fd.hpp"
+#include "host/monitor.hpp"
+#include "host/reconcile.hpp"
 #include "host/record.hpp"
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
@@ -88,15 +90,14 @@ STATE/VM/outcome.json (see `neshost inspect`).
                        (default 10; the init's grace_ms); QEMU is killed if the guest has not
                        powered off S+5 seconds after `shutdown`
   --console            show every kernel and init message, and neshost's events on stderr
+  -d, --detach         run in the background: print the VM id once the workload started and
+                       exit 0; a monitor process (its own session) serves the VM from then on
+                       and logs to STATE/VM/monitor.log (see ps, inspect, wait, stop, kill, rm)
+  --sandbox            no VM: run the init as PID 1 of a fresh pid + mount namespace on this
+                       host (unshare; needs root), the workload in the host's filesystem. For
+                       development and tests of everything around the VM; no isolation
 SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
 at once).
-)";
-
-constexpr std::string_view kStopHelp = R"(usage: neshost stop --state DIR [--timeout S] VM
-
-Stop a VM left up by `neshost run --on-exit keep`: its `neshost run` process shuts the guest down
-in order, QEMU exits, and that process exits with the outcome's status. Waits for it (default
-60 s). Exit 0 once it has exited, 1 if no such VM is running, 124 if it did not exit in time.
 )";
 
 // ---- options ----
@@ -113,6 +114,7 @@ struct RunOptions {
   std::chrono::milliseconds ready_timeout = 30s;
   std::chrono::milliseconds grace = 10s;
   bool console = false, help = false;
+  bool detach = false, sandbox = false;
   std::vector<std::string> argv;
 };
 
@@ -148,6 +150,14 @@ host::Result<RunOptions> parse_run(const Args& args) {
       continue;
     }
     if (!a.starts_with("-") || a == "-") break;  // ARGV starts here
+    if (a == "-d" || a == "--detach") {
+      o.detach = true;
+      continue;
+    }
+    if (a == "--sandbox") {
+      o.sandbox = true;
+      continue;
+    }
     std::string name;
     std::optional<std::string_view> value;
     if (a == "-e" || a == "-w") {
@@ -232,14 +242,6 @@ host::Result<RunOptions> parse_run(const Args& args) {
 
 // ---- small helpers ----
 
-fs::path default_state_dir() {
-  if (const char* s = std::getenv("NESHOST_STATE"); s && *s) return s;
-  if (::geteuid() == 0) return "/var/lib/neshost";
-  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return fs::path(x) / "neshost";
-  const char* home = std::getenv("HOME");
-  return fs::path(home && *home ? home : "/tmp") / ".local/state/neshost";
-}
-
 fs::path env_or(const char* var, const char* dflt) {
   if (const char* s = std::getenv(var); s && *s) return s;
   return dflt;
@@ -270,17 +272,6 @@ std::optional<unsigned long long> proc_start_time(pid_t pid) {
 }
 
 fs::path pid_file(const fs::path& state, const std::string& vm) { return state / vm / "neshost-run.pid"; }
-
-/// The pid of the `neshost run` serving VM in `state`, if that process is still alive: the pid
-/// file's start time must match the live process's (a recycled pid does not).
-std::optional<pid_t> running_pid(const fs::path& state, const std::string& vm) {
-  std::ifstream f(pid_file(state, vm));
-  long long pid = 0;
-  unsigned long long start = 0;
-  if (!(f >> pid >> start) || pid <= 1 || pid == ::getpid()) return std::nullopt;
-  if (proc_start_time(static_cast<pid_t>(pid)) != start) return std::nullopt;
-  return static_cast<pid_t>(pid);
-}
 
 /// A private directory for one run's sockets and generated initramfs, removed on every path that
 /// unwinds. Under $TMPDIR (default /tmp), not the state dir: the socket path must fit sun_path.
@@ -392,12 +383,24 @@ int run_main(const Args& args) {
     fmt::print(stderr, "neshost run: {}\n", msg);
     return proto::kStatusHostFailure;
   };
+  // -d: this process is the creator and returns here; its child is the monitor and runs the VM
+  // below, the same way a foreground run does (host/monitor.hpp).
+  host::Fd started_notify;
+  if (o.detach) {
+    if (!o.vm) o.vm = random_vm_id();
+    if (!o.state) o.state = default_state_dir();
+    // The monitor bounds each of its own steps; this only guards against a monitor that hangs.
+    auto d = detach(*o.state, *o.vm, o.ready_timeout + 300s);
+    if (!d) return fail(d.error().message);
+    if (d->creator) return d->exit_status;
+    started_notify = std::move(d->notify);
+  }
   // A closed stdout must not kill us mid-shutdown (QEMU would die with us, the record unwritten).
   ::signal(SIGPIPE, SIG_IGN);
 
   fs::path kernel = o.kernel ? *o.kernel : env_or("NESHOST_KERNEL", NESHOST_DEFAULT_KERNEL);
   std::error_code ec;
-  if (!fs::is_regular_file(kernel, ec))
+  if (!o.sandbox && !fs::is_regular_file(kernel, ec))
     return fail(fmt::format("kernel '{}' not found (scripts/fetch-kernel.sh fetches one, or pass --kernel)",
                             kernel.string()));
   if (o.rootfs && !fs::is_directory(*o.rootfs, ec))
@@ -406,7 +409,9 @@ int run_main(const Args& args) {
   RuntimeDir rt;
   if (rt.path.empty()) return fail(fmt::format("mkdtemp $TMPDIR/neshost-XXXXXX: {}", std::strerror(errno)));
   fs::path initrd;
-  if (o.rootfs) {
+  if (o.sandbox) {
+    // No kernel, no initramfs: the init runs on this host.
+  } else if (o.rootfs) {
     initrd = rt.path / "initrd.cpio";
     if (auto s = build_initrd(*o.rootfs, kernel, initrd); !s) return fail(s.error().message);
   } else {
@@ -418,7 +423,7 @@ int run_main(const Args& args) {
 
   // The accelerator, decided before anything else runs (the probe boot is bounded).
   std::string why;
-  vm::Accel accel = vm::resolve_accel(o.accel, [&] {
+  vm::Accel accel = o.sandbox ? vm::Accel::tcg : vm::resolve_accel(o.accel, [&] {
     auto dev = vm::kvm_device_usable();
     if (!dev.usable) return dev;
     return vm::probe_kvm_boot("qemu-system-x86_64", kernel);
@@ -430,8 +435,6 @@ int run_main(const Args& args) {
   cfg.state_dir = o.state ? *o.state : default_state_dir();
   cfg.session.vm = o.vm ? *o.vm : random_vm_id();
   const std::string vmid = cfg.session.vm;
-  if (auto prev = host::read_record(cfg.state_dir, vmid); prev && *prev)
-    cfg.session.generation = (*prev)->generation + 1;  // a new run of the same VM is newer
   cfg.session.on_exit = o.on_exit;
   cfg.session.ready_timeout = o.ready_timeout;
   cfg.session.wall_timeout = o.timeout;
@@ -457,9 +460,18 @@ int run_main(const Args& args) {
   // STATE/VM/: the record (the library), this run's pid (for `neshost stop`), the console log.
   fs::create_directories(cfg.state_dir / vmid, ec);
   if (ec) return fail(fmt::format("--state: cannot create {}: {}", (cfg.state_dir / vmid).string(), ec.message()));
-  if (auto live = running_pid(cfg.state_dir, vmid))
-    return fail(fmt::format("VM '{}' is already running in {} (neshost pid {})", vmid,
-                            cfg.state_dir.string(), *live));
+  // This process is the VM's monitor for a new generation (host/reconcile.hpp): reusing a VM id
+  // starts a newer one, which nothing of an older one can change.
+  {
+    host::MonitorInfo mi;
+    mi.vm = vmid;
+    mi.monitor = host::self_identity().value_or(host::ProcessIdentity{::getpid(), 0, {}});
+    mi.created_at = host::wall_now();
+    mi.command = o.argv;
+    auto gen = host::begin_generation(cfg.state_dir, mi);
+    if (!gen) return fail(gen.error().message);
+    cfg.session.generation = *gen;
+  }
   FileGuard pidf{pid_file(cfg.state_dir, vmid)};
   {
     std::ofstream f(pidf.path, std::ios::trunc);
@@ -485,7 +497,11 @@ int run_main(const Args& args) {
   spec.cpus = o.cpus;
   spec.accel = accel;
   spec.channel_socket = channel;
-  auto argv = vm::qemu_argv(spec);
+  auto argv = o.sandbox ? vm::ArgvResult{} : vm::qemu_argv(spec);
+  if (o.sandbox)
+    argv.argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                 env_or("NESHOST_NESINIT", NESHOST_NESINIT).string(), "--channel=unix:" + channel.string(),
+                 fmt::format("--grace-ms={}", o.grace.count()), o.console ? "--log=info" : "--log=quiet"};
   if (!argv.error.empty()) return fail(argv.error);
   if (o.console) {
     std::string line = "neshost:";
@@ -503,7 +519,21 @@ int run_main(const Args& args) {
   emb.io = &io;
   emb.print_events = false;
   emb.channel_is_vm = false;
+  std::unique_ptr<ControlServer> control;
   emb.on_listening = [&](host::Host& h, const std::string& id) {
+    // `neshost stop`/`kill` from any process reach this VM through its control socket.
+    auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), [&h, id](std::string_view req) {
+      host::Status s = host::Error{fmt::format("unknown request '{}'", req)};
+      if (req == "stop") {
+        s = h.shutdown(id);  // what SIGTERM to this process does: an ordered shutdown
+      } else if (req.starts_with("kill ")) {
+        auto sig = parse_uint("signal", req.substr(5), 1, 64);
+        s = sig ? h.kill(id, static_cast<int>(*sig)) : host::Status{sig.error()};
+      }
+      return s ? std::string("ok") : "error: " + s.error().message;
+    });
+    if (cs) control = std::move(*cs);
+    else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
     vm::LaunchOptions lo;
     lo.argv = argv.argv;
     lo.console = [console](std::string_view b) { console->write(b); };
@@ -542,6 +572,7 @@ int run_main(const Args& args) {
     std::error_code rm_ec;
     if (ev.kind == "connected") fs::remove(channel, rm_ec);
     if (ev.kind == "ready") rt.remove_now();
+    if (ev.kind == "started") notify_started(started_notify);
     if (o.console)
       fmt::print(stderr, "neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.
@@ -562,57 +593,14 @@ int run_main(const Args& args) {
     if (!qemu->exit_status()) qemu->terminate(1s);
     qemu->finish_output(2s);
   }
+  control.reset();
   exit_watch.reset();
   qemu.reset();
   if (remove_scratch) fs::remove(console_log, ec);
   return status;
 }
 
-// ---- stop ----
-
-int stop_main(const Args& args) {
-  static constexpr FlagSpec kFlags[] = {{"state"}, {"timeout"}};
-  auto p = parse_flags(kFlags, args);
-  if (!p) return usage_error("stop", p.error().message);
-  if (p->help) {
-    fmt::print("{}", kStopHelp);
-    return 0;
-  }
-  if (!p->has("state")) return usage_error("stop", "--state is required");
-  if (p->positional.size() != 1) return usage_error("stop", "exactly one VM is required");
-  const std::string vmid = p->positional[0];
-  if (auto prob = host::vm_id_problem(vmid)) return usage_error("stop", "VM: " + *prob);
-  std::chrono::milliseconds bound = 60s;
-  if (auto v = p->get("timeout")) {
-    auto ms = parse_seconds("timeout", *v);
-    if (!ms) return usage_error("stop", ms.error().message);
-    bound = *ms;
-  }
-  fs::path state = *p->get("state");
-  auto pid = running_pid(state, vmid);
-  // The pidfd pins the process; checking again after opening it closes the window in which the
-  // pid could have been recycled.
-  host::Fd pidfd(pid ? static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0)) : -1);
-  if (!pid || !pidfd || running_pid(state, vmid) != pid) {
-    fmt::print(stderr, "neshost stop: no running VM '{}' in {}\n", vmid, state.string());
-    return 1;
-  }
-  if (::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0) != 0) {
-    fmt::print(stderr, "neshost stop: signal {}: {}\n", *pid, std::strerror(errno));
-    return 1;
-  }
-  pollfd pf{pidfd.get(), POLLIN, 0};
-  int r;
-  do r = ::poll(&pf, 1, static_cast<int>(bound.count())); while (r < 0 && errno == EINTR);
-  if (r == 0) {
-    fmt::print(stderr, "neshost stop: VM '{}' still running after {} ms\n", vmid, bound.count());
-    return proto::kStatusTimeout;
-  }
-  return 0;
-}
-
 const Registrar run_reg{{"run", "boot a QEMU microVM, run ARGV in it, exit with its status", run_main}};
-const Registrar stop_reg{{"stop", "stop a VM that `run --on-exit keep` left up", stop_main}};
 
 }  // namespace
 }  // namespace nes::cli

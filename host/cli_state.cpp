@@ -1,5 +1,7 @@
-// `neshost wait` and `neshost inspect`: read outcome records from a state dir, from any process.
+// `neshost wait` and `neshost inspect`: a VM's reconciled state (host/reconcile.hpp) from its
+// state dir, from any process.
 #include <poll.h>
+#include <sys/syscall.h>
 #include <sys/inotify.h>
 #include <unistd.h>
 
@@ -8,25 +10,31 @@
 
 #include "host/cli.hpp"
 #include "host/fd.hpp"
+#include "host/reconcile.hpp"
 #include "host/record.hpp"
 #include "protocol/status.hpp"
 
 namespace nes::cli {
 namespace {
 
-constexpr std::string_view kWaitHelp = R"(usage: neshost wait --state DIR [--generation N] [--timeout S] VM
+constexpr std::string_view kWaitHelp = R"(usage: neshost wait [--state DIR] [--generation N] [--timeout S] VM
 
-Wait until DIR/VM/outcome.json holds an outcome (of generation N or newer, if given), print its
-exit status and exit with it. Returns at once if it is already recorded. Works from any process:
-it needs only the state dir (inotify, no polling loop).
+Wait until the VM is no longer running (of generation N or newer, if given): exited, failed or
+stopped, as `neshost ps` and `inspect` say. Print its exit status and exit with it (a failed VM
+without an outcome: 125). Returns at once if it has ended. Works from any process: it needs only
+the state dir (inotify on it, and the monitor's pidfd: a monitor that dies without recording an
+outcome ends the wait as failed, never a wait forever). DIR defaults as for `neshost run`.
   --timeout S   give up after S seconds: exit 124 (timeout(1))
-Exit 1 if the state dir or the record cannot be read.
+Exit 1 if the state dir cannot be read.
 )";
 
-constexpr std::string_view kInspectHelp = R"(usage: neshost inspect --state DIR VM
+constexpr std::string_view kInspectHelp = R"(usage: neshost inspect [--state DIR] VM
 
-Print DIR/VM/outcome.json (one JSON object: schema_version, vm, generation, outcome, exit_code,
-signal, exit_status, reason, started_at, finished_at). Exit 1 if there is none.
+Print the VM's reconciled state as one JSON object: the current generation's outcome record
+(schema_version, vm, generation, outcome, exit_code, signal, exit_status, reason, started_at,
+finished_at; without one: vm, generation, outcome null, exit_status), then status (running,
+exited, failed, stopped), status_reason, monitor_pid, monitor_alive, stop_requested.
+Exit 1 if there is no such VM.
 )";
 
 constexpr FlagSpec kWaitFlags[] = {{"state"}, {"generation"}, {"timeout"}};
@@ -38,13 +46,13 @@ struct Target {
 };
 
 host::Result<Target> target(std::string_view cmd, const Parsed& p) {
-  if (!p.has("state")) return host::Error{"--state is required"};
   if (p.positional.empty()) return host::Error{"VM is required"};
   if (p.positional.size() > 1)
     return host::Error{fmt::format("unexpected argument '{}'", p.positional[1])};
   if (auto prob = host::vm_id_problem(p.positional[0])) return host::Error{"VM: " + *prob};
   (void)cmd;
-  return Target{*p.get("state"), p.positional[0]};
+  return Target{p.has("state") ? std::filesystem::path(*p.get("state")) : default_state_dir(),
+                p.positional[0]};
 }
 
 int inspect_main(const Args& args) {
@@ -53,13 +61,14 @@ int inspect_main(const Args& args) {
   if (p->help) { fmt::print("{}", kInspectHelp); return 0; }
   auto t = target("inspect", *p);
   if (!t) return usage_error("inspect", t.error().message);
-  auto r = host::read_record(t->state, t->vm);
+  auto r = host::reconcile(t->state, t->vm);
   if (!r) { fmt::print(stderr, "neshost inspect: {}\n", r.error().message); return 1; }
   if (!*r) {
-    fmt::print(stderr, "neshost inspect: no outcome recorded for vm '{}' in {}\n", t->vm, t->state.string());
+    fmt::print(stderr, "neshost inspect: no such VM (no outcome recorded, no monitor) '{}' in {}\n",
+               t->vm, t->state.string());
     return 1;
   }
-  fmt::print("{}", host::encode_record(**r));
+  std::fputs(host::encode_state(**r).c_str(), stdout);
   return 0;
 }
 
@@ -99,11 +108,22 @@ int wait_main(const Args& args) {
     if (!vm_watched &&
         ::inotify_add_watch(in.get(), vm_dir.c_str(), IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR) >= 0)
       vm_watched = true;
-    auto r = host::read_record(t->state, t->vm);
+    auto r = host::reconcile(t->state, t->vm);
     if (!r) { fmt::print(stderr, "neshost wait: {}\n", r.error().message); return 1; }
+    host::Fd monitor;
     if (*r && (*r)->generation >= min_gen) {
-      fmt::print("{}\n", (*r)->exit_status);
-      return (*r)->exit_status;
+      if ((*r)->status != host::VmStatus::running) {
+        int st = (*r)->exit_status.value_or(proto::kStatusHostFailure);
+        fmt::print("{}\n", st);
+        if ((*r)->status == host::VmStatus::failed && !(*r)->record)
+          fmt::print(stderr, "neshost wait: VM '{}' failed: {}\n", t->vm, (*r)->reason);
+        return st;
+      }
+      // Running: its monitor's exit wakes us too (it may die without writing anything). The
+      // identity is checked again once the pidfd pins the process.
+      monitor.reset(static_cast<int>(::syscall(SYS_pidfd_open, (*r)->monitor->monitor.pid, 0)));
+      if (!monitor && errno == ESRCH) continue;  // gone just now: look again
+      if (monitor && !host::is_alive((*r)->monitor->monitor)) continue;
     }
     int timeout_ms = -1;
     if (deadline) {
@@ -114,8 +134,8 @@ int wait_main(const Args& args) {
       }
       timeout_ms = static_cast<int>(std::min<long long>(left.count(), 1 << 30));
     }
-    pollfd pfd{in.get(), POLLIN, 0};
-    int n = ::poll(&pfd, 1, timeout_ms);
+    pollfd pfd[2] = {{in.get(), POLLIN, 0}, {monitor.get(), POLLIN, 0}};
+    int n = ::poll(pfd, monitor ? 2 : 1, timeout_ms);
     if (n < 0 && errno != EINTR) { fmt::print(stderr, "neshost wait: poll: {}\n", std::strerror(errno)); return 1; }
     alignas(inotify_event) char buf[4096];
     while (::read(in.get(), buf, sizeof buf) > 0) {}

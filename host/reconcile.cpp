@@ -1,7 +1,9 @@
 #include "host/reconcile.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/file.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -306,9 +308,29 @@ fs::path control_path(const fs::path& state, std::string_view vm) {
 
 // ---- writers (under the lock) ----
 
-Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m) {
+Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m,
+                                       std::chrono::milliseconds settle) {
   if (auto p = vm_id_problem(m.vm)) return Error{*p};
   fs::path dir = state / m.vm;
+  if (auto prev = load_monitor(state, m.vm); prev.value && prev.value->monitor != m.monitor &&
+                                             is_alive(prev.value->monitor)) {
+    auto rec = load_record(state, m.vm);
+    if (rec.value && rec.value->generation >= prev.value->generation) {
+      // Its outcome is recorded; it is powering its VM off. The pidfd pins the process, and the
+      // identity checked again after opening it rules out a recycled pid.
+      Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, prev.value->monitor.pid, 0))};
+      if (pidfd && is_alive(prev.value->monitor)) {
+        pollfd pf{pidfd.get(), POLLIN, 0};
+        auto deadline = std::chrono::steady_clock::now() + settle;
+        for (;;) {
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+          if (left.count() <= 0) break;
+          int n = ::poll(&pf, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+          if (n != 0 && !(n < 0 && errno == EINTR)) break;
+        }
+      }
+    }
+  }
   if (auto s = make_dir(dir); !s) return s.error();
   auto lock = lock_vm(dir);
   if (!lock) return lock.error();

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -58,8 +59,11 @@ Result<MonitorInfo> parse_monitor(std::string_view json);
 /// is alive; else the new generation is one more than any on disk (monitor.json or outcome.json;
 /// 1 for a new VM), a stop request of an older generation is dropped, and monitor.json is written
 /// durably (temp, fsync, rename, fsync dir). Returns the generation; `m.generation` is ignored.
-/// Blocking (bounded: the lock is tried for at most 5 s).
-Result<std::uint64_t> begin_generation(const std::filesystem::path& state_dir, MonitorInfo m);
+/// A monitor whose generation is already recorded is only powering its VM off: it is waited for
+/// first, at most `settle` (then refused like a live one: e.g. a VM kept up by --on-exit keep).
+/// Blocking (bounded: `settle`, then the lock is tried for at most 5 s).
+Result<std::uint64_t> begin_generation(const std::filesystem::path& state_dir, MonitorInfo m,
+                                       std::chrono::milliseconds settle = std::chrono::seconds(10));
 
 /// What persist_stop() did.
 struct StopResult {

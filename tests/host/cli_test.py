@@ -109,7 +109,7 @@ def test_help_and_usage():
         (["serve", "--listen"], "--listen needs a value"),
         (["wait", "--state", "/tmp"], "VM is required"),
         (["wait", "--state", "/tmp", "--timeout", "abc", "vm"], "--timeout"),
-        (["inspect", "vm"], "--state"),
+        (["inspect", "--bogus", "vm"], "--bogus"),
         (["nonsense"], "unknown command"),
         ([], "usage"),
     ]
@@ -152,7 +152,10 @@ def test_serve_exit_code_then_wait_inspect_from_new_processes():
         check(r.returncode == 0, "inspect")
         rec = json.loads(r.stdout)
         check(list(rec) == ["schema_version", "vm", "generation", "outcome", "exit_code", "signal", "exit_status",
-                            "reason", "started_at", "finished_at"], "record fields %s" % list(rec))
+                            "reason", "started_at", "finished_at", "status", "status_reason", "monitor_pid",
+                            "monitor_alive", "stop_requested"], "record fields %s" % list(rec))
+        check((rec["status"], rec["monitor_pid"], rec["stop_requested"]) == ("exited", None, False),
+              "serve has no monitor file; the record alone reconciles as exited: %s" % rec)
         check(rec["outcome"] == "exited" and rec["exit_code"] == 3 and rec["signal"] is None and rec["exit_status"] == 3,
               "record values %s" % rec)
         check(rec["started_at"].endswith("Z") and len(rec["started_at"]) == 30, "RFC 3339 ns")

@@ -266,8 +266,8 @@ def case_usage(c):
                          ([], "ARGV")]:
         rc, out, err = c.neshost("run", *args)
         check(rc == 2 and needle in err, f"run {args}: rc {rc}, stderr {err!r}")
-    rc, _, err = c.neshost("stop", "vm0")
-    check(rc == 2 and "--state" in err, f"stop without --state: {rc} {err!r}")
+    rc, _, err = c.neshost("stop", "--bogus", "vm0")
+    check(rc == 2 and "--bogus" in err, f"stop with an unknown flag: {rc} {err!r}")
     rc, _, err = c.neshost("stop", "--state", c.state, "nosuchvm")
     check(rc == 1 and "no running VM" in err, f"stop of an unknown VM: {rc} {err!r}")
     rc, _, err = c.neshost("run", "--kernel", "/nonexistent/vmlinuz", "--", "true")

@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""Detached VMs end to end in sandbox mode: `neshost run -d --sandbox` (the real static init as
+PID 1 of a fresh pid + mount namespace, its channel a Unix socket) and ps/inspect/wait/stop/kill/rm
+from fresh processes, all agreeing through the one reconcile rule.
+
+This process is a child subreaper, so every monitor (orphaned when its creator exits) and anything
+it leaves comes back to us: after each case, every descendant must have exited (reaped here, bounded)
+and the runtime dir ($TMPDIR) and the VM's control socket must be gone. No sleeps: workloads block on
+FIFOs the test opens, `wait` blocks on inotify and the monitor's pidfd.
+Exit 77 (meson: skipped) when the init or namespaces are unavailable.
+usage: detach_test.py NESHOST_BIN NESINIT_BIN
+"""
+import ctypes
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+NESHOST, NESINIT = sys.argv[1], sys.argv[2]
+failures = []
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    checks += 1
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def skip(why):
+    print("SKIP:", why)
+    sys.exit(77)
+
+
+if not os.access(NESINIT, os.X_OK):
+    skip("no init at %s" % NESINIT)
+if shutil.which("unshare") is None:
+    skip("no unshare")
+probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30)
+if probe.returncode != 0:
+    skip("cannot create pid+mount namespaces: %r" % probe.stderr)
+
+PR_SET_CHILD_SUBREAPER = 36
+if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    skip("prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def on_alarm(sig, frame):
+    raise InterruptedError()
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+
+
+def bounded(fn, what, secs=30):
+    """fn() with a SIGALRM bound (blocking FIFO opens have no timeout of their own)."""
+    signal.alarm(secs)
+    try:
+        return fn()
+    except InterruptedError:
+        check(False, "%s: not done within %d s" % (what, secs))
+        return None
+    finally:
+        signal.alarm(0)
+
+
+class Case:
+    """One temp dir: state dir, runtime dir ($TMPDIR of neshost), FIFOs. Cleaned up by finish()."""
+
+    def __init__(self, name):
+        self.name = name
+        self.tmp = tempfile.mkdtemp(prefix="nesd-")
+        self.state = os.path.join(self.tmp, "state")
+        self.rt = os.path.join(self.tmp, "rt")
+        os.makedirs(self.rt)
+        self.env = dict(os.environ, TMPDIR=self.rt, NESHOST_NESINIT=NESINIT)
+
+    def nh(self, *args, timeout=60):
+        r = subprocess.run([NESHOST] + list(args), capture_output=True, text=True, timeout=timeout, env=self.env)
+        return r.returncode, r.stdout, r.stderr
+
+    def run_d(self, vm, *argv, extra=()):
+        return self.nh("run", "-d", "--sandbox", "--state", self.state, "--vm", vm, "--grace", "2",
+                       "--ready-timeout", "20", *extra, "--", *argv)
+
+    def fifo(self, name):
+        p = os.path.join(self.tmp, name)
+        os.mkfifo(p)
+        return p
+
+    def release(self, fifo, data=b"go\n"):
+        """Open a FIFO the workload is reading (blocks until it is, at most 30 s) and write to it."""
+        def w():
+            with open(fifo, "wb") as f:
+                f.write(data)
+        return bounded(w, "release " + fifo)
+
+    def read_fifo(self, fifo):
+        def r():
+            with open(fifo) as f:
+                return f.read()
+        return bounded(r, "read " + fifo) or ""
+
+    def inspect(self, vm):
+        rc, out, err = self.nh("inspect", "--state", self.state, vm)
+        return json.loads(out) if rc == 0 else {"rc": rc, "err": err}
+
+    def ps(self, *flags):
+        rc, out, _ = self.nh("ps", "--state", self.state, *flags)
+        rows = {}
+        for line in out.splitlines()[1:]:
+            cols = line.split()
+            status = cols[2] + (" " + cols[3] if cols[3].startswith("(") else "")
+            rows[cols[0]] = {"gen": int(cols[1]), "status": status}
+        return rc, rows
+
+    def finish(self):
+        """Every descendant exited and reaped (bounded), no runtime dir or socket left; remove all."""
+        signal.alarm(60)
+        leftover = []
+        try:
+            while True:
+                pid, _ = os.waitpid(-1, 0)
+                leftover.append(pid)
+        except ChildProcessError:
+            pass
+        except InterruptedError:
+            check(False, "%s: a descendant did not exit within 60 s" % self.name)
+        finally:
+            signal.alarm(0)
+        check(os.listdir(self.rt) == [], "%s: runtime dir left: %s" % (self.name, os.listdir(self.rt)))
+        for vm in (os.listdir(self.state) if os.path.isdir(self.state) else []):
+            check(not os.path.exists(os.path.join(self.state, vm, "control.sock")),
+                  "%s: control socket of %s left" % (self.name, vm))
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+
+
+def monitor_gone(c, vm):
+    """The VM's monitor is not alive (reconcile says so; and its pid is reaped or never ours)."""
+    st = c.inspect(vm)
+    return st.get("monitor_alive") is False
+
+
+def case_detached_exit_7_agree():
+    """BoxLite: the detached creator exits; the workload exits 7; fresh processes agree."""
+    c = Case("exit7")
+    try:
+        go = c.fifo("go")
+        rc, out, err = c.run_d("a", "/bin/sh", "-c", "read x < %s; exit 7" % go)
+        check(rc == 0 and out.strip() == "a", "run -d prints the VM id and exits 0: %d %r %r" % (rc, out, err))
+        # The creator has exited (subprocess.run returned: no pipe of ours is held by the monitor).
+        st = c.inspect("a")
+        check(st.get("status") == "running" and st.get("monitor_alive") is True, "running after -d: %s" % st)
+        _, rows = c.ps()
+        check(rows.get("a", {}).get("status") == "running", "ps lists it running: %s" % rows)
+        rc, _, _ = c.nh("wait", "--state", c.state, "--timeout", "0.3", "a")
+        check(rc == 124, "wait times out while it runs: %d" % rc)
+        c.release(go)
+        rc, out, _ = c.nh("wait", "--state", c.state, "a")
+        check(rc == 7 and out.strip() == "7", "wait: %d %r" % (rc, out))
+        st = c.inspect("a")
+        check((st.get("status"), st.get("outcome"), st.get("exit_code"), st.get("exit_status")) ==
+              ("exited", "exited", 7, 7), "inspect: %s" % st)
+        _, rows = c.ps()
+        check("a" not in rows, "ps without -a omits it: %s" % rows)
+        _, rows = c.ps("-a")
+        check(rows.get("a", {}).get("status") == "exited (7)", "ps -a: %s" % rows)
+        check(monitor_gone(c, "a"), "monitor gone")
+        # Removing an ended VM: its directory goes.
+        rc, out, err = c.nh("rm", "--state", c.state, "a")
+        check(rc == 0 and out.strip() == "a" and not os.path.exists(os.path.join(c.state, "a")), "rm: %d %r" % (rc, err))
+        rc, _, err = c.nh("inspect", "--state", c.state, "a")
+        check(rc == 1 and "no such VM" in err, "inspect after rm: %d %r" % (rc, err))
+    finally:
+        c.finish()
+
+
+def case_monitor_killed_record_missing_or_corrupt():
+    """The monitor SIGKILLed mid-run (its VMM dies with it): failed, saying why; never running."""
+    c = Case("killed")
+    try:
+        go = c.fifo("go")
+        rc, _, err = c.run_d("k", "/bin/sh", "-c", "read x < %s; exit 0" % go)
+        check(rc == 0, "run -d: %r" % err)
+        st = c.inspect("k")
+        pid = st.get("monitor_pid")
+        check(st.get("status") == "running" and pid, "running: %s" % st)
+        os.kill(pid, signal.SIGKILL)
+        # A waiter wakes on the monitor's exit (pidfd), not on a file: it never hangs.
+        rc, out, err = c.nh("wait", "--state", c.state, "--timeout", "30", "k")
+        check(rc == 125 and "without recording an outcome" in err, "wait after SIGKILL: %d %r %r" % (rc, out, err))
+        st = c.inspect("k")
+        check(st.get("status") == "failed" and st.get("exit_status") == 125 and
+              "without recording an outcome" in st.get("status_reason", ""), "inspect: %s" % st)
+        _, rows = c.ps("-a")
+        check(rows.get("k", {}).get("status") == "failed (125)", "ps -a: %s" % rows)
+        # The workload went with the monitor (PR_SET_PDEATHSIG -> unshare --kill-child): no reader.
+        try:
+            fd = os.open(go, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+            check(False, "the workload outlived its monitor")
+        except OSError as e:
+            check(e.errno == errno.ENXIO, "FIFO: %s" % e)
+        # A corrupt record while the monitor is gone: failed, with the parse error.
+        with open(os.path.join(c.state, "k", "outcome.json"), "w") as f:
+            f.write('{"schema_version":1,"vm":')
+        st = c.inspect("k")
+        check(st.get("status") == "failed" and "unreadable" in st.get("status_reason", "") and
+              "not valid JSON" in st.get("status_reason", ""), "corrupt: %s" % st)
+        rc, _, _ = c.nh("wait", "--state", c.state, "k")
+        check(rc == 125, "wait on corrupt: %d" % rc)
+        # A killed monitor could not unlink its control socket; rm of the failed VM takes it all.
+        rc, _, err = c.nh("rm", "--state", c.state, "k")
+        check(rc == 0 and not os.path.exists(os.path.join(c.state, "k")), "rm of a failed VM: %d %r" % (rc, err))
+    finally:
+        c.finish()
+
+
+def case_generations_stale_ignored():
+    """Reusing a VM id starts a new generation; the older outcome is ignored for it."""
+    c = Case("gens")
+    try:
+        rc, _, err = c.run_d("g", "/bin/sh", "-c", "exit 3")
+        check(rc == 0, "gen 1: %r" % err)
+        rc, _, _ = c.nh("wait", "--state", c.state, "g")
+        check(rc == 3, "gen 1 exited 3: %d" % rc)
+        go = c.fifo("go")
+        rc, _, err = c.run_d("g", "/bin/sh", "-c", "read x < %s; exit 7" % go)
+        check(rc == 0, "gen 2: %r" % err)
+        st = c.inspect("g")
+        check((st.get("generation"), st.get("status"), st.get("outcome")) == (2, "running", None),
+              "gen 2 running, gen 1's exited(3) stale: %s" % st)
+        # A second run while generation 2 lives is refused, and changes nothing.
+        rc, _, err = c.run_d("g", "/bin/true")
+        check(rc == 125 and "is running" in err, "reuse while running refused: %d %r" % (rc, err))
+        check(c.inspect("g").get("generation") == 2, "still generation 2")
+        rc, _, _ = c.nh("wait", "--state", c.state, "--generation", "2", "--timeout", "0.3", "g")
+        check(rc == 124, "wait --generation 2 does not take gen 1's outcome: %d" % rc)
+        c.release(go)
+        rc, _, _ = c.nh("wait", "--state", c.state, "--generation", "2", "g")
+        check(rc == 7, "gen 2 exited 7: %d" % rc)
+        st = c.inspect("g")
+        check((st.get("generation"), st.get("status"), st.get("exit_code")) == (2, "exited", 7), "gen 2: %s" % st)
+    finally:
+        c.finish()
+
+
+def case_stop_races_natural_exit():
+    """An explicit stop persisted first; the workload then exits 0 on its own: stopped, never exited."""
+    c = Case("stop")
+    try:
+        go = c.fifo("go")
+        # On SIGTERM the workload exits 0 by itself: a natural exit right behind the stop.
+        rc, _, err = c.run_d("s", "/bin/sh", "-c", "trap 'exit 0' TERM; cat %s > /dev/null & wait" % go)
+        check(rc == 0, "run -d: %r" % err)
+        rc, _, err = c.nh("stop", "--state", c.state, "s")
+        check(rc == 0, "stop: %d %r" % (rc, err))
+        st = c.inspect("s")
+        check((st.get("status"), st.get("stop_requested"), st.get("outcome"), st.get("exit_status")) ==
+              ("stopped", True, "exited", 0), "stopped despite exit 0: %s" % st)
+        rc, out, _ = c.nh("wait", "--state", c.state, "s")
+        check(rc == 0, "wait reports the recorded status: %d" % rc)
+        _, rows = c.ps("-a")
+        check(rows.get("s", {}).get("status") == "stopped (0)", "ps -a: %s" % rows)
+        rc, _, err = c.nh("stop", "--state", c.state, "s")
+        check(rc == 1 and "no running VM" in err, "stop again: %d %r" % (rc, err))
+        # The other order: the outcome is recorded first (kept VM), then stop: stays exited.
+        rc, _, err = c.run_d("e", "/bin/sh", "-c", "exit 7", extra=("--on-exit", "keep"))
+        check(rc == 0, "keep: %r" % err)
+        rc, _, _ = c.nh("wait", "--state", c.state, "e")
+        check(rc == 7, "kept VM exited 7: %d" % rc)
+        check(c.inspect("e").get("monitor_alive") is True, "kept VM's monitor stays up")
+        rc, _, err = c.nh("stop", "--state", c.state, "e")
+        check(rc == 0, "stop the kept VM: %d %r" % (rc, err))
+        st = c.inspect("e")
+        check((st.get("status"), st.get("stop_requested"), st.get("exit_status"), st.get("monitor_alive")) ==
+              ("exited", False, 7, False), "exit first, stop later: exited: %s" % st)
+    finally:
+        c.finish()
+
+
+def case_kill_group_and_rm():
+    """kill -s reaches the workload's process group (a child too); rm refuses a running VM without -f."""
+    c = Case("kill")
+    try:
+        ready, hold, out = c.fifo("ready"), c.fifo("hold"), os.path.join(c.tmp, "out")
+        script = os.path.join(c.tmp, "w.sh")
+        # Parent and child each trap USR1; both block (wait on a cat that blocks opening a FIFO
+        # nobody writes) until the signal comes.
+        with open(script, "w") as f:
+            f.write("""trap 'echo parent >> {o}; wait; exit 3' USR1
+sh -c 'trap "echo child >> {o}; exit 0" USR1; cat {h} & echo ready > {r}; wait' &
+wait
+""".format(o=out, r=ready, h=hold))
+        rc, _, err = c.run_d("w", "/bin/sh", script)
+        check(rc == 0, "run -d: %r" % err)
+        check(c.read_fifo(ready).strip() == "ready", "child armed")
+        rc, _, err = c.nh("rm", "--state", c.state, "w")
+        check(rc == 1 and "running" in err, "rm refuses a running VM: %d %r" % (rc, err))
+        check(c.inspect("w").get("status") == "running", "still running after the refused rm")
+        rc, _, err = c.nh("kill", "--state", c.state, "-s", "BOGUS", "w")
+        check(rc == 2 and "--signal" in err, "bad signal name: %d %r" % (rc, err))
+        rc, _, err = c.nh("kill", "--state", c.state, "-s", "USR1", "w")
+        check(rc == 0, "kill -s USR1: %d %r" % (rc, err))
+        rc, _, _ = c.nh("wait", "--state", c.state, "w")
+        check(rc == 3, "the parent's trap exit 3: %d" % rc)
+        with open(out) as f:
+            got = sorted(f.read().split())
+        check(got == ["child", "parent"], "both members of the group got USR1: %s" % got)
+        rc, _, err = c.nh("kill", "--state", c.state, "w")
+        check(rc == 1 and "no running VM" in err, "kill after the end: %d %r" % (rc, err))
+        # rm -f of a running VM: killed, powered off, removed.
+        rc, _, err = c.run_d("f", "/bin/sleep", "1000")
+        check(rc == 0, "run -d sleep: %r" % err)
+        pid = c.inspect("f").get("monitor_pid")
+        rc, out_, err = c.nh("rm", "--state", c.state, "-f", "f")
+        check(rc == 0 and out_.strip() == "f" and not os.path.exists(os.path.join(c.state, "f")),
+              "rm -f: %d %r" % (rc, err))
+        check(not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split(")")[1].split()[0] == "Z",
+              "monitor gone after rm -f")
+    finally:
+        c.finish()
+
+
+def case_usage():
+    c = Case("usage")
+    try:
+        for args, needle in [(["ps", "extra"], "unexpected"), (["stop", "--state", c.state], "VM"),
+                             (["kill", "--state", c.state], "VM"), (["rm", "--state", c.state], "VM"),
+                             (["rm", "--state", c.state, "../x"], "VM")]:
+            rc, _, err = c.nh(*args)
+            check(rc == 2 and needle in err, "%s: %d %r" % (args, rc, err))
+        rc, _, err = c.nh("stop", "--state", c.state, "nosuchvm")
+        check(rc == 1 and "no running VM" in err, "stop unknown: %d %r" % (rc, err))
+        rc, out, _ = c.nh("ps", "--state", c.state)
+        check(rc == 0 and out.split() == ["VM", "GEN", "STATUS", "MONITOR", "COMMAND"], "ps of nothing: %r" % out)
+        # A start that fails before the workload runs: the creator says why and exits with it.
+        rc, out, err = c.run_d("n", "/nonexistent")
+        check(rc == 127 and out == "" and "start_failed" in err, "run -d of a missing program: %d %r %r" % (rc, out, err))
+    finally:
+        c.finish()
+
+
+for case in (case_detached_exit_7_agree, case_monitor_killed_record_missing_or_corrupt,
+             case_generations_stale_ignored, case_stop_races_natural_exit, case_kill_group_and_rm, case_usage):
+    case()
+print("%d checks, %d failed" % (checks, len(failures)))
+sys.exit(1 if failures else 0)
