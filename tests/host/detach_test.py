@@ -257,10 +257,13 @@ def case_stop_races_natural_exit():
     """An explicit stop persisted first; the workload then exits 0 on its own: stopped, never exited."""
     c = Case("stop")
     try:
-        go = c.fifo("go")
-        # On SIGTERM the workload exits 0 by itself: a natural exit right behind the stop.
-        rc, _, err = c.run_d("s", "/bin/sh", "-c", "trap 'exit 0' TERM; cat %s > /dev/null & wait" % go)
+        go, ready = c.fifo("go"), c.fifo("ready")
+        # On SIGTERM the workload exits 0 by itself: a natural exit right behind the stop. It says
+        # `ready` once its trap is set.
+        rc, _, err = c.run_d("s", "/bin/sh", "-c",
+                             "trap 'exit 0' TERM; cat %s > /dev/null & echo ready > %s; wait" % (go, ready))
         check(rc == 0, "run -d: %r" % err)
+        check(c.read_fifo(ready).strip() == "ready", "trap armed")
         rc, _, err = c.nh("stop", "--state", c.state, "s")
         check(rc == 0, "stop: %d %r" % (rc, err))
         st = c.inspect("s")
