@@ -501,6 +501,8 @@ int run_main(const Args& args) {
   if (o.sandbox)
     argv.argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
                  env_or("NESHOST_NESINIT", NESHOST_NESINIT).string(), "--channel=unix:" + channel.string(),
+                 // Dialled only for a descriptor with `stdio`; where `run` listens for it.
+                 "--data-channel=unix:" + (rt.path / "data.sock").string(),
                  fmt::format("--grace-ms={}", o.grace.count()), o.console ? "--log=info" : "--log=quiet"};
   if (!argv.error.empty()) return fail(argv.error);
   if (o.console) {

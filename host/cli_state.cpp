@@ -142,8 +142,8 @@ int wait_main(const Args& args) {
   }
 }
 
-const Registrar reg_wait{{"wait", "wait for a VM's recorded outcome; exit with its status", wait_main}};
-const Registrar reg_inspect{{"inspect", "print a VM's outcome record", inspect_main}};
+const Registrar reg_wait{{"wait", "wait until a VM is no longer running; exit with its status", wait_main}};
+const Registrar reg_inspect{{"inspect", "print a VM's reconciled state and outcome record (JSON)", inspect_main}};
 
 }  // namespace
 }  // namespace nes::cli
