@@ -137,7 +137,7 @@ std::uint64_t Sandbox::clock_ms() { return now_ms(); }
 
 std::size_t Sandbox::when(std::string_view what) const {
   auto it = std::find(timeline_.begin(), timeline_.end(), what);
-  return it == timeline_.end() ? std::string::npos : static_cast<std::size_t>(it - timeline_.begin());
+  return it == timeline_.end() ? std::string::npos : timeline_round_[static_cast<std::size_t>(it - timeline_.begin())];
 }
 
 bool Sandbox::pump(int timeout_ms) {
@@ -156,6 +156,11 @@ bool Sandbox::pump(int timeout_ms) {
   if (!status_) { idx_pid = n; p[n++] = {pidfd_, POLLIN, 0}; }
   int r = ::poll(p, static_cast<nfds_t>(n), timeout_ms);
   if (r <= 0) return false;
+  ++round_;
+  struct RoundStamp {  // stamps what this round added to the timeline with its round
+    Sandbox& sb;
+    ~RoundStamp() { sb.timeline_round_.resize(sb.timeline_.size(), sb.round_); }
+  } stamp{*this};
   char buf[65536];
   auto drain = [&](int& fd, std::string& into) {
     for (;;) {

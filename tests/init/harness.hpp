@@ -108,7 +108,9 @@ class Sandbox {
   /// What arrived, in arrival order across both channels: "msg:<type>", "data:<stream>:eof",
   /// "data:dropped", "data:closed".
   const std::vector<std::string>& timeline() const { return timeline_; }
-  /// Index of the first timeline entry equal to `what` (npos if none).
+  /// The pump round in which the first timeline entry equal to `what` arrived (npos if none).
+  /// Entries of one round arrived together: their order across the two sockets is unknown, so
+  /// compare rounds with <=, and prove strict orders from the init's own log.
   std::size_t when(std::string_view what) const;
   static std::uint64_t clock_ms();
 
@@ -138,6 +140,8 @@ class Sandbox {
   std::uint64_t dropped_ = 0;
   proto::FrameDecoder data_dec_{proto::FrameRules{}};
   std::vector<std::string> timeline_;
+  std::vector<std::size_t> timeline_round_;
+  std::size_t round_ = 0;
   proto::LineReader timeline_reader_;
   bool err_paused_ = false;   // stderr_unread, until read_stderr()
   pid_t pid_ = -1;
