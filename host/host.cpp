@@ -13,6 +13,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <deque>
+#include <filesystem>
 #include <fmt/format.h>
 #include <map>
 
@@ -55,6 +56,15 @@ struct Vm {
   std::vector<std::function<void(WaitResult)>> waiters;
   std::optional<WaitResult> result;  // settled: durable record, or why not
   bool draining = false;
+  // The data channel (workload stdio) and the built-in log.
+  std::shared_ptr<unix_acceptor> data_acceptor;
+  std::string data_socket_path;
+  std::shared_ptr<DataLink> data;
+  bool data_ever = false;
+  bool output_paused = false;
+  std::shared_ptr<AsyncLog> log;
+  bool finishing = false;  // "finished" is held until the data channel and the log are closed
+  std::function<void()> data_finished_cb;  // run once the data channel has closed
 
   const std::string& id() const { return core.config().vm; }
   std::uint64_t generation() const { return core.config().generation; }
@@ -84,6 +94,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   std::map<std::string, std::shared_ptr<Vm>> vms;
   CidRegistry cids;
   std::shared_ptr<generic_acceptor> vsock;
+  std::shared_ptr<generic_acceptor> vsock_data;
 
   std::shared_ptr<Vm> find(const std::string& vm) const {
     auto it = vms.find(vm);
@@ -128,6 +139,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
           } else if constexpr (std::is_same_v<T, act::CallRemove>) {
             if (opt.hooks.remove) opt.hooks.remove(vm->id(), vm->generation());
           } else if constexpr (std::is_same_v<T, act::Log>) {
+            if (x.kind == "finished") return finish_data(vm, std::move(x.detail));
             emit(*vm, std::move(x.kind), std::move(x.detail));
           } else if constexpr (std::is_same_v<T, act::Finished>) {
             finished(vm);
@@ -259,6 +271,143 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       ::unlink(vm->socket_path.c_str());
       vm->socket_path.clear();
     }
+    if (vm->data_acceptor) {
+      error_code ec;
+      vm->data_acceptor->close(ec);
+      vm->data_acceptor.reset();
+    }
+    if (!vm->data_socket_path.empty()) {
+      ::unlink(vm->data_socket_path.c_str());
+      vm->data_socket_path.clear();
+    }
+  }
+
+  // ---- the data channel and the workload log ----
+
+  /// The session is finished: read the data channel to its end (bounded), close the log on the
+  /// worker pool (a slow disk never stalls this loop), then report "finished".
+  void finish_data(const std::shared_ptr<Vm>& vm, std::string detail) {
+    if (vm->finishing) return;
+    vm->finishing = true;
+    if (!vm->data && !vm->log) return emit(*vm, "finished", detail);  // no stdio: as before
+    std::weak_ptr<Impl> w = shared_from_this();
+    auto after_log = [w, vm, detail] {
+      auto self = w.lock();
+      if (!self) return;
+      self->emit(*vm, "finished", detail);
+    };
+    auto close_log = [w, vm, after_log] {
+      auto self = w.lock();
+      if (!self) return;
+      auto log = std::exchange(vm->log, nullptr);
+      if (!log) return after_log();
+      asio::post(self->pool, [w, vm, log, after_log, &io = self->io] {
+        bool all = log->close(std::chrono::milliseconds(2000));
+        auto err = log->error();
+        if (!err && !all) err = "the log did not catch up within 2 s; the rest is written late";
+        asio::post(io, [w, vm, err, after_log] {
+          auto self = w.lock();
+          if (self && err) self->emit(*vm, "log_error", *err);
+          after_log();
+        });
+      });
+    };
+    if (vm->data && vm->data->is_open()) {
+      vm->data_finished_cb = close_log;
+      vm->data->drain_then_close(opt.data_drain);
+    } else {
+      asio::post(io, close_log);
+    }
+  }
+
+  void open_log(const std::shared_ptr<Vm>& vm) {
+    auto& d = vm->core.config().descriptor;
+    if (!d.stdio || !opt.workload_log.enabled || opt.state_dir.empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(opt.state_dir / vm->id(), ec);
+    LogOptions lo;
+    lo.path = opt.state_dir / vm->id() / "workload.log";
+    lo.max_size = opt.workload_log.max_size;
+    lo.max_files = opt.workload_log.max_files;
+    std::weak_ptr<Impl> w = shared_from_this();
+    std::weak_ptr<Vm> wv = vm;
+    auto drained = [w, wv, &io = io] {
+      asio::post(io, [w, wv] {
+        auto self = w.lock();
+        auto vm = wv.lock();
+        if (self && vm && vm->data) vm->data->log_drained();
+      });
+    };
+    auto log = AsyncLog::start(lo, opt.workload_log.queue_cap, drained);
+    if (!log) {
+      emit(*vm, "log_error", log.error().message);
+      return;
+    }
+    vm->log = std::shared_ptr<AsyncLog>(std::move(*log));
+  }
+
+  void adopt_data(const std::shared_ptr<Vm>& vm, int fd, int family) {
+    auto& d = vm->core.config().descriptor;
+    const char* why = nullptr;
+    if (!d.stdio) why = "the descriptor has no stdio";
+    else if (vm->data_ever) why = "a data channel was already connected for this generation";
+    else if (vm->finishing || vm->core.finished()) why = "the session is finished";
+    if (why) {
+      ::close(fd);
+      emit(*vm, "data_refused", why);
+      return;
+    }
+    vm->data_ever = true;
+    DataLink::Config c;
+    c.vm = vm->id();
+    c.stdio = *d.stdio;
+    c.hooks = &opt.stdio;
+    c.log = vm->log;
+    c.stdin_cap = opt.stdin_cap;
+    std::weak_ptr<Impl> w = shared_from_this();
+    std::weak_ptr<Vm> wv = vm;
+    c.emit = [w, wv](std::string kind, std::string detail) {
+      auto self = w.lock();
+      auto vm = wv.lock();
+      if (self && vm) self->emit(*vm, std::move(kind), std::move(detail));
+    };
+    c.on_closed = [wv] {
+      auto vm = wv.lock();
+      if (!vm) return;
+      if (auto cb = std::exchange(vm->data_finished_cb, nullptr)) cb();
+    };
+    auto link = std::make_shared<DataLink>(io, fd, family, std::move(c));
+    vm->data = link;
+    emit(*vm, "data_connected", "");
+    if (vm->output_paused) link->pause(true);
+    link->start();
+  }
+
+  static asio::awaitable<void> data_accept_loop(std::weak_ptr<Impl> w, std::shared_ptr<Vm> vm,
+                                                std::shared_ptr<unix_acceptor> acc) {
+    for (;;) {
+      error_code ec;
+      asio::local::stream_protocol::socket s =
+          co_await acc->async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      auto self = w.lock();
+      if (!self || !acc->is_open() || ec == asio::error::operation_aborted) co_return;
+      if (ec) {
+        self->emit(*vm, "accept_error", ec.message());
+        asio::steady_timer t(self->io, std::chrono::milliseconds(100));
+        self.reset();
+        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      if (!self->current(vm)) co_return;
+      self->adopt_data(vm, s.release(), AF_UNIX);
+    }
+  }
+
+  static void close_data(const std::shared_ptr<Vm>& vm) {
+    if (vm->data) vm->data->close();
+    vm->data_finished_cb = nullptr;
+    if (vm->log) vm->log->close(std::chrono::milliseconds(2000));
+    vm->log.reset();
   }
 
   // ---- streams ----
@@ -338,7 +487,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   }
 
   static asio::awaitable<void> vsock_accept_loop(std::weak_ptr<Impl> w,
-                                                 std::shared_ptr<generic_acceptor> acc) {
+                                                 std::shared_ptr<generic_acceptor> acc, bool data) {
     for (;;) {
       error_code ec;
       generic_stream::endpoint peer;
@@ -356,7 +505,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
           self->opt.on_event(Event{"", 0, "refused", fmt::format("unknown vsock CID {}", cid.value_or(0))});
         continue;
       }
-      self->adopt(vm, s.release(), AF_VSOCK);
+      if (data) self->adopt_data(vm, s.release(), AF_VSOCK);
+      else self->adopt(vm, s.release(), AF_VSOCK);
     }
   }
 
@@ -373,10 +523,17 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       vm->stop_timer.cancel();
       vm->grace_timer.cancel();
       if (!vm->socket_path.empty()) ::unlink(vm->socket_path.c_str());
+      if (vm->data_acceptor) vm->data_acceptor->close(ec);
+      if (!vm->data_socket_path.empty()) ::unlink(vm->data_socket_path.c_str());
+      close_data(vm);
     }
     if (vsock) {
       error_code ec;
       vsock->close(ec);
+    }
+    if (vsock_data) {
+      error_code ec;
+      vsock_data->close(ec);
     }
     pool.join();
   }
@@ -398,6 +555,7 @@ Status Host::add_vm(SessionConfig cfg) {
     // Superseded: close its I/O; its late completions see !current() and are dropped.
     impl_->close_stream(old);
     impl_->finished(old);
+    Impl::close_data(old);
     old->ready_timer.cancel();
     old->wall_timer.cancel();
     old->stop_timer.cancel();
@@ -407,6 +565,7 @@ Status Host::add_vm(SessionConfig cfg) {
   }
   auto vm = std::make_shared<Vm>(impl_->io, std::move(cfg));
   impl_->vms[vm->id()] = vm;
+  impl_->open_log(vm);
   impl_->emit(*vm, "registered", fmt::format("generation={} on_exit={}", vm->generation(),
                                              to_string(vm->core.config().on_exit)));
   return Ok{};
@@ -455,7 +614,85 @@ Status Host::listen_vsock(std::uint32_t port) {
   if (ec) return Error{fmt::format("vsock:{}: {}", port, ec.message())};
   fd->release();
   impl_->vsock = acc;
-  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, acc), asio::detached);
+  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, acc, false), asio::detached);
+  return Ok{};
+}
+
+Status Host::listen_data_unix(const std::string& id, const UnixListenOptions& opt) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (vm->data_acceptor) return Error{fmt::format("vm '{}' already has a data listener", id)};
+  auto fd = nes::host::listen_unix(opt);
+  if (!fd) return fd.error();
+  auto acc = std::make_shared<unix_acceptor>(impl_->io);
+  error_code ec;
+  acc->assign(asio::local::stream_protocol(), fd->get(), ec);
+  if (ec) {
+    ::unlink(opt.path.c_str());
+    return Error{fmt::format("listen {}: {}", opt.path, ec.message())};
+  }
+  fd->release();
+  vm->data_acceptor = acc;
+  vm->data_socket_path = opt.path;
+  impl_->emit(*vm, "data_listening", "unix:" + opt.path);
+  asio::co_spawn(impl_->io, Impl::data_accept_loop(impl_, vm, acc), asio::detached);
+  return Ok{};
+}
+
+Status Host::attach_data_stream(const std::string& id, Fd fd) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!fd) return Error{"attach_data_stream: invalid fd"};
+  impl_->adopt_data(vm, fd.release(), AF_UNIX);
+  return Ok{};
+}
+
+Status Host::listen_vsock_data(std::uint32_t port) {
+  if (impl_->vsock_data) return Error{"a vsock data listener is already open"};
+  auto fd = nes::host::listen_vsock(port);
+  if (!fd) return fd.error();
+  auto acc = std::make_shared<generic_acceptor>(impl_->io);
+  error_code ec;
+  acc->assign(generic_stream(AF_VSOCK, 0), fd->get(), ec);
+  if (ec) return Error{fmt::format("vsock:{}: {}", port, ec.message())};
+  fd->release();
+  impl_->vsock_data = acc;
+  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, acc, true), asio::detached);
+  return Ok{};
+}
+
+namespace {
+Error no_data(const std::string& vm) {
+  return Error{fmt::format("vm '{}' has no data channel connected", vm)};
+}
+}  // namespace
+
+Status Host::send_stdin(const std::string& id, std::string_view bytes) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->data) return no_data(id);
+  return vm->data->send_stdin(bytes);
+}
+
+Status Host::send_stdin_eof(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->data) return no_data(id);
+  return vm->data->send_stdin_eof();
+}
+
+Status Host::send_resize(const std::string& id, std::uint16_t rows, std::uint16_t cols) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->data) return no_data(id);
+  return vm->data->send_resize(rows, cols);
+}
+
+Status Host::pause_output(const std::string& id, bool paused) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  vm->output_paused = paused;
+  if (vm->data) vm->data->pause(paused);
   return Ok{};
 }
 

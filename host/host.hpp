@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "host/data_channel.hpp"
 #include "host/endpoint.hpp"
 #include "host/fd.hpp"
 #include "host/record.hpp"
@@ -47,6 +48,13 @@ struct HostOptions {
   WriteOptions write;                // retries, lock bound, test fault injection
   std::size_t read_chunk = 8192;     // bytes per read from a guest stream
   std::size_t send_cap = 256 * 1024; // bytes queued to one guest, beyond which sends are dropped
+  /// Workload stdio on the data channel (VMs whose descriptor has `stdio`): the embedder's
+  /// callbacks, and the built-in log at <state_dir>/<vm>/workload.log.
+  StdioHooks stdio;
+  WorkloadLogOptions workload_log;
+  std::size_t stdin_cap = 256 * 1024;  // bytes of stdin frames queued per VM (send_stdin refuses above)
+  std::chrono::milliseconds data_drain{2000};  // once a VM is finished: read its data channel to
+                                               // EOF for at most this long, then close it
 };
 
 /// The durable record, or why there is none.
@@ -73,6 +81,26 @@ class Host {
   Status listen_vsock(std::uint32_t port);
   /// Peer CID -> VM for the vsock listener; unknown CIDs are refused.
   Status map_cid(std::uint32_t cid, const std::string& vm);
+
+  /// Listen for this VM's data channel (workload stdio) on its own Unix socket, e.g. the QEMU
+  /// chardev of port nes.1 or firecracker_data_path(). One connection per VM generation; a VM
+  /// whose descriptor has no `stdio` refuses it.
+  Status listen_data_unix(const std::string& vm, const UnixListenOptions& opt);
+  /// Hand in an already-connected data channel for this VM. Owns fd.
+  Status attach_data_stream(const std::string& vm, Fd fd);
+  /// Listen on AF_VSOCK VMADDR_CID_ANY:port for data channels (kDataVsockPort); peers are
+  /// mapped to VMs by map_cid() as for the lifecycle channel.
+  Status listen_vsock_data(std::uint32_t port);
+  /// Workload stdin (descriptor stdio.stdin true): queue bytes / the eof. Never blocks; refused
+  /// when stdin_cap bytes are queued (StdioHooks::stdin_writable says when to retry), when no
+  /// data channel is up, or after the eof.
+  Status send_stdin(const std::string& vm, std::string_view bytes);
+  Status send_stdin_eof(const std::string& vm);
+  /// The workload's terminal size changed (descriptor stdio.terminal set); rows, cols >= 1.
+  Status send_resize(const std::string& vm, std::uint16_t rows, std::uint16_t cols);
+  /// Flow control for StdioHooks::data: while paused the data channel is not read (the guest
+  /// holds the workload, or drops in lossy mode). The lifecycle channel is never affected.
+  Status pause_output(const std::string& vm, bool paused);
 
   /// The VMM process started: the `ready` deadline runs from now.
   Status vm_started(const std::string& vm);

@@ -225,7 +225,38 @@ def test_in_use_is_refused():
         check(sv.finish() == 0, "first serve unaffected")
 
 
-for t in [test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
+def test_logs():
+    """`neshost logs` over a CRI log written here (rotated file + live one): streams apart and
+    byte-exact, P records joined, --tail, --since, --timestamps, -f ending when no run is alive."""
+    with tempfile.TemporaryDirectory(prefix="nesh-") as tmp:
+        d = os.path.join(tmp, "state", "v1")
+        os.makedirs(d)
+        with open(os.path.join(d, "workload.log.1"), "w") as f:
+            f.write("2025-01-01T00:00:00.000000001Z stdout F old line\n")
+            f.write("2025-01-01T00:00:01.5Z stderr F old err\n")
+        with open(os.path.join(d, "workload.log"), "w") as f:
+            f.write("2025-01-02T00:00:00.000000000Z stdout P par\n")
+            f.write("2025-01-02T00:00:00.100000000Z stdout F tial\n")
+            f.write("2025-01-02T00:00:01+01:00 stderr F new err\n")
+            f.write("2025-01-02T00:00:02.000000000Z stdout P no newline\n")
+        st = os.path.join(tmp, "state")
+        r = run(["logs", "--state", st, "v1"])
+        check(r.returncode == 0 and r.stdout == "old line\npartial\nno newline" and r.stderr == "old err\nnew err\n",
+              "logs: %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run(["logs", "--state", st, "--tail", "2", "v1"])
+        check(r.stdout == "no newline" and r.stderr == "new err\n", "--tail 2: %r %r" % (r.stdout, r.stderr))
+        r = run(["logs", "--state", st, "--since", "2025-01-01T23:30:00Z", "v1"])
+        check(r.stdout == "partial\nno newline" and r.stderr == "", "--since: %r %r" % (r.stdout, r.stderr))
+        r = run(["logs", "--state", st, "-t", "-f", "v1"])  # no live run: -f prints and ends
+        check(r.returncode == 0 and r.stdout.startswith("2025-01-01T00:00:00.000000001Z old line\n2025-01-02T00:00:00.000000000Z partial\n"),
+              "--timestamps -f: %r" % r.stdout)
+        r = run(["logs", "--state", st, "nosuch"])
+        check(r.returncode == 1 and "no workload log" in r.stderr, "missing: %d %r" % (r.returncode, r.stderr))
+        r = run(["logs", "--state", st, "--since", "later", "v1"])
+        check(r.returncode == 2 and "--since" in r.stderr, "bad --since: %d %r" % (r.returncode, r.stderr))
+
+
+for t in [test_logs, test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
           test_keep_until_sigterm, test_in_use_is_refused]:
     print("--", t.__name__, flush=True)
     t()

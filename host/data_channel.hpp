@@ -1,0 +1,144 @@
+// The host end of a VM's data channel: the workload's stdin/stdout/stderr as binary frames
+// (protocol/frame.hpp, docs/protocol.md "Data channel") on a connection of their own beside the
+// lifecycle channel. DataReceiver is the sans-I/O core (frames in, events out); DataLink is the
+// thin Asio object around it that Host owns per VM: bounded reads (paused while the embedder or
+// the log cannot keep up), a bounded stdin queue, never a wait on the lifecycle channel. A framing
+// error ends only the data channel; the session and its outcome go on. Why: docs/host.md
+// "Workload output".
+#pragma once
+
+#include <utility>  // before Asio 1.74
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "host/log_writer.hpp"
+#include "host/result.hpp"
+#include "protocol/frame.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::host {
+
+/// Embedder callbacks for workload stdio, called on the io_context thread; they must not block
+/// (queue and return; call Host::pause_output() to stop the flow while a consumer is behind).
+/// `vm` names the VM (from the endpoint, never from guest data).
+struct StdioHooks {
+  /// Bytes the workload wrote to `stream` (out or err), in order, 1..65536 per call.
+  std::function<void(const std::string& vm, proto::Stream stream, std::string_view bytes)> data;
+  /// The workload's `stream` reached its end (no more data on it).
+  std::function<void(const std::string& vm, proto::Stream stream)> eof;
+  /// Lossy mode: the guest dropped `bytes` of `stream` before the next data of that stream.
+  std::function<void(const std::string& vm, proto::Stream stream, std::uint64_t bytes)> dropped;
+  /// The data channel ended: `error` empty for a clean end, else why (a framing error such as
+  /// "data frame: stream 7 unknown (frame at byte 0)", a read error, closed mid-frame).
+  std::function<void(const std::string& vm, const std::string& error)> closed;
+  /// The stdin queue fell below half its cap after send_stdin() refused: send more now.
+  std::function<void(const std::string& vm)> stdin_writable;
+};
+
+/// The built-in workload log (docs/host.md): STATE/VM/workload.log, CRI format, rotated.
+struct WorkloadLogOptions {
+  bool enabled = true;
+  std::uint64_t max_size = 10u << 20;  // bytes per file (LogOptions::max_size)
+  unsigned max_files = 5;              // files kept (LogOptions::max_files)
+  std::size_t queue_cap = 4u << 20;    // bytes queued for the log thread before reads pause
+};
+
+/// "<uds>_7001": where a Firecracker/Cloud Hypervisor guest's data channel (vsock port 7001)
+/// arrives (their hybrid-vsock convention, as firecracker_vsock_path()).
+std::string firecracker_data_path(std::string_view uds_path);
+/// The data channel's vsock port in production (the control channel's is 7000).
+inline constexpr std::uint32_t kDataVsockPort = 7001;
+
+namespace data_ev {
+struct Output { proto::Stream stream; std::string bytes; };
+struct Eof { proto::Stream stream; };
+struct Dropped { proto::Stream stream; std::uint64_t bytes; };
+struct Failed { std::string reason; };  // a framing error, or the stream ended mid-frame
+}  // namespace data_ev
+using DataEvent = std::variant<data_ev::Output, data_ev::Eof, data_ev::Dropped, data_ev::Failed>;
+
+/// Sans-I/O receiver of the guest -> host direction. Rules follow `boot.stdio`: output on
+/// stdout/stderr only (stdout only with a terminal), dropped frames only in lossy mode. After a
+/// Failed event it consumes nothing more. Memory: at most one frame (8 + 65536 bytes) held.
+class DataReceiver {
+ public:
+  explicit DataReceiver(const proto::Stdio& stdio);
+  /// Bytes from the channel, any split; events appended to `out` in order.
+  void received(std::string_view bytes, std::vector<DataEvent>& out);
+  /// The byte stream ended (EOF or a read error): Failed if a frame was cut off.
+  void closed(std::vector<DataEvent>& out);
+  bool failed() const { return dec_.failed(); }
+  /// Every output stream has had its eof frame.
+  bool outputs_done() const;
+
+ private:
+  proto::FrameDecoder dec_;
+  bool terminal_;
+};
+
+/// One VM's live data channel (the Asio side). Created by Host when the guest connects.
+class DataLink : public std::enable_shared_from_this<DataLink> {
+ public:
+  struct Config {
+    std::string vm;
+    proto::Stdio stdio;
+    const StdioHooks* hooks = nullptr;          // outlives the link (HostOptions)
+    std::shared_ptr<AsyncLog> log;              // may be null (no built-in log)
+    std::size_t read_chunk = 256u << 10;        // bytes per read (four full data frames)
+    std::size_t stdin_cap = 256u << 10;         // bytes of stdin frames queued at most
+    std::function<void(std::string kind, std::string detail)> emit;  // one Event
+    std::function<void()> on_closed;            // after the link is closed, once
+  };
+  DataLink(boost::asio::io_context& io, int fd, int family, Config cfg);
+  /// Starts reading.
+  void start();
+  /// Queues stdin bytes as data frames. Errors: no stdin attached, stdin already at eof, channel
+  /// closed, queue full ("stdin: N bytes queued; the guest is not reading").
+  Status send_stdin(std::string_view bytes);
+  /// Queues the stdin eof frame (once).
+  Status send_stdin_eof();
+  /// Queues a resize frame. Errors: no terminal, zero size, closed.
+  Status send_resize(std::uint16_t rows, std::uint16_t cols);
+  /// Bytes of stdin frames queued.
+  std::size_t stdin_queued() const { return out_bytes_; }
+  /// The embedder's flow control: while paused, nothing is read (the guest then holds, or drops
+  /// in lossy mode, what the workload writes).
+  void pause(bool paused);
+  /// The log thread caught up (posted by Host from AsyncLog's on_drained).
+  void log_drained();
+  /// Read what remains up to EOF, at most `bound`, then close (the VM is finished).
+  void drain_then_close(std::chrono::milliseconds bound);
+  /// Close now (idempotent).
+  void close(std::string error = {});
+  bool is_open() const { return !closed_; }
+
+ private:
+  void start_read();
+  void start_write();
+  void handle(std::vector<DataEvent>& evs);
+
+  boost::asio::generic::stream_protocol::socket sock_;
+  boost::asio::steady_timer drain_timer_;
+  Config cfg_;
+  DataReceiver rx_;
+  std::vector<char> buf_;
+  std::deque<std::string> outq_;
+  std::size_t out_bytes_ = 0;
+  bool bad_ = false;  // the fd could not be adopted
+  bool reading_ = false, writing_ = false, closed_ = false;
+  bool paused_embedder_ = false, paused_log_ = false;
+  bool stdin_eof_sent_ = false, stdin_refused_ = false;
+};
+
+}  // namespace nes::host

@@ -1,0 +1,248 @@
+// The CRI workload log: every line checked by a parser of this test's own (a regex, not
+// host::parse_log_line), concatenated content equals what was written (all 256 byte values,
+// arbitrary splits, both streams), rotation bounds (file count, file size), the async writer.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <random>
+#include <regex>
+
+#include "host/log_writer.hpp"
+#include <fmt/format.h>
+
+#include "support.hpp"
+
+using namespace nes;
+using namespace nes::host;
+using namespace nes::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Parsed {
+  std::string out, err;  // reconstructed stream bytes
+  std::size_t records = 0;
+};
+
+// The CRI format as kubelet's parser reads it: RFC3339Nano, stream, tag, content.
+const std::regex kLine(R"(^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)) (stdout|stderr) (P|F) ([\s\S]*)$)");
+
+/// Parses one file, appending to `p`; fails the test on any malformed line.
+void parse_file(const fs::path& f, Parsed& p) {
+  std::ifstream in(f, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  REQUIRE((all.empty() || all.back() == '\n'));
+  std::size_t pos = 0;
+  while (pos < all.size()) {
+    auto nl = all.find('\n', pos);
+    std::string line = all.substr(pos, nl - pos);
+    pos = nl + 1;
+    std::smatch m;
+    INFO("line: " << line.substr(0, 80));
+    REQUIRE(std::regex_match(line, m, kLine));
+    std::string& dst = m[4] == "stdout" ? p.out : p.err;
+    dst += m[6].str();
+    if (m[5] == "F") dst += '\n';
+    ++p.records;
+  }
+}
+
+/// All files, oldest first (path.N .. path.1, path).
+Parsed parse_all(const fs::path& path) {
+  Parsed p;
+  auto rot = rotated_logs(path);
+  for (auto it = rot.rbegin(); it != rot.rend(); ++it) parse_file(*it, p);
+  parse_file(path, p);
+  return p;
+}
+
+std::string all_bytes(std::size_t n, std::mt19937& rng) {
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng() & 0xff);
+  return s;
+}
+
+WallTime t0() { return WallTime{std::chrono::nanoseconds(1'764'499'200'000'000'123LL)}; }
+
+}  // namespace
+
+TEST_CASE("every byte value, random splits, both streams: content is exact") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  o.max_size = 64u << 20;
+  o.max_line = 1000;  // small, so long lines are split into P records too
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  std::mt19937 rng(42);
+  std::string out, err;
+  for (int b = 0; b < 256; ++b) out += static_cast<char>(b);  // all 256 values, '\n' among them
+  std::string more = all_bytes(300000, rng);
+  // Lines of many lengths: long runs without '\n' as well.
+  more += std::string(5000, 'x') + "\n" + std::string(1000, 'y') + "\n" + std::string(999, 'z');
+  out += more;
+  err = all_bytes(100000, rng) + "no newline at the end";
+  std::size_t io = 0, ie = 0;
+  while (io < out.size() || ie < err.size()) {
+    std::size_t n = 1 + rng() % 4000;
+    if (io < out.size()) {
+      auto k = std::min(n, out.size() - io);
+      (*w)->write(OutputStream::out, std::string_view(out).substr(io, k), t0());
+      io += k;
+    }
+    if (ie < err.size()) {
+      auto k = std::min(n / 2 + 1, err.size() - ie);
+      (*w)->write(OutputStream::err, std::string_view(err).substr(ie, k), t0());
+      ie += k;
+    }
+  }
+  (*w)->eof(OutputStream::out, t0());
+  (*w)->eof(OutputStream::err, t0());
+  CHECK(!(*w)->error());
+  auto p = parse_all(o.path);
+  CHECK(p.out == out);
+  CHECK(p.err == err);
+  CHECK(rotated_logs(o.path).empty());
+}
+
+TEST_CASE("a last line without newline is one P record; a complete one is F") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  (*w)->write(OutputStream::out, "hello\nwor", t0());
+  (*w)->write(OutputStream::err, "oops\n", t0());
+  (*w)->write(OutputStream::out, "ld", t0());
+  (*w)->eof(OutputStream::out, t0());
+  std::ifstream in(o.path);
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  CHECK(all ==
+        "2025-11-30T10:40:00.000000123Z stdout F hello\n"
+        "2025-11-30T10:40:00.000000123Z stderr F oops\n"
+        "2025-11-30T10:40:00.000000123Z stdout P world\n");
+  auto r = parse_log_line("2025-11-30T10:40:00.000000123Z stdout P world");
+  REQUIRE(r);
+  CHECK(r->partial);
+  CHECK(r->content == "world");
+  CHECK(r->time == t0());
+}
+
+TEST_CASE("rotation keeps at most max_files files of at most max_size bytes; the newest bytes survive") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  o.max_size = kMinLogSize;
+  o.max_files = 3;
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  std::mt19937 rng(7);
+  std::string out;
+  for (int i = 0; i < 20000; ++i) out += fmt::format("line {} {}\n", i, std::string(rng() % 80, 'a'));
+  for (std::size_t i = 0; i < out.size(); i += 3000)
+    (*w)->write(OutputStream::out, std::string_view(out).substr(i, 3000), t0());
+  (*w)->flush();
+  CHECK(!(*w)->error());
+  auto rot = rotated_logs(o.path);
+  CHECK(rot.size() == 2);  // workload.log.1, .2: three files with the live one
+  CHECK(!fs::exists(o.path.string() + ".3"));
+  for (auto& f : rot) CHECK(fs::file_size(f) <= o.max_size);
+  CHECK(fs::file_size(o.path) <= o.max_size);
+  auto p = parse_all(o.path);
+  // What is kept is a suffix of what was written, starting at a record boundary.
+  REQUIRE(p.out.size() > 2 * kMinLogSize / 2);
+  CHECK(out.ends_with(p.out));
+  CHECK(p.out.starts_with("line "));
+}
+
+TEST_CASE("max_files 1 truncates the one file") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  o.max_size = kMinLogSize;
+  o.max_files = 1;
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  std::string line(100, 'q');
+  line += '\n';
+  for (int i = 0; i < 3000; ++i) (*w)->write(OutputStream::err, line, t0());
+  (*w)->flush();
+  CHECK(rotated_logs(o.path).empty());
+  CHECK(fs::file_size(o.path) <= o.max_size);
+  auto p = parse_all(o.path);
+  CHECK(p.err.size() % line.size() == 0);
+  CHECK(p.err.size() > 0);
+}
+
+TEST_CASE("a drop count is a record of its own on that stream, after the held partial line") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  (*w)->write(OutputStream::out, "abc", t0());
+  (*w)->dropped(OutputStream::out, 4096, t0());
+  auto p = parse_all(o.path);
+  CHECK(p.out == "abc[neshost: 4096 bytes of stdout dropped]\n");
+}
+
+TEST_CASE("bad options name the field") {
+  LogOptions o;
+  CHECK(check_log_options(o).error().message.starts_with("log path"));
+  o.path = "/tmp/x";
+  o.max_size = 100;
+  CHECK(check_log_options(o).error().message.starts_with("max_size"));
+  o.max_size = 1 << 20;
+  o.max_files = 0;
+  CHECK(check_log_options(o).error().message.starts_with("max_files"));
+  CHECK(!LogWriter::open(LogOptions{"/nonexistent-dir/x/workload.log"}));
+}
+
+TEST_CASE("parse_log_line: Go's RFC3339Nano shapes, and errors naming the field") {
+  auto a = parse_log_line("2016-10-06T00:17:09.669794202Z stdout F log content 1");
+  REQUIRE(a);
+  CHECK(a->content == "log content 1");
+  CHECK(!a->partial);
+  auto b = parse_log_line("2016-10-06T02:17:09.6697942+02:00 stderr P x");
+  REQUIRE(b);
+  CHECK(b->stream == OutputStream::err);
+  CHECK(b->time == a->time - std::chrono::nanoseconds(2));
+  auto c = parse_log_line("2016-10-06T00:17:09Z stdout F ");
+  REQUIRE(c);
+  CHECK(c->content.empty());
+  CHECK(parse_log_line("yesterday stdout F x").error().message.starts_with("timestamp"));
+  CHECK(parse_log_line("2016-10-06T00:17:09Z stdin F x").error().message.starts_with("stream"));
+  CHECK(parse_log_line("2016-10-06T00:17:09Z stdout X x").error().message.starts_with("tag"));
+}
+
+TEST_CASE("AsyncLog: everything pushed is written by close; on_drained after the cap was reached") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  std::mutex mu;
+  std::condition_variable cv;
+  int drained = 0;
+  auto a = AsyncLog::start(o, 64 * 1024, [&] {
+    std::lock_guard lk(mu);
+    ++drained;
+    cv.notify_all();
+  });
+  REQUIRE(a);
+  std::mt19937 rng(3);
+  std::string out = all_bytes(1 << 20, rng), err = "e1\ne2";
+  // One push over the cap: the queue is full at once, so a drain must be reported.
+  (*a)->push(OutputStream::out, out, wall_now());
+  CHECK((*a)->queued_bytes() <= out.size());
+  (*a)->push(OutputStream::err, err, wall_now());
+  (*a)->push_eof(OutputStream::out, wall_now());
+  {
+    std::unique_lock lk(mu);
+    CHECK(cv.wait_for(lk, std::chrono::seconds(30), [&] { return drained >= 1; }));
+  }
+  CHECK((*a)->close(std::chrono::seconds(30)));
+  CHECK(!(*a)->error());
+  auto p = parse_all(o.path);
+  CHECK(p.out == out);
+  CHECK(p.err == err);  // the held "e2" is written as P at close
+}
