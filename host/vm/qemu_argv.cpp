@@ -66,6 +66,16 @@ ArgvResult qemu_argv(const QemuSpec& s) {
     return fail(fmt::format("channel_socket: '{}' is longer than sun_path (107 bytes)",
                             s.channel_socket->native()));
 
+  if (s.data_socket) {
+    if (!s.channel_socket) return fail("data_socket: needs channel_socket (same virtio-serial bus)");
+    if (!valid_port_name(s.data_port_name) || s.data_port_name == s.port_name)
+      return fail(fmt::format("data_port_name: '{}' is not 1..64 of [A-Za-z0-9._-] distinct from "
+                              "port_name", s.data_port_name));
+    if (s.data_socket->native().size() >= 108)
+      return fail(fmt::format("data_socket: '{}' is longer than sun_path (107 bytes)",
+                              s.data_socket->native()));
+  }
+
   std::vector<std::string> a{s.qemu};
   auto add = [&](std::initializer_list<std::string> xs) { a.insert(a.end(), xs); };
   // q35 boots reliably here (microvm hangs without tsc_early_khz). -no-reboot: a guest reboot or
@@ -85,6 +95,12 @@ ArgvResult qemu_argv(const QemuSpec& s) {
     add({"-device", "virtio-serial-pci,id=vser0",
          "-chardev", "socket,id=nes0,server=off,path=" + qemu_escape(s.channel_socket->native()),
          "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=" + s.port_name});
+  }
+  if (s.data_socket) {
+    // The data channel: a port of its own, so output never queues behind (or ahead of) the
+    // lifecycle messages; QEMU dials our second listener.
+    add({"-chardev", "socket,id=nes1,server=off,path=" + qemu_escape(s.data_socket->native()),
+         "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=" + s.data_port_name});
   }
   return {std::move(a), {}};
 }

@@ -44,6 +44,10 @@ struct QemuSpec {
   Accel accel = Accel::tcg;                 // tcg or kvm (never auto_probe here)
   std::optional<std::filesystem::path> channel_socket;  // a *listening* Unix socket: QEMU connects
   std::string port_name = "nes.0";          // the virtio-serial port's name as the guest sees it
+  /// The data channel (workload stdio): a second virtserialport on the same virtio-serial bus,
+  /// its own chardev dialling this *listening* Unix socket (needs channel_socket).
+  std::optional<std::filesystem::path> data_socket;
+  std::string data_port_name = "nes.1";     // the guest's default when its channel is nes.0
   std::optional<std::string> firmware = "qboot.rom";  // -bios; qboot prints nothing on the serial
                                                       // line (SeaBIOS resets the terminal)
 };
@@ -51,7 +55,8 @@ struct QemuSpec {
 /// Checks the spec's fields (names the bad one) and builds the argv, argv[0] = spec.qemu.
 /// The serial console is QEMU's stdout (`-chardev stdio`): the launcher gives QEMU /dev/null as
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
-/// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket).
+/// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket,
+/// data_socket, data_port_name).
 struct ArgvResult {
   std::vector<std::string> argv;
   std::string error;  // empty on success

@@ -170,6 +170,22 @@ TEST_CASE("qemu_argv: bad fields are named, no argv is built") {
   check(s, "channel_socket:");
 }
 
+TEST_CASE("qemu_argv: the data channel as a second port nes.1 on its own chardev socket") {
+  auto s = base_spec();
+  s.data_socket = "/run/x/data.sock";
+  auto r = qemu_argv(s);
+  REQUIRE(r.error.empty());
+  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes1,server=off,path=/run/x/data.sock"));
+  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=nes.1"));
+  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"));
+  s.data_port_name = "nes.0";
+  CHECK(qemu_argv(s).error.rfind("data_port_name:", 0) == 0);
+  s = base_spec();
+  s.channel_socket.reset();
+  s.data_socket = "/run/x/data.sock";
+  CHECK(qemu_argv(s).error.rfind("data_socket:", 0) == 0);
+}
+
 TEST_CASE("accel names round-trip") {
   for (auto a : {Accel::tcg, Accel::kvm, Accel::auto_probe})
     CHECK(accel_from_string(to_string(a)) == a);
