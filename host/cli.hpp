@@ -104,6 +104,11 @@ struct ServeEmbedder {
   boost::asio::io_context* io = nullptr;
   /// Print one line per event on stdout (serve). `run` keeps stdout for the workload's output.
   bool print_events = true;
+  /// Workload stdio (descriptors with `stdio`): callbacks and the built-in log (HostOptions).
+  host::StdioHooks stdio;
+  host::WorkloadLogOptions workload_log;
+  /// Called with the Host once it exists (before listening), e.g. to keep a pointer for hooks.
+  std::function<void(host::Host& host)> on_host;
 };
 
 /// Serve one VM until its session finishes; prints one line per event to stdout; SIGINT/SIGTERM

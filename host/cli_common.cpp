@@ -146,6 +146,8 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
   host::HostOptions hopt;
   hopt.state_dir = cfg.state_dir;
   hopt.hooks = emb.hooks;
+  hopt.stdio = emb.stdio;
+  hopt.workload_log = emb.workload_log;
   if (!hopt.hooks.destroy && emb.channel_is_vm) {
     // No VMM to destroy: the guest's channel was the VM.
     hopt.hooks.destroy = [&](const std::string& id, std::uint64_t) {
@@ -175,6 +177,7 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
   };
   host::Host host(io, hopt);
   hostp = &host;
+  if (emb.on_host) emb.on_host(host);
 
   if (auto s = host.add_vm(cfg.session); !s) {
     fmt::print(stderr, "neshost: {}\n", s.error().message);

@@ -12,6 +12,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -28,6 +29,8 @@
 #include <fmt/format.h>
 
 #include "host/cli.hpp"
+#include "host/cli_stdio.hpp"
+#include "host/terminal.hpp"
 #include "host/fd.hpp"
 #include "host/monitor.hpp"
 #include "host/reconcile.hpp"
@@ -63,8 +66,18 @@ constexpr std::string_view kRunHelp = R"(usage: neshost run [OPTIONS] [--] ARGV.
 Boot a QEMU microVM (q35) with nesinit as PID 1, run ARGV in it and exit with its exit status:
 the workload's code, 128+N if killed by signal N, 127/126 if it could not start, 124 on
 --timeout, 125 for host-side failures (QEMU or the kernel missing, no `ready` in time, ...).
-The workload's stdout/stderr are the VM console, shown live. The outcome record is written to
-STATE/VM/outcome.json (see `neshost inspect`).
+The workload's stdout and stderr are neshost's stdout and stderr, byte-exact (a data channel of
+their own, never the serial console), and are also logged to STATE/VM/workload.log (CRI format,
+see `neshost logs`). Its stdin is /dev/null unless -i. The outcome record is written to
+STATE/VM/outcome.json (see `neshost inspect`); the kernel's and the init's own messages go to
+STATE/VM/console.log.
+
+  -i, --interactive    forward neshost's stdin to the workload (and its EOF)
+  -t, --tty            give the workload a pseudo-terminal sized like ours (SIGWINCH resizes
+                       it); with -i and a terminal on stdin, that terminal is in raw mode until
+                       neshost exits (^C then goes to the workload)
+  --log-max-size SIZE  rotate workload.log at SIZE bytes (k, m, g suffixes; default 10m, min 64k)
+  --log-max-files N    rotated files kept, the live one included (default 5; 1: truncate)
 
   --kernel PATH        guest kernel (default: $NESHOST_KERNEL, else the one scripts/fetch-kernel.sh
                        fetched)
@@ -89,7 +102,8 @@ STATE/VM/outcome.json (see `neshost inspect`).
   --grace S            seconds between the workload's SIGTERM and SIGKILL in an ordered shutdown
                        (default 10; the init's grace_ms); QEMU is killed if the guest has not
                        powered off S+5 seconds after `shutdown`
-  --console            show every kernel and init message, and neshost's events on stderr
+  --console            show every kernel and init message (the console), and neshost's events, on
+                       stderr
   -d, --detach         run in the background: print the VM id once the workload started and
                        exit 0; a monitor process (its own session) serves the VM from then on
                        and logs to STATE/VM/monitor.log (see ps, inspect, wait, stop, kill, rm)
@@ -115,6 +129,9 @@ struct RunOptions {
   std::chrono::milliseconds grace = 10s;
   bool console = false, help = false;
   bool detach = false, sandbox = false;
+  bool interactive = false, tty = false;
+  std::uint64_t log_max_size = 10u << 20;
+  unsigned log_max_files = 5;
   std::vector<std::string> argv;
 };
 
@@ -131,13 +148,33 @@ host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_vie
   return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};
 }
 
+/// "10m", "512k", "1g", "65536": bytes, docker's --log-opt max-size units (1024-based).
+/// At least 64 KiB, at most 1 TiB; error names `flag`.
+host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v) {
+  std::uint64_t mult = 1;
+  std::string_view num = v;
+  if (!v.empty()) {
+    char u = static_cast<char>(std::tolower(static_cast<unsigned char>(v.back())));
+    if (u == 'k' || u == 'm' || u == 'g') {
+      mult = u == 'k' ? 1024 : u == 'm' ? 1024 * 1024 : 1024ull * 1024 * 1024;
+      num.remove_suffix(1);
+    }
+  }
+  auto n = parse_uint(flag, num, 1, (1ull << 40) / mult);
+  if (!n) return host::Error{fmt::format("--{}: expected bytes with an optional k, m or g, got '{}'", flag, v)};
+  if (*n * mult < host::kMinLogSize)
+    return host::Error{fmt::format("--{}: {} is below the minimum 64k", flag, v)};
+  return *n * mult;
+}
+
 /// docker-run-style parsing: options until `--` or the first non-option; the rest is ARGV.
 /// `-e` and `-w` are the short forms docker users type. Errors name the flag.
 host::Result<RunOptions> parse_run(const Args& args) {
   RunOptions o;
   static constexpr std::string_view kValued[] = {
       "kernel", "initrd", "rootfs", "mem", "cpus", "accel", "env", "workdir", "user", "hostname",
-      "on-exit", "state", "vm", "timeout", "ready-timeout", "grace"};
+      "on-exit", "state", "vm", "timeout", "ready-timeout", "grace", "log-max-size",
+      "log-max-files"};
   std::size_t i = 0;
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -156,6 +193,11 @@ host::Result<RunOptions> parse_run(const Args& args) {
     }
     if (a == "--sandbox") {
       o.sandbox = true;
+      continue;
+    }
+    if (a == "-i" || a == "--interactive" || a == "-t" || a == "--tty" || a == "-it" || a == "-ti") {
+      if (a.find('i') != std::string_view::npos && a != "--tty") o.interactive = true;
+      if (a.find('t') != std::string_view::npos && a != "--interactive" && a != "-i") o.tty = true;
       continue;
     }
     std::string name;
@@ -228,6 +270,14 @@ host::Result<RunOptions> parse_run(const Args& args) {
       auto ms = parse_seconds("grace", v);
       if (!ms) return ms.error();
       o.grace = *ms;
+    } else if (name == "log-max-size") {
+      auto n = parse_size("log-max-size", v);
+      if (!n) return n.error();
+      o.log_max_size = *n;
+    } else if (name == "log-max-files") {
+      auto n = parse_uint("log-max-files", v, 1, 100);
+      if (!n) return n.error();
+      o.log_max_files = static_cast<unsigned>(*n);
     } else if (name == "ready-timeout") {
       auto ms = parse_seconds("ready-timeout", v);
       if (!ms) return ms.error();
@@ -301,11 +351,20 @@ struct FileGuard {
   }
 };
 
-/// The VM console, shown live on stdout and kept (bounded) in STATE/VM/console.log. The serial
-/// line's CRLF becomes LF (the tty's ONLCR, not the workload's bytes). Called on the launcher's
-/// drain thread only.
+/// One line on stderr, never blocking for long (stderr is our own non-blocking description,
+/// make_own_nonblocking): a stderr nobody reads loses the line, it never holds up neshost.
+template <class... A>
+void say(fmt::format_string<A...> f, A&&... a) {
+  put_bounded(2, fmt::format(f, std::forward<A>(a)...), 200ms);
+}
+
+/// The VM console: the kernel's and the init's own messages (the workload's output has a channel
+/// of its own), kept (bounded) in STATE/VM/console.log and with --console shown on stderr. The
+/// serial line's CRLF becomes LF (the tty's ONLCR). Called on the launcher's drain thread only;
+/// no write here can block it for long (a full stderr pipe drops console lines).
 class ConsoleOut {
  public:
+  bool show = false;
   static constexpr std::size_t kLogCap = 4u << 20;  // bytes of console.log
   void open_log(const fs::path& p) { log_.reset(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)); }
   void write(std::string_view b) { emit(crlf_.feed(b)); }
@@ -315,7 +374,7 @@ class ConsoleOut {
  private:
   void emit(const std::string& out) {
     if (out.empty()) return;
-    put(1, out, stdout_ok_);
+    if (show) put_bounded(2, out, 100ms);
     if (log_ && logged_ < kLogCap) {
       std::string_view part(out.data(), std::min(out.size(), kLogCap - logged_));
       bool ok = true;
@@ -335,7 +394,6 @@ class ConsoleOut {
     }
   }
   vm::CrlfToLf crlf_;
-  bool stdout_ok_ = true;
   host::Fd log_;
   std::size_t logged_ = 0;
 };
@@ -355,7 +413,7 @@ host::Status build_initrd(const fs::path& rootfs, const fs::path& kernel, const 
       if (fs::is_directory(mods, ec)) argv.insert(argv.end(), {"--modules-dir", mods.string()});
     }
   }
-  auto err = [](std::string_view b) { [[maybe_unused]] auto n = ::write(2, b.data(), b.size()); };
+  auto err = [](std::string_view b) { put_bounded(2, b, 1s); };
   vm::LaunchOptions lo;
   lo.argv = argv;
   lo.console = err;
@@ -379,8 +437,13 @@ int run_main(const Args& args) {
     fmt::print("{}", kRunHelp);
     return 0;
   }
+  // No write of ours to a pipe or terminal may block (a stdout nobody reads must never keep us
+  // past a deadline): our own non-blocking descriptions of stdout and stderr (and stdin for -i).
+  make_own_nonblocking(1);
+  make_own_nonblocking(2);
+  if (o.interactive) make_own_nonblocking(0);
   auto fail = [](std::string_view msg) {
-    fmt::print(stderr, "neshost run: {}\n", msg);
+    say("neshost run: {}\n", msg);
     return proto::kStatusHostFailure;
   };
   // -d: this process is the creator and returns here; its child is the monitor and runs the VM
@@ -428,7 +491,7 @@ int run_main(const Args& args) {
     if (!dev.usable) return dev;
     return vm::probe_kvm_boot("qemu-system-x86_64", kernel);
   }, &why);
-  if (o.console) fmt::print(stderr, "neshost: accel {} ({})\n", vm::to_string(accel), why);
+  if (o.console) say("neshost: accel {} ({})\n", vm::to_string(accel), why);
 
   // Session: the descriptor and the host's policy.
   ServeConfig cfg;
@@ -453,6 +516,18 @@ int run_main(const Args& args) {
   ex.gid = o.gid;
   cfg.session.descriptor.hostname = o.hostname;
   cfg.session.descriptor.on_exit.terminal = o.on_exit != host::OnExitPolicy::keep;
+  // The workload's stdio on the data channel: stdin only with -i (else /dev/null, as docker), a
+  // PTY sized like our terminal with -t.
+  proto::Stdio stdio;
+  stdio.attach_stdin = o.interactive;
+  if (o.tty) {
+    auto sz = terminal_size(0);
+    if (!sz) sz = terminal_size(1);
+    TermSize t = sz.value_or(TermSize{});
+    stdio.terminal = proto::Terminal{t.rows, t.cols};
+  }
+  cfg.session.descriptor.stdio = stdio;
+  const fs::path data_sock = rt.path / "data.sock";
   const fs::path channel = rt.path / "channel.sock";
   cfg.listen.kind = host::ListenSpec::Kind::unix_path;
   cfg.listen.path = channel.string();
@@ -480,13 +555,15 @@ int run_main(const Args& args) {
   auto console = std::make_shared<ConsoleOut>();
   const fs::path console_log = cfg.state_dir / vmid / "console.log";
   console->open_log(console_log);
+  console->show = o.console;
 
   // The kernel command line: the channel, the console's verbosity, the init's log level.
   vm::KernelCmdline kc;
   kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
   kc.extra = {"edd=off",  // the boot stub's "Probing EDD" line, before any log level applies
               fmt::format("nesinit.grace_ms={}", o.grace.count())};
-  if (!o.console) kc.extra.push_back("nesinit.log=quiet");
+  // The data channel's port, named (it is also the init's default next to virtio-port:nes.0).
+  kc.extra.push_back("nesinit.data=virtio-port:nes.1");
   // Extra kernel arguments for debugging (e.g. nesinit.log=debug), appended last.
   if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) kc.extra.emplace_back(a);
   vm::QemuSpec spec;
@@ -497,18 +574,19 @@ int run_main(const Args& args) {
   spec.cpus = o.cpus;
   spec.accel = accel;
   spec.channel_socket = channel;
+  spec.data_socket = data_sock;
   auto argv = o.sandbox ? vm::ArgvResult{} : vm::qemu_argv(spec);
   if (o.sandbox)
     argv.argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
                  env_or("NESHOST_NESINIT", NESHOST_NESINIT).string(), "--channel=unix:" + channel.string(),
                  // Dialled only for a descriptor with `stdio`; where `run` listens for it.
-                 "--data-channel=unix:" + (rt.path / "data.sock").string(),
+                 "--data-channel=unix:" + data_sock.string(),
                  fmt::format("--grace-ms={}", o.grace.count()), o.console ? "--log=info" : "--log=quiet"};
   if (!argv.error.empty()) return fail(argv.error);
   if (o.console) {
     std::string line = "neshost:";
     for (const auto& a : argv.argv) line += " " + a;
-    fmt::print(stderr, "{}\n", line);
+    say("{}\n", line);
   }
 
   asio::io_context io;
@@ -517,12 +595,71 @@ int run_main(const Args& args) {
   bool remove_scratch = false;
   std::string launch_error;
 
+  // Workload output to our stdout/stderr through bounded, never-blocking writers: while either is
+  // over 1 MiB behind, the data channel is not read (the guest then holds the workload back).
+  host::Host* hostp = nullptr;
+  FdWriter out(io, 1, 1u << 20), errw(io, 2, 1u << 20);
+  bool paused = false;
+  auto update_pause = [&] {
+    bool want = out.full() || errw.full();
+    if (want == paused || !hostp) return;
+    paused = want;
+    (void)hostp->pause_output(vmid, want);
+  };
+  out.on_drained = update_pause;
+  errw.on_drained = update_pause;
+  std::unique_ptr<StdinPump> pump;
+  if (o.interactive)
+    pump = std::make_unique<StdinPump>(
+        io, 0, [&](std::string_view b) { return hostp && hostp->send_stdin(vmid, b).ok(); },
+        [&] { if (hostp) (void)hostp->send_stdin_eof(vmid); });
+  // -t: SIGWINCH becomes a resize of the workload's terminal.
+  asio::signal_set winch(io);
+  std::function<void()> arm_winch = [&] {
+    winch.async_wait([&](boost::system::error_code ec, int) {
+      if (ec) return;
+      auto sz = terminal_size(0);
+      if (!sz) sz = terminal_size(1);
+      if (sz && hostp) (void)hostp->send_resize(vmid, sz->rows, sz->cols);
+      arm_winch();
+    });
+  };
+  if (o.tty) {
+    winch.add(SIGWINCH);
+    arm_winch();
+  }
+  // -it on a terminal: raw mode, restored when this scope ends (every return below).
+  std::unique_ptr<RawMode> raw;
+  if (o.tty && o.interactive && ::isatty(0)) {
+    auto r = RawMode::enter(0);
+    if (r) raw = std::move(*r);
+  }
+
   ServeEmbedder emb;
   emb.io = &io;
+  emb.on_host = [&](host::Host& h) { hostp = &h; };
+  emb.stdio.data = [&](const std::string&, proto::Stream st, std::string_view b) {
+    (st == proto::Stream::err ? errw : out).write(b);
+    update_pause();
+  };
+  emb.stdio.stdin_writable = [&](const std::string&) {
+    if (pump) pump->resume();
+  };
+  emb.workload_log.max_size = o.log_max_size;
+  emb.workload_log.max_files = o.log_max_files;
   emb.print_events = false;
   emb.channel_is_vm = false;
   std::unique_ptr<ControlServer> control;
   emb.on_listening = [&](host::Host& h, const std::string& id) {
+    host::UnixListenOptions dl;
+    dl.path = data_sock.string();
+    if (auto s = h.listen_data_unix(id, dl); !s) {
+      launch_error = s.error().message;
+      say("neshost run: data channel: {}\n", launch_error);
+      (void)h.vm_started(id);
+      (void)h.vm_exited(id);
+      return;
+    }
     // `neshost stop`/`kill` from any process reach this VM through its control socket.
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), [&h, id](std::string_view req) {
       host::Status s = host::Error{fmt::format("unknown request '{}'", req)};
@@ -539,11 +676,11 @@ int run_main(const Args& args) {
     vm::LaunchOptions lo;
     lo.argv = argv.argv;
     lo.console = [console](std::string_view b) { console->write(b); };
-    lo.diagnostics = [](std::string_view b) { [[maybe_unused]] auto n = ::write(2, b.data(), b.size()); };
+    lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
     auto p = vm::VmProcess::launch(std::move(lo));
     if (!p) {
       launch_error = p.error().message;
-      fmt::print(stderr, "neshost run: cannot start QEMU: {}\n", launch_error);
+      say("neshost run: cannot start QEMU: {}\n", launch_error);
       (void)h.vm_started(id);  // the session then ends as no_ready (125) through vm_exited
       (void)h.vm_exited(id);
       return;
@@ -557,7 +694,7 @@ int run_main(const Args& args) {
                            [&, id](boost::system::error_code) {
                              if (!qemu) return;
                              if (auto e = qemu->wait_for(0ms); e && o.console)
-                               fmt::print(stderr, "neshost: qemu {}\n", vm::describe(*e));
+                               say("neshost: qemu {}\n", vm::describe(*e));
                              qemu->finish_output(2s);
                              console->finish();
                              (void)h.vm_exited(id);
@@ -573,16 +710,21 @@ int run_main(const Args& args) {
     // initramfs (QEMU connects chardevs before it loads the initramfs): the whole dir can go.
     std::error_code rm_ec;
     if (ev.kind == "connected") fs::remove(channel, rm_ec);
+    if (ev.kind == "data_connected") {
+      fs::remove(data_sock, rm_ec);
+      if (pump) pump->start();
+    }
+    if (ev.kind == "data_error" && !o.console) say("neshost run: data channel: {}\n", ev.detail);
     if (ev.kind == "ready") rt.remove_now();
     if (ev.kind == "started") notify_started(started_notify);
     if (o.console)
-      fmt::print(stderr, "neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
+      say("neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.
     if (ev.kind == "outcome" && !o.console && !ev.detail.starts_with("exited") &&
         !ev.detail.starts_with("signalled"))
-      fmt::print(stderr, "neshost run: {}\n", ev.detail);
+      say("neshost run: {}\n", ev.detail);
     if (ev.kind == "recorded" && o.on_exit == host::OnExitPolicy::keep)
-      fmt::print(stderr, "neshost run: VM {} kept running; stop it with: neshost stop --state {} {}\n",
+      say("neshost run: VM {} kept running; stop it with: neshost stop --state {} {}\n",
                  vmid, cfg.state_dir.string(), vmid);
     std::fflush(stderr);
   };
@@ -598,7 +740,22 @@ int run_main(const Args& args) {
   control.reset();
   exit_watch.reset();
   qemu.reset();
-  if (remove_scratch) fs::remove(console_log, ec);
+  if (pump) pump->stop();
+  {
+    boost::system::error_code bec;
+    winch.clear(bec);
+  }
+  // Output the reader has not taken yet: written while it makes progress, dropped once it has
+  // taken nothing for 2 s (a stdout nobody reads never keeps us here longer).
+  std::size_t lost = out.flush(2s) + errw.flush(2s);
+  raw.reset();  // the terminal as it was, before our last words
+  if (lost) say("neshost run: {} bytes of workload output not delivered (stdout/stderr not read)\n", lost);
+  if (remove_scratch) {
+    fs::remove(console_log, ec);
+    const fs::path wl = cfg.state_dir / vmid / "workload.log";
+    for (auto& r : host::rotated_logs(wl)) fs::remove(r, ec);
+    fs::remove(wl, ec);
+  }
   return status;
 }
 

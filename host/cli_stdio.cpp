@@ -1,0 +1,240 @@
+#include "host/cli_stdio.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <string>
+
+namespace nes::cli {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+
+namespace {
+
+FdKind kind_of(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return FdKind::closed;
+  if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) return FdKind::file;
+  if (S_ISSOCK(st.st_mode)) return FdKind::socket;
+  return FdKind::stream;  // pipe, FIFO, terminal, other character device
+}
+
+}  // namespace
+
+FdKind make_own_nonblocking(int fd) {
+  FdKind k = kind_of(fd);
+  if (k != FdKind::stream) return k;
+  int acc = ::fcntl(fd, F_GETFL);
+  if (acc < 0) return FdKind::closed;
+  int mode = (acc & O_ACCMODE) == O_RDONLY ? O_RDONLY : (acc & O_ACCMODE) == O_WRONLY ? O_WRONLY : O_RDWR;
+  std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  int n = ::open(proc.c_str(), mode | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (n < 0) return k;  // e.g. no /proc: stays blocking (writes to it are then bounded by poll)
+  ::dup2(n, fd);        // dup2 clears CLOEXEC on fd: it stays inheritable as before
+  ::close(n);
+  return k;
+}
+
+void put_bounded(int fd, std::string_view b, std::chrono::milliseconds bound) {
+  auto end = std::chrono::steady_clock::now() + bound;
+  while (!b.empty()) {
+    ssize_t n = ::write(fd, b.data(), b.size());
+    if (n > 0) {
+      b.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return;
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, static_cast<int>(left.count()));
+      continue;
+    }
+    return;  // EPIPE and friends
+  }
+}
+
+// ---- FdWriter ----
+
+FdWriter::FdWriter(asio::io_context& io, int fd, std::size_t cap)
+    : fd_(fd), kind_(kind_of(fd)), cap_(cap) {
+  if (kind_ == FdKind::closed) {
+    broken_ = true;
+    return;
+  }
+  if (kind_ == FdKind::file) return;
+  int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (d < 0) return;
+  error_code ec;
+  waiter_.emplace(io);
+  waiter_->assign(d, ec);
+  if (ec) {  // not pollable (e.g. /dev/null): writes to it never wait
+    ::close(d);
+    waiter_.reset();
+  }
+}
+
+ssize_t FdWriter::put(const char* p, std::size_t n) {
+  if (kind_ == FdKind::socket) return ::send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+  return ::write(fd_, p, n);
+}
+
+void FdWriter::write(std::string_view b) {
+  if (broken_ || b.empty()) return;
+  q_.emplace_back(b);
+  queued_ += b.size();
+  if (queued_ >= cap_) was_full_ = true;
+  pump();
+}
+
+void FdWriter::pump() {
+  while (!q_.empty() && !broken_) {
+    const std::string& f = q_.front();
+    ssize_t n = put(f.data() + front_off_, f.size() - front_off_);
+    if (n > 0) {
+      front_off_ += static_cast<std::size_t>(n);
+      queued_ -= static_cast<std::size_t>(n);
+      if (front_off_ == f.size()) {
+        q_.pop_front();
+        front_off_ = 0;
+      }
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && waiter_) {
+      if (!waiting_) {
+        waiting_ = true;
+        waiter_->async_wait(asio::posix::stream_descriptor::wait_write, [this](error_code ec) {
+          waiting_ = false;
+          if (!ec) pump();
+        });
+      }
+      return;
+    }
+    // EPIPE (the reader is gone), EIO, or EAGAIN on something we cannot wait for: discard.
+    broken_ = true;
+    q_.clear();
+    queued_ = 0;
+    front_off_ = 0;
+  }
+  if (was_full_ && queued_ < cap_ / 2) {
+    was_full_ = false;
+    if (on_drained) on_drained();
+  }
+}
+
+std::size_t FdWriter::flush(std::chrono::milliseconds stall) {
+  if (waiter_) {
+    error_code ec;
+    waiter_->cancel(ec);  // from here on, synchronously
+  }
+  while (!q_.empty() && !broken_) {
+    const std::string& f = q_.front();
+    ssize_t n = put(f.data() + front_off_, f.size() - front_off_);
+    if (n > 0) {
+      front_off_ += static_cast<std::size_t>(n);
+      queued_ -= static_cast<std::size_t>(n);
+      if (front_off_ == f.size()) {
+        q_.pop_front();
+        front_off_ = 0;
+      }
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd_, POLLOUT, 0};
+      int r;
+      do r = ::poll(&p, 1, static_cast<int>(stall.count())); while (r < 0 && errno == EINTR);
+      if (r == 0) break;  // the reader took nothing for `stall`: give up
+      continue;
+    }
+    broken_ = true;
+  }
+  std::size_t left = queued_;
+  q_.clear();
+  queued_ = 0;
+  return left;
+}
+
+// ---- StdinPump ----
+
+StdinPump::StdinPump(asio::io_context& io, int fd, std::function<bool(std::string_view)> send,
+                     std::function<void()> eof)
+    : io_(io), fd_(fd), send_(std::move(send)), eof_(std::move(eof)) {
+  if (kind_of(fd) == FdKind::stream || kind_of(fd) == FdKind::socket) {
+    int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (d >= 0) {
+      ::fcntl(d, F_SETFL, ::fcntl(d, F_GETFL) | O_NONBLOCK);  // fd was made our own (reopened)
+      error_code ec;
+      sd_.emplace(io);
+      sd_->assign(d, ec);
+      if (ec) {
+        ::close(d);
+        sd_.reset();
+      }
+    }
+  }
+}
+
+void StdinPump::start() {
+  if (started_) return;
+  started_ = true;
+  read_more();
+}
+
+void StdinPump::resume() {
+  if (stopped_ || ended_ || held_.empty()) return;
+  std::string c = std::move(held_);
+  held_.clear();
+  deliver(std::move(c));
+}
+
+void StdinPump::deliver(std::string chunk) {
+  if (stopped_) return;
+  if (!send_(chunk)) {
+    held_ = std::move(chunk);  // resume() retries it
+    return;
+  }
+  read_more();
+}
+
+void StdinPump::read_more() {
+  if (stopped_ || ended_ || reading_ || !held_.empty()) return;
+  auto end = [this] {
+    if (ended_) return;
+    ended_ = true;
+    if (eof_) eof_();
+  };
+  if (sd_) {
+    reading_ = true;
+    buf_.resize(65536);
+    sd_->async_read_some(asio::buffer(buf_), [this, end](error_code ec, std::size_t n) {
+      reading_ = false;
+      if (stopped_) return;
+      if (n > 0) return deliver(buf_.substr(0, n));
+      if (ec) end();
+      else read_more();
+    });
+    return;
+  }
+  // A regular file or /dev/null: reads never wait; one chunk per turn of the loop.
+  reading_ = true;
+  asio::post(io_, [this, end] {
+    reading_ = false;
+    if (stopped_) return;
+    char b[65536];
+    ssize_t n;
+    do n = ::read(fd_, b, sizeof b); while (n < 0 && errno == EINTR);
+    if (n <= 0) return end();
+    deliver(std::string(b, static_cast<std::size_t>(n)));
+  });
+}
+
+}  // namespace nes::cli
