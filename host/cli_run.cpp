@@ -520,6 +520,10 @@ int run_main(const Args& args) {
   // PTY sized like our terminal with -t.
   proto::Stdio stdio;
   stdio.attach_stdin = o.interactive;
+  // What the init holds unsent per stream when the workload exits must fit its bounded final
+  // flush before power-off (about 1 s; virtio-serial under TCG moves a few MB/s): 256 KiB, not
+  // the 1 MiB default. Flow control keeps the stream lossless either way.
+  stdio.buffer_bytes = 256u << 10;
   if (o.tty) {
     auto sz = terminal_size(0);
     if (!sz) sz = terminal_size(1);
