@@ -719,7 +719,9 @@ int run_main(const Args& args) {
       if (pump) pump->start();
     }
     if (ev.kind == "data_error" && !o.console) say("neshost run: data channel: {}\n", ev.detail);
-    if (ev.kind == "ready") rt.remove_now();
+    // QEMU connects both chardev sockets at its start; in --sandbox the init dials the data
+    // channel only after `boot`, so the runtime dir stays until then.
+    if (ev.kind == (o.sandbox ? "data_connected" : "ready")) rt.remove_now();
     if (ev.kind == "started") notify_started(started_notify);
     if (o.console)
       say("neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);

@@ -37,8 +37,8 @@ def check(cond, what):
 class Proc:
     """A child process whose stdout/stderr are collected by threads, with bounded waits."""
 
-    def __init__(self, argv, env):
-        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    def __init__(self, argv, env, stdin=None):
+        self.p = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.out, self.err = b"", b""
         self.cv = threading.Condition()
         self.threads = [threading.Thread(target=self._pump, args=(self.p.stdout, "out")),
@@ -90,11 +90,11 @@ class Case:
         self.env = dict(os.environ, TMPDIR=self.rt)
         self.procs = []
 
-    def start(self, *args, vm="t", accel="tcg"):
+    def start(self, *args, vm="t", accel="tcg", stdin=None):
         # A generous ready deadline: CI runs these next to heavy suites on 2 cores (correctness,
         # not speed, is under test here).
         p = Proc([NESHOST, "run", "--accel", accel, "--ready-timeout", "100", "--state", self.state,
-                  "--vm", vm, *args], self.env)
+                  "--vm", vm, *args], self.env, stdin=stdin)
         self.procs.append(p)
         return p
 
