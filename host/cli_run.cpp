@@ -307,7 +307,7 @@ struct FileGuard {
 class ConsoleOut {
  public:
   static constexpr std::size_t kLogCap = 4u << 20;  // bytes of console.log
-  void open_log(const fs::path& p) { log_.reset(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)); }
+  void open_log(const fs::path& p) { log_.reset(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600)); }
   void write(std::string_view b) { emit(crlf_.feed(b)); }
   /// At the end of the console stream (QEMU has exited and its output is drained).
   void finish() { emit(crlf_.finish()); }
@@ -458,8 +458,9 @@ int run_main(const Args& args) {
   cfg.listen.path = channel.string();
 
   // STATE/VM/: the record (the library), this run's pid (for `neshost stop`), the console log.
-  fs::create_directories(cfg.state_dir / vmid, ec);
-  if (ec) return fail(fmt::format("--state: cannot create {}: {}", (cfg.state_dir / vmid).string(), ec.message()));
+  // 0700 like serve's (records and console logs are private), and never through a symlink.
+  if (auto d = host::open_vm_dir(cfg.state_dir, vmid, true); !d)
+    return fail(fmt::format("--state: {}", d.error().message));
   // This process is the VM's monitor for a new generation (host/reconcile.hpp): reusing a VM id
   // starts a newer one, which nothing of an older one can change.
   {
@@ -473,9 +474,12 @@ int run_main(const Args& args) {
     cfg.session.generation = *gen;
   }
   FileGuard pidf{pid_file(cfg.state_dir, vmid)};
-  {
-    std::ofstream f(pidf.path, std::ios::trunc);
-    f << ::getpid() << ' ' << proc_start_time(::getpid()).value_or(0) << '\n';
+  if (auto f = host::open_vm_file(cfg.state_dir, vmid, "neshost-run.pid", O_WRONLY | O_CREAT | O_TRUNC)) {
+    std::string line = fmt::format("{} {}\n", ::getpid(), proc_start_time(::getpid()).value_or(0));
+    if (::write(f->get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      return fail(fmt::format("--state: writing {}: {}", pidf.path.string(), std::strerror(errno)));
+  } else {
+    return fail(fmt::format("--state: {}", f.error().message));
   }
   auto console = std::make_shared<ConsoleOut>();
   const fs::path console_log = cfg.state_dir / vmid / "console.log";

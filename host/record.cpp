@@ -1,5 +1,6 @@
 #include "host/record.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -225,20 +226,13 @@ namespace {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-/// fsync a directory by path.
-int fsync_dir(const fs::path& dir) {
-  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (!d) return errno;
-  if (::fsync(d.get()) != 0) return errno;
-  return 0;
-}
-
 /// mkdir with mode 0700; if it was created, fsync its parent so the new entry is durable.
 Status make_dir_durable(const fs::path& dir) {
   if (::mkdir(dir.c_str(), 0700) == 0) {
     fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-    if (int e = fsync_dir(parent))
-      return Error{fmt::format("fsync {}: {}", parent.string(), errno_text(e))};
+    Fd d{::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (!d || ::fsync(d.get()) != 0)
+      return Error{fmt::format("fsync {}: {}", parent.string(), errno_text(errno))};
     return Ok{};
   }
   if (errno == EEXIST) {
@@ -250,7 +244,8 @@ Status make_dir_durable(const fs::path& dir) {
 }
 
 Status make_dirs_durable(const fs::path& dir) {
-  // Create missing ancestors first (each one fsynced into its parent).
+  // Create missing ancestors first (each one fsynced into its parent). The state dir's own path is
+  // the user's choice (it may go through a symlink); inside it nothing is followed.
   std::vector<fs::path> chain;
   for (fs::path p = dir; !p.empty() && p != p.root_path(); p = p.parent_path()) {
     std::error_code ec;
@@ -263,24 +258,46 @@ Status make_dirs_durable(const fs::path& dir) {
   return Ok{};
 }
 
-Result<std::string> read_small_file(const fs::path& p, std::size_t cap, bool& missing) {
+/// `what` for an openat() error inside the state dir: a symlink (ELOOP from O_NOFOLLOW) is named.
+std::string open_error(const fs::path& shown, int e) {
+  if (e == ELOOP) return fmt::format("{}: is a symlink; refusing to follow it in the state dir", shown.string());
+  return fmt::format("open {}: {}", shown.string(), errno_text(e));
+}
+
+/// Open `name` inside `dirfd` with O_NOFOLLOW (and O_NONBLOCK, so a FIFO planted there cannot
+/// hang the open), then require a regular file. ENOENT is reported as `missing`.
+Result<Fd> open_regular_at(int dirfd, const char* name, int flags, const fs::path& shown,
+                           bool& missing) {
   missing = false;
-  Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC)};
+  Fd f{::openat(dirfd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600)};
   if (!f) {
-    if (errno == ENOENT) { missing = true; return std::string(); }
-    return Error{fmt::format("open {}: {}", p.string(), errno_text(errno))};
+    if (errno == ENOENT) { missing = true; return Fd{}; }
+    return Error{open_error(shown, errno)};
   }
+  struct stat st{};
+  if (::fstat(f.get(), &st) != 0) return Error{fmt::format("stat {}: {}", shown.string(), errno_text(errno))};
+  if (!S_ISREG(st.st_mode)) return Error{fmt::format("{}: not a regular file", shown.string())};
+  // Back to blocking I/O for a regular file (O_NONBLOCK means nothing there, but keep it plain).
+  ::fcntl(f.get(), F_SETFL, ::fcntl(f.get(), F_GETFL) & ~O_NONBLOCK);
+  return f;
+}
+
+Result<std::string> read_small_at(int dirfd, const char* name, const fs::path& shown,
+                                  std::size_t cap, bool& missing) {
+  auto f = open_regular_at(dirfd, name, O_RDONLY, shown, missing);
+  if (!f) return f.error();
+  if (missing) return std::string();
   std::string out;
   char buf[8192];
   for (;;) {
-    ssize_t n = ::read(f.get(), buf, sizeof buf);
+    ssize_t n = ::read(f->get(), buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Error{fmt::format("read {}: {}", p.string(), errno_text(errno))};
+      return Error{fmt::format("read {}: {}", shown.string(), errno_text(errno))};
     }
     if (n == 0) break;
     out.append(buf, static_cast<std::size_t>(n));
-    if (out.size() > cap) return Error{fmt::format("{}: larger than {} bytes", p.string(), cap)};
+    if (out.size() > cap) return Error{fmt::format("{}: larger than {} bytes", shown.string(), cap)};
   }
   return out;
 }
@@ -291,55 +308,122 @@ bool is_temp_name(std::string_view n) {
   return n.starts_with(".outcome.json.") && n.ends_with(".tmp");
 }
 
-/// One attempt: fresh temp, write, fsync, rename, fsync dir. Returns 0 or the failing errno and
-/// sets `what` to the failing step's description.
-int attempt_write(const fs::path& dir, const std::string& bytes, const WriteOptions& opt,
+/// One attempt: fresh temp, write, fsync, rename, fsync dir, all relative to the VM dir's fd.
+/// Returns 0 or the failing errno and sets `what` to the failing step's description.
+int attempt_write(int dirfd, const fs::path& dir, const std::string& bytes, const WriteOptions& opt,
                   std::string& what) {
-  auto tmp = dir / fmt::format(".outcome.json.{}.{}.tmp", ::getpid(), g_temp_counter++);
+  const std::string tmp = fmt::format(".outcome.json.{}.{}.tmp", ::getpid(), g_temp_counter++);
+  const fs::path shown = dir / tmp;
   auto fail = [&](std::string w, int e) {
     what = std::move(w);
-    ::unlink(tmp.c_str());
+    ::unlinkat(dirfd, tmp.c_str(), 0);
     return e ? e : EIO;
   };
   auto hook = [&](WriteStep s) { return opt.at_step ? opt.at_step(s) : 0; };
-  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644)};
-  if (!f) return fail("create temp " + tmp.string(), errno);
+  Fd f{::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)};
+  if (!f) return fail("create temp " + shown.string(), errno);
   std::size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = ::write(f.get(), bytes.data() + off, bytes.size() - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return fail("write " + tmp.string(), errno);
+      return fail("write " + shown.string(), errno);
     }
     off += static_cast<std::size_t>(n);
   }
-  if (int e = hook(WriteStep::temp_written)) return fail("write " + tmp.string(), e);
-  if (opt.sync && ::fsync(f.get()) != 0) return fail("fsync " + tmp.string(), errno);
-  if (int e = hook(WriteStep::temp_fsynced)) return fail("fsync " + tmp.string(), e);
-  if (::close(f.release()) != 0) return fail("close " + tmp.string(), errno);
-  auto final_path = dir / "outcome.json";
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) return fail("rename to outcome.json", errno);
+  if (int e = hook(WriteStep::temp_written)) return fail("write " + shown.string(), e);
+  if (opt.sync && ::fsync(f.get()) != 0) return fail("fsync " + shown.string(), errno);
+  if (int e = hook(WriteStep::temp_fsynced)) return fail("fsync " + shown.string(), e);
+  if (::close(f.release()) != 0) return fail("close " + shown.string(), errno);
+  // rename(2) replaces a directory entry, never follows one: a symlink planted at outcome.json is
+  // itself replaced.
+  if (::renameat(dirfd, tmp.c_str(), dirfd, "outcome.json") != 0) return fail("rename to outcome.json", errno);
   if (int e = hook(WriteStep::renamed)) return fail("rename to outcome.json", e);
-  int e = opt.sync ? fsync_dir(dir) : 0;
+  int e = opt.sync && ::fsync(dirfd) != 0 ? errno : 0;
   if (!e) e = hook(WriteStep::dir_fsynced);
   if (e) { what = "fsync " + dir.string(); return e; }
   return 0;
 }
 
+/// Parse a record read from `<vm>/outcome.json` and check it is that VM's: a record naming
+/// another VM (planted, or copied between dirs) is refused.
+Result<Record> parse_record_of(std::string_view text, std::string_view vm, const fs::path& shown) {
+  auto r = parse_record(text);
+  if (!r) return Error{fmt::format("{}: {}", shown.string(), r.error().message)};
+  if (r->vm != vm)
+    return Error{fmt::format("{}: the record names vm {} but lives in the directory of vm {}",
+                             shown.string(), json_string(r->vm), json_string(vm))};
+  return r;
+}
+
 }  // namespace
+
+Result<Fd> open_vm_dir(const fs::path& state_dir, std::string_view vm, bool create) {
+  if (auto p = vm_id_problem(vm)) return Error{*p};
+  if (create)
+    if (auto s = make_dirs_durable(state_dir); !s) return s.error();
+  Fd state{::open(state_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (!state) {
+    if (errno == ENOENT && !create) return Fd{};
+    return Error{fmt::format("open {}: {}", state_dir.string(), errno_text(errno))};
+  }
+  const std::string name(vm);
+  const fs::path shown = state_dir / name;
+  if (create) {
+    if (::mkdirat(state.get(), name.c_str(), 0700) == 0) {
+      if (::fsync(state.get()) != 0)
+        return Error{fmt::format("fsync {}: {}", state_dir.string(), errno_text(errno))};
+    } else if (errno != EEXIST) {
+      return Error{fmt::format("mkdir {}: {}", shown.string(), errno_text(errno))};
+    }
+  }
+  Fd d{::openat(state.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
+  if (!d) {
+    if (errno == ENOENT && !create) return Fd{};
+    if (errno == ENOTDIR) {
+      // O_NOFOLLOW|O_DIRECTORY on a symlink gives ENOTDIR on some kernels, ELOOP on others.
+      struct stat st{};
+      if (::fstatat(state.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+        return Error{open_error(shown, ELOOP)};
+      return Error{fmt::format("{}: exists and is not a directory", shown.string())};
+    }
+    return Error{open_error(shown, errno)};
+  }
+  // Records are private (they hold the workload's argv-derived reasons): 0700 whoever made it.
+  struct stat st{};
+  if (create && ::fstat(d.get(), &st) == 0 && (st.st_mode & 077) && st.st_uid == ::geteuid())
+    ::fchmod(d.get(), 0700);
+  return d;
+}
+
+Result<Fd> open_vm_file(const fs::path& state_dir, std::string_view vm, std::string_view name,
+                        int flags) {
+  auto d = open_vm_dir(state_dir, vm, (flags & O_CREAT) != 0);
+  if (!d) return d.error();
+  const fs::path shown = state_dir / std::string(vm) / std::string(name);
+  if (!*d) return Error{fmt::format("open {}: {}", shown.string(), errno_text(ENOENT))};
+  bool missing = false;
+  auto f = open_regular_at(d->get(), std::string(name).c_str(), flags, shown, missing);
+  if (!f) return f.error();
+  if (missing) return Error{fmt::format("open {}: {}", shown.string(), errno_text(ENOENT))};
+  return f;
+}
 
 Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
                                  const WriteOptions& opt) {
-  if (auto p = vm_id_problem(r.vm)) return Error{*p};
-  if (auto s = make_dirs_durable(state_dir); !s) return s.error();
-  fs::path dir = state_dir / r.vm;
-  if (auto s = make_dir_durable(dir); !s) return s.error();
+  auto dres = open_vm_dir(state_dir, r.vm, true);
+  if (!dres) return dres.error();
+  Fd dir_fd = std::move(*dres);
+  const fs::path dir = state_dir / r.vm;
 
   // Per-VM lock: serialises writers of this VM across threads and processes (flock is per open
-  // file description). Bounded: LOCK_NB, retried.
-  auto lock_path = dir / ".lock";
-  Fd lock{::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)};
-  if (!lock) return Error{fmt::format("open {}: {}", lock_path.string(), errno_text(errno))};
+  // file description). Bounded: LOCK_NB, retried. Never through a symlink (a dangling `.lock`
+  // would otherwise create its target), and only a regular file.
+  const fs::path lock_path = dir / ".lock";
+  bool lock_missing = false;
+  auto lock_res = open_regular_at(dir_fd.get(), ".lock", O_RDWR | O_CREAT, lock_path, lock_missing);
+  if (!lock_res) return lock_res.error();
+  Fd lock = std::move(*lock_res);
   for (int i = 0;; ++i) {
     if (::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) break;
     if (errno != EWOULDBLOCK && errno != EINTR)
@@ -350,28 +434,37 @@ Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
   }
 
   // Generation check under the lock: an older generation never replaces a newer record, and the
-  // first record of a generation wins (outcome finality).
+  // first record of a generation wins (outcome finality). Only a record of this VM counts: one
+  // naming another VM is not ours, whatever its generation, and is replaced.
   bool missing = false;
-  auto existing = read_small_file(dir / "outcome.json", 1u << 20, missing);
+  auto existing = read_small_at(dir_fd.get(), "outcome.json", dir / "outcome.json", 1u << 20, missing);
   if (existing && !missing) {
-    if (auto old = parse_record(*existing); old) {
+    if (auto old = parse_record(*existing); old && old->vm == r.vm) {
       if (old->generation > r.generation) return WriteResult{WriteResult::Kind::stale, *old, 0};
       if (old->generation == r.generation)
         return WriteResult{WriteResult::Kind::already_recorded, *old, 0};
     }
     // An unparsable record cannot be a torn write of ours (rename is atomic); replace it.
   }
+  // Not a regular file (a FIFO, a directory, a symlink): renameat replaces a FIFO or symlink;
+  // a directory there makes every attempt fail with a clear error.
 
   // Leftover temps of crashed writers are garbage: only outcome.json is ever read.
-  std::error_code ec;
-  for (auto& ent : fs::directory_iterator(dir, ec))
-    if (is_temp_name(ent.path().filename().string())) ::unlink(ent.path().c_str());
+  if (int dup_fd = ::fcntl(dir_fd.get(), F_DUPFD_CLOEXEC, 0); dup_fd >= 0) {
+    if (DIR* dp = ::fdopendir(dup_fd)) {
+      while (dirent* e = ::readdir(dp))
+        if (is_temp_name(e->d_name)) ::unlinkat(dir_fd.get(), e->d_name, 0);
+      ::closedir(dp);
+    } else {
+      ::close(dup_fd);
+    }
+  }
 
   std::string bytes = encode_record(r);
   std::string what;
   int err = 0;
   for (int attempt = 1; attempt <= std::max(1, opt.attempts); ++attempt) {
-    err = attempt_write(dir, bytes, opt, what);
+    err = attempt_write(dir_fd.get(), dir, bytes, opt, what);
     if (!err) return WriteResult{WriteResult::Kind::written, r, attempt};
   }
   return Error{fmt::format("recording outcome of {}: {}: {} (after {} attempts)", r.vm, what,
@@ -379,14 +472,16 @@ Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
 }
 
 Result<std::optional<Record>> read_record(const fs::path& state_dir, std::string_view vm) {
-  if (auto p = vm_id_problem(vm)) return Error{*p};
+  auto d = open_vm_dir(state_dir, vm, false);
+  if (!d) return d.error();
+  if (!*d) return std::optional<Record>{};
   bool missing = false;
   auto path = record_path(state_dir, vm);
-  auto text = read_small_file(path, 1u << 20, missing);
+  auto text = read_small_at(d->get(), "outcome.json", path, 1u << 20, missing);
   if (!text) return text.error();
   if (missing) return std::optional<Record>{};
-  auto r = parse_record(*text);
-  if (!r) return Error{fmt::format("{}: {}", path.string(), r.error().message)};
+  auto r = parse_record_of(*text, vm, path);
+  if (!r) return r.error();
   return std::optional<Record>{std::move(*r)};
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "host/fd.hpp"
 #include "host/result.hpp"
 #include "protocol/status.hpp"
 
@@ -91,9 +92,22 @@ Result<WriteResult> write_record(const std::filesystem::path& state_dir, const R
                                  const WriteOptions& opt = {});
 
 /// Read `<state_dir>/<vm>/outcome.json` (at most 1 MiB). nullopt if there is none; an error if it
-/// cannot be read or parsed. Temp files beside it are ignored.
+/// cannot be read or parsed, if the VM dir or the record is a symlink or not what it should be
+/// (a FIFO there is refused without blocking), or if the record names another VM. Temp files
+/// beside it are ignored.
 Result<std::optional<Record>> read_record(const std::filesystem::path& state_dir,
                                           std::string_view vm);
+
+/// The VM's directory `<state_dir>/<vm>` opened O_DIRECTORY|O_NOFOLLOW (a symlink there is
+/// refused by name, whoever planted it). `create`: make it (and a missing state dir) 0700, fsynced
+/// into the parent, and tighten an existing one we own to 0700. Without `create`, a missing dir
+/// is an empty Fd. Every other state-dir access goes through this fd (openat, renameat).
+Result<Fd> open_vm_dir(const std::filesystem::path& state_dir, std::string_view vm, bool create);
+/// Open `<state_dir>/<vm>/<name>` with `flags` (O_CREAT: mode 0600, and the dir is created as
+/// open_vm_dir does), O_NOFOLLOW, and only if it is a regular file. For the CLI's pid file and
+/// console log beside the record.
+Result<Fd> open_vm_file(const std::filesystem::path& state_dir, std::string_view vm,
+                        std::string_view name, int flags);
 
 /// Path of a VM's record.
 std::filesystem::path record_path(const std::filesystem::path& state_dir, std::string_view vm);
