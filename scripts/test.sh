@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: every test. Sets up what is missing (scripts/setup.sh), builds `build/`, runs
 # the whole meson test suite, then builds `build-asan/` (host library, CLI and tests under
-# ASan+UBSan) and runs the suites marked `asan` there. Ends with one line "N passed, N failed".
+# ASan+UBSan) and runs the suites marked `asan` there, then the fuzz harnesses for a bounded time
+# (scripts/fuzz.sh --ci). Ends with one line "N passed, N failed" over all three.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -17,9 +18,17 @@ status=0
 meson test -C build --print-errorlogs --num-processes 2 --timeout-multiplier 3 || status=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 meson test -C build-asan --suite asan --print-errorlogs --num-processes 2 --timeout-multiplier 4 || status=1
+# libFuzzer harnesses (decoders, LineReader, both Sessions with their invariants): 200 s of fuzzing
+# in all, split evenly; any crash fails the run. One result per harness in build-fuzz/results.jsonl.
+rm -f build-fuzz/results.jsonl
+mkdir -p build-fuzz
+scripts/fuzz.sh --ci 200 || {
+  status=1
+  [[ -s build-fuzz/results.jsonl ]] || echo '{"name":"fuzz-build","result":"FAIL"}' > build-fuzz/results.jsonl
+}
 
 # One plain closing line over both runs.
-python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+python3 - build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-fuzz/results.jsonl <<'PY'
 import json, sys
 ok = bad = skip = 0
 for path in sys.argv[1:]:

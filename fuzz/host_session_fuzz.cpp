@@ -1,0 +1,143 @@
+// The host Session fed arbitrary guest bytes and events in any order, the way host/host.cpp
+// would (timers fire only while armed, a record completes only while one is being written).
+// Asserted after every event:
+//  - no ack before durable: no `shutdown` goes out while an outcome exists that is not durable,
+//    and none ever after the record failed;
+//  - one outcome, one WriteRecord; nothing sent after Finished;
+//  - at most line_cap + 1 bytes of guest data held;
+//  - event details carry no control bytes (escaped), and guest-triggered kinds are rate-limited.
+#include <array>
+#include <map>
+
+#include "fuzz_util.hpp"
+#include "host/session.hpp"
+#include "protocol/codec.hpp"
+
+using namespace nes;
+using namespace nes::host;
+using nes::fuzz::require;
+
+namespace {
+constexpr std::string_view kLines[] = {
+    "{\"type\":\"ready\",\"protocol_version\":2}\n",
+    "{\"type\":\"ready\",\"protocol_version\":1}\n",
+    "{\"type\":\"mounted\"}\n",
+    "{\"type\":\"started\",\"pid\":7}\n",
+    "{\"type\":\"started\"}\n",
+    "{\"type\":\"workload_exited\",\"exit_code\":3}\n",
+    "{\"type\":\"workload_exited\",\"signal\":9}\n",
+    "{\"type\":\"workload_exited\",\"exit_code\":3,\"signal\":9}\n",
+    "{\"type\":\"start_failed\",\"reason\":\"x\",\"errno\":2,\"class\":\"not_found\"}\n",
+    "{\"type\":\"start_failed\",\"reason\":\"x\"}\n",
+    "{\"type\":\"mount_failed\",\"tag\":\"w\",\"reason\":\"x\",\"errno\":19}\n",
+    "{\"type\":\"mount_failed\",\"reason\":\"x\"}\n",
+    "{\"type\":\"protocol_error\",\"reason\":\"\\u001b[2J\"}\n",
+    "{\"type\":\"\\u001b]0;x\\u0007\"}\n",
+    "not json\n",
+    "{\"type\":\"ready\"",
+};
+
+struct Model {
+  std::map<TimerKind, bool> armed;
+  std::optional<Record> writing;  // a WriteRecord the "worker pool" has not completed
+  int writes = 0;
+  bool failed = false;
+  bool finished = false;
+  std::map<std::string, int> kinds;
+};
+
+void check(Session& s, Model& m) {
+  auto acts = s.take();
+  bool shutdown_sent = false;
+  for (auto& a : acts) {
+    if (auto* x = std::get_if<act::Send>(&a)) {
+      require(!m.finished, "nothing is sent after Finished");
+      require(!x->line.empty() && x->line.back() == '\n', "a sent line ends with a newline");
+      auto d = proto::decode_host(std::string_view(x->line).substr(0, x->line.size() - 1));
+      auto* hm = std::get_if<proto::HostMessage>(&d);
+      require(hm != nullptr, "every line sent decodes");
+      if (std::holds_alternative<proto::Shutdown>(*hm)) shutdown_sent = true;
+    } else if (auto* x = std::get_if<act::ArmTimer>(&a)) {
+      m.armed[x->kind] = true;
+    } else if (auto* x = std::get_if<act::CancelTimer>(&a)) {
+      m.armed[x->kind] = false;
+    } else if (auto* x = std::get_if<act::WriteRecord>(&a)) {
+      require(++m.writes == 1, "one WriteRecord per session");
+      m.writing = x->record;
+    } else if (auto* x = std::get_if<act::Log>(&a)) {
+      for (unsigned char ch : x->detail) require(ch >= 0x20 && ch != 0x7f, "event details are escaped");
+      require(x->detail.size() < 8192, "an event detail is bounded");
+      int n = ++m.kinds[x->kind];
+      if (x->kind == "started" || x->kind == "mounted" || x->kind == "guest_protocol_error" ||
+          x->kind == "skipped" || x->kind == "connected" || x->kind == "refused")
+        require(n <= 11, "guest-triggered event lines are rate-limited");
+    } else if (std::holds_alternative<act::Finished>(a)) {
+      require(!m.finished, "Finished once");
+      m.finished = true;
+    }
+  }
+  if (shutdown_sent) {
+    require(!m.failed, "no shutdown (ack) for a record that failed");
+    require(!s.outcome() || s.durable(), "no shutdown (ack) before the outcome is durable");
+  }
+  require(s.buffered_bytes() <= s.config().line_cap + 1, "guest bytes held <= line_cap + 1");
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  fuzz::Cursor c(data, size);
+  SessionConfig cfg;
+  cfg.vm = "vm0";
+  cfg.descriptor.exec.argv = {"/bin/true"};
+  cfg.on_exit = static_cast<OnExitPolicy>(c.pick(3));
+  cfg.line_cap = 64 + c.pick(256);
+  cfg.ready_timeout = std::chrono::milliseconds(1000);
+  cfg.stop_timeout = std::chrono::milliseconds(1000);
+  cfg.grace = std::chrono::milliseconds(500);
+  if (c.pick(2)) cfg.wall_timeout = std::chrono::milliseconds(2000);
+  cfg.wall_from_started = c.pick(2);
+  Session s(cfg);
+  Model m;
+  WallTime t{std::chrono::seconds(1'700'000'000)};
+  for (int steps = 0; !c.empty() && steps < 400; ++steps) {
+    t += std::chrono::milliseconds(c.pick(200));
+    switch (c.pick(13)) {
+      case 0: case 1: case 2: s.received(kLines[c.pick(std::size(kLines))], t); break;
+      case 3: s.received(c.bytes(300), t); break;
+      case 4: s.stream_opened(t); break;
+      case 5: s.stream_closed(t); break;
+      case 6: {
+        TimerKind k = static_cast<TimerKind>(c.pick(4));
+        if (m.armed[k]) {
+          m.armed[k] = false;
+          s.timer_fired(k, t);
+        }
+        break;
+      }
+      case 7: s.vm_started(t); break;
+      case 8: s.vm_exited(t); break;
+      case 9:
+        if (m.writing) {
+          Record r = *m.writing;
+          if (c.pick(4) == 0) r.reason = "recorded first by another process";  // same generation
+          m.writing.reset();
+          s.record_durable(r);
+        }
+        break;
+      case 10:
+        if (m.writing) {
+          m.writing.reset();
+          m.failed = true;
+          s.record_failed("fsync: EIO");
+        }
+        break;
+      case 11: (void)s.shutdown(t); break;
+      case 12:
+        if (c.pick(2)) (void)s.stop();
+        else (void)s.kill(static_cast<int>(c.pick(70)));
+        break;
+    }
+    check(s, m);
+  }
+  return 0;
+}

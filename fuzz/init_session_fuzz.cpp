@@ -1,0 +1,119 @@
+// The init's Session fed arbitrary host lines and events in any order (timers fire only while
+// armed, as loop.cpp does). Asserted after every event:
+//  - never two SIGTERMs to the workload's group;
+//  - never two final outcomes sent (mount_failed, start_failed, workload_exited);
+//  - power-off at most once, and only after the ack (`shutdown` after the outcome), EOF, the ack
+//    timeout, or with no outcome to acknowledge; nothing at all after it.
+#include <csignal>
+
+#include "fuzz_util.hpp"
+#include "nesinit/session.hpp"
+#include "protocol/codec.hpp"
+
+using namespace nes;
+using namespace nes::init;
+using nes::fuzz::require;
+
+namespace {
+constexpr std::string_view kLines[] = {
+    R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":true}})",
+    R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":false}})",
+    R"({"type":"stop"})",
+    R"({"type":"shutdown"})",
+    R"({"type":"kill","signal":15})",
+    R"({"type":"kill","signal":9})",
+    R"({"type":"kill","signal":1})",
+    R"({"type":"hello"})",
+    R"({"type":"boot"})",
+    "garbage",
+};
+
+struct Model {
+  bool armed[kTimerCount] = {};
+  int sigterms = 0;
+  int finals = 0;
+  bool outcome_sent = false;
+  bool acked = false;      // a `shutdown` line reached the session after the outcome was sent
+  bool eof = false;        // EOF (or the channel never came up)
+  bool ack_fired = false;  // the ack timer fired while armed
+  bool powered_off = false;
+};
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  fuzz::Cursor c(data, size);
+  SessionOptions o;
+  o.grace_ms = 100;
+  o.ack_timeout_ms = 100;
+  o.boot_timeout_ms = 100;
+  Session s(o);
+  Model m;
+  for (int steps = 0; !c.empty() && steps < 400; ++steps) {
+    Event e = ev::NoChildren{};
+    bool is_shutdown_line = false;
+    switch (c.pick(14)) {
+      case 0: e = ev::ChannelUp{}; break;
+      case 1: e = ev::ChannelFailed{"gave up"}; m.eof = m.eof || s.phase() == Phase::idle_before_channel; break;
+      case 2: case 3: {
+        std::string_view l = kLines[c.pick(std::size(kLines))];
+        is_shutdown_line = l == R"({"type":"shutdown"})";
+        e = ev::Line{proto::Line{proto::Line::Kind::text, std::string(l), l.size()}};
+        break;
+      }
+      case 4: {
+        std::string_view b = c.bytes(200);
+        auto d = proto::decode_host(b);
+        if (auto* hm = std::get_if<proto::HostMessage>(&d)) is_shutdown_line = std::holds_alternative<proto::Shutdown>(*hm);
+        e = ev::Line{proto::Line{proto::Line::Kind::text, std::string(b), b.size()}};
+        break;
+      }
+      case 5: e = ev::Line{proto::Line{proto::Line::Kind::too_long, "", 1u << 21}}; break;
+      case 6: e = ev::Eof{}; break;
+      case 7: e = ev::MountsDone{}; break;
+      case 8: e = ev::MountFailed{proto::MountFailed{"w", "x", 19}}; break;
+      case 9: e = ev::Started{static_cast<std::int32_t>(2 + c.pick(100))}; break;
+      case 10: e = ev::StartFailed{proto::StartFailed{"x", 2, proto::StartFailClass::not_found}}; break;
+      case 11:
+        e = c.pick(2) ? ev::Exited{proto::WorkloadExited::code(static_cast<std::uint8_t>(c.byte()))}
+                      : ev::Exited{proto::WorkloadExited::killed(static_cast<std::uint8_t>(1 + c.pick(64)))};
+        break;
+      case 12: e = ev::Signal{static_cast<int>(1 + c.pick(64))}; break;
+      case 13: {
+        Timer t = static_cast<Timer>(c.pick(kTimerCount));
+        if (!m.armed[static_cast<int>(t)]) continue;
+        m.armed[static_cast<int>(t)] = false;
+        if (t == Timer::ack) m.ack_fired = true;
+        e = ev::TimerFired{t};
+        break;
+      }
+    }
+    const bool channel_was_open = s.channel_open();
+    if (std::holds_alternative<ev::Eof>(e) && channel_was_open) m.eof = true;
+    if (is_shutdown_line && m.outcome_sent && channel_was_open) m.acked = true;
+    if (std::holds_alternative<ev::ChannelFailed>(e) && s.phase() == Phase::idle_before_channel) m.eof = true;
+    Actions acts = s.handle(e);
+    if (m.powered_off) require(acts.empty(), "nothing happens after power-off");
+    for (auto& a : acts) {
+      if (auto* x = std::get_if<act::SignalGroup>(&a)) {
+        if (x->signo == SIGTERM) require(++m.sigterms <= 1, "never two SIGTERMs to the workload");
+      } else if (auto* x = std::get_if<act::Send>(&a)) {
+        const auto& g = x->msg;
+        if (std::holds_alternative<proto::MountFailed>(g) || std::holds_alternative<proto::StartFailed>(g) ||
+            std::holds_alternative<proto::WorkloadExited>(g)) {
+          require(++m.finals <= 1, "never two final outcomes");
+          m.outcome_sent = true;
+        }
+      } else if (auto* x = std::get_if<act::ArmTimer>(&a)) {
+        m.armed[static_cast<int>(x->timer)] = true;
+      } else if (auto* x = std::get_if<act::CancelTimer>(&a)) {
+        m.armed[static_cast<int>(x->timer)] = false;
+      } else if (std::holds_alternative<act::PowerOff>(a)) {
+        require(!m.powered_off, "power-off once");
+        require(!m.outcome_sent || m.acked || m.eof || m.ack_fired,
+                "power-off only after the ack, EOF or the ack timeout");
+        m.powered_off = true;
+      }
+    }
+  }
+  return 0;
+}
