@@ -576,16 +576,17 @@ int run_main(const Args& args) {
     // no socket behind. Once the guest said `ready` it is running, so QEMU has also read the
     // initramfs (QEMU connects chardevs before it loads the initramfs): the whole dir can go.
     std::error_code rm_ec;
-    if (ev.kind == "connected") fs::remove(channel, rm_ec);
-    if (ev.kind == "ready") rt.remove_now();
-    if (ev.kind == "started") notify_started(started_notify);
+    using host::act::Milestone;
+    if (ev.milestone == Milestone::connected) fs::remove(channel, rm_ec);
+    if (ev.milestone == Milestone::ready) rt.remove_now();
+    if (ev.milestone == Milestone::started) notify_started(started_notify);
     if (o.console)
       fmt::print(stderr, "neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.
-    if (ev.kind == "outcome" && !o.console && !ev.detail.starts_with("exited") &&
-        !ev.detail.starts_with("signalled"))
+    if (ev.milestone == Milestone::outcome && !o.console && ev.outcome &&
+        *ev.outcome != proto::Outcome::exited && *ev.outcome != proto::Outcome::signalled)
       fmt::print(stderr, "neshost run: {}\n", ev.detail);
-    if (ev.kind == "recorded" && o.on_exit == host::OnExitPolicy::keep)
+    if (ev.milestone == Milestone::recorded && o.on_exit == host::OnExitPolicy::keep)
       fmt::print(stderr, "neshost run: VM {} kept running; stop it with: neshost stop --state {} {}\n",
                  vmid, cfg.state_dir.string(), vmid);
     std::fflush(stderr);

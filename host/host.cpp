@@ -91,8 +91,13 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   }
   bool current(const std::shared_ptr<Vm>& vm) const { return find(vm->id()) == vm; }
 
-  void emit(const Vm& vm, std::string kind, std::string detail) {
-    if (opt.on_event) opt.on_event(Event{vm.id(), vm.generation(), std::move(kind), std::move(detail)});
+  void emit(const Vm& vm, std::string kind, std::string detail,
+            act::Milestone m = act::Milestone::other) {
+    if (!opt.on_event) return;
+    std::optional<proto::Outcome> o;
+    if (vm.core.outcome() && (m == act::Milestone::outcome || m == act::Milestone::recorded))
+      o = vm.core.outcome()->outcome;
+    opt.on_event(Event{vm.id(), vm.generation(), std::move(kind), std::move(detail), m, o});
   }
 
   // ---- actions ----
@@ -128,7 +133,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
           } else if constexpr (std::is_same_v<T, act::CallRemove>) {
             if (opt.hooks.remove) opt.hooks.remove(vm->id(), vm->generation());
           } else if constexpr (std::is_same_v<T, act::Log>) {
-            emit(*vm, std::move(x.kind), std::move(x.detail));
+            emit(*vm, std::move(x.kind), std::move(x.detail), x.milestone);
           } else if constexpr (std::is_same_v<T, act::Finished>) {
             finished(vm);
           }
@@ -553,6 +558,22 @@ asio::awaitable<WaitResult> Host::wait(std::string vm) {
     co_await ev->async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
   co_return std::move(**result);
+}
+
+Status Host::forget_vm(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->core.finished())
+    return Error{fmt::format("vm '{}': its session is still live; shutdown() it first", id)};
+  impl_->close_stream(vm);
+  impl_->finished(vm);
+  vm->ready_timer.cancel();
+  vm->wall_timer.cancel();
+  vm->stop_timer.cancel();
+  vm->grace_timer.cancel();
+  impl_->cids.remove_vm(id);
+  impl_->vms.erase(id);  // late completions hold their own shared_ptr and see !current()
+  return Ok{};
 }
 
 std::size_t Host::live_sessions() const {
