@@ -80,7 +80,10 @@ def guest(path, lines, expect=("boot",), then=(), read_after=()):
         line = f.readline()
         got.append(line)
         check(json.loads(line)["type"] == t, "expected %s, got %r" % (t, line))
-    s.sendall("".join(l + "\n" for l in then).encode())
+    # Nothing to send is not a send: after a refused version the host may already have closed,
+    # and even an empty send on a closed Unix socket fails with EPIPE.
+    if then:
+        s.sendall("".join(l + "\n" for l in then).encode())
     for t in read_after:
         line = f.readline()
         got.append(line)
