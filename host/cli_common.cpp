@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
+#include <simdjson.h>
 
 #include "host/cli.hpp"
 #include "host/fd.hpp"
@@ -115,17 +116,21 @@ host::Result<proto::Boot> load_descriptor(const std::filesystem::path& file) {
   }
   // A descriptor file may be pretty-printed: one JSON value, newlines are just whitespace.
   std::replace(text.begin(), text.end(), '\n', ' ');
-  auto decoded = proto::decode_host(text);
-  if (!std::holds_alternative<proto::HostMessage>(decoded)) {
-    // Without `"type":"boot"`: add it and try again.
-    auto brace = text.find('{');
-    if (brace != std::string::npos && text.find("\"type\"") == std::string::npos) {
-      std::string with = text;
-      with.insert(brace + 1, "\"type\":\"boot\",");
-      auto again = proto::decode_host(with);
-      if (std::holds_alternative<proto::HostMessage>(again)) decoded = std::move(again);
+  // A descriptor file may leave out `"type":"boot"`: decided by parsing it (a top-level object
+  // without a `type` key, escapes resolved), never by looking for the text `"type"` anywhere.
+  bool has_type = true;
+  {
+    simdjson::dom::parser parser;
+    simdjson::padded_string padded(text);
+    simdjson::dom::object obj;
+    if (!parser.parse(padded).get(obj)) {
+      has_type = false;
+      for (auto field : obj)
+        if (field.key == "type") has_type = true;
     }
   }
+  if (!has_type) text.insert(text.find('{') + 1, "\"type\":\"boot\",");
+  auto decoded = proto::decode_host(text);
   if (auto* e = std::get_if<proto::DecodeError>(&decoded))
     return host::Error{fmt::format("--descriptor: {}: {}", file.string(), e->reason)};
   if (auto* u = std::get_if<proto::UnknownMessage>(&decoded))
@@ -166,7 +171,7 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
     }
     if (!hostp) return;
     if (emb.on_event) emb.on_event(*hostp, ev);
-    if (ev.kind == "finished") io.stop();
+    if (ev.milestone == host::act::Milestone::finished) io.stop();
     if (emb.channel_is_vm && !exit_posted) {
       auto* s = hostp->session(vm);
       if (s && s->outcome() && !s->stream_open()) {

@@ -717,23 +717,25 @@ int run_main(const Args& args) {
     // no socket behind. Once the guest said `ready` it is running, so QEMU has also read the
     // initramfs (QEMU connects chardevs before it loads the initramfs): the whole dir can go.
     std::error_code rm_ec;
-    if (ev.kind == "connected") fs::remove(channel, rm_ec);
-    if (ev.kind == "data_connected") {
+    using host::act::Milestone;
+    const auto m = ev.milestone;
+    if (m == Milestone::connected) fs::remove(channel, rm_ec);
+    if (m == Milestone::data_connected) {
       fs::remove(data_sock, rm_ec);
       if (pump) pump->start();
     }
-    if (ev.kind == "data_error" && !o.console) say("neshost run: data channel: {}\n", ev.detail);
+    if (m == Milestone::data_error && !o.console) say("neshost run: data channel: {}\n", ev.detail);
     // QEMU connects both chardev sockets at its start; in --sandbox the init dials the data
     // channel only after `boot`, so the runtime dir stays until then.
-    if (ev.kind == (o.sandbox ? "data_connected" : "ready")) rt.remove_now();
-    if (ev.kind == "started") notify_started(started_notify);
+    if (m == (o.sandbox ? Milestone::data_connected : Milestone::ready)) rt.remove_now();
+    if (m == Milestone::started) notify_started(started_notify);
     if (o.console)
       say("neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.
-    if (ev.kind == "outcome" && !o.console && !ev.detail.starts_with("exited") &&
-        !ev.detail.starts_with("signalled"))
+    if (m == Milestone::outcome && !o.console && ev.outcome &&
+        *ev.outcome != proto::Outcome::exited && *ev.outcome != proto::Outcome::signalled)
       say("neshost run: {}\n", ev.detail);
-    if (ev.kind == "recorded" && o.on_exit == host::OnExitPolicy::keep)
+    if (m == Milestone::recorded && o.on_exit == host::OnExitPolicy::keep)
       say("neshost run: VM {} kept running; stop it with: neshost stop --state {} {}\n",
                  vmid, cfg.state_dir.string(), vmid);
     std::fflush(stderr);

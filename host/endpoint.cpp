@@ -125,6 +125,10 @@ Status CidRegistry::add(std::uint32_t cid, std::string vm) {
 
 void CidRegistry::remove(std::uint32_t cid) { map_.erase(cid); }
 
+void CidRegistry::remove_vm(const std::string& vm) {
+  std::erase_if(map_, [&](const auto& kv) { return kv.second == vm; });
+}
+
 std::optional<std::string> CidRegistry::lookup(std::uint32_t cid) const {
   auto it = map_.find(cid);
   if (it == map_.end()) return std::nullopt;

@@ -63,6 +63,8 @@ class CidRegistry {
   Status add(std::uint32_t cid, std::string vm);
   /// Forget `cid`.
   void remove(std::uint32_t cid);
+  /// Forget every CID mapped to `vm`.
+  void remove_vm(const std::string& vm);
   /// The VM of an accepted peer; nullopt = unknown CID, refuse the connection.
   std::optional<std::string> lookup(std::uint32_t cid) const;
   std::size_t size() const { return map_.size(); }

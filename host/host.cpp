@@ -102,8 +102,13 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   }
   bool current(const std::shared_ptr<Vm>& vm) const { return find(vm->id()) == vm; }
 
-  void emit(const Vm& vm, std::string kind, std::string detail) {
-    if (opt.on_event) opt.on_event(Event{vm.id(), vm.generation(), std::move(kind), std::move(detail)});
+  void emit(const Vm& vm, std::string kind, std::string detail,
+            act::Milestone m = act::Milestone::other) {
+    if (!opt.on_event) return;
+    std::optional<proto::Outcome> o;
+    if (vm.core.outcome() && (m == act::Milestone::outcome || m == act::Milestone::recorded))
+      o = vm.core.outcome()->outcome;
+    opt.on_event(Event{vm.id(), vm.generation(), std::move(kind), std::move(detail), m, o});
   }
 
   // ---- actions ----
@@ -139,8 +144,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
           } else if constexpr (std::is_same_v<T, act::CallRemove>) {
             if (opt.hooks.remove) opt.hooks.remove(vm->id(), vm->generation());
           } else if constexpr (std::is_same_v<T, act::Log>) {
-            if (x.kind == "finished") return finish_data(vm, std::move(x.detail));
-            emit(*vm, std::move(x.kind), std::move(x.detail));
+            if (x.milestone == act::Milestone::finished) return finish_data(vm, std::move(x.detail));
+            emit(*vm, std::move(x.kind), std::move(x.detail), x.milestone);
           } else if constexpr (std::is_same_v<T, act::Finished>) {
             finished(vm);
           }
@@ -289,12 +294,12 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   void finish_data(const std::shared_ptr<Vm>& vm, std::string detail) {
     if (vm->finishing) return;
     vm->finishing = true;
-    if (!vm->data && !vm->log) return emit(*vm, "finished", detail);  // no stdio: as before
+    if (!vm->data && !vm->log) return emit(*vm, "finished", detail, act::Milestone::finished);  // no stdio: as before
     std::weak_ptr<Impl> w = shared_from_this();
     auto after_log = [w, vm, detail] {
       auto self = w.lock();
       if (!self) return;
-      self->emit(*vm, "finished", detail);
+      self->emit(*vm, "finished", detail, act::Milestone::finished);
     };
     auto close_log = [w, vm, after_log] {
       auto self = w.lock();
@@ -369,7 +374,9 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     c.emit = [w, wv](std::string kind, std::string detail) {
       auto self = w.lock();
       auto vm = wv.lock();
-      if (self && vm) self->emit(*vm, std::move(kind), std::move(detail));
+      if (!self || !vm) return;
+      auto m = kind == "data_error" ? act::Milestone::data_error : act::Milestone::other;
+      self->emit(*vm, std::move(kind), std::move(detail), m);
     };
     c.on_closed = [wv] {
       auto vm = wv.lock();
@@ -378,7 +385,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     };
     auto link = std::make_shared<DataLink>(io, fd, family, std::move(c));
     vm->data = link;
-    emit(*vm, "data_connected", "");
+    emit(*vm, "data_connected", "", act::Milestone::data_connected);
     if (vm->output_paused) link->pause(true);
     link->start();
   }
@@ -790,6 +797,22 @@ asio::awaitable<WaitResult> Host::wait(std::string vm) {
     co_await ev->async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
   co_return std::move(**result);
+}
+
+Status Host::forget_vm(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->core.finished())
+    return Error{fmt::format("vm '{}': its session is still live; shutdown() it first", id)};
+  impl_->close_stream(vm);
+  impl_->finished(vm);
+  vm->ready_timer.cancel();
+  vm->wall_timer.cancel();
+  vm->stop_timer.cancel();
+  vm->grace_timer.cancel();
+  impl_->cids.remove_vm(id);
+  impl_->vms.erase(id);  // late completions hold their own shared_ptr and see !current()
+  return Ok{};
 }
 
 std::size_t Host::live_sessions() const {

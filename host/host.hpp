@@ -28,7 +28,9 @@ struct Event {
   std::string vm;
   std::uint64_t generation = 0;
   std::string kind;
-  std::string detail;
+  std::string detail;                       // escaped: safe to print
+  act::Milestone milestone = act::Milestone::other;  // what embedders act on, typed
+  std::optional<proto::Outcome> outcome;    // with Milestone::outcome/recorded: which one
 };
 
 /// Embedder callbacks, called on the io_context thread; they must not block. `destroy`: kill the
@@ -120,6 +122,12 @@ class Host {
   void async_wait(const std::string& vm, std::function<void(WaitResult)> handler);
   /// Coroutine form of async_wait.
   boost::asio::awaitable<WaitResult> wait(std::string vm);
+
+  /// Forget a VM whose session has finished: its registration, its CID mappings and its memory
+  /// (a long-lived embedder would otherwise keep every VM it ever ran). Its record stays on disk,
+  /// so async_wait() still answers from there. Errors: not registered, or the session is still
+  /// live (shutdown() it and wait for the outcome first).
+  Status forget_vm(const std::string& vm);
 
   /// Registered VMs whose session has not finished.
   std::size_t live_sessions() const;

@@ -80,23 +80,7 @@ std::optional<std::string> vm_id_problem(std::string_view id) {
   return std::nullopt;
 }
 
-std::string json_string(std::string_view s) {
-  // Reuse protocol/'s string escaping: encode a one-string message and cut out the literal.
-  // codec.hpp guarantees compact output with `type` first, so the shape is fixed.
-  static constexpr std::string_view kPrefix = R"({"type":"protocol_error","reason":)";
-  std::string line = proto::encode(proto::GuestMessage{proto::ProtocolError{std::string(s)}});
-  if (line.size() >= kPrefix.size() + 1 && line.compare(0, kPrefix.size(), kPrefix) == 0 &&
-      line.back() == '}')
-    return line.substr(kPrefix.size(), line.size() - kPrefix.size() - 1);
-  // Unreachable with a conforming codec; keep the record valid JSON regardless.
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') { out += '\\'; out += static_cast<char>(c); }
-    else if (c < 0x20 || c >= 0x80) out += fmt::format("\\u{:04x}", c < 0x80 ? c : 0xfffd);
-    else out += static_cast<char>(c);
-  }
-  return out + "\"";
-}
+std::string json_string(std::string_view s) { return proto::json_quote(s); }
 
 namespace {
 std::string opt_u8(const std::optional<std::uint8_t>& v) {

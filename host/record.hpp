@@ -31,7 +31,8 @@ std::optional<WallTime> parse_rfc3339(std::string_view s);
 std::optional<std::string> vm_id_problem(std::string_view id);
 
 /// JSON string literal (with quotes) for `s`, escaped exactly as protocol/'s encoder escapes
-/// strings (control characters, `"`, `\`; invalid UTF-8 bytes become U+FFFD).
+/// strings (proto::json_quote: control characters, `"`, `\`; valid UTF-8 kept as is, each invalid
+/// byte U+FFFD).
 std::string json_string(std::string_view s);
 
 /// One recorded outcome (schema_version 1). `exit_code` is set only for `exited`, `signal` only for

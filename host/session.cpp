@@ -54,7 +54,15 @@ std::vector<Action> Session::take() {
 void Session::log(std::string kind, std::string detail) {
   // Details carry guest text (reasons, types): escaped here, so no consumer of the event (a
   // terminal, a log file) ever sees a guest's control bytes or a forged line break.
-  out_.push_back(act::Log{std::move(kind), escape_text(detail)});
+  // Typed once, here, from our own literals: consumers switch on the milestone, not on text.
+  act::Milestone m = act::Milestone::other;
+  if (kind == "connected") m = act::Milestone::connected;
+  else if (kind == "ready") m = act::Milestone::ready;
+  else if (kind == "started") m = act::Milestone::started;
+  else if (kind == "outcome") m = act::Milestone::outcome;
+  else if (kind == "recorded") m = act::Milestone::recorded;
+  else if (kind == "finished") m = act::Milestone::finished;
+  out_.push_back(act::Log{std::move(kind), escape_text(detail), m});
 }
 
 void Session::log_guest(std::string kind, std::string detail) {
@@ -119,7 +127,6 @@ bool Session::stream_opened(WallTime) {
     return false;
   }
   stream_open_ = true;
-  stream_ever_ = true;
   ready_ = false;
   booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
   reader_ = proto::LineReader(cfg_.line_cap);

@@ -59,7 +59,13 @@ struct CancelTimer { TimerKind kind; };
 struct WriteRecord { Record record; };                  // make durable (worker pool)
 struct CallDestroy {};                                  // embedder: kill the VMM
 struct CallRemove {};                                   // embedder: delete the VM's resources
-struct Log { std::string kind; std::string detail; };   // one event for humans/CLI
+/// The events an embedder acts on, typed (never by matching log text); the rest are `other`.
+enum class Milestone {
+  other, connected, ready, started, outcome, recorded, finished,
+  data_connected, data_error,  // the data channel (Host emits these, never the Session)
+};
+/// One event for humans/CLI: `kind` a snake_case tag, `detail` escaped text, `milestone` typed.
+struct Log { std::string kind; std::string detail; Milestone milestone = Milestone::other; };
 struct Finished {};                                     // nothing more happens for this VM
 }  // namespace act
 
@@ -146,7 +152,6 @@ class Session {
   std::uint64_t ignored_ = 0;           // lines ignored after the outcome
   std::vector<std::pair<std::string, std::uint64_t>> guest_logs_;  // per guest-triggered kind
   bool stream_open_ = false;
-  bool stream_ever_ = false;
   bool ready_ = false;        // `ready` seen on the current stream (a session is booted)
   bool ready_ever_ = false;   // any `ready` seen (the ready deadline is met)
   int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up

@@ -90,17 +90,21 @@ struct ChildReport {
 }
 
 void close_fds_from_3(int keep) {
-  // Every fd >= 3 is closed at exec (CLOEXEC), except `keep`, which already is CLOEXEC.
+  // Every fd >= 3 is closed now, except `keep` (the CLOEXEC pipe that reports exec's result):
+  // the workload starts with exactly fds 0-2, whatever the init had open (the channel, signalfd,
+  // its log's reopened stderr).
+  const unsigned k = keep >= 3 ? static_cast<unsigned>(keep) : 2u;
 #ifdef SYS_close_range
-  constexpr unsigned kCloseRangeCloexec = 1u << 2;  // CLOSE_RANGE_CLOEXEC, Linux 5.11
-  if (::syscall(SYS_close_range, 3u, ~0u, kCloseRangeCloexec) == 0) return;
+  bool ok = true;
+  if (k > 3) ok = ::syscall(SYS_close_range, 3u, k - 1, 0u) == 0;
+  if (ok && ::syscall(SYS_close_range, k + 1, ~0u, 0u) == 0) return;
 #endif
-  (void)keep;
   struct rlimit rl {};
   long max = (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
                  ? static_cast<long>(rl.rlim_cur) : 65536;
   if (max > 1 << 20) max = 1 << 20;
-  for (int fd = 3; fd < max; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  for (int fd = 3; fd < max; ++fd)
+    if (fd != keep) ::close(fd);
 }
 
 }  // namespace

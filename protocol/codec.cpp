@@ -1074,4 +1074,10 @@ std::string_view type_name(const HostMessage& m) {
   return std::visit([](const auto& x) { return tag_of<std::decay_t<decltype(x)>>; }, m);
 }
 
+std::string json_quote(std::string_view s) {
+  Buf b;
+  put_string(b, s);
+  return fmt::to_string(b);
+}
+
 }  // namespace nes::proto

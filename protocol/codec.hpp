@@ -62,6 +62,10 @@ std::string encode_line(const HostMessage& m);
 std::optional<DecodeError> validate(const GuestMessage& m);
 std::optional<DecodeError> validate(const HostMessage& m);
 
+/// `s` as a JSON string literal (quotes included), escaped exactly as encode() escapes strings:
+/// valid UTF-8 kept, invalid bytes each U+FFFD. For other JSON the project writes (records).
+std::string json_quote(std::string_view s);
+
 /// The wire tag of a message ("ready", "boot", ...).
 std::string_view type_name(const GuestMessage& m);
 std::string_view type_name(const HostMessage& m);
