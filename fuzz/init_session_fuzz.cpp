@@ -18,6 +18,8 @@ namespace {
 constexpr std::string_view kLines[] = {
     R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":true}})",
     R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":false}})",
+    R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":true},"reconnect_ms":50,"vm":"v","generation":2})",
+    R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":false},"reconnect_ms":50})",
     R"({"type":"stop"})",
     R"({"type":"shutdown"})",
     R"({"type":"kill","signal":15})",
@@ -31,11 +33,12 @@ constexpr std::string_view kLines[] = {
 struct Model {
   bool armed[kTimerCount] = {};
   int sigterms = 0;
-  int finals = 0;
   bool outcome_sent = false;
   bool acked = false;      // a `shutdown` line reached the session after the outcome was sent
   bool eof = false;        // EOF (or the channel never came up)
   bool ack_fired = false;  // the ack timer fired while armed
+  bool window_over = false;  // the reconnect window ended while armed
+  std::optional<proto::GuestMessage> final_sent;  // re-sent after a resume: always the same
   bool powered_off = false;
 };
 }  // namespace
@@ -51,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int steps = 0; !c.empty() && steps < 400; ++steps) {
     Event e = ev::NoChildren{};
     bool is_shutdown_line = false;
-    switch (c.pick(14)) {
+    switch (c.pick(15)) {
       case 0: e = ev::ChannelUp{}; break;
       case 1: e = ev::ChannelFailed{"gave up"}; m.eof = m.eof || s.phase() == Phase::idle_before_channel; break;
       case 2: case 3: {
@@ -78,11 +81,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                       : ev::Exited{proto::WorkloadExited::killed(static_cast<std::uint8_t>(1 + c.pick(64)))};
         break;
       case 12: e = ev::Signal{static_cast<int>(1 + c.pick(64))}; break;
+      case 14: e = ev::DialFailed{"refused"}; break;
       case 13: {
         Timer t = static_cast<Timer>(c.pick(kTimerCount));
         if (!m.armed[static_cast<int>(t)]) continue;
         m.armed[static_cast<int>(t)] = false;
         if (t == Timer::ack) m.ack_fired = true;
+        if (t == Timer::reconnect) m.window_over = true;
         e = ev::TimerFired{t};
         break;
       }
@@ -100,7 +105,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const auto& g = x->msg;
         if (std::holds_alternative<proto::MountFailed>(g) || std::holds_alternative<proto::StartFailed>(g) ||
             std::holds_alternative<proto::WorkloadExited>(g)) {
-          require(++m.finals <= 1, "never two final outcomes");
+          if (m.final_sent) require(*m.final_sent == g, "never two different final outcomes");
+          m.final_sent = g;
           m.outcome_sent = true;
         }
       } else if (auto* x = std::get_if<act::ArmTimer>(&a)) {
@@ -109,8 +115,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         m.armed[static_cast<int>(x->timer)] = false;
       } else if (std::holds_alternative<act::PowerOff>(a)) {
         require(!m.powered_off, "power-off once");
-        require(!m.outcome_sent || m.acked || m.eof || m.ack_fired,
-                "power-off only after the ack, EOF or the ack timeout");
+        require(!m.outcome_sent || m.acked || m.eof || m.ack_fired || m.window_over,
+                "power-off only after the ack, EOF, the ack timeout or the reconnect window");
         m.powered_off = true;
       }
     }

@@ -174,7 +174,7 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
     if (ev.milestone == host::act::Milestone::finished) io.stop();
     if (emb.channel_is_vm && !exit_posted) {
       auto* s = hostp->session(vm);
-      if (s && s->outcome() && !s->stream_open()) {
+      if (s && s->outcome() && !s->stream_open() && !s->awaiting_redial()) {
         exit_posted = true;
         asio::post(io, [&] { (void)hostp->vm_exited(vm); });
       }

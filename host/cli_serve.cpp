@@ -13,6 +13,7 @@ namespace {
 constexpr std::string_view kHelp = R"(usage: neshost serve --listen unix:PATH|vsock:PORT|fd:N --descriptor FILE --state DIR
                      [--vm ID] [--generation N] [--on-exit stop|keep|remove] [--timeout S]
                      [--ready-timeout S] [--stop-timeout S] [--cid CID]
+                     [--reconnect S] [--resume]
 
 Serve one VM: wait for the guest's `ready`, send the boot descriptor, record the outcome durably
 in DIR/ID/outcome.json, acknowledge it with `shutdown`, apply --on-exit. Prints one line per
@@ -31,13 +32,20 @@ killed by signal N, 127/126 if it could not start, 124 on --timeout, 125 for hos
   --ready-timeout S    seconds from start to the guest's `ready` (default 30)
   --stop-timeout S     seconds from `shutdown` to the VM's exit before destroy (default 10)
   --cid CID            vsock: the guest CID that names this VM
+  --reconnect S        channel survival: after boot, the guest redials a lost channel for up to
+                       S seconds without touching the workload (boot.reconnect_ms); a host
+                       started with --resume on the same state dir then takes over
+  --resume             take over --generation N of --vm, booted by an earlier host process that
+                       is gone: send no boot, accept only the guest's resumed `ready`, record
+                       its outcome once (an earlier record of N wins) and acknowledge it;
+                       --descriptor is optional, --ready-timeout bounds the wait
 SIGINT/SIGTERM: ask the guest to shut down; a second one gives up.
 )";
 
 constexpr FlagSpec kFlags[] = {{"listen"},        {"descriptor"},    {"state"},
                                {"vm"},            {"generation"},    {"on-exit"},
                                {"timeout"},       {"ready-timeout"}, {"stop-timeout"},
-                               {"cid"}};
+                               {"cid"},           {"reconnect"},     {"resume", false}};
 
 int serve_main(const Args& args) {
   auto p = parse_flags(kFlags, args);
@@ -48,7 +56,8 @@ int serve_main(const Args& args) {
   }
   if (!p->positional.empty())
     return usage_error("serve", fmt::format("unexpected argument '{}'", p->positional.front()));
-  for (auto req : {"listen", "descriptor", "state"})
+  const bool resume = p->has("resume");
+  for (auto req : {"listen", "state"})
     if (!p->has(req)) return usage_error("serve", fmt::format("--{} is required", req));
 
   ServeConfig cfg;
@@ -89,11 +98,21 @@ int serve_main(const Args& args) {
   }
   if (cfg.listen.kind == host::ListenSpec::Kind::vsock && !cfg.cid)
     return usage_error("serve", "--listen vsock:PORT needs --cid");
-  auto desc = load_descriptor(*p->get("descriptor"));
-  if (!desc) return usage_error("serve", desc.error().message);
-  cfg.session.descriptor = std::move(*desc);
-  if (cfg.session.descriptor.exec.argv.empty())
-    return usage_error("serve", "--descriptor: exec.argv is empty");
+  if (auto v = p->get("reconnect")) {
+    auto ms = parse_seconds("reconnect", *v);
+    if (!ms) return usage_error("serve", ms.error().message);
+    if (ms->count() > proto::kReconnectMaxMs) return usage_error("serve", "--reconnect: at most 3600 seconds");
+    cfg.session.reconnect = *ms;
+  }
+  cfg.session.resume = resume;
+  if (!p->has("descriptor") && !resume) return usage_error("serve", "--descriptor is required");
+  if (auto d = p->get("descriptor")) {
+    auto desc = load_descriptor(*d);
+    if (!desc) return usage_error("serve", desc.error().message);
+    cfg.session.descriptor = std::move(*desc);
+    if (cfg.session.descriptor.exec.argv.empty())
+      return usage_error("serve", "--descriptor: exec.argv is empty");
+  }
   // A reader of our stdout going away (`serve | head -1`) must not kill the session mid-way:
   // the outcome is still recorded and returned. (serve starts no child that would inherit this.)
   ::signal(SIGPIPE, SIG_IGN);

@@ -46,13 +46,14 @@ struct Stream {
 /// One registered VM generation and its I/O objects.
 struct Vm {
   Vm(asio::io_context& io, SessionConfig cfg)
-      : core(std::move(cfg)), ready_timer(io), wall_timer(io), stop_timer(io), grace_timer(io) {}
+      : core(std::move(cfg)), ready_timer(io), wall_timer(io), stop_timer(io), grace_timer(io),
+        reconnect_timer(io) {}
   Session core;
   std::shared_ptr<Stream> stream;
   std::shared_ptr<unix_acceptor> acceptor;
   std::string socket_path;  // unlinked when the session finishes
-  asio::steady_timer ready_timer, wall_timer, stop_timer, grace_timer;
-  std::uint64_t timer_seq[4] = {0, 0, 0, 0};  // one per TimerKind
+  asio::steady_timer ready_timer, wall_timer, stop_timer, grace_timer, reconnect_timer;
+  std::uint64_t timer_seq[5] = {0, 0, 0, 0, 0};  // one per TimerKind
   std::vector<std::function<void(WaitResult)>> waiters;
   std::optional<WaitResult> result;  // settled: durable record, or why not
   bool draining = false;
@@ -74,6 +75,7 @@ struct Vm {
       case TimerKind::wall: return wall_timer;
       case TimerKind::stop: return stop_timer;
       case TimerKind::grace: return grace_timer;
+      case TimerKind::reconnect: return reconnect_timer;
     }
     return stop_timer;
   }
@@ -553,7 +555,7 @@ Host::~Host() { impl_->teardown(); }
 
 Status Host::add_vm(SessionConfig cfg) {
   if (auto p = vm_id_problem(cfg.vm)) return Error{"vm: " + *p};
-  if (cfg.descriptor.exec.argv.empty()) return Error{"descriptor: exec.argv is empty"};
+  if (cfg.descriptor.exec.argv.empty() && !cfg.resume) return Error{"descriptor: exec.argv is empty"};
   if (auto old = impl_->find(cfg.vm)) {
     if (old->generation() >= cfg.generation)
       return Error{fmt::format("vm '{}': generation {} is registered; a new one must be newer than "

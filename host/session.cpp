@@ -85,8 +85,14 @@ void Session::send(const proto::HostMessage& m) {
 }
 
 void Session::send_boot() {
-  booted_ = true;
+  booted_ = booted_ever_ = true;
   proto::Boot b = cfg_.descriptor;
+  if (cfg_.reconnect.count() > 0) {
+    b.reconnect_ms = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(cfg_.reconnect.count(), proto::kReconnectMaxMs));
+    b.vm = cfg_.vm;
+    b.generation = cfg_.generation;
+  }
   // The host's policy always wins over what the descriptor said: under `keep` the workload's
   // exit must not power the VM off, so the guest waits for our `shutdown`.
   b.on_exit.terminal = cfg_.on_exit != OnExitPolicy::keep;
@@ -122,7 +128,12 @@ bool Session::stream_opened(WallTime) {
     log_guest("refused", "a session for this VM is already live");
     return false;
   }
-  if (outcome_ || finished_) {
+  if (finished_) {
+    log_guest("refused", "this VM generation is finished");
+    return false;
+  }
+  // A stream after the outcome can only be the guest redialling to deliver or hear the ack of it.
+  if (outcome_ && !awaiting_redial_) {
     log_guest("refused", "this VM generation already has its outcome");
     return false;
   }
@@ -190,6 +201,17 @@ void Session::protocol_violation(std::string reason, WallTime now) {
 
 void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
   if (auto* r = std::get_if<proto::Ready>(&m)) {
+    if (r->resume && !ready_) return handle_resume(*r->resume, now);
+    if (!ready_ && (cfg_.resume || awaiting_redial_)) {
+      // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
+      // dialled); the workload this generation booted is gone with it.
+      log_guest("resume_expected", "a fresh `ready` instead of a resumed one");
+      if (!outcome_)
+        finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
+                 "the guest came back without resuming its session (restarted?)", now);
+      close_stream();
+      return;
+    }
     if (ready_) {
       // virtio-serial has no connection events: a second `ready` is a restarted guest.
       booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
@@ -294,6 +316,36 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
         }
       },
       m);
+}
+
+void Session::handle_resume(const proto::Resume& r, WallTime now) {
+  (void)now;
+  // Who the peer is was decided by the endpoint; the names in `resume` must only agree with it.
+  const bool resumable = cfg_.resume || (cfg_.reconnect.count() > 0 && booted_ever_);
+  if (!resumable || r.vm != cfg_.vm || r.generation != cfg_.generation) {
+    log_guest("resume_refused",
+              !resumable ? fmt::format("no session of VM {} to resume here", cfg_.vm)
+                         : fmt::format("the guest resumes VM {} generation {}; this is VM {} generation {}",
+                                       bounded(r.vm), r.generation, cfg_.vm, cfg_.generation));
+    close_stream();
+    return;
+  }
+  ready_ = ready_ever_ = true;
+  booted_ = booted_ever_ = true;
+  awaiting_redial_ = false;
+  out_.push_back(act::CancelTimer{TimerKind::ready});
+  out_.push_back(act::CancelTimer{TimerKind::reconnect});
+  log_guest("resumed", fmt::format("started={} outcome_pending={}", r.started, r.outcome_pending));
+  if (stop_pending_) {
+    send(proto::Stop{});
+    stop_pending_ = false;
+    stop_sent_ = true;
+    log("stop_sent", "requested while the channel was down");
+  }
+  if (shutdown_requested_) {
+    request_end();
+    maybe_send_shutdown();
+  }
 }
 
 void Session::finalize(proto::Outcome o, std::optional<std::uint8_t> code,
@@ -462,6 +514,15 @@ void Session::timer_fired(TimerKind k, WallTime now) {
       if (!guest_reported_) log("grace_over", fmt::format("no outcome {} ms after stop", cfg_.grace.count()));
       maybe_send_shutdown();
       break;
+    case TimerKind::reconnect:
+      if (!awaiting_redial_ || ready_) break;
+      awaiting_redial_ = false;
+      if (!outcome_)
+        lost(fmt::format("channel lost; the guest did not resume within {} ms",
+                         (cfg_.reconnect + kReconnectSlack).count()),
+             now);
+      maybe_finish();
+      break;
     case TimerKind::stop:
       if (vm_exited_) {
         // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
@@ -491,6 +552,10 @@ void Session::vm_exited(WallTime now) {
   log("vm_exited", "");
   out_.push_back(act::CancelTimer{TimerKind::ready});
   out_.push_back(act::CancelTimer{TimerKind::stop});
+  if (awaiting_redial_) {
+    awaiting_redial_ = false;  // nobody is left to redial
+    out_.push_back(act::CancelTimer{TimerKind::reconnect});
+  }
   if (!outcome_) {
     if (stream_open_) {
       // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
@@ -518,6 +583,13 @@ void Session::stream_closed(WallTime now) {
       lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
       maybe_finish();
     }
+    return;
+  }
+  if (cfg_.reconnect.count() > 0 && booted_ && !ack_sent_ && !vm_exited_ && !finished_) {
+    // Channel survival: the guest redials and resumes; nothing is decided until the window ends.
+    awaiting_redial_ = true;
+    log_guest("awaiting_redial", fmt::format("up to {} ms", (cfg_.reconnect + kReconnectSlack).count()));
+    out_.push_back(act::ArmTimer{TimerKind::reconnect, cfg_.reconnect + kReconnectSlack});
     return;
   }
   if (!outcome_) {

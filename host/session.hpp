@@ -44,12 +44,23 @@ struct SessionConfig {
   /// then from `boot`, which also bounds the mounts) instead of from vm_started (the whole VM's);
   /// `neshost run --timeout`. Armed at most twice (boot, first `started`), never re-armed later.
   bool wall_from_started = false;
+  /// Channel survival (docs/protocol.md "Channel survival"): sent as boot.reconnect_ms (with the
+  /// VM and generation). A stream lost after `boot` is then no outcome yet: the guest has this
+  /// long to redial with a resumed `ready` (plus kReconnectSlack), else `channel_lost`. 0: off.
+  std::chrono::milliseconds reconnect{0};
+  /// Take over a generation an earlier host process booted (its state dir): send no `boot`;
+  /// accept only a resumed `ready` naming this VM and generation; ready_timeout bounds the wait.
+  bool resume = false;
   std::size_t line_cap = proto::kDefaultLineCap;          // bytes per guest line
 };
 
 /// The session's timers. `stop` runs twice at most: destroy, then give up waiting. `grace`: from
-/// the host's `stop` of a running workload to the `shutdown` that follows it.
-enum class TimerKind { ready, wall, stop, grace };
+/// the host's `stop` of a running workload to the `shutdown` that follows it. `reconnect`: from a
+/// lost stream (SessionConfig::reconnect > 0) to giving up on the guest's redial.
+enum class TimerKind { ready, wall, stop, grace, reconnect };
+/// Added to the guest's reconnect window before the host gives up: its backoff and a dial
+/// through the VMM may take a little longer than the window itself. ms.
+inline constexpr std::chrono::milliseconds kReconnectSlack{2000};
 
 namespace act {
 struct Send { std::string line; };                      // one encoded line, '\n' included
@@ -118,6 +129,8 @@ class Session {
   bool durable() const { return durable_; }
   bool finished() const { return finished_; }
   bool stream_open() const { return stream_open_; }
+  /// The stream was lost inside the reconnect window: the guest may still resume.
+  bool awaiting_redial() const { return awaiting_redial_; }
   const SessionConfig& config() const { return cfg_; }
   /// Bytes of guest data currently held (the unfinished line). For memory-bound tests.
   std::size_t buffered_bytes() const { return std::min(pending_line_bytes_, cfg_.line_cap + 1); }
@@ -125,6 +138,7 @@ class Session {
  private:
   void handle_line(std::string_view line, WallTime now);
   void handle_message(const proto::GuestMessage& m, WallTime now);
+  void handle_resume(const proto::Resume& r, WallTime now);
   void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,
                 std::optional<proto::StartFailClass> cls, std::string reason, WallTime now);
   void protocol_violation(std::string reason, WallTime now);
@@ -157,7 +171,9 @@ class Session {
   int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up
   bool stop_pending_ = false; // stop() before boot
   bool stop_sent_ = false;    // `stop` went out on the current stream
-  bool booted_ = false;       // `boot` went out on the current stream
+  bool booted_ = false;       // `boot` went out on the current stream (or it resumed)
+  bool booted_ever_ = false;  // a boot went out (or a session resumed) in this process
+  bool awaiting_redial_ = false;  // the stream was lost inside the reconnect window
   bool guest_reported_ = false;  // the guest sent its final report on the current stream: any
                                  // `shutdown` it receives from now on is its ack
   bool grace_armed_ = false;

@@ -36,6 +36,9 @@ namespace {
 constexpr std::size_t kOutCap = 1u << 20;
 /// How often a virtio port with no host connected is looked at again: ms.
 constexpr std::uint64_t kPortRetryMs = 100;
+/// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. A pending
+/// signal cuts it short; the session's backoff spaces the attempts.
+constexpr std::uint32_t kRedialAttemptMs = 200;
 
 template <class... F>
 struct Overload : F... { using F::operator()...; };
@@ -108,6 +111,41 @@ class Pid1 {
     pending_.push_front(ev::DataUp{});
   }
 
+  /// One attempt to get the lifecycle channel back (channel survival): never blocks past
+  /// kRedialAttemptMs, and a pending signal ends it at once (the loop reads it next). A virtio
+  /// port counts as redialled only once its host side is connected again (no POLLHUP): the VMM's
+  /// chardev reconnected. The session decides when to try again.
+  void do_redial() {
+    const Channel ch = *cfg_.channel;
+    const bool port = std::holds_alternative<VirtioPortAddr>(ch);
+    auto wait = [&](std::uint32_t ms, int fd) -> bool {
+      pollfd p[2] = {{sfd_, POLLIN, 0}, {fd, POLLOUT, 0}};
+      int r = ::poll(p, fd >= 0 ? 2 : 1, static_cast<int>(ms));
+      return !(r > 0 && (p[0].revents & POLLIN));
+    };
+    int fd = dial_once(ch, mode_ == Mode::guest, monotonic_ms() + kRedialAttemptMs, wait, monotonic_ms);
+    if (fd >= 0 && port) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) {
+        ::close(fd);
+        fd = -ENOTCONN;
+      }
+    }
+    if (fd < 0) {
+      pending_.push_front(ev::DialFailed{fmt::format("{}: {}", to_string(ch), std::strerror(-fd))});
+      return;
+    }
+    chan_ = fd;
+    is_port_ = port;
+    out_.clear();
+    reader_ = proto::LineReader();
+    host_seen_ = port;  // a port was just seen connected: its next hang-up is an EOF
+    port_down_ = false;
+    port_retry_at_.reset();
+    log_.info("channel", "redialled {}", to_string(ch));
+    pending_.push_front(ev::ChannelUp{});
+  }
+
   /// Dial `ch` with the configured bounded retry; the backoff serves the signalfd.
   int dial_retrying(const Channel& ch, int& stop_sig) {
     auto wait = [&](std::uint32_t ms, int fd) -> bool {
@@ -155,6 +193,7 @@ class Pid1 {
     std::visit(Overload{
                    [&](act::Send& s) { send(s.msg); },
                    [&](act::DialData&) { do_dial_data(); },
+                   [&](act::Dial&) { do_redial(); },
                    [&](act::Mount&) { do_mounts(); },
                    [&](act::Spawn&) { do_spawn(); },
                    [&](act::SignalGroup& s) {

@@ -25,6 +25,8 @@ std::string_view to_string(Timer t) {
     case Timer::all_kill: return "all_kill";
     case Timer::ack: return "ack";
     case Timer::drain: return "drain";
+    case Timer::reconnect: return "reconnect";
+    case Timer::redial: return "redial";
   }
   return "?";
 }
@@ -135,6 +137,7 @@ void Session::settle(proto::GuestMessage outcome) {
 // ---- events --------------------------------------------------------------------------------------
 
 void Session::on(const ev::ChannelUp&) {
+  if (reconnecting_) return resume_channel();
   if (phase_ != Phase::idle_before_channel) return;
   channel_open_ = true;
   phase_ = Phase::awaiting_boot;
@@ -248,6 +251,7 @@ void Session::on_kill(int signo) {
 }
 
 void Session::on_shutdown_msg() {
+  host_shutdown_ = true;
   if (outcome_ && !acked_) {
     acked_ = true;
     cancel(Timer::ack);
@@ -260,10 +264,57 @@ void Session::on_shutdown_msg() {
   begin_shutdown("host sent shutdown");
 }
 
+bool Session::survives_loss() const {
+  // After boot, with a window, while something is still owed to a host: the workload's run or
+  // an outcome it has not acknowledged. Not after the host's own `shutdown`.
+  if (!boot_ || boot_->reconnect_ms == 0 || host_shutdown_ || acked_) return false;
+  if (phase_ != Phase::shutting_down) return true;
+  return (outcome_ && !acked_) || held_exit_.has_value();
+}
+
+void Session::begin_reconnect() {
+  reconnecting_ = true;
+  redial_ms_ = kRedialFirstMs;
+  // The ack wait is suspended while there is no channel: the reconnect window bounds it instead.
+  if (armed_[static_cast<int>(Timer::ack)]) cancel(Timer::ack);
+  ack_armed_ = false;
+  note(Severity::warn, "channel", fmt::format("lost; redialling for up to {} ms (the workload is left alone)",
+                                              boot_->reconnect_ms));
+  arm(Timer::reconnect, boot_->reconnect_ms);
+  out_.push_back(act::Dial{});
+}
+
+void Session::resume_channel() {
+  reconnecting_ = false;
+  channel_open_ = true;
+  cancel(Timer::reconnect);
+  cancel(Timer::redial);
+  const bool pending = outcome_ && !acked_;
+  note(Severity::info, "channel", fmt::format("redialled; resuming (outcome pending: {})", pending));
+  send(proto::Ready{proto::kProtocolVersion,
+                    proto::Resume{boot_->vm.value_or(""), boot_->generation.value_or(1),
+                                  started_ever_, pending}});
+  if (!pending) return;
+  send(*outcome_);  // the final event again, until acknowledged
+  if (phase_ == Phase::shutting_down && !ack_armed_) {
+    arm(Timer::ack, opt_.ack_timeout_ms);
+    ack_armed_ = true;
+  }
+}
+
+void Session::on(const ev::DialFailed& f) {
+  if (!reconnecting_) return;
+  if (redial_ms_ == kRedialFirstMs || redial_ms_ == kRedialMaxMs)
+    note(Severity::debug, "channel", fmt::format("redial: {}", f.reason));
+  arm(Timer::redial, redial_ms_);
+  redial_ms_ = std::min(redial_ms_ * 2, kRedialMaxMs);
+}
+
 void Session::on(const ev::Eof&) {
   if (!channel_open_) return;
   channel_open_ = false;
   note(Severity::info, "channel", "EOF from the host");
+  if (survives_loss()) return begin_reconnect();
   if (phase_ == Phase::shutting_down) {
     // Nobody is left to acknowledge: the outcome was sent or can no longer be.
     if (stage_ == Stage::await_ack) enter_await_ack();
@@ -289,6 +340,7 @@ void Session::on(const ev::MountFailed& f) {
 void Session::on(const ev::Started& s) {
   if (phase_ != Phase::starting) return;
   workload_pid_ = s.pid;
+  started_ever_ = true;
   phase_ = Phase::running;
   note(Severity::info, "started", fmt::format("pid {}", s.pid));
   send(proto::Started{s.pid});
@@ -393,6 +445,20 @@ void Session::on(const ev::TimerFired& t) {
         enter_await_ack();
       }
       return;
+    case Timer::reconnect:
+      if (!reconnecting_) return;
+      reconnecting_ = false;
+      cancel(Timer::redial);
+      note(Severity::warn, "channel", fmt::format("no host within {} ms", boot_->reconnect_ms));
+      if (phase_ == Phase::shutting_down) {
+        if (stage_ == Stage::await_ack) enter_await_ack();  // nobody left to acknowledge
+        return;
+      }
+      begin_shutdown("channel lost; the reconnect window is over");
+      return;
+    case Timer::redial:
+      if (reconnecting_) out_.push_back(act::Dial{});
+      return;
     case Timer::drain:
       if (held_exit_) {
         note(Severity::info, "exited", fmt::format("output not at EOF {} ms after the reap; reporting", boot_->stdio->drain_ms));
@@ -464,6 +530,8 @@ void Session::enter_await_ack() {
   if (held_exit_) return note(Severity::info, "ack", "waiting for the workload's output to end");
   // Power off only once the outcome is safe: acknowledged by `shutdown`, or nobody is listening
   // (EOF), or ack_timeout_ms passed, or there is nothing to acknowledge.
+  if (reconnecting_ && outcome_ && !acked_)
+    return note(Severity::info, "ack", "waiting for the channel to come back (reconnect window)");
   if (!outcome_ || acked_ || !channel_open_ || ack_expired_) return enter_final();
   note(Severity::info, "ack", "waiting for the host's acknowledgement");
 }

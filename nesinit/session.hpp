@@ -29,8 +29,13 @@ enum class Timer {
   all_kill,         // kill(-1, SIGKILL) -> kKillWaitMs -> give up on stragglers
   ack,              // terminal outcome sent -> ack_timeout_ms -> power off without the ack
   drain,            // workload reaped, its output not at EOF -> stdio.drain_ms -> report anyway
+  reconnect,        // channel lost after boot -> boot.reconnect_ms -> today's shutdown
+  redial,           // a redial attempt failed -> backoff -> the next attempt
 };
-inline constexpr int kTimerCount = 7;
+inline constexpr int kTimerCount = 9;
+/// Redial backoff while reconnecting: ms, doubling from the first to the last.
+inline constexpr std::uint32_t kRedialFirstMs = 10;
+inline constexpr std::uint32_t kRedialMaxMs = 500;
 std::string_view to_string(Timer t);
 
 /// How long to wait for processes to disappear after SIGKILL (they can only be stuck in the
@@ -39,7 +44,7 @@ inline constexpr std::uint32_t kKillWaitMs = 5000;
 
 // ---- events ------------------------------------------------------------------------------------
 namespace ev {
-struct ChannelUp {};                              // dialled: the session begins
+struct ChannelUp {};                              // dialled (or redialled): the session (re)begins
 struct ChannelFailed { std::string reason; };     // dialling gave up: shut down
 struct Line { proto::Line line; };                // a framed line (the session decodes it)
 struct Message { proto::HostDecoded msg; };       // an already-decoded line
@@ -56,16 +61,18 @@ struct DataUp {};                                 // the data channel is connect
 struct DataFailed { std::string reason; int err; };  // it could not be dialled: nothing starts
 struct DataError { std::string reason; };         // the host broke the framing: channel closed
 struct OutputsDone {};                            // the workload's stdout and stderr are at EOF
+struct DialFailed { std::string reason; };        // one redial attempt (act::Dial) failed
 }  // namespace ev
 using Event = std::variant<ev::ChannelUp, ev::ChannelFailed, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
-                           ev::DataFailed, ev::DataError, ev::OutputsDone>;
+                           ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed>;
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
 struct Send { proto::GuestMessage msg; };
 struct DialData {};              // dial the data channel, report DataUp/DataFailed
+struct Dial {};                  // one non-blocking redial of the lifecycle channel: ChannelUp/DialFailed
 struct Mount {};                 // mount session().boot()->mounts, report MountsDone/MountFailed
 struct Spawn {};                 // set the hostname, start the workload of session().boot()
 struct SignalGroup { int signo; };  // kill(-workload_pgid, signo)
@@ -75,7 +82,7 @@ struct CancelTimer { Timer timer; };
 struct Note { Severity severity; std::string phase; std::string text; };  // one log line
 struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
 }  // namespace act
-using Action = std::variant<act::Send, act::DialData, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
+using Action = std::variant<act::Send, act::DialData, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::PowerOff>;
 using Actions = std::vector<Action>;
 
@@ -113,6 +120,8 @@ class Session {
   /// workload_exited). Never replaced.
   const std::optional<proto::GuestMessage>& outcome() const { return outcome_; }
   bool channel_open() const { return channel_open_; }
+  /// The channel was lost after boot and is being redialled (boot.reconnect_ms).
+  bool reconnecting() const { return reconnecting_; }
   bool workload_alive() const { return workload_pid_ > 0; }
   std::int32_t workload_pid() const { return workload_pid_; }
   bool term_sent() const { return term_sent_; }
@@ -142,6 +151,10 @@ class Session {
   void on(const ev::DataFailed&);
   void on(const ev::DataError&);
   void on(const ev::OutputsDone&);
+  void on(const ev::DialFailed&);
+  bool survives_loss() const;  // an EOF now starts a reconnect instead of a shutdown
+  void begin_reconnect();
+  void resume_channel();
 
   void on_boot(const proto::Boot& b);
   void on_stop(std::string_view why);
@@ -177,6 +190,10 @@ class Session {
   bool armed_[kTimerCount] = {};
   bool outputs_done_ = false;      // stdio: both output streams at EOF
   std::optional<proto::WorkloadExited> held_exit_;  // reaped, waiting for outputs_done_ or drain
+  bool started_ever_ = false;      // the workload's exec succeeded (resume.started)
+  bool host_shutdown_ = false;     // the host sent `shutdown`: a loss after it is not survived
+  bool reconnecting_ = false;      // Timer::reconnect runs; Dial / Timer::redial alternate
+  std::uint32_t redial_ms_ = kRedialFirstMs;
 };
 
 }  // namespace nes::init

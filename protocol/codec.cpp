@@ -138,6 +138,19 @@ void enc(Buf& b, const Ready& m) {
   open(b, "ready");
   key(b, "protocol_version");
   put_int(b, m.protocol_version);
+  if (m.resume) {
+    key(b, "resume");
+    b.push_back('{');
+    key(b, "vm", true);
+    put_string(b, m.resume->vm);
+    key(b, "generation");
+    put_int(b, m.resume->generation);
+    key(b, "started");
+    put_bool(b, m.resume->started);
+    key(b, "outcome_pending");
+    put_bool(b, m.resume->outcome_pending);
+    b.push_back('}');
+  }
 }
 void enc(Buf& b, const Mounted&) { open(b, "mounted"); }
 void enc(Buf& b, const MountFailed& m) {
@@ -300,6 +313,18 @@ void enc(Buf& b, const Boot& m) {
     key(b, "drain_ms");
     put_int(b, st.drain_ms);
     b.push_back('}');
+  }
+  if (m.reconnect_ms) {
+    key(b, "reconnect_ms");
+    put_int(b, m.reconnect_ms);
+  }
+  if (m.vm) {
+    key(b, "vm");
+    put_string(b, *m.vm);
+  }
+  if (m.generation) {
+    key(b, "generation");
+    put_int(b, *m.generation);
   }
 }
 void enc(Buf& b, const Stop&) { open(b, "stop"); }
@@ -789,6 +814,8 @@ bool each_top_field(od::document& doc, const Path& p, Err& err, F&& f) {
   return true;
 }
 
+constexpr std::string_view kGeneration = "integer 1..9007199254740991";
+
 bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
   bool exec = false, geometry = false, on_exit = false;
   bool ok = each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
@@ -805,6 +832,12 @@ bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
       if (is_null(fv)) return out.stdio.reset(), true;
       return dec_stdio(fv, fp, out.stdio.emplace(), err);
     }
+    if (k == "reconnect_ms")
+      return get_ranged(fv, fp, 0, kReconnectMaxMs, "integer 0..3600000", out.reconnect_ms, err);
+    if (k == "vm") return get_str(fv, fp, out.vm.emplace(), err);
+    if (k == "generation")
+      return get_ranged(fv, fp, 1, static_cast<std::int64_t>(kGenerationMax), kGeneration,
+                        out.generation.emplace(), err);
     return true;
   });
   if (!ok) return false;
@@ -823,10 +856,35 @@ bool dec(od::document& doc, const Path& p, Msg&, Err& err)
   return each_top_field(doc, p, err, [](std::string_view, od::value) { return true; });
 }
 
+/// `ready.resume`: every field required (it is ours; no earlier revision sends it).
+bool dec_resume(od::value v, const Path& p, Resume& out, Err& err) {
+  bool vm = false, gen = false, started = false, pending = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "vm") return vm = true, get_str(fv, fp, out.vm, err);
+    if (k == "generation")
+      return gen = true, get_ranged(fv, fp, 1, static_cast<std::int64_t>(kGenerationMax), kGeneration,
+                                    out.generation, err);
+    if (k == "started") return started = true, get_bool(fv, fp, out.started, err);
+    if (k == "outcome_pending") return pending = true, get_bool(fv, fp, out.outcome_pending, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!vm) return missing(p, "vm", "string", err);
+  if (!gen) return missing(p, "generation", kGeneration, err);
+  if (!started) return missing(p, "started", "boolean", err);
+  if (!pending) return missing(p, "outcome_pending", "boolean", err);
+  return true;
+}
+
 bool dec(od::document& doc, const Path& p, Ready& out, Err& err) {
   bool ver = false;
   if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
         if (k == "protocol_version") return ver = true, get_u32(fv, p / k, out.protocol_version, err);
+        if (k == "resume") {
+          if (is_null(fv)) return out.resume.reset(), true;
+          return dec_resume(fv, p / k, out.resume.emplace(), err);
+        }
         return true;
       }))
     return false;

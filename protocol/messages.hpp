@@ -21,9 +21,27 @@ inline constexpr std::uint32_t kInvalidId = 4294967295u;
 
 // ---- guest -> host -----------------------------------------------------------------------------
 
-/// First line from the guest, unprompted: `{"type":"ready","protocol_version":2}`.
+/// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
+inline constexpr std::uint32_t kReconnectMaxMs = 3600000;                 // ms (1 hour)
+inline constexpr std::uint64_t kGenerationMax = 9007199254740991ull;      // 2^53-1: exact in JSON
+
+/// What a guest that survived a channel loss tells the host in its `ready` (additive): the
+/// identity the host gave it in `boot` (informational: the endpoint decides who the peer is),
+/// whether the workload was started, and whether a final event awaits its ack (it is re-sent
+/// right after this `ready`). Wire names: "vm", "generation", "started", "outcome_pending".
+struct Resume {
+  std::string vm;
+  std::uint64_t generation = 0;  // 1..kGenerationMax
+  bool started = false;
+  bool outcome_pending = false;
+  bool operator==(const Resume&) const = default;
+};
+
+/// First line from the guest, unprompted: `{"type":"ready","protocol_version":2}`. On a redialled
+/// channel (boot.reconnect_ms > 0) it carries `resume` and no `boot` follows.
 struct Ready {
   std::uint32_t protocol_version = kProtocolVersion;
+  std::optional<Resume> resume;
   bool operator==(const Ready&) const = default;
 };
 
@@ -166,6 +184,12 @@ struct Boot {
   OnExit on_exit;
   std::optional<std::string> hostname;
   std::optional<Stdio> stdio;  // additive; unset or null: the workload inherits the console
+  /// Channel survival (additive): after `boot`, a lost channel is redialled for up to this long
+  /// (ms, 0..kReconnectMaxMs) without touching the workload; 0: a loss shuts down, as before.
+  std::uint32_t reconnect_ms = 0;
+  /// The host's names for this session, echoed in a resumed `ready` (additive; informational).
+  std::optional<std::string> vm;
+  std::optional<std::uint64_t> generation;  // 1..kGenerationMax
   bool operator==(const Boot&) const = default;
 };
 

@@ -494,3 +494,136 @@ TEST_CASE("gave up waiting for the VM before the record was durable: finish once
   p.durable();
   CHECK(p.s.finished());
 }
+
+// ---- channel survival (SessionConfig::reconnect, resume) ----------------------------------------
+
+namespace {
+std::string resume_line(std::string vm, std::uint64_t gen, bool started, bool pending) {
+  return proto::encode(proto::GuestMessage{proto::Ready{
+             proto::kProtocolVersion, proto::Resume{std::move(vm), gen, started, pending}}}) + "\n";
+}
+std::string exited_line(int code) {
+  return proto::encode(proto::GuestMessage{proto::WorkloadExited::code(static_cast<std::uint8_t>(code))}) + "\n";
+}
+}  // namespace
+
+TEST_CASE("survival: boot carries the window and the names; a loss after boot is no outcome yet") {
+  Probe p;
+  SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.reconnect = std::chrono::milliseconds(5000);
+  p.s = Session(c);
+  p.booted();
+  auto b = boot_of(p.sent.back());
+  CHECK(b.reconnect_ms == 5000);
+  CHECK(b.vm == "vm1");
+  CHECK(b.generation == 4u);
+  p.s.stream_closed(p.t);
+  p.pump();
+  CHECK_FALSE(p.s.outcome());
+  CHECK(p.s.awaiting_redial());
+  CHECK(std::count(p.armed.begin(), p.armed.end(), TimerKind::reconnect) == 1);
+  // The guest redials and resumes: no second boot; the outcome then arrives and is acked.
+  const auto boots = p.sent.size();
+  CHECK(p.s.stream_opened(p.t));
+  p.feed(resume_line("vm1", 4, true, false));
+  CHECK(p.logged("resumed"));
+  CHECK(p.sent.size() == boots);
+  p.feed(exited_line(7));
+  p.durable();
+  CHECK(p.outcome().exit_status == 7);
+  CHECK(p.last_type() == "shutdown");
+  CHECK(p.writes.size() == 1);
+}
+
+TEST_CASE("survival: the window over is channel_lost; without a window a loss is at once") {
+  Probe p;
+  SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.reconnect = std::chrono::milliseconds(1000);
+  p.s = Session(c);
+  p.booted();
+  p.s.stream_closed(p.t);
+  p.s.timer_fired(TimerKind::reconnect, p.t);
+  p.pump();
+  REQUIRE(p.s.outcome());
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(p.outcome().reason.find("did not resume within 3000 ms") != std::string::npos);
+
+  Probe q;
+  q.booted();
+  q.s.stream_closed(q.t);
+  q.pump();
+  REQUIRE(q.s.outcome());
+  CHECK(q.outcome().outcome == proto::Outcome::channel_lost);
+}
+
+TEST_CASE("survival: a fresh host (resume) takes over one generation and refuses anything else") {
+  SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.resume = true;
+  c.descriptor = {};
+  {
+    Probe p;
+    p.s = Session(c);
+    p.start();
+    p.feed(resume_line("vm1", 4, true, true));
+    CHECK(p.logged("resumed"));
+    CHECK(p.sent.empty());  // never a boot
+    p.feed(exited_line(3));
+    p.durable();
+    CHECK(p.outcome().exit_status == 3);
+    CHECK(p.last_type() == "shutdown");
+  }
+  {
+    Probe p;  // another generation: refused, the stream closed, nothing recorded
+    p.s = Session(c);
+    p.start();
+    p.feed(resume_line("vm1", 3, true, true));
+    CHECK(p.logged("resume_refused"));
+    CHECK(p.closes == 1);
+    CHECK_FALSE(p.s.outcome());
+    CHECK(p.sent.empty());
+  }
+  {
+    Probe p;  // another VM's name: refused (the endpoint decides who the peer is)
+    p.s = Session(c);
+    p.start();
+    p.feed(resume_line("other", 4, true, true));
+    CHECK(p.logged("resume_refused"));
+    CHECK_FALSE(p.s.outcome());
+  }
+  {
+    Probe p;  // a fresh ready where a resume was expected: the guest restarted
+    p.s = Session(c);
+    p.start();
+    p.feed(test::ready_line());
+    REQUIRE(p.s.outcome());
+    CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+    CHECK(p.sent.empty());
+  }
+  {
+    Probe p;  // a host that booted nothing and has no window refuses a resume
+    p.start();
+    p.feed(resume_line("vm1", 4, true, true));
+    CHECK(p.logged("resume_refused"));
+    CHECK_FALSE(p.s.outcome());
+  }
+}
+
+TEST_CASE("survival: an outcome re-sent after the record is durable is acked, recorded once") {
+  Probe p(OnExitPolicy::keep);
+  SessionConfig c = Probe::cfg(OnExitPolicy::keep, proto::kDefaultLineCap);
+  c.reconnect = std::chrono::milliseconds(5000);
+  p.s = Session(c);
+  p.booted();
+  p.feed(exited_line(5));
+  p.durable();
+  p.s.stream_closed(p.t);
+  p.pump();
+  CHECK(p.s.awaiting_redial());
+  CHECK(p.s.stream_opened(p.t));
+  p.feed(resume_line("vm1", 4, true, true));
+  p.feed(exited_line(5));
+  CHECK(p.writes.size() == 1);
+  CHECK(p.s.shutdown(p.t));
+  p.pump();
+  CHECK(p.last_type() == "shutdown");
+}

@@ -466,3 +466,127 @@ TEST_CASE("every exit code and signal is reported as it came") {
     CHECK(!w.exit_code);
   }
 }
+
+// ---- channel survival (boot.reconnect_ms) ------------------------------------------------------
+
+namespace {
+Session surviving(std::uint32_t window = 4000, bool terminal = true) {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = make_boot(terminal);
+  b.reconnect_ms = window;
+  b.vm = "web";
+  b.generation = 3;
+  s.handle(msg(b));
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{42});
+  REQUIRE(s.phase() == Phase::running);
+  return s;
+}
+std::optional<proto::Resume> resume_of(const Actions& as) {
+  for (auto& snd : only<act::Send>(as))
+    if (auto* r = std::get_if<proto::Ready>(&snd.msg)) return r->resume;
+  return std::nullopt;
+}
+}  // namespace
+
+TEST_CASE("survival: EOF while running leaves the workload alone and redials with backoff") {
+  Session s = surviving();
+  auto a = s.handle(ev::Eof{});
+  CHECK(group_signals(a).empty());
+  CHECK(s.reconnecting());
+  CHECK(s.phase() == Phase::running);
+  CHECK(armed(a, Timer::reconnect, 4000));
+  CHECK(only<act::Dial>(a).size() == 1);
+  // A failed attempt arms the backoff, 10 ms doubling to 500 ms; each expiry dials once more.
+  std::vector<std::uint32_t> waits;
+  for (int i = 0; i < 8; ++i) {
+    auto f = s.handle(ev::DialFailed{"unix:/x: Connection refused"});
+    for (auto& t : only<act::ArmTimer>(f))
+      if (t.timer == Timer::redial) waits.push_back(t.ms);
+    CHECK(only<act::Dial>(s.handle(ev::TimerFired{Timer::redial})).size() == 1);
+  }
+  CHECK(waits == std::vector<std::uint32_t>{10, 20, 40, 80, 160, 320, 500, 500});
+  // Back: a resumed ready with the host's names, nothing else owed.
+  auto up = s.handle(ev::ChannelUp{});
+  CHECK(sent(up) == std::vector<std::string>{"ready"});
+  auto r = resume_of(up);
+  REQUIRE(r);
+  CHECK(*r == proto::Resume{"web", 3, true, false});
+  CHECK(cancelled(up, Timer::reconnect));
+  CHECK_FALSE(s.reconnecting());
+  CHECK(group_signals(up).empty());
+  // The session goes on as before.
+  auto x = s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+  CHECK(sent(x) == std::vector<std::string>{"workload_exited"});
+}
+
+TEST_CASE("survival: an outcome reached while the channel is down is re-sent after the resumed ready") {
+  Session s = surviving();
+  s.handle(ev::Eof{});
+  auto x = s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+  CHECK(sent(x).empty());  // nobody to send it to
+  s.handle(ev::NoChildren{});
+  CHECK(s.stage() == Stage::await_ack);
+  CHECK_FALSE(power_off(x));
+  auto up = s.handle(ev::ChannelUp{});
+  CHECK(sent(up) == std::vector<std::string>{"ready", "workload_exited"});
+  CHECK(resume_of(up)->outcome_pending);
+  CHECK(armed(up, Timer::ack, kOpt.ack_timeout_ms));
+  // Lost again before the ack: survived again; the ack then ends it.
+  auto e2 = s.handle(ev::Eof{});
+  CHECK(s.reconnecting());
+  CHECK_FALSE(power_off(e2));
+  auto up2 = s.handle(ev::ChannelUp{});
+  CHECK(sent(up2) == std::vector<std::string>{"ready", "workload_exited"});
+  CHECK(power_off(s.handle(msg(proto::Shutdown{}))) == proto::Halt::poweroff);
+}
+
+TEST_CASE("survival: the window over is today's shutdown; window 0 is today's behaviour") {
+  Session s = surviving(2000);
+  s.handle(ev::Eof{});
+  auto w = s.handle(ev::TimerFired{Timer::reconnect});
+  CHECK(group_signals(w) == std::vector<int>{SIGTERM});
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(only<act::Dial>(s.handle(ev::TimerFired{Timer::redial})).empty());  // no more attempts
+
+  Session z = surviving(0);
+  auto e = z.handle(ev::Eof{});
+  CHECK(group_signals(e) == std::vector<int>{SIGTERM});
+  CHECK(only<act::Dial>(e).empty());
+  CHECK_FALSE(z.reconnecting());
+}
+
+TEST_CASE("survival: not after the host's shutdown, not after the ack, not before boot") {
+  Session s = surviving();
+  s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  s.handle(ev::NoChildren{});
+  s.handle(msg(proto::Shutdown{}));  // the ack: powered off already
+  CHECK(s.phase() == Phase::done);
+
+  Session k = surviving(4000, false);
+  k.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  CHECK(k.phase() == Phase::settled);
+  k.handle(msg(proto::Shutdown{}));
+  k.handle(ev::Eof{});
+  CHECK_FALSE(k.reconnecting());
+
+  Session b(kOpt);
+  b.handle(ev::ChannelUp{});
+  auto eb = b.handle(ev::Eof{});
+  CHECK_FALSE(b.reconnecting());
+  CHECK(only<act::Dial>(eb).empty());
+  CHECK(b.phase() == Phase::shutting_down);
+}
+
+TEST_CASE("survival: SIGTERM to PID 1 while redialling still shuts down in order") {
+  Session s = surviving();
+  s.handle(ev::Eof{});
+  auto t = s.handle(ev::Signal{SIGTERM});
+  CHECK(group_signals(t) == std::vector<int>{SIGTERM});
+  auto x = s.handle(ev::Exited{proto::WorkloadExited::killed(SIGTERM)});
+  s.handle(ev::NoChildren{});
+  CHECK(s.stage() == Stage::await_ack);  // the outcome is owed: the window bounds the wait
+  auto over = s.handle(ev::TimerFired{Timer::reconnect});
+  CHECK(power_off(over));
+}

@@ -341,3 +341,42 @@ TEST_CASE("unknown types are skipped, not errors; type_name matches the wire tag
   CHECK(type_name(HostMessage{Kill{9}}) == "kill");
   CHECK(type_name(GuestMessage{StartFailed{}}) == "start_failed");
 }
+
+TEST_CASE("channel survival fields: boot.reconnect_ms/vm/generation and ready.resume round-trip, bounds hold") {
+  Boot b = reference_boot();
+  b.reconnect_ms = kReconnectMaxMs;
+  b.vm = "web-1";
+  b.generation = kGenerationMax;
+  const std::string enc = encode(HostMessage{b});
+  CAPTURE(enc);
+  auto d = decode_host(enc);
+  REQUIRE(std::holds_alternative<HostMessage>(d));
+  CHECK(std::get<Boot>(std::get<HostMessage>(d)) == b);
+  // Absent on the wire when unset: the reference's boot is unchanged byte for byte.
+  CHECK(encode(HostMessage{reference_boot()}).find("reconnect_ms") == std::string::npos);
+
+  Ready r{kProtocolVersion, Resume{"web-1", 7, true, false}};
+  const std::string renc = encode(GuestMessage{r});
+  CHECK(renc == R"({"type":"ready","protocol_version":2,"resume":{"vm":"web-1","generation":7,"started":true,"outcome_pending":false}})");
+  auto rd = decode_guest(renc);
+  REQUIRE(std::holds_alternative<GuestMessage>(rd));
+  CHECK(std::get<Ready>(std::get<GuestMessage>(rd)) == r);
+
+  auto bad = [](std::string_view line) {
+    auto x = decode_guest(line);
+    REQUIRE(std::holds_alternative<DecodeError>(x));
+    return std::get<DecodeError>(x).reason;
+  };
+  CHECK(bad(R"({"type":"ready","protocol_version":2,"resume":{"vm":"a","started":true,"outcome_pending":false}})")
+            .find("ready.resume.generation") != std::string::npos);
+  CHECK(bad(R"({"type":"ready","protocol_version":2,"resume":{"vm":"a","generation":0,"started":true,"outcome_pending":false}})")
+            .find("ready.resume.generation") != std::string::npos);
+  auto hbad = [](std::string_view line) {
+    auto x = decode_host(line);
+    REQUIRE(std::holds_alternative<DecodeError>(x));
+    return std::get<DecodeError>(x).reason;
+  };
+  std::string big = enc;
+  big.replace(big.find("\"reconnect_ms\":3600000"), 22, "\"reconnect_ms\":3600001");
+  CHECK(hbad(big).find("boot.reconnect_ms") != std::string::npos);
+}
