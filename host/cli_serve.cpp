@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "host/cli.hpp"
+#include "host/reconcile.hpp"
 #include "protocol/status.hpp"
 
 namespace nes::cli {
@@ -35,10 +36,11 @@ killed by signal N, 127/126 if it could not start, 124 on --timeout, 125 for hos
   --reconnect S        channel survival: after boot, the guest redials a lost channel for up to
                        S seconds without touching the workload (boot.reconnect_ms); a host
                        started with --resume on the same state dir then takes over
-  --resume             take over --generation N of --vm, booted by an earlier host process that
-                       is gone: send no boot, accept only the guest's resumed `ready`, record
-                       its outcome once (an earlier record of N wins) and acknowledge it;
-                       --descriptor is optional, --ready-timeout bounds the wait
+  --resume             take over --generation N of --vm (default: the newest generation in DIR),
+                       booted by an earlier host process that is gone: send no boot, accept
+                       only the guest's resumed `ready`, record its outcome once (an earlier
+                       record of N wins) and acknowledge it; --descriptor is optional,
+                       --ready-timeout bounds the wait
 SIGINT/SIGTERM: ask the guest to shut down; a second one gives up.
 )";
 
@@ -105,6 +107,15 @@ int serve_main(const Args& args) {
     cfg.session.reconnect = *ms;
   }
   cfg.session.resume = resume;
+  if (resume && !p->has("generation")) {
+    // The generation to take over: the newest one the state dir knows of this VM.
+    auto st = host::reconcile(cfg.state_dir, cfg.session.vm);
+    if (!st) return usage_error("serve", "--resume: " + st.error().message);
+    if (!*st)
+      return usage_error("serve", fmt::format("--resume: no VM '{}' in {} (give --generation)",
+                                              cfg.session.vm, cfg.state_dir.string()));
+    cfg.session.generation = (*st)->generation;
+  }
   if (!p->has("descriptor") && !resume) return usage_error("serve", "--descriptor is required");
   if (auto d = p->get("descriptor")) {
     auto desc = load_descriptor(*d);

@@ -76,6 +76,8 @@ ArgvResult qemu_argv(const QemuSpec& s) {
                               s.data_socket->native()));
   }
 
+  const std::string redial =
+      s.chardev_reconnect_s ? ",reconnect=" + std::to_string(s.chardev_reconnect_s) : std::string();
   std::vector<std::string> a{s.qemu};
   auto add = [&](std::initializer_list<std::string> xs) { a.insert(a.end(), xs); };
   // q35 boots reliably here (microvm hangs without tsc_early_khz). -no-reboot: a guest reboot or
@@ -93,13 +95,13 @@ ArgvResult qemu_argv(const QemuSpec& s) {
   if (s.channel_socket) {
     // The lifecycle channel: virtio-serial port `nes.0`; QEMU dials our listener (server=off).
     add({"-device", "virtio-serial-pci,id=vser0",
-         "-chardev", "socket,id=nes0,server=off,path=" + qemu_escape(s.channel_socket->native()),
+         "-chardev", "socket,id=nes0,server=off" + redial + ",path=" + qemu_escape(s.channel_socket->native()),
          "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=" + s.port_name});
   }
   if (s.data_socket) {
     // The data channel: a port of its own, so output never queues behind (or ahead of) the
     // lifecycle messages; QEMU dials our second listener.
-    add({"-chardev", "socket,id=nes1,server=off,path=" + qemu_escape(s.data_socket->native()),
+    add({"-chardev", "socket,id=nes1,server=off" + redial + ",path=" + qemu_escape(s.data_socket->native()),
          "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=" + s.data_port_name});
   }
   return {std::move(a), {}};

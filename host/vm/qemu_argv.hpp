@@ -48,6 +48,10 @@ struct QemuSpec {
   /// its own chardev dialling this *listening* Unix socket (needs channel_socket).
   std::optional<std::filesystem::path> data_socket;
   std::string data_port_name = "nes.1";     // the guest's default when its channel is nes.0
+  /// Channel survival: QEMU redials a listener that went away every this many seconds
+  /// (`reconnect=` on the chardevs, QEMU 7.2's spelling), so a guest booted with
+  /// boot.reconnect_ms reaches a restarted host. 0: QEMU never redials (the default).
+  std::uint32_t chardev_reconnect_s = 0;
   std::optional<std::string> firmware = "qboot.rom";  // -bios; qboot prints nothing on the serial
                                                       // line (SeaBIOS resets the terminal)
 };

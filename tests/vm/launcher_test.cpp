@@ -186,6 +186,16 @@ TEST_CASE("qemu_argv: the data channel as a second port nes.1 on its own chardev
   CHECK(qemu_argv(s).error.rfind("data_socket:", 0) == 0);
 }
 
+TEST_CASE("qemu_argv: chardev_reconnect_s makes both chardevs redial a restarted listener") {
+  auto s = base_spec();
+  s.data_socket = "/run/x/data.sock";
+  s.chardev_reconnect_s = 1;
+  auto r = qemu_argv(s);
+  REQUIRE(r.error.empty());
+  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes0,server=off,reconnect=1,path=/run/x/channel.sock"));
+  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes1,server=off,reconnect=1,path=/run/x/data.sock"));
+}
+
 TEST_CASE("accel names round-trip") {
   for (auto a : {Accel::tcg, Accel::kvm, Accel::auto_probe})
     CHECK(accel_from_string(to_string(a)) == a);

@@ -433,6 +433,57 @@ def case_unread_stdout(c):
     check((r["outcome"], r["exit_status"]) == ("timeout", 124), f"record {r}")
 
 
+def case_survive(c):
+    """Channel survival through a real VMM: QEMU started outside the listener's process (as an
+    embedder's VMM is), its virtio-serial chardev with reconnect=1; `neshost serve --reconnect`
+    is SIGKILLed while the workload runs, `serve --resume` takes over on the same path and state
+    dir, the guest redials through QEMU's reconnecting chardev and the outcome is recorded once."""
+    sock = os.path.join(c.tmp, "vm.sock")
+    desc = os.path.join(c.tmp, "desc.json")
+    with open(desc, "w") as f:
+        json.dump({"exec": {"argv": ["/bin/sh", "-c", "sleep 4; exit 7"], "env": {"PATH": "/bin"}, "uid": 0, "gid": 0},
+                   "geometry": {"width": 1, "height": 1, "fps": 1}, "on_exit": {"terminal": True}}, f)
+
+    def serve(*extra):
+        p = Proc([NESHOST, "serve", "--listen", "unix:" + sock, "--state", c.state, "--vm", "s",
+                  "--ready-timeout", "100", *extra], c.env)
+        c.procs.append(p)
+        check(p.wait_text("out", " listening "), "serve listens")
+        return p
+
+    s1 = serve("--descriptor", desc, "--reconnect", "60")
+    qemu = Proc(["qemu-system-x86_64", "-M", "q35", "-accel", "tcg", "-m", "256", "-smp", "1", "-no-reboot",
+                 "-nodefaults", "-no-user-config", "-display", "none",
+                 "-kernel", os.path.join(SRC, ".cache/kernel/vmlinuz"), "-initrd", os.environ["NESHOST_INITRD"],
+                 "-append", "console=ttyS0 quiet loglevel=0 panic=-1 nesinit.channel=virtio-port:nes.0",
+                 "-chardev", "stdio,id=con0,signal=off", "-serial", "chardev:con0",
+                 "-device", "virtio-serial-pci,id=vser0",
+                 "-chardev", "socket,id=nes0,server=off,reconnect=1,path=" + sock,
+                 "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"], c.env, stdin=subprocess.DEVNULL)
+    c.procs.append(qemu)
+    check(s1.wait_text("out", " started"), "the first host saw started")
+    s1.p.kill()
+    s1.finish()
+    t0 = time.monotonic()
+    s2 = serve("--resume", "--generation", "1")
+    check(s2.wait_text("out", " resumed "), "the guest resumed through QEMU's reconnecting chardev")
+    resumed_ms = (time.monotonic() - t0) * 1000
+    rc = s2.finish()
+    out = s2.out.decode(errors="replace")
+    check(rc == 7, f"resumed serve: exit {rc}, want 7\n{out}")
+    r = c.record("s")
+    check((r["outcome"], r["exit_code"], r["generation"]) == ("exited", 7, 1), f"record {r}")
+    try:
+        qemu.p.wait(timeout=BOUND)  # the guest powered off after the ack
+    except subprocess.TimeoutExpired:
+        raise Failure("QEMU still running after the ack")
+    qemu.finish()
+    console = qemu.out.decode(errors="replace")
+    check("nesinit: channel: redialled" in console, "the init's console says it redialled:\n" + console[-3000:])
+    check("nesinit: term-workload" not in console, "the workload was not signalled")
+    print(f"survive: {resumed_ms:.0f} ms from starting the new host to the resumed session")
+
+
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
