@@ -115,6 +115,13 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
       if (h && h->eof) h->eof(cfg_.vm, eo->stream);
       if (cfg_.log) cfg_.log->push_eof(static_cast<OutputStream>(eo->stream), now);
       cfg_.emit("output_eof", std::string(proto::to_string(eo->stream)));
+      (eo->stream == proto::Stream::out ? out_eof_ : err_eof_) = true;
+      // Every output stream ended and all of it is ours: closing tells the guest so (it holds
+      // its power-off until then, docs/protocol.md "Data channel"). stdin ends with it.
+      if (out_eof_ && (err_eof_ || cfg_.stdio.terminal)) {
+        close();
+        return;
+      }
     } else if (auto* d = std::get_if<data_ev::Dropped>(&e)) {
       if (h && h->dropped) h->dropped(cfg_.vm, d->stream, d->bytes);
       if (cfg_.log) cfg_.log->push_dropped(static_cast<OutputStream>(d->stream), d->bytes, now);

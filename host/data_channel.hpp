@@ -139,6 +139,7 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   bool reading_ = false, writing_ = false, closed_ = false;
   bool paused_embedder_ = false, paused_log_ = false;
   bool stdin_eof_sent_ = false, stdin_refused_ = false;
+  bool out_eof_ = false, err_eof_ = false;  // the guest's eof frames seen
 };
 
 }  // namespace nes::host

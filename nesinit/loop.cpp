@@ -36,6 +36,10 @@ namespace {
 constexpr std::size_t kOutCap = 1u << 20;
 /// How often a virtio port with no host connected is looked at again: ms.
 constexpr std::uint64_t kPortRetryMs = 100;
+/// The final flush before power-off: given up after this long without progress, ms ...
+constexpr std::uint64_t kFinalIdleMs = 1000;
+/// ... and after this long in all, ms.
+constexpr std::uint64_t kFinalMaxMs = 15000;
 /// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. A pending
 /// signal cuts it short; the session's backoff spaces the attempts.
 constexpr std::uint32_t kRedialAttemptMs = 200;
@@ -239,6 +243,7 @@ class Pid1 {
       ssize_t n = ::write(chan_, out_.data(), out_.size());
       if (n > 0) {
         out_.erase(0, static_cast<std::size_t>(n));
+        bytes_written_ += static_cast<std::uint64_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -317,17 +322,32 @@ class Pid1 {
 
   [[noreturn]] void power_off(proto::Halt halt) {
     // Give the last lines (the outcome) and the workload's last output a bounded chance to
-    // leave before the channels close.
-    const std::uint64_t until = monotonic_ms() + 1000;
+    // leave before the channels close: kFinalIdleMs without progress ends it, kFinalMaxMs in all
+    // (a slow VMM port still moving the tail of a big output gets the time it needs; a host that
+    // stopped reading costs at most kFinalIdleMs).
+    const std::uint64_t start = monotonic_ms();
+    std::uint64_t until = start + kFinalIdleMs;
     for (;;) {
-      const bool data_due = data_ >= 0 && stdio_ && (stdio_->tx_pending() || !stdio_->outputs_done());
+      // Written is not received: bytes in the VMM's queues die with the VM. The host closes the
+      // data channel once it has every output stream's EOF: that close is the receipt.
+      const bool data_due = data_ >= 0 && stdio_ &&
+                            (stdio_->tx_pending() || !stdio_->outputs_done() || !(data_rx_eof_ || data_hup_));
       if (!(chan_ >= 0 && !out_.empty()) && !data_due) break;
+      const std::uint64_t before = bytes_written_;
       std::uint64_t now = monotonic_ms();
-      if (now >= until) break;
+      if (now >= until) {
+        if (data_due)
+          log_.warn("halt", "{} byte(s) of the workload's output not sent before power-off",
+                    stdio_->buffered());
+        break;
+      }
       pollfd p[1 + kStdioFds];
       p[0] = {chan_ >= 0 && !out_.empty() ? chan_ : -1, POLLOUT, 0};
       stdio_poll_set(p + 1);
+      // Watched for the host's close (POLLHUP) even when there is nothing to read or write.
+      if (data_ >= 0 && p[1 + kData].fd < 0 && !data_retry_at_) p[1 + kData] = {data_, 0, 0};
       if (::poll(p, 1 + kStdioFds, static_cast<int>(until - now)) <= 0) continue;
+      if (data_ >= 0 && (p[1 + kData].revents & (POLLHUP | POLLERR))) data_hup_ = true;
       if (p[0].revents & (POLLHUP | POLLERR)) {
         // hung up (a virtio port without its host): give up on it
         if (chan_ >= 0) ::close(chan_);
@@ -336,6 +356,7 @@ class Pid1 {
         flush();
       }
       stdio_handle(p + 1);
+      if (bytes_written_ != before) until = std::min(monotonic_ms() + kFinalIdleMs, start + kFinalMaxMs);
     }
     close_data();
     if (chan_ >= 0) ::close(chan_);
@@ -542,6 +563,7 @@ class Pid1 {
       ssize_t n = ::write(data_, v.data(), v.size());
       if (n > 0) {
         c.sent(static_cast<std::size_t>(n));
+        bytes_written_ += static_cast<std::uint64_t>(n);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -559,8 +581,10 @@ class Pid1 {
       // A virtio port with no host connected polls as POLLHUP: not an EOF (there is none on a
       // port); look again in kPortRetryMs.
       data_retry_at_ = monotonic_ms() + kPortRetryMs;
+      data_hup_ = true;
       return;
     }
+    data_hup_ = false;
     if (room == 0) return;
     ssize_t n = ::read(data_, io_buf_, room);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
@@ -570,6 +594,7 @@ class Pid1 {
     }
     if (data_is_port_ && n == 0) {
       data_retry_at_ = monotonic_ms() + kPortRetryMs;
+      data_hup_ = true;
       return;
     }
     if (n < 0) {
@@ -637,6 +662,7 @@ class Pid1 {
   int data_ = -1;             // the data channel (boot.stdio), or -1
   bool data_is_port_ = false;
   bool data_rx_eof_ = false;  // the host closed its sending side
+  bool data_hup_ = false;     // a virtio data port's host side is not connected (last look)
   std::optional<std::uint64_t> data_retry_at_;  // a virtio data port without its host: look again then
   std::optional<StdioCore> stdio_;
   StdioFds fds_;
@@ -653,6 +679,7 @@ class Pid1 {
   bool host_seen_ = false;  // the host has sent at least one byte
   std::optional<std::uint64_t> port_retry_at_;
   unsigned poll_errors_ = 0;  // consecutive poll(2) failures
+  std::uint64_t bytes_written_ = 0;  // to either channel: the final flush's measure of progress
 };
 
 }  // namespace

@@ -200,7 +200,9 @@ bool Sandbox::pump(int timeout_ms) {
         const auto si = static_cast<std::size_t>(f->stream);
         switch (f->kind) {
           case proto::FrameKind::data: data_[si] += f->data; break;
-          case proto::FrameKind::eof: timeline_.push_back("data:" + std::string(proto::to_string(f->stream)) + ":eof"); break;
+          case proto::FrameKind::eof:
+            timeline_.push_back("data:" + std::string(proto::to_string(f->stream)) + ":eof");
+            break;
           case proto::FrameKind::dropped:
             dropped_ += f->dropped;
             timeline_.push_back("data:dropped");
@@ -212,6 +214,13 @@ bool Sandbox::pump(int timeout_ms) {
         close_fd(data_fd_);
         data_closed_ = true;
         timeline_.push_back("data:error");
+        break;
+      }
+      // As a host must (docs/protocol.md "Data channel"): every output stream at EOF, close.
+      if (data_dec_.at_eof(proto::Stream::out) && (data_dec_.at_eof(proto::Stream::err) || terminal_)) {
+        close_fd(data_fd_);
+        data_closed_ = true;
+        timeline_.push_back("data:closed");
         break;
       }
     }
@@ -287,7 +296,10 @@ bool Sandbox::wait_eof(int timeout_ms) {
   return true;
 }
 
-void Sandbox::send(const proto::HostMessage& m) { send_raw(proto::encode_line(m)); }
+void Sandbox::send(const proto::HostMessage& m) {
+  if (auto* b = std::get_if<proto::Boot>(&m)) terminal_ = b->stdio && b->stdio->terminal;
+  send_raw(proto::encode_line(m));
+}
 
 void Sandbox::send_raw(const std::string& bytes) {
   std::string_view rest = bytes;

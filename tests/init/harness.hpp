@@ -135,6 +135,7 @@ class Sandbox {
   int filler_ = -1;           // our connection that fills the backlog (full_backlog)
   int data_listen_ = -1, data_fd_ = -1;
   bool data_paused_ = false, data_closed_ = false;
+  bool terminal_ = false;     // the boot sent asked for a terminal: stdout is the only output
   std::string data_[3];
   std::string data_tx_;
   std::uint64_t dropped_ = 0;
