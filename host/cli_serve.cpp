@@ -14,7 +14,7 @@ namespace {
 constexpr std::string_view kHelp = R"(usage: neshost serve --listen unix:PATH|vsock:PORT|fd:N --descriptor FILE --state DIR
                      [--vm ID] [--generation N] [--on-exit stop|keep|remove] [--timeout S]
                      [--ready-timeout S] [--stop-timeout S] [--cid CID]
-                     [--reconnect S] [--resume]
+                     [--reconnect S] [--resume] [--data-listen unix:PATH]
 
 Serve one VM: wait for the guest's `ready`, send the boot descriptor, record the outcome durably
 in DIR/ID/outcome.json, acknowledge it with `shutdown`, apply --on-exit. Prints one line per
@@ -33,6 +33,9 @@ killed by signal N, 127/126 if it could not start, 124 on --timeout, 125 for hos
   --ready-timeout S    seconds from start to the guest's `ready` (default 30)
   --stop-timeout S     seconds from `shutdown` to the VM's exit before destroy (default 10)
   --cid CID            vsock: the guest CID that names this VM
+  --data-listen unix:PATH
+                       the data channel (a descriptor with `stdio`): the workload's output is
+                       written to DIR/ID/workload.log (`neshost logs`), stdin gets its EOF
   --reconnect S        channel survival: after boot, the guest redials a lost channel for up to
                        S seconds without touching the workload (boot.reconnect_ms); a host
                        started with --resume on the same state dir then takes over
@@ -47,7 +50,8 @@ SIGINT/SIGTERM: ask the guest to shut down; a second one gives up.
 constexpr FlagSpec kFlags[] = {{"listen"},        {"descriptor"},    {"state"},
                                {"vm"},            {"generation"},    {"on-exit"},
                                {"timeout"},       {"ready-timeout"}, {"stop-timeout"},
-                               {"cid"},           {"reconnect"},     {"resume", false}};
+                               {"cid"},           {"reconnect"},     {"resume", false},
+                               {"data-listen"}};
 
 int serve_main(const Args& args) {
   auto p = parse_flags(kFlags, args);
@@ -127,7 +131,20 @@ int serve_main(const Args& args) {
   // A reader of our stdout going away (`serve | head -1`) must not kill the session mid-way:
   // the outcome is still recorded and returned. (serve starts no child that would inherit this.)
   ::signal(SIGPIPE, SIG_IGN);
-  return serve_vm(cfg);
+  ServeEmbedder emb;
+  if (auto d = p->get("data-listen")) {
+    auto spec = host::parse_listen_spec(*d);
+    if (!spec) return usage_error("serve", "--data-listen: " + spec.error().message);
+    if (spec->kind != host::ListenSpec::Kind::unix_path)
+      return usage_error("serve", "--data-listen: only unix:PATH (vsock data listens on its own port)");
+    emb.on_listening = [path = spec->path](host::Host& h, const std::string& id) {
+      host::UnixListenOptions dl;
+      dl.path = path;
+      if (auto s = h.listen_data_unix(id, dl); !s) fmt::print(stderr, "neshost serve: --data-listen: {}\n", s.error().message);
+      (void)h.vm_started(id);
+    };
+  }
+  return serve_vm(cfg, std::move(emb));
 }
 
 const Registrar reg{{"serve", "serve one VM: boot it, record its outcome, apply --on-exit", serve_main}};

@@ -109,6 +109,44 @@ def main():
     check(any(" boot_sent terminal=false" in l for l in lines), "keep sent terminal=false")
 
 
+def serve_stdio():
+    """serve --data-listen: the real init dials the data channel; the workload's stdout and stderr
+    end up in STATE/VM/workload.log, and `neshost logs` prints them apart, byte-exact."""
+    with tempfile.TemporaryDirectory(prefix="nesi-") as tmp:
+        sock, data = os.path.join(tmp, "run", "vm.sock"), os.path.join(tmp, "run", "data.sock")
+        desc = os.path.join(tmp, "desc.json")
+        with open(desc, "w") as f:
+            json.dump({"type": "boot", "exec": {"argv": ["/bin/sh", "-c", "printf 'out\\n'; printf 'err\\n' >&2; exit 3"],
+                                                "env": {"PATH": "/usr/bin:/bin"}, "uid": 0, "gid": 0},
+                       "geometry": {"width": 1, "height": 1, "fps": 1}, "on_exit": {"terminal": True},
+                       "stdio": {"stdin": False}}, f)
+        state = os.path.join(tmp, "state")
+        serve = subprocess.Popen([NESHOST, "serve", "--listen", "unix:" + sock, "--data-listen", "unix:" + data,
+                                  "--descriptor", desc, "--state", state, "--vm", "io", "--ready-timeout", "20"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        init = None
+        try:
+            for line in serve.stdout:
+                if " data_listening " in line:
+                    break
+            init = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", NESINIT,
+                                     "--channel=unix:" + sock, "--data-channel=unix:" + data, "--log=quiet"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            out, err = serve.communicate(timeout=60)
+            init.wait(timeout=30)
+        finally:
+            for p in (serve, init):
+                if p and p.poll() is None:
+                    p.kill()
+                    p.wait()
+        check(serve.returncode == 3, "serve --data-listen: exit %s, want 3\n%s%s" % (serve.returncode, out, err))
+        check(" data_connected" in out, "serve --data-listen: the data channel connected\n" + out)
+        lo = subprocess.run([NESHOST, "logs", "--state", state, "io"], capture_output=True, text=True, timeout=30)
+        check((lo.returncode, lo.stdout, lo.stderr) == (0, "out\n", "err\n"),
+              "neshost logs after serve: %r" % ((lo.returncode, lo.stdout, lo.stderr),))
+
+
 main()
+serve_stdio()
 print("%d checks, %d failed" % (checks, len(failures)))
 sys.exit(1 if failures else 0)
