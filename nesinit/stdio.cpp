@@ -79,24 +79,31 @@ bool StdioCore::outputs_done() const { return out_.eof && err_.eof; }
 void StdioCore::frame_more() {
   // One frame per stream per round, alternating which goes first, so a flood on one stream does
   // not starve the other. A dropped count always precedes the stream's next data.
+  // Rounds are batched up to kTxBatch bytes: a virtio port takes at most 32 KiB per write(2)
+  // (drivers/char/virtio_console.c) and every write is a virtqueue kick, so frames written one
+  // by one would end each in a short write; batched, only the batch's tail is short.
   tx_.clear();
   tx_head_ = 0;
-  for (int i = 0; i < 2; ++i) {
-    const Stream s = (i == 0) == err_first_ ? Stream::err : Stream::out;
-    Out& o = out(s);
-    if (o.buf.dropped_pending()) proto::append_dropped(tx_, s, o.buf.take_dropped());
-    const std::string_view v = o.buf.view();
-    if (!v.empty()) {
-      const std::size_t n = std::min(v.size(), proto::kFrameDataMax);
-      proto::append_data(tx_, s, v.substr(0, n));
-      o.buf.consume(n);
+  for (;;) {
+    const std::size_t before = tx_.size();
+    for (int i = 0; i < 2; ++i) {
+      const Stream s = (i == 0) == err_first_ ? Stream::err : Stream::out;
+      Out& o = out(s);
+      if (o.buf.dropped_pending()) proto::append_dropped(tx_, s, o.buf.take_dropped());
+      const std::string_view v = o.buf.view();
+      if (!v.empty()) {
+        const std::size_t n = std::min(v.size(), proto::kFrameDataMax);
+        proto::append_data(tx_, s, v.substr(0, n));
+        o.buf.consume(n);
+      }
+      if (o.eof && !o.eof_sent && o.buf.size() == 0) {
+        proto::append_eof(tx_, s);
+        o.eof_sent = true;
+      }
     }
-    if (o.eof && !o.eof_sent && o.buf.size() == 0) {
-      proto::append_eof(tx_, s);
-      o.eof_sent = true;
-    }
+    err_first_ = !err_first_;
+    if (tx_.size() == before || tx_.size() >= kTxBatch) break;
   }
-  err_first_ = !err_first_;
 }
 
 std::string_view StdioCore::tx() {

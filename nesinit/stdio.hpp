@@ -22,6 +22,8 @@ namespace nes::init {
 
 /// Largest single read from a pipe, the PTY or the data channel: bytes.
 inline constexpr std::size_t kStdioChunk = 65536;
+/// Framed bytes prepared for one run of writes to the data channel, at most (plus one round).
+inline constexpr std::size_t kTxBatch = 256u << 10;
 /// Bytes from the host held for the workload's stdin before the init stops reading the data
 /// channel (the host is then backpressured by its transport).
 inline constexpr std::size_t kStdinCap = 256 * 1024;
