@@ -12,19 +12,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, need_sandbox, skip  # noqa: E402
+
 NESHOST = sys.argv[1]
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, flush=True)
-
-
 def run(args, timeout=30, **kw):
     return subprocess.run([NESHOST] + args, capture_output=True, text=True, timeout=timeout, **kw)
 
@@ -57,7 +48,7 @@ class Serve:
         except subprocess.TimeoutExpired:
             self.p.kill()
             out, err = self.p.communicate()
-            failures.append("serve did not finish")
+            check(False, "serve did not finish")
         self.lines += out.splitlines()
         self.err = err
         return self.p.returncode
@@ -263,5 +254,4 @@ for t in [test_logs, test_help_and_usage, test_serve_exit_code_then_wait_inspect
           test_keep_until_sigterm, test_in_use_is_refused]:
     print("--", t.__name__, flush=True)
     t()
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()

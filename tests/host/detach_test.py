@@ -20,31 +20,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, need_sandbox, skip  # noqa: E402
+
 NESHOST, NESINIT = sys.argv[1], sys.argv[2]
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, flush=True)
-
-
-def skip(why):
-    print("SKIP:", why)
-    sys.exit(77)
-
-
-if not os.access(NESINIT, os.X_OK):
-    skip("no init at %s" % NESINIT)
-if shutil.which("unshare") is None:
-    skip("no unshare")
-probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30)
-if probe.returncode != 0:
-    skip("cannot create pid+mount namespaces: %r" % probe.stderr)
+need_sandbox(NESINIT)
 
 PR_SET_CHILD_SUBREAPER = 36
 if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -355,5 +335,4 @@ def case_usage():
 for case in (case_detached_exit_7_agree, case_monitor_killed_record_missing_or_corrupt,
              case_generations_stale_ignored, case_stop_races_natural_exit, case_kill_group_and_rm, case_usage):
     case()
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()

@@ -13,31 +13,11 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, need_sandbox, skip  # noqa: E402
+
 NESHOST, NESINIT = sys.argv[1], sys.argv[2]
-failures = []
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, flush=True)
-
-
-def skip(why):
-    print("SKIP:", why)
-    sys.exit(77)
-
-
-if not os.access(NESINIT, os.X_OK):
-    skip("no init at %s" % NESINIT)
-if shutil.which("unshare") is None:
-    skip("no unshare")
-probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30)
-if probe.returncode != 0:
-    skip("cannot create pid+mount namespaces: %r" % probe.stderr)
+need_sandbox(NESINIT)
 
 
 def session(argv, extra=(), policy="stop", action=None, expect_rc=None, expect=None):
@@ -148,5 +128,4 @@ def serve_stdio():
 
 main()
 serve_stdio()
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()

@@ -20,32 +20,13 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, need_sandbox, skip  # noqa: E402
+
 NESHOST, NESINIT = sys.argv[1], sys.argv[2]
-failures = []
-checks = 0
 figures = []
 
-
-def check(cond, what):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, flush=True)
-
-
-def skip(why):
-    print("SKIP:", why)
-    sys.exit(77)
-
-
-if not os.access(NESINIT, os.X_OK):
-    skip("no init at %s" % NESINIT)
-if shutil.which("unshare") is None:
-    skip("no unshare")
-probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30)
-if probe.returncode != 0:
-    skip("cannot create pid+mount namespaces: %r" % probe.stderr)
+need_sandbox(NESINIT)
 
 
 class Lines:
@@ -312,5 +293,4 @@ def main():
 main()
 for name, ms in figures:
     print("resume %-55s %.0f ms from starting the new host to `resumed`" % (name, ms))
-print("%d checks, %d failed" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+finish()
