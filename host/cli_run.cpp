@@ -39,6 +39,8 @@
 #include "host/vm/console.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
+#include "host/vm/virtiofsd.hpp"
+#include "host/vm/volume.hpp"
 #include "protocol/status.hpp"
 
 #ifndef NESHOST_DEFAULT_KERNEL
@@ -49,6 +51,9 @@
 #endif
 #ifndef NESHOST_MKINITRD
 #define NESHOST_MKINITRD "scripts/mkinitrd.sh"
+#endif
+#ifndef NESHOST_DEFAULT_VIRTIOFSD
+#define NESHOST_DEFAULT_VIRTIOFSD ".cache/virtiofsd/virtiofsd"
 #endif
 #ifndef NESHOST_NESINIT
 #define NESHOST_NESINIT "build/nesinit/nesinit"
@@ -82,8 +87,13 @@ STATE/VM/console.log.
   --kernel PATH        guest kernel (default: $NESHOST_KERNEL, else the one scripts/fetch-kernel.sh
                        fetched)
   --initrd PATH        initramfs with nesinit as /init (default: $NESHOST_INITRD, else the build's)
-  --rootfs DIR         pack DIR as the guest's userland instead (nesinit and the kernel's virtio
-                       modules are added; scripts/mkinitrd.sh)
+  --rootfs DIR         DIR is the guest's root: the workload sees it as / (with /proc, /sys, /dev,
+                       /run and a private /tmp), served over virtiofs, writes go to DIR
+  --rootfs-mode MODE   virtiofs (default) or initramfs: copy DIR into an initramfs instead
+                       (with nesinit and the kernel's modules; scripts/mkinitrd.sh), RAM-backed
+  -v, --volume HOST:GUEST[:ro]
+                       share host directory HOST at GUEST over virtiofs (repeatable); :ro makes
+                       it read-only on both sides (EROFS in the guest)
   --mem MiB            guest RAM (default 256)
   --cpus N             vCPUs (default 1)
   --accel tcg|kvm|auto auto (default): KVM only if a short probe boot under KVM works, else TCG
@@ -116,8 +126,14 @@ at once).
 
 // ---- options ----
 
+// One vhost-user-fs-pci device each (PCI slots on q35's root bus are plentiful; this bounds the
+// daemons one command line can start).
+constexpr std::size_t kMaxVolumes = 16;
+
 struct RunOptions {
   std::optional<fs::path> kernel, initrd, rootfs, state;
+  bool rootfs_initramfs = false;   // --rootfs-mode initramfs
+  std::vector<vm::Volume> volumes;
   std::uint32_t mem = 256, cpus = 1;
   vm::Accel accel = vm::Accel::auto_probe;
   std::map<std::string, std::string> env;
@@ -174,7 +190,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
   static constexpr std::string_view kValued[] = {
       "kernel", "initrd", "rootfs", "mem", "cpus", "accel", "env", "workdir", "user", "hostname",
       "on-exit", "state", "vm", "timeout", "ready-timeout", "grace", "log-max-size",
-      "log-max-files"};
+      "log-max-files", "volume", "rootfs-mode"};
   std::size_t i = 0;
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -202,8 +218,8 @@ host::Result<RunOptions> parse_run(const Args& args) {
     }
     std::string name;
     std::optional<std::string_view> value;
-    if (a == "-e" || a == "-w") {
-      name = a == "-e" ? "env" : "workdir";
+    if (a == "-e" || a == "-w" || a == "-v") {
+      name = a == "-e" ? "env" : a == "-w" ? "workdir" : "volume";
     } else if (a.starts_with("--")) {
       std::string_view n = a.substr(2);
       if (auto eq = n.find('='); eq != std::string_view::npos) {
@@ -230,6 +246,18 @@ host::Result<RunOptions> parse_run(const Args& args) {
     else if (name == "initrd") o.initrd = v;
     else if (name == "rootfs") o.rootfs = v;
     else if (name == "state") o.state = v;
+    else if (name == "volume") {
+      auto vol = vm::parse_volume(v);
+      if (!vol) return vol.error();
+      o.volumes.push_back(std::move(*vol));
+      if (auto p = vm::volumes_problem(o.volumes); !p.empty()) return host::Error{p};
+      if (o.volumes.size() > kMaxVolumes)
+        return host::Error{fmt::format("--volume: at most {} volumes", kMaxVolumes)};
+    } else if (name == "rootfs-mode") {
+      if (v != "virtiofs" && v != "initramfs")
+        return host::Error{fmt::format("--rootfs-mode: expected virtiofs or initramfs, got '{}'", v)};
+      o.rootfs_initramfs = v == "initramfs";
+    }
     else if (name == "hostname") o.hostname = v;
     else if (name == "workdir") {
       if (!v.starts_with("/")) return host::Error{fmt::format("--workdir: '{}' is not an absolute path", v)};
@@ -285,7 +313,16 @@ host::Result<RunOptions> parse_run(const Args& args) {
     }
   }
   for (; i < args.size(); ++i) o.argv.emplace_back(args[i]);
-  if (o.initrd && o.rootfs) return host::Error{"--initrd and --rootfs exclude each other"};
+  if (o.sandbox && (!o.volumes.empty() || o.rootfs))
+    return host::Error{"--sandbox runs no VM: --volume and --rootfs need one"};
+  if (o.initrd && o.rootfs && o.rootfs_initramfs)
+    return host::Error{"--initrd and --rootfs --rootfs-mode initramfs exclude each other"};
+  if (o.rootfs) {
+    std::error_code ec;
+    if (!fs::is_directory(*o.rootfs, ec))
+      return host::Error{fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string())};
+    o.rootfs = fs::canonical(*o.rootfs, ec);
+  }
   if (!o.help && o.argv.empty()) return host::Error{"ARGV is required (neshost run [OPTIONS] -- ARGV...)"};
   return o;
 }
@@ -295,6 +332,16 @@ host::Result<RunOptions> parse_run(const Args& args) {
 fs::path env_or(const char* var, const char* dflt) {
   if (const char* s = std::getenv(var); s && *s) return s;
   return dflt;
+}
+
+/// The virtiofsd to run: $NESHOST_VIRTIOFSD, else the one scripts/fetch-virtiofsd.sh provided,
+/// else the system's (Debian 13+, Ubuntu: /usr/libexec/virtiofsd).
+std::string virtiofsd_program() {
+  if (const char* s = std::getenv("NESHOST_VIRTIOFSD"); s && *s) return s;
+  std::error_code ec;
+  if (fs::exists(NESHOST_DEFAULT_VIRTIOFSD, ec) || !fs::exists("/usr/libexec/virtiofsd", ec))
+    return NESHOST_DEFAULT_VIRTIOFSD;
+  return "/usr/libexec/virtiofsd";
 }
 
 std::string random_vm_id() {
@@ -466,15 +513,13 @@ int run_main(const Args& args) {
   if (!o.sandbox && !fs::is_regular_file(kernel, ec))
     return fail(fmt::format("kernel '{}' not found (scripts/fetch-kernel.sh fetches one, or pass --kernel)",
                             kernel.string()));
-  if (o.rootfs && !fs::is_directory(*o.rootfs, ec))
-    return fail(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
 
   RuntimeDir rt;
   if (rt.path.empty()) return fail(fmt::format("mkdtemp $TMPDIR/neshost-XXXXXX: {}", std::strerror(errno)));
   fs::path initrd;
   if (o.sandbox) {
     // No kernel, no initramfs: the init runs on this host.
-  } else if (o.rootfs) {
+  } else if (o.rootfs && o.rootfs_initramfs) {
     initrd = rt.path / "initrd.cpio";
     if (auto s = build_initrd(*o.rootfs, kernel, initrd); !s) return fail(s.error().message);
   } else {
@@ -512,6 +557,18 @@ int run_main(const Args& args) {
   // the workload's own children need it too).
   ex.env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
   ex.cwd = o.workdir;
+  // Shares: one virtiofsd each, the root first (docs/vm.md "Shares").
+  std::vector<vm::ShareSpec> shares;
+  if (o.rootfs && !o.rootfs_initramfs) {
+    shares.push_back({"nes.root", *o.rootfs, false});
+    cfg.session.descriptor.root = proto::Root{"nes.root", false, proto::FsType::virtiofs};
+  }
+  for (std::size_t i = 0; i < o.volumes.size(); ++i) {
+    const auto& v = o.volumes[i];
+    std::string tag = fmt::format("nes.v{}", i);
+    shares.push_back({tag, v.host, v.ro});
+    cfg.session.descriptor.mounts.push_back(proto::Mount{tag, v.guest, v.ro, proto::FsType::virtiofs});
+  }
   ex.uid = o.uid;
   ex.gid = o.gid;
   cfg.session.descriptor.hostname = o.hostname;
@@ -565,6 +622,27 @@ int run_main(const Args& args) {
   console->open_log(console_log);
   console->show = o.console;
 
+  // The daemons first: each creates the socket its QEMU device connects to. Their logs sit next to
+  // console.log; they die with us (PR_SET_PDEATHSIG) and exit by themselves once QEMU has gone.
+  std::vector<std::unique_ptr<vm::Virtiofsd>> daemons;
+  std::vector<fs::path> daemon_logs;
+  std::vector<vm::FsDevice> fs_devices;
+  for (const auto& sh : shares) {
+    vm::VirtiofsdOptions vo;
+    vo.program = virtiofsd_program();
+    vo.socket = rt.path / (sh.tag + ".sock");
+    vo.share = sh;
+    vo.log = cfg.state_dir / vmid / fmt::format("virtiofsd-{}.log", sh.tag);
+    daemon_logs.push_back(vo.log);
+    auto d = vm::Virtiofsd::start(vo, 10s);
+    if (!d) return fail(d.error().message);
+    if (o.console)
+      say("neshost: virtiofsd pid {} serves {} as {}{}\n", (*d)->pid(), sh.dir.string(), sh.tag,
+          sh.ro ? " (ro)" : "");
+    daemons.push_back(std::move(*d));
+    fs_devices.push_back({sh.tag, vo.socket});
+  }
+
   // The kernel command line: the channel, the console's verbosity, the init's log level.
   vm::KernelCmdline kc;
   kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
@@ -583,6 +661,7 @@ int run_main(const Args& args) {
   spec.accel = accel;
   spec.channel_socket = channel;
   spec.data_socket = data_sock;
+  spec.fs_devices = fs_devices;
   auto argv = o.sandbox ? vm::ArgvResult{} : vm::qemu_argv(spec);
   if (o.sandbox)
     argv.argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
@@ -762,8 +841,15 @@ int run_main(const Args& args) {
   std::size_t lost = out.flush(2s) + errw.flush(2s);
   raw.reset();  // the terminal as it was, before our last words
   if (lost) say("neshost run: {} bytes of workload output not delivered (stdout/stderr not read)\n", lost);
+  // QEMU is gone, so each virtiofsd has lost its client and is exiting; reap it (bounded).
+  for (auto& d : daemons) {
+    auto e = d->stop(2s);
+    if (o.console) say("neshost: virtiofsd {} {}\n", d->share().tag, vm::describe(e));
+  }
+  daemons.clear();
   if (remove_scratch) {
     fs::remove(console_log, ec);
+    for (const auto& l : daemon_logs) fs::remove(l, ec);
     const fs::path wl = cfg.state_dir / vmid / "workload.log";
     for (auto& r : host::rotated_logs(wl)) fs::remove(r, ec);
     fs::remove(wl, ec);

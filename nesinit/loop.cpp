@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "mounts.hpp"
+#include "rootfs.hpp"
 #include "protocol/codec.hpp"
 #include "protocol/line_reader.hpp"
 #include "session.hpp"
@@ -265,6 +266,17 @@ class Pid1 {
 
   void do_mounts() {
     const proto::Boot& b = *session_.boot();
+    if (b.root) {
+      // A share as `/` comes first: every other share's `at` is inside it. Only a guest's PID 1
+      // on its initramfs may switch root; a sandbox shares the machine's tree.
+      auto f = mode_ == Mode::guest
+                   ? switch_root(*b.root, log_)
+                   : std::optional(proto::MountFailed{b.root->tag, "root: only a guest's PID 1 switches root", EPERM});
+      if (f) {
+        pending_.push_front(ev::MountFailed{*f});
+        return;
+      }
+    }
     log_.info("mount", "{} share(s)", b.mounts.size());
     if (auto f = shares_.mount_all(b.mounts, log_)) {
       pending_.push_front(ev::MountFailed{*f});

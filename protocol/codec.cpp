@@ -265,6 +265,19 @@ void enc(Buf& b, const Boot& m) {
     b.push_back('}');
   }
   b.push_back(']');
+  if (m.root) {  // additive: omitted when absent
+    key(b, "root");
+    b.push_back('{');
+    key(b, "tag", true);
+    put_string(b, m.root->tag);
+    key(b, "ro");
+    put_bool(b, m.root->ro);
+    if (m.root->fs != FsType::virtiofs) {
+      key(b, "fs");
+      put_string(b, to_string(m.root->fs));
+    }
+    b.push_back('}');
+  }
   key(b, "geometry");
   b.push_back('{');
   key(b, "width", true);
@@ -727,6 +740,27 @@ bool dec_mount(od::value v, const Path& p, Mount& out, Err& err) {
   return true;
 }
 
+constexpr std::array kRootFsTypes{FsType::virtiofs, FsType::ninep};
+
+bool dec_root(od::value v, const Path& p, Root& out, Err& err) {
+  bool tag = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "tag") {
+      tag = true;
+      if (!get_str(fv, fp, out.tag, err)) return false;
+      if (out.tag.empty()) return err.expected(fp, "non-empty string", "\"\"");
+      return true;
+    }
+    if (k == "ro") return get_bool(fv, fp, out.ro, err);
+    if (k == "fs") return get_enum(fv, fp, kRootFsTypes, out.fs, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!tag) return missing(p, "tag", "string", err);
+  return true;
+}
+
 bool dec_geometry(od::value v, const Path& p, Geometry& out, Err& err) {
   bool w = false, h = false, fps = false;
   bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
@@ -825,6 +859,7 @@ bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
       return each_element(fv, fp, "array of objects", err, [&](std::size_t i, od::value el) {
         return dec_mount(el, fp[i], out.mounts.emplace_back(), err);
       });
+    if (k == "root") return dec_root(fv, fp, out.root.emplace(), err);
     if (k == "geometry") return geometry = true, dec_geometry(fv, fp, out.geometry, err);
     if (k == "on_exit") return on_exit = true, dec_on_exit(fv, fp, out.on_exit, err);
     if (k == "hostname") return get_str(fv, fp, out.hostname.emplace(), err);

@@ -125,6 +125,16 @@ struct Mount {
   bool operator==(const Mount&) const = default;
 };
 
+/// A share as the root file system instead of the initramfs: the init mounts it and switches
+/// root into it (its /dev, /proc, /sys, /run moved there, a fresh tmpfs on /tmp) before `mounts`,
+/// whose `at` paths are then inside it. virtiofs or 9p only. Absent: the initramfs stays the root.
+struct Root {
+  std::string tag;
+  bool ro = false;
+  FsType fs = FsType::virtiofs;
+  bool operator==(const Root&) const = default;
+};
+
 /// The output the workload should produce; the init hands it over uninterpreted.
 struct Geometry {
   std::uint32_t width = 0;
@@ -180,6 +190,7 @@ struct Stdio {
 struct Boot {
   Exec exec;
   std::vector<Mount> mounts;
+  std::optional<Root> root;  // additive: absent means the initramfs is the root
   Geometry geometry;
   OnExit on_exit;
   std::optional<std::string> hostname;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up on a fresh Debian 12 machine, as root: Debian packages, the pinned
-# zig toolchain (npm ci), simdjson's amalgamation, the guest kernel (scripts/fetch-kernel.sh), and a
+# zig toolchain (npm ci), simdjson's amalgamation, the guest kernel (scripts/fetch-kernel.sh),
+# virtiofsd (scripts/fetch-virtiofsd.sh), and a
 # configured build directory `build/`.
 # Each step is skipped when already done. Usage: scripts/setup.sh [BUILD_DIR [meson options…]]
 set -euo pipefail
@@ -9,7 +10,7 @@ cd "$top"
 
 pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson-dev doctest-dev
       python3 binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
-      dumb-init clang-14 libclang-rt-14-dev)  # clang: scripts/fuzz.sh (libFuzzer)
+      dumb-init clang-14 libclang-rt-14-dev debootstrap)  # clang: scripts/fuzz.sh (libFuzzer)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -32,4 +33,6 @@ fi
 scripts/fetch-simdjson.sh
 # The guest kernel for `neshost run` and the vm tests (Debian's cloud kernel, unpacked, not installed).
 scripts/fetch-kernel.sh >/dev/null
+# virtiofsd for shares and --rootfs (the system's Rust one, else Debian 13's unpacked into .cache/).
+scripts/fetch-virtiofsd.sh >/dev/null
 scripts/configure.sh "$@"

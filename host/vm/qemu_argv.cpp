@@ -4,6 +4,8 @@
 
 #include <cctype>
 
+#include "host/vm/virtiofsd.hpp"
+
 namespace nes::vm {
 
 std::string_view to_string(Accel a) {
@@ -75,6 +77,15 @@ ArgvResult qemu_argv(const QemuSpec& s) {
       return fail(fmt::format("data_socket: '{}' is longer than sun_path (107 bytes)",
                               s.data_socket->native()));
   }
+  for (std::size_t i = 0; i < s.fs_devices.size(); ++i) {
+    const auto& d = s.fs_devices[i];
+    if (auto p = tag_problem(d.tag); !p.empty()) return fail(fmt::format("fs_devices[{}].tag: {}", i, p));
+    if (d.socket.empty() || d.socket.native().size() >= 108)
+      return fail(fmt::format("fs_devices[{}].socket: '{}' is empty or longer than sun_path", i,
+                              d.socket.native()));
+    for (std::size_t j = 0; j < i; ++j)
+      if (s.fs_devices[j].tag == d.tag) return fail(fmt::format("fs_devices[{}].tag: '{}' twice", i, d.tag));
+  }
 
   const std::string redial =
       s.chardev_reconnect_s ? ",reconnect=" + std::to_string(s.chardev_reconnect_s) : std::string();
@@ -85,6 +96,9 @@ ArgvResult qemu_argv(const QemuSpec& s) {
   add({"-M", "q35", "-accel", std::string(to_string(s.accel))});
   if (s.accel == Accel::kvm) add({"-cpu", "host"});
   add({"-m", std::to_string(s.mem_mib), "-smp", std::to_string(s.cpus)});
+  if (!s.fs_devices.empty())
+    add({"-object", fmt::format("memory-backend-memfd,id=mem0,size={}M,share=on", s.mem_mib),
+         "-numa", "node,memdev=mem0"});
   add({"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none"});
   if (s.firmware) add({"-bios", *s.firmware});
   add({"-kernel", s.kernel.native()});
@@ -103,6 +117,11 @@ ArgvResult qemu_argv(const QemuSpec& s) {
     // lifecycle messages; QEMU dials our second listener.
     add({"-chardev", "socket,id=nes1,server=off" + redial + ",path=" + qemu_escape(s.data_socket->native()),
          "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=" + s.data_port_name});
+  }
+  for (std::size_t i = 0; i < s.fs_devices.size(); ++i) {
+    const auto& d = s.fs_devices[i];
+    add({"-chardev", fmt::format("socket,id=fs{},path={}", i, qemu_escape(d.socket.native())),
+         "-device", fmt::format("vhost-user-fs-pci,chardev=fs{},tag={}", i, d.tag)});
   }
   return {std::move(a), {}};
 }

@@ -33,6 +33,13 @@ struct KernelCmdline {
 /// panic=-1: a panic reboots at once, which -no-reboot turns into QEMU exiting.
 std::string kernel_cmdline(const KernelCmdline& c);
 
+/// One virtio-fs device: QEMU's vhost-user-fs-pci, backed by a virtiofsd listening on `socket`;
+/// the guest mounts it by `tag` (virtiofsd.hpp).
+struct FsDevice {
+  std::string tag;                // 1..36 of [A-Za-z0-9._-]
+  std::filesystem::path socket;   // virtiofsd's vhost-user socket (< 108 bytes)
+};
+
 /// One VM's QEMU invocation.
 struct QemuSpec {
   std::string qemu = "qemu-system-x86_64";  // looked up in PATH if it has no '/'
@@ -54,13 +61,16 @@ struct QemuSpec {
   std::uint32_t chardev_reconnect_s = 0;
   std::optional<std::string> firmware = "qboot.rom";  // -bios; qboot prints nothing on the serial
                                                       // line (SeaBIOS resets the terminal)
+  /// Shares. Any at all makes guest RAM a shared memfd (`memory-backend-memfd,share=on` + one NUMA
+  /// node): vhost-user daemons map guest memory to serve requests in place.
+  std::vector<FsDevice> fs_devices;
 };
 
 /// Checks the spec's fields (names the bad one) and builds the argv, argv[0] = spec.qemu.
 /// The serial console is QEMU's stdout (`-chardev stdio`): the launcher gives QEMU /dev/null as
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
 /// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket,
-/// data_socket, data_port_name).
+/// data_socket, data_port_name, fs_devices[i].tag/socket).
 struct ArgvResult {
   std::vector<std::string> argv;
   std::string error;  // empty on success

@@ -81,6 +81,10 @@ const std::vector<Field> kSchema = {
     {"boot", {"stdio", "mode"}, "boot.stdio.mode", Kind::enumeration, false, false, {R"("LOSSY")", R"("none")", R"("")"}},
     {"boot", {"stdio", "buffer_bytes"}, "boot.stdio.buffer_bytes", Kind::integer, false, false, {"0", "4095", "67108865", "-1"}},
     {"boot", {"stdio", "drain_ms"}, "boot.stdio.drain_ms", Kind::integer, false, false, {"-1", "60001", "18446744073709551616"}},
+    {"boot", {"root"}, "boot.root", Kind::object, false},
+    {"boot", {"root", "tag"}, "boot.root.tag", Kind::string, true, false, {R"("")"}},
+    {"boot", {"root", "ro"}, "boot.root.ro", Kind::boolean, false},
+    {"boot", {"root", "fs"}, "boot.root.fs", Kind::enumeration, false, false, {R"("tmpfs")", R"("bind")", R"("xfs")"}},
     // kill
     {"kill", {"signal"}, "kill.signal", Kind::integer, true, false, {"0", "65", "-9", "4294967305"}},
     // guest -> host
@@ -214,6 +218,8 @@ TEST_CASE("schema table: the reasons read as the contract says") {
   CHECK(boot_with({"mounts", 0, "fs"}, R"("xfs")") ==
         R"(boot.mounts[0].fs: expected one of "virtiofs", "9p", "tmpfs", "bind", got "xfs")");
   CHECK(boot_with({"mounts", 0, "ro"}, R"("yes")") == R"(boot.mounts[0].ro: expected boolean, got "yes")");
+  CHECK(boot_with({"root", "fs"}, R"("bind")") ==
+        R"(boot.root.fs: expected one of "virtiofs", "9p", got "bind")");
   CHECK(boot_with({"on_exit", "halt"}, R"("halt")") ==
         R"(boot.on_exit.halt: expected one of "poweroff", "reboot", got "halt")");
   CHECK(boot_with({"geometry"}, "[]") == "boot.geometry: expected object, got array");

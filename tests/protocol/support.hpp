@@ -75,6 +75,7 @@ inline Boot full_boot() {
   b.on_exit = OnExit{false, Halt::reboot};
   b.hostname = "guest-1";
   b.stdio = Stdio{true, Terminal{1, 65535}, StdioMode::lossy, kStdioBufferMax, kStdioDrainMaxMs};
+  b.root = Root{"root", true, FsType::ninep};
   return b;
 }
 
@@ -255,6 +256,7 @@ inline J boot_tree() {
                         {"mode", J::s("lossy")},
                         {"buffer_bytes", J::n(65536)},
                         {"drain_ms", J::n(500)}})},
+      {"root", J::obj({{"tag", J::s("nes.root")}, {"ro", J::b(false)}, {"fs", J::s("virtiofs")}})},
   });
 }
 

@@ -246,11 +246,13 @@ def case_s11(c):
 
 
 def case_rootfs(c):
-    """--rootfs DIR holding only a static program: packed with nesinit, no busybox."""
+    """--rootfs DIR --rootfs-mode initramfs, DIR holding only a static program: packed with
+    nesinit, no busybox."""
     root = os.path.join(c.tmp, "rootfs")
     os.mkdir(root)
     shutil.copy(os.environ["VM_STATIC_PROBE"], os.path.join(root, "probe"))
-    rc, out, err = c.run("--rootfs", root, "--hostname", "vmtest", "--", "/probe", "hello")
+    rc, out, err = c.run("--rootfs", root, "--rootfs-mode", "initramfs", "--hostname", "vmtest", "--",
+                         "/probe", "hello")
     check(lines(out) == ["static probe: hello pid1=no hostname=vmtest"], f"stdout {out!r}; stderr:\n{err}")
     check(rc == 5, f"exit status {rc}, want 5")
     r = c.record()
@@ -258,9 +260,12 @@ def case_rootfs(c):
 
 
 def case_neshost_killed(c):
-    """neshost SIGKILLed while the guest runs (no cleanup code runs): QEMU dies with it
-    (PR_SET_PDEATHSIG), and no socket or temp dir is left (removed once the guest was up)."""
-    p = c.start("--console", "--", "sleep", "100")
+    """neshost SIGKILLed while the guest runs (no cleanup code runs): QEMU and the share's
+    virtiofsd die with it (PR_SET_PDEATHSIG), and no socket or temp dir is left (removed once the
+    guest was up)."""
+    share = os.path.join(c.tmp, "share")
+    os.mkdir(share)
+    p = c.start("--console", "-v", f"{share}:/data", "--", "sleep", "100")
     check(p.wait_text("err", " ready protocol_version"), f"guest never ready; stderr:\n{p.err.decode()}")
     p.p.kill()
     p.finish()
@@ -273,8 +278,106 @@ def case_neshost_killed(c):
         except ChildProcessError:
             break
         reaped.append((pid, os.WTERMSIG(st) if os.WIFSIGNALED(st) else None))
-    check(len(reaped) == 1 and reaped[0][1] == signal.SIGKILL, f"reaped after neshost's death: {reaped}")
+    # QEMU and virtiofsd killed; virtiofsd's sandboxed child ends once its parent has gone.
+    check(len(reaped) == 3 and sum(sig == signal.SIGKILL for _, sig in reaped) >= 2,
+          f"reaped after neshost's death: {reaped}")
     # Its socket and temp dir were removed as soon as QEMU had connected: close() checks TMPDIR.
+
+
+def case_shares(c):
+    """Two shares at once, one rw and one :ro. Host -> guest and guest -> host; :ro is EROFS in the
+    guest, and still EROFS after the guest remounts it rw (virtiofsd --readonly, the host side);
+    a symlink in a share is resolved in the guest, never to the host's file it names."""
+    a, b = os.path.join(c.tmp, "a"), os.path.join(c.tmp, "b")
+    os.mkdir(a)
+    os.mkdir(b)
+    with open(os.path.join(a, "in.txt"), "w") as f:
+        f.write("from the host\n")
+    with open(os.path.join(b, "ro.txt"), "w") as f:
+        f.write("read only\n")
+    secret = os.path.join(c.tmp, "host-only")
+    with open(secret, "w") as f:
+        f.write("host secret\n")
+    os.symlink(secret, os.path.join(a, "out-of-tree"))
+    w = ("cat /a/in.txt /b/ro.txt; echo from the guest > /a/out.txt; "
+         "echo x 2>/dev/null > /b/new || echo ro-guest-refused; "
+         "mount -o remount,rw /b && (echo x 2>/dev/null > /b/new2 || echo ro-host-refused); "
+         "cat /a/out-of-tree 2>/dev/null || echo symlink-stays-in-guest; exit 6")
+    rc, out, err = c.run("-v", f"{a}:/a", "--volume", f"{b}:/b:ro", "--", "/bin/sh", "-c", w)
+    check(rc == 6, f"exit status {rc}, want 6; stderr:\n{err}")
+    check(lines(out) == ["from the host", "read only", "ro-guest-refused", "ro-host-refused",
+                         "symlink-stays-in-guest"], f"stdout {out!r}")
+    with open(os.path.join(a, "out.txt")) as f:
+        check(f.read() == "from the guest\n", "the guest's file is not on the host")
+    check(sorted(os.listdir(b)) == ["ro.txt"], f"the :ro share was written: {os.listdir(b)}")
+    check(os.path.exists(os.path.join(c.state, "t", "virtiofsd-nes.v0.log")), "no virtiofsd log")
+
+
+def case_share_bulk(c):
+    """A 64 MiB file read in the guest has the host's SHA-256; `find` over 10 000 small files
+    counts all of them."""
+    import hashlib
+    d = os.path.join(c.tmp, "bulk")
+    os.makedirs(os.path.join(d, "many"))
+    blob = os.urandom(64 << 20)
+    with open(os.path.join(d, "big"), "wb") as f:
+        f.write(blob)
+    want = hashlib.sha256(blob).hexdigest()
+    del blob
+    for i in range(100):
+        sub = os.path.join(d, "many", f"d{i:02}")
+        os.mkdir(sub)
+        for j in range(100):
+            with open(os.path.join(sub, f"f{j:02}"), "w") as f:
+                f.write(str(j))
+    rc, out, err = c.run("--mem", "320", "-v", f"{d}:/bulk:ro", "--", "/bin/sh", "-c",
+                         "sha256sum /bulk/big; find /bulk/many -type f | wc -l")
+    check(rc == 0, f"exit status {rc}; stderr:\n{err}")
+    got = lines(out)
+    check(len(got) == 2 and got[0].split()[0] == want, f"sha256 {got[:1]}, want {want}")
+    check(got[1].strip() == "10000", f"find counted {got[1:]}")
+
+
+def case_rootfs_virtiofs(c):
+    """--rootfs DIR over virtiofs (the default): DIR is `/` for a shell script and the static
+    probe it runs; /proc, /dev, /tmp are the guest's own (not DIR's), the init still PID 1; a file
+    the workload writes lands in DIR."""
+    root = os.path.join(c.tmp, "rootfs")
+    os.makedirs(os.path.join(root, "bin"))
+    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    for applet in ("sh", "cat", "mount", "grep", "ls"):
+        os.symlink("busybox", os.path.join(root, "bin", applet))
+    shutil.copy(os.environ["VM_STATIC_PROBE"], os.path.join(root, "probe"))
+    with open(os.path.join(root, "run.sh"), "w") as f:
+        f.write("#!/bin/sh\n/probe script\necho probe=$?\n"
+                "cat /proc/1/comm\n"
+                "mount | grep -E ' on / | on /tmp ' | cut -d' ' -f1-5\n"
+                "echo scratch > /tmp/scratch; echo kept > /written; ls /dev/console\nexit 4\n")
+    os.chmod(os.path.join(root, "run.sh"), 0o755)
+    rc, out, err = c.run("--rootfs", root, "--hostname", "vmtest", "--", "/run.sh")
+    check(rc == 4, f"exit status {rc}, want 4; stderr:\n{err}")
+    check(lines(out) == ["static probe: script pid1=no hostname=vmtest", "probe=5", "init",
+                         "nes.root on / type virtiofs", "tmpfs on /tmp type tmpfs", "/dev/console"],
+          f"stdout {out!r}")
+    with open(os.path.join(root, "written")) as f:
+        check(f.read() == "kept\n", "the workload's file is not in DIR")
+    check(os.listdir(os.path.join(root, "tmp")) == [], "/tmp was DIR's, not a private tmpfs")
+
+
+def case_debian(c):
+    """A real Debian userland (debootstrap --variant=minbase, cached under .cache/) as --rootfs:
+    its own dpkg counts the same packages the host counts in that tree."""
+    r = subprocess.run([os.path.join(SRC, "scripts/mkdebroot.sh")], capture_output=True, timeout=900)
+    check(r.returncode == 0, f"mkdebroot.sh failed: {r.stderr.decode(errors='replace')[-2000:]}")
+    root = r.stdout.decode().strip().splitlines()[-1]
+    q = subprocess.run(["dpkg-query", f"--admindir={root}/var/lib/dpkg", "-W", "-f", "${Package}\n"],
+                       capture_output=True, timeout=60)
+    want = len(lines(q.stdout.decode()))
+    check(q.returncode == 0 and want > 50, f"host-side dpkg-query: {q.returncode} {want}")
+    rc, out, err = c.run("--rootfs", root, "--", "/bin/sh", "-c",
+                         "dpkg-query -W -f '${Package}\\n' | wc -l; . /etc/os-release; echo $ID; exit 9")
+    check(rc == 9, f"exit status {rc}, want 9; stderr:\n{err}")
+    check(lines(out) == [str(want), "debian"], f"stdout {out!r}, want {want} packages and debian")
 
 
 def case_usage(c):
@@ -294,6 +397,32 @@ def case_usage(c):
     check(rc == 1 and "no running VM" in err, f"stop of an unknown VM: {rc} {err!r}")
     rc, _, err = c.neshost("run", "--kernel", "/nonexistent/vmlinuz", "--", "true")
     check(rc == 125 and "/nonexistent/vmlinuz" in err, f"missing kernel: {rc} {err!r}")
+    # Shares: refused before anything starts.
+    d = os.path.join(c.tmp, "d")
+    os.mkdir(d)
+    f = os.path.join(c.tmp, "f")
+    open(f, "w").close()
+    for vol, needle in [(f"{c.tmp}/missing:/w", "does not exist"), (f"{f}:/w", "not a directory"),
+                        (f"{d}:w", "absolute"), (f"{d}:/proc", "/proc"), (f"{d}:/sys/x", "/sys"),
+                        (f"{d}:/", "must not be /"), (f"{d}:/w:rox", "ro or rw"), (d, "HOST:GUEST")]:
+        rc, _, err = c.neshost("run", "-v", vol, "--", "true")
+        check(rc == 2 and "--volume" in err and needle in err, f"-v {vol}: rc {rc}, stderr {err!r}")
+    rc, _, err = c.neshost("run", "-v", f"{d}:/a", "--volume", f"{d}:/a:ro", "--", "true")
+    check(rc == 2 and "twice" in err, f"one GUEST twice: rc {rc}, stderr {err!r}")
+    rc, _, err = c.neshost("run", "--rootfs", f, "--", "true")
+    check(rc == 2 and "--rootfs" in err, f"--rootfs FILE: rc {rc}, stderr {err!r}")
+    rc, _, err = c.neshost("run", "--rootfs", d, "--rootfs-mode", "9p", "--", "true")
+    check(rc == 2 and "--rootfs-mode" in err, f"--rootfs-mode 9p: rc {rc}, stderr {err!r}")
+    # A virtiofsd that cannot start: 125, naming the share and carrying the daemon's own words.
+    fake = os.path.join(c.tmp, "fake-virtiofsd")
+    with open(fake, "w") as fh:
+        fh.write("#!/bin/sh\necho 'fake virtiofsd: cannot serve this' >&2\nexit 1\n")
+    os.chmod(fake, 0o755)
+    r = subprocess.run([NESHOST, "run", "--accel", "tcg", "--state", c.state, "-v", f"{d}:/w", "--", "true"],
+                       capture_output=True, env=dict(c.env, NESHOST_VIRTIOFSD=fake), timeout=BOUND)
+    err = r.stderr.decode()
+    check(r.returncode == 125 and f"({d})" in err and "cannot serve this" in err,
+          f"failing virtiofsd: rc {r.returncode}, stderr {err!r}")
 
 
 def case_stdio(c):

@@ -1,0 +1,138 @@
+#include "host/vm/virtiofsd.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace nes::vm {
+
+namespace {
+// What virtiofsd (1.x) logs at info level once its listening socket exists.
+constexpr std::string_view kReadyLine = "Waiting for vhost-user socket connection";
+
+// The last few lines of `text` (at most `max` bytes), trimmed, for an error message.
+std::string last_lines(std::string_view text, std::size_t max = 600) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  if (text.size() > max) {
+    text = text.substr(text.size() - max);
+    if (auto nl = text.find('\n'); nl != std::string_view::npos) text.remove_prefix(nl + 1);
+  }
+  std::string out(text);
+  for (char& c : out)
+    if (c == '\n') c = ' ';
+  return out;
+}
+}  // namespace
+
+std::string tag_problem(std::string_view tag) {
+  if (tag.empty() || tag.size() > 36) return fmt::format("tag '{}' must be 1..36 bytes", tag);
+  for (char c : tag)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
+      return fmt::format("tag '{}' must be of [A-Za-z0-9._-]", tag);
+  return {};
+}
+
+std::vector<std::string> virtiofsd_argv(const VirtiofsdOptions& o) {
+  std::vector<std::string> a{o.program, "--socket-path=" + o.socket.native(),
+                             "--shared-dir=" + o.share.dir.native(), "--sandbox=namespace",
+                             fmt::format("--cache={}", kCacheMode), "--log-level=info"};
+  if (o.share.ro) a.emplace_back("--readonly");
+  return a;
+}
+
+struct Virtiofsd::State {
+  std::mutex mu;
+  host::Fd log;
+  std::size_t logged = 0;
+  std::string window;  // the last bytes seen, so the ready line is found across chunk borders
+  bool ready = false;
+  host::Fd ready_ev;   // eventfd, written once when the ready line appears
+
+  void feed(std::string_view b) {
+    std::lock_guard lk(mu);
+    if (log && logged < VirtiofsdOptions::kLogCap) {
+      std::string_view part = b.substr(0, VirtiofsdOptions::kLogCap - logged);
+      while (!part.empty()) {
+        ssize_t n = ::write(log.get(), part.data(), part.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        logged += static_cast<std::size_t>(n);
+        part.remove_prefix(static_cast<std::size_t>(n));
+      }
+    }
+    if (ready) return;
+    window.append(b);
+    if (window.find(kReadyLine) != std::string::npos) {
+      ready = true;
+      std::uint64_t one = 1;
+      [[maybe_unused]] auto n = ::write(ready_ev.get(), &one, sizeof one);
+      window.clear();
+    } else if (window.size() > kReadyLine.size()) {
+      window.erase(0, window.size() - kReadyLine.size());
+    }
+  }
+};
+
+host::Result<std::unique_ptr<Virtiofsd>> Virtiofsd::start(const VirtiofsdOptions& o,
+                                                          std::chrono::milliseconds bound) {
+  const std::string who = fmt::format("share '{}' ({})", o.share.tag, o.share.dir.native());
+  if (auto p = tag_problem(o.share.tag); !p.empty()) return host::Error{who + ": " + p};
+  if (o.socket.native().size() >= 108)
+    return host::Error{fmt::format("{}: socket path '{}' is longer than sun_path", who, o.socket.native())};
+  auto st = std::make_shared<State>();
+  st->ready_ev.reset(::eventfd(0, EFD_CLOEXEC));
+  if (!st->ready_ev) return host::Error{fmt::format("eventfd: {}", std::strerror(errno))};
+  if (!o.log.empty()) {
+    st->log.reset(::open(o.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!st->log) return host::Error{fmt::format("{}: {}: {}", who, o.log.native(), std::strerror(errno))};
+  }
+  LaunchOptions lo;
+  lo.argv = virtiofsd_argv(o);
+  lo.console = [st](std::string_view b) { st->feed(b); };
+  lo.diagnostics = [st](std::string_view b) { st->feed(b); };
+  auto p = VmProcess::launch(std::move(lo));
+  if (!p) return host::Error{fmt::format("{}: cannot start virtiofsd: {}", who, p.error().message)};
+  auto d = std::make_unique<Virtiofsd>(std::move(*p), st, o.share);
+
+  // Ready, exited, or silent for too long: whichever comes first.
+  pollfd fds[2] = {{st->ready_ev.get(), POLLIN, 0}, {d->proc_->pidfd(), POLLIN, 0}};
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    int r = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left.count())));
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0 && (fds[0].revents & POLLIN)) return d;
+    if (r > 0 && fds[1].revents) {
+      auto e = d->proc_->wait_for(std::chrono::milliseconds(0));
+      d->proc_->finish_output(std::chrono::milliseconds(1000));
+      return host::Error{fmt::format("{}: virtiofsd {}: {}", who, e ? describe(*e) : "exited",
+                                     last_lines(d->proc_->diagnostics_tail()))};
+    }
+    if (r == 0 || r < 0) {
+      std::string tail = d->proc_->diagnostics_tail();
+      d->proc_->terminate(std::chrono::milliseconds(200));
+      d->proc_->finish_output(std::chrono::milliseconds(1000));
+      return host::Error{fmt::format("{}: virtiofsd not listening after {} ms{}{}", who, bound.count(),
+                                     tail.empty() ? "" : ": ", last_lines(tail))};
+    }
+  }
+}
+
+ProcessExit Virtiofsd::stop(std::chrono::milliseconds grace) {
+  ProcessExit e;
+  if (auto x = proc_->wait_for(grace)) e = *x;
+  else e = proc_->terminate(std::chrono::milliseconds(1000));
+  proc_->finish_output(std::chrono::milliseconds(1000));
+  return e;
+}
+
+Virtiofsd::~Virtiofsd() = default;  // VmProcess's destructor kills and reaps a running daemon
+
+}  // namespace nes::vm

@@ -1,0 +1,80 @@
+// One virtiofsd per share: the vhost-user file system daemon that serves a host directory to the
+// guest's virtiofs driver through QEMU's vhost-user-fs-pci device (docs/vm.md "Shares").
+// Lifecycle: started before QEMU (it creates the socket QEMU connects to), killed with us
+// (PR_SET_PDEATHSIG, as QEMU is), ended after QEMU has exited; its stderr kept in a log file.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "host/fd.hpp"
+#include "host/result.hpp"
+#include "host/vm/process.hpp"
+
+namespace nes::vm {
+
+/// One host directory offered to the guest under a tag (the name the guest mounts).
+struct ShareSpec {
+  std::string tag;            // 1..36 of [A-Za-z0-9._-] (virtio-fs config space holds 36 bytes)
+  std::filesystem::path dir;  // host directory, absolute
+  bool ro = false;            // virtiofsd --readonly: the host side refuses every write too
+};
+
+/// Empty if `tag` is a valid virtio-fs tag, else why not.
+std::string tag_problem(std::string_view tag);
+
+/// virtiofsd's cache policy for every share: `auto` (the daemon's default: attributes and
+/// directory entries cached for 1 s, file data dropped on open), so host edits show up in a
+/// running guest within a second and close-to-open consistency holds (docs/vm.md "Cache mode").
+inline constexpr std::string_view kCacheMode = "auto";
+
+/// How to run one virtiofsd.
+struct VirtiofsdOptions {
+  std::string program;            // virtiofsd (Rust, >= 1.11 for --readonly) or a wrapper that execs it
+  std::filesystem::path socket;   // vhost-user socket it creates and QEMU connects to (< 108 bytes)
+  ShareSpec share;
+  std::filesystem::path log;      // its stdout+stderr, truncated, bounded at kLogCap bytes
+  static constexpr std::size_t kLogCap = 1u << 20;
+};
+
+/// The daemon's argv. Sandbox: `--sandbox=namespace` (virtiofsd's default and its documented
+/// choice when run as root: mount, pid and net namespaces, pivot_root into the shared directory,
+/// so no path the guest names resolves outside it); seccomp `kill` (its default).
+std::vector<std::string> virtiofsd_argv(const VirtiofsdOptions& o);
+
+/// A running virtiofsd. The destructor kills and reaps it if it is still running.
+class Virtiofsd {
+ public:
+  /// Starts it and waits (at most `bound`) until it listens on its socket: its
+  /// "Waiting for vhost-user socket connection" line, seen on its stderr. Error if it exits or
+  /// stays silent first; the message names the share (tag and directory) and carries the last
+  /// lines virtiofsd wrote.
+  static host::Result<std::unique_ptr<Virtiofsd>> start(const VirtiofsdOptions& o,
+                                                        std::chrono::milliseconds bound);
+
+  ~Virtiofsd();
+  Virtiofsd(const Virtiofsd&) = delete;
+  Virtiofsd& operator=(const Virtiofsd&) = delete;
+
+  pid_t pid() const { return proc_->pid(); }
+  const ShareSpec& share() const { return share_; }
+  /// After QEMU has gone: virtiofsd normally exits by itself once its client disconnects; wait up
+  /// to `grace` for that, then SIGTERM/SIGKILL (VmProcess::terminate). Returns how it ended.
+  ProcessExit stop(std::chrono::milliseconds grace);
+
+  struct State;  // shared with the drain thread's sink (log file, readiness eventfd)
+  explicit Virtiofsd(std::unique_ptr<VmProcess> p, std::shared_ptr<State> st, ShareSpec s)
+      : st_(std::move(st)), proc_(std::move(p)), share_(std::move(s)) {}
+
+ private:
+  std::shared_ptr<State> st_;
+  std::unique_ptr<VmProcess> proc_;
+  ShareSpec share_;
+};
+
+}  // namespace nes::vm
