@@ -95,6 +95,7 @@ TEST_CASE("exact wire shapes: the reference's lines, byte for byte") {
         "{\"tag\":\"nine\",\"at\":\"/n\",\"ro\":false,\"fs\":\"9p\"},"
         "{\"tag\":\"scratch\",\"at\":\"/tmp\",\"ro\":false,\"fs\":\"tmpfs\"},"
         "{\"tag\":\"/srv\",\"at\":\"/mnt/srv\",\"ro\":true,\"fs\":\"bind\"}],"
+        "\"root\":{\"tag\":\"root\",\"ro\":true,\"fs\":\"9p\"},"
         "\"geometry\":{\"width\":4294967295,\"height\":0,\"fps\":1,\"hdr\":true},"
         "\"on_exit\":{\"terminal\":false,\"halt\":\"reboot\"},\"hostname\":\"guest-1\","
         "\"stdio\":{\"stdin\":true,\"terminal\":{\"rows\":1,\"cols\":65535},\"mode\":\"lossy\","
