@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <map>
 #include <sstream>
 #include <memory>
@@ -679,6 +680,7 @@ int run_main(const Args& args) {
   asio::io_context io;
   std::unique_ptr<vm::VmProcess> qemu;
   std::optional<asio::posix::stream_descriptor> exit_watch;
+  std::list<asio::posix::stream_descriptor> daemon_watch;  // one per virtiofsd (stable addresses)
   bool remove_scratch = false;
   std::string launch_error;
 
@@ -774,6 +776,23 @@ int run_main(const Args& args) {
     }
     qemu = std::move(*p);
     (void)h.vm_started(id);
+    // A virtiofsd that dies while QEMU runs leaves the guest's requests on that share unanswered
+    // (QEMU's vhost-user-fs does not reconnect): shut the VM down in order, so the outcome is
+    // recorded and nothing waits forever.
+    for (auto& d : daemons) {
+      auto& w = daemon_watch.emplace_back(io, ::fcntl(d->pidfd(), F_DUPFD_CLOEXEC, 3));
+      w.async_wait(asio::posix::stream_descriptor::wait_read,
+                   [&, id, dp = d.get()](boost::system::error_code ec) {
+                     // Its exit after QEMU's, or once the outcome is in, is the normal end.
+                     if (ec || !qemu || qemu->wait_for(0ms)) return;
+                     if (auto* sess = h.session(id); sess && sess->outcome()) return;
+                     auto e = dp->exited();
+                     say("neshost run: share '{}' ({}): virtiofsd {} while the guest runs; "
+                         "shutting the VM down\n", dp->share().tag, dp->share().dir.string(),
+                         e ? vm::describe(*e) : "exited");
+                     (void)h.shutdown(id);
+                   });
+    }
     // QEMU's exit, seen through its pidfd on this io_context: reap, drain the console to EOF
     // (so every line precedes our exit), then tell the library.
     exit_watch.emplace(io, ::fcntl(qemu->pidfd(), F_DUPFD_CLOEXEC, 3));
@@ -830,6 +849,7 @@ int run_main(const Args& args) {
   }
   control.reset();
   exit_watch.reset();
+  daemon_watch.clear();
   qemu.reset();
   if (pump) pump->stop();
   {

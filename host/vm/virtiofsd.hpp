@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,10 @@ class Virtiofsd {
   Virtiofsd& operator=(const Virtiofsd&) = delete;
 
   pid_t pid() const { return proc_->pid(); }
+  /// A pidfd, readable once the daemon has exited (for an Asio wait); owned here.
+  int pidfd() const { return proc_->pidfd(); }
+  /// Reaps it if it has exited; nullopt while it runs.
+  std::optional<ProcessExit> exited() { return proc_->wait_for(std::chrono::milliseconds(0)); }
   const ShareSpec& share() const { return share_; }
   /// After QEMU has gone: virtiofsd normally exits by itself once its client disconnects; wait up
   /// to `grace` for that, then SIGTERM/SIGKILL (VmProcess::terminate). Returns how it ended.

@@ -313,6 +313,35 @@ def case_shares(c):
     check(os.path.exists(os.path.join(c.state, "t", "virtiofsd-nes.v0.log")), "no virtiofsd log")
 
 
+def case_share_daemon_dies(c):
+    """virtiofsd killed while the guest runs: neshost says which share, shuts the VM down in
+    order, the outcome is recorded, and no process is left."""
+    import re
+    d = os.path.join(c.tmp, "d")
+    os.mkdir(d)
+    p = c.start("--console", "--grace", "1", "-v", f"{d}:/d", "--", "/bin/sh", "-c",
+                "echo armed > /d/armed; exec sleep 100")
+    check(p.wait_text("err", " started pid="), f"workload never started; stderr:\n{p.err.decode()[-3000:]}")
+    m = re.search(rb"virtiofsd pid (\d+) serves", p.err)
+    check(m is not None, "no virtiofsd pid on stderr")
+    os.kill(int(m.group(1)), signal.SIGKILL)
+    rc = p.finish()
+    # virtiofsd's sandboxed child lost its parent and ended (its death signal); it was reparented
+    # to this subreaper. Reap it; nothing may still be alive.
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        check(pid != 0, "a descendant of neshost is still alive")
+    err = p.err.decode(errors="replace")
+    check("share 'nes.v0'" in err and "virtiofsd killed by signal 9 while the guest runs" in err,
+          f"no message naming the share; stderr tail:\n{err[-3000:]}")
+    r = c.record()
+    check((r["outcome"], r["signal"], r["exit_status"]) == ("signalled", 15, 143), f"record {r}")
+    check(rc == 143, f"exit status {rc}, want 143")
+
+
 def case_share_bulk(c):
     """A 64 MiB file read in the guest has the host's SHA-256; `find` over 10 000 small files
     counts all of them."""
