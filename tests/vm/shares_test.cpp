@@ -99,6 +99,21 @@ TEST_CASE("qemu_argv: shares make guest RAM a shared memfd, one vhost-user-fs-pc
   CHECK(!has(plain.argv, "-numa"));
 }
 
+TEST_CASE("qemu_argv: shares and the data channel together: both ports and every fs device") {
+  auto s = spec();
+  s.channel_socket = "/rt/channel.sock";
+  s.data_socket = "/rt/data.sock";
+  s.fs_devices = {{"nes.v0", "/rt/nes.v0.sock"}};
+  auto r = qemu_argv(s);
+  REQUIRE(r.error.empty());
+  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes1,server=off,path=/rt/data.sock"));
+  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"));
+  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=nes.1"));
+  CHECK(has_pair(r.argv, "-chardev", "socket,id=fs0,path=/rt/nes.v0.sock"));
+  CHECK(has_pair(r.argv, "-device", "vhost-user-fs-pci,chardev=fs0,tag=nes.v0"));
+  CHECK(has_pair(r.argv, "-object", "memory-backend-memfd,id=mem0,size=256M,share=on"));
+}
+
 TEST_CASE("qemu_argv: bad share devices are named") {
   auto bad = [](std::vector<FsDevice> d, const char* field) {
     auto s = spec();

@@ -287,10 +287,15 @@ def case_neshost_killed(c):
 def case_shares(c):
     """Two shares at once, one rw and one :ro. Host -> guest and guest -> host; :ro is EROFS in the
     guest, and still EROFS after the guest remounts it rw (virtiofsd --readonly, the host side);
-    a symlink in a share is resolved in the guest, never to the host's file it names."""
+    a symlink in a share is resolved in the guest, never to the host's file it names. A share's
+    file copied to stdout arrives byte-exact over the data channel (all 256 byte values, no final
+    newline), next to the share's own traffic."""
     a, b = os.path.join(c.tmp, "a"), os.path.join(c.tmp, "b")
     os.mkdir(a)
     os.mkdir(b)
+    every = bytes(range(256)) * 64
+    with open(os.path.join(b, "bytes"), "wb") as f:
+        f.write(every)
     with open(os.path.join(a, "in.txt"), "w") as f:
         f.write("from the host\n")
     with open(os.path.join(b, "ro.txt"), "w") as f:
@@ -299,12 +304,15 @@ def case_shares(c):
     with open(secret, "w") as f:
         f.write("host secret\n")
     os.symlink(secret, os.path.join(a, "out-of-tree"))
-    w = ("cat /a/in.txt /b/ro.txt; echo from the guest > /a/out.txt; "
+    w = ("cat /b/bytes; cat /b/bytes >&2; cat /a/in.txt /b/ro.txt; echo from the guest > /a/out.txt; "
          "echo x 2>/dev/null > /b/new || echo ro-guest-refused; "
          "mount -o remount,rw /b && (echo x 2>/dev/null > /b/new2 || echo ro-host-refused); "
          "cat /a/out-of-tree 2>/dev/null || echo symlink-stays-in-guest; exit 6")
-    rc, out, err = c.run("-v", f"{a}:/a", "--volume", f"{b}:/b:ro", "--", "/bin/sh", "-c", w)
-    check(rc == 6, f"exit status {rc}, want 6; stderr:\n{err}")
+    p = c.start("-v", f"{a}:/a", "--volume", f"{b}:/b:ro", "--", "/bin/sh", "-c", w)
+    rc = p.finish()
+    check(rc == 6, f"exit status {rc}, want 6; stderr:\n{p.err.decode(errors='replace')}")
+    check(p.out.startswith(every) and p.err == every, f"stdout/stderr not byte-exact: {len(p.out)} {len(p.err)} bytes")
+    out = p.out[len(every):].decode(errors="replace")
     check(lines(out) == ["from the host", "read only", "ro-guest-refused", "ro-host-refused",
                          "symlink-stays-in-guest"], f"stdout {out!r}")
     with open(os.path.join(a, "out.txt")) as f:
@@ -381,10 +389,12 @@ def case_rootfs_virtiofs(c):
         f.write("#!/bin/sh\n/probe script\necho probe=$?\n"
                 "cat /proc/1/comm\n"
                 "mount | grep -E ' on / | on /tmp ' | cut -d' ' -f1-5\n"
-                "echo scratch > /tmp/scratch; echo kept > /written; ls /dev/console\nexit 4\n")
+                "echo scratch > /tmp/scratch; echo kept > /written; ls /dev/console\n"
+                "echo to-stderr >&2\nexit 4\n")
     os.chmod(os.path.join(root, "run.sh"), 0o755)
     rc, out, err = c.run("--rootfs", root, "--hostname", "vmtest", "--", "/run.sh")
     check(rc == 4, f"exit status {rc}, want 4; stderr:\n{err}")
+    check(err == "to-stderr\n", f"stderr {err!r}")
     check(lines(out) == ["static probe: script pid1=no hostname=vmtest", "probe=5", "init",
                          "nes.root on / type virtiofs", "tmpfs on /tmp type tmpfs", "/dev/console"],
           f"stdout {out!r}")
