@@ -317,7 +317,7 @@ def case_shares(c):
                          "symlink-stays-in-guest"], f"stdout {out!r}")
     with open(os.path.join(a, "out.txt")) as f:
         check(f.read() == "from the guest\n", "the guest's file is not on the host")
-    check(sorted(os.listdir(b)) == ["ro.txt"], f"the :ro share was written: {os.listdir(b)}")
+    check(sorted(os.listdir(b)) == ["bytes", "ro.txt"], f"the :ro share was written: {os.listdir(b)}")
     check(os.path.exists(os.path.join(c.state, "t", "virtiofsd-nes.v0.log")), "no virtiofsd log")
 
 
@@ -378,7 +378,7 @@ def case_share_bulk(c):
 def case_rootfs_virtiofs(c):
     """--rootfs DIR over virtiofs (the default): DIR is `/` for a shell script and the static
     probe it runs; /proc, /dev, /tmp are the guest's own (not DIR's), the init still PID 1; a file
-    the workload writes lands in DIR."""
+    the workload writes lands in DIR; a -v share is mounted inside that root."""
     root = os.path.join(c.tmp, "rootfs")
     os.makedirs(os.path.join(root, "bin"))
     shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
@@ -390,13 +390,18 @@ def case_rootfs_virtiofs(c):
                 "cat /proc/1/comm\n"
                 "mount | grep -E ' on / | on /tmp ' | cut -d' ' -f1-5\n"
                 "echo scratch > /tmp/scratch; echo kept > /written; ls /dev/console\n"
-                "echo to-stderr >&2\nexit 4\n")
+                "cat /data/in.txt; echo to-stderr >&2\nexit 4\n")
     os.chmod(os.path.join(root, "run.sh"), 0o755)
-    rc, out, err = c.run("--rootfs", root, "--hostname", "vmtest", "--", "/run.sh")
+    data = os.path.join(c.tmp, "data")
+    os.mkdir(data)
+    with open(os.path.join(data, "in.txt"), "w") as f:
+        f.write("share in root\n")
+    rc, out, err = c.run("--rootfs", root, "-v", f"{data}:/data:ro", "--hostname", "vmtest", "--", "/run.sh")
     check(rc == 4, f"exit status {rc}, want 4; stderr:\n{err}")
     check(err == "to-stderr\n", f"stderr {err!r}")
     check(lines(out) == ["static probe: script pid1=no hostname=vmtest", "probe=5", "init",
-                         "nes.root on / type virtiofs", "tmpfs on /tmp type tmpfs", "/dev/console"],
+                         "nes.root on / type virtiofs", "tmpfs on /tmp type tmpfs", "/dev/console",
+                         "share in root"],
           f"stdout {out!r}")
     with open(os.path.join(root, "written")) as f:
         check(f.read() == "kept\n", "the workload's file is not in DIR")
