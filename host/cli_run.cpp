@@ -551,6 +551,9 @@ int run_main(const Args& args) {
   // The host's deadline from `shutdown` to QEMU's exit must cover the guest's own grace (SIGTERM
   // .. SIGKILL) plus its report and power-off, or a slow workload's outcome would be cut off.
   cfg.session.stop_timeout = o.grace + 5s;
+  // --grace is also how long the host waits after `stop` for the outcome before `shutdown`
+  // (`docker stop -t`): one grace for both ends, not the library's 10 s default.
+  cfg.session.grace = o.grace;
   auto& ex = cfg.session.descriptor.exec;
   ex.argv = o.argv;
   ex.env = o.env;
