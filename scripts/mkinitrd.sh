@@ -10,7 +10,8 @@
 #
 # Usage: scripts/mkinitrd.sh -o OUT [--init PATH] [--rootfs DIR] [--modules-dir DIR]
 #                            [--modules "NAME…"] [--gzip]
-#   --init PATH        the init binary (default: build/nesinit/nesinit)
+#   --init PATH        the init binary (default: build/nesinit/nesinit; installed as
+#                      nesinit-mkinitrd: the init installed in <prefix>/lib/nesinit)
 #   --rootfs DIR       pack DIR as the userland instead of busybox (the init is still added)
 #   --modules-dir DIR  lib/modules/<release> of the guest kernel (default: .cache/kernel/modules,
 #                      from scripts/fetch-kernel.sh)
@@ -27,6 +28,8 @@ default_modules="virtio_pci virtio_mmio virtio_console vmw_vsock_virtio_transpor
 
 out= init=$top/build/nesinit/nesinit rootfs= moddir=$top/.cache/kernel/modules
 roots=$default_modules gzip=0
+# Installed as <prefix>/bin/nesinit-mkinitrd (meson install, the nesinit package).
+[[ -e $init || ! -x $top/lib/nesinit/nesinit ]] || init=$top/lib/nesinit/nesinit
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 while (($#)); do
   case $1 in

@@ -1,5 +1,5 @@
-// Test support for host/: temp dirs, a Host harness driven by events (never sleeps), and scripted
-// fake guests (Asio coroutines speaking raw bytes over Unix sockets).
+// Test support for host/: temp dirs, a Host harness driven by events (never sleeps), and the
+// scripted fake guests of the installed harness (host/testing.hpp).
 #pragma once
 
 #include <sys/resource.h>
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "host/host.hpp"
+#include "host/testing.hpp"
 #include "protocol/codec.hpp"
 
 namespace nes::test {
@@ -66,18 +67,12 @@ inline proto::Boot sample_boot() {
   return b;
 }
 
-inline std::string ready_line(std::uint32_t v = 2) {
-  return proto::encode(proto::GuestMessage{proto::Ready{v}}) + "\n";
-}
-inline std::string exited_line(int code) {
-  return proto::encode(proto::GuestMessage{proto::WorkloadExited::code(static_cast<std::uint8_t>(code))}) + "\n";
-}
-inline std::string signalled_line(int sig) {
-  return proto::encode(proto::GuestMessage{proto::WorkloadExited::killed(static_cast<std::uint8_t>(sig))}) + "\n";
-}
-inline std::string started_line(int pid = 7) {
-  return proto::encode(proto::GuestMessage{proto::Started{pid}}) + "\n";
-}
+// Guest lines and the scripted guest: the installed harness (host/testing.hpp).
+using host::testing::exited_line;
+using host::testing::host_type;
+using host::testing::ready_line;
+using host::testing::signalled_line;
+using host::testing::started_line;
 
 /// Peak resident set size of this process, in KiB (VmHWM).
 inline long peak_rss_kib() {
@@ -114,97 +109,13 @@ inline constexpr bool kAsan = true;
 inline constexpr bool kAsan = false;
 #endif
 
-// ---- scripted fake guests ----------------------------------------------------------------------
+// ---- scripted fake guests (host/testing.hpp) ---------------------------------------------------
 
-namespace step {
-struct Send { std::string bytes; };                            // write these bytes
-struct Drip { std::string bytes; std::chrono::milliseconds every; };  // one byte per tick
-struct Flood { std::string chunk; std::size_t total; };         // write chunk repeatedly (stops on error)
-struct Expect { std::string type; };                            // read one line; its type must be this
-struct WaitClose {};                                            // read until the host closes
-struct Close {};                                                // close our end now
-}  // namespace step
-using Step = std::variant<step::Send, step::Drip, step::Flood, step::Expect, step::WaitClose, step::Close>;
-
-/// What a fake guest saw.
-struct GuestLog {
-  std::vector<std::string> lines;  // lines from the host
-  bool done = false;               // the script ran to its end (or stopped on an error)
-  std::string error;               // first I/O or expectation failure, if any
-  bool host_closed = false;        // EOF/reset from the host
-};
-
-/// Type tag of a host line ("boot", "shutdown", ...), or "" if it does not decode.
-inline std::string host_type(const std::string& line) {
-  auto d = proto::decode_host(line);
-  if (auto* m = std::get_if<proto::HostMessage>(&d)) return std::string(proto::type_name(*m));
-  return "";
-}
-
-/// Run `script` on a connected socket. Stops at the first failure (recorded in log->error).
-inline asio::awaitable<void> run_script(asio::local::stream_protocol::socket sock,
-                                        std::vector<Step> script, std::shared_ptr<GuestLog> log) {
-  asio::streambuf in;
-  boost::system::error_code ec;
-  auto read_line = [&]() -> asio::awaitable<std::optional<std::string>> {
-    std::size_t n = co_await asio::async_read_until(sock, in, '\n', asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) { log->host_closed = true; co_return std::nullopt; }
-    std::string line(asio::buffers_begin(in.data()), asio::buffers_begin(in.data()) + n - 1);
-    in.consume(n);
-    log->lines.push_back(line);
-    co_return line;
-  };
-  for (auto& s : script) {
-    if (auto* x = std::get_if<step::Send>(&s)) {
-      co_await asio::async_write(sock, asio::buffer(x->bytes), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) { log->error = "send: " + ec.message(); break; }
-    } else if (auto* x = std::get_if<step::Drip>(&s)) {
-      asio::steady_timer t(sock.get_executor());
-      for (char c : x->bytes) {
-        co_await asio::async_write(sock, asio::buffer(&c, 1), asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) break;
-        t.expires_after(x->every);
-        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      }
-      if (ec) { log->error = "drip: " + ec.message(); break; }
-    } else if (auto* x = std::get_if<step::Flood>(&s)) {
-      std::size_t sent = 0;
-      while (sent < x->total) {
-        co_await asio::async_write(sock, asio::buffer(x->chunk), asio::redirect_error(asio::use_awaitable, ec));
-        if (ec) break;
-        sent += x->chunk.size();
-      }
-      if (ec) { log->error = "flood: " + ec.message(); break; }
-    } else if (auto* x = std::get_if<step::Expect>(&s)) {
-      auto line = co_await read_line();
-      if (!line) { log->error = "expected " + x->type + ", got EOF"; break; }
-      if (host_type(*line) != x->type) { log->error = "expected " + x->type + ", got " + *line; break; }
-    } else if (std::holds_alternative<step::WaitClose>(s)) {
-      for (;;) {
-        auto line = co_await read_line();
-        if (!line) break;
-      }
-    } else if (std::holds_alternative<step::Close>(s)) {
-      sock.close(ec);
-    }
-  }
-  log->done = true;
-}
-
-/// Connect to a Unix socket path and run a script on it.
-inline asio::awaitable<void> guest_at(std::string path, std::vector<Step> script,
-                                      std::shared_ptr<GuestLog> log) {
-  asio::local::stream_protocol::socket sock(co_await asio::this_coro::executor);
-  boost::system::error_code ec;
-  co_await sock.async_connect(asio::local::stream_protocol::endpoint(path),
-                              asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) {
-    log->error = "connect: " + ec.message();
-    log->done = true;
-    co_return;
-  }
-  co_await run_script(std::move(sock), std::move(script), log);
-}
+namespace step = host::testing::step;
+using host::testing::GuestLog;
+using host::testing::guest_at;
+using host::testing::run_script;
+using host::testing::Step;
 
 // ---- a Host under test -------------------------------------------------------------------------
 
@@ -270,9 +181,7 @@ struct Harness {
 
   /// Start a scripted guest on this loop.
   std::shared_ptr<GuestLog> guest(const std::string& path, std::vector<Step> script) {
-    auto log = std::make_shared<GuestLog>();
-    asio::co_spawn(io, guest_at(path, std::move(script), log), asio::detached);
-    return log;
+    return host::testing::spawn_guest_at(io, path, std::move(script));
   }
 
   bool has_event(const std::string& vm, const std::string& kind) const {

@@ -18,11 +18,6 @@
 namespace nes::init::test {
 
 namespace {
-std::uint64_t now_ms() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000u + static_cast<std::uint64_t>(ts.tv_nsec) / 1000000u;
-}
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
   fd = -1;
@@ -121,7 +116,6 @@ Sandbox::~Sandbox() {
     while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
     }
   }
-  close_fd(chan_);
   close_fd(listen_fd_);
   close_fd(out_fd_);
   close_fd(err_fd_);
@@ -140,6 +134,19 @@ std::size_t Sandbox::when(std::string_view what) const {
   return it == timeline_.end() ? std::string::npos : timeline_round_[static_cast<std::size_t>(it - timeline_.begin())];
 }
 
+void Sandbox::on_send(const proto::HostMessage& m) {
+  if (auto* b = std::get_if<proto::Boot>(&m)) terminal_ = b->stdio && b->stdio->terminal;
+}
+
+void Sandbox::on_bytes(std::string_view bytes) {
+  timeline_reader_.feed(bytes);
+  while (auto l = timeline_reader_.next()) {
+    auto d = proto::decode_guest(l->text);
+    auto* m = std::get_if<proto::GuestMessage>(&d);
+    timeline_.push_back(m ? "msg:" + std::string(proto::type_name(*m)) : "msg:?");
+  }
+}
+
 bool Sandbox::pump(int timeout_ms) {
   pollfd p[7];
   int n = 0;
@@ -149,8 +156,8 @@ bool Sandbox::pump(int timeout_ms) {
     short ev = static_cast<short>((data_paused_ ? 0 : POLLIN) | (data_tx_.empty() ? 0 : POLLOUT));
     if (ev) { idx_data = n; p[n++] = {data_fd_, ev, 0}; }
   }
-  if (listen_fd_ >= 0 && chan_ < 0 && filler_ < 0) { idx_listen = n; p[n++] = {listen_fd_, POLLIN, 0}; }
-  if (chan_ >= 0 && !chan_eof_) { idx_chan = n; p[n++] = {chan_, POLLIN, 0}; }
+  if (listen_fd_ >= 0 && !attached() && filler_ < 0) { idx_listen = n; p[n++] = {listen_fd_, POLLIN, 0}; }
+  if (channel_fd() >= 0) { idx_chan = n; p[n++] = {channel_fd(), POLLIN, 0}; }
   if (out_fd_ >= 0) { idx_out = n; p[n++] = {out_fd_, POLLIN, 0}; }
   if (err_fd_ >= 0 && !err_paused_) { idx_err = n; p[n++] = {err_fd_, POLLIN, 0}; }
   if (!status_) { idx_pid = n; p[n++] = {pidfd_, POLLIN, 0}; }
@@ -174,7 +181,8 @@ bool Sandbox::pump(int timeout_ms) {
   if (idx_out >= 0 && p[idx_out].revents) drain(out_fd_, out_);
   if (idx_err >= 0 && p[idx_err].revents) drain(err_fd_, err_);
   if (idx_listen >= 0 && (p[idx_listen].revents & POLLIN)) {
-    chan_ = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c >= 0) attach(host::Fd(c));
   }
   if (idx_dl >= 0 && (p[idx_dl].revents & POLLIN)) {
     data_fd_ = ::accept4(data_listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -225,24 +233,7 @@ bool Sandbox::pump(int timeout_ms) {
       }
     }
   }
-  if (idx_chan >= 0 && p[idx_chan].revents) {
-    for (;;) {
-      ssize_t k = ::read(chan_, buf, sizeof buf);
-      if (k > 0) {
-        reader_.feed(std::string_view(buf, static_cast<std::size_t>(k)));
-        timeline_reader_.feed(std::string_view(buf, static_cast<std::size_t>(k)));
-        while (auto l = timeline_reader_.next()) {
-          auto d = proto::decode_guest(l->text);
-          auto* m = std::get_if<proto::GuestMessage>(&d);
-          timeline_.push_back(m ? "msg:" + std::string(proto::type_name(*m)) : "msg:?");
-        }
-        continue;
-      }
-      if (k < 0 && errno == EINTR) continue;
-      if (k == 0 || (k < 0 && errno != EAGAIN)) chan_eof_ = true;
-      break;
-    }
-  }
+  if (idx_chan >= 0 && p[idx_chan].revents) read_channel();
   if (idx_pid >= 0 && (p[idx_pid].revents & POLLIN)) {
     int st = 0;
     if (::waitpid(pid_, &st, WNOHANG) == pid_) status_ = st;
@@ -252,74 +243,15 @@ bool Sandbox::pump(int timeout_ms) {
 
 bool Sandbox::accept(int timeout_ms) {
   const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
-  while (chan_ < 0) {
+  while (!attached()) {
     std::uint64_t now = now_ms();
-    if (now >= until || status_) return chan_ >= 0;
+    if (now >= until || status_) {
+      last_error_ = status_ ? "the init exited" : "timeout";
+      return attached();
+    }
     pump(static_cast<int>(until - now));
   }
   return true;
-}
-
-std::optional<proto::GuestMessage> Sandbox::next(int timeout_ms) {
-  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
-  for (;;) {
-    if (auto l = reader_.next()) {
-      if (l->kind != proto::Line::Kind::text) {
-        last_error_ = "over-long line from the guest";
-        return std::nullopt;
-      }
-      auto d = proto::decode_guest(l->text);
-      if (auto* m = std::get_if<proto::GuestMessage>(&d)) return *m;
-      last_error_ = "undecodable guest line: " + l->text;
-      return std::nullopt;
-    }
-    if (chan_eof_) {
-      last_error_ = "EOF";
-      return std::nullopt;
-    }
-    std::uint64_t now = now_ms();
-    if (now >= until) {
-      last_error_ = "timeout";
-      return std::nullopt;
-    }
-    pump(static_cast<int>(until - now));
-  }
-}
-
-bool Sandbox::wait_eof(int timeout_ms) {
-  const std::uint64_t until = now_ms() + static_cast<std::uint64_t>(timeout_ms);
-  while (!chan_eof_) {
-    std::uint64_t now = now_ms();
-    if (now >= until || chan_ < 0) return chan_eof_;
-    pump(static_cast<int>(until - now));
-  }
-  return true;
-}
-
-void Sandbox::send(const proto::HostMessage& m) {
-  if (auto* b = std::get_if<proto::Boot>(&m)) terminal_ = b->stdio && b->stdio->terminal;
-  send_raw(proto::encode_line(m));
-}
-
-void Sandbox::send_raw(const std::string& bytes) {
-  std::string_view rest = bytes;
-  const std::uint64_t until = now_ms() + 10000;
-  while (chan_ >= 0 && !rest.empty() && now_ms() < until) {
-    ssize_t k = ::send(chan_, rest.data(), rest.size(), MSG_NOSIGNAL);
-    if (k > 0) { rest.remove_prefix(static_cast<std::size_t>(k)); continue; }
-    if (k < 0 && errno == EAGAIN) {
-      pollfd p{chan_, POLLOUT, 0};
-      ::poll(&p, 1, 100);
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    break;
-  }
-}
-
-void Sandbox::close_channel() {
-  close_fd(chan_);
-  chan_eof_ = true;
 }
 
 bool Sandbox::wait_stdout(std::string_view needle, int timeout_ms) {

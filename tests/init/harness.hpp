@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "host/testing.hpp"
 #include "protocol/protocol.hpp"
 
 namespace nes::init::test {
@@ -32,45 +33,28 @@ struct SandboxOptions {
   proto::FrameRules data_rules{proto::FrameSender::guest, false, false, false};  // what it may send
 };
 
-class Sandbox {
+/// The real init in its sandbox, with the scripted host end of its channel (ScriptedHost, the
+/// installed harness: next(), expect<T>(), send(), send_raw(), wait_eof(), last_error()); this
+/// pump also serves the listener, the init's stdout/stderr and its exit.
+class Sandbox : public host::testing::ScriptedHost {
  public:
   explicit Sandbox(SandboxOptions o = {});
-  ~Sandbox();
-  Sandbox(const Sandbox&) = delete;
-  Sandbox& operator=(const Sandbox&) = delete;
+  ~Sandbox() override;
 
   const std::filesystem::path& dir() const { return dir_; }
   /// Accept the init's connection (bounded).
   bool accept(int timeout_ms = 10000);
-  /// The next message from the guest, or nullopt on EOF/timeout. A line that does not decode is a
-  /// test failure (returned as nullopt, with the reason in last_error()).
-  std::optional<proto::GuestMessage> next(int timeout_ms = 10000);
-  /// Next message, required to be of type T.
-  template <class T>
-  std::optional<T> expect(int timeout_ms = 10000) {
-    auto m = next(timeout_ms);
-    if (!m) return std::nullopt;
-    if (auto* t = std::get_if<T>(&*m)) return *t;
-    last_error_ = "unexpected message: " + proto::encode(*m);
-    return std::nullopt;
-  }
   /// The usual opening: accept, `ready`, send `boot`, then `mounted` and `started`. False at the
   /// first step that fails, with that step named in last_error().
   bool start(const proto::Boot& boot) {
-    auto fail = [&](const char* step) { last_error_ = std::string(step) + ": " + last_error_; return false; };
-    if (!accept()) return fail("accept");
-    if (!expect<proto::Ready>()) return fail("ready");
-    send(boot);
-    if (!expect<proto::Mounted>()) return fail("mounted");
-    if (!expect<proto::Started>()) return fail("started");
-    return true;
+    if (!accept()) {
+      last_error_ = "accept: " + last_error_;
+      return false;
+    }
+    return open(boot);
   }
-  /// True once the guest closed the channel (after draining): waits up to timeout_ms.
-  bool wait_eof(int timeout_ms = 10000);
-  void send(const proto::HostMessage& m);
-  void send_raw(const std::string& bytes);
   /// Close our end of the channel (EOF for the init).
-  void close_channel();
+  void close_channel() { close(); }
   /// Wait until the workload's/init's stdout contains `needle`.
   bool wait_stdout(std::string_view needle, int timeout_ms = 10000);
   /// Wait until the init's stderr contains `needle`.
@@ -120,16 +104,19 @@ class Sandbox {
 
   const std::string& out() const { return out_; }
   const std::string& err() const { return err_; }
-  const std::string& last_error() const { return last_error_; }
+
+ protected:
+  /// One poll round over listener, channel, stdout, stderr and the process; false on timeout.
+  bool pump(int timeout_ms) override;
+  /// Every guest message, in arrival order, into the timeline.
+  void on_bytes(std::string_view bytes) override;
+  /// Notes whether the boot asks for a terminal (then stdout is the only output stream).
+  void on_send(const proto::HostMessage& m) override;
 
  private:
-  /// One poll round over channel, stdout, stderr and the process; false on timeout.
-  bool pump(int timeout_ms);
-
   std::filesystem::path dir_;
   std::string sock_path_;
   int listen_fd_ = -1;
-  int chan_ = -1;
   int out_fd_ = -1, err_fd_ = -1;
   int pidfd_ = -1;
   int filler_ = -1;           // our connection that fills the backlog (full_backlog)
@@ -147,9 +134,7 @@ class Sandbox {
   bool err_paused_ = false;   // stderr_unread, until read_stderr()
   pid_t pid_ = -1;
   std::optional<int> status_;
-  bool chan_eof_ = false;
-  std::string out_, err_, last_error_;
-  proto::LineReader reader_;
+  std::string out_, err_;
 };
 
 /// A boot descriptor running argv (terminal unless said otherwise).

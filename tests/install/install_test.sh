@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# The project as a dependency, from its installed files only:
+#  1. a native host-side-only configuration (-Dguest=false) `meson install`ed with DESTDIR into a
+#     temp root, the init from the cross build `meson install`ed likewise; the file list checked
+#     (public headers only, SONAME, neshost.pc, nesinit and nesinit-mkinitrd);
+#  2. every installed header compiles alone (one TU each) with `pkg-config --cflags neshost`;
+#  3. examples/embed built against that root (PKG_CONFIG_PATH + PKG_CONFIG_SYSROOT_DIR; no include
+#     path into the source tree), its harness test run, then the daemon run against the real
+#     static init, twice, as PID 1 of fresh pid + mount namespaces with an explicit --channel;
+#  4. with PACKAGES=1 (argument --packages): the Debian packages built with dpkg-buildpackage -b
+#     (reusing step 1's host build), unpacked into a scratch root with dpkg -x, `neshost --version`
+#     and the example run from the unpacked files.
+# Usage: install_test.sh SOURCE_ROOT CROSS_BUILD_DIR [--packages]. Every process it starts is
+# waited for and its temp dir removed, whatever fails.
+set -euo pipefail
+src=$(cd "$1" && pwd) cross=$(cd "$2" && pwd) packages=${3:-}
+tmp=$(mktemp -d /tmp/nes-install-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+step() { echo "== $* ($(date +%T))"; }
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+
+# ---- 1. meson install, both configurations ----
+step "host-only configuration, meson install"
+host=${NES_HOST_BUILD:-$tmp/host}
+[[ -f $host/build.ninja ]] || meson setup "$host" "$src" -Dguest=false --prefix=/usr >"$tmp/setup.log" 2>&1 ||
+  { cat "$tmp/setup.log"; fail "meson setup -Dguest=false"; }
+ninja -C "$host" >"$tmp/ninja.log" 2>&1 || { tail -50 "$tmp/ninja.log"; fail "ninja (host-only)"; }
+root=$tmp/root
+DESTDIR=$root meson install -C "$host" --no-rebuild --quiet
+step "cross configuration (the init), meson install"
+DESTDIR=$tmp/initroot meson install -C "$cross" --no-rebuild --quiet
+initprefix=$(meson introspect "$cross" --buildoptions | python3 -c \
+  'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="prefix"))')
+init=$tmp/initroot$initprefix/lib/nesinit/nesinit
+[[ -x $init ]] || fail "no installed init at $initprefix/lib/nesinit/nesinit"
+[[ -x $tmp/initroot$initprefix/bin/nesinit-mkinitrd ]] || fail "no installed nesinit-mkinitrd"
+file -b "$init" | grep -q "statically linked" || fail "installed init is not static: $(file -b "$init")"
+
+(cd "$root" && find . -type f -o -type l | sort) >"$tmp/files"
+echo "installed (host side):"; sed 's/^/  /' "$tmp/files"
+lib=usr/lib/$multiarch
+for f in usr/bin/neshost "$lib/libneshost.a" "$lib/libneshost.so" "$lib/libneshost.so.0" \
+         "$lib/pkgconfig/neshost.pc" usr/include/nes/host/host.hpp usr/include/nes/host/testing.hpp \
+         usr/include/nes/protocol/messages.hpp; do
+  grep -qx "./$f" "$tmp/files" || fail "not installed: /$f"
+done
+! grep -E 'cli\.hpp|/vm/|support\.hpp|harness\.hpp|nesproto' "$tmp/files" || fail "internals installed"
+soname=$(readelf -d "$root/$lib/libneshost.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
+[[ $soname == libneshost.so.0 ]] || fail "SONAME is '$soname', want libneshost.so.0"
+"$root/usr/bin/neshost" --version | grep -q . || fail "installed neshost --version"
+
+# ---- 2. every installed header alone ----
+export PKG_CONFIG_PATH=$root/$lib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$root
+cflags=$(pkg-config --cflags neshost)
+step "each installed header alone (cflags: $cflags)"
+hdrs=$(cd "$root/usr/include" && find nes -name '*.hpp' | sort)
+n=0
+for h in $hdrs; do
+  echo "#include <$h>" >"$tmp/h$n.cpp"
+  n=$((n + 1))
+done
+# shellcheck disable=SC2086
+printf '%s\n' "$tmp"/h*.cpp | xargs -P 2 -I{} sh -c \
+  'g++ -std=c++20 -Wall -Wextra -Werror -fsyntax-only '"$cflags"' {} || { echo "header TU failed: $(cat {})"; exit 255; }' ||
+  fail "an installed header does not compile alone"
+echo "  $n headers compile alone"
+
+# ---- 3. the embedding example against the installed library ----
+run_example() {  # $1: pkg-config root, $2: init binary, $3: label
+  local exdir=$tmp/ex-$3 libdir=$1/$lib
+  step "examples/embed against $3"
+  PKG_CONFIG_PATH=$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$1 \
+    meson setup "$exdir" "$src/examples/embed" >"$tmp/ex-setup.log" 2>&1 ||
+    { cat "$tmp/ex-setup.log"; fail "meson setup examples/embed ($3)"; }
+  ninja -C "$exdir" >"$tmp/ex-ninja.log" 2>&1 || { cat "$tmp/ex-ninja.log"; fail "build examples/embed ($3)"; }
+  # Nothing but the example's own directory may come from the source tree.
+  if python3 - "$exdir/compile_commands.json" "$src" <<'PY'
+import json, os, shlex, sys
+src, ok = sys.argv[2], sys.argv[2] + "/examples/embed"
+bad = []
+for c in json.load(open(sys.argv[1])):
+    args = shlex.split(c["command"])
+    for i, a in enumerate(args):
+        d = a[2:] if a.startswith("-I") and len(a) > 2 else args[i + 1] if a in ("-I", "-isystem") else None
+        if d is None:
+            continue
+        d = os.path.normpath(os.path.join(c["directory"], d))
+        if (d == src or d.startswith(src + "/")) and not (d == ok or d.startswith(ok + "/")):
+            bad.append(d)
+bad and print("\n".join(bad)); sys.exit(0 if bad else 1)
+PY
+  then fail "examples/embed compiled with an include path into the source tree"; fi
+  readelf -d "$exdir/nes-embed" | grep -q 'NEEDED.*libneshost.so.0' || fail "nes-embed does not use libneshost.so.0"
+  LD_LIBRARY_PATH=$libdir "$exdir/daemon_test" >"$tmp/daemon_test.log" 2>&1 ||
+    { cat "$tmp/daemon_test.log"; fail "examples/embed daemon_test ($3)"; }
+  sed 's/^/  daemon_test: /' "$tmp/daemon_test.log"
+
+  # The daemon and two real inits, each PID 1 of its own pid + mount namespace.
+  local vms=$tmp/vms-$3 out=$tmp/daemon-$3.out
+  mkfifo "$tmp/fifo-$3"
+  LD_LIBRARY_PATH=$libdir "$exdir/nes-embed" "$vms" "$tmp/state-$3" a,b -- \
+    /bin/sh -c 'case $NES_VM in a) exit 3 ;; *) kill -9 $$ ;; esac' >"$tmp/fifo-$3" 2>&1 &
+  local daemon=$!
+  pids+=("$daemon")
+  exec {rd}<"$tmp/fifo-$3"
+  local line n=0
+  while ((n < 2)) && IFS= read -r -t 30 line <&"$rd"; do
+    echo "  nes-embed: $line"
+    [[ $line == listening* ]] && n=$((n + 1))
+  done
+  ((n == 2)) || fail "nes-embed did not listen ($3)"
+  local inits=()
+  for vm in a b; do
+    unshare --pid --fork --mount-proc --kill-child "$2" --channel="unix:$vms/$vm.vsock_7000" \
+      --log=quiet >"$tmp/init-$vm-$3.log" 2>&1 &
+    inits+=($!)
+    pids+=($!)
+  done
+  cat <&"$rd" >"$out" &
+  local cat_pid=$!
+  pids+=("$cat_pid")
+  local st=0
+  wait "$daemon" || st=$?
+  for p in "${inits[@]}"; do wait "$p" || true; done
+  wait "$cat_pid" || true
+  exec {rd}<&-
+  sed 's/^/  nes-embed: /' "$out"
+  grep -qx "a exited 3" "$out" || { cat "$tmp"/init-*-"$3".log; fail "VM a: want 'a exited 3' ($3)"; }
+  grep -qx "b signalled 137" "$out" || { cat "$tmp"/init-*-"$3".log; fail "VM b: want 'b signalled 137' ($3)"; }
+  ((st == 1)) || fail "nes-embed exit status $st, want 1 (two non-zero outcomes) ($3)"
+}
+run_example "$root" "$init" "meson-install"
+
+# ---- 4. the Debian packages ----
+if [[ $packages == --packages ]]; then
+  step "dpkg-buildpackage -b"
+  # A copy of the tracked tree (the packages build from a clean source), with the set-up that
+  # scripts/setup.sh made (zig in node_modules, simdjson's amalgamation in .cache) linked in.
+  pkgsrc=$tmp/pkg/nesinit
+  mkdir -p "$pkgsrc"
+  git -C "$src" ls-files -z | (cd "$src" && cpio -0pdm --quiet "$pkgsrc")
+  ln -s "$src/node_modules" "$pkgsrc/node_modules"
+  mkdir -p "$pkgsrc/.cache"
+  cp -a "$src/.cache/simdjson-amalgamation" "$pkgsrc/.cache/"
+  start=$(date +%s)
+  (cd "$pkgsrc" && NES_HOST_BUILD=$host NES_INIT_BUILD=$tmp/pkg-init \
+     dpkg-buildpackage -b -us -uc --no-pre-clean >"$tmp/dpkg.log" 2>&1) ||
+    { tail -60 "$tmp/dpkg.log"; fail "dpkg-buildpackage -b"; }
+  echo "  built in $(($(date +%s) - start)) s:"
+  (cd "$tmp/pkg" && for d in *.deb; do echo "  $d $(stat -c %s "$d") bytes"; done)
+  sroot=$tmp/scratch
+  for d in "$tmp"/pkg/*.deb; do dpkg -x "$d" "$sroot"; done
+  for want in usr/lib/nesinit/nesinit usr/bin/nesinit-mkinitrd usr/bin/neshost \
+              "usr/lib/$multiarch/libneshost.so.0" usr/include/nes/host/host.hpp; do
+    [[ -e $sroot/$want ]] || fail "not in the packages: /$want"
+  done
+  "$sroot/usr/bin/neshost" --version || fail "packaged neshost --version"
+  run_example "$sroot" "$sroot/usr/lib/nesinit/nesinit" "debs"
+fi
+echo "ok"
