@@ -10,7 +10,9 @@ cd "$top"
 
 pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson-dev doctest-dev
       python3 binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
-      dumb-init clang-14 libclang-rt-14-dev debootstrap)  # clang: scripts/fuzz.sh (libFuzzer)
+      dumb-init clang-14 libclang-rt-14-dev  # clang: scripts/fuzz.sh (libFuzzer)
+      debootstrap                            # scripts/mkdebroot.sh (a --rootfs to share)
+      debhelper)  # tests/install: dpkg-buildpackage -b
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

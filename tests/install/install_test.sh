@@ -28,7 +28,9 @@ multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-mul
 # ---- 1. meson install, both configurations ----
 step "host-only configuration, meson install"
 host=${NES_HOST_BUILD:-$tmp/host}
-[[ -f $host/build.ninja ]] || meson setup "$host" "$src" -Dguest=false --prefix=/usr >"$tmp/setup.log" 2>&1 ||
+# Debian's build flags (hardening), as dh_auto_configure would pass them: step 4 reuses this build.
+[[ -f $host/build.ninja ]] || (eval "$(dpkg-buildflags --export=sh)"; meson setup "$host" "$src" \
+  -Dguest=false --prefix=/usr --libdir="lib/$multiarch") >"$tmp/setup.log" 2>&1 ||
   { cat "$tmp/setup.log"; fail "meson setup -Dguest=false"; }
 ninja -C "$host" >"$tmp/ninja.log" 2>&1 || { tail -50 "$tmp/ninja.log"; fail "ninja (host-only)"; }
 root=$tmp/root
@@ -154,6 +156,8 @@ if [[ $packages == --packages ]]; then
     { tail -60 "$tmp/dpkg.log"; fail "dpkg-buildpackage -b"; }
   echo "  built in $(($(date +%s) - start)) s:"
   (cd "$tmp/pkg" && for d in *.deb; do echo "  $d $(stat -c %s "$d") bytes"; done)
+  # NES_KEEP_DEBS=DIR: keep the packages (e.g. for lintian, which this test does not run).
+  [[ -z ${NES_KEEP_DEBS:-} ]] || cp "$tmp"/pkg/*.deb "$tmp"/pkg/*.changes "$NES_KEEP_DEBS"/
   sroot=$tmp/scratch
   for d in "$tmp"/pkg/*.deb; do dpkg -x "$d" "$sroot"; done
   for want in usr/lib/nesinit/nesinit usr/bin/nesinit-mkinitrd usr/bin/neshost \
