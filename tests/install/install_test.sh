@@ -29,7 +29,8 @@ multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-mul
 step "host-only configuration, meson install"
 host=${NES_HOST_BUILD:-$tmp/host}
 # Debian's build flags (hardening), as dh_auto_configure would pass them: step 4 reuses this build.
-[[ -f $host/build.ninja ]] || (eval "$(dpkg-buildflags --export=sh)"; meson setup "$host" "$src" \
+[[ -f $host/build.ninja ]] || (export DEB_BUILD_MAINT_OPTIONS=hardening=+all; eval "$(dpkg-buildflags --export=sh)"
+  meson setup "$host" "$src" \
   -Dguest=false --prefix=/usr --libdir="lib/$multiarch") >"$tmp/setup.log" 2>&1 ||
   { cat "$tmp/setup.log"; fail "meson setup -Dguest=false"; }
 ninja -C "$host" >"$tmp/ninja.log" 2>&1 || { tail -50 "$tmp/ninja.log"; fail "ninja (host-only)"; }
