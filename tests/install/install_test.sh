@@ -7,9 +7,9 @@
 #  3. examples/embed built against that root (PKG_CONFIG_PATH + PKG_CONFIG_SYSROOT_DIR; no include
 #     path into the source tree), its harness test run, then the daemon run against the real
 #     static init, twice, as PID 1 of fresh pid + mount namespaces with an explicit --channel;
-#  4. with PACKAGES=1 (argument --packages): the Debian packages built with dpkg-buildpackage -b
-#     (reusing step 1's host build), unpacked into a scratch root with dpkg -x, `neshost --version`
-#     and the example run from the unpacked files.
+#  4. with --packages: the Debian packages built with dpkg-buildpackage -b (reusing step 1's host
+#     build and the cross build's tested init), unpacked into a scratch root with dpkg -x,
+#     `neshost --version` and the example run from the unpacked files.
 # Usage: install_test.sh SOURCE_ROOT CROSS_BUILD_DIR [--packages]. Every process it starts is
 # waited for and its temp dir removed, whatever fails.
 set -euo pipefail
@@ -153,7 +153,7 @@ if [[ $packages == --packages ]]; then
   cp -a "$src/.cache/simdjson-amalgamation" "$pkgsrc/.cache/"
   start=$(date +%s)
   # No -dbgsym packages (their stripping is most of the cost) and no dh_auto_test (scripts/test.sh is it).
-  (cd "$pkgsrc" && DEB_BUILD_OPTIONS="noautodbgsym nocheck" NES_HOST_BUILD=$host NES_INIT_BUILD=$tmp/pkg-init \
+  (cd "$pkgsrc" && DEB_BUILD_OPTIONS="noautodbgsym nocheck" NES_HOST_BUILD=$host NES_INIT_BUILD=$cross \
      dpkg-buildpackage -b -us -uc --no-pre-clean >"$tmp/dpkg.log" 2>&1) ||
     { tail -60 "$tmp/dpkg.log"; fail "dpkg-buildpackage -b"; }
   echo "  built in $(($(date +%s) - start)) s:"
