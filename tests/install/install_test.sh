@@ -2,16 +2,21 @@
 # The project as a dependency, from its installed files only:
 #  1. a native host-side-only configuration (-Dguest=false) `meson install`ed with DESTDIR into a
 #     temp root, the init from the cross build `meson install`ed likewise; the file list checked
-#     (public headers only, SONAME, neshost.pc, nesinit and nesinit-mkinitrd);
+#     (public headers only, SONAME, neshost.pc, nesinit and nesinit-mkinitrd), and every header of
+#     host/ and protocol/ either installed or on host/meson.build's internal list;
 #  2. every installed header compiles alone (one TU each) with `pkg-config --cflags neshost`;
 #  3. examples/embed built against that root (PKG_CONFIG_PATH + PKG_CONFIG_SYSROOT_DIR; no include
 #     path into the source tree), its harness test run, then the daemon run against the real
 #     static init, twice, as PID 1 of fresh pid + mount namespaces with an explicit --channel;
 #  4. with --packages: the Debian packages built with dpkg-buildpackage -b (reusing step 1's host
-#     build and the cross build's tested init), unpacked into a scratch root with dpkg -x,
-#     `neshost --version` and the example run from the unpacked files.
+#     build and the cross build's tested init), unpacked into a scratch root with dpkg -x, their
+#     development files checked identical to step 1's, `neshost --version` and the example (step
+#     3's binary, now on the packaged libneshost.so.0 and the packaged init) run from them.
 # Usage: install_test.sh SOURCE_ROOT CROSS_BUILD_DIR [--packages]. Every process it starts is
 # waited for and its temp dir removed, whatever fails.
+# NES_HOST_BUILD: the host-side-only build directory, kept and reused if given (tests/install/
+# meson.build passes build/install-host), else a temp one. NES_INTERNAL_HEADERS: the headers not
+# installed on purpose, relative to host/ ("vm/" for a directory).
 set -euo pipefail
 src=$(cd "$1" && pwd) cross=$(cd "$2" && pwd) packages=${3:-}
 tmp=$(mktemp -d /tmp/nes-install-XXXXXX)
@@ -29,7 +34,10 @@ multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-mul
 step "host-only configuration, meson install"
 host=${NES_HOST_BUILD:-$tmp/host}
 # Debian's build flags (hardening), as dh_auto_configure would pass them: step 4 reuses this build.
-[[ -f $host/build.ninja ]] || (export DEB_BUILD_MAINT_OPTIONS=hardening=+all; eval "$(dpkg-buildflags --export=sh)"
+# Without -g: the test's packages have no -dbgsym (step 4), so debug info would only be stripped
+# again, and it is a third of the compile time (debian/rules on its own keeps Debian's -g).
+[[ -f $host/build.ninja ]] || (export DEB_BUILD_MAINT_OPTIONS=hardening=+all \
+  DEB_CXXFLAGS_MAINT_STRIP=-g DEB_CFLAGS_MAINT_STRIP=-g; eval "$(dpkg-buildflags --export=sh)"
   meson setup "$host" "$src" \
   -Dguest=false --prefix=/usr --libdir="lib/$multiarch") >"$tmp/setup.log" 2>&1 ||
   { cat "$tmp/setup.log"; fail "meson setup -Dguest=false"; }
@@ -54,6 +62,17 @@ for f in usr/bin/neshost "$lib/libneshost.a" "$lib/libneshost.so" "$lib/libnesho
   grep -qx "./$f" "$tmp/files" || fail "not installed: /$f"
 done
 ! grep -E 'cli\.hpp|/vm/|support\.hpp|harness\.hpp|nesproto' "$tmp/files" || fail "internals installed"
+# Each header of host/ and protocol/ is public (installed) or deliberately internal, never both.
+internal=" ${NES_INTERNAL_HEADERS:-} "
+for h in $(cd "$src" && ls host/*.hpp host/*/*.hpp protocol/*.hpp); do
+  rel=${h#host/} inst=./usr/include/nes/$h is_int=0
+  [[ $internal == *" $rel "* || $internal == *" ${rel%%/*}/ "* ]] && is_int=1
+  if grep -qx "$inst" "$tmp/files"; then
+    ((is_int == 0)) || fail "$h is installed and on the internal list"
+  else
+    ((is_int == 1)) || fail "$h is neither installed nor on host/meson.build's internal list"
+  fi
+done
 soname=$(readelf -d "$root/$lib/libneshost.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [[ $soname == libneshost.so.0 ]] || fail "SONAME is '$soname', want libneshost.so.0"
 "$root/usr/bin/neshost" --version | grep -q . || fail "installed neshost --version"
@@ -75,13 +94,14 @@ printf '%s\n' "$tmp"/h*.cpp | xargs -P 2 -I{} sh -c \
 echo "  $n headers compile alone"
 
 # ---- 3. the embedding example against the installed library ----
-run_example() {  # $1: pkg-config root, $2: init binary, $3: label
-  local exdir=$tmp/ex-$3 libdir=$1/$lib
-  step "examples/embed against $3"
+exdir=$tmp/ex
+build_example() {  # $1: pkg-config root
+  local libdir=$1/$lib
+  step "examples/embed built against the meson-installed library"
   PKG_CONFIG_PATH=$libdir/pkgconfig PKG_CONFIG_SYSROOT_DIR=$1 \
     meson setup "$exdir" "$src/examples/embed" >"$tmp/ex-setup.log" 2>&1 ||
-    { cat "$tmp/ex-setup.log"; fail "meson setup examples/embed ($3)"; }
-  ninja -C "$exdir" >"$tmp/ex-ninja.log" 2>&1 || { cat "$tmp/ex-ninja.log"; fail "build examples/embed ($3)"; }
+    { cat "$tmp/ex-setup.log"; fail "meson setup examples/embed"; }
+  ninja -C "$exdir" >"$tmp/ex-ninja.log" 2>&1 || { cat "$tmp/ex-ninja.log"; fail "build examples/embed"; }
   # Nothing but the example's own directory may come from the source tree.
   if python3 - "$exdir/compile_commands.json" "$src" <<'PY'
 import json, os, shlex, sys
@@ -100,6 +120,11 @@ bad and print("\n".join(bad)); sys.exit(0 if bad else 1)
 PY
   then fail "examples/embed compiled with an include path into the source tree"; fi
   readelf -d "$exdir/nes-embed" | grep -q 'NEEDED.*libneshost.so.0' || fail "nes-embed does not use libneshost.so.0"
+}
+
+run_example() {  # $1: root whose libneshost.so.0 the example runs on, $2: init binary, $3: label
+  local libdir=$1/$lib
+  step "examples/embed on $3"
   LD_LIBRARY_PATH=$libdir "$exdir/daemon_test" >"$tmp/daemon_test.log" 2>&1 ||
     { cat "$tmp/daemon_test.log"; fail "examples/embed daemon_test ($3)"; }
   sed 's/^/  daemon_test: /' "$tmp/daemon_test.log"
@@ -138,6 +163,7 @@ PY
   grep -qx "b signalled 137" "$out" || { cat "$tmp"/init-*-"$3".log; fail "VM b: want 'b signalled 137' ($3)"; }
   ((st == 1)) || fail "nes-embed exit status $st, want 1 (two non-zero outcomes) ($3)"
 }
+build_example "$root"
 run_example "$root" "$init" "meson-install"
 
 # ---- 4. the Debian packages ----
@@ -167,6 +193,16 @@ if [[ $packages == --packages ]]; then
     [[ -e $sroot/$want ]] || fail "not in the packages: /$want"
   done
   "$sroot/usr/bin/neshost" --version || fail "packaged neshost --version"
+  # The development files are step 1's (headers and .pc byte for byte, the static library's
+  # members; dh_strip rewrites the archive itself), what the example was built against, so the
+  # example needs no second build: step 3's binary runs on the packaged library, with step 1's
+  # copy removed so that nothing else can be loaded (its RUNPATH may name that root).
+  diff -r "$root/usr/include" "$sroot/usr/include" || fail "packaged headers differ from meson install's"
+  cmp "$root/$lib/pkgconfig/neshost.pc" "$sroot/$lib/pkgconfig/neshost.pc" ||
+    fail "packaged neshost.pc differs from meson install's"
+  [[ $(ar t "$root/$lib/libneshost.a") == "$(ar t "$sroot/$lib/libneshost.a")" ]] ||
+    fail "packaged libneshost.a has other members than meson install's"
+  rm -f "$root/$lib"/libneshost.so*
   run_example "$sroot" "$sroot/usr/lib/nesinit/nesinit" "debs"
 fi
 echo "ok"
