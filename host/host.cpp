@@ -392,26 +392,6 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     link->start();
   }
 
-  static asio::awaitable<void> data_accept_loop(std::weak_ptr<Impl> w, std::shared_ptr<Vm> vm,
-                                                std::shared_ptr<unix_acceptor> acc) {
-    for (;;) {
-      error_code ec;
-      asio::local::stream_protocol::socket s =
-          co_await acc->async_accept(asio::redirect_error(asio::use_awaitable, ec));
-      auto self = w.lock();
-      if (!self || !acc->is_open() || ec == asio::error::operation_aborted) co_return;
-      if (ec) {
-        self->emit(*vm, "accept_error", ec.message());
-        asio::steady_timer t(self->io, std::chrono::milliseconds(100));
-        self.reset();
-        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        continue;
-      }
-      if (!self->current(vm)) co_return;
-      self->adopt_data(vm, s.release(), AF_UNIX);
-    }
-  }
-
   static void close_data(const std::shared_ptr<Vm>& vm) {
     if (vm->data) vm->data->close();
     vm->data_finished_cb = nullptr;
@@ -474,8 +454,9 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     }
   }
 
+  /// One VM's Unix listener: the lifecycle channel, or (`data`) its data channel.
   static asio::awaitable<void> accept_loop(std::weak_ptr<Impl> w, std::shared_ptr<Vm> vm,
-                                           std::shared_ptr<unix_acceptor> acc) {
+                                           std::shared_ptr<unix_acceptor> acc, bool data) {
     for (;;) {
       error_code ec;
       asio::local::stream_protocol::socket s =
@@ -491,7 +472,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
         continue;
       }
       if (!self->current(vm)) co_return;
-      self->adopt(vm, s.release(), AF_UNIX);
+      if (data) self->adopt_data(vm, s.release(), AF_UNIX);
+      else self->adopt(vm, s.release(), AF_UNIX);
     }
   }
 
@@ -582,15 +564,12 @@ Status Host::add_vm(SessionConfig cfg) {
 
 namespace {
 Error no_vm(const std::string& vm) { return Error{fmt::format("vm '{}' is not registered", vm)}; }
-}  // namespace
 
-Status Host::listen_unix(const std::string& id, const UnixListenOptions& opt) {
-  auto vm = impl_->find(id);
-  if (!vm) return no_vm(id);
-  if (vm->acceptor) return Error{fmt::format("vm '{}' already has a listener", id)};
+/// A listening Unix socket at opt.path, handed to Asio (unlinked again if that fails).
+Result<std::shared_ptr<unix_acceptor>> open_unix_acceptor(asio::io_context& io, const UnixListenOptions& opt) {
   auto fd = nes::host::listen_unix(opt);
   if (!fd) return fd.error();
-  auto acc = std::make_shared<unix_acceptor>(impl_->io);
+  auto acc = std::make_shared<unix_acceptor>(io);
   error_code ec;
   acc->assign(asio::local::stream_protocol(), fd->get(), ec);
   if (ec) {
@@ -598,10 +577,32 @@ Status Host::listen_unix(const std::string& id, const UnixListenOptions& opt) {
     return Error{fmt::format("listen {}: {}", opt.path, ec.message())};
   }
   fd->release();
-  vm->acceptor = acc;
+  return acc;
+}
+
+/// A listening AF_VSOCK socket on VMADDR_CID_ANY:port, handed to Asio.
+Result<std::shared_ptr<generic_acceptor>> open_vsock_acceptor(asio::io_context& io, std::uint32_t port) {
+  auto fd = nes::host::listen_vsock(port);
+  if (!fd) return fd.error();
+  auto acc = std::make_shared<generic_acceptor>(io);
+  error_code ec;
+  acc->assign(generic_stream(AF_VSOCK, 0), fd->get(), ec);
+  if (ec) return Error{fmt::format("vsock:{}: {}", port, ec.message())};
+  fd->release();
+  return acc;
+}
+}  // namespace
+
+Status Host::listen_unix(const std::string& id, const UnixListenOptions& opt) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (vm->acceptor) return Error{fmt::format("vm '{}' already has a listener", id)};
+  auto acc = open_unix_acceptor(impl_->io, opt);
+  if (!acc) return acc.error();
+  vm->acceptor = *acc;
   vm->socket_path = opt.path;
   impl_->emit(*vm, "listening", "unix:" + opt.path);
-  asio::co_spawn(impl_->io, Impl::accept_loop(impl_, vm, acc), asio::detached);
+  asio::co_spawn(impl_->io, Impl::accept_loop(impl_, vm, *acc, false), asio::detached);
   return Ok{};
 }
 
@@ -615,15 +616,10 @@ Status Host::attach_stream(const std::string& id, Fd fd) {
 
 Status Host::listen_vsock(std::uint32_t port) {
   if (impl_->vsock) return Error{"a vsock listener is already open"};
-  auto fd = nes::host::listen_vsock(port);
-  if (!fd) return fd.error();
-  auto acc = std::make_shared<generic_acceptor>(impl_->io);
-  error_code ec;
-  acc->assign(generic_stream(AF_VSOCK, 0), fd->get(), ec);
-  if (ec) return Error{fmt::format("vsock:{}: {}", port, ec.message())};
-  fd->release();
-  impl_->vsock = acc;
-  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, acc, false), asio::detached);
+  auto acc = open_vsock_acceptor(impl_->io, port);
+  if (!acc) return acc.error();
+  impl_->vsock = *acc;
+  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, *acc, false), asio::detached);
   return Ok{};
 }
 
@@ -631,20 +627,12 @@ Status Host::listen_data_unix(const std::string& id, const UnixListenOptions& op
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
   if (vm->data_acceptor) return Error{fmt::format("vm '{}' already has a data listener", id)};
-  auto fd = nes::host::listen_unix(opt);
-  if (!fd) return fd.error();
-  auto acc = std::make_shared<unix_acceptor>(impl_->io);
-  error_code ec;
-  acc->assign(asio::local::stream_protocol(), fd->get(), ec);
-  if (ec) {
-    ::unlink(opt.path.c_str());
-    return Error{fmt::format("listen {}: {}", opt.path, ec.message())};
-  }
-  fd->release();
-  vm->data_acceptor = acc;
+  auto acc = open_unix_acceptor(impl_->io, opt);
+  if (!acc) return acc.error();
+  vm->data_acceptor = *acc;
   vm->data_socket_path = opt.path;
   impl_->emit(*vm, "data_listening", "unix:" + opt.path);
-  asio::co_spawn(impl_->io, Impl::data_accept_loop(impl_, vm, acc), asio::detached);
+  asio::co_spawn(impl_->io, Impl::accept_loop(impl_, vm, *acc, true), asio::detached);
   return Ok{};
 }
 
@@ -658,15 +646,10 @@ Status Host::attach_data_stream(const std::string& id, Fd fd) {
 
 Status Host::listen_vsock_data(std::uint32_t port) {
   if (impl_->vsock_data) return Error{"a vsock data listener is already open"};
-  auto fd = nes::host::listen_vsock(port);
-  if (!fd) return fd.error();
-  auto acc = std::make_shared<generic_acceptor>(impl_->io);
-  error_code ec;
-  acc->assign(generic_stream(AF_VSOCK, 0), fd->get(), ec);
-  if (ec) return Error{fmt::format("vsock:{}: {}", port, ec.message())};
-  fd->release();
-  impl_->vsock_data = acc;
-  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, acc, true), asio::detached);
+  auto acc = open_vsock_acceptor(impl_->io, port);
+  if (!acc) return acc.error();
+  impl_->vsock_data = *acc;
+  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, *acc, true), asio::detached);
   return Ok{};
 }
 
