@@ -94,17 +94,21 @@ void FdWriter::write(std::string_view b) {
   pump();
 }
 
+void FdWriter::written(std::size_t n) {
+  front_off_ += n;
+  queued_ -= n;
+  if (front_off_ == q_.front().size()) {
+    q_.pop_front();
+    front_off_ = 0;
+  }
+}
+
 void FdWriter::pump() {
   while (!q_.empty() && !broken_) {
     const std::string& f = q_.front();
     ssize_t n = put(f.data() + front_off_, f.size() - front_off_);
     if (n > 0) {
-      front_off_ += static_cast<std::size_t>(n);
-      queued_ -= static_cast<std::size_t>(n);
-      if (front_off_ == f.size()) {
-        q_.pop_front();
-        front_off_ = 0;
-      }
+      written(static_cast<std::size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -139,12 +143,7 @@ std::size_t FdWriter::flush(std::chrono::milliseconds stall) {
     const std::string& f = q_.front();
     ssize_t n = put(f.data() + front_off_, f.size() - front_off_);
     if (n > 0) {
-      front_off_ += static_cast<std::size_t>(n);
-      queued_ -= static_cast<std::size_t>(n);
-      if (front_off_ == f.size()) {
-        q_.pop_front();
-        front_off_ = 0;
-      }
+      written(static_cast<std::size_t>(n));
       continue;
     }
     if (n < 0 && errno == EINTR) continue;

@@ -51,6 +51,7 @@ class FdWriter {
 
  private:
   void pump();
+  void written(std::size_t n);  // n bytes of the front chunk went out
   ssize_t put(const char* p, std::size_t n);
 
   int fd_;
