@@ -201,7 +201,7 @@ void Session::protocol_violation(std::string reason, WallTime now) {
 
 void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
   if (auto* r = std::get_if<proto::Ready>(&m)) {
-    if (r->resume && !ready_) return handle_resume(*r->resume, now);
+    if (r->resume && !ready_) return handle_resume(*r->resume);
     if (!ready_ && (cfg_.resume || awaiting_redial_)) {
       // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
       // dialled); the workload this generation booted is gone with it.
@@ -318,8 +318,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
       m);
 }
 
-void Session::handle_resume(const proto::Resume& r, WallTime now) {
-  (void)now;
+void Session::handle_resume(const proto::Resume& r) {
   // Who the peer is was decided by the endpoint; the names in `resume` must only agree with it.
   const bool resumable = cfg_.resume || (cfg_.reconnect.count() > 0 && booted_ever_);
   if (!resumable || r.vm != cfg_.vm || r.generation != cfg_.generation) {

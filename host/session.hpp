@@ -138,7 +138,7 @@ class Session {
  private:
   void handle_line(std::string_view line, WallTime now);
   void handle_message(const proto::GuestMessage& m, WallTime now);
-  void handle_resume(const proto::Resume& r, WallTime now);
+  void handle_resume(const proto::Resume& r);
   void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,
                 std::optional<proto::StartFailClass> cls, std::string reason, WallTime now);
   void protocol_violation(std::string reason, WallTime now);
