@@ -49,6 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.grace_ms = 100;
   o.ack_timeout_ms = 100;
   o.boot_timeout_ms = 100;
+  o.connect_timeout_ms = 100;
   Session s(o);
   Model m;
   for (int steps = 0; !c.empty() && steps < 400; ++steps) {
@@ -56,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     bool is_shutdown_line = false;
     switch (c.pick(15)) {
       case 0: e = ev::ChannelUp{}; break;
-      case 1: e = ev::ChannelFailed{"gave up"}; m.eof = m.eof || s.phase() == Phase::idle_before_channel; break;
+      case 1: if (c.pick(2)) e = ev::Start{"unix:/x"}; else e = ev::DialFailed{"refused", false}; break;
       case 2: case 3: {
         std::string_view l = kLines[c.pick(std::size(kLines))];
         is_shutdown_line = l == R"({"type":"shutdown"})";
@@ -95,7 +96,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const bool channel_was_open = s.channel_open();
     if (std::holds_alternative<ev::Eof>(e) && channel_was_open) m.eof = true;
     if (is_shutdown_line && m.outcome_sent && channel_was_open) m.acked = true;
-    if (std::holds_alternative<ev::ChannelFailed>(e) && s.phase() == Phase::idle_before_channel) m.eof = true;
     Actions acts = s.handle(e);
     if (m.powered_off) require(acts.empty(), "nothing happens after power-off");
     for (auto& a : acts) {

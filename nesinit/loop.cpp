@@ -41,10 +41,6 @@ constexpr std::uint64_t kPortRetryMs = 100;
 constexpr std::uint64_t kFinalIdleMs = 1000;
 /// ... and after this long in all, ms.
 constexpr std::uint64_t kFinalMaxMs = 15000;
-/// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. A pending
-/// signal cuts it short; the session's backoff spaces the attempts.
-constexpr std::uint32_t kRedialAttemptMs = 200;
-
 template <class... F>
 struct Overload : F... { using F::operator()...; };
 template <class... F>
@@ -54,10 +50,11 @@ class Pid1 {
  public:
   Pid1(Mode mode, const Config& cfg, const Log& log, int sfd, Reaper& reaper)
       : mode_(mode), cfg_(cfg), log_(log), sfd_(sfd), reaper_(reaper),
-        session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt}) {}
+        session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt,
+                                cfg.connect_timeout_ms}) {}
 
   [[noreturn]] void run() {
-    dial();
+    pending_.push_back(ev::Start{to_string(*cfg_.channel)});
     for (;;) {
       drain();
       if (session_.waiting_for_children()) {
@@ -70,23 +67,6 @@ class Pid1 {
 
  private:
   // ---- dialling ------------------------------------------------------------------------------
-  void dial() {
-    const Channel ch = *cfg_.channel;
-    int stop_sig = 0;
-    int fd = dial_retrying(ch, stop_sig);
-    if (fd < 0) {
-      std::string why = stop_sig ? fmt::format("dialling {} abandoned: signal {}", to_string(ch), stop_sig)
-                                 : fmt::format("dialling {} failed: {}", to_string(ch), std::strerror(-fd));
-      pending_.push_back(ev::ChannelFailed{why});
-      return;
-    }
-    chan_ = fd;
-    is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
-    pending_.push_back(ev::ChannelUp{});
-    for (int sig : deferred_signals_) pending_.push_back(ev::Signal{sig});
-    deferred_signals_.clear();
-  }
-
   /// The data channel (boot.stdio), dialled like the lifecycle channel. Signals that arrive
   /// meanwhile are queued behind the result; a shutdown signal abandons the dial.
   void do_dial_data() {
@@ -116,11 +96,11 @@ class Pid1 {
     pending_.push_front(ev::DataUp{});
   }
 
-  /// One attempt to get the lifecycle channel back (channel survival): never blocks past
-  /// kRedialAttemptMs, and a pending signal ends it at once (the loop reads it next). A virtio
-  /// port counts as redialled only once its host side is connected again (no POLLHUP): the VMM's
-  /// chardev reconnected. The session decides when to try again.
-  void do_redial() {
+  /// One attempt at the lifecycle channel (act::Dial: the first dial or a redial). Holds the
+  /// loop at most `d.attempt_ms` and never past the next armed timer; a pending signal ends it at
+  /// once (the loop reads it next). With `need_peer` a virtio port counts only with its host
+  /// side connected (no POLLHUP).
+  void do_dial(const act::Dial& d) {
     const Channel ch = *cfg_.channel;
     const bool port = std::holds_alternative<VirtioPortAddr>(ch);
     auto wait = [&](std::uint32_t ms, int fd) -> bool {
@@ -128,8 +108,11 @@ class Pid1 {
       int r = ::poll(p, fd >= 0 ? 2 : 1, static_cast<int>(ms));
       return !(r > 0 && (p[0].revents & POLLIN));
     };
-    int fd = dial_once(ch, mode_ == Mode::guest, monotonic_ms() + kRedialAttemptMs, wait, monotonic_ms);
-    if (fd >= 0 && port) {
+    std::uint64_t until = monotonic_ms() + d.attempt_ms;
+    for (auto& t : deadline_)
+      if (t) until = std::min(until, *t);
+    int fd = dial_once(ch, mode_ == Mode::guest, until, wait, monotonic_ms);
+    if (fd >= 0 && port && d.need_peer) {
       pollfd p{fd, POLLIN, 0};
       if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) {
         ::close(fd);
@@ -137,17 +120,17 @@ class Pid1 {
       }
     }
     if (fd < 0) {
-      pending_.push_front(ev::DialFailed{fmt::format("{}: {}", to_string(ch), std::strerror(-fd))});
+      pending_.push_front(ev::DialFailed{std::strerror(-fd), retryable(-fd)});
       return;
     }
     chan_ = fd;
     is_port_ = port;
     out_.clear();
     reader_ = proto::LineReader();
-    host_seen_ = port;  // a port was just seen connected: its next hang-up is an EOF
+    host_seen_ = port && d.need_peer;  // a port just seen connected: its next hang-up is an EOF
     port_down_ = false;
     port_retry_at_.reset();
-    log_.info("channel", "redialled {}", to_string(ch));
+    log_.info("channel", "{} {}", d.need_peer ? "redialled" : "dialled", to_string(ch));
     pending_.push_front(ev::ChannelUp{});
   }
 
@@ -198,7 +181,7 @@ class Pid1 {
     std::visit(Overload{
                    [&](act::Send& s) { send(s.msg); },
                    [&](act::DialData&) { do_dial_data(); },
-                   [&](act::Dial&) { do_redial(); },
+                   [&](act::Dial& d) { do_dial(d); },
                    [&](act::Mount&) { do_mounts(); },
                    [&](act::Spawn&) { do_spawn(); },
                    [&](act::SignalGroup& s) {

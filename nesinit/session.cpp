@@ -18,6 +18,7 @@ std::string describe(const proto::WorkloadExited& w) {
 
 std::string_view to_string(Timer t) {
   switch (t) {
+    case Timer::dial: return "dial";
     case Timer::boot: return "boot";
     case Timer::workload_grace: return "workload_grace";
     case Timer::workload_kill: return "workload_kill";
@@ -136,20 +137,48 @@ void Session::settle(proto::GuestMessage outcome) {
 
 // ---- events --------------------------------------------------------------------------------------
 
+void Session::on(const ev::Start& s) {
+  if (phase_ != Phase::idle_before_channel || dialling_) return;
+  // The first dial: attempts until one connects, one fails for good, a shutdown signal, or
+  // connect_timeout_ms in all. Giving up is not an exit: it runs the ordered shutdown.
+  dialling_ = true;
+  channel_ = s.channel;
+  redial_ms_ = kRedialFirstMs;
+  note(Severity::info, "dial", fmt::format("{} (up to {} ms)", channel_, opt_.connect_timeout_ms));
+  arm(Timer::dial, opt_.connect_timeout_ms);
+  dial_once();
+}
+
+void Session::dial_once() {
+  // The first dial's attempt may take all the time left (the loop holds it no longer than the
+  // next timer, Timer::dial); a redial's is short, the reconnect window's backoff spaces them.
+  ++attempts_;
+  if (dialling_) out_.push_back(act::Dial{opt_.connect_timeout_ms, false});
+  else out_.push_back(act::Dial{kRedialAttemptMs, true});
+}
+
+void Session::give_up_dialling(std::string why) {
+  dialling_ = false;
+  cancel(Timer::dial);
+  cancel(Timer::redial);
+  note(Severity::error, "channel", std::move(why));
+  begin_shutdown("no channel");
+}
+
 void Session::on(const ev::ChannelUp&) {
   if (reconnecting_) return resume_channel();
   if (phase_ != Phase::idle_before_channel) return;
+  if (dialling_) {
+    dialling_ = false;
+    cancel(Timer::dial);
+    cancel(Timer::redial);
+    note(Severity::info, "dial", fmt::format("{} connected (attempt {})", channel_, attempts_));
+  }
   channel_open_ = true;
   phase_ = Phase::awaiting_boot;
   // The guest speaks first and sends its version before reading anything.
   send(proto::Ready{});
   arm(Timer::boot, opt_.boot_timeout_ms);
-}
-
-void Session::on(const ev::ChannelFailed& f) {
-  if (phase_ != Phase::idle_before_channel) return;
-  note(Severity::error, "channel", f.reason);
-  begin_shutdown("no channel");
 }
 
 void Session::on(const ev::Line& l) {
@@ -281,7 +310,7 @@ void Session::begin_reconnect() {
   note(Severity::warn, "channel", fmt::format("lost; redialling for up to {} ms (the workload is left alone)",
                                               boot_->reconnect_ms));
   arm(Timer::reconnect, boot_->reconnect_ms);
-  out_.push_back(act::Dial{});
+  dial_once();
 }
 
 void Session::resume_channel() {
@@ -303,9 +332,19 @@ void Session::resume_channel() {
 }
 
 void Session::on(const ev::DialFailed& f) {
-  if (!reconnecting_) return;
-  if (redial_ms_ == kRedialFirstMs || redial_ms_ == kRedialMaxMs)
-    note(Severity::debug, "channel", fmt::format("redial: {}", f.reason));
+  if (dialling_) {
+    note(Severity::debug, "dial", fmt::format("{} attempt {}: {}", channel_, attempts_, f.reason));
+    last_dial_error_ = f.reason;
+    // Not there yet (no listener, no port): try again after the backoff. Anything else
+    // (EACCES, EPERM, a bad address) will not change by waiting.
+    if (!f.retryable) return give_up_dialling(fmt::format("dialling {} failed: {}", channel_, f.reason));
+  } else if (reconnecting_) {
+    // Every failure is retried: the reconnect window bounds the redialling, not the error.
+    if (redial_ms_ == kRedialFirstMs || redial_ms_ == kRedialMaxMs)
+      note(Severity::debug, "channel", fmt::format("redial: {}: {}", channel_, f.reason));
+  } else {
+    return;
+  }
   arm(Timer::redial, redial_ms_);
   redial_ms_ = std::min(redial_ms_ * 2, kRedialMaxMs);
 }
@@ -378,6 +417,9 @@ void Session::on(const ev::Signal& s) {
     case SIGTERM:
     case SIGINT:
     case SIGPWR:
+      // Before the channel is up a shutdown signal ends the dialling at once (nothing can be
+      // booted without a host): the ordered shutdown, as when dialling gives up.
+      if (dialling_) return give_up_dialling(fmt::format("dialling {} abandoned: signal {}", channel_, s.signo));
       if (phase_ == Phase::shutting_down) {
         note(Severity::info, "signal", fmt::format("signal {} during shutdown; already shutting down", s.signo));
         return;
@@ -412,6 +454,11 @@ void Session::on(const ev::TimerFired& t) {
   if (!armed_[i]) return;  // cancelled meanwhile
   armed_[i] = false;
   switch (t.timer) {
+    case Timer::dial:
+      if (dialling_)
+        give_up_dialling(fmt::format("dialling {} failed: {}", channel_,
+                                     last_dial_error_.empty() ? "timed out" : last_dial_error_));
+      return;
     case Timer::boot:
       if (phase_ == Phase::awaiting_boot)
         begin_shutdown(fmt::format("no boot within {} ms", opt_.boot_timeout_ms));
@@ -457,7 +504,7 @@ void Session::on(const ev::TimerFired& t) {
       begin_shutdown("channel lost; the reconnect window is over");
       return;
     case Timer::redial:
-      if (reconnecting_) out_.push_back(act::Dial{});
+      if (dialling_ || reconnecting_) dial_once();
       return;
     case Timer::drain:
       if (held_exit_) {

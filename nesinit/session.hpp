@@ -1,7 +1,7 @@
 // The session: a sans-I/O state machine for one connection of the lifecycle channel and the
 // ordered shutdown that ends it. Events in (a decoded line, EOF, mounts done, workload started /
-// exited, a signal to PID 1, a timer), actions out (send a message, mount, spawn, signal, arm a
-// timer, power off). It never touches a file descriptor or a clock: the loop (loop.cpp) does the
+// exited, a signal to PID 1, a timer, a dial result), actions out (dial, send a message, mount,
+// spawn, signal, arm a timer, power off). It never touches a file descriptor or a clock: the loop (loop.cpp) does the
 // I/O, which keeps every rule here testable by driving events directly (tests/init/session_test).
 // Rules: docs/protocol.md; the reasons: docs/init.md.
 #pragma once
@@ -22,6 +22,7 @@ namespace nes::init {
 
 /// The session's timers. Each is armed with a duration in ms; re-arming replaces it.
 enum class Timer {
+  dial,             // the first dial began -> connect_timeout_ms -> give up: ordered shutdown
   boot,             // ready sent -> boot_timeout_ms
   workload_grace,   // the workload's one SIGTERM -> grace_ms -> SIGKILL (during shutdown)
   workload_kill,    // SIGKILL to the workload's group -> kKillWaitMs -> give up on it
@@ -30,10 +31,11 @@ enum class Timer {
   ack,              // terminal outcome sent -> ack_timeout_ms -> power off without the ack
   drain,            // workload reaped, its output not at EOF -> stdio.drain_ms -> report anyway
   reconnect,        // channel lost after boot -> boot.reconnect_ms -> today's shutdown
-  redial,           // a redial attempt failed -> backoff -> the next attempt
+  redial,           // a dial attempt failed -> backoff -> the next attempt (first dial or redial)
 };
-inline constexpr int kTimerCount = 9;
-/// Redial backoff while reconnecting: ms, doubling from the first to the last.
+inline constexpr int kTimerCount = 10;
+/// Backoff between dial attempts (the first dial and a redial alike): ms, doubling from the first
+/// to the last.
 inline constexpr std::uint32_t kRedialFirstMs = 10;
 inline constexpr std::uint32_t kRedialMaxMs = 500;
 std::string_view to_string(Timer t);
@@ -44,8 +46,8 @@ inline constexpr std::uint32_t kKillWaitMs = 5000;
 
 // ---- events ------------------------------------------------------------------------------------
 namespace ev {
+struct Start { std::string channel; };            // PID 1 is set up: dial `channel` (its address, for the log)
 struct ChannelUp {};                              // dialled (or redialled): the session (re)begins
-struct ChannelFailed { std::string reason; };     // dialling gave up: shut down
 struct Line { proto::Line line; };                // a framed line (the session decodes it)
 struct Message { proto::HostDecoded msg; };       // an already-decoded line
 struct Eof {};                                    // the host closed the channel (or it broke)
@@ -61,9 +63,12 @@ struct DataUp {};                                 // the data channel is connect
 struct DataFailed { std::string reason; int err; };  // it could not be dialled: nothing starts
 struct DataError { std::string reason; };         // the host broke the framing: channel closed
 struct OutputsDone {};                            // the workload's stdout and stderr are at EOF
-struct DialFailed { std::string reason; };        // one redial attempt (act::Dial) failed
+/// One dial attempt (act::Dial) failed: `reason` is the error as text (strerror); `retryable`
+/// says the peer is not there *yet* (transport.hpp's retryable(errno): no listener, no port yet,
+/// an attempt cut short by a signal) rather than refusing for good.
+struct DialFailed { std::string reason; bool retryable = true; };
 }  // namespace ev
-using Event = std::variant<ev::ChannelUp, ev::ChannelFailed, ev::Line, ev::Message, ev::Eof,
+using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
                            ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed>;
@@ -72,7 +77,12 @@ using Event = std::variant<ev::ChannelUp, ev::ChannelFailed, ev::Line, ev::Messa
 namespace act {
 struct Send { proto::GuestMessage msg; };
 struct DialData {};              // dial the data channel, report DataUp/DataFailed
-struct Dial {};                  // one non-blocking redial of the lifecycle channel: ChannelUp/DialFailed
+/// One attempt to dial the lifecycle channel: ChannelUp or DialFailed. The attempt holds the loop
+/// at most `attempt_ms` (a connect in progress), and never past a pending signal or the next
+/// armed timer. `need_peer`: a virtio port counts as dialled only with its host side connected
+/// (no POLLHUP) and its next hang-up is an EOF (a redial); without it (the first dial) the port
+/// is taken as soon as it opens and a hang-up before the host's first byte means "not yet".
+struct Dial { std::uint32_t attempt_ms; bool need_peer; };
 struct Mount {};                 // mount session().boot()->mounts, report MountsDone/MountFailed
 struct Spawn {};                 // set the hostname, start the workload of session().boot()
 struct SignalGroup { int signo; };  // kill(-workload_pgid, signo)
@@ -100,7 +110,11 @@ struct SessionOptions {
   std::uint32_t ack_timeout_ms = 3000;
   std::uint32_t boot_timeout_ms = 30000;
   proto::Halt halt = proto::Halt::poweroff;
+  std::uint32_t connect_timeout_ms = 10000;  // the first dial, every attempt and backoff together
 };
+/// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. The
+/// backoff spaces the attempts; a pending signal cuts one short.
+inline constexpr std::uint32_t kRedialAttemptMs = 200;
 
 /// One session of the lifecycle channel, from the dial to the final act. Single-threaded; never
 /// throws; every input is bounded by the protocol's own limits. Feed it events in the order they
@@ -120,6 +134,8 @@ class Session {
   /// workload_exited). Never replaced.
   const std::optional<proto::GuestMessage>& outcome() const { return outcome_; }
   bool channel_open() const { return channel_open_; }
+  /// The first dial runs (between ev::Start and ChannelUp or giving up).
+  bool dialling() const { return dialling_; }
   /// The channel was lost after boot and is being redialled (boot.reconnect_ms).
   bool reconnecting() const { return reconnecting_; }
   bool workload_alive() const { return workload_pid_ > 0; }
@@ -134,8 +150,8 @@ class Session {
   proto::Halt halt() const;
 
  private:
+  void on(const ev::Start&);
   void on(const ev::ChannelUp&);
-  void on(const ev::ChannelFailed&);
   void on(const ev::Line&);
   void on(const ev::Message&);
   void on(const ev::Eof&);
@@ -155,6 +171,8 @@ class Session {
   bool survives_loss() const;  // an EOF now starts a reconnect instead of a shutdown
   void begin_reconnect();
   void resume_channel();
+  void give_up_dialling(std::string why);  // the first dial ends without a channel
+  void dial_once();                        // act::Dial for the first dial or a redial
 
   void on_boot(const proto::Boot& b);
   void on_stop(std::string_view why);
@@ -194,6 +212,10 @@ class Session {
   bool host_shutdown_ = false;     // the host sent `shutdown`: a loss after it is not survived
   bool reconnecting_ = false;      // Timer::reconnect runs; Dial / Timer::redial alternate
   std::uint32_t redial_ms_ = kRedialFirstMs;
+  bool dialling_ = false;          // the first dial runs: Dial / Timer::redial alternate, Timer::dial bounds it
+  std::string channel_;            // the address dialled (ev::Start), for the log
+  std::string last_dial_error_;    // the last failed attempt's reason
+  unsigned attempts_ = 0;          // attempts of the first dial so far
 };
 
 }  // namespace nes::init

@@ -126,6 +126,8 @@ bool retryable(int err) {
     case ENETUNREACH:
     case EADDRNOTAVAIL:
     case EAFNOSUPPORT:  // vsock module still loading
+    case ENOTCONN:      // virtio port open, its host side not connected (yet)
+    case ECANCELED:     // the attempt was cut short by a signal, not refused
       return true;
     default:
       return false;

@@ -53,7 +53,8 @@ int dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const Dia
 /// dial_once without waiting: an in-progress connect fails at once with -ETIMEDOUT.
 int dial_once(const Channel& c, bool guest);
 
-/// Whether a failed attempt's errno is worth retrying (the peer is not there *yet*).
+/// Whether a failed attempt's errno is worth retrying: the peer is not there *yet* (no listener,
+/// no port, its host side not connected) or the attempt was cut short (ECANCELED: a signal).
 bool retryable(int err);
 
 /// Dial with bounded retry: attempts until success, a non-retryable error, or `timeout_ms` total

@@ -201,13 +201,143 @@ TEST_CASE("shutdown before boot: ordered shutdown, nothing to acknowledge") {
   CHECK(power_off(a));
 }
 
-TEST_CASE("dial gave up: ordered shutdown without a channel") {
-  Session s(kOpt);
-  auto a = s.handle(ev::ChannelFailed{"dialling unix:/x failed"});
+// ---- the first dial ------------------------------------------------------------------------------
+namespace {
+constexpr SessionOptions kDialOpt{1000, 300, 5000, proto::Halt::poweroff, 2000};
+
+std::vector<std::string> notes(const Actions& as) {
+  std::vector<std::string> out;
+  for (auto& n : only<act::Note>(as)) out.push_back(n.phase + ": " + n.text);
+  return out;
+}
+bool noted(const Actions& as, std::string_view text) {
+  for (auto& n : notes(as))
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+/// The dial's end without a channel: no message, the ordered shutdown (nothing to wait for but
+/// the other processes), then power-off.
+void gives_up(Session& s, const Actions& a) {
   CHECK(sent(a).empty());
+  CHECK_FALSE(s.dialling());
+  CHECK(only<act::Dial>(a).empty());
   CHECK(s.phase() == Phase::shutting_down);
-  a = s.handle(ev::NoChildren{});
-  CHECK(power_off(a));
+  CHECK(all_signals(a) == std::vector<int>{SIGTERM});
+  CHECK(noted(a, "begin: no channel"));
+  CHECK(power_off(s.handle(ev::NoChildren{})) == proto::Halt::poweroff);
+}
+}  // namespace
+
+TEST_CASE("dial: the session starts it, arms its deadline and asks for one attempt") {
+  Session s(kDialOpt);
+  auto a = s.handle(ev::Start{"unix:/run/x.sock"});
+  CHECK(s.dialling());
+  CHECK(s.phase() == Phase::idle_before_channel);
+  CHECK(armed(a, Timer::dial, 2000));
+  auto d = only<act::Dial>(a);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].attempt_ms == 2000);  // the loop bounds it by the next timer: the deadline
+  CHECK_FALSE(d[0].need_peer);     // a virtio port is taken before its host side connects
+  CHECK(noted(a, "dial: unix:/run/x.sock (up to 2000 ms)"));
+  CHECK(sent(a).empty());
+  CHECK(s.handle(ev::Start{"unix:/run/x.sock"}).empty());  // once
+}
+
+TEST_CASE("dial: a retryable failure dials again after the backoff (10 ms doubling to 500 ms)") {
+  Session s(kDialOpt);
+  s.handle(ev::Start{"unix:/x"});
+  std::vector<std::uint32_t> waits;
+  for (int i = 0; i < 8; ++i) {
+    auto f = s.handle(ev::DialFailed{"No such file or directory", true});
+    CHECK(only<act::Dial>(f).empty());  // not before the backoff ends
+    for (auto& t : only<act::ArmTimer>(f))
+      if (t.timer == Timer::redial) waits.push_back(t.ms);
+    auto again = only<act::Dial>(s.handle(ev::TimerFired{Timer::redial}));
+    REQUIRE(again.size() == 1);
+    CHECK_FALSE(again[0].need_peer);
+  }
+  CHECK(waits == std::vector<std::uint32_t>{10, 20, 40, 80, 160, 320, 500, 500});
+  // Connected: the deadline and the backoff are cancelled; the session begins with ready.
+  auto up = s.handle(ev::ChannelUp{});
+  CHECK(sent(up) == std::vector<std::string>{"ready"});
+  CHECK(cancelled(up, Timer::dial));
+  CHECK(noted(up, "dial: unix:/x connected (attempt 9)"));
+  CHECK_FALSE(s.dialling());
+  CHECK(s.phase() == Phase::awaiting_boot);
+  CHECK(s.handle(ev::TimerFired{Timer::dial}).empty());  // cancelled: a late expiry does nothing
+}
+
+TEST_CASE("dial: a failure that is not retryable gives up at once: ordered shutdown") {
+  Session s(kDialOpt);
+  s.handle(ev::Start{"unix:/x"});
+  auto a = s.handle(ev::DialFailed{"Permission denied", false});
+  CHECK(noted(a, "channel: dialling unix:/x failed: Permission denied"));
+  CHECK(cancelled(a, Timer::dial));
+  gives_up(s, a);
+}
+
+TEST_CASE("dial: the deadline gives up with the last attempt's error: ordered shutdown") {
+  Session s(kDialOpt);
+  s.handle(ev::Start{"unix:/x"});
+  s.handle(ev::DialFailed{"No such file or directory"});
+  s.handle(ev::TimerFired{Timer::redial});
+  auto f = s.handle(ev::DialFailed{"Resource temporarily unavailable"});
+  CHECK(armed(f, Timer::redial, 20));
+  auto a = s.handle(ev::TimerFired{Timer::dial});
+  CHECK(noted(a, "dialling unix:/x failed: Resource temporarily unavailable"));
+  CHECK(cancelled(a, Timer::redial));  // no attempt after the deadline
+  gives_up(s, a);
+  CHECK(only<act::Dial>(s.handle(ev::TimerFired{Timer::redial})).empty());
+}
+
+TEST_CASE("dial: SIGTERM, SIGINT or SIGPWR before the channel is up abandons it: ordered shutdown") {
+  for (int sig : {SIGTERM, SIGINT, SIGPWR}) {
+    CAPTURE(sig);
+    Session s(kDialOpt);
+    s.handle(ev::Start{"unix:/x"});
+    s.handle(ev::DialFailed{"Connection refused"});  // in the backoff
+    auto a = s.handle(ev::Signal{sig});
+    CHECK(noted(a, fmt::format("dialling unix:/x abandoned: signal {}", sig)));
+    CHECK(cancelled(a, Timer::dial));
+    CHECK(cancelled(a, Timer::redial));
+    gives_up(s, a);
+    // A channel that connects anyway (the attempt was under way) changes nothing.
+    CHECK(sent(s.handle(ev::ChannelUp{})).empty());
+  }
+}
+
+TEST_CASE("dial: other signals before the channel is up are dropped; dialling goes on") {
+  Session s(kDialOpt);
+  s.handle(ev::Start{"unix:/x"});
+  for (int sig : {SIGHUP, SIGUSR1, SIGWINCH, SIGCHLD, SIGTTIN}) {
+    auto a = s.handle(ev::Signal{sig});
+    CHECK(group_signals(a).empty());  // no workload yet
+    CHECK(only<act::Dial>(a).empty());
+    CHECK(s.dialling());
+  }
+  // An attempt a signal cut short is retryable (ECANCELED): the backoff, then the next attempt.
+  CHECK(armed(s.handle(ev::DialFailed{"Operation canceled", true}), Timer::redial, 10));
+  CHECK(only<act::Dial>(s.handle(ev::TimerFired{Timer::redial})).size() == 1);
+  CHECK(sent(s.handle(ev::ChannelUp{})) == std::vector<std::string>{"ready"});
+}
+
+TEST_CASE("redial: its attempts are short and need the port's host side (need_peer)") {
+  Session s(kDialOpt);
+  s.handle(ev::Start{"unix:/x"});
+  s.handle(ev::ChannelUp{});
+  auto b = make_boot();
+  b.reconnect_ms = 4000;
+  s.handle(msg(b));
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{42});
+  auto d = only<act::Dial>(s.handle(ev::Eof{}));
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].attempt_ms == kRedialAttemptMs);
+  CHECK(d[0].need_peer);
+  // A failure that would end the first dial does not end a redial: the window bounds it.
+  auto f = s.handle(ev::DialFailed{"Permission denied", false});
+  CHECK(armed(f, Timer::redial, 10));
+  CHECK(s.reconnecting());
 }
 
 TEST_CASE("EOF while the workload runs: its one SIGTERM, then ordered shutdown") {
