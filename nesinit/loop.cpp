@@ -67,51 +67,27 @@ class Pid1 {
 
  private:
   // ---- dialling ------------------------------------------------------------------------------
-  /// The data channel (boot.stdio), dialled like the lifecycle channel. Signals that arrive
-  /// meanwhile are queued behind the result; a shutdown signal abandons the dial.
-  void do_dial_data() {
-    auto failed = [&](std::string why, int err) { pending_.push_front(ev::DataFailed{std::move(why), err}); };
-    if (!cfg_.data_channel) {
-      failed("data channel: no address configured (--data-channel=ADDR or nesinit.data=ADDR)", 0);
-      return;
-    }
-    const Channel ch = *cfg_.data_channel;
-    int stop_sig = 0;
-    int fd = dial_retrying(ch, stop_sig);
-    for (int sig : deferred_signals_) pending_.push_back(ev::Signal{sig});
-    deferred_signals_.clear();
-    if (fd < 0) {
-      if (stop_sig) {
-        failed(fmt::format("data channel {}: dialling abandoned: signal {}", to_string(ch), stop_sig), EINTR);
-        pending_.push_back(ev::Signal{stop_sig});
-      } else {
-        failed(fmt::format("data channel {}: {}", to_string(ch), std::strerror(-fd)), -fd);
-      }
-      return;
-    }
-    data_ = fd;
-    data_is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
-    stdio_.emplace(*session_.boot()->stdio);
-    log_.info("data", "connected to {}", to_string(ch));
-    pending_.push_front(ev::DataUp{});
-  }
-
-  /// One attempt at the lifecycle channel (act::Dial: the first dial or a redial). Holds the
-  /// loop at most `d.attempt_ms` and never past the next armed timer; a pending signal ends it at
-  /// once (the loop reads it next). With `need_peer` a virtio port counts only with its host
-  /// side connected (no POLLHUP).
-  void do_dial(const act::Dial& d) {
-    const Channel ch = *cfg_.channel;
-    const bool port = std::holds_alternative<VirtioPortAddr>(ch);
+  /// One attempt at `ch` that holds the loop at most `attempt_ms` and never past the next armed
+  /// timer (a connect in progress: vsock); a pending signal ends it at once (-ECANCELED; the loop
+  /// reads the signal next). Returns the fd or -errno.
+  int attempt(const Channel& ch, std::uint32_t attempt_ms) {
     auto wait = [&](std::uint32_t ms, int fd) -> bool {
       pollfd p[2] = {{sfd_, POLLIN, 0}, {fd, POLLOUT, 0}};
       int r = ::poll(p, fd >= 0 ? 2 : 1, static_cast<int>(ms));
       return !(r > 0 && (p[0].revents & POLLIN));
     };
-    std::uint64_t until = monotonic_ms() + d.attempt_ms;
+    std::uint64_t until = monotonic_ms() + attempt_ms;
     for (auto& t : deadline_)
       if (t) until = std::min(until, *t);
-    int fd = dial_once(ch, mode_ == Mode::guest, until, wait, monotonic_ms);
+    return dial_once(ch, mode_ == Mode::guest, until, wait, monotonic_ms);
+  }
+
+  /// One attempt at the lifecycle channel (act::Dial: the first dial or a redial). With
+  /// `need_peer` a virtio port counts only with its host side connected (no POLLHUP).
+  void do_dial(const act::Dial& d) {
+    const Channel ch = *cfg_.channel;
+    const bool port = std::holds_alternative<VirtioPortAddr>(ch);
+    int fd = attempt(ch, d.attempt_ms);
     if (fd >= 0 && port && d.need_peer) {
       pollfd p{fd, POLLIN, 0};
       if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) {
@@ -134,35 +110,26 @@ class Pid1 {
     pending_.push_front(ev::ChannelUp{});
   }
 
-  /// Dial `ch` with the configured bounded retry; the backoff serves the signalfd.
-  int dial_retrying(const Channel& ch, int& stop_sig) {
-    auto wait = [&](std::uint32_t ms, int fd) -> bool {
-      // The backoff (and a connect in progress, `fd`) waits on the signalfd: a shutdown signal
-      // ends the dialling at once, SIGCHLD is reaped (a module helper may exit), anything else
-      // waits for the loop.
-      const std::uint64_t until = monotonic_ms() + ms;
-      for (;;) {
-        std::uint64_t now = monotonic_ms();
-        if (now >= until) return true;
-        pollfd p[2] = {{sfd_, POLLIN, 0}, {fd, POLLOUT, 0}};
-        int r = ::poll(p, fd >= 0 ? 2 : 1, static_cast<int>(until - now));
-        if (r < 0 && errno != EINTR) {
-          poll_backoff();
-          continue;
-        }
-        if (r <= 0) continue;
-        if (fd >= 0 && p[1].revents) return true;
-        if (!p[0].revents) continue;
-        for (int sig : read_signals()) {
-          if (sig == SIGCHLD) reaper_.reap();
-          else if (sig == SIGTERM || sig == SIGINT || sig == SIGPWR) stop_sig = sig;
-          else deferred_signals_.push_back(sig);
-        }
-        if (stop_sig) return false;
-      }
-    };
-    log_.info("dial", "{} (up to {} ms)", to_string(ch), cfg_.connect_timeout_ms);
-    return nes::init::dial(ch, mode_ == Mode::guest, cfg_.connect_timeout_ms, wait, monotonic_ms, log_);
+  /// One attempt at the data channel (act::DialData). No address configured is a failure like
+  /// any other, reported as not retryable.
+  void do_dial_data(const act::DialData& d) {
+    if (!cfg_.data_channel) {
+      pending_.push_front(ev::DataFailed{
+          "data channel: no address configured (--data-channel=ADDR or nesinit.data=ADDR)", 0, false});
+      return;
+    }
+    const Channel ch = *cfg_.data_channel;
+    int fd = attempt(ch, d.attempt_ms);
+    if (fd < 0) {
+      pending_.push_front(ev::DataFailed{fmt::format("data channel {}: {}", to_string(ch), std::strerror(-fd)),
+                                         -fd, retryable(-fd)});
+      return;
+    }
+    data_ = fd;
+    data_is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
+    stdio_.emplace(d.stdio);
+    log_.info("data", "connected to {}", to_string(ch));
+    pending_.push_front(ev::DataUp{});
   }
 
   // ---- events and actions ----------------------------------------------------------------------
@@ -180,13 +147,13 @@ class Pid1 {
   void perform(Action& a) {
     std::visit(Overload{
                    [&](act::Send& s) { send(s.msg); },
-                   [&](act::DialData&) { do_dial_data(); },
+                   [&](act::DialData& d) { do_dial_data(d); },
                    [&](act::Dial& d) { do_dial(d); },
-                   [&](act::Mount&) { do_mounts(); },
-                   [&](act::Spawn&) { do_spawn(); },
+                   [&](act::Mount& m) { do_mounts(m); },
+                   [&](act::Spawn& s) { do_spawn(s); },
                    [&](act::SignalGroup& s) {
-                     int e = signal_group(pgid_, s.signo);
-                     log_.info("signal-group", "signal {} to group {}{}", s.signo, pgid_,
+                     int e = signal_group(s.pgid, s.signo);
+                     log_.info("signal-group", "signal {} to group {}{}", s.signo, s.pgid,
                                e ? fmt::format(": {}", std::strerror(e)) : std::string());
                    },
                    [&](act::SignalAll& s) {
@@ -247,8 +214,7 @@ class Pid1 {
     pending_.push_back(ev::Eof{});
   }
 
-  void do_mounts() {
-    const proto::Boot& b = *session_.boot();
+  void do_mounts(const act::Mount& b) {
     if (b.root) {
       // A share as `/` comes first: every other share's `at` is inside it. Only a guest's PID 1
       // on its initramfs may switch root; a sandbox shares the machine's tree.
@@ -269,8 +235,7 @@ class Pid1 {
     pending_.push_front(ev::MountsDone{});
   }
 
-  void do_spawn() {
-    const proto::Boot& b = *session_.boot();
+  void do_spawn(const act::Spawn& b) {
     if (b.hostname) {
       // A sandbox in the machine's own UTS namespace must not rename the machine.
       auto uts = ns_inode("uts");
@@ -308,7 +273,6 @@ class Pid1 {
     fds_.child_out.reset();
     fds_.child_err.reset();
     if (auto* pid = std::get_if<pid_t>(&r)) {
-      pgid_ = *pid;
       pending_.push_front(ev::Started{*pid});
     } else {
       pending_.push_front(ev::StartFailed{std::get<proto::StartFailed>(r)});
@@ -663,11 +627,9 @@ class Pid1 {
   StdioFds fds_;
   bool outputs_reported_ = false;
   char io_buf_[kStdioChunk];
-  pid_t pgid_ = 0;
   std::string out_;
   proto::LineReader reader_;
   std::deque<Event> pending_;
-  std::vector<int> deferred_signals_;
   std::optional<std::uint64_t> deadline_[kTimerCount];
   bool is_port_ = false;    // the channel is a virtio-serial port (no EOF semantics)
   bool port_down_ = false;  // its host side was seen disconnected

@@ -1,5 +1,6 @@
 #include "session.hpp"
 
+#include <cerrno>
 #include <csignal>
 
 namespace nes::init {
@@ -28,6 +29,8 @@ std::string_view to_string(Timer t) {
     case Timer::drain: return "drain";
     case Timer::reconnect: return "reconnect";
     case Timer::redial: return "redial";
+    case Timer::data_dial: return "data_dial";
+    case Timer::data_redial: return "data_redial";
   }
   return "?";
 }
@@ -103,7 +106,7 @@ void Session::term_workload() {
   // shutdown step 1 all share it, and its grace period runs from the first one.
   if (term_sent_ || workload_pid_ <= 0) return;
   term_sent_ = true;
-  out_.push_back(act::SignalGroup{SIGTERM});
+  out_.push_back(act::SignalGroup{SIGTERM, workload_pid_});
   arm(Timer::workload_grace, opt_.grace_ms);
 }
 
@@ -226,19 +229,46 @@ void Session::on_boot(const proto::Boot& b) {
        fmt::format("argv[0]={} mounts={} terminal={} stdio={}", b.exec.argv.empty() ? "" : b.exec.argv[0],
                    b.mounts.size(), b.on_exit.terminal, b.stdio ? "data channel" : "console"));
   // With stdio the data channel comes first: if it cannot be had, nothing is mounted or started.
-  if (b.stdio) out_.push_back(act::DialData{});
-  else out_.push_back(act::Mount{});
+  // Its dial is bounded and retried like the first dial's.
+  if (!b.stdio) return mount();
+  dialling_data_ = true;
+  data_backoff_ms_ = kRedialFirstMs;
+  arm(Timer::data_dial, opt_.connect_timeout_ms);
+  out_.push_back(act::DialData{opt_.connect_timeout_ms, *b.stdio});
+}
+
+void Session::mount() {
+  out_.push_back(act::Mount{boot_->root, boot_->mounts});
+}
+
+void Session::end_data_dial() {
+  dialling_data_ = false;
+  cancel(Timer::data_dial);
+  cancel(Timer::data_redial);
+}
+
+void Session::data_gave_up(std::string reason, int err) {
+  end_data_dial();
+  if (phase_ != Phase::mounting) return;
+  note(Severity::error, "data", reason);
+  settle(proto::StartFailed{std::move(reason), err, proto::StartFailClass::other});
 }
 
 void Session::on(const ev::DataUp&) {
+  if (!dialling_data_) return;
+  end_data_dial();
   if (phase_ != Phase::mounting || !boot_ || !boot_->stdio) return;
-  out_.push_back(act::Mount{});
+  mount();
 }
 
 void Session::on(const ev::DataFailed& f) {
-  if (phase_ != Phase::mounting) return;
-  note(Severity::error, "data", f.reason);
-  settle(proto::StartFailed{f.reason, f.err, proto::StartFailClass::other});
+  if (!dialling_data_) return;
+  last_data_error_ = f.reason;
+  last_data_err_ = f.err;
+  if (!f.retryable) return data_gave_up(f.reason, f.err);
+  note(Severity::debug, "data", f.reason);
+  arm(Timer::data_redial, data_backoff_ms_);
+  data_backoff_ms_ = std::min(data_backoff_ms_ * 2, kRedialMaxMs);
 }
 
 void Session::on(const ev::DataError& e) {
@@ -276,7 +306,7 @@ void Session::on_kill(int signo) {
     return;
   }
   note(Severity::info, "kill", fmt::format("signal {} to the workload's group", signo));
-  out_.push_back(act::SignalGroup{signo});
+  out_.push_back(act::SignalGroup{signo, workload_pid_});
 }
 
 void Session::on_shutdown_msg() {
@@ -367,7 +397,7 @@ void Session::on(const ev::MountsDone&) {
   if (phase_ != Phase::mounting) return;
   send(proto::Mounted{});
   phase_ = Phase::starting;
-  out_.push_back(act::Spawn{});
+  out_.push_back(act::Spawn{boot_->hostname, boot_->exec, boot_->geometry, boot_->stdio});
 }
 
 void Session::on(const ev::MountFailed& f) {
@@ -420,6 +450,10 @@ void Session::on(const ev::Signal& s) {
       // Before the channel is up a shutdown signal ends the dialling at once (nothing can be
       // booted without a host): the ordered shutdown, as when dialling gives up.
       if (dialling_) return give_up_dialling(fmt::format("dialling {} abandoned: signal {}", channel_, s.signo));
+      // While the data channel is dialled: nothing starts (start_failed), then the signal's own
+      // shutdown.
+      if (dialling_data_)
+        data_gave_up(fmt::format("data channel: dialling abandoned: signal {}", s.signo), EINTR);
       if (phase_ == Phase::shutting_down) {
         note(Severity::info, "signal", fmt::format("signal {} during shutdown; already shutting down", s.signo));
         return;
@@ -436,7 +470,7 @@ void Session::on(const ev::Signal& s) {
     case SIGCONT:
       if (workload_pid_ > 0) {
         note(Severity::info, "signal", fmt::format("forwarding signal {} to the workload's group", s.signo));
-        out_.push_back(act::SignalGroup{s.signo});
+        out_.push_back(act::SignalGroup{s.signo, workload_pid_});
       } else {
         note(Severity::info, "signal", fmt::format("signal {}: no workload; dropped", s.signo));
       }
@@ -467,7 +501,7 @@ void Session::on(const ev::TimerFired& t) {
       grace_expired_ = true;
       if (stage_ == Stage::workload_term && workload_pid_ > 0) {
         note(Severity::info, "shutdown", fmt::format("workload still up after {} ms grace: SIGKILL to its group", opt_.grace_ms));
-        out_.push_back(act::SignalGroup{SIGKILL});
+        out_.push_back(act::SignalGroup{SIGKILL, workload_pid_});
         stage_ = Stage::workload_kill;
         arm(Timer::workload_kill, kKillWaitMs);
       }
@@ -506,6 +540,14 @@ void Session::on(const ev::TimerFired& t) {
     case Timer::redial:
       if (dialling_ || reconnecting_) dial_once();
       return;
+    case Timer::data_dial:
+      if (dialling_data_)
+        data_gave_up(last_data_error_.empty() ? "data channel: not connected in time" : last_data_error_,
+                     last_data_error_.empty() ? ETIMEDOUT : last_data_err_);
+      return;
+    case Timer::data_redial:
+      if (dialling_data_) out_.push_back(act::DialData{opt_.connect_timeout_ms, *boot_->stdio});
+      return;
     case Timer::drain:
       if (held_exit_) {
         note(Severity::info, "exited", fmt::format("output not at EOF {} ms after the reap; reporting", boot_->stdio->drain_ms));
@@ -534,6 +576,11 @@ void Session::begin_shutdown(std::string reason) {
   if (phase_ == Phase::shutting_down || phase_ == Phase::done) return;
   phase_ = Phase::shutting_down;
   cancel(Timer::boot);
+  if (dialling_data_) {
+    // Nothing will be mounted or started now: the data channel is not needed.
+    end_data_dial();
+    note(Severity::info, "data", "dialling abandoned: shutting down");
+  }
   note(Severity::info, "shutdown", fmt::format("begin: {}", reason));
   if (outcome_ && !acked_ && channel_open_ && !ack_armed_) {
     arm(Timer::ack, opt_.ack_timeout_ms);
@@ -548,7 +595,7 @@ void Session::begin_shutdown(std::string reason) {
     term_workload();
   } else if (grace_expired_) {
     note(Severity::info, "kill-workload", "grace since the earlier SIGTERM is over: SIGKILL to its group");
-    out_.push_back(act::SignalGroup{SIGKILL});
+    out_.push_back(act::SignalGroup{SIGKILL, workload_pid_});
     stage_ = Stage::workload_kill;
     arm(Timer::workload_kill, kKillWaitMs);
   } else {

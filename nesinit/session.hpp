@@ -32,8 +32,10 @@ enum class Timer {
   drain,            // workload reaped, its output not at EOF -> stdio.drain_ms -> report anyway
   reconnect,        // channel lost after boot -> boot.reconnect_ms -> today's shutdown
   redial,           // a dial attempt failed -> backoff -> the next attempt (first dial or redial)
+  data_dial,        // boot.stdio: the data channel's dial began -> connect_timeout_ms -> start_failed
+  data_redial,      // a data channel attempt failed -> backoff -> the next attempt
 };
-inline constexpr int kTimerCount = 10;
+inline constexpr int kTimerCount = 12;
 /// Backoff between dial attempts (the first dial and a redial alike): ms, doubling from the first
 /// to the last.
 inline constexpr std::uint32_t kRedialFirstMs = 10;
@@ -60,7 +62,9 @@ struct Signal { int signo; };                     // a signal to PID 1 (read fro
 struct TimerFired { Timer timer; };
 struct NoChildren {};                             // waitpid(-1) says ECHILD
 struct DataUp {};                                 // the data channel is connected (boot.stdio)
-struct DataFailed { std::string reason; int err; };  // it could not be dialled: nothing starts
+/// One data channel attempt (act::DialData) failed: `reason` names the address and the error,
+/// `err` is its errno, `retryable` as for DialFailed (false: give up, nothing starts).
+struct DataFailed { std::string reason; int err; bool retryable = false; };
 struct DataError { std::string reason; };         // the host broke the framing: channel closed
 struct OutputsDone {};                            // the workload's stdout and stderr are at EOF
 /// One dial attempt (act::Dial) failed: `reason` is the error as text (strerror); `retryable`
@@ -76,16 +80,27 @@ using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
 struct Send { proto::GuestMessage msg; };
-struct DialData {};              // dial the data channel, report DataUp/DataFailed
+/// One attempt to dial the data channel (boot.stdio): DataUp or DataFailed. Held like act::Dial
+/// (at most `attempt_ms`, never past a pending signal or the next armed timer); once up, the
+/// channel carries the workload's streams as `stdio` says.
+struct DialData { std::uint32_t attempt_ms; proto::Stdio stdio; };
 /// One attempt to dial the lifecycle channel: ChannelUp or DialFailed. The attempt holds the loop
 /// at most `attempt_ms` (a connect in progress), and never past a pending signal or the next
 /// armed timer. `need_peer`: a virtio port counts as dialled only with its host side connected
 /// (no POLLHUP) and its next hang-up is an EOF (a redial); without it (the first dial) the port
 /// is taken as soon as it opens and a hang-up before the host's first byte means "not yet".
 struct Dial { std::uint32_t attempt_ms; bool need_peer; };
-struct Mount {};                 // mount session().boot()->mounts, report MountsDone/MountFailed
-struct Spawn {};                 // set the hostname, start the workload of session().boot()
-struct SignalGroup { int signo; };  // kill(-workload_pgid, signo)
+/// Switch to `root` (if set), then mount `mounts` in order: MountsDone or MountFailed.
+struct Mount { std::optional<proto::Root> root; std::vector<proto::Mount> mounts; };
+/// Set `hostname` (if set), then start `exec` in its own process group with `geometry` in its
+/// environment and its stdio as `stdio` says (unset: the console): Started or StartFailed.
+struct Spawn {
+  std::optional<std::string> hostname;
+  proto::Exec exec;
+  proto::Geometry geometry;
+  std::optional<proto::Stdio> stdio;
+};
+struct SignalGroup { int signo; std::int32_t pgid; };  // kill(-pgid, signo): the workload's group
 struct SignalAll { int signo; };    // kill(-1, signo): everything but PID 1
 struct ArmTimer { Timer timer; std::uint32_t ms; };
 struct CancelTimer { Timer timer; };
@@ -173,6 +188,9 @@ class Session {
   void resume_channel();
   void give_up_dialling(std::string why);  // the first dial ends without a channel
   void dial_once();                        // act::Dial for the first dial or a redial
+  void end_data_dial();                    // stop dialling the data channel (timers cancelled)
+  void data_gave_up(std::string reason, int err);  // start_failed: nothing starts
+  void mount();                            // act::Mount with the descriptor's shares
 
   void on_boot(const proto::Boot& b);
   void on_stop(std::string_view why);
@@ -216,6 +234,10 @@ class Session {
   std::string channel_;            // the address dialled (ev::Start), for the log
   std::string last_dial_error_;    // the last failed attempt's reason
   unsigned attempts_ = 0;          // attempts of the first dial so far
+  bool dialling_data_ = false;     // the data channel's dial runs (boot.stdio, before mounting)
+  std::uint32_t data_backoff_ms_ = kRedialFirstMs;
+  std::string last_data_error_;    // the last failed data channel attempt: reason and errno
+  int last_data_err_ = 0;
 };
 
 }  // namespace nes::init

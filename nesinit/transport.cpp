@@ -134,27 +134,4 @@ bool retryable(int err) {
   }
 }
 
-int dial(const Channel& c, bool guest, std::uint32_t timeout_ms, const DialWait& wait,
-         const std::function<std::uint64_t()>& now_ms, const Log& log) {
-  const std::uint64_t start = now_ms();
-  std::uint32_t backoff = 10;
-  int last = -ETIMEDOUT;
-  for (unsigned attempt = 1;; ++attempt) {
-    int fd = dial_once(c, guest, start + timeout_ms, wait, now_ms);
-    if (fd == -ECANCELED) return fd;
-    if (fd >= 0) {
-      log.info("dial", "{} connected (attempt {})", to_string(c), attempt);
-      return fd;
-    }
-    last = fd;
-    log.debug("dial", "{} attempt {}: {}", to_string(c), attempt, std::strerror(-fd));
-    if (!retryable(-fd)) return last;
-    const std::uint64_t elapsed = now_ms() - start;
-    if (elapsed >= timeout_ms) return last;
-    std::uint32_t w = static_cast<std::uint32_t>(std::min<std::uint64_t>(backoff, timeout_ms - elapsed));
-    if (!wait(w, -1)) return -ECANCELED;
-    backoff = std::min<std::uint32_t>(backoff * 2, 500);
-  }
-}
-
 }  // namespace nes::init

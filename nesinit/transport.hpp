@@ -13,7 +13,6 @@
 #include <string>
 
 #include "config.hpp"
-#include "log.hpp"
 
 namespace nes::init {
 
@@ -56,13 +55,5 @@ int dial_once(const Channel& c, bool guest);
 /// Whether a failed attempt's errno is worth retrying: the peer is not there *yet* (no listener,
 /// no port, its host side not connected) or the attempt was cut short (ECANCELED: a signal).
 bool retryable(int err);
-
-/// Dial with bounded retry: attempts until success, a non-retryable error, or `timeout_ms` total
-/// (an attempt in progress counts against it too). Between attempts `wait(ms, -1)` is called
-/// (backoff 10 ms doubling to 500 ms); it returns false to abandon dialling (e.g. a shutdown
-/// signal arrived): then -ECANCELED. Returns the fd, or -errno of the last attempt (-ETIMEDOUT if
-/// none was made).
-int dial(const Channel& c, bool guest, std::uint32_t timeout_ms, const DialWait& wait,
-         const std::function<std::uint64_t()>& now_ms, const Log& log);
 
 }  // namespace nes::init

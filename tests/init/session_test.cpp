@@ -85,15 +85,27 @@ TEST_CASE("happy path: ready, boot, mounted, started, workload_exited, ack, powe
   CHECK(armed(a, Timer::boot, 5000));
   CHECK(s.phase() == Phase::awaiting_boot);
 
-  a = s.handle(msg(make_boot()));
+  proto::Boot b = make_boot();
+  b.mounts = {proto::Mount{"work", "/work", false, proto::FsType::virtiofs}};
+  b.hostname = "web";
+  a = s.handle(msg(b));
   CHECK(cancelled(a, Timer::boot));
-  CHECK(only<act::Mount>(a).size() == 1);
+  // Each action carries all the loop needs: it never reads the session's descriptor.
+  auto m = only<act::Mount>(a);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].mounts == b.mounts);
+  CHECK_FALSE(m[0].root);
   CHECK(sent(a).empty());
   CHECK(s.phase() == Phase::mounting);
 
   a = s.handle(ev::MountsDone{});
   CHECK(sent(a) == std::vector<std::string>{"mounted"});
-  CHECK(only<act::Spawn>(a).size() == 1);
+  auto sp = only<act::Spawn>(a);
+  REQUIRE(sp.size() == 1);
+  CHECK(sp[0].exec == b.exec);
+  CHECK(sp[0].geometry == b.geometry);
+  CHECK(sp[0].hostname == std::optional<std::string>("web"));
+  CHECK_FALSE(sp[0].stdio);
 
   a = s.handle(ev::Started{42});
   REQUIRE(only<act::Send>(a).size() == 1);
@@ -344,6 +356,7 @@ TEST_CASE("EOF while the workload runs: its one SIGTERM, then ordered shutdown")
   Session s = running();
   auto a = s.handle(ev::Eof{});
   CHECK(group_signals(a) == std::vector<int>{SIGTERM});
+  CHECK(only<act::SignalGroup>(a).at(0).pgid == 42);  // the workload's group, from `started`
   CHECK(armed(a, Timer::workload_grace, 1000));
   CHECK(all_signals(a).empty());
   a = s.handle(ev::Exited{proto::WorkloadExited::killed(15)});

@@ -294,6 +294,11 @@ bool armed(const Actions& as, Timer t, std::uint32_t ms) {
     if (a.timer == t && a.ms == ms) return true;
   return false;
 }
+bool cancelled(const Actions& as, Timer t) {
+  for (auto& a : only<act::CancelTimer>(as))
+    if (a.timer == t) return true;
+  return false;
+}
 Event msg(proto::HostMessage m) { return ev::Message{proto::HostDecoded{std::move(m)}}; }
 constexpr SessionOptions kOpt{1000, 300, 5000, proto::Halt::poweroff};
 
@@ -347,6 +352,72 @@ TEST_CASE("session: the data channel cannot be dialled: start_failed (other), no
   CHECK(f.reason.find("data channel") != std::string::npos);
   CHECK(only<act::Mount>(a).empty());
   CHECK(s.phase() == Phase::shutting_down);
+}
+
+TEST_CASE("session: the data channel's dial is bounded and retried like the first dial") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  auto a = s.handle(msg(stdio_boot()));
+  auto d = only<act::DialData>(a);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].attempt_ms == kOpt.connect_timeout_ms);
+  CHECK(d[0].stdio == *stdio_boot().stdio);  // the action carries what the loop needs
+  CHECK(armed(a, Timer::data_dial, kOpt.connect_timeout_ms));
+  std::vector<std::uint32_t> waits;
+  for (int i = 0; i < 3; ++i) {
+    auto f = s.handle(ev::DataFailed{"data channel unix:/x: Connection refused", ECONNREFUSED, true});
+    CHECK(sent(f).empty());
+    CHECK(only<act::DialData>(f).empty());
+    for (auto& t : only<act::ArmTimer>(f))
+      if (t.timer == Timer::data_redial) waits.push_back(t.ms);
+    CHECK(only<act::DialData>(s.handle(ev::TimerFired{Timer::data_redial})).size() == 1);
+  }
+  CHECK(waits == std::vector<std::uint32_t>{10, 20, 40});
+  auto up = s.handle(ev::DataUp{});
+  CHECK(only<act::Mount>(up).size() == 1);
+  CHECK(cancelled(up, Timer::data_dial));
+  CHECK(s.handle(ev::TimerFired{Timer::data_dial}).empty());
+}
+
+TEST_CASE("session: the data channel's deadline: start_failed with the last attempt's error") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(stdio_boot()));
+  s.handle(ev::DataFailed{"data channel unix:/x: No such file or directory", ENOENT, true});
+  auto a = s.handle(ev::TimerFired{Timer::data_dial});
+  REQUIRE(sent(a) == std::vector<std::string>{"start_failed"});
+  auto f = std::get<proto::StartFailed>(only<act::Send>(a)[0].msg);
+  CHECK(f.err == ENOENT);
+  CHECK(f.reason == "data channel unix:/x: No such file or directory");
+  CHECK(cancelled(a, Timer::data_redial));
+  CHECK(only<act::Mount>(a).empty());
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(only<act::DialData>(s.handle(ev::TimerFired{Timer::data_redial})).empty());
+}
+
+TEST_CASE("session: SIGTERM while the data channel is dialled: start_failed (EINTR), then shutdown") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(stdio_boot()));
+  auto a = s.handle(ev::Signal{SIGTERM});
+  REQUIRE(sent(a) == std::vector<std::string>{"start_failed"});
+  auto f = std::get<proto::StartFailed>(only<act::Send>(a)[0].msg);
+  CHECK(f.err == EINTR);
+  CHECK(f.reason == "data channel: dialling abandoned: signal 15");
+  CHECK(cancelled(a, Timer::data_dial));
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(only<act::Mount>(s.handle(ev::DataUp{})).empty());  // an attempt under way changes nothing
+}
+
+TEST_CASE("session: EOF while the data channel is dialled: nothing starts, the dial ends") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  s.handle(msg(stdio_boot()));
+  auto a = s.handle(ev::Eof{});
+  CHECK(s.phase() == Phase::shutting_down);
+  CHECK(cancelled(a, Timer::data_dial));
+  CHECK(sent(a).empty());
+  CHECK(only<act::Mount>(s.handle(ev::DataUp{})).empty());
 }
 
 TEST_CASE("session: outputs at EOF before the reap: the exit goes out at the reap") {
