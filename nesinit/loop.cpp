@@ -46,12 +46,20 @@ struct Overload : F... { using F::operator()...; };
 template <class... F>
 Overload(F...) -> Overload<F...>;
 
+/// Whether this PID 1 may set the hostname: a guest always; a sandbox only in a UTS namespace
+/// of its own (in the machine's it would rename the machine).
+bool may_set_hostname(Mode mode) {
+  if (mode == Mode::guest) return true;
+  auto uts = ns_inode("uts");
+  return uts && *uts != kInitialUtsNsInode;
+}
+
 class Pid1 {
  public:
   Pid1(Mode mode, const Config& cfg, const Log& log, int sfd, Reaper& reaper)
       : mode_(mode), cfg_(cfg), log_(log), sfd_(sfd), reaper_(reaper),
         session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt,
-                                cfg.connect_timeout_ms}) {}
+                                cfg.connect_timeout_ms, mode == Mode::guest, may_set_hostname(mode)}) {}
 
   [[noreturn]] void run() {
     pending_.push_back(ev::Start{to_string(*cfg_.channel)});
@@ -215,13 +223,9 @@ class Pid1 {
   }
 
   void do_mounts(const act::Mount& b) {
+    // A share as `/` comes first: every other share's `at` is inside it.
     if (b.root) {
-      // A share as `/` comes first: every other share's `at` is inside it. Only a guest's PID 1
-      // on its initramfs may switch root; a sandbox shares the machine's tree.
-      auto f = mode_ == Mode::guest
-                   ? switch_root(*b.root, log_)
-                   : std::optional(proto::MountFailed{b.root->tag, "root: only a guest's PID 1 switches root", EPERM});
-      if (f) {
+      if (auto f = switch_root(*b.root, log_)) {
         pending_.push_front(ev::MountFailed{*f});
         return;
       }
@@ -237,18 +241,13 @@ class Pid1 {
 
   void do_spawn(const act::Spawn& b) {
     if (b.hostname) {
-      // A sandbox in the machine's own UTS namespace must not rename the machine.
-      auto uts = ns_inode("uts");
-      if (mode_ == Mode::sandbox && (!uts || *uts == kInitialUtsNsInode)) {
-        log_.warn("hostname", "'{}' not set: this sandbox shares the machine's UTS namespace", *b.hostname);
-      } else if (::sethostname(b.hostname->data(), b.hostname->size()) != 0) {
+      if (::sethostname(b.hostname->data(), b.hostname->size()) != 0) {
         int e = errno;
         pending_.push_front(ev::StartFailed{proto::StartFailed{
             fmt::format("sethostname {}: {}", *b.hostname, std::strerror(e)), e, proto::StartFailClass::other}});
         return;
-      } else {
-        log_.info("hostname", "{}", *b.hostname);
       }
+      log_.info("hostname", "{}", *b.hostname);
     }
     log_.info("spawn", "{}", b.exec.argv.empty() ? std::string() : b.exec.argv[0]);
     ChildFds cfds;

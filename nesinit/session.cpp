@@ -238,6 +238,8 @@ void Session::on_boot(const proto::Boot& b) {
 }
 
 void Session::mount() {
+  if (boot_->root && !opt_.may_switch_root)
+    return on(ev::MountFailed{proto::MountFailed{boot_->root->tag, "root: only a guest's PID 1 switches root", EPERM}});
   out_.push_back(act::Mount{boot_->root, boot_->mounts});
 }
 
@@ -397,7 +399,12 @@ void Session::on(const ev::MountsDone&) {
   if (phase_ != Phase::mounting) return;
   send(proto::Mounted{});
   phase_ = Phase::starting;
-  out_.push_back(act::Spawn{boot_->hostname, boot_->exec, boot_->geometry, boot_->stdio});
+  std::optional<std::string> hostname = boot_->hostname;
+  if (hostname && !opt_.may_set_hostname) {
+    note(Severity::warn, "hostname", fmt::format("'{}' not set: this sandbox shares the machine's UTS namespace", *hostname));
+    hostname.reset();
+  }
+  out_.push_back(act::Spawn{std::move(hostname), boot_->exec, boot_->geometry, boot_->stdio});
 }
 
 void Session::on(const ev::MountFailed& f) {

@@ -126,6 +126,12 @@ struct SessionOptions {
   std::uint32_t boot_timeout_ms = 30000;
   proto::Halt halt = proto::Halt::poweroff;
   std::uint32_t connect_timeout_ms = 10000;  // the first dial, every attempt and backoff together
+  /// This PID 1 may switch to a share as `/` (boot.root): a guest's on its initramfs, never a
+  /// sandbox's (it shares the machine's tree). Without it a root is mount_failed (EPERM).
+  bool may_switch_root = true;
+  /// This PID 1 may set boot.hostname: not a sandbox in the machine's own UTS namespace (it
+  /// would rename the machine). Without it the hostname is skipped with a warning.
+  bool may_set_hostname = true;
 };
 /// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. The
 /// backoff spaces the attempts; a pending signal cuts one short.

@@ -352,6 +352,33 @@ TEST_CASE("redial: its attempts are short and need the port's host side (need_pe
   CHECK(s.reconnecting());
 }
 
+TEST_CASE("a sandbox: a root share is mount_failed (EPERM); a hostname is skipped with a warning") {
+  SessionOptions o = kOpt;
+  o.may_switch_root = false;
+  o.may_set_hostname = false;
+  Session s(o);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = make_boot();
+  b.root = proto::Root{"rootfs", true};
+  auto a = s.handle(msg(b));
+  CHECK(only<act::Mount>(a).empty());  // nothing is mounted
+  REQUIRE(sent(a) == std::vector<std::string>{"mount_failed"});
+  auto f = std::get<proto::MountFailed>(only<act::Send>(a)[0].msg);
+  CHECK(f.err == EPERM);
+  CHECK(f.tag == std::optional<std::string>("rootfs"));
+
+  Session h(o);
+  h.handle(ev::ChannelUp{});
+  proto::Boot hb = make_boot();
+  hb.hostname = "web";
+  h.handle(msg(hb));
+  auto m = h.handle(ev::MountsDone{});
+  auto sp = only<act::Spawn>(m);
+  REQUIRE(sp.size() == 1);
+  CHECK_FALSE(sp[0].hostname);
+  CHECK(noted(m, "'web' not set"));
+}
+
 TEST_CASE("EOF while the workload runs: its one SIGTERM, then ordered shutdown") {
   Session s = running();
   auto a = s.handle(ev::Eof{});
