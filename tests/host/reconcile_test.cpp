@@ -15,6 +15,7 @@
 
 #include "host/reconcile.hpp"
 #include "protocol/status.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace nes;
 using namespace nes::host;
@@ -22,18 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Tmp {
-  fs::path path;
-  Tmp() {
-    std::string t = (fs::temp_directory_path() / "nesrc-XXXXXX").string();
-    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp");
-    path = t;
-  }
-  ~Tmp() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using nes::test::TempDir;
 
 /// A child that blocks until killed; reaped by the destructor whatever happened.
 struct Child {
@@ -152,7 +142,7 @@ TEST_CASE("monitor.json round-trips; bad fields are named") {
 }
 
 TEST_CASE("no such VM: no directory, or a directory with neither file") {
-  Tmp t;
+  TempDir t;
   auto s = reconcile(t.path, "vm-a");
   REQUIRE(s);
   CHECK_FALSE(s->has_value());
@@ -165,7 +155,7 @@ TEST_CASE("no such VM: no directory, or a directory with neither file") {
 }
 
 TEST_CASE("monitor alive and no outcome -> running; its outcome -> exited(7); then gone -> still exited(7)") {
-  Tmp t;
+  TempDir t;
   Child mon;
   auto gen = begin_generation(t.path, monitor_of(mon.pid));
   REQUIRE(gen);
@@ -188,7 +178,7 @@ TEST_CASE("monitor alive and no outcome -> running; its outcome -> exited(7); th
 }
 
 TEST_CASE("monitor gone, record missing -> failed saying why (never running)") {
-  Tmp t;
+  TempDir t;
   Child mon;
   REQUIRE(begin_generation(t.path, monitor_of(mon.pid)));
   mon.end(true);
@@ -200,7 +190,7 @@ TEST_CASE("monitor gone, record missing -> failed saying why (never running)") {
 }
 
 TEST_CASE("monitor a zombie, record missing -> failed") {
-  Tmp t;
+  TempDir t;
   Child mon;
   REQUIRE(begin_generation(t.path, monitor_of(mon.pid)));
   mon.end(false);
@@ -208,7 +198,7 @@ TEST_CASE("monitor a zombie, record missing -> failed") {
 }
 
 TEST_CASE("monitor gone, record corrupt -> failed with the parse error; alive -> running") {
-  Tmp t;
+  TempDir t;
   Child mon;
   REQUIRE(begin_generation(t.path, monitor_of(mon.pid)));
   plant(record_path(t.path, "vm-a"), "{\"schema_version\":1,\"vm\":");
@@ -227,7 +217,7 @@ TEST_CASE("monitor gone, record corrupt -> failed with the parse error; alive ->
 }
 
 TEST_CASE("a monitor file that is corrupt, no record -> failed naming the file") {
-  Tmp t;
+  TempDir t;
   plant(monitor_path(t.path, "vm-a"), "garbage");
   auto s = state_of(t.path);
   CHECK(s.status == VmStatus::failed);
@@ -235,7 +225,7 @@ TEST_CASE("a monitor file that is corrupt, no record -> failed naming the file")
 }
 
 TEST_CASE("generations: reuse starts a new one; the older record is stale and ignored") {
-  Tmp t;
+  TempDir t;
   {
     Child m1;
     REQUIRE(begin_generation(t.path, monitor_of(m1.pid)) .value() == 1);
@@ -275,7 +265,7 @@ TEST_CASE("generations: reuse starts a new one; the older record is stale and ig
 }
 
 TEST_CASE("a record newer than the monitor file stands (e.g. serve wrote a later generation)") {
-  Tmp t;
+  TempDir t;
   Child m;
   REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
   REQUIRE(write_record(t.path, record(5, proto::Outcome::exited, 2)));
@@ -286,7 +276,7 @@ TEST_CASE("a record newer than the monitor file stands (e.g. serve wrote a later
 }
 
 TEST_CASE("explicit stop persisted first; a late natural exit never overwrites it") {
-  Tmp t;
+  TempDir t;
   Child m;
   REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
   auto st = persist_stop(t.path, "vm-a", 1);
@@ -306,7 +296,7 @@ TEST_CASE("explicit stop persisted first; a late natural exit never overwrites i
 }
 
 TEST_CASE("natural exit recorded first; the stop then finds it final and writes nothing") {
-  Tmp t;
+  TempDir t;
   Child m;
   REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
   REQUIRE(write_record(t.path, record(1, proto::Outcome::exited, 7)));
@@ -320,7 +310,7 @@ TEST_CASE("natural exit recorded first; the stop then finds it final and writes 
 }
 
 TEST_CASE("stop persisted, monitor gone without an outcome -> stopped (143)") {
-  Tmp t;
+  TempDir t;
   Child m;
   REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
   REQUIRE(persist_stop(t.path, "vm-a", 1));
@@ -332,7 +322,7 @@ TEST_CASE("stop persisted, monitor gone without an outcome -> stopped (143)") {
 
 TEST_CASE("stop and the natural exit race from threads: exactly one order wins, consistently") {
   for (int round = 0; round < 20; ++round) {
-    Tmp t;
+    TempDir t;
     Child m;
     REQUIRE(begin_generation(t.path, monitor_of(m.pid)));
     std::optional<StopResult::Kind> kind;
@@ -348,7 +338,7 @@ TEST_CASE("stop and the natural exit race from threads: exactly one order wins, 
 }
 
 TEST_CASE("failed outcomes reconcile as failed with their reason; list_vms and remove_vm") {
-  Tmp t;
+  TempDir t;
   Record r = record(1, proto::Outcome::no_ready);
   r.reason = "no ready within 30000 ms";
   REQUIRE(write_record(t.path, r));

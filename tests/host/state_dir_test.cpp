@@ -12,24 +12,14 @@
 #include <fstream>
 
 #include "host/record.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace nes;
 using namespace nes::host;
 namespace fs = std::filesystem;
 
 namespace {
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char t[] = "/tmp/nes-statedir-XXXXXX";
-    REQUIRE(::mkdtemp(t));
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = nes::test::TempDir;
 Record rec(std::string vm, std::uint64_t gen, int code) {
   Record r;
   r.vm = std::move(vm);

@@ -33,29 +33,13 @@
 #include "host/host.hpp"
 #include "host/testing.hpp"
 #include "protocol/codec.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace nes::test {
 
 namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-/// A fresh directory under $TMPDIR (short path: sun_path is 108 bytes), removed on destruction.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "nesh-XXXXXX").string();
-    char* p = ::mkdtemp(tmpl.data());
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
 
 /// A minimal valid boot descriptor.
 inline proto::Boot sample_boot() {

@@ -15,7 +15,6 @@ using namespace nes;
 using namespace nes::init::test;
 
 namespace {
-bool powered_off(std::optional<int> st) { return st && WIFSIGNALED(*st) && WTERMSIG(*st) == SIGINT; }
 }  // namespace
 
 TEST_CASE("dial against a full backlog: SIGTERM cuts it short") {
@@ -48,8 +47,7 @@ TEST_CASE("stderr is a full pipe nobody reads: PID 1 still serves stop and SIGTE
   // The init now waits for the ack. Drain the pipe, then ack: the next line it logs is the count
   // of the lines it dropped.
   sb.read_stderr();
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK_MESSAGE(sb.err().starts_with("nesinit: log: warning: "), sb.err().substr(0, 200));
   CHECK(sb.err().find("line(s) dropped (output not read)") != std::string::npos);
   CHECK(sb.err().find("host acknowledged the outcome") != std::string::npos);

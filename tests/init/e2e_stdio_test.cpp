@@ -34,12 +34,10 @@ SandboxOptions with_data(bool terminal = false, bool lossy = false) {
   return o;
 }
 
-bool powered_off(std::optional<int> st) { return st && WIFSIGNALED(*st) && WTERMSIG(*st) == SIGINT; }
 
 /// The usual end: ack the outcome, the namespace powers off.
 void finish(Sandbox& sb) {
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
 }
 
 std::string sha256_of(const std::string& path) {
@@ -101,7 +99,7 @@ TEST_CASE("stdout and stderr apart, all 256 byte values, a last line without new
   CHECK(sb.when("data:stderr:eof") <= sb.when("msg:workload_exited"));
   // Nothing of it reached the console.
   CHECK(sb.out().find("last line") == std::string::npos);
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.err().find("output not at EOF") == std::string::npos);
 }
 
@@ -124,7 +122,7 @@ TEST_CASE("S12: 64 MiB to stdout then exit 7: no deadlock, exit 7, SHA-256 equal
   CHECK(a.size() == 64);
   CHECK(a == b);
   MESSAGE("64 MiB stdout -> host: " << (t1 - t0) << " ms, ~" << (t1 > t0 ? 65536 / (t1 - t0) : 0) << " MiB/s (started to eof, sandbox)");
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("S9: a background process keeps stdout open: the exit is reported in the drain window, the straggler removed at shutdown") {
@@ -140,7 +138,7 @@ TEST_CASE("S9: a background process keeps stdout open: the exit is reported in t
   CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out); }));
   CHECK(sb.when("msg:workload_exited") <= sb.when("data:stdout:eof"));
   CHECK(sb.data_out() == "parent-done\n");
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
   std::string missing;
   CHECK_MESSAGE(in_order(sb.err(), {"nesinit: exited: exit_code 0", "output not at EOF 300 ms after the reap",
                                     "nesinit: send: workload_exited", "nesinit: term-all:",
@@ -162,7 +160,7 @@ TEST_CASE("stdin: frames reach the workload, eof closes it; without stdin `cat` 
     REQUIRE_MESSAGE(x, sb.last_error());
     CHECK(*x == proto::WorkloadExited::code(0));
     CHECK(sb.data_out() == "got:abc\nrestend\n");
-    finish(sb);
+    CHECK(sb.shutdown_powered_off());
   }
   {
     Sandbox sb(with_data());
@@ -171,7 +169,7 @@ TEST_CASE("stdin: frames reach the workload, eof closes it; without stdin `cat` 
     REQUIRE_MESSAGE(x, sb.last_error());
     CHECK(*x == proto::WorkloadExited::code(0));
     CHECK(sb.data_out().empty());
-    finish(sb);
+    CHECK(sb.shutdown_powered_off());
   }
 }
 
@@ -194,7 +192,7 @@ TEST_CASE("terminal: a /dev/pts tty of the asked size, resize reaches it, ^C end
   CHECK(*x == proto::WorkloadExited::killed(SIGINT));
   CHECK(proto::exit_status(*x) == 130);
   CHECK(sb.data_error().empty());  // nothing on stderr: with a terminal all output is stdout
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("lossless, the host stops reading: the workload blocks, stop still reaches it, the outcome is reported") {
@@ -215,7 +213,7 @@ TEST_CASE("lossless, the host stops reading: the workload blocks, stop still rea
   CHECK(sb.data_out().size() < 100000000u);
   CHECK(sb.data_err() == "begin\n");
   CHECK(sb.dropped() == 0);
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("lossy, the host stops reading: the workload never blocks, the drop count is reported") {
@@ -235,7 +233,7 @@ TEST_CASE("lossy, the host stops reading: the workload never blocks, the drop co
   CHECK(sb.data_out().size() >= 4u);
   CHECK(sb.data_out().substr(sb.data_out().size() - 4) == "end\n");  // the newest bytes are kept
   CHECK(sb.data_error().empty());
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("a bad frame from the host: the data channel is closed with a named error, the outcome still reported") {
@@ -252,7 +250,7 @@ TEST_CASE("a bad frame from the host: the data channel is closed with a named er
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE_MESSAGE(x, sb.last_error());
   CHECK(*x == proto::WorkloadExited::code(4));
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("stdio without a data channel address: start_failed naming it, nothing starts") {
@@ -266,5 +264,5 @@ TEST_CASE("stdio without a data channel address: start_failed naming it, nothing
   REQUIRE_MESSAGE(f, sb.last_error());
   CHECK(f->cls == proto::StartFailClass::other);
   CHECK(f->reason.find("data channel") != std::string::npos);
-  finish(sb);
+  CHECK(sb.shutdown_powered_off());
 }

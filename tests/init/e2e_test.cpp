@@ -81,8 +81,6 @@ Outcome run_once(const std::vector<std::string>& argv, SandboxOptions o = {}) {
   return r;
 }
 
-bool powered_off(std::optional<int> st) { return st && WIFSIGNALED(*st) && WTERMSIG(*st) == SIGINT; }
-bool rebooted(std::optional<int> st) { return st && WIFSIGNALED(*st) && WTERMSIG(*st) == SIGHUP; }
 
 std::size_t count(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;
@@ -156,36 +154,25 @@ TEST_CASE("reboot: --halt=reboot ends the namespace with SIGHUP; the descriptor'
   }
   {
     Sandbox sb{SandboxOptions{}};
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
     auto b = make_boot({"/bin/true"});
     b.on_exit.halt = proto::Halt::reboot;
-    sb.send(b);
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(b), sb.last_error());
     REQUIRE(sb.expect<proto::WorkloadExited>());
     sb.send(proto::Shutdown{});
     CHECK(rebooted(sb.wait_exit()));
   }
   {
     Sandbox sb({.init_args = {"--halt=reboot"}});
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
     auto b = make_boot({"/bin/true"});
     b.on_exit.halt = proto::Halt::poweroff;
-    sb.send(b);
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(b), sb.last_error());
     REQUIRE(sb.expect<proto::WorkloadExited>());
-    sb.send(proto::Shutdown{});
-    CHECK(powered_off(sb.wait_exit()));
+    CHECK(sb.shutdown_powered_off());
   }
 }
 
 TEST_CASE("mounts for real: tmpfs and bind, nosuid/nodev by statvfs, ro by EROFS, reverse unmount") {
   Sandbox sb{SandboxOptions{}};
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
   const fs::path src = sb.dir() / "src";
   fs::create_directories(src);
   std::ofstream(src / "hello") << "from the host\n";
@@ -200,14 +187,11 @@ TEST_CASE("mounts for real: tmpfs and bind, nosuid/nodev by statvfs, ro by EROFS
   b.mounts = {proto::Mount{"scratch", t, false, proto::FsType::tmpfs},
               proto::Mount{src.string(), rw, false, proto::FsType::bind},
               proto::Mount{src.string(), ro, true, proto::FsType::bind}};
-  sb.send(b);
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(b), sb.last_error());
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(*x == proto::WorkloadExited::code(0));
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   const std::string& o = sb.out();
   CAPTURE(o);
   CHECK(o.find("statvfs " + t + " nosuid=1 nodev=1 ro=0") != std::string::npos);
@@ -259,18 +243,13 @@ TEST_CASE("mounts: a missing bind source is mount_failed and nothing starts") {
 
 TEST_CASE("boot: environment with the geometry variables; cwd; exec.env wins") {
   Sandbox sb{SandboxOptions{}};
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
   auto b = make_boot({"sh", "-c", "echo W=$NESINIT_WIDTH H=$NESINIT_HEIGHT F=$NESINIT_FPS HDR=$NESINIT_HDR A=$A P=$(pwd)"});
   b.exec.env = {{"A", "b c"}, {"NESINIT_FPS", "24"}};
   b.exec.cwd = "/proc";
   b.geometry = {3840, 2160, 60, true};
-  sb.send(b);
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(b), sb.last_error());
   REQUIRE(sb.expect<proto::WorkloadExited>());
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.out().find("W=3840 H=2160 F=24 HDR=1 A=b c P=/proc\n") != std::string::npos);
 }
 
@@ -295,8 +274,7 @@ TEST_CASE("protocol: malformed lines get protocol_error, unknown types are skipp
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(*x == proto::WorkloadExited::code(9));
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.err().find("skipped unknown type 'telemetry'") != std::string::npos);
   CHECK(sb.err().find("another boot") != std::string::npos);
 }
@@ -312,16 +290,14 @@ TEST_CASE("boot and shutdown in one write: the workload starts, gets its SIGTERM
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(x->signal == SIGTERM);
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("--log=quiet: a clean session writes nothing but the workload's output") {
   Sandbox sb{SandboxOptions{.log = "quiet"}};
   REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "echo only-this"})), sb.last_error());
   REQUIRE(sb.expect<proto::WorkloadExited>());
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.out() == "only-this\n");
   CHECK(sb.err() == "");
 }
@@ -334,8 +310,7 @@ TEST_CASE("kill{signal}: the host's signal reaches the workload's group") {
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(*x == proto::WorkloadExited::code(12));
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.out().find("GOT-USR2") != std::string::npos);
 }
 
@@ -350,8 +325,7 @@ TEST_CASE("an over-long line (2 MiB) is refused without ending the session") {
   REQUIRE(sb.expect<proto::Mounted>());
   REQUIRE(sb.expect<proto::Started>());
   CHECK(sb.expect<proto::WorkloadExited>() == proto::WorkloadExited::code(0));
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("no boot within boot_timeout_ms: ordered shutdown and power-off") {
@@ -395,8 +369,7 @@ TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarde
     auto x = sb.expect<proto::WorkloadExited>();
     REQUIRE(x);
     CHECK(x->signal == SIGTERM);  // the workload's one SIGTERM (shutdown step 1)
-    sb.send(proto::Shutdown{});
-    CHECK(powered_off(sb.wait_exit()));
+    CHECK(sb.shutdown_powered_off());
     CHECK(sb.err().find("shutdown: begin: signal " + std::to_string(sig)) != std::string::npos);
   }
   {
@@ -405,8 +378,7 @@ TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarde
     auto x = sb.expect<proto::WorkloadExited>();
     REQUIRE(x);
     CHECK(*x == proto::WorkloadExited::code(5));
-    sb.send(proto::Shutdown{});
-    CHECK(powered_off(sb.wait_exit()));
+    CHECK(sb.shutdown_powered_off());
     CHECK(sb.out().find("GOT-USR1") != std::string::npos);
   }
 }
@@ -420,39 +392,28 @@ TEST_CASE("not terminal: the init stays up after the exit, kill is harmless, shu
   sb.send(proto::Kill{9});
   sb.send_raw("garbage\n");
   CHECK(sb.expect<proto::ProtocolError>());  // still serving the channel
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
 }
 
 TEST_CASE("hostname: set in its own UTS namespace; refused in the machine's") {
   {
     Sandbox sb({.unshare_args = {"--uts"}});
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
     auto b = make_boot({"/bin/sh", "-c", "echo HN=$(cat /proc/sys/kernel/hostname)"});
     b.hostname = "nesbox-test";
-    sb.send(b);
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(b), sb.last_error());
     REQUIRE(sb.expect<proto::WorkloadExited>());
-    sb.send(proto::Shutdown{});
-    CHECK(powered_off(sb.wait_exit()));
+    CHECK(sb.shutdown_powered_off());
     CHECK(sb.out().find("HN=nesbox-test\n") != std::string::npos);
   }
   char before[256] = {};
   ::gethostname(before, sizeof before - 1);
   {
     Sandbox sb{SandboxOptions{}};
-    REQUIRE(sb.accept());
-    REQUIRE(sb.expect<proto::Ready>());
     auto b = make_boot({"/bin/true"});
     b.hostname = "must-not-rename-the-machine";
-    sb.send(b);
-    REQUIRE(sb.expect<proto::Mounted>());
-    REQUIRE(sb.expect<proto::Started>());
+    REQUIRE_MESSAGE(sb.start(b), sb.last_error());
     REQUIRE(sb.expect<proto::WorkloadExited>());
-    sb.send(proto::Shutdown{});
-    CHECK(powered_off(sb.wait_exit()));
+    CHECK(sb.shutdown_powered_off());
     CHECK(sb.err().find("shares the machine's UTS namespace") != std::string::npos);
   }
   char after[256] = {};
@@ -522,22 +483,17 @@ TEST_CASE("S5 exec failures: not found (127), not executable (126), found throug
 
   // start_failed is final: no workload_exited follows it on the wire.
   Sandbox sb{SandboxOptions{}};
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
   const fs::path bin = sb.dir() / "bin";
   fs::create_directories(bin);
   std::ofstream(bin / "only-here") << "#!/bin/sh\necho ran-through-path\nexit 6\n";
   fs::permissions(bin / "only-here", fs::perms::owner_all);
   auto b = make_boot({"only-here"});
   b.exec.env = {{"PATH", "/nonexistent:" + bin.string()}};
-  sb.send(b);
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  REQUIRE_MESSAGE(sb.start(b), sb.last_error());
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(x->exit_code == 6);
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.out().find("ran-through-path") != std::string::npos);
 
   Sandbox s2{SandboxOptions{}};
@@ -560,29 +516,24 @@ TEST_CASE("S6 no SIGTERM handler, grace 60 s: stop kills it with 15, never 9") {
   REQUIRE(x);
   CHECK(x->signal == 15);
   CHECK(!x->exit_code);
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.err().find("signal 9 to group") == std::string::npos);
 }
 
 TEST_CASE("S7 grandchild with a slow SIGTERM handler finishes before power-off") {
   Sandbox sb({.init_args = {"--grace-ms=4000"}});
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
   const std::string ok = (sb.dir() / "ok").string();
-  sb.send(make_boot({"sh", "-c",
-                     "sh -c \"trap \\\"sleep 1; echo CLEAN >" + ok +
-                         "\\\" TERM; echo TRAP-SET; while :; do sleep 0.1; done\" & sleep 1000"}));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  const auto b = make_boot({"sh", "-c",
+                            "sh -c \"trap \\\"sleep 1; echo CLEAN >" + ok +
+                                "\\\" TERM; echo TRAP-SET; while :; do sleep 0.1; done\" & sleep 1000"});
+  REQUIRE_MESSAGE(sb.start(b), sb.last_error());
   // The grandchild must have its handler before the shutdown is asked for.
   REQUIRE(sb.wait_stdout("TRAP-SET\n"));
   sb.send(proto::Shutdown{});
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(x->signal == 15);  // the workload's own status
-  sb.send(proto::Shutdown{});  // the ack
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   std::ifstream f(ok);
   std::string line;
   std::getline(f, line);
@@ -591,18 +542,14 @@ TEST_CASE("S7 grandchild with a slow SIGTERM handler finishes before power-off")
 
 TEST_CASE("S8 orphans never left as zombies") {
   Sandbox sb{SandboxOptions{}};
-  REQUIRE(sb.accept());
-  REQUIRE(sb.expect<proto::Ready>());
-  sb.send(make_boot({"sh", "-c",
-                     "for i in 1 2 3 4 5; do sh -c \"sh -c \\\"sleep 1\\\" &\" & wait; done; sleep 3; "
-                     "echo ZOMBIES=$(grep -l '^State:.*Z' /proc/[0-9]*/status | wc -l)"}));
-  REQUIRE(sb.expect<proto::Mounted>());
-  REQUIRE(sb.expect<proto::Started>());
+  const auto b = make_boot({"sh", "-c",
+                            "for i in 1 2 3 4 5; do sh -c \"sh -c \\\"sleep 1\\\" &\" & wait; done; sleep 3; "
+                            "echo ZOMBIES=$(grep -l '^State:.*Z' /proc/[0-9]*/status | wc -l)"});
+  REQUIRE_MESSAGE(sb.start(b), sb.last_error());
   auto x = sb.expect<proto::WorkloadExited>(30000);
   REQUIRE(x);
   CHECK(x->exit_code == 0);
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(sb.out().find("ZOMBIES=0\n") != std::string::npos);
 }
 
@@ -616,8 +563,7 @@ TEST_CASE("S10 exactly one SIGTERM: stop then shutdown, TERM1 once, never TERM2"
   auto x = sb.expect<proto::WorkloadExited>();
   REQUIRE(x);
   CHECK(x->signal == 9);  // it ignored the one SIGTERM; grace over, SIGKILL
-  sb.send(proto::Shutdown{});
-  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.shutdown_powered_off());
   CHECK(count(sb.out(), "TERM1") == 1);
   CHECK(sb.out().find("TERM2") == std::string::npos);
   CHECK(count(sb.err(), "signal 15 to group") == 1);

@@ -7,6 +7,9 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/wait.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <filesystem>
@@ -18,6 +21,15 @@
 #include "protocol/protocol.hpp"
 
 namespace nes::init::test {
+
+/// How the namespace ended (a wait status of unshare, which re-raises its child's terminating
+/// signal): SIGINT is the init's power-off, SIGHUP its reboot.
+inline bool powered_off(std::optional<int> status) {
+  return status && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGINT;
+}
+inline bool rebooted(std::optional<int> status) {
+  return status && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGHUP;
+}
 
 struct SandboxOptions {
   std::vector<std::string> init_args;     // after --channel=unix:PATH
@@ -101,6 +113,12 @@ class Sandbox : public host::testing::ScriptedHost {
   /// Wait for the namespace to end: the wait status of unshare, which re-raises its child's
   /// terminating signal (SIGINT for power-off, SIGHUP for reboot). nullopt on timeout.
   std::optional<int> wait_exit(int timeout_ms = 20000);
+  /// The host's `shutdown` (the ack after an outcome, or the request), then wait_exit: true if
+  /// the init powered off.
+  bool shutdown_powered_off(int timeout_ms = 20000) {
+    send(proto::Shutdown{});
+    return powered_off(wait_exit(timeout_ms));
+  }
 
   const std::string& out() const { return out_; }
   const std::string& err() const { return err_; }

@@ -6,26 +6,15 @@
 #include <csignal>
 
 #include "nesinit/session.hpp"
+#include "tests/support/init_session.hpp"
 
 using namespace nes::init;
+using namespace nes::init::test;
 namespace proto = nes::proto;
 
 namespace {
 
-template <class T>
-std::vector<T> only(const Actions& as) {
-  std::vector<T> out;
-  for (auto& a : as)
-    if (auto* p = std::get_if<T>(&a)) out.push_back(*p);
-  return out;
-}
 
-/// Type names of the messages sent, in order.
-std::vector<std::string> sent(const Actions& as) {
-  std::vector<std::string> out;
-  for (auto& s : only<act::Send>(as)) out.emplace_back(proto::type_name(s.msg));
-  return out;
-}
 
 std::vector<int> group_signals(const Actions& as) {
   std::vector<int> out;
@@ -36,16 +25,6 @@ std::vector<int> all_signals(const Actions& as) {
   std::vector<int> out;
   for (auto& s : only<act::SignalAll>(as)) out.push_back(s.signo);
   return out;
-}
-bool armed(const Actions& as, Timer t, std::uint32_t ms) {
-  for (auto& a : only<act::ArmTimer>(as))
-    if (a.timer == t && a.ms == ms) return true;
-  return false;
-}
-bool cancelled(const Actions& as, Timer t) {
-  for (auto& a : only<act::CancelTimer>(as))
-    if (a.timer == t) return true;
-  return false;
 }
 std::optional<proto::Halt> power_off(const Actions& as) {
   auto p = only<act::PowerOff>(as);
@@ -61,7 +40,6 @@ proto::Boot make_boot(bool terminal = true) {
   return b;
 }
 
-Event msg(proto::HostMessage m) { return ev::Message{proto::HostDecoded{std::move(m)}}; }
 
 constexpr SessionOptions kOpt{1000, 300, 5000, proto::Halt::poweroff};
 

@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "nesinit/session.hpp"
+#include "tests/support/init_session.hpp"
 #include "nesinit/stdio.hpp"
 #include "protocol/frame.hpp"
 
 using namespace nes::init;
+using namespace nes::init::test;
 namespace proto = nes::proto;
 using proto::Stream;
 
@@ -277,29 +279,6 @@ TEST_CASE("framing errors from the host are named; EOF inside a frame is one") {
 // ---- the session's stdio rules --------------------------------------------------------------------
 
 namespace {
-template <class T>
-std::vector<T> only(const Actions& as) {
-  std::vector<T> out;
-  for (auto& a : as)
-    if (auto* p = std::get_if<T>(&a)) out.push_back(*p);
-  return out;
-}
-std::vector<std::string> sent(const Actions& as) {
-  std::vector<std::string> out;
-  for (auto& s : only<act::Send>(as)) out.emplace_back(proto::type_name(s.msg));
-  return out;
-}
-bool armed(const Actions& as, Timer t, std::uint32_t ms) {
-  for (auto& a : only<act::ArmTimer>(as))
-    if (a.timer == t && a.ms == ms) return true;
-  return false;
-}
-bool cancelled(const Actions& as, Timer t) {
-  for (auto& a : only<act::CancelTimer>(as))
-    if (a.timer == t) return true;
-  return false;
-}
-Event msg(proto::HostMessage m) { return ev::Message{proto::HostDecoded{std::move(m)}}; }
 constexpr SessionOptions kOpt{1000, 300, 5000, proto::Halt::poweroff};
 
 proto::Boot stdio_boot(std::uint32_t drain_ms = 500) {

@@ -16,27 +16,18 @@
 #include <filesystem>
 #include <fstream>
 
+#include "host/fd.hpp"
 #include "nesinit/mounts.hpp"
 #include "nesinit/transport.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace nes::init;
 namespace proto = nes::proto;
 namespace fs = std::filesystem;
 
 namespace {
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/nesinit-tr-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
-};
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() { if (fd >= 0) ::close(fd); }
-};
+using TempDir = nes::test::TempDir;
+using nes::host::Fd;
 int lowest_free_fd() {
   int fd = ::open("/dev/null", O_RDONLY);
   ::close(fd);
@@ -107,10 +98,10 @@ TEST_CASE("dial_once: no listener yet is retryable; a listener: connected, non-b
   Fd f(fd);
   CHECK((::fcntl(fd, F_GETFL) & O_NONBLOCK) != 0);
   CHECK((::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);
-  Fd peer(::accept(l.fd, nullptr, nullptr));
+  Fd peer(::accept(l.get(), nullptr, nullptr));
   CHECK(::write(fd, "x\n", 2) == 2);
   char c[2];
-  CHECK(::read(peer.fd, c, 2) == 2);
+  CHECK(::read(peer.get(), c, 2) == 2);
 }
 
 TEST_CASE("retryable: not there yet or cut short, versus refused for good") {
@@ -126,7 +117,7 @@ TEST_CASE("dial_once: a Unix listener whose backlog is full never blocks: EAGAIN
   Fd l(listen_unix(path, /*backlog=*/0));
   Fd filler(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   SockAddr a = unix_sockaddr(UnixAddr{path});
-  REQUIRE(::connect(filler.fd, reinterpret_cast<const sockaddr*>(&a.storage), a.len) == 0);
+  REQUIRE(::connect(filler.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.len) == 0);
   // The queue is full now: a blocking connect() would wait for accept().
   std::uint64_t now = 0;
   int waits = 0;
@@ -145,12 +136,12 @@ TEST_CASE("connect_socket: a connect in progress (the vsock path's shape, over l
   sockaddr_in in{};
   in.sin_family = AF_INET;
   in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(l.fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
   socklen_t len = sizeof in;
-  REQUIRE(::getsockname(l.fd, reinterpret_cast<sockaddr*>(&in), &len) == 0);
-  REQUIRE(::listen(l.fd, 0) == 0);
+  REQUIRE(::getsockname(l.get(), reinterpret_cast<sockaddr*>(&in), &len) == 0);
+  REQUIRE(::listen(l.get(), 0) == 0);
   Fd filler(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  REQUIRE(::connect(filler.fd, reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
+  REQUIRE(::connect(filler.get(), reinterpret_cast<sockaddr*>(&in), sizeof in) == 0);
   SockAddr a;
   std::memcpy(&a.storage, &in, sizeof in);
   a.len = sizeof in;
@@ -169,7 +160,7 @@ TEST_CASE("connect_socket: a connect in progress (the vsock path's shape, over l
   CHECK(r2 == -ECANCELED);
   CHECK(lowest_free_fd() == before);
   // Once the backlog frees, the same path connects: the wait returns on writability.
-  Fd accepted(::accept(l.fd, nullptr, nullptr));
+  Fd accepted(::accept(l.get(), nullptr, nullptr));
   int r3 = connect_socket(AF_INET, a, now + 10000,
                           [&](std::uint32_t ms, int fd) {
                             pollfd p{fd, POLLOUT, 0};

@@ -16,20 +16,14 @@
 #include <sstream>
 
 #include "nesinit/workload.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace nes::init;
 namespace proto = nes::proto;
 namespace fs = std::filesystem;
 
 namespace {
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/nesinit-wl-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::error_code ec; fs::remove_all(path, ec); }
-};
+using TempDir = nes::test::TempDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);

@@ -25,6 +25,7 @@
 #include "host/vm/console.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace nes::vm;
 using namespace std::chrono_literals;
@@ -54,14 +55,9 @@ struct Capture {
   }
 };
 
-/// A temp directory removed on every path.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/nesvm-test.XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
+/// A temp directory removed on every path, where a test writes fake VMMs as shell scripts.
+struct TempDir : nes::test::TempDir {
+  /// An executable `#!/bin/sh` script NAME running `body`.
   std::filesystem::path script(const std::string& name, const std::string& body) {
     auto p = path / name;
     std::ofstream(p) << "#!/bin/sh\n" << body << "\n";

@@ -21,6 +21,7 @@
 #include "host/vm/qemu_argv.hpp"
 #include "host/vm/virtiofsd.hpp"
 #include "host/vm/volume.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace nes::vm;
 using namespace std::chrono_literals;
@@ -28,19 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// A temp dir removed on every path.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "nes-shares-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = nes::test::TempDir;
 
 bool has_pair(const std::vector<std::string>& a, const std::string& k, const std::string& v) {
   for (std::size_t i = 0; i + 1 < a.size(); ++i)
