@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <map>
+#include <mutex>
 
 namespace nes::host {
 
@@ -81,18 +82,66 @@ struct Vm {
   }
 };
 
+/// The group commit of the host's state dir: outcomes that become final while a batch is being
+/// written queue here and are written together as a next batch (write_records), sharing its
+/// journal commits and cache flushes. Up to `writers` batches are in flight on the worker pool, so
+/// one batch is prepared and written while another waits for its fsyncs; a lone record goes at once.
+struct RecordQueue {
+  using Done = std::function<void(Result<WriteResult>)>;
+  std::mutex mu;
+  std::deque<std::pair<Record, Done>> pending;  // bounded by the registered VMs (one each)
+  std::size_t running = 0;                      // drain jobs taking batches from `pending`
+  std::size_t writers = 2;                      // at most this many
+
+  /// Queue a record; true if the caller must start a drain job for it.
+  bool push(Record r, Done done) {
+    std::lock_guard<std::mutex> l(mu);
+    pending.emplace_back(std::move(r), std::move(done));
+    if (running >= writers) return false;
+    ++running;
+    return true;
+  }
+
+  /// Write batches until the queue is empty. On a worker thread; `done` runs there too.
+  static void drain(const std::shared_ptr<RecordQueue>& q, const std::filesystem::path& dir,
+                    const WriteOptions& opt) {
+    for (;;) {
+      std::vector<Record> batch;
+      std::vector<Done> dones;
+      {
+        std::lock_guard<std::mutex> l(q->mu);
+        if (q->pending.empty()) {
+          --q->running;
+          return;
+        }
+        while (!q->pending.empty() && batch.size() < std::max<std::size_t>(1, opt.batch_records)) {
+          batch.push_back(std::move(q->pending.front().first));
+          dones.push_back(std::move(q->pending.front().second));
+          q->pending.pop_front();
+        }
+      }
+      auto res = write_records(dir, batch, opt);
+      for (std::size_t i = 0; i < dones.size(); ++i) dones[i](std::move(res[i]));
+    }
+  }
+};
+
 }  // namespace detail
 
+using detail::RecordQueue;
 using detail::Stream;
 using detail::Vm;
 
 struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   Impl(asio::io_context& io_, HostOptions opt_)
-      : io(io_), opt(std::move(opt_)), pool(std::max<std::size_t>(1, opt.writer_threads)) {}
+      : io(io_), opt(std::move(opt_)), pool(std::max<std::size_t>(1, opt.writer_threads) + 1) {
+    records->writers = std::max<std::size_t>(1, opt.writer_threads);
+  }
 
   asio::io_context& io;
   HostOptions opt;
   asio::thread_pool pool;
+  std::shared_ptr<RecordQueue> records = std::make_shared<RecordQueue>();
   std::map<std::string, std::shared_ptr<Vm>> vms;
   CidRegistry cids;
   std::shared_ptr<generic_acceptor> vsock;
@@ -228,17 +277,21 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     });
   }
 
+  /// Queue the record for the next group commit; record_done() runs on the io_context once it
+  /// is durable (or failed).
   void write(const std::shared_ptr<Vm>& vm, Record rec) {
     std::weak_ptr<Impl> w = shared_from_this();
-    asio::post(pool, [w, vm, rec = std::move(rec), dir = opt.state_dir, wopt = opt.write,
-                      &io = io]() mutable {
-      auto res = write_record(dir, rec, wopt);
+    auto done = [w, vm, rec, &io = io](Result<WriteResult> res) mutable {
       asio::post(io, [w, vm, res = std::move(res), rec = std::move(rec)]() mutable {
         auto self = w.lock();
         if (!self) return;
         self->record_done(vm, rec, res);
       });
-    });
+    };
+    if (records->push(std::move(rec), std::move(done)))
+      asio::post(pool, [q = records, dir = opt.state_dir, wopt = opt.write] {
+        RecordQueue::drain(q, dir, wopt);
+      });
   }
 
   void record_done(const std::shared_ptr<Vm>& vm, const Record& rec, Result<WriteResult>& res) {

@@ -44,7 +44,8 @@ struct Hooks {
 /// Host-wide settings.
 struct HostOptions {
   std::filesystem::path state_dir;   // records go to <state_dir>/<vm>/outcome.json
-  std::size_t writer_threads = 2;    // durable-write worker pool size (bounded)
+  std::size_t writer_threads = 2;    // group commits in flight at once (bounded); the worker
+                                     // pool has one thread more, for log closes and lookups
   Hooks hooks;
   std::function<void(const Event&)> on_event;  // called synchronously on the io_context thread
   WriteOptions write;                // retries, lock bound, test fault injection

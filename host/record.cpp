@@ -6,12 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <fmt/format.h>
 #include <simdjson.h>
+#include <system_error>
 #include <thread>
 
 #include "host/fd.hpp"
@@ -292,43 +294,6 @@ bool is_temp_name(std::string_view n) {
   return n.starts_with(".outcome.json.") && n.ends_with(".tmp");
 }
 
-/// One attempt: fresh temp, write, fsync, rename, fsync dir, all relative to the VM dir's fd.
-/// Returns 0 or the failing errno and sets `what` to the failing step's description.
-int attempt_write(int dirfd, const fs::path& dir, const std::string& bytes, const WriteOptions& opt,
-                  std::string& what) {
-  const std::string tmp = fmt::format(".outcome.json.{}.{}.tmp", ::getpid(), g_temp_counter++);
-  const fs::path shown = dir / tmp;
-  auto fail = [&](std::string w, int e) {
-    what = std::move(w);
-    ::unlinkat(dirfd, tmp.c_str(), 0);
-    return e ? e : EIO;
-  };
-  auto hook = [&](WriteStep s) { return opt.at_step ? opt.at_step(s) : 0; };
-  Fd f{::openat(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)};
-  if (!f) return fail("create temp " + shown.string(), errno);
-  std::size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(f.get(), bytes.data() + off, bytes.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return fail("write " + shown.string(), errno);
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  if (int e = hook(WriteStep::temp_written)) return fail("write " + shown.string(), e);
-  if (opt.sync && ::fsync(f.get()) != 0) return fail("fsync " + shown.string(), errno);
-  if (int e = hook(WriteStep::temp_fsynced)) return fail("fsync " + shown.string(), e);
-  if (::close(f.release()) != 0) return fail("close " + shown.string(), errno);
-  // rename(2) replaces a directory entry, never follows one: a symlink planted at outcome.json is
-  // itself replaced.
-  if (::renameat(dirfd, tmp.c_str(), dirfd, "outcome.json") != 0) return fail("rename to outcome.json", errno);
-  if (int e = hook(WriteStep::renamed)) return fail("rename to outcome.json", e);
-  int e = opt.sync && ::fsync(dirfd) != 0 ? errno : 0;
-  if (!e) e = hook(WriteStep::dir_fsynced);
-  if (e) { what = "fsync " + dir.string(); return e; }
-  return 0;
-}
-
 /// Parse a record read from `<vm>/outcome.json` and check it is that VM's: a record naming
 /// another VM (planted, or copied between dirs) is refused.
 Result<Record> parse_record_of(std::string_view text, std::string_view vm, const fs::path& shown) {
@@ -342,7 +307,14 @@ Result<Record> parse_record_of(std::string_view text, std::string_view vm, const
 
 }  // namespace
 
-Result<Fd> open_vm_dir(const fs::path& state_dir, std::string_view vm, bool create) {
+namespace {
+
+/// open_vm_dir(); with `created` non-null, a VM dir made here is reported through it instead of
+/// being fsynced into the state dir at once (a group commit fsyncs the state dir once for all
+/// the VM dirs its round made).
+Result<Fd> open_vm_dir_impl(const fs::path& state_dir, std::string_view vm, bool create,
+                            bool* created) {
+  if (created) *created = false;
   if (auto p = vm_id_problem(vm)) return Error{*p};
   if (create)
     if (auto s = make_dirs_durable(state_dir); !s) return s.error();
@@ -355,7 +327,8 @@ Result<Fd> open_vm_dir(const fs::path& state_dir, std::string_view vm, bool crea
   const fs::path shown = state_dir / name;
   if (create) {
     if (::mkdirat(state.get(), name.c_str(), 0700) == 0) {
-      if (::fsync(state.get()) != 0)
+      if (created) *created = true;
+      else if (::fsync(state.get()) != 0)
         return Error{fmt::format("fsync {}: {}", state_dir.string(), errno_text(errno))};
     } else if (errno != EEXIST) {
       return Error{fmt::format("mkdir {}: {}", shown.string(), errno_text(errno))};
@@ -380,6 +353,12 @@ Result<Fd> open_vm_dir(const fs::path& state_dir, std::string_view vm, bool crea
   return d;
 }
 
+}  // namespace
+
+Result<Fd> open_vm_dir(const fs::path& state_dir, std::string_view vm, bool create) {
+  return open_vm_dir_impl(state_dir, vm, create, nullptr);
+}
+
 Result<Fd> open_vm_file(const fs::path& state_dir, std::string_view vm, std::string_view name,
                         int flags) {
   auto d = open_vm_dir(state_dir, vm, (flags & O_CREAT) != 0);
@@ -393,27 +372,78 @@ Result<Fd> open_vm_file(const fs::path& state_dir, std::string_view vm, std::str
   return f;
 }
 
-Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
-                                 const WriteOptions& opt) {
-  auto dres = open_vm_dir(state_dir, r.vm, true);
-  if (!dres) return dres.error();
-  Fd dir_fd = std::move(*dres);
-  const fs::path dir = state_dir / r.vm;
+namespace {
+
+/// One record of a group commit: its VM dir and per-VM lock, held from the generation check to
+/// the end of its round, and the temp file of the current attempt.
+struct Pending {
+  const Record* rec = nullptr;
+  std::size_t index = 0;  // into the caller's batch
+  fs::path dir;           // <state_dir>/<vm>, for messages
+  Fd dir_fd, lock;
+  bool created = false;   // this round made the VM dir: its entry needs the state dir fsynced
+  std::string bytes;      // the encoded record
+  std::string tmp;        // this attempt's temp name ("" once renamed or removed)
+  Fd tmp_fd;
+};
+
+/// fsync(2), or the test hook in its place; 0 or the errno. Nothing at all with `sync` off.
+int sync_fd(const WriteOptions& opt, int fd) {
+  if (!opt.sync) return 0;
+  if (opt.fsync) return opt.fsync(fd);
+  return ::fsync(fd) == 0 ? 0 : errno;
+}
+
+/// Threads one round's fsyncs are spread over (the calling thread is one of them).
+constexpr std::size_t kSyncFanout = 16;
+
+/// fsync each fd of `fds`, all at once: up to kSyncFanout threads take them in turn, so the
+/// kernel merges them into shared journal commits and shared device cache flushes (fsyncs issued
+/// one after another on ext4 each wait for a cache flush of their own, even once their journal
+/// transaction is committed). `errs[i]` is 0 or fds[i]'s errno.
+void sync_all(const WriteOptions& opt, const std::vector<int>& fds, std::vector<int>& errs) {
+  errs.assign(fds.size(), 0);
+  if (!opt.sync) return;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next++) < fds.size();) errs[i] = sync_fd(opt, fds[i]);
+  };
+  std::vector<std::thread> helpers;
+  const std::size_t extra = std::min(fds.size(), kSyncFanout) - 1;
+  try {
+    for (std::size_t t = 0; t < extra; ++t) helpers.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads now: the ones running and this one share the rest.
+  }
+  work();
+  for (auto& t : helpers) t.join();
+}
+
+/// Steps 1-2 of the protocol for one record: its VM dir (made without the parent fsync, which the
+/// round does once for all), the per-VM flock, the generation check, leftover temps removed.
+/// Returns the settled result (stale, already recorded, an error), or nullopt with `p` ready.
+std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Record& r,
+                                           const WriteOptions& opt, Pending& p) {
+  auto dres = open_vm_dir_impl(state_dir, r.vm, true, &p.created);
+  if (!dres) return Result<WriteResult>{dres.error()};
+  p.dir_fd = std::move(*dres);
+  p.dir = state_dir / r.vm;
 
   // Per-VM lock: serialises writers of this VM across threads and processes (flock is per open
   // file description). Bounded: LOCK_NB, retried. Never through a symlink (a dangling `.lock`
   // would otherwise create its target), and only a regular file.
-  const fs::path lock_path = dir / ".lock";
+  const fs::path lock_path = p.dir / ".lock";
   bool lock_missing = false;
-  auto lock_res = open_regular_at(dir_fd.get(), ".lock", O_RDWR | O_CREAT, lock_path, lock_missing);
-  if (!lock_res) return lock_res.error();
-  Fd lock = std::move(*lock_res);
+  auto lock_res = open_regular_at(p.dir_fd.get(), ".lock", O_RDWR | O_CREAT, lock_path, lock_missing);
+  if (!lock_res) return Result<WriteResult>{lock_res.error()};
+  p.lock = std::move(*lock_res);
   for (int i = 0;; ++i) {
-    if (::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) break;
+    if (::flock(p.lock.get(), LOCK_EX | LOCK_NB) == 0) break;
     if (errno != EWOULDBLOCK && errno != EINTR)
-      return Error{fmt::format("flock {}: {}", lock_path.string(), errno_text(errno))};
+      return Result<WriteResult>{Error{fmt::format("flock {}: {}", lock_path.string(), errno_text(errno))}};
     if (i + 1 >= opt.lock_tries)
-      return Error{fmt::format("flock {}: still held by another writer", lock_path.string())};
+      return Result<WriteResult>{
+          Error{fmt::format("flock {}: still held by another writer", lock_path.string())}};
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 
@@ -421,12 +451,13 @@ Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
   // first record of a generation wins (outcome finality). Only a record of this VM counts: one
   // naming another VM is not ours, whatever its generation, and is replaced.
   bool missing = false;
-  auto existing = read_small_at(dir_fd.get(), "outcome.json", dir / "outcome.json", 1u << 20, missing);
+  auto existing = read_small_at(p.dir_fd.get(), "outcome.json", p.dir / "outcome.json", 1u << 20, missing);
   if (existing && !missing) {
     if (auto old = parse_record(*existing); old && old->vm == r.vm) {
-      if (old->generation > r.generation) return WriteResult{WriteResult::Kind::stale, *old, 0};
+      if (old->generation > r.generation)
+        return Result<WriteResult>{WriteResult{WriteResult::Kind::stale, *old, 0}};
       if (old->generation == r.generation)
-        return WriteResult{WriteResult::Kind::already_recorded, *old, 0};
+        return Result<WriteResult>{WriteResult{WriteResult::Kind::already_recorded, *old, 0}};
     }
     // An unparsable record cannot be a torn write of ours (rename is atomic); replace it.
   }
@@ -434,25 +465,172 @@ Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
   // a directory there makes every attempt fail with a clear error.
 
   // Leftover temps of crashed writers are garbage: only outcome.json is ever read.
-  if (int dup_fd = ::fcntl(dir_fd.get(), F_DUPFD_CLOEXEC, 0); dup_fd >= 0) {
+  if (int dup_fd = ::fcntl(p.dir_fd.get(), F_DUPFD_CLOEXEC, 0); dup_fd >= 0) {
     if (DIR* dp = ::fdopendir(dup_fd)) {
       while (dirent* e = ::readdir(dp))
-        if (is_temp_name(e->d_name)) ::unlinkat(dir_fd.get(), e->d_name, 0);
+        if (is_temp_name(e->d_name)) ::unlinkat(p.dir_fd.get(), e->d_name, 0);
       ::closedir(dp);
     } else {
       ::close(dup_fd);
     }
   }
+  p.rec = &r;
+  return std::nullopt;
+}
 
-  std::string bytes = encode_record(r);
+/// One attempt of step 3 for every record of a round together: write each temp, fsync them all,
+/// rename each over its outcome.json, fsync every VM dir and (once, if the round made VM dirs)
+/// the state dir. Each record still gets every fsync its own durability needs, on any
+/// filesystem, but phase by phase and issued at once (sync_all): a journalling filesystem commits
+/// the round's temps in one transaction and its renames in the next, with shared cache flushes.
+/// Returns 0, or the failing errno with `what` naming the step; then no temp of the attempt is
+/// left behind.
+int attempt_round(int state_fd, const fs::path& state_dir, const std::vector<Pending*>& ps,
+                  const WriteOptions& opt, std::string& what) {
+  auto hook = [&](WriteStep s) { return opt.at_step ? opt.at_step(s) : 0; };
+  auto fail = [&](std::string w, int e) {
+    what = std::move(w);
+    for (auto* p : ps) {
+      p->tmp_fd.reset();
+      if (!p->tmp.empty()) ::unlinkat(p->dir_fd.get(), p->tmp.c_str(), 0);
+      p->tmp.clear();
+    }
+    return e ? e : EIO;
+  };
+  for (auto* p : ps) {
+    p->tmp = fmt::format(".outcome.json.{}.{}.tmp", ::getpid(), g_temp_counter++);
+    const fs::path shown = p->dir / p->tmp;
+    p->tmp_fd = Fd{::openat(p->dir_fd.get(), p->tmp.c_str(),
+                            O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)};
+    if (!p->tmp_fd) {
+      int e = errno;
+      p->tmp.clear();
+      return fail("create temp " + shown.string(), e);
+    }
+    std::size_t off = 0;
+    while (off < p->bytes.size()) {
+      ssize_t n = ::write(p->tmp_fd.get(), p->bytes.data() + off, p->bytes.size() - off);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return fail("write " + shown.string(), errno);
+      }
+      off += static_cast<std::size_t>(n);
+    }
+    if (int e = hook(WriteStep::temp_written)) return fail("write " + shown.string(), e);
+  }
+  std::vector<int> fds, errs;
+  for (auto* p : ps) fds.push_back(p->tmp_fd.get());
+  sync_all(opt, fds, errs);
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    auto* p = ps[k];
+    const fs::path shown = p->dir / p->tmp;
+    if (int e = errs[k]) return fail("fsync " + shown.string(), e);
+    if (int e = hook(WriteStep::temp_fsynced)) return fail("fsync " + shown.string(), e);
+    if (::close(p->tmp_fd.release()) != 0) return fail("close " + shown.string(), errno);
+  }
+  for (auto* p : ps) {
+    // rename(2) replaces a directory entry, never follows one: a symlink planted at outcome.json
+    // is itself replaced.
+    const std::string shown = "rename to " + (p->dir / "outcome.json").string();
+    if (::renameat(p->dir_fd.get(), p->tmp.c_str(), p->dir_fd.get(), "outcome.json") != 0)
+      return fail(shown, errno);
+    p->tmp.clear();
+    if (int e = hook(WriteStep::renamed)) return fail(shown, e);
+  }
+  fds.clear();
+  for (auto* p : ps) fds.push_back(p->dir_fd.get());
+  if (state_fd >= 0) fds.push_back(state_fd);
+  sync_all(opt, fds, errs);
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    int e = errs[k];
+    if (!e) e = hook(WriteStep::dir_fsynced);
+    if (e) return fail("fsync " + ps[k]->dir.string(), e);
+  }
+  if (state_fd >= 0 && errs.back()) return fail("fsync " + state_dir.string(), errs.back());
+  return 0;
+}
+
+/// One round of write_records(): each VM at most once, within the batch bounds.
+void write_round(const fs::path& state_dir, std::span<const Record> batch,
+                 std::vector<std::string>& encoded, const std::vector<std::size_t>& round,
+                 const WriteOptions& opt, std::vector<Result<WriteResult>>& out) {
+  std::vector<Pending> ps(round.size());
+  std::vector<Pending*> live;
+  bool created = false;
+  for (std::size_t k = 0; k < round.size(); ++k) {
+    std::size_t i = round[k];
+    if (auto settled = prepare(state_dir, batch[i], opt, ps[k])) {
+      out[i] = std::move(*settled);
+      ps[k] = Pending{};  // its lock is released at once
+      continue;
+    }
+    ps[k].index = i;
+    ps[k].bytes = std::move(encoded[i]);
+    created = created || ps[k].created;
+    live.push_back(&ps[k]);
+  }
+  if (live.empty()) return;
+  const int attempts = std::max(1, opt.attempts);
+  auto fail_all = [&](const std::string& what, int err) {
+    for (auto* p : live) {
+      std::string msg = fmt::format("recording outcome of {}: {}: {} (after {} attempts", p->rec->vm,
+                                    what, errno_text(err), attempts);
+      if (live.size() > 1) msg += fmt::format("; one group commit of {} records", live.size());
+      out[p->index] = Error{msg + ")"};
+    }
+  };
+  Fd state_fd;
+  if (created && opt.sync) {
+    state_fd = Fd{::open(state_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+    if (!state_fd) return fail_all("open " + state_dir.string(), errno);
+  }
   std::string what;
   int err = 0;
-  for (int attempt = 1; attempt <= std::max(1, opt.attempts); ++attempt) {
-    err = attempt_write(dir_fd.get(), dir, bytes, opt, what);
-    if (!err) return WriteResult{WriteResult::Kind::written, r, attempt};
+  for (int attempt = 1; attempt <= attempts; ++attempt) {
+    err = attempt_round(state_fd ? state_fd.get() : -1, state_dir, live, opt, what);
+    if (err) continue;
+    for (auto* p : live) out[p->index] = WriteResult{WriteResult::Kind::written, *p->rec, attempt};
+    return;
   }
-  return Error{fmt::format("recording outcome of {}: {}: {} (after {} attempts)", r.vm, what,
-                           errno_text(err), std::max(1, opt.attempts))};
+  fail_all(what, err);
+}
+
+}  // namespace
+
+std::vector<Result<WriteResult>> write_records(const fs::path& state_dir,
+                                               std::span<const Record> batch,
+                                               const WriteOptions& opt) {
+  std::vector<Result<WriteResult>> out(batch.size(), Result<WriteResult>{Error{"not written"}});
+  std::vector<std::string> encoded;
+  encoded.reserve(batch.size());
+  for (const auto& r : batch) encoded.push_back(encode_record(r));
+  std::vector<std::size_t> todo(batch.size());
+  for (std::size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+  const std::size_t max_records = std::max<std::size_t>(1, opt.batch_records);
+  while (!todo.empty()) {
+    // A round holds each VM once (a second record of a VM would wait on the lock its first holds)
+    // and stays within the bounds; the rest goes to the next round, in order.
+    std::vector<std::size_t> round, later;
+    std::vector<std::string_view> vms;
+    std::size_t bytes = 0;
+    for (auto i : todo) {
+      bool fits = round.size() < max_records &&
+                  (round.empty() || bytes + encoded[i].size() <= opt.batch_bytes) &&
+                  std::find(vms.begin(), vms.end(), batch[i].vm) == vms.end();
+      if (!fits) { later.push_back(i); continue; }
+      round.push_back(i);
+      vms.push_back(batch[i].vm);
+      bytes += encoded[i].size();
+    }
+    write_round(state_dir, batch, encoded, round, opt, out);
+    todo = std::move(later);
+  }
+  return out;
+}
+
+Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,
+                                 const WriteOptions& opt) {
+  return std::move(write_records(state_dir, std::span<const Record>(&r, 1), opt).front());
 }
 
 Result<std::optional<Record>> read_record(const fs::path& state_dir, std::string_view vm) {

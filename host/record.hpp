@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "host/fd.hpp"
 #include "host/result.hpp"
@@ -62,13 +64,19 @@ enum class WriteStep { temp_written, temp_fsynced, renamed, dir_fsynced };
 std::string_view to_string(WriteStep s);
 std::optional<WriteStep> write_step_from_string(std::string_view s);
 
-/// Knobs of write_record(). `at_step` (tests only) runs after each step of each attempt; a
-/// non-zero return is treated as that errno failing the step (fault injection).
+/// Knobs of write_record() and write_records(). `at_step` (tests only) runs after each step of
+/// each attempt of each record; a non-zero return is treated as that errno failing the step (fault
+/// injection). `fsync` (tests only) replaces fsync(2) on every file and directory the protocol
+/// syncs, returning 0 or an errno, to count the calls or fail one; it is called from several
+/// threads at once (a round's fsyncs are issued together).
 struct WriteOptions {
   int attempts = 3;                          // each attempt starts from a fresh temp file
   int lock_tries = 500;                      // flock(LOCK_NB) tries, 10 ms apart (5 s bound)
   std::function<int(WriteStep)> at_step;     // nullptr in production
+  std::function<int(int fd)> fsync;          // nullptr in production: fsync(2)
   bool sync = true;  // false skips every fsync: NOT crash-durable; only to measure its cost
+  std::size_t batch_records = 64;            // records per group-commit round (each holds 3 fds)
+  std::size_t batch_bytes = 1u << 20;        // encoded bytes per round (a lone record always fits)
 };
 
 /// What write_record() did.
@@ -91,6 +99,20 @@ struct WriteResult {
 /// Blocking: call it on a worker thread, never on an io_context thread.
 Result<WriteResult> write_record(const std::filesystem::path& state_dir, const Record& r,
                                  const WriteOptions& opt = {});
+
+/// Group commit: durably record every record of `batch` under `state_dir` together, keeping each
+/// record's guarantees of write_record() (docs/host.md "Group commit"). In rounds of at most
+/// `batch_records` records and `batch_bytes` encoded bytes, each VM at most once per round (a
+/// later record of the same VM goes to a later round, in order): every record of a round is
+/// prepared (dirs, lock, generation check), then all temps are written, all fsynced, all renamed,
+/// all VM dirs fsynced, and the state dir is fsynced once for every VM dir the round made. From
+/// the first temp written to the last fsync a round is one unit: a failing step fails the attempt
+/// of every record in it, the round starts over from fresh temps, and after `attempts` every
+/// record of the round gets the error (none is reported written). Returns one result per record,
+/// in `batch` order. Blocking: call it on a worker thread.
+std::vector<Result<WriteResult>> write_records(const std::filesystem::path& state_dir,
+                                               std::span<const Record> batch,
+                                               const WriteOptions& opt = {});
 
 /// Read `<state_dir>/<vm>/outcome.json` (at most 1 MiB). nullopt if there is none; an error if it
 /// cannot be read or parsed, if the VM dir or the record is a symlink or not what it should be

@@ -4,6 +4,12 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "support.hpp"
@@ -368,4 +374,91 @@ TEST_CASE("vm_exited with a stream that never ends: channel_lost after the stop 
   REQUIRE(h.host->vm_exited("hang"));
   REQUIRE(h.run_until([&] { return h.finished("hang"); }));
   CHECK(h.record("hang")->outcome == proto::Outcome::channel_lost);
+}
+
+namespace {
+bool acked(const GuestLog& g) {
+  for (auto& l : g.lines)
+    if (l.starts_with(R"({"type":"shutdown")")) return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("outcomes final while a record is being written go as one group commit; a failed fsync "
+          "in it fails every record of it and none is acked") {
+  for (bool fail : {false, true}) {
+    CAPTURE(fail);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool released = false;
+    std::atomic<bool> plugged{false};
+    std::atomic<int> state_fsyncs{0};
+    Harness h([&](HostOptions& o) {
+      o.write.attempts = 2;
+      o.writer_threads = 1;  // one batch in flight: which records share a batch is then certain
+      // The first record's write (VM "plug") holds the writer until the others are queued.
+      o.write.at_step = [&](WriteStep s) {
+        if (s == WriteStep::temp_written && !plugged.exchange(true)) {
+          std::unique_lock<std::mutex> l(mu);
+          if (!cv.wait_for(l, 30s, [&] { return released; })) return ETIMEDOUT;
+        }
+        return 0;
+      };
+      o.write.fsync = [&, state = o.state_dir](int fd) {
+        struct stat a{}, b{};
+        if (::fstat(fd, &a) == 0 && ::stat(state.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
+            a.st_dev == b.st_dev)
+          ++state_fsyncs;
+        char link[4096] = {};
+        ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link - 1);
+        if (fail && n > 0 && std::string_view(link).find("/g3/.outcome.json.") != std::string_view::npos)
+          return EIO;
+        return ::fsync(fd) == 0 ? 0 : errno;
+      };
+    });
+    auto script = [](int code) {
+      return std::vector<Step>{step::Send{ready_line()}, step::Expect{"boot"},
+                               step::Send{exited_line(code)}, step::WaitClose{}};
+    };
+    auto plug = h.guest(h.add(h.config("plug")), script(0));
+    REQUIRE(h.run_until([&] { return plugged.load(); }));
+    std::vector<std::shared_ptr<GuestLog>> gs;
+    for (int i = 1; i <= 4; ++i) gs.push_back(h.guest(h.add(h.config("g" + std::to_string(i))), script(i)));
+    REQUIRE(h.run_until([&] {
+      for (int i = 1; i <= 4; ++i)
+        if (!h.has_event("g" + std::to_string(i), "outcome")) return false;
+      return true;
+    }));
+    CHECK(!acked(*plug));  // its record is not durable yet
+    {
+      std::lock_guard<std::mutex> l(mu);
+      released = true;
+    }
+    cv.notify_all();
+    REQUIRE(h.run_until([&] {
+      if (!acked(*plug)) return false;
+      for (int i = 1; i <= 4; ++i) {
+        auto vm = "g" + std::to_string(i);
+        if (fail ? !h.has_event(vm, "record_failed") : !acked(*gs[i - 1])) return false;
+      }
+      return true;
+    }));
+    CHECK(h.durable("plug"));
+    for (int i = 1; i <= 4; ++i) {
+      auto vm = "g" + std::to_string(i);
+      CAPTURE(vm);
+      CHECK(h.durable(vm) == !fail);
+      CHECK(acked(*gs[i - 1]) == !fail);
+      CHECK(h.record(vm).has_value() == !fail);
+    }
+    if (fail) {
+      // vm g3's temp failed; g1, g2, g4 were in the same round and fail with it.
+      CHECK(h.count_events("g1", "record_failed") == 1);
+      for (auto& e : h.events)
+        if (e.kind == "record_failed") CHECK(e.detail.find("one group commit of 4 records") != std::string::npos);
+      CHECK(state_fsyncs == 1);  // the plug's round only: the failed round never got that far
+    } else {
+      CHECK(state_fsyncs == 2);  // one round for the plug, one for g1..g4 together
+    }
+  }
 }

@@ -6,6 +6,12 @@
 #include <sys/file.h>
 #include <fcntl.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "host/record.hpp"
@@ -209,4 +215,171 @@ TEST_CASE("readers never see a torn record while a writer replaces it") {
   reader.join();
   CHECK(bad == 0);
   CHECK(reads > 0);
+}
+
+namespace {
+/// N records of distinct VMs vm-0..vm-(N-1), generation 1.
+std::vector<Record> many(int n) {
+  std::vector<Record> rs;
+  for (int i = 0; i < n; ++i) {
+    auto r = sample(1, i);
+    r.vm = "vm-" + std::to_string(i);
+    rs.push_back(r);
+  }
+  return rs;
+}
+
+/// What an fsync hook saw: fsyncs of the state dir itself, of other directories, of files.
+struct FsyncCount {
+  fs::path state;
+  std::mutex mu;
+  int state_dir = 0, dirs = 0, files = 0;
+  std::vector<std::string> paths;
+  int operator()(int fd) {
+    struct stat st{}, sd{};
+    REQUIRE(::fstat(fd, &st) == 0);
+    REQUIRE(::stat(state.c_str(), &sd) == 0);
+    char link[4096] = {};
+    ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link - 1);
+    std::lock_guard<std::mutex> l(mu);
+    if (n > 0) paths.emplace_back(link, static_cast<std::size_t>(n));
+    if (st.st_ino == sd.st_ino && st.st_dev == sd.st_dev) ++state_dir;
+    else if (S_ISDIR(st.st_mode)) ++dirs;
+    else ++files;
+    return ::fsync(fd) == 0 ? 0 : errno;
+  }
+};
+}  // namespace
+
+TEST_CASE("group commit: records final together share the state dir's fsync, phase by phase") {
+  test::TempDir t;
+  const fs::path state = t.path / "state";
+  REQUIRE(write_record(state, sample(1)));  // the state dir exists; only VM dirs are new below
+  constexpr int n = 8;
+  auto rs = many(n);
+  auto count = std::make_shared<FsyncCount>();
+  count->state = state;
+  std::vector<WriteStep> steps;
+  WriteOptions o;
+  o.fsync = [count](int fd) { return (*count)(fd); };
+  o.at_step = [&](WriteStep s) {
+    steps.push_back(s);
+    return 0;
+  };
+  auto res = write_records(state, rs, o);
+  REQUIRE(res.size() == n);
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    REQUIRE(res[i]);
+    CHECK(res[i]->kind == WriteResult::Kind::written);
+    CHECK(*read_record(state, rs[i].vm) == std::optional<Record>(rs[i]));
+    CHECK(temps(state / rs[i].vm).empty());
+  }
+  // Every record still gets its own temp and VM-dir fsync; the state dir, into which all eight
+  // VM dirs were made, is fsynced once for the batch instead of once per record.
+  CHECK(count->files == n);
+  CHECK(count->dirs == n);
+  CHECK(count->state_dir == 1);
+  // Phase by phase: no rename before every temp is durable, no dir fsync before every rename.
+  REQUIRE(steps.size() == 4 * n);
+  for (int i = 0; i < 4 * n; ++i) CHECK(steps[i] == static_cast<WriteStep>(i / n));
+
+  // The same records one by one: one state-dir fsync each.
+  auto one = std::make_shared<FsyncCount>();
+  one->state = t.path / "state2";
+  WriteOptions o1;
+  o1.fsync = [one](int fd) { return (*one)(fd); };
+  REQUIRE(write_record(one->state, sample(1)));
+  for (auto& r : rs) REQUIRE(write_record(one->state, r, o1));
+  CHECK(one->state_dir == n);
+}
+
+TEST_CASE("group commit: a round's fsyncs are in flight together") {
+  // Each temp's fsync waits (bounded) until all of them have been issued: sequential fsyncs would
+  // never get there.
+  test::TempDir t;
+  constexpr int n = 6;
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0, max_seen = 0;
+  WriteOptions o;
+  o.fsync = [&](int fd) {
+    struct stat st{};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+      std::unique_lock<std::mutex> l(mu);
+      max_seen = std::max(max_seen, ++in_flight);
+      cv.notify_all();
+      cv.wait_for(l, std::chrono::seconds(20), [&] { return max_seen == n; });
+    }
+    return ::fsync(fd) == 0 ? 0 : errno;
+  };
+  auto res = write_records(t.path, many(n), o);
+  for (auto& r : res) CHECK(r);
+  CHECK(max_seen == n);
+}
+
+TEST_CASE("group commit: a failed fsync in a round fails every record of it; nothing is written") {
+  test::TempDir t;
+  constexpr int n = 5;
+  auto rs = many(n);
+  std::atomic<int> failed{0};
+  WriteOptions o;
+  o.attempts = 2;
+  o.fsync = [&](int fd) {
+    char link[4096] = {};
+    ssize_t len = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link - 1);
+    if (len > 0 && std::string_view(link).find("/vm-3/.outcome.json.") != std::string_view::npos) {
+      ++failed;
+      return EIO;  // vm-3's temp, on every attempt
+    }
+    return ::fsync(fd) == 0 ? 0 : errno;
+  };
+  auto res = write_records(t.path, rs, o);
+  REQUIRE(res.size() == n);
+  CHECK(failed == 2);
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    REQUIRE(!res[i]);
+    CHECK(res[i].error().message.find("recording outcome of vm-" + std::to_string(i)) == 0);
+    CHECK(res[i].error().message.find("Input/output error (after 2 attempts; one group commit of 5 records)") !=
+          std::string::npos);
+    CHECK(!*read_record(t.path, rs[i].vm));  // no record renamed into place
+    CHECK(temps(t.path / rs[i].vm).empty());
+  }
+  // The next batch, with the disk healthy again, writes them.
+  o.fsync = nullptr;
+  for (auto& r : write_records(t.path, rs, o)) CHECK(r);
+}
+
+TEST_CASE("group commit: rounds are bounded in records and bytes; a VM's records stay in order") {
+  test::TempDir t;
+  auto count = std::make_shared<FsyncCount>();
+  count->state = t.path;
+  WriteOptions o;
+  o.fsync = [count](int fd) { return (*count)(fd); };
+  o.batch_records = 3;
+  auto res = write_records(t.path, many(8), o);
+  for (auto& r : res) CHECK(r);
+  CHECK(count->state_dir == 3);  // rounds of 3, 3, 2
+
+  // batch_bytes below two records: every round holds one (a lone record always fits).
+  test::TempDir t2;
+  count = std::make_shared<FsyncCount>();
+  count->state = t2.path;
+  o.fsync = [count](int fd) { return (*count)(fd); };
+  o.batch_records = 64;
+  o.batch_bytes = encode_record(many(1)[0]).size() + 1;
+  res = write_records(t2.path, many(4), o);
+  for (auto& r : res) CHECK(r);
+  CHECK(count->state_dir == 4);
+
+  // Generations 1, 3, 2 of one VM in one batch: three rounds, in order, and 2 is stale.
+  test::TempDir t3;
+  std::vector<Record> same = {sample(1, 1), sample(3, 3), sample(2, 2)};
+  res = write_records(t3.path, same, {});
+  REQUIRE(res.size() == 3);
+  CHECK(res[0]->kind == WriteResult::Kind::written);
+  CHECK(res[1]->kind == WriteResult::Kind::written);
+  CHECK(res[2]->kind == WriteResult::Kind::stale);
+  CHECK((*read_record(t3.path, "vm-a"))->generation == 3);
 }
