@@ -101,6 +101,8 @@ STATE/VM/console.log.
   -e, --env K=V        workload environment (repeatable; PATH defaults to the usual one)
   -w, --workdir DIR    workload working directory (default /)
   --user UID:GID       workload uid and gid (default 0:0)
+  --group-add GID      a supplementary group of the workload (repeatable; default none)
+  --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
   --hostname NAME      guest hostname
   --on-exit POLICY     stop (default): power off, wait for QEMU; remove: also delete the VM's
                        scratch files (console log); keep: leave the VM up after the workload
@@ -140,6 +142,8 @@ struct RunOptions {
   std::map<std::string, std::string> env;
   std::optional<std::string> workdir, hostname, vm;
   std::uint32_t uid = 0, gid = 0;
+  std::vector<std::uint32_t> groups;  // --group-add
+  bool read_only = false;             // --read-only
   host::OnExitPolicy on_exit = host::OnExitPolicy::stop;
   std::optional<std::chrono::milliseconds> timeout;
   std::chrono::milliseconds ready_timeout = 30s;
@@ -191,7 +195,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
   static constexpr std::string_view kValued[] = {
       "kernel", "initrd", "rootfs", "mem", "cpus", "accel", "env", "workdir", "user", "hostname",
       "on-exit", "state", "vm", "timeout", "ready-timeout", "grace", "log-max-size",
-      "log-max-files", "volume", "rootfs-mode"};
+      "log-max-files", "volume", "rootfs-mode", "group-add"};
   std::size_t i = 0;
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
@@ -231,9 +235,9 @@ host::Result<RunOptions> parse_run(const Args& args) {
     } else {
       return host::Error{fmt::format("unknown flag {}", a)};
     }
-    if (name == "console") {
-      if (value) return host::Error{"--console takes no value"};
-      o.console = true;
+    if (name == "console" || name == "read-only") {
+      if (value) return host::Error{fmt::format("--{} takes no value", name)};
+      (name == "console" ? o.console : o.read_only) = true;
       continue;
     }
     if (std::find(std::begin(kValued), std::end(kValued), name) == std::end(kValued))
@@ -283,6 +287,11 @@ host::Result<RunOptions> parse_run(const Args& args) {
       if (eq == 0 || eq == std::string::npos)
         return host::Error{fmt::format("--env: expected K=V, got '{}'", v)};
       o.env[v.substr(0, eq)] = v.substr(eq + 1);
+    } else if (name == "group-add") {
+      auto g = parse_uint("group-add", v, 0, proto::kInvalidId - 1);
+      if (!g) return g.error();
+      if (o.groups.size() >= 64) return host::Error{"--group-add: at most 64 groups"};
+      o.groups.push_back(static_cast<std::uint32_t>(*g));
     } else if (name == "user") {
       auto u = parse_user(v);
       if (!u) return u.error();
@@ -324,6 +333,8 @@ host::Result<RunOptions> parse_run(const Args& args) {
       return host::Error{fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string())};
     o.rootfs = fs::canonical(*o.rootfs, ec);
   }
+  if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
+    return host::Error{"--read-only needs --rootfs DIR over virtiofs"};
   if (!o.help && o.argv.empty()) return host::Error{"ARGV is required (neshost run [OPTIONS] -- ARGV...)"};
   return o;
 }
@@ -564,8 +575,8 @@ int run_main(const Args& args) {
   // Shares: one virtiofsd each, the root first (docs/vm.md "Shares").
   std::vector<vm::ShareSpec> shares;
   if (o.rootfs && !o.rootfs_initramfs) {
-    shares.push_back({"nes.root", *o.rootfs, false});
-    cfg.session.descriptor.root = proto::Root{"nes.root", false, proto::FsType::virtiofs};
+    shares.push_back({"nes.root", *o.rootfs, o.read_only});
+    cfg.session.descriptor.root = proto::Root{"nes.root", o.read_only, proto::FsType::virtiofs};
   }
   for (std::size_t i = 0; i < o.volumes.size(); ++i) {
     const auto& v = o.volumes[i];
@@ -575,6 +586,7 @@ int run_main(const Args& args) {
   }
   ex.uid = o.uid;
   ex.gid = o.gid;
+  ex.groups = o.groups;
   cfg.session.descriptor.hostname = o.hostname;
   cfg.session.descriptor.on_exit.terminal = o.on_exit != host::OnExitPolicy::keep;
   // The workload's stdio on the data channel: stdin only with -i (else /dev/null, as docker), a
@@ -760,6 +772,16 @@ int run_main(const Args& args) {
       } else if (req.starts_with("kill ")) {
         auto sig = parse_uint("signal", req.substr(5), 1, 64);
         s = sig ? h.kill(id, static_cast<int>(*sig)) : host::Status{sig.error()};
+      } else if (req.starts_with("resize ")) {
+        // `resize ROWS COLS`: the workload's terminal (containerd's ResizePty through the shim).
+        auto rest = req.substr(7);
+        auto sp = rest.find(' ');
+        auto rows = parse_uint("rows", rest.substr(0, sp), 1, 0xffff);
+        auto cols = sp == std::string_view::npos ? rows : parse_uint("cols", rest.substr(sp + 1), 1, 0xffff);
+        if (!rows || !cols || sp == std::string_view::npos)
+          s = host::Error{"resize: expected ROWS COLS, each 1..65535"};
+        else
+          s = h.send_resize(id, static_cast<std::uint16_t>(*rows), static_cast<std::uint16_t>(*cols));
       }
       return s ? std::string("ok") : "error: " + s.error().message;
     });

@@ -43,6 +43,7 @@ void notify_started(host::Fd& notify);
 /// one line ("ok" or "error: WHY"):
 ///   `stop`      ordered shutdown of the guest (as SIGTERM to `neshost run`)
 ///   `kill SIG`  signal 1..64 to the workload's process group
+///   `resize ROWS COLS`  the workload's terminal size (run -t), each 1..65535
 /// Only peers with our uid (or root) are served (SO_PEERCRED); requests over 256 bytes or slower
 /// than 2 s are dropped.
 class ControlServer {

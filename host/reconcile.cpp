@@ -95,7 +95,8 @@ int fsync_dir(const fs::path& dir) {
 
 std::atomic<std::uint64_t> g_counter{0};
 
-/// Durable replace of `dir/name`: fresh temp, write, fsync, rename, fsync the directory.
+}  // namespace
+
 Status write_durable(const fs::path& dir, std::string_view name, std::string_view bytes) {
   auto tmp = dir / fmt::format(".{}.{}.{}.tmp", name, ::getpid(), g_counter++);
   Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
@@ -118,6 +119,8 @@ Status write_durable(const fs::path& dir, std::string_view name, std::string_vie
   if (int e = fsync_dir(dir)) return Error{fmt::format("fsync {}: {}", dir.string(), errno_text(e))};
   return Ok{};
 }
+
+namespace {
 
 /// mkdir 0700 (parents too); a new entry is fsynced into its parent.
 Status make_dir(const fs::path& dir) {

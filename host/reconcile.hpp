@@ -122,6 +122,11 @@ std::vector<std::string> list_vms(const std::filesystem::path& state_dir);
 /// current generation's monitor is alive.
 Status remove_vm(const std::filesystem::path& state_dir, std::string_view vm);
 
+/// Durable replace of `dir/name` with `bytes` (the protocol of monitor.json and stop.json, and of
+/// the containerd shim's task state): a fresh temp file beside it (0600), write, fsync, rename
+/// over the name, fsync the directory. On error the temp is gone and the old file untouched.
+Status write_durable(const std::filesystem::path& dir, std::string_view name, std::string_view bytes);
+
 /// Path of a VM's monitor file, stop request and control socket.
 std::filesystem::path monitor_path(const std::filesystem::path& state_dir, std::string_view vm);
 std::filesystem::path stop_path(const std::filesystem::path& state_dir, std::string_view vm);

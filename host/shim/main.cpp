@@ -1,0 +1,227 @@
+// containerd-shim-nesinit-v2: containerd's runtime-v2 shim binary protocol (runtime type
+// io.containerd.nesinit.v2). containerd runs it with cwd = the task's bundle and Go-style flags:
+//   -namespace NS -address CONTAINERD_SOCK -publish-binary CONTAINERD [-id ID] [-bundle DIR]
+//   [-debug] [-socket PATH] ACTION
+// ACTION `start`: spawn the long-lived shim (this program without an action, the listening
+//   socket as fd 3, its own session), write its address to `<bundle>/address`, print
+//   "unix://PATH" on stdout (containerd reads stdout and stderr together: nothing else may be
+//   printed) and exit 0.
+// ACTION `delete`: clean up after a shim that died (host/shim/task_service.hpp cleanup_task) and
+//   print a serialized containerd.task.v2.DeleteResponse on stdout.
+// No action: serve containerd.task.v2.Task on fd 3 until Shutdown. Env: TTRPC_ADDRESS
+// (containerd's ttrpc socket, for events), NESHOST (the `neshost` program; default: beside this
+// one). Logs go to the bundle's `log` FIFO, which containerd copies to its own log.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
+
+#include "containerd_pb.h"
+#include "host/reconcile.hpp"
+#include "host/shim/identity.hpp"
+#include "host/shim/task_service.hpp"
+#include "host/shim/ttrpc.hpp"
+
+extern char** environ;
+
+namespace {
+namespace fs = std::filesystem;
+namespace asio = boost::asio;
+using namespace nes;
+
+/// The flags containerd passes (runtime/v2/shim/shim.go), Go's flag syntax: -name VALUE,
+/// -name=VALUE, --name likewise; booleans take no value.
+struct Flags {
+  std::string ns, address, publish_binary, id, bundle, socket, action;
+  bool debug = false, version = false;
+};
+
+int bail(std::string_view msg) {
+  fmt::print(stderr, "containerd-shim-nesinit-v2: {}\n", msg);
+  return 1;
+}
+
+std::optional<Flags> parse(int argc, char** argv, std::string& err) {
+  Flags f;
+  std::map<std::string, std::string*> values = {{"namespace", &f.ns},  {"address", &f.address},
+                                                {"publish-binary", &f.publish_binary},
+                                                {"id", &f.id},         {"bundle", &f.bundle},
+                                                {"socket", &f.socket}};
+  std::map<std::string, bool*> bools = {{"debug", &f.debug}, {"v", &f.version}};
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") { ++i; break; }
+    if (a.size() < 2 || a[0] != '-') break;
+    a.erase(0, a[1] == '-' ? 2 : 1);
+    std::optional<std::string> val;
+    if (auto eq = a.find('='); eq != std::string::npos) {
+      val = a.substr(eq + 1);
+      a.resize(eq);
+    }
+    if (auto b = bools.find(a); b != bools.end()) {
+      *b->second = !val || *val == "true" || *val == "1";
+      continue;
+    }
+    auto v = values.find(a);
+    if (v == values.end()) { err = fmt::format("flag provided but not defined: -{}", a); return std::nullopt; }
+    if (!val) {
+      if (i + 1 >= argc) { err = fmt::format("flag needs an argument: -{}", a); return std::nullopt; }
+      val = argv[++i];
+    }
+    *v->second = *val;
+  }
+  if (i < argc) f.action = argv[i];
+  return f;
+}
+
+fs::path self_dir() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : p.parent_path();
+}
+
+fs::path neshost_program() {
+  if (const char* e = std::getenv("NESHOST"); e && *e) return e;
+  return self_dir() / "neshost";
+}
+
+// `start`: the listening socket, the long-lived shim on it, the address printed.
+int do_start(const Flags& f, char** argv) {
+  // containerd may write runtime options on stdin; the shim has none to honour. Read and drop (bounded).
+  {
+    int fl = ::fcntl(0, F_GETFL);
+    if (fl >= 0) ::fcntl(0, F_SETFL, fl | O_NONBLOCK);
+    char buf[4096];
+    for (int n = 0; n < 256 && ::read(0, buf, sizeof buf) > 0; ++n) {}
+  }
+  const fs::path sock = shim::socket_path(f.address, f.ns, f.id);
+  auto l = ttrpc::listen_unix(sock);
+  if (!l) return bail(l.error().message);
+  std::vector<std::string> args = {argv[0], "-namespace", f.ns, "-id", f.id, "-address", f.address,
+                                   "-publish-binary", f.publish_binary};
+  if (f.debug) args.push_back("-debug");
+  std::vector<char*> cargv;
+  for (auto& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, l->get(), 3);
+  // Not containerd's pipes: it waits for their EOF before it reads the address.
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 4);
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID);
+  pid_t pid = 0;
+  fs::path exe = fs::read_symlink("/proc/self/exe");
+  int rc = ::posix_spawn(&pid, exe.c_str(), &fa, &at, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (rc != 0) return bail(fmt::format("spawn the shim: {}", std::strerror(rc)));
+  const std::string address = "unix://" + sock.string();
+  if (auto w = host::write_durable(fs::current_path(), "address", address); !w) {
+    ::kill(pid, SIGKILL);
+    return bail(w.error().message);
+  }
+  fmt::print("{}", address);
+  return 0;
+}
+
+// `delete`: containerd's cleanup after a dead shim.
+int do_delete(const Flags& f) {
+  fs::path bundle = f.bundle.empty() ? fs::current_path() : fs::path(f.bundle);
+  auto c = shim::cleanup_task(bundle);
+  containerd::task::v2::DeleteResponse r;
+  r.set_pid(static_cast<std::uint32_t>(c.pid));
+  r.set_exit_status(c.exit_status);
+  r.mutable_exited_at()->set_seconds(c.exited_at_ns / 1000000000);
+  r.mutable_exited_at()->set_nanos(static_cast<std::int32_t>(c.exited_at_ns % 1000000000));
+  std::string out = r.SerializeAsString();
+  return ::write(1, out.data(), out.size()) == static_cast<ssize_t>(out.size()) ? 0 : 1;
+}
+
+// The long-lived shim.
+int do_serve(const Flags& f) {
+  // Logs: containerd opened the bundle's `log` FIFO for reading before `start`.
+  if (int lf = ::open("log", O_WRONLY | O_NONBLOCK | O_CLOEXEC); lf >= 0) {
+    ::fcntl(lf, F_SETFL, ::fcntl(lf, F_GETFL) & ~O_NONBLOCK);
+    ::dup2(lf, 2);
+    ::close(lf);
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  if (::fcntl(3, F_GETFD) < 0) return bail("no listening socket on fd 3 (run by containerd with `start`)");
+  ::fcntl(3, F_SETFD, FD_CLOEXEC);
+  asio::io_context io;
+  const char* ta = std::getenv("TTRPC_ADDRESS");
+  shim::Publisher events(ta ? ta : "", f.ns);
+  ttrpc::Server server(io);
+  shim::ServiceConfig cfg;
+  cfg.ns = f.ns;
+  cfg.id = f.id;
+  cfg.bundle = fs::current_path();
+  cfg.neshost = neshost_program();
+  // Shutdown: stop accepting, let containerd take the last reply and hang up (at most 2 s), exit.
+  asio::steady_timer drain(io);
+  int drain_ticks = 0;
+  std::function<void()> wait_idle = [&] {
+    if (server.connections() == 0 || ++drain_ticks > 100) return io.stop();
+    drain.expires_after(std::chrono::milliseconds(20));
+    drain.async_wait([&](boost::system::error_code) { wait_idle(); });
+  };
+  cfg.shutdown = [&] {
+    server.stop_accepting();
+    wait_idle();
+  };
+  shim::TaskService task(io, cfg, events);
+  task.register_on(server);
+  server.serve(host::Fd(3));
+  // SIGTERM/SIGINT: containerd is gone for good or an operator asks; the VM keeps running until
+  // `shim delete` (containerd's cleanup) ends it, as with containerd's own shims.
+  asio::signal_set sigs(io, SIGTERM, SIGINT);
+  sigs.async_wait([&](boost::system::error_code ec, int) {
+    if (!ec) cfg.shutdown();
+  });
+  io.run();
+  server.close();
+  std::error_code ec;
+  fs::remove(shim::socket_path(f.address, f.ns, f.id), ec);
+  if (f.debug) fmt::print(stderr, "containerd-shim-nesinit-v2: {} exits ({} events dropped)\n", f.id, events.dropped());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string err;
+  auto f = parse(argc, argv, err);
+  if (!f) return bail(err);
+  if (f->version) {
+    fmt::print("containerd-shim-nesinit-v2:\n  Version: {}\n", NESINIT_SHIM_VERSION);
+    return 0;
+  }
+  if (f->ns.empty()) return bail("shim namespace cannot be empty");
+  if (f->action == "start") {
+    if (f->id.empty()) return bail("-id is required");
+    return do_start(*f, argv);
+  }
+  if (f->action == "delete") return do_delete(*f);
+  if (!f->action.empty()) return bail(fmt::format("unknown action '{}' (start, delete)", f->action));
+  if (f->id.empty()) return bail("-id is required");
+  return do_serve(*f);
+}

@@ -1,0 +1,205 @@
+// config.json -> TaskSpec (host/shim/oci_spec.hpp).
+#include "host/shim/oci_spec.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+namespace nes::shim {
+using host::Error;
+using host::Result;
+namespace dom = simdjson::dom;
+
+namespace {
+
+constexpr std::size_t kMaxSpecBytes = 4u << 20;
+
+Error field_error(std::string_view field, std::string_view what) {
+  return Error{fmt::format("config.json: {}: {}", field, what)};
+}
+
+// A string array field: every element a string.
+Result<std::vector<std::string>> strings(dom::element e, std::string_view field) {
+  dom::array a;
+  if (e.get_array().get(a)) return field_error(field, "expected an array of strings");
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  for (dom::element x : a) {
+    std::string_view s;
+    if (x.get_string().get(s)) return field_error(fmt::format("{}[{}]", field, i), "expected a string");
+    out.emplace_back(s);
+    ++i;
+  }
+  return out;
+}
+
+Result<std::uint32_t> u32(dom::element e, std::string_view field) {
+  std::uint64_t v = 0;
+  if (e.get_uint64().get(v) || v > 0xffffffffu) return field_error(field, "expected an unsigned 32-bit integer");
+  return static_cast<std::uint32_t>(v);
+}
+
+// Pseudo and scratch file systems the guest kernel gives the workload itself (the init mounts
+// /proc, /sys, /dev, /dev/pts, /run and a private /tmp): the spec's entries for them are met.
+bool guest_provided(std::string_view type) {
+  return type == "proc" || type == "sysfs" || type == "devpts" || type == "tmpfs" || type == "mqueue" ||
+         type == "cgroup" || type == "cgroup2" || type == "devtmpfs";
+}
+
+}  // namespace
+
+Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle) {
+  if (json.size() > kMaxSpecBytes)
+    return Error{fmt::format("config.json: {} bytes, more than {}", json.size(), kMaxSpecBytes)};
+  dom::parser parser;
+  simdjson::padded_string padded(json);
+  dom::element doc;
+  if (auto err = parser.parse(padded).get(doc)) return Error{fmt::format("config.json: {}", simdjson::error_message(err))};
+  dom::object top;
+  if (doc.get_object().get(top)) return Error{"config.json: expected a JSON object"};
+  TaskSpec s;
+
+  dom::object process;
+  if (top["process"].get_object().get(process)) return field_error("process", "missing (a task needs a process)");
+  {
+    dom::element args;
+    if (process["args"].get(args)) return field_error("process.args", "missing");
+    auto a = strings(args, "process.args");
+    if (!a) return a.error();
+    if (a->empty() || a->front().empty()) return field_error("process.args", "expected a non-empty array of strings");
+    s.argv = std::move(*a);
+  }
+  if (dom::element env; !process["env"].get(env)) {
+    auto e = strings(env, "process.env");
+    if (!e) return e.error();
+    for (std::size_t i = 0; i < e->size(); ++i)
+      if ((*e)[i].find('=') == std::string::npos || (*e)[i].front() == '=')
+        return field_error(fmt::format("process.env[{}]", i), "expected KEY=VALUE");
+    s.env = std::move(*e);
+  }
+  if (std::string_view cwd; !process["cwd"].get_string().get(cwd)) {
+    if (cwd.empty() || cwd.front() != '/') return field_error("process.cwd", "expected an absolute path");
+    s.cwd = std::string(cwd);
+  }
+  if (bool t = false; !process["terminal"].get_bool().get(t)) s.terminal = t;
+  if (dom::object user; !process["user"].get_object().get(user)) {
+    if (dom::element v; !user["uid"].get(v)) {
+      auto u = u32(v, "process.user.uid");
+      if (!u) return u.error();
+      s.uid = *u;
+    }
+    if (dom::element v; !user["gid"].get(v)) {
+      auto g = u32(v, "process.user.gid");
+      if (!g) return g.error();
+      s.gid = *g;
+    }
+    if (dom::array a; !user["additionalGids"].get_array().get(a)) {
+      std::size_t i = 0;
+      for (dom::element x : a) {
+        auto g = u32(x, fmt::format("process.user.additionalGids[{}]", i++));
+        if (!g) return g.error();
+        s.groups.push_back(*g);
+      }
+    }
+    if (std::string_view n; !user["username"].get_string().get(n) && !n.empty())
+      return field_error("process.user.username", "not supported (give uid and gid)");
+  }
+  if (dom::element v; !process["selinuxLabel"].get(v)) {
+    // A label for the guest's own LSM, which the guest kernel does not run: met trivially.
+  }
+
+  dom::object root;
+  if (top["root"].get_object().get(root)) return field_error("root", "missing (the task's root file system)");
+  {
+    std::string_view p;
+    if (root["path"].get_string().get(p) || p.empty()) return field_error("root.path", "expected a path");
+    std::filesystem::path rp(p);
+    s.root = rp.is_absolute() ? rp : bundle / rp;
+    if (bool ro = false; !root["readonly"].get_bool().get(ro)) s.root_ro = ro;
+  }
+  if (std::string_view h; !top["hostname"].get_string().get(h)) s.hostname = std::string(h);
+
+  if (dom::array mounts; !top["mounts"].get_array().get(mounts)) {
+    std::size_t i = 0;
+    for (dom::element m : mounts) {
+      const std::string f = fmt::format("mounts[{}]", i++);
+      std::string_view dst, type, src;
+      if (m["destination"].get_string().get(dst) || dst.empty() || dst.front() != '/')
+        return field_error(f + ".destination", "expected an absolute path");
+      if (m["type"].get_string().get(type)) type = {};
+      if (m["source"].get_string().get(src)) src = {};
+      std::vector<std::string> opts;
+      if (dom::element o; !m["options"].get(o)) {
+        auto v = strings(o, f + ".options");
+        if (!v) return v.error();
+        opts = std::move(*v);
+      }
+      bool bind = type == "bind" || type == "rbind";
+      for (const auto& o : opts) bind = bind || o == "bind" || o == "rbind";
+      if (bind) {
+        if (src.empty() || src.front() != '/') return field_error(f + ".source", "expected an absolute host path");
+        Volume v{std::filesystem::path(src), std::string(dst), false};
+        for (const auto& o : opts) v.ro = v.ro || o == "ro";
+        s.volumes.push_back(std::move(v));
+      } else if (!guest_provided(type)) {
+        return field_error(f + ".type", fmt::format("'{}' not supported in a microVM (bind mounts and the guest's own "
+                                                   "proc, sysfs, devpts, tmpfs, mqueue, cgroup are)", type));
+      }
+    }
+  }
+
+  if (dom::object linux_; !top["linux"].get_object().get(linux_)) {
+    if (dom::element v; !linux_["seccomp"].get(v))
+      return field_error("linux.seccomp", "not supported: the guest kernel runs no seccomp filter for the task (the "
+                                          "VM is its isolation boundary); remove the profile");
+    if (dom::array d; !linux_["devices"].get_array().get(d) && d.size() > 0)
+      return field_error("linux.devices", "not supported: host device nodes cannot be passed into the microVM");
+  }
+  return s;
+}
+
+Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle) {
+  const auto path = bundle / "config.json";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return Error{fmt::format("{}: {}", path.string(), std::strerror(errno))};
+  std::string text;
+  char buf[64 * 1024];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      return Error{fmt::format("{}: {}", path.string(), std::strerror(e))};
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > kMaxSpecBytes) break;
+  }
+  ::close(fd);
+  return parse_oci_spec(text, bundle);
+}
+
+std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
+  std::vector<std::string> a = {"run", "--vm", p.vm, "--state", p.state_dir.string(), "--rootfs", s.root.string(),
+                                "--user", fmt::format("{}:{}", s.uid, s.gid), "--workdir", s.cwd};
+  for (auto g : s.groups) {
+    if (g == s.gid) continue;
+    a.insert(a.end(), {"--group-add", std::to_string(g)});
+  }
+  if (!s.hostname.empty()) a.insert(a.end(), {"--hostname", s.hostname});
+  for (const auto& e : s.env) a.insert(a.end(), {"--env", e});
+  for (const auto& v : s.volumes) a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", v.host.string(), v.guest, v.ro ? ":ro" : "")});
+  if (p.attach_stdin) a.push_back("--interactive");
+  if (s.terminal) a.push_back("--tty");
+  a.push_back("--");
+  a.insert(a.end(), s.argv.begin(), s.argv.end());
+  return a;
+}
+
+}  // namespace nes::shim

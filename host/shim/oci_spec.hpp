@@ -1,0 +1,61 @@
+// An OCI runtime bundle's config.json (runtime-spec v1.0, "config.md") as the one microVM task it
+// describes: what the shim can honour becomes a TaskSpec, what it cannot is a Create error naming
+// the field. The VM is the isolation boundary, so the spec's in-kernel confinement of a process on
+// a shared kernel (namespaces, cgroups, capabilities, rlimits, masked/readonly paths, AppArmor,
+// SELinux labels) has nothing to apply to and is ignored; what would change the workload's view
+// and cannot be given in a VM is refused. Which is which: docs/containerd.md "What Create honours".
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "host/result.hpp"
+
+namespace nes::shim {
+
+/// A host directory shared into the guest (an OCI bind mount).
+struct Volume {
+  std::filesystem::path host;  // absolute
+  std::string guest;           // absolute guest path
+  bool ro = false;
+  bool operator==(const Volume&) const = default;
+};
+
+/// The task as the microVM will run it.
+struct TaskSpec {
+  std::vector<std::string> argv;  // process.args, non-empty
+  std::vector<std::string> env;   // process.env, each "K=V"
+  std::string cwd = "/";          // process.cwd, absolute
+  std::uint32_t uid = 0, gid = 0; // process.user
+  std::vector<std::uint32_t> groups;  // process.user.additionalGids
+  bool terminal = false;          // process.terminal
+  std::filesystem::path root;     // root.path, made absolute against the bundle
+  bool root_ro = false;           // root.readonly
+  std::string hostname;           // hostname (may be empty)
+  std::vector<Volume> volumes;    // bind mounts
+  bool operator==(const TaskSpec&) const = default;
+};
+
+/// Parse config.json text. `bundle` resolves a relative root.path. At most 4 MiB. Errors name the
+/// field: "process.args: expected a non-empty array of strings", "linux.seccomp: not supported:
+/// ...". Unknown fields are ignored (the spec's extension rule).
+host::Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle);
+
+/// Read and parse `<bundle>/config.json`; a missing or unreadable file is an error naming it.
+host::Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle);
+
+/// What `neshost run` needs beyond the spec.
+struct RunPlan {
+  std::string vm;                   // VM id
+  std::filesystem::path state_dir;  // neshost's --state
+  bool attach_stdin = false;        // containerd gave a stdin FIFO: -i
+};
+
+/// `neshost run` arguments (without the program) that run `s` as planned: one VM in the
+/// foreground, its exit status the task's (128+N for a signal N, as runc reports it).
+std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p);
+
+}  // namespace nes::shim

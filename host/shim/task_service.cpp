@@ -1,0 +1,536 @@
+// containerd.task.v2.Task for one microVM task (host/shim/task_service.hpp).
+#include "host/shim/task_service.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/mount.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include "containerd_pb.h"
+#include "host/fd.hpp"
+#include "host/monitor.hpp"
+#include "host/reconcile.hpp"
+#include "host/record.hpp"
+#include "host/shim/identity.hpp"
+#include "host/shim/oci_spec.hpp"
+
+extern char** environ;
+
+namespace nes::shim {
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+namespace v2 = containerd::task::v2;
+namespace ev = containerd::events;
+namespace types = containerd::v1::types;
+using host::Error;
+using host::Fd;
+using host::Result;
+using namespace std::chrono_literals;
+
+constexpr std::string_view kService = "containerd.task.v2.Task";
+constexpr const char* kTaskFile = "nesinit-task.json";
+
+// ---- the persisted task ----
+
+std::string encode_task_record(const TaskRecord& r) {
+  return fmt::format(R"({{"schema_version":1,"id":{},"vm":{},"state_dir":{},"pid":{},"pid_start":{},"mounted_rootfs":{}}})"
+                     "\n",
+                     host::json_string(r.id), host::json_string(r.vm), host::json_string(r.state_dir.string()), r.pid,
+                     r.pid_start, r.mounted_rootfs);
+}
+
+Result<TaskRecord> parse_task_record(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(json);
+  simdjson::dom::object o;
+  if (parser.parse(padded).get_object().get(o)) return Error{"nesinit-task.json: expected a JSON object"};
+  TaskRecord r;
+  std::string_view s;
+  std::uint64_t u = 0;
+  if (o["schema_version"].get_uint64().get(u) || u != 1) return Error{"nesinit-task.json: schema_version: expected 1"};
+  if (o["id"].get_string().get(s)) return Error{"nesinit-task.json: id: expected a string"};
+  r.id = std::string(s);
+  if (o["vm"].get_string().get(s) || host::vm_id_problem(s)) return Error{"nesinit-task.json: vm: expected a VM id"};
+  r.vm = std::string(s);
+  if (o["state_dir"].get_string().get(s) || s.empty() || s.front() != '/')
+    return Error{"nesinit-task.json: state_dir: expected an absolute path"};
+  r.state_dir = std::string(s);
+  if (o["pid"].get_uint64().get(u) || u > 0x7fffffff) return Error{"nesinit-task.json: pid: expected a pid"};
+  r.pid = static_cast<pid_t>(u);
+  if (o["pid_start"].get_uint64().get(u)) return Error{"nesinit-task.json: pid_start: expected an integer"};
+  r.pid_start = u;
+  if (o["mounted_rootfs"].get_bool().get(r.mounted_rootfs)) return Error{"nesinit-task.json: mounted_rootfs: expected a boolean"};
+  return r;
+}
+
+Result<std::optional<TaskRecord>> load_task_record(const fs::path& bundle) {
+  Fd f(::open((bundle / kTaskFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!f) {
+    if (errno == ENOENT) return std::optional<TaskRecord>{};
+    return Error{fmt::format("{}: {}", (bundle / kTaskFile).string(), std::strerror(errno))};
+  }
+  std::string text(64 * 1024, '\0');
+  ssize_t n = ::read(f.get(), text.data(), text.size());
+  if (n < 0) return Error{fmt::format("{}: {}", (bundle / kTaskFile).string(), std::strerror(errno))};
+  text.resize(static_cast<std::size_t>(n));
+  auto r = parse_task_record(text);
+  if (!r) return r.error();
+  return std::optional<TaskRecord>(std::move(*r));
+}
+
+namespace {
+
+std::optional<unsigned long long> start_time(pid_t pid) {
+  auto id = host::identity_of(pid);
+  if (!id) return std::nullopt;
+  return id->start_time;
+}
+
+bool same_process_alive(pid_t pid, unsigned long long start) {
+  if (pid <= 0) return false;
+  auto st = start_time(pid);
+  return st && *st == start;
+}
+
+void set_time(google::protobuf::Timestamp* t, std::int64_t ns) {
+  t->set_seconds(ns / 1000000000);
+  t->set_nanos(static_cast<std::int32_t>(ns % 1000000000));
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// mount(2) of one containerd rootfs mount (types.Mount: type, source, options as fstab options).
+host::Status mount_rootfs(const containerd::types::Mount& m, const fs::path& target) {
+  unsigned long flags = 0;
+  std::string data;
+  for (const auto& o : m.options()) {
+    if (o == "ro") flags |= MS_RDONLY;
+    else if (o == "rw") {}
+    else if (o == "bind") flags |= MS_BIND;
+    else if (o == "rbind") flags |= MS_BIND | MS_REC;
+    else if (o == "nosuid") flags |= MS_NOSUID;
+    else if (o == "nodev") flags |= MS_NODEV;
+    else if (o == "noexec") flags |= MS_NOEXEC;
+    else if (o == "noatime") flags |= MS_NOATIME;
+    else data += (data.empty() ? "" : ",") + o;
+  }
+  std::string type = m.type() == "bind" ? std::string() : m.type();
+  if (::mount(m.source().c_str(), target.c_str(), type.empty() ? nullptr : type.c_str(), flags,
+              data.empty() ? nullptr : data.c_str()) != 0)
+    return Error{fmt::format("rootfs: mount {} ({}) on {}: {}", m.source(), m.type(), target.string(), std::strerror(errno))};
+  return host::Ok{};
+}
+
+}  // namespace
+
+Cleanup cleanup_task(const fs::path& bundle) {
+  Cleanup c;
+  c.exit_status = 128 + SIGKILL;
+  c.exited_at_ns = now_ns();
+  auto rec = load_task_record(bundle);
+  if (!rec || !*rec) return c;
+  const TaskRecord& r = **rec;
+  c.pid = r.pid;
+  if (same_process_alive(r.pid, r.pid_start)) {
+    ::kill(-r.pid, SIGKILL);  // its session's process group: neshost, QEMU, virtiofsd
+    ::kill(r.pid, SIGKILL);
+  }
+  if (auto o = host::read_record(r.state_dir, r.vm); o && *o) {
+    c.exit_status = static_cast<std::uint32_t>((*o)->exit_status);
+    c.exited_at_ns = (*o)->finished_at.time_since_epoch().count();
+  }
+  if (r.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
+  std::error_code ec;
+  fs::remove_all(r.state_dir, ec);
+  fs::remove(bundle / kTaskFile, ec);
+  return c;
+}
+
+// ---- the service ----
+
+enum class Phase { none, created, running, stopped, deleted };
+
+struct TaskService::Impl {
+  Impl(asio::io_context& io, ServiceConfig cfg, Publisher& events) : io(io), cfg(std::move(cfg)), events(events) {}
+  asio::io_context& io;
+  ServiceConfig cfg;
+  Publisher& events;
+
+  Phase phase = Phase::none;
+  TaskRecord rec;
+  TaskSpec spec;
+  std::string stdin_path, stdout_path, stderr_path;
+  bool terminal = false;
+  std::uint32_t exit_status = 0;
+  std::int64_t exited_at_ns = 0;
+  Fd pidfd;
+  std::optional<asio::posix::stream_descriptor> exit_watch;
+  std::vector<ttrpc::Respond> waiters;
+
+  using Handler = ttrpc::Reply (Impl::*)(const std::string& payload);
+
+  static ttrpc::Reply ok(const google::protobuf::Message& m) { return {{}, m.SerializeAsString()}; }
+  static ttrpc::Reply fail(ttrpc::Code c, std::string msg) { return {{c, std::move(msg)}, {}}; }
+  static ttrpc::Reply empty() { return {{}, {}}; }
+
+  template <class Req>
+  static std::optional<Req> parse(const std::string& p) {
+    Req r;
+    if (!r.ParseFromString(p)) return std::nullopt;
+    return r;
+  }
+
+  ttrpc::Reply check_id(const std::string& id, const std::string& exec_id) {
+    if (phase == Phase::none || phase == Phase::deleted || id != cfg.id)
+      return fail(ttrpc::Code::not_found, fmt::format("task {}: not found", id));
+    if (!exec_id.empty()) return fail(ttrpc::Code::not_found, fmt::format("exec {}: not found", exec_id));
+    return empty();
+  }
+
+  host::Status persist() { return host::write_durable(cfg.bundle, kTaskFile, encode_task_record(rec)); }
+
+  ttrpc::Reply create(const std::string& p) {
+    auto req = parse<v2::CreateTaskRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "CreateTaskRequest: malformed");
+    if (phase != Phase::none) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", req->id()));
+    if (req->id() != cfg.id)
+      return fail(ttrpc::Code::invalid_argument, fmt::format("id: '{}' is not this shim's task '{}'", req->id(), cfg.id));
+    if (!req->checkpoint().empty()) return fail(ttrpc::Code::unimplemented, "checkpoint: restore is not supported");
+    fs::path bundle = req->bundle().empty() ? cfg.bundle : fs::path(req->bundle());
+    auto s = load_oci_spec(bundle);
+    if (!s) return fail(ttrpc::Code::invalid_argument, s.error().message);
+    rec = TaskRecord{};
+    rec.id = cfg.id;
+    rec.vm = vm_id(cfg.ns, cfg.id);
+    rec.state_dir = bundle / "nesinit-state";
+    if (req->rootfs_size() > 1)
+      return fail(ttrpc::Code::invalid_argument, fmt::format("rootfs: {} mounts; one is supported", req->rootfs_size()));
+    if (req->rootfs_size() == 1) {
+      std::error_code ec;
+      fs::create_directories(bundle / "rootfs", ec);
+      if (auto m = mount_rootfs(req->rootfs(0), bundle / "rootfs"); !m)
+        return fail(ttrpc::Code::invalid_argument, m.error().message);
+      rec.mounted_rootfs = true;
+    }
+    std::error_code ec;
+    if (!fs::is_directory(s->root, ec)) {
+      if (rec.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
+      return fail(ttrpc::Code::invalid_argument, fmt::format("root.path: {} is not a directory", s->root.string()));
+    }
+    if (auto w = persist(); !w) {
+      if (rec.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
+      return fail(ttrpc::Code::internal, w.error().message);
+    }
+    spec = std::move(*s);
+    stdin_path = req->stdin();
+    stdout_path = req->stdout();
+    stderr_path = req->stderr();
+    terminal = req->terminal();
+    spec.terminal = terminal || spec.terminal;
+    phase = Phase::created;
+    ev::TaskCreate e;
+    e.set_container_id(cfg.id);
+    e.set_bundle(bundle.string());
+    *e.mutable_rootfs() = req->rootfs();
+    e.mutable_io()->set_stdin(stdin_path);
+    e.mutable_io()->set_stdout(stdout_path);
+    e.mutable_io()->set_stderr(stderr_path);
+    e.mutable_io()->set_terminal(terminal);
+    e.set_pid(static_cast<std::uint32_t>(::getpid()));
+    events.publish("/tasks/create", e);
+    v2::CreateTaskResponse r;
+    r.set_pid(static_cast<std::uint32_t>(::getpid()));
+    return ok(r);
+  }
+
+  // containerd's FIFO for one of the task's streams as fd `target` of the child (or /dev/null).
+  static Result<Fd> open_stdio(const std::string& path, bool input) {
+    if (path.empty()) {
+      Fd f(::open("/dev/null", (input ? O_RDONLY : O_WRONLY) | O_CLOEXEC));
+      if (!f) return Error{fmt::format("/dev/null: {}", std::strerror(errno))};
+      return f;
+    }
+    // Non-blocking opens: a FIFO whose other end is not open yet must not hang the shim. An output
+    // FIFO without a reader (ENXIO) is opened read-write, so the workload's output waits in it.
+    Fd f(::open(path.c_str(), (input ? O_RDONLY : O_WRONLY) | O_NONBLOCK | O_CLOEXEC));
+    if (!f && !input && errno == ENXIO) f.reset(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+    if (!f) return Error{fmt::format("stdio {}: {}", path, std::strerror(errno))};
+    int fl = ::fcntl(f.get(), F_GETFL);
+    ::fcntl(f.get(), F_SETFL, fl & ~O_NONBLOCK);
+    return f;
+  }
+
+  ttrpc::Reply start(const std::string& p) {
+    auto req = parse<v2::StartRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "StartRequest: malformed");
+    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    if (phase != Phase::created) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: already started", cfg.id));
+    auto in = open_stdio(stdin_path, true);
+    if (!in) return fail(ttrpc::Code::invalid_argument, in.error().message);
+    auto out = open_stdio(stdout_path, false);
+    if (!out) return fail(ttrpc::Code::invalid_argument, out.error().message);
+    auto err = open_stdio(stderr_path, false);
+    if (!err) return fail(ttrpc::Code::invalid_argument, err.error().message);
+    RunPlan plan{rec.vm, rec.state_dir, !stdin_path.empty()};
+    std::vector<std::string> args = run_args(spec, plan);
+    std::vector<char*> argv;
+    std::string prog = cfg.neshost.string();
+    argv.push_back(prog.data());
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in->get(), 0);
+    posix_spawn_file_actions_adddup2(&fa, out->get(), 1);
+    posix_spawn_file_actions_adddup2(&fa, err->get(), 2);
+    // Nothing else of the shim's (containerd's connections above all) is inherited.
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    // Its own session: a signal to the shim's group never reaches the VM, and `shim delete` ends
+    // neshost, QEMU and virtiofsd together through the group.
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    pid_t pid = 0;
+    int rc = ::posix_spawn(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (rc != 0) return fail(ttrpc::Code::internal, fmt::format("spawn {}: {}", prog, std::strerror(rc)));
+    pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    rec.pid = pid;
+    rec.pid_start = start_time(pid).value_or(0);
+    phase = Phase::running;
+    if (auto w = persist(); !w) {
+      // Without the record `shim delete` could not find the VM: do not leave it running.
+      ::kill(-pid, SIGKILL);
+      return fail(ttrpc::Code::internal, w.error().message);
+    }
+    if (pidfd) {
+      exit_watch.emplace(io, ::fcntl(pidfd.get(), F_DUPFD_CLOEXEC, 3));
+      exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+        if (!ec) on_exit();
+      });
+    }
+    ev::TaskStart e;
+    e.set_container_id(cfg.id);
+    e.set_pid(static_cast<std::uint32_t>(pid));
+    events.publish("/tasks/start", e);
+    v2::StartResponse r;
+    r.set_pid(static_cast<std::uint32_t>(pid));
+    return ok(r);
+  }
+
+  void on_exit() {
+    int st = 0;
+    pid_t r;
+    do r = ::waitpid(rec.pid, &st, 0);
+    while (r < 0 && errno == EINTR);
+    // neshost's own exit status is the workload's (docs/host.md); the record's is authoritative.
+    exit_status = WIFEXITED(st) ? static_cast<std::uint32_t>(WEXITSTATUS(st))
+                                : static_cast<std::uint32_t>(128 + WTERMSIG(st));
+    exited_at_ns = now_ns();
+    if (auto o = host::read_record(rec.state_dir, rec.vm); o && *o) {
+      exit_status = static_cast<std::uint32_t>((*o)->exit_status);
+      exited_at_ns = (*o)->finished_at.time_since_epoch().count();
+    }
+    finish();
+  }
+
+  void finish() {
+    phase = Phase::stopped;
+    ev::TaskExit e;
+    e.set_container_id(cfg.id);
+    e.set_id(cfg.id);
+    e.set_pid(static_cast<std::uint32_t>(rec.pid));
+    e.set_exit_status(exit_status);
+    set_time(e.mutable_exited_at(), exited_at_ns);
+    events.publish("/tasks/exit", e);
+    v2::WaitResponse w;
+    w.set_exit_status(exit_status);
+    set_time(w.mutable_exited_at(), exited_at_ns);
+    auto ws = std::move(waiters);
+    for (auto& r : ws) r(ok(w));
+  }
+
+  ttrpc::Reply kill(const std::string& p) {
+    auto req = parse<v2::KillRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "KillRequest: malformed");
+    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    if (req->signal() < 1 || req->signal() > 64) return fail(ttrpc::Code::invalid_argument, fmt::format("signal: {} is not 1..64", req->signal()));
+    if (phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
+    if (phase == Phase::created) {
+      // Never started: nothing runs; the task ends as if the signal had killed it.
+      exit_status = 128 + req->signal();
+      exited_at_ns = now_ns();
+      finish();
+      return empty();
+    }
+    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {}", req->signal()), 2s);
+    if (reply && *reply == "ok") return empty();
+    // No control socket yet (the VM is still booting): SIGTERM and SIGKILL still end the task, as
+    // an ordered shutdown of the VM (exit 143).
+    if (req->signal() == SIGTERM || req->signal() == SIGKILL) {
+      ::kill(rec.pid, SIGTERM);
+      return empty();
+    }
+    return fail(ttrpc::Code::unavailable,
+                fmt::format("kill {}: {}", req->signal(), reply ? *reply : reply.error().message));
+  }
+
+  ttrpc::Reply state(const std::string& p) {
+    auto req = parse<v2::StateRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "StateRequest: malformed");
+    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    v2::StateResponse r;
+    r.set_id(cfg.id);
+    r.set_bundle(cfg.bundle.string());
+    r.set_pid(static_cast<std::uint32_t>(rec.pid ? rec.pid : ::getpid()));
+    r.set_status(phase == Phase::created ? types::CREATED : phase == Phase::running ? types::RUNNING : types::STOPPED);
+    r.set_stdin(stdin_path);
+    r.set_stdout(stdout_path);
+    r.set_stderr(stderr_path);
+    r.set_terminal(terminal);
+    if (phase == Phase::stopped) {
+      r.set_exit_status(exit_status);
+      set_time(r.mutable_exited_at(), exited_at_ns);
+    }
+    return ok(r);
+  }
+
+  ttrpc::Reply del(const std::string& p) {
+    auto req = parse<v2::DeleteRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "DeleteRequest: malformed");
+    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    if (phase == Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: still running", cfg.id));
+    if (rec.mounted_rootfs) ::umount2((cfg.bundle / "rootfs").c_str(), MNT_DETACH);
+    std::error_code ec;
+    fs::remove_all(rec.state_dir, ec);
+    fs::remove(cfg.bundle / kTaskFile, ec);
+    phase = Phase::deleted;
+    ev::TaskDelete e;
+    e.set_container_id(cfg.id);
+    e.set_pid(static_cast<std::uint32_t>(rec.pid));
+    e.set_exit_status(exit_status);
+    set_time(e.mutable_exited_at(), exited_at_ns);
+    events.publish("/tasks/delete", e);
+    v2::DeleteResponse r;
+    r.set_pid(static_cast<std::uint32_t>(rec.pid));
+    r.set_exit_status(exit_status);
+    set_time(r.mutable_exited_at(), exited_at_ns);
+    return ok(r);
+  }
+
+  ttrpc::Reply pids(const std::string& p) {
+    auto req = parse<v2::PidsRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "PidsRequest: malformed");
+    if (auto c = check_id(req->id(), {}); !c.status.ok()) return c;
+    v2::PidsResponse r;
+    if (phase == Phase::running) r.add_processes()->set_pid(static_cast<std::uint32_t>(rec.pid));
+    return ok(r);
+  }
+
+  ttrpc::Reply connect(const std::string& p) {
+    auto req = parse<v2::ConnectRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "ConnectRequest: malformed");
+    v2::ConnectResponse r;
+    r.set_shim_pid(static_cast<std::uint32_t>(::getpid()));
+    r.set_task_pid(static_cast<std::uint32_t>(rec.pid));
+    r.set_version(NESINIT_SHIM_VERSION);
+    return ok(r);
+  }
+
+  ttrpc::Reply resize(const std::string& p) {
+    auto req = parse<v2::ResizePtyRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "ResizePtyRequest: malformed");
+    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    if (req->width() < 1 || req->height() < 1 || req->width() > 0xffff || req->height() > 0xffff)
+      return fail(ttrpc::Code::invalid_argument, fmt::format("width {} height {}: each must be 1..65535", req->width(), req->height()));
+    if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, "task is not running");
+    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm),
+                                      fmt::format("resize {} {}", req->height(), req->width()), 2s);
+    if (reply && *reply == "ok") return empty();
+    return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", reply ? *reply : reply.error().message));
+  }
+
+  ttrpc::Reply close_io(const std::string& p) {
+    auto req = parse<v2::CloseIORequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "CloseIORequest: malformed");
+    // The stdin FIFO's only reader is `neshost run`; containerd closing its writer is the EOF the
+    // workload sees. Nothing of the shim's own holds the FIFO open.
+    return check_id(req->id(), req->exec_id());
+  }
+
+  ttrpc::Reply shutdown(const std::string& p) {
+    auto req = parse<v2::ShutdownRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "ShutdownRequest: malformed");
+    // A live task keeps its shim (containerd's own shims do the same).
+    if (phase == Phase::created || phase == Phase::running) return empty();
+    asio::post(io, [this] { if (cfg.shutdown) cfg.shutdown(); });
+    return empty();
+  }
+
+  void wait(ttrpc::Call&& c, ttrpc::Respond respond) {
+    auto req = parse<v2::WaitRequest>(c.payload);
+    if (!req) return respond(fail(ttrpc::Code::invalid_argument, "WaitRequest: malformed"));
+    if (phase == Phase::stopped || phase == Phase::deleted) {
+      if (req->id() != cfg.id || !req->exec_id().empty()) return respond(fail(ttrpc::Code::not_found, "not found"));
+      v2::WaitResponse w;
+      w.set_exit_status(exit_status);
+      set_time(w.mutable_exited_at(), exited_at_ns);
+      return respond(ok(w));
+    }
+    if (auto r = check_id(req->id(), req->exec_id()); !r.status.ok()) return respond(std::move(r));
+    waiters.push_back(std::move(respond));
+  }
+};
+
+TaskService::TaskService(asio::io_context& io, ServiceConfig cfg, Publisher& events)
+    : impl_(std::make_unique<Impl>(io, std::move(cfg), events)) {}
+TaskService::~TaskService() = default;
+
+void TaskService::register_on(ttrpc::Server& server) {
+  Impl* im = impl_.get();
+  auto sync = [&](const char* name, Impl::Handler h) {
+    server.add(std::string(kService), name, [im, h](ttrpc::Call&& c, ttrpc::Respond r) { r((im->*h)(c.payload)); });
+  };
+  sync("Create", &Impl::create);
+  sync("Start", &Impl::start);
+  sync("State", &Impl::state);
+  sync("Kill", &Impl::kill);
+  sync("Delete", &Impl::del);
+  sync("Pids", &Impl::pids);
+  sync("Connect", &Impl::connect);
+  sync("ResizePty", &Impl::resize);
+  sync("CloseIO", &Impl::close_io);
+  sync("Shutdown", &Impl::shutdown);
+  server.add(std::string(kService), "Wait", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->wait(std::move(c), std::move(r)); });
+  // Known, and answered clearly: containerd maps UNIMPLEMENTED to ErrNotImplemented.
+  for (const char* m : {"Pause", "Resume", "Checkpoint", "Update", "Stats", "Exec"}) {
+    std::string why = std::string(m) == "Exec"
+                          ? "Exec: a second process in the task's microVM is not supported yet"
+                          : fmt::format("{}: not supported by the nesinit shim", m);
+    server.add(std::string(kService), m, [why](ttrpc::Call&&, ttrpc::Respond r) {
+      r(ttrpc::Reply{{ttrpc::Code::unimplemented, why}, {}});
+    });
+  }
+}
+
+}  // namespace nes::shim

@@ -1,0 +1,81 @@
+// containerd.task.v2.Task (containerd's runtime-v2 shim API, runtime/v2/task/shim.proto) for one
+// task = one microVM. The VM is run by a `neshost run` child (as containerd's runc shim runs
+// `runc`): Create checks the bundle (config.json, rootfs mounts) and persists the task; Start
+// spawns `neshost run --rootfs ROOT ... -- ARGS` with containerd's stdio FIFOs as its fds 0-2, in
+// its own session; Kill and ResizePty go to that VM's control socket; Wait/State/Delete answer
+// from its durable outcome record (exit status 128+N for a signal N, exited_at = finished_at).
+// The task's state file `<bundle>/nesinit-task.json` is written durably (host/reconcile.hpp
+// write_durable) so `shim delete` after a SIGKILLed shim finds the VM and ends it.
+// Calls and what they answer: docs/containerd.md.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
+#include "host/result.hpp"
+#include "host/shim/events.hpp"
+#include "host/shim/ttrpc.hpp"
+
+namespace nes::shim {
+
+/// Where the task runs and who to tell.
+struct ServiceConfig {
+  std::string ns;                  // containerd namespace
+  std::string id;                  // task (container) id
+  std::filesystem::path bundle;    // the bundle directory (config.json, rootfs/)
+  std::filesystem::path neshost;   // the `neshost` program
+  std::function<void()> shutdown;  // Shutdown accepted: stop serving and exit
+};
+
+/// The persisted part of the task (`<bundle>/nesinit-task.json`, schema_version 1).
+struct TaskRecord {
+  std::string id, vm;
+  std::filesystem::path state_dir;     // neshost's --state for this task
+  pid_t pid = 0;                       // the `neshost run` process (its session leader), 0 before Start
+  unsigned long long pid_start = 0;    // its start time (/proc/PID/stat field 22): a recycled pid differs
+  bool mounted_rootfs = false;         // Create mounted req.rootfs on <bundle>/rootfs
+  bool operator==(const TaskRecord&) const = default;
+};
+/// One JSON object plus '\n'.
+std::string encode_task_record(const TaskRecord& r);
+/// Parse; the error names the field.
+host::Result<TaskRecord> parse_task_record(std::string_view json);
+/// Read `<bundle>/nesinit-task.json`; nullopt if there is none.
+host::Result<std::optional<TaskRecord>> load_task_record(const std::filesystem::path& bundle);
+
+/// What `shim delete` reports for a task whose shim is gone.
+struct Cleanup {
+  pid_t pid = 0;
+  std::uint32_t exit_status = 0;
+  std::int64_t exited_at_ns = 0;  // Unix time, ns
+};
+/// `shim delete`: end the task's VM if it still runs (SIGKILL to the `neshost run` session:
+/// QEMU and virtiofsd die with it), unmount what Create mounted, remove the task's state. The exit
+/// status is the recorded one if the VM recorded an outcome, else 137 (128+SIGKILL).
+Cleanup cleanup_task(const std::filesystem::path& bundle);
+
+/// The Task service, registered on a ttrpc Server. All calls on the io_context's thread.
+class TaskService {
+ public:
+  TaskService(boost::asio::io_context& io, ServiceConfig cfg, Publisher& events);
+  ~TaskService();
+  TaskService(const TaskService&) = delete;
+  TaskService& operator=(const TaskService&) = delete;
+
+  /// Register every Task method on `server` (containerd.task.v2.Task).
+  void register_on(ttrpc::Server& server);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nes::shim

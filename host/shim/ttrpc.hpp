@@ -1,0 +1,156 @@
+// ttrpc, containerd's RPC for shims (github.com/containerd/ttrpc): frames over a Unix stream,
+// each a 10-byte header (length u32 BE, stream id u32 BE, type u8, flags u8) and a protobuf
+// Request or Response of at most 4 MiB. Clients use odd stream ids; several calls may be in flight
+// on one connection and are answered in any order. There is no C++ ttrpc library: this is the
+// smallest exact one the shim needs. FrameReader is sans-I/O (fuzzed: fuzz/ttrpc_frame_fuzz.cpp);
+// Server and call() do the I/O. Why and how: docs/containerd.md "ttrpc".
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "host/fd.hpp"
+#include "host/result.hpp"
+
+namespace nes::ttrpc {
+
+/// Header bytes before every message.
+inline constexpr std::size_t kHeaderBytes = 10;
+/// Largest message either side accepts (ttrpc's messageLengthMax), bytes.
+inline constexpr std::uint32_t kMaxMessageBytes = 4u << 20;
+
+/// Frame types (header byte 8). Others are ignored on receipt, as ttrpc does, for compatibility.
+enum class MsgType : std::uint8_t { request = 1, response = 2 };
+
+/// google.rpc.Code (google/rpc/code.proto): the status codes ttrpc carries; containerd's errdefs
+/// maps them to its errors (NOT_FOUND -> ErrNotFound, UNIMPLEMENTED -> ErrNotImplemented, ...).
+enum class Code : std::int32_t {
+  ok = 0, cancelled = 1, unknown = 2, invalid_argument = 3, deadline_exceeded = 4, not_found = 5,
+  already_exists = 6, permission_denied = 7, resource_exhausted = 8, failed_precondition = 9,
+  aborted = 10, out_of_range = 11, unimplemented = 12, internal = 13, unavailable = 14,
+};
+
+/// A call's status: code and a one-line message for the caller.
+struct Status {
+  Code code = Code::ok;
+  std::string message;
+  bool ok() const { return code == Code::ok; }
+};
+
+/// One frame as read. `oversized`: its header announced more than kMaxMessageBytes; its bytes were
+/// skipped and `payload` is empty (ttrpc answers such a request RESOURCE_EXHAUSTED on its stream).
+struct Frame {
+  std::uint32_t stream = 0;
+  std::uint8_t type = 0;
+  std::uint8_t flags = 0;
+  std::uint32_t length = 0;  // as announced by the header, bytes
+  bool oversized = false;
+  std::string payload;
+};
+
+/// Header plus payload. `payload` must be at most kMaxMessageBytes.
+std::string encode_frame(std::uint32_t stream, MsgType type, std::string_view payload);
+
+/// Splits a byte stream into frames. Holds at most one message (kMaxMessageBytes) plus the bytes
+/// of one feed() call; an oversized message's bytes are dropped as they arrive.
+class FrameReader {
+ public:
+  /// Append bytes read from the stream.
+  void feed(std::string_view bytes);
+  /// The next complete frame, or nullopt until more bytes are fed.
+  std::optional<Frame> next();
+  /// Bytes held (buffered, not yet returned as a frame).
+  std::size_t buffered() const { return buf_.size() - pos_; }
+
+ private:
+  std::string buf_;
+  std::size_t pos_ = 0;
+  std::optional<Frame> skipping_;  // header of an oversized frame whose bytes are being dropped
+  std::uint64_t skip_left_ = 0;
+};
+
+/// One call as the server received it. `timeout_ns` 0 means none given.
+struct Call {
+  std::string service;  // e.g. "containerd.task.v2.Task"
+  std::string method;   // e.g. "Create"
+  std::string payload;  // the method's request message, serialized
+  std::int64_t timeout_ns = 0;
+  std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+/// A call's answer: a status and, when ok, the method's response message serialized.
+struct Reply {
+  Status status;
+  std::string payload;
+};
+
+/// A serialized ttrpc Request (the client side's half; used by call() and the tests).
+std::string encode_request(const Call& c);
+/// Parse a serialized Response; error when it is not one.
+host::Result<Reply> decode_response(std::string_view bytes);
+/// A serialized Response.
+std::string encode_response(const Reply& r);
+
+/// Answers one call; call it once, on the server's io_context thread (later calls, and calls after
+/// the connection has gone, are ignored).
+using Respond = std::function<void(Reply)>;
+/// A method: may answer at once or keep `respond` and answer later (e.g. Task.Wait).
+using Method = std::function<void(Call&& call, Respond respond)>;
+
+/// A ttrpc server on one io_context: every connection served concurrently, calls dispatched by
+/// service and method. An unknown service or method answers UNIMPLEMENTED ("service X" / "method
+/// Y", as ttrpc's own server), an unparsable Request INVALID_ARGUMENT, an even stream id
+/// INVALID_ARGUMENT, an oversized one RESOURCE_EXHAUSTED; the connection keeps serving. A
+/// connection is closed on EOF, a read error, or more than kMaxInFlight unanswered calls.
+class Server {
+ public:
+  /// Calls a connection may have unanswered before it is closed.
+  static constexpr std::size_t kMaxInFlight = 256;
+
+  explicit Server(boost::asio::io_context& io);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Register a method (before serving).
+  void add(std::string service, std::string method, Method m);
+  /// Accept connections on a listening Unix socket. Owns the fd.
+  void serve(host::Fd listener);
+  /// Serve one already-connected stream (a socketpair in tests). Owns the fd.
+  void serve_connection(host::Fd conn);
+  /// Connections open now.
+  std::size_t connections() const;
+  /// Stop accepting new connections; those open keep being served.
+  void stop_accepting();
+  /// Stop accepting and close every connection (unanswered calls are dropped).
+  void close();
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Listen on a Unix socket at `path` (an existing socket there is replaced; the directory is
+/// created 0711). Error names the path.
+host::Result<host::Fd> listen_unix(const std::filesystem::path& path);
+
+/// One blocking call on a new connection to the Unix socket `path`, bounded by `timeout` (connect,
+/// send and the answer together). The reply's status is the server's; an error means no answer
+/// (no server, timeout, a malformed response).
+host::Result<Reply> call(const std::filesystem::path& path, const Call& c,
+                         std::chrono::milliseconds timeout);
+
+}  // namespace nes::ttrpc

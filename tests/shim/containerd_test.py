@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Qualification of containerd-shim-nesinit-v2 against a real containerd (meson suite `shim`):
+a private daemon (its own root, state, sockets and config; CRI disabled; in a private mount
+namespace so neither its snapshot mounts nor the shim's rootfs mounts reach this machine's mount
+table), the shim and neshost on its PATH, every task a real microVM (QEMU TCG, the Debian cloud
+kernel, nesinit as PID 1). Judged by ctr's own output and exit statuses.
+
+Usage: containerd_test.py CASE (see CASES). Env: NESHOST_SHIM, NESHOST, NESHOST_INITRD.
+After every case: containerd stopped, every process it or the shim started gone (this runner is a
+subreaper: anything left is reparented here and found), its directory removed.
+"""
+import ctypes
+import io
+import json
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+SHIM = os.environ["NESHOST_SHIM"]
+NESHOST = os.environ["NESHOST"]
+RUNTIME = "io.containerd.nesinit.v2"
+BOUND = 120  # seconds: the most any one ctr command may take
+
+
+class Failure(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failure(what)
+
+
+def until(cond, what, bound=60):
+    """Polls `cond` (a state read from containerd, not a timing guess) until true; bounded."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise Failure(f"{what}: not after {bound} s")
+
+
+def busybox_root(d):
+    os.makedirs(os.path.join(d, "bin"))
+    shutil.copy("/bin/busybox", os.path.join(d, "bin", "busybox"))
+    for applet in ("sh", "sleep", "echo", "cat", "id", "tty", "ls"):
+        os.symlink("busybox", os.path.join(d, "bin", applet))
+    return d
+
+
+class Daemon:
+    """A private containerd: config, root, state and sockets under one temp dir."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="nesctr-", dir="/tmp")
+        self.sock = os.path.join(self.tmp, "c.sock")
+        self.bin = os.path.join(self.tmp, "bin")
+        os.mkdir(self.bin)
+        os.symlink(SHIM, os.path.join(self.bin, "containerd-shim-nesinit-v2"))
+        self.cfg = os.path.join(self.tmp, "config.toml")
+        with open(self.cfg, "w") as f:
+            f.write(f'version = 2\nroot = "{self.tmp}/root"\nstate = "{self.tmp}/state"\n'
+                    f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+                    f'[grpc]\n  address = "{self.sock}"\n[ttrpc]\n  address = "{self.sock}.ttrpc"\n'
+                    f'[debug]\n  level = "debug"\n')
+        self.env = dict(os.environ, PATH=self.bin + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
+                        NESHOST=NESHOST, TMPDIR=self.tmp)
+        self.proc = None
+        self.log = os.path.join(self.tmp, "containerd.log")
+        self.start()
+
+    def start(self):
+        logf = open(self.log, "ab")
+        # A private mount namespace whose mounts never propagate back to this machine's.
+        self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "containerd",
+                                      "--config", self.cfg], stdout=logf, stderr=logf, env=self.env)
+        logf.close()
+        until(lambda: self.ctr("version", check_rc=False)[0] == 0, "containerd answering")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def ctr(self, *args, check_rc=True, timeout=BOUND, stdin=subprocess.DEVNULL):
+        r = subprocess.run(["ctr", "--address", self.sock] + list(args), stdin=stdin, capture_output=True,
+                           timeout=timeout, env=self.env)
+        out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+        if check_rc and r.returncode != 0:
+            raise Failure(f"ctr {' '.join(args)}: exit {r.returncode}: {err}{self.tail()}")
+        return r.returncode, out, err
+
+    def popen_ctr(self, *args):
+        return subprocess.Popen(["ctr", "--address", self.sock] + list(args), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
+
+    def tasks(self):
+        """{task id: (pid, status)} from `ctr task ls`."""
+        rc, out, _ = self.ctr("task", "ls", check_rc=False)
+        got = {}
+        for line in out.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 3:
+                got[parts[0]] = (parts[1], parts[2])
+        return got
+
+    def tail(self):
+        try:
+            with open(self.log, errors="replace") as f:
+                return "\ncontainerd log (tail):\n" + "".join(f.readlines()[-60:])
+        except OSError:
+            return ""
+
+    def run(self, *args, **kw):
+        return self.ctr("run", "--rm", "--runtime", RUNTIME, *args, **kw)
+
+    def close(self):
+        """Every task killed and deleted (so its shim exits), every container deleted, then the
+        daemon stopped; bounded."""
+        try:
+            if self.proc and self.proc.poll() is None:
+                for t in list(self.tasks()):
+                    self.ctr("task", "kill", "-s", "SIGKILL", t, check_rc=False)
+                    until(lambda: self.tasks().get(t, ("", ""))[1] != "RUNNING", f"{t} killed", bound=30)
+                    self.ctr("task", "delete", t, check_rc=False)
+                rc, out, _ = self.ctr("container", "ls", "-q", check_rc=False)
+                for c in out.split():
+                    self.ctr("container", "delete", c, check_rc=False)
+        except (Failure, subprocess.TimeoutExpired) as e:
+            print(f"cleanup: {e}", file=sys.stderr)
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def wait_line(p, text, bound=BOUND):
+    """Reads p's stdout until a line equals `text`; returns everything read."""
+    got = b""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        b = p.stdout.readline()
+        if not b:
+            break
+        got += b
+        if b.rstrip(b"\r\n") == text.encode():
+            return got
+    raise Failure(f"never printed {text!r}; got {got!r}, stderr {p.stderr.read().decode(errors='replace')!r}")
+
+
+def finish(p, bound=BOUND):
+    try:
+        out, err = p.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise Failure(f"ctr still running after {bound} s")
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+# ---- cases ----
+
+def case_exit7(d):
+    """The issue's first line: `hi` printed, exit 7."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    rc, out, err = d.run("--rootfs", root, "t1", "/bin/sh", "-c", "echo hi; echo err >&2; exit 7", check_rc=False)
+    check(out == "hi\n", f"stdout {out!r}; stderr {err!r}{d.tail()}")
+    check(rc == 7, f"exit {rc}, want 7; stderr {err!r}{d.tail()}")
+    check("err\n" in err, f"the workload's stderr is not ctr's: {err!r}")
+    check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+
+
+def case_kill(d):
+    """`ctr task kill` (SIGTERM) -> 143 and `-s SIGKILL` -> 137, judged by the attached ctr run's
+    own exit status; `ctr task ps` lists the task's process while it runs."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    for tid, sig, want in (("tk15", "SIGTERM", 143), ("tk9", "SIGKILL", 137)):
+        p = d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--rootfs", root, tid, "/bin/sh", "-c", "echo up; exec sleep 1000")
+        try:
+            wait_line(p, "up")
+            check(d.tasks().get(tid, ("", ""))[1] == "RUNNING", f"{tid}: {d.tasks()}")
+            rc, out, _ = d.ctr("task", "ps", tid)
+            check(len(out.splitlines()) >= 2, f"ctr task ps {tid}: {out!r}")
+            d.ctr("task", "kill", "-s", sig, tid)
+            rc, out, err = finish(p)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        check(rc == want, f"{tid}: ctr run exit {rc}, want {want}; stderr {err!r}{d.tail()}")
+    rc, _, err = d.ctr("task", "exec", "--exec-id", "x", "tk9", "/bin/true", check_rc=False)
+    check(rc != 0, "exec on a deleted task succeeded")
+
+
+def oci_archive(path, root, ref):
+    """An OCI image layout tarball (one layer: `root`), as `ctr image import` reads it."""
+    blobs = {}
+
+    def blob(data):
+        h = hashlib.sha256(data).hexdigest()
+        blobs[h] = data
+        return {"digest": "sha256:" + h, "size": len(data)}
+
+    lb = io.BytesIO()
+    with tarfile.open(fileobj=lb, mode="w") as t:
+        t.add(root, arcname=".")
+    layer = lb.getvalue()
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+                         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": dict(blob(config), mediaType="application/vnd.oci.image.config.v1+json"),
+                           "layers": [dict(blob(layer), mediaType="application/vnd.oci.image.layer.v1.tar")]}).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [
+        dict(blob(manifest), mediaType="application/vnd.oci.image.manifest.v1+json",
+             annotations={"org.opencontainers.image.ref.name": ref})]}).encode()
+    with tarfile.open(path, "w") as t:
+        def add(name, data):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add("index.json", index)
+        for h, data in blobs.items():
+            add(f"blobs/sha256/{h}", data)
+
+
+def case_image(d):
+    """An image made here (busybox-static in an OCI tarball, `ctr image import`): containerd's
+    snapshot is mounted by the shim as the task's root and served to the guest over virtiofs."""
+    root = busybox_root(os.path.join(d.tmp, "imgroot"))
+    tarball = os.path.join(d.tmp, "img.tar")
+    oci_archive(tarball, root, "nesinit.test/busybox:1")
+    d.ctr("image", "import", "--base-name", "nesinit.test/busybox", "--digests", tarball)
+    rc, out, _ = d.ctr("image", "ls", "-q")
+    img = next((l for l in out.splitlines() if l.startswith("nesinit.test/busybox")), None)
+    check(img, f"image not imported: {out!r}")
+    rc, out, err = d.run(img, "ti", "/bin/sh", "-c", "echo from-image; ls /bin/busybox; exit 3", check_rc=False)
+    check(out == "from-image\n/bin/busybox\n", f"stdout {out!r}; stderr {err!r}{d.tail()}")
+    check(rc == 3, f"exit {rc}, want 3; stderr {err!r}{d.tail()}")
+
+
+def case_restart(d):
+    """containerd restarted while a task runs: afterwards the task is still RUNNING, a kill
+    reaches it, and its exit (143) is observed through the restarted daemon."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "tr", "/bin/sh", "-c", "echo > /up; exec sleep 1000")
+    # The workload itself runs (its file appears in the shared root), not only the task's process.
+    until(lambda: os.path.exists(os.path.join(root, "up")), "the workload running")
+    d.stop()
+    d.start()
+    check(d.tasks().get("tr", ("", ""))[1] == "RUNNING", f"after the restart: {d.tasks()}")
+    d.ctr("task", "kill", "tr")
+    until(lambda: d.tasks().get("tr", ("", ""))[1] == "STOPPED", "tr stopped")
+    rc, out, err = d.ctr("task", "delete", "tr", check_rc=False)
+    check("exit code 143" in err, f"ctr task delete: {err!r}, want the task's status 143")
+    d.ctr("container", "delete", "tr")
+
+
+def descendants_alive():
+    """Live processes reparented to this subreaper (anything a shim or neshost left)."""
+    me = os.getpid()
+    alive = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        if int(fields[1]) == me and fields[0] != "Z":
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                alive.append((int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")))
+    return alive
+
+
+def case_shim_killed(d):
+    """The shim SIGKILLed while its task runs: containerd's cleanup (`shim delete`) ends the VM,
+    the task is gone from containerd, and no QEMU, virtiofsd or neshost is left."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "tsk", "/bin/sh", "-c", "echo > /up; exec sleep 1000")
+    until(lambda: os.path.exists(os.path.join(root, "up")), "the workload running")
+    shims = [p for p, cmd in all_procs() if "containerd-shim-nesinit-v2" in cmd and "-id tsk" in cmd]
+    check(len(shims) == 1, f"shim processes: {shims}")
+    vm_procs = [p for p, cmd in all_procs() if "qemu-system" in cmd and d.tmp in cmd]
+    check(vm_procs, "no QEMU for the task")
+    os.kill(shims[0], signal.SIGKILL)
+    try:
+        until(lambda: not any(os.path.exists(f"/proc/{p}") and not zombie(p) for p in vm_procs), "QEMU ended")
+    except Failure as e:
+        raise Failure(f"{e}{d.tail()}")
+    until(lambda: d.tasks().get("tsk", ("", ""))[1] in ("", "STOPPED", "UNKNOWN"), "task cleaned up")
+    d.ctr("container", "delete", "tsk", check_rc=False)
+
+
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+        return st[st.rindex(")") + 2] == "Z"
+    except OSError:
+        return True
+
+
+def all_procs():
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    out.append((int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")))
+            except OSError:
+                pass
+    return out
+
+
+def case_bad_spec(d):
+    """A spec the shim cannot honour (a seccomp profile): a clear Create error naming the field,
+    and nothing left running."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    rc, out, err = d.run("--seccomp", "--rootfs", root, "tb", "/bin/true", check_rc=False)
+    check(rc != 0 and "linux.seccomp" in err, f"exit {rc}; stderr {err!r}")
+    check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+
+
+CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in CASES:
+        print(f"usage: containerd_test.py {{{','.join(CASES)}}}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("SKIP: needs root (containerd)")
+        return 77
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    d = Daemon()
+    ok = False
+    try:
+        CASES[sys.argv[1]](d)
+        ok = True
+    except (Failure, subprocess.TimeoutExpired) as e:
+        print(f"FAIL: {e}", file=sys.stderr)
+    finally:
+        d.close()
+        # Everything containerd, its shims and their VMs started is gone with them (bounded).
+        try:
+            until(lambda: not descendants_alive(), "descendants gone", bound=30)
+        except Failure:
+            left = descendants_alive()
+            print(f"FAIL: left running: {left}", file=sys.stderr)
+            for pid, _ in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            ok = False
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
