@@ -2,8 +2,8 @@
 // each a 10-byte header (length u32 BE, stream id u32 BE, type u8, flags u8) and a protobuf
 // Request or Response of at most 4 MiB. Clients use odd stream ids; several calls may be in flight
 // on one connection and are answered in any order. There is no C++ ttrpc library: this is the
-// smallest exact one the shim needs. FrameReader is sans-I/O (fuzzed: fuzz/ttrpc_frame_fuzz.cpp);
-// Server and call() do the I/O. Why and how: docs/containerd.md "ttrpc".
+// smallest exact one the shim needs: the framing (host/shim/ttrpc_frame.hpp, sans-I/O, fuzzed),
+// the envelope (libprotobuf) and here the I/O: Server and call(). Why and how: docs/containerd.md "ttrpc".
 #pragma once
 
 #include <chrono>
@@ -22,17 +22,10 @@
 #include <boost/asio/io_context.hpp>
 
 #include "host/fd.hpp"
+#include "host/shim/ttrpc_frame.hpp"
 #include "host/result.hpp"
 
 namespace nes::ttrpc {
-
-/// Header bytes before every message.
-inline constexpr std::size_t kHeaderBytes = 10;
-/// Largest message either side accepts (ttrpc's messageLengthMax), bytes.
-inline constexpr std::uint32_t kMaxMessageBytes = 4u << 20;
-
-/// Frame types (header byte 8). Others are ignored on receipt, as ttrpc does, for compatibility.
-enum class MsgType : std::uint8_t { request = 1, response = 2 };
 
 /// google.rpc.Code (google/rpc/code.proto): the status codes ttrpc carries; containerd's errdefs
 /// maps them to its errors (NOT_FOUND -> ErrNotFound, UNIMPLEMENTED -> ErrNotImplemented, ...).
@@ -47,38 +40,6 @@ struct Status {
   Code code = Code::ok;
   std::string message;
   bool ok() const { return code == Code::ok; }
-};
-
-/// One frame as read. `oversized`: its header announced more than kMaxMessageBytes; its bytes were
-/// skipped and `payload` is empty (ttrpc answers such a request RESOURCE_EXHAUSTED on its stream).
-struct Frame {
-  std::uint32_t stream = 0;
-  std::uint8_t type = 0;
-  std::uint8_t flags = 0;
-  std::uint32_t length = 0;  // as announced by the header, bytes
-  bool oversized = false;
-  std::string payload;
-};
-
-/// Header plus payload. `payload` must be at most kMaxMessageBytes.
-std::string encode_frame(std::uint32_t stream, MsgType type, std::string_view payload);
-
-/// Splits a byte stream into frames. Holds at most one message (kMaxMessageBytes) plus the bytes
-/// of one feed() call; an oversized message's bytes are dropped as they arrive.
-class FrameReader {
- public:
-  /// Append bytes read from the stream.
-  void feed(std::string_view bytes);
-  /// The next complete frame, or nullopt until more bytes are fed.
-  std::optional<Frame> next();
-  /// Bytes held (buffered, not yet returned as a frame).
-  std::size_t buffered() const { return buf_.size() - pos_; }
-
- private:
-  std::string buf_;
-  std::size_t pos_ = 0;
-  std::optional<Frame> skipping_;  // header of an oversized frame whose bytes are being dropped
-  std::uint64_t skip_left_ = 0;
 };
 
 /// One call as the server received it. `timeout_ns` 0 means none given.
