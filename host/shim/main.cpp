@@ -96,7 +96,9 @@ fs::path self_dir() {
 
 fs::path neshost_program() {
   if (const char* e = std::getenv("NESHOST"); e && *e) return e;
-  return self_dir() / "neshost";
+  std::error_code ec;
+  if (auto beside = self_dir() / "neshost"; fs::exists(beside, ec)) return beside;
+  return "neshost";  // looked up on PATH
 }
 
 // `start`: the listening socket, the long-lived shim on it, the address printed.

@@ -310,7 +310,7 @@ struct TaskService::Impl {
     posix_spawnattr_setsigmask(&at, &none);
     posix_spawnattr_setsigdefault(&at, &all);
     pid_t pid = 0;
-    int rc = ::posix_spawn(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
+    int rc = ::posix_spawnp(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     if (rc != 0) return fail(ttrpc::Code::internal, fmt::format("spawn {}: {}", prog, std::strerror(rc)));

@@ -30,7 +30,7 @@ struct ServiceConfig {
   std::string ns;                  // containerd namespace
   std::string id;                  // task (container) id
   std::filesystem::path bundle;    // the bundle directory (config.json, rootfs/)
-  std::filesystem::path neshost;   // the `neshost` program
+  std::filesystem::path neshost;   // the `neshost` program (a bare name is looked up on PATH)
   std::function<void()> shutdown;  // Shutdown accepted: stop serving and exit
 };
 

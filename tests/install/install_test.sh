@@ -188,7 +188,7 @@ if [[ $packages == --packages ]]; then
   [[ -z ${NES_KEEP_DEBS:-} ]] || cp "$tmp"/pkg/*.deb "$tmp"/pkg/*.changes "$NES_KEEP_DEBS"/
   sroot=$tmp/scratch
   for d in "$tmp"/pkg/*.deb; do dpkg -x "$d" "$sroot"; done
-  for want in usr/lib/nesinit/nesinit usr/bin/nesinit-mkinitrd usr/bin/neshost \
+  for want in usr/lib/nesinit/nesinit usr/bin/nesinit-mkinitrd usr/bin/neshost usr/bin/containerd-shim-nesinit-v2 \
               "usr/lib/$multiarch/libneshost.so.0" usr/include/nes/host/host.hpp; do
     [[ -e $sroot/$want ]] || fail "not in the packages: /$want"
   done
