@@ -192,6 +192,7 @@ std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
     if (g == s.gid) continue;
     a.insert(a.end(), {"--group-add", std::to_string(g)});
   }
+  if (s.root_ro) a.push_back("--read-only");
   if (!s.hostname.empty()) a.insert(a.end(), {"--hostname", s.hostname});
   for (const auto& e : s.env) a.insert(a.end(), {"--env", e});
   for (const auto& v : s.volumes) a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", v.host.string(), v.guest, v.ro ? ":ro" : "")});
