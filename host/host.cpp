@@ -64,6 +64,7 @@ struct Vm {
   std::shared_ptr<DataLink> data;
   bool data_ever = false;
   bool output_paused = false;
+  std::optional<std::pair<std::uint16_t, std::uint16_t>> pending_resize;  // rows, cols for the data channel
   std::shared_ptr<AsyncLog> log;
   bool finishing = false;  // "finished" is held until the data channel and the log are closed
   std::function<void()> data_finished_cb;  // run once the data channel has closed
@@ -443,6 +444,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     emit(*vm, "data_connected", "", act::Milestone::data_connected);
     if (vm->output_paused) link->pause(true);
     link->start();
+    if (auto r = std::exchange(vm->pending_resize, std::nullopt)) (void)link->send_resize(r->first, r->second);
   }
 
   static void close_data(const std::shared_ptr<Vm>& vm) {
@@ -729,8 +731,15 @@ Status Host::send_stdin_eof(const std::string& id) {
 Status Host::send_resize(const std::string& id, std::uint16_t rows, std::uint16_t cols) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
-  if (!vm->data) return no_data(id);
-  return vm->data->send_resize(rows, cols);
+  if (vm->data) return vm->data->send_resize(rows, cols);
+  // Before boot: the size the workload starts with. After boot, before the data channel: sent
+  // once it is up (the latest size wins).
+  if (vm->core.set_terminal_size(rows, cols)) return Ok{};
+  const auto& st = vm->core.config().descriptor.stdio;
+  if (!st || !st->terminal) return no_data(id);
+  if (rows < 1 || cols < 1) return Error{"resize: rows and cols must be at least 1"};
+  vm->pending_resize = std::pair{rows, cols};
+  return Ok{};
 }
 
 Status Host::pause_output(const std::string& id, bool paused) {

@@ -100,6 +100,8 @@ class Host {
   Status send_stdin(const std::string& vm, std::string_view bytes);
   Status send_stdin_eof(const std::string& vm);
   /// The workload's terminal size changed (descriptor stdio.terminal set); rows, cols >= 1.
+  /// Before `boot` it is the size the workload starts with; before the data channel is up it is
+  /// sent once it is (the latest wins).
   Status send_resize(const std::string& vm, std::uint16_t rows, std::uint16_t cols);
   /// Flow control for StdioHooks::data: while paused the data channel is not read (the guest
   /// holds the workload, or drops in lossy mode). The lifecycle channel is never affected.

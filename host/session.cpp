@@ -600,6 +600,14 @@ void Session::stream_closed(WallTime now) {
   maybe_finish();
 }
 
+bool Session::set_terminal_size(std::uint16_t rows, std::uint16_t cols) {
+  auto& st = cfg_.descriptor.stdio;
+  if (booted_ever_ || rows < 1 || cols < 1 || !st || !st->terminal) return false;
+  st->terminal->rows = rows;
+  st->terminal->cols = cols;
+  return true;
+}
+
 Status Session::stop() {
   if (finished_) return Error{"stop: the session is over"};
   if (outcome_) return Error{fmt::format("stop: the workload already ended ({})",

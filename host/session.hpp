@@ -111,6 +111,10 @@ class Session {
   void record_failed(std::string error);
 
   // ---- API ----
+  /// The workload's terminal size, rows x cols (each >= 1), before `boot` went out: the
+  /// descriptor's stdio.terminal takes it, so the workload starts at that size. false (nothing
+  /// changed) once boot was sent, or when the descriptor asks for no terminal.
+  bool set_terminal_size(std::uint16_t rows, std::uint16_t cols);
   /// Ask the guest to SIGTERM the workload (sent at once, or right after the boot descriptor).
   Status stop();
   /// Send `signal` (1..64) to the workload's process group; needs a booted session.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -180,6 +181,9 @@ struct TaskService::Impl {
   Fd pidfd;
   std::optional<asio::posix::stream_descriptor> exit_watch;
   std::vector<ttrpc::Respond> waiters;
+  std::optional<std::string> pending_resize;  // "resize ROWS COLS" not yet taken by neshost run
+  std::chrono::steady_clock::time_point resize_deadline;
+  asio::steady_timer resize_timer{io};
 
   using Handler = ttrpc::Reply (Impl::*)(const std::string& payload);
 
@@ -464,10 +468,33 @@ struct TaskService::Impl {
     if (req->width() < 1 || req->height() < 1 || req->width() > 0xffff || req->height() > 0xffff)
       return fail(ttrpc::Code::invalid_argument, fmt::format("width {} height {}: each must be 1..65535", req->width(), req->height()));
     if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, "task is not running");
-    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm),
-                                      fmt::format("resize {} {}", req->height(), req->width()), 2s);
-    if (reply && *reply == "ok") return empty();
-    return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", reply ? *reply : reply.error().message));
+    // ctr resizes right after Start, before `neshost run` has its control socket: the latest size
+    // is kept and delivered as soon as the socket answers (neshost makes it the size the workload
+    // starts with when the guest has not booted yet).
+    pending_resize = fmt::format("resize {} {}", req->height(), req->width());
+    resize_deadline = std::chrono::steady_clock::now() + 30s;
+    deliver_resize();
+    return empty();
+  }
+
+  void deliver_resize() {
+    if (!pending_resize || phase != Phase::running) return;
+    auto path = host::control_path(rec.state_dir, rec.vm);
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      auto reply = cli::control_request(path, *pending_resize, 2s);
+      if (reply && *reply == "ok") {
+        pending_resize.reset();
+        return;
+      }
+    }
+    if (std::chrono::steady_clock::now() > resize_deadline) {
+      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {} not delivered in 30 s\n", cfg.id, *pending_resize);
+      pending_resize.reset();
+      return;
+    }
+    resize_timer.expires_after(20ms);
+    resize_timer.async_wait([this](boost::system::error_code e) { if (!e) deliver_resize(); });
   }
 
   ttrpc::Reply close_io(const std::string& p) {

@@ -627,3 +627,25 @@ TEST_CASE("survival: an outcome re-sent after the record is durable is acked, re
   p.pump();
   CHECK(p.last_type() == "shutdown");
 }
+
+TEST_CASE("a terminal size set before boot is the descriptor's; once boot went out it is refused") {
+  auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.descriptor.stdio = proto::Stdio{};
+  Session plain(c);
+  CHECK(!plain.set_terminal_size(33, 101));  // no terminal asked for
+  c.descriptor.stdio->terminal = proto::Terminal{24, 80};
+  Session s(c);
+  CHECK(!s.set_terminal_size(0, 5));
+  CHECK(s.set_terminal_size(33, 101));
+  WallTime t{std::chrono::seconds(1'700'000'000)};
+  s.vm_started(t);
+  CHECK(s.stream_opened(t));
+  s.received(test::ready_line(), t);
+  std::optional<proto::Boot> boot;
+  for (auto& a : s.take())
+    if (auto* send = std::get_if<act::Send>(&a)) boot = boot_of(send->line);
+  REQUIRE(boot);
+  REQUIRE(boot->stdio);
+  CHECK(boot->stdio->terminal == proto::Terminal{33, 101});
+  CHECK(!s.set_terminal_size(40, 120));
+}
