@@ -16,7 +16,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "host/shim/ttrpc.hpp"
-#include "tests/host/support.hpp"
+#include "tests/support/temp_dir.hpp"
 #include "ttrpc.pb.h"
 
 using namespace nes;
