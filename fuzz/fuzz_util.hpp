@@ -2,11 +2,13 @@
 // aborts (so libFuzzer reports a crash with the input) whatever NDEBUG says.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 namespace nes::fuzz {
 
@@ -46,5 +48,18 @@ class Cursor {
   std::size_t n_;
   std::size_t i_ = 0;
 };
+
+/// Feed `stream` to `feed(chunk)` in pieces whose sizes cycle through `cuts` (each at least 1
+/// byte; 1 when `cuts` is empty): how a reader sees one stream cut differently by the kernel.
+template <class Feed>
+void feed_in_cuts(std::string_view stream, const std::vector<std::size_t>& cuts, Feed feed) {
+  std::size_t pos = 0, k = 0;
+  while (pos < stream.size()) {
+    std::size_t n = cuts.empty() ? 1 : cuts[k++ % cuts.size()];
+    n = std::max<std::size_t>(1, std::min(n, stream.size() - pos));
+    feed(stream.substr(pos, n));
+    pos += n;
+  }
+}
 
 }  // namespace nes::fuzz

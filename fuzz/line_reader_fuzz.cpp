@@ -16,15 +16,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<nes::proto::Line> a, b;
   whole.feed(stream);
   while (auto l = whole.next()) a.push_back(*l);
-  std::size_t pos = 0, k = 0;
-  while (pos < stream.size()) {
-    std::size_t n = cuts.empty() ? 1 : cuts[k++ % cuts.size()];
-    n = std::max<std::size_t>(1, std::min(n, stream.size() - pos));
-    split.feed(stream.substr(pos, n));
-    pos += n;
+  nes::fuzz::feed_in_cuts(stream, cuts, [&](std::string_view piece) {
+    split.feed(piece);
     nes::fuzz::require(split.buffered() <= cap + 1, "buffered() <= cap + 1");
     while (auto l = split.next()) b.push_back(*l);
-  }
+  });
   nes::fuzz::require(a == b, "lines do not depend on the split");
   nes::fuzz::require(whole.partial() == split.partial(), "partial() does not depend on the split");
   for (auto& l : a) {

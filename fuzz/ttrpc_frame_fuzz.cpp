@@ -19,16 +19,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<Frame> a, b;
   whole.feed(stream);
   while (auto f = whole.next()) a.push_back(*f);
-  std::size_t pos = 0, k = 0;
-  while (pos < stream.size()) {
-    std::size_t n = cuts.empty() ? 1 : cuts[k++ % cuts.size()];
-    n = std::max<std::size_t>(1, std::min(n, stream.size() - pos));
-    split.feed(stream.substr(pos, n));
-    pos += n;
-    nes::fuzz::require(split.buffered() <= nes::ttrpc::kHeaderBytes + nes::ttrpc::kMaxMessageBytes + n,
+  nes::fuzz::feed_in_cuts(stream, cuts, [&](std::string_view piece) {
+    split.feed(piece);
+    nes::fuzz::require(split.buffered() <= nes::ttrpc::kHeaderBytes + nes::ttrpc::kMaxMessageBytes + piece.size(),
                        "buffered() <= one message + one feed");
     while (auto f = split.next()) b.push_back(*f);
-  }
+  });
   nes::fuzz::require(a == b, "frames do not depend on the split");
   // Whole frames re-encode to the prefix of the stream they came from.
   std::string again;
