@@ -337,17 +337,25 @@ class Pid1 {
   }
 
   // ---- I/O -------------------------------------------------------------------------------------
-  std::vector<int> read_signals() {
-    std::vector<int> sigs;
+  /// Signals taken from the signalfd by one read(), in arrival order.
+  struct Signals {
+    int sig[16];
+    std::size_t n = 0;
+    const int* begin() const { return sig; }
+    const int* end() const { return sig + n; }
+  };
+  /// One read() per wakeup and no allocation (a reaping storm wakes the loop once per batch of
+  /// SIGCHLDs): signalfd merges a pending standard signal, so more than 16 at once is rare, and
+  /// any left over keep the fd readable for the next poll.
+  Signals read_signals() {
+    Signals s;
     signalfd_siginfo si[16];
-    for (;;) {
-      ssize_t n = ::read(sfd_, si, sizeof si);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof si[0]; ++i)
-        sigs.push_back(static_cast<int>(si[i].ssi_signo));
-    }
-    return sigs;
+    ssize_t n;
+    do n = ::read(sfd_, si, sizeof si);
+    while (n < 0 && errno == EINTR);
+    for (ssize_t i = 0; n > 0 && i < n / static_cast<ssize_t>(sizeof si[0]); ++i)
+      s.sig[s.n++] = static_cast<int>(si[i].ssi_signo);
+    return s;
   }
 
   void reap() {
