@@ -403,7 +403,7 @@ constexpr std::size_t kSyncFanout = 16;
 /// transaction is committed). `errs[i]` is 0 or fds[i]'s errno.
 void sync_all(const WriteOptions& opt, const std::vector<int>& fds, std::vector<int>& errs) {
   errs.assign(fds.size(), 0);
-  if (!opt.sync) return;
+  if (!opt.sync || fds.empty()) return;
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t i; (i = next++) < fds.size();) errs[i] = sync_fd(opt, fds[i]);
