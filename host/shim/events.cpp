@@ -68,13 +68,19 @@ void Publisher::run() {
       env->mutable_event()->set_type_url(it.type_url);
       env->mutable_event()->set_value(it.value);
       ttrpc::Call c{"containerd.services.events.ttrpc.v1.Events", "Forward", req.SerializeAsString(), 0, {}};
-      for (int i = 0; i < kAttempts && !sent; ++i) {
+      // A stopping shim tries each remaining event once: its exit is bounded by 2 s per event.
+      int attempts = kAttempts;
+      {
+        std::lock_guard w(mu_);
+        if (stopping_) attempts = 1;
+      }
+      for (int i = 0; i < attempts && !sent; ++i) {
         auto r = ttrpc::call(address_, c, 2s);
         sent = r && r->status.ok();
-        if (!sent && i + 1 < kAttempts) {
+        if (!sent && i + 1 < attempts) {
           std::unique_lock w(mu_);
-          // Bounded pause between attempts; a stopping shim still tries every attempt.
-          cv_.wait_for(w, 200ms, [&] { return false; });
+          cv_.wait_for(w, 200ms, [&] { return stopping_; });  // a stop cuts the pause short
+          if (stopping_) attempts = std::min(attempts, i + 2);
         }
       }
     }

@@ -21,13 +21,13 @@ class Publisher {
  public:
   /// Events queued at most; a full queue drops the oldest (counted in dropped()).
   static constexpr std::size_t kMaxQueued = 1024;
-  /// Attempts per event (each bounded by 2 s), 200 ms apart.
+  /// Attempts per event (each bounded by 2 s), 200 ms apart; once stopping, one more at most.
   static constexpr int kAttempts = 5;
 
   /// `ttrpc_address`: containerd's ttrpc socket (a path, "unix://" allowed); empty: events are
   /// dropped (a shim run by hand). `ns`: the namespace every envelope names.
   Publisher(std::string ttrpc_address, std::string ns);
-  /// Sends what is queued (bounded by the per-event attempts), then stops.
+  /// Sends what is queued, one attempt each (so at most 2 s per event), then stops.
   ~Publisher();
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
