@@ -242,7 +242,7 @@ TEST_CASE("range limits: the edges decode, one past them does not") {
   CHECK(error_of(decode_host(encode(HostMessage{b}))) ==
         "boot.exec.uid: expected unsigned 32-bit integer other than 4294967295 (\"unchanged\" to "
         "set*id), got 4294967295");
-  // The issue's own example.
+  // A negative uid (-1, "unchanged" to set*id(2)) in the reference boot line.
   std::string line(kReferenceBootLine);
   line.replace(line.find("\"uid\":0"), 7, "\"uid\":-1");
   CHECK(error_of(decode_host(line)) == "boot.exec.uid: expected unsigned 32-bit integer, got -1");
