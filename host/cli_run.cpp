@@ -255,7 +255,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
       auto vol = vm::parse_volume(v);
       if (!vol) return vol.error();
       o.volumes.push_back(std::move(*vol));
-      if (auto p = vm::volumes_problem(o.volumes); !p.empty()) return host::Error{p};
+      if (auto p = vm::volumes_problem(o.volumes); !p) return p.error();
       if (o.volumes.size() > kMaxVolumes)
         return host::Error{fmt::format("--volume: at most {} volumes", kMaxVolumes)};
     } else if (name == "rootfs-mode") {

@@ -7,9 +7,12 @@
 
 namespace nes::host {
 
-/// A failure described for a human: names the field, path or flag and what went wrong.
+/// A failure described for a human: names the field, path or flag and what went wrong. `err`
+/// is the errno(3) behind it, positive (as errno itself), 0 when none applies. Used by the init
+/// and the host alike (header-only, std only, never throws).
 struct Error {
   std::string message;
+  int err = 0;
 };
 
 /// Either a value or an Error. Never throws on access of the wrong alternative: callers check

@@ -200,18 +200,18 @@ std::optional<std::uint64_t> ns_inode(const char* which) {
   return static_cast<std::uint64_t>(st.st_ino);
 }
 
-std::string finalize_for_mode(Config& c, Mode m) {
+host::Status finalize_for_mode(Config& c, Mode m) {
   if (m == Mode::guest) {
     if (!c.channel) c.channel = kDefaultVsock;
     if (!c.data_channel) c.data_channel = default_data_channel(*c.channel, m);
-    return {};
+    return host::Ok{};
   }
-  if (!c.channel) return "channel: required outside a real guest (e.g. --channel=unix:PATH)";
+  if (!c.channel) return host::Error{"channel: required outside a real guest (e.g. --channel=unix:PATH)"};
   if (std::holds_alternative<VsockAddr>(*c.channel))
-    return "channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)";
+    return host::Error{"channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)"};
   if (c.data_channel && std::holds_alternative<VsockAddr>(*c.data_channel))
-    return "data_channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)";
-  return {};
+    return host::Error{"data_channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)"};
+  return host::Ok{};
 }
 
 std::optional<Channel> default_data_channel(const Channel& control, Mode m) {

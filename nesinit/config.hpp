@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "host/result.hpp"
 #include "log.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/status.hpp"
@@ -120,8 +121,8 @@ Mode decide_mode(pid_t pid, std::optional<std::uint64_t> pidns_inode);
 std::optional<std::uint64_t> ns_inode(const char* which);
 
 /// Final checks for a mode: sandbox needs an explicit non-vsock channel; guest defaults to
-/// kDefaultVsock. Returns an error text, or empty.
-std::string finalize_for_mode(Config& c, Mode m);
+/// kDefaultVsock. An error names the field (`channel: ...`).
+host::Status finalize_for_mode(Config& c, Mode m);
 
 /// Usage text for --help and errors.
 std::string_view usage();

@@ -77,8 +77,8 @@ class Pid1 {
   // ---- dialling ------------------------------------------------------------------------------
   /// One attempt at `ch` that holds the loop at most `attempt_ms` and never past the next armed
   /// timer (a connect in progress: vsock); a pending signal ends it at once (-ECANCELED; the loop
-  /// reads the signal next). Returns the fd or -errno.
-  int attempt(const Channel& ch, std::uint32_t attempt_ms) {
+  /// reads the signal next: ECANCELED).
+  host::Result<host::Fd> attempt(const Channel& ch, std::uint32_t attempt_ms) {
     auto wait = [&](std::uint32_t ms, int fd) -> bool {
       pollfd p[2] = {{sfd_, POLLIN, 0}, {fd, POLLOUT, 0}};
       int r = ::poll(p, fd >= 0 ? 2 : 1, static_cast<int>(ms));
@@ -95,19 +95,16 @@ class Pid1 {
   void do_dial(const act::Dial& d) {
     const Channel ch = *cfg_.channel;
     const bool port = std::holds_alternative<VirtioPortAddr>(ch);
-    int fd = attempt(ch, d.attempt_ms);
-    if (fd >= 0 && port && d.need_peer) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) {
-        ::close(fd);
-        fd = -ENOTCONN;
-      }
+    auto fd = attempt(ch, d.attempt_ms);
+    if (fd && port && d.need_peer) {
+      pollfd p{fd->get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) fd = host::Error{std::strerror(ENOTCONN), ENOTCONN};
     }
-    if (fd < 0) {
-      pending_.push_front(ev::DialFailed{std::strerror(-fd), retryable(-fd)});
+    if (!fd) {
+      pending_.push_front(ev::DialFailed{fd.error().message, retryable(fd.error().err)});
       return;
     }
-    chan_ = fd;
+    chan_ = fd->release();
     is_port_ = port;
     out_.clear();
     reader_ = proto::LineReader();
@@ -127,13 +124,14 @@ class Pid1 {
       return;
     }
     const Channel ch = *cfg_.data_channel;
-    int fd = attempt(ch, d.attempt_ms);
-    if (fd < 0) {
-      pending_.push_front(ev::DataFailed{fmt::format("data channel {}: {}", to_string(ch), std::strerror(-fd)),
-                                         -fd, retryable(-fd)});
+    auto fd = attempt(ch, d.attempt_ms);
+    if (!fd) {
+      const host::Error& e = fd.error();
+      pending_.push_front(ev::DataFailed{fmt::format("data channel {}: {}", to_string(ch), e.message), e.err,
+                                         retryable(e.err)});
       return;
     }
-    data_ = fd;
+    data_ = fd->release();
     data_is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
     stdio_.emplace(d.stdio);
     log_.info("data", "connected to {}", to_string(ch));

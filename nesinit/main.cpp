@@ -188,8 +188,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (std::string err = finalize_for_mode(cfg, mode); !err.empty()) {
-    log.error("config", "{}", err);
+  if (auto fin = finalize_for_mode(cfg, mode); !fin) {
+    log.error("config", "{}", fin.error().message);
     fmt::print(stderr, "{}", usage());
     return 2;
   }

@@ -32,7 +32,7 @@ bool is_mount_point(const std::string& path) {
   return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
 }
 
-std::string validate_mount(const proto::Mount& m, std::size_t i) {
+host::Status validate_mount(const proto::Mount& m, std::size_t i) {
   auto bad_path = [](const std::string& p) {
     if (p.empty() || p[0] != '/') return "must be an absolute path";
     std::size_t s = 0;
@@ -45,14 +45,15 @@ std::string validate_mount(const proto::Mount& m, std::size_t i) {
     }
     return "";
   };
-  if (const char* why = bad_path(m.at); *why) return fmt::format("mounts[{}].at: {}", i, why);
+  auto invalid = [](std::string why) { return host::Error{std::move(why), EINVAL}; };
+  if (const char* why = bad_path(m.at); *why) return invalid(fmt::format("mounts[{}].at: {}", i, why));
   if (m.at.find_first_not_of('/') == std::string::npos)
-    return fmt::format("mounts[{}].at: must not be /", i);
-  if (m.tag.empty()) return fmt::format("mounts[{}].tag: must not be empty", i);
+    return invalid(fmt::format("mounts[{}].at: must not be /", i));
+  if (m.tag.empty()) return invalid(fmt::format("mounts[{}].tag: must not be empty", i));
   if (m.fs == proto::FsType::bind)
     if (const char* why = bad_path(m.tag); *why)
-      return fmt::format("mounts[{}].tag: bind source {}", i, why);
-  return {};
+      return invalid(fmt::format("mounts[{}].tag: bind source {}", i, why));
+  return host::Ok{};
 }
 
 MountCall mount_call(const proto::Mount& m) {
@@ -74,8 +75,8 @@ std::optional<proto::MountFailed> Shares::mount_all(const std::vector<proto::Mou
                                                     const Log& log) {
   for (std::size_t i = 0; i < mounts.size(); ++i) {
     const proto::Mount& m = mounts[i];
-    if (std::string why = validate_mount(m, i); !why.empty())
-      return proto::MountFailed{m.tag, why, EINVAL};
+    if (auto v = validate_mount(m, i); !v)
+      return proto::MountFailed{m.tag, v.error().message, v.error().err};
     if (m.fs == proto::FsType::bind) {
       // A missing source is reported as such, not as a failure to create the mount point.
       struct stat st {};

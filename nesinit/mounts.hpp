@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "host/result.hpp"
 #include "log.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/status.hpp"
@@ -19,8 +20,8 @@ int mkdir_p(const std::string& path);
 bool is_mount_point(const std::string& path);
 
 /// Check a share before touching anything: `at` absolute, not "/", no "." or ".." components;
-/// bind `tag` absolute. Returns an error naming the field (`mounts[i].at: ...`), or empty.
-std::string validate_mount(const proto::Mount& m, std::size_t index);
+/// bind `tag` absolute. An error names the field (`mounts[i].at: ...`; err EINVAL).
+host::Status validate_mount(const proto::Mount& m, std::size_t index);
 
 /// The mount(2) arguments for a share: source, fstype (empty for bind), flags, data.
 struct MountCall {

@@ -57,19 +57,23 @@ std::optional<std::string> find_virtio_port(const std::string& name, const std::
   return found;
 }
 
-int connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
-                   const std::function<std::uint64_t()>& now_ms) {
+namespace {
+host::Error errno_error(int e) { return host::Error{std::strerror(e), e}; }
+}  // namespace
+
+host::Result<host::Fd> connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
+                                      const std::function<std::uint64_t()>& now_ms) {
   // Never a blocking connect(): PID 1 has every signal blocked, so nothing would cut it short
   // (a Unix listener with a full backlog blocks it until a slot frees; vsock until the kernel's
   // own connect timeout).
-  int fd = ::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -errno;
+  host::Fd fd(::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return errno_error(errno);
   int r;
-  do r = ::connect(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.len);
+  do r = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.len);
   while (r != 0 && errno == EINTR);
   if (r == 0) return fd;
   int e = errno;
-  // A Unix socket answers at once (EAGAIN: backlog full, retried by dial's backoff); vsock and
+  // A Unix socket answers at once (EAGAIN: backlog full, retried after the session's backoff); vsock and
   // TCP report EINPROGRESS and finish later: wait for writability up to the deadline.
   while (e == EINPROGRESS) {
     const std::uint64_t now = now_ms();
@@ -77,38 +81,38 @@ int connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, con
       e = ETIMEDOUT;
       break;
     }
-    if (!wait(static_cast<std::uint32_t>(std::min<std::uint64_t>(deadline_ms - now, 1u << 30)), fd)) {
+    if (!wait(static_cast<std::uint32_t>(std::min<std::uint64_t>(deadline_ms - now, 1u << 30)), fd.get())) {
       e = ECANCELED;
       break;
     }
-    pollfd p{fd, POLLOUT, 0};
+    pollfd p{fd.get(), POLLOUT, 0};
     if (::poll(&p, 1, 0) != 1) continue;
     int soerr = 0;
     socklen_t len = sizeof soerr;
-    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0) soerr = errno;
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soerr, &len) != 0) soerr = errno;
     if (soerr == 0) return fd;
     e = soerr;
   }
-  ::close(fd);
-  return -e;
+  return errno_error(e);  // fd closed on the way out
 }
 
-int dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
-              const std::function<std::uint64_t()>& now_ms) {
+host::Result<host::Fd> dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
+                                 const std::function<std::uint64_t()>& now_ms) {
   if (auto* u = std::get_if<UnixAddr>(&c))
     return connect_socket(AF_UNIX, unix_sockaddr(*u), deadline_ms, wait, now_ms);
   if (auto* p = std::get_if<VirtioPortAddr>(&c)) {
     auto dev = find_virtio_port(p->name);
-    if (!dev) return -ENOENT;
-    int fd = ::open(dev->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    return fd < 0 ? -errno : fd;
+    if (!dev) return errno_error(ENOENT);
+    host::Fd fd(::open(dev->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    if (!fd) return errno_error(errno);
+    return fd;
   }
   // vsock: only a real guest dials it (never a test, never a sandbox).
-  if (!guest) return -EPERM;
+  if (!guest) return errno_error(EPERM);
   return connect_socket(AF_VSOCK, vsock_sockaddr(std::get<VsockAddr>(c)), deadline_ms, wait, now_ms);
 }
 
-int dial_once(const Channel& c, bool guest) {
+host::Result<host::Fd> dial_once(const Channel& c, bool guest) {
   return dial_once(c, guest, 0, [](std::uint32_t, int) { return true; }, [] { return std::uint64_t{0}; });
 }
 

@@ -69,12 +69,12 @@ host::Result<Volume> parse_volume(std::string_view spec) {
   return v;
 }
 
-std::string volumes_problem(const std::vector<Volume>& v) {
+host::Status volumes_problem(const std::vector<Volume>& v) {
   for (std::size_t i = 0; i < v.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
       if (v[i].guest == v[j].guest)
-        return fmt::format("--volume: GUEST {} is given twice", v[i].guest);
-  return {};
+        return host::Error{fmt::format("--volume: GUEST {} is given twice", v[i].guest)};
+  return host::Ok{};
 }
 
 }  // namespace nes::vm

@@ -28,7 +28,7 @@ std::string guest_path_problem(std::string_view guest);
 /// an option other than ro/rw. Errors name the flag and the value (`--volume 'x': ...`).
 host::Result<Volume> parse_volume(std::string_view spec);
 
-/// Checks a set of volumes together: no GUEST path twice. Empty if fine, else why not.
-std::string volumes_problem(const std::vector<Volume>& v);
+/// Checks a set of volumes together: no GUEST path twice (the error names the path).
+host::Status volumes_problem(const std::vector<Volume>& v);
 
 }  // namespace nes::vm

@@ -106,14 +106,14 @@ TEST_CASE("mode: guest only as PID 1 of the initial pid namespace") {
 
 TEST_CASE("finalize_for_mode: vsock default only for a guest; a sandbox needs a non-vsock channel") {
   Config g;
-  CHECK(finalize_for_mode(g, Mode::guest).empty());
+  CHECK(finalize_for_mode(g, Mode::guest));
   CHECK(g.channel == Channel{VsockAddr{2, 7000}});
   Config s;
-  CHECK(finalize_for_mode(s, Mode::sandbox).find("required") != std::string::npos);
+  CHECK(finalize_for_mode(s, Mode::sandbox).error().message.find("required") != std::string::npos);
   s.channel = VsockAddr{2, 7000};
-  CHECK(finalize_for_mode(s, Mode::sandbox).find("vsock") != std::string::npos);
+  CHECK(finalize_for_mode(s, Mode::sandbox).error().message.find("vsock") != std::string::npos);
   s.channel = UnixAddr{"/tmp/x"};
-  CHECK(finalize_for_mode(s, Mode::sandbox).empty());
+  CHECK(finalize_for_mode(s, Mode::sandbox));
 }
 
 TEST_CASE("data channel: --data-channel / nesinit.data=, defaults only beside vsock and nes.0 in a guest") {
@@ -129,14 +129,14 @@ TEST_CASE("data channel: --data-channel / nesinit.data=, defaults only beside vs
   CHECK(!default_data_channel(VirtioPortAddr{"other"}, Mode::guest));
   CHECK(!default_data_channel(UnixAddr{"/x"}, Mode::sandbox));
   Config g;
-  CHECK(finalize_for_mode(g, Mode::guest).empty());
+  CHECK(finalize_for_mode(g, Mode::guest));
   CHECK(g.data_channel == Channel{VsockAddr{2, 7001}});
   Config s;
   s.channel = UnixAddr{"/tmp/x"};
-  CHECK(finalize_for_mode(s, Mode::sandbox).empty());
+  CHECK(finalize_for_mode(s, Mode::sandbox));
   CHECK(!s.data_channel);  // a sandbox has no default
   s.data_channel = VsockAddr{2, 7001};
-  CHECK(finalize_for_mode(s, Mode::sandbox).find("data_channel: vsock") == 0);
+  CHECK(finalize_for_mode(s, Mode::sandbox).error().message.find("data_channel: vsock") == 0);
 }
 
 TEST_CASE("modules list: one path per line, comments and blanks skipped") {

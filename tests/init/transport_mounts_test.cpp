@@ -61,7 +61,7 @@ TEST_CASE("vsock address handling (no socket is created)") {
 
 TEST_CASE("dial refuses vsock outside a guest, before creating any socket") {
   int before = lowest_free_fd();
-  CHECK(dial_once(Channel{VsockAddr{2, 7000}}, /*guest=*/false) == -EPERM);
+  CHECK(dial_once(Channel{VsockAddr{2, 7000}}, /*guest=*/false).error().err == EPERM);
   CHECK(lowest_free_fd() == before);
   CHECK_FALSE(retryable(EPERM));  // the session gives up at once
 }
@@ -90,12 +90,15 @@ TEST_CASE("virtio-serial port lookup by name in sysfs") {
 TEST_CASE("dial_once: no listener yet is retryable; a listener: connected, non-blocking, CLOEXEC") {
   TempDir t;
   const std::string path = (t.path / "s").string();
-  CHECK(dial_once(Channel{UnixAddr{path}}, false) == -ENOENT);
+  auto none = dial_once(Channel{UnixAddr{path}}, false);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().err == ENOENT);
+  CHECK(none.error().message == std::strerror(ENOENT));
   CHECK(retryable(ENOENT));
   Fd l(listen_unix(path));
-  int fd = dial_once(Channel{UnixAddr{path}}, false);
-  REQUIRE(fd >= 0);
-  Fd f(fd);
+  auto f = dial_once(Channel{UnixAddr{path}}, false);
+  REQUIRE(f);
+  const int fd = f->get();
   CHECK((::fcntl(fd, F_GETFL) & O_NONBLOCK) != 0);
   CHECK((::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);
   Fd peer(::accept(l.get(), nullptr, nullptr));
@@ -121,9 +124,10 @@ TEST_CASE("dial_once: a Unix listener whose backlog is full never blocks: EAGAIN
   // The queue is full now: a blocking connect() would wait for accept().
   std::uint64_t now = 0;
   int waits = 0;
-  int r = dial_once(Channel{UnixAddr{path}}, false, 1000, [&](std::uint32_t, int) { ++waits; return true; },
-                    [&] { return now; });
-  CHECK(r == -EAGAIN);
+  auto r = dial_once(Channel{UnixAddr{path}}, false, 1000, [&](std::uint32_t, int) { ++waits; return true; },
+                     [&] { return now; });
+  REQUIRE_FALSE(r);
+  CHECK(r.error().err == EAGAIN);
   CHECK(waits == 0);  // a Unix connect answers at once: nothing to wait for
   CHECK(retryable(EAGAIN));
 }
@@ -148,51 +152,52 @@ TEST_CASE("connect_socket: a connect in progress (the vsock path's shape, over l
   const int before = lowest_free_fd();
   std::uint64_t now = 0;
   std::vector<int> fds;
-  int r = connect_socket(AF_INET, a, 700,
-                         [&](std::uint32_t ms, int fd) { fds.push_back(fd); now += std::min<std::uint32_t>(ms, 100); return true; },
-                         [&] { return now; });
-  CHECK(r == -ETIMEDOUT);
+  auto r = connect_socket(AF_INET, a, 700,
+                          [&](std::uint32_t ms, int fd) { fds.push_back(fd); now += std::min<std::uint32_t>(ms, 100); return true; },
+                          [&] { return now; });
+  REQUIRE_FALSE(r);
+  CHECK(r.error().err == ETIMEDOUT);
   REQUIRE(!fds.empty());
   CHECK(fds.front() >= 0);  // it waited on the socket, not blind
   CHECK(now >= 700);
   CHECK(lowest_free_fd() == before);
-  int r2 = connect_socket(AF_INET, a, 60000, [&](std::uint32_t, int) { return false; }, [&] { return now; });
-  CHECK(r2 == -ECANCELED);
+  auto r2 = connect_socket(AF_INET, a, 60000, [&](std::uint32_t, int) { return false; }, [&] { return now; });
+  REQUIRE_FALSE(r2);
+  CHECK(r2.error().err == ECANCELED);
   CHECK(lowest_free_fd() == before);
   // Once the backlog frees, the same path connects: the wait returns on writability.
   Fd accepted(::accept(l.get(), nullptr, nullptr));
-  int r3 = connect_socket(AF_INET, a, now + 10000,
+  auto r3 = connect_socket(AF_INET, a, now + 10000,
                           [&](std::uint32_t ms, int fd) {
                             pollfd p{fd, POLLOUT, 0};
                             ::poll(&p, 1, static_cast<int>(std::min<std::uint32_t>(ms, 5000)));
                             return true;
                           },
                           [&] { return now; });
-  CHECK(r3 >= 0);
-  Fd done(r3);
+  CHECK(r3);  // owned: closed at the end of the test
 }
 
 TEST_CASE("validate_mount: fields named in errors") {
   proto::Mount m{"work", "/work", false, proto::FsType::virtiofs};
-  CHECK(validate_mount(m, 0).empty());
+  CHECK(validate_mount(m, 0));
   m.at = "work";
-  CHECK(validate_mount(m, 2).find("mounts[2].at") == 0);
+  CHECK(validate_mount(m, 2).error().message.find("mounts[2].at") == 0);
   m.at = "/";
-  CHECK(!validate_mount(m, 0).empty());
+  CHECK_FALSE(validate_mount(m, 0));
   m.at = "//";
-  CHECK(!validate_mount(m, 0).empty());
+  CHECK_FALSE(validate_mount(m, 0));
   m.at = "/a/../etc";
-  CHECK(validate_mount(m, 0).find("'..'") != std::string::npos);
+  CHECK(validate_mount(m, 0).error().message.find("'..'") != std::string::npos);
   m.at = "/a/./b";
-  CHECK(!validate_mount(m, 0).empty());
+  CHECK_FALSE(validate_mount(m, 0));
   m.at = "/a/b..c/";
-  CHECK(validate_mount(m, 0).empty());
+  CHECK(validate_mount(m, 0));
   m.tag = "";
-  CHECK(validate_mount(m, 1).find("mounts[1].tag") == 0);
+  CHECK(validate_mount(m, 1).error().message.find("mounts[1].tag") == 0);
   proto::Mount b{"relative", "/x", false, proto::FsType::bind};
-  CHECK(validate_mount(b, 0).find("mounts[0].tag") == 0);
+  CHECK(validate_mount(b, 0).error().message.find("mounts[0].tag") == 0);
   b.tag = "/srv/data";
-  CHECK(validate_mount(b, 0).empty());
+  CHECK(validate_mount(b, 0));
 }
 
 TEST_CASE("mount calls: always nosuid,nodev; ro; bind via a remount") {

@@ -175,7 +175,7 @@ TEST_CASE("parse_volume: every bad spelling is refused naming --volume and why")
   CHECK(guest_path_problem("/procx").empty());  // only the directory itself and below it
   CHECK(guest_path_problem("/devices").empty());
   std::vector<Volume> twice{{"/a", "/w", false}, {"/b", "/w", true}};
-  CHECK(volumes_problem(twice).find("/w is given twice") != std::string::npos);
+  CHECK(volumes_problem(twice).error().message.find("/w is given twice") != std::string::npos);
 }
 
 TEST_CASE("virtiofsd_argv: namespace sandbox, cache auto, --readonly only for ro") {
