@@ -103,7 +103,7 @@ void FdWriter::written(std::size_t n) {
   }
 }
 
-void FdWriter::pump() {
+bool FdWriter::write_now() {
   while (!q_.empty() && !broken_) {
     const std::string& f = q_.front();
     ssize_t n = put(f.data() + front_off_, f.size() - front_off_);
@@ -112,7 +112,15 @@ void FdWriter::pump() {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && waiter_) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    broken_ = true;  // EPIPE (the reader is gone), EIO
+  }
+  return false;
+}
+
+void FdWriter::pump() {
+  if (write_now()) {
+    if (waiter_) {
       if (!waiting_) {
         waiting_ = true;
         waiter_->async_wait(asio::posix::stream_descriptor::wait_write, [this](error_code ec) {
@@ -122,8 +130,9 @@ void FdWriter::pump() {
       }
       return;
     }
-    // EPIPE (the reader is gone), EIO, or EAGAIN on something we cannot wait for: discard.
-    broken_ = true;
+    broken_ = true;  // EAGAIN on something we cannot wait for
+  }
+  if (broken_) {  // what is queued is discarded
     q_.clear();
     queued_ = 0;
     front_off_ = 0;
@@ -139,22 +148,11 @@ std::size_t FdWriter::flush(std::chrono::milliseconds stall) {
     error_code ec;
     waiter_->cancel(ec);  // from here on, synchronously
   }
-  while (!q_.empty() && !broken_) {
-    const std::string& f = q_.front();
-    ssize_t n = put(f.data() + front_off_, f.size() - front_off_);
-    if (n > 0) {
-      written(static_cast<std::size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd_, POLLOUT, 0};
-      int r;
-      do r = ::poll(&p, 1, static_cast<int>(stall.count())); while (r < 0 && errno == EINTR);
-      if (r == 0) break;  // the reader took nothing for `stall`: give up
-      continue;
-    }
-    broken_ = true;
+  while (write_now()) {
+    pollfd p{fd_, POLLOUT, 0};
+    int r;
+    do r = ::poll(&p, 1, static_cast<int>(stall.count())); while (r < 0 && errno == EINTR);
+    if (r == 0) break;  // the reader took nothing for `stall`: give up
   }
   std::size_t left = queued_;
   q_.clear();

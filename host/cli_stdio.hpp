@@ -51,6 +51,9 @@ class FdWriter {
 
  private:
   void pump();
+  /// Writes queued bytes while the fd takes them. True: it would block with bytes left (EAGAIN);
+  /// false: the queue is empty or the fd broke (broken_ set; EPIPE, EIO).
+  bool write_now();
   void written(std::size_t n);  // n bytes of the front chunk went out
   ssize_t put(const char* p, std::size_t n);
 

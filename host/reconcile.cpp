@@ -352,13 +352,28 @@ Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m,
   return m.generation;
 }
 
-Result<StopResult> persist_stop(const fs::path& state, std::string_view vm, std::uint64_t generation) {
+namespace {
+/// An existing VM's directory and its lock (held while `lock` lives).
+struct LockedVm {
+  fs::path dir;
+  Fd lock;
+};
+/// `vm`'s directory under `state` locked: the id checked, the directory there, lock_vm held.
+Result<LockedVm> lock_existing_vm(const fs::path& state, std::string_view vm) {
   if (auto p = vm_id_problem(vm)) return Error{*p};
   fs::path dir = state / std::string(vm);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Error{fmt::format("no VM '{}' in {}", vm, state.string())};
   auto lock = lock_vm(dir);
   if (!lock) return lock.error();
+  return LockedVm{std::move(dir), std::move(*lock)};
+}
+}  // namespace
+
+Result<StopResult> persist_stop(const fs::path& state, std::string_view vm, std::uint64_t generation) {
+  auto locked = lock_existing_vm(state, vm);
+  if (!locked) return locked.error();
+  const fs::path& dir = locked->dir;
   if (auto rec = load_record(state, vm); rec.value && rec.value->generation == generation)
     return StopResult{StopResult::Kind::already_final, rec.value};
   if (auto st = load_stop(state, vm); st.value && st.value->generation == generation)
@@ -488,12 +503,10 @@ std::vector<std::string> list_vms(const fs::path& state) {
 }
 
 Status remove_vm(const fs::path& state, std::string_view vm) {
-  if (auto p = vm_id_problem(vm)) return Error{*p};
-  fs::path dir = state / std::string(vm);
+  auto locked = lock_existing_vm(state, vm);
+  if (!locked) return locked.error();
+  const fs::path& dir = locked->dir;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return Error{fmt::format("no VM '{}' in {}", vm, state.string())};
-  auto lock = lock_vm(dir);
-  if (!lock) return lock.error();
   if (auto mon = load_monitor(state, vm); mon.value && is_alive(mon.value->monitor)) {
     auto rec = load_record(state, vm);
     bool newer_rec = rec.value && rec.value->generation > mon.value->generation;

@@ -4,15 +4,7 @@
 #include <algorithm>
 #include <utility>
 
-// GCC 12 with -fsanitize reports a false -Wstringop-overflow inside fmt 9's format-spec parser.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstringop-overflow"
-#endif
 #include <fmt/format.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 namespace nes::proto {
 namespace {

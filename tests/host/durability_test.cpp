@@ -12,6 +12,7 @@
 
 #include "host/record.hpp"
 #include "support.hpp"
+#include "tests/support/host_record.hpp"
 
 extern char** environ;
 
@@ -98,16 +99,7 @@ TEST_CASE("SIGKILL at each step: old or new record, never torn; temps ignored an
     CHECK((*r)->exit_code == std::optional<std::uint8_t>(gen % 256));
   }
   // The next writer removes leftovers and records normally.
-  auto w = write_record(state, [&] {
-    Record r;
-    r.vm = "vm";
-    r.generation = gen + 10;
-    r.outcome = proto::Outcome::exited;
-    r.exit_code = 0;
-    r.exit_status = 0;
-    r.reason = "after the crashes";
-    return r;
-  }());
+  auto w = write_record(state, nes::test::exited_record("vm", gen + 10, 0, "after the crashes"));
   REQUIRE(w);
   CHECK(w->kind == WriteResult::Kind::written);
   CHECK(temp_count(state / "vm") == 0);
@@ -119,12 +111,7 @@ TEST_CASE("a writer killed while holding the lock does not block the next one") 
   Child c({writer_bin().string(), state.string(), "vm", "5", "5", "temp_fsynced"});
   REQUIRE(WIFSTOPPED(c.wait_state()));
   // While it is stopped it holds the flock: a bounded writer gives up with a clear error.
-  Record r;
-  r.vm = "vm";
-  r.generation = 6;
-  r.outcome = proto::Outcome::exited;
-  r.exit_code = 6;
-  r.exit_status = 6;
+  Record r = nes::test::exited_record("vm", 6, 6);
   WriteOptions quick;
   quick.lock_tries = 2;
   auto blocked = write_record(state, r, quick);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "support.hpp"
+#include "tests/support/host_record.hpp"
 
 using namespace nes;
 using namespace nes::host;
@@ -159,13 +160,7 @@ TEST_CASE("the deadline runs from vm_started, not from registration or accept") 
 
 TEST_CASE("stale generation: an older generation never overwrites a newer record") {
   Harness h;
-  Record newer;
-  newer.vm = "g";
-  newer.generation = 7;
-  newer.outcome = proto::Outcome::exited;
-  newer.exit_code = 1;
-  newer.exit_status = 1;
-  newer.reason = "from generation 7";
+  Record newer = exited_record("g", 7, 1, "from generation 7");
   REQUIRE(write_record(h.state, newer));
   auto path = h.add(h.config("g", OnExitPolicy::stop, 5));
   std::optional<WaitResult> got;
@@ -207,13 +202,7 @@ TEST_CASE("a newer registration supersedes a live older generation; its late eve
 
 TEST_CASE("wait(): from disk for an unregistered VM, error when nothing is recorded") {
   Harness h;
-  Record r;
-  r.vm = "old";
-  r.generation = 3;
-  r.outcome = proto::Outcome::signalled;
-  r.signal = 9;
-  r.exit_status = 137;
-  r.reason = "earlier process";
+  Record r = signalled_record("old", 3, 9, "earlier process");
   REQUIRE(write_record(h.state, r));
   std::optional<WaitResult> a, b;
   h.host->async_wait("old", [&](WaitResult x) { a = std::move(x); });
@@ -227,13 +216,7 @@ TEST_CASE("wait(): from disk for an unregistered VM, error when nothing is recor
 
 TEST_CASE("wait(): immediate when the current generation is already on disk (host restarted)") {
   Harness h;
-  Record r;
-  r.vm = "again";
-  r.generation = 4;
-  r.outcome = proto::Outcome::exited;
-  r.exit_code = 0;
-  r.exit_status = 0;
-  r.reason = "recorded before a host restart";
+  Record r = exited_record("again", 4, 0, "recorded before a host restart");
   REQUIRE(write_record(h.state, r));
   h.add(h.config("again", OnExitPolicy::stop, 4));
   std::optional<WaitResult> got;

@@ -16,6 +16,7 @@
 
 #include "host/record.hpp"
 #include "support.hpp"
+#include "tests/support/host_record.hpp"
 
 using namespace nes;
 using namespace nes::host;
@@ -23,13 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 Record sample(std::uint64_t gen = 1, int code = 3) {
-  Record r;
-  r.vm = "vm-a";
-  r.generation = gen;
-  r.outcome = proto::Outcome::exited;
-  r.exit_code = static_cast<std::uint8_t>(code);
-  r.exit_status = code;
-  r.reason = "workload exited with code " + std::to_string(code);
+  Record r = nes::test::exited_record("vm-a", gen, code);
   r.started_at = WallTime{std::chrono::nanoseconds(1'764'499'200'123'456'789LL)};
   r.finished_at = WallTime{std::chrono::nanoseconds(1'764'499'201'000'000'001LL)};
   return r;

@@ -13,6 +13,7 @@
 
 #include "host/record.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/host_record.hpp"
 
 using namespace nes;
 using namespace nes::host;
@@ -21,13 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 using TempDir = nes::test::TempDir;
 Record rec(std::string vm, std::uint64_t gen, int code) {
-  Record r;
-  r.vm = std::move(vm);
-  r.generation = gen;
-  r.outcome = proto::Outcome::exited;
-  r.exit_code = static_cast<std::uint8_t>(code);
-  r.exit_status = code;
-  r.reason = "workload exited with code " + std::to_string(code);
+  Record r = nes::test::exited_record(std::move(vm), gen, code);
   r.started_at = WallTime{std::chrono::nanoseconds(1'764'499'200'000'000'000LL)};
   r.finished_at = r.started_at;
   return r;
