@@ -16,6 +16,7 @@
 #include "rootfs.hpp"
 #include "protocol/codec.hpp"
 #include "protocol/line_reader.hpp"
+#include "overload.hpp"
 #include "session.hpp"
 #include "shutdown.hpp"
 #include "stdio.hpp"
@@ -41,10 +42,6 @@ constexpr std::uint64_t kPortRetryMs = 100;
 constexpr std::uint64_t kFinalIdleMs = 1000;
 /// ... and after this long in all, ms.
 constexpr std::uint64_t kFinalMaxMs = 15000;
-template <class... F>
-struct Overload : F... { using F::operator()...; };
-template <class... F>
-Overload(F...) -> Overload<F...>;
 
 /// Whether this PID 1 may set the hostname: a guest always; a sandbox only in a UTS namespace
 /// of its own (in the machine's it would rename the machine).

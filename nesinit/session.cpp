@@ -3,13 +3,11 @@
 #include <cerrno>
 #include <csignal>
 
+#include "overload.hpp"
+
 namespace nes::init {
 
 namespace {
-template <class... F>
-struct Overload : F... { using F::operator()...; };
-template <class... F>
-Overload(F...) -> Overload<F...>;
 
 std::string describe(const proto::WorkloadExited& w) {
   if (w.signal) return fmt::format("signal {}", *w.signal);
