@@ -106,11 +106,19 @@ int do_start(const Flags& f, char** argv) {
   // containerd may write runtime options on stdin; the shim has none to honour. Read and drop (bounded).
   {
     int fl = ::fcntl(0, F_GETFL);
-    if (fl >= 0) ::fcntl(0, F_SETFL, fl | O_NONBLOCK);
-    char buf[4096];
-    for (int n = 0; n < 256 && ::read(0, buf, sizeof buf) > 0; ++n) {}
+    if (fl >= 0 && !::isatty(0)) {
+      ::fcntl(0, F_SETFL, fl | O_NONBLOCK);
+      char buf[4096];
+      for (int n = 0; n < 256 && ::read(0, buf, sizeof buf) > 0; ++n) {}
+      ::fcntl(0, F_SETFL, fl);
+    }
   }
   const fs::path sock = shim::socket_path(f.address, f.ns, f.id);
+  // A shim already serving this task keeps it (containerd asked twice): its address again.
+  if (auto probe = ttrpc::call(sock, {"containerd.task.v2.Task", "Connect", {}, 0, {}}, std::chrono::seconds(2)); probe) {
+    fmt::print("unix://{}", sock.string());
+    return 0;
+  }
   auto l = ttrpc::listen_unix(sock);
   if (!l) return bail(l.error().message);
   std::vector<std::string> args = {argv[0], "-namespace", f.ns, "-id", f.id, "-address", f.address,
@@ -131,7 +139,9 @@ int do_start(const Flags& f, char** argv) {
   posix_spawnattr_init(&at);
   posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID);
   pid_t pid = 0;
-  fs::path exe = fs::read_symlink("/proc/self/exe");
+  std::error_code exe_ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", exe_ec);
+  if (exe_ec) return bail(fmt::format("/proc/self/exe: {}", exe_ec.message()));
   int rc = ::posix_spawn(&pid, exe.c_str(), &fa, &at, cargv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&at);
@@ -149,6 +159,8 @@ int do_start(const Flags& f, char** argv) {
 int do_delete(const Flags& f) {
   fs::path bundle = f.bundle.empty() ? fs::current_path() : fs::path(f.bundle);
   auto c = shim::cleanup_task(bundle);
+  std::error_code ec;
+  fs::remove(shim::socket_path(f.address, f.ns, f.id), ec);  // the dead shim's
   containerd::task::v2::DeleteResponse r;
   r.set_pid(static_cast<std::uint32_t>(c.pid));
   r.set_exit_status(c.exit_status);

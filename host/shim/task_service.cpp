@@ -127,12 +127,23 @@ host::Status mount_rootfs(const containerd::types::Mount& m, const fs::path& tar
     else if (o == "nodev") flags |= MS_NODEV;
     else if (o == "noexec") flags |= MS_NOEXEC;
     else if (o == "noatime") flags |= MS_NOATIME;
+    else if (o == "relatime") flags |= MS_RELATIME;
+    else if (o == "strictatime") flags |= MS_STRICTATIME;
+    else if (o == "private" || o == "rprivate" || o == "slave" || o == "rslave" || o == "shared" ||
+             o == "rshared") {}  // propagation: the shim's mount namespace decides, nothing to pass
     else data += (data.empty() ? "" : ",") + o;
   }
   std::string type = m.type() == "bind" ? std::string() : m.type();
   if (::mount(m.source().c_str(), target.c_str(), type.empty() ? nullptr : type.c_str(), flags,
               data.empty() ? nullptr : data.c_str()) != 0)
     return Error{fmt::format("rootfs: mount {} ({}) on {}: {}", m.source(), m.type(), target.string(), std::strerror(errno))};
+  // A bind mount ignores MS_RDONLY (and the other per-mount flags) until it is remounted.
+  if ((flags & MS_BIND) && (flags & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)) &&
+      ::mount(nullptr, target.c_str(), nullptr, MS_REMOUNT | MS_BIND | (flags & ~MS_REC), nullptr) != 0) {
+    int e = errno;
+    ::umount2(target.c_str(), MNT_DETACH);
+    return Error{fmt::format("rootfs: remount {} read-only: {}", target.string(), std::strerror(e))};
+  }
   return host::Ok{};
 }
 
@@ -184,6 +195,7 @@ struct TaskService::Impl {
   std::optional<std::string> pending_resize;  // "resize ROWS COLS" not yet taken by neshost run
   std::chrono::steady_clock::time_point resize_deadline;
   asio::steady_timer resize_timer{io};
+  asio::steady_timer kill_timer{io};  // SIGKILL's deadline for the guest
 
   using Handler = ttrpc::Reply (Impl::*)(const std::string& payload);
 
@@ -319,20 +331,26 @@ struct TaskService::Impl {
     posix_spawnattr_destroy(&at);
     if (rc != 0) return fail(ttrpc::Code::internal, fmt::format("spawn {}: {}", prog, std::strerror(rc)));
     pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    int watch_fd = pidfd ? ::fcntl(pidfd.get(), F_DUPFD_CLOEXEC, 3) : -1;
     rec.pid = pid;
     rec.pid_start = start_time(pid).value_or(0);
-    phase = Phase::running;
-    if (auto w = persist(); !w) {
-      // Without the record `shim delete` could not find the VM: do not leave it running.
+    auto w = watch_fd < 0 ? host::Status{Error{fmt::format("pidfd_open: {}", std::strerror(errno))}} : persist();
+    if (!w) {
+      // Without the record `shim delete` could not find the VM, without the pidfd nobody would
+      // see it end: do not leave it running. Reaped here (SIGKILL: bounded).
+      if (watch_fd >= 0) ::close(watch_fd);
       ::kill(-pid, SIGKILL);
+      ::kill(pid, SIGKILL);
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {}
+      rec.pid = 0;
+      pidfd.reset();
       return fail(ttrpc::Code::internal, w.error().message);
     }
-    if (pidfd) {
-      exit_watch.emplace(io, ::fcntl(pidfd.get(), F_DUPFD_CLOEXEC, 3));
-      exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
-        if (!ec) on_exit();
-      });
-    }
+    phase = Phase::running;
+    exit_watch.emplace(io, watch_fd);
+    exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+      if (!ec) on_exit();
+    });
     ev::TaskStart e;
     e.set_container_id(cfg.id);
     e.set_pid(static_cast<std::uint32_t>(pid));
@@ -342,7 +360,14 @@ struct TaskService::Impl {
     return ok(r);
   }
 
+  void kill_session() {
+    if (phase != Phase::running) return;
+    ::kill(-rec.pid, SIGKILL);  // neshost, QEMU, virtiofsd: one session
+    ::kill(rec.pid, SIGKILL);
+  }
+
   void on_exit() {
+    kill_timer.cancel();
     int st = 0;
     pid_t r;
     do r = ::waitpid(rec.pid, &st, 0);
@@ -388,10 +413,22 @@ struct TaskService::Impl {
       return empty();
     }
     auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {}", req->signal()), 2s);
+    if (req->signal() == SIGKILL) {
+      // SIGKILL must end the task whatever the guest does: if the VM has not exited 10 s after
+      // the guest was told (or at once when it cannot be told), its whole session is killed
+      // (exit 137: 128+SIGKILL).
+      if (!reply || *reply != "ok") {
+        kill_session();
+        return empty();
+      }
+      kill_timer.expires_after(10s);
+      kill_timer.async_wait([this](boost::system::error_code e) { if (!e) kill_session(); });
+      return empty();
+    }
     if (reply && *reply == "ok") return empty();
-    // No control socket yet (the VM is still booting): SIGTERM and SIGKILL still end the task, as
-    // an ordered shutdown of the VM (exit 143).
-    if (req->signal() == SIGTERM || req->signal() == SIGKILL) {
+    // No control socket yet (the VM is still booting): SIGTERM still ends the task, as an
+    // ordered shutdown of the VM (exit 143).
+    if (req->signal() == SIGTERM) {
       ::kill(rec.pid, SIGTERM);
       return empty();
     }
@@ -429,6 +466,8 @@ struct TaskService::Impl {
     fs::remove_all(rec.state_dir, ec);
     fs::remove(cfg.bundle / kTaskFile, ec);
     phase = Phase::deleted;
+    // A Wait sent before a Start that failed is answered now (the task is gone).
+    for (auto& r : std::exchange(waiters, {})) r(fail(ttrpc::Code::not_found, fmt::format("task {}: deleted", cfg.id)));
     ev::TaskDelete e;
     e.set_container_id(cfg.id);
     e.set_pid(static_cast<std::uint32_t>(rec.pid));
@@ -468,6 +507,7 @@ struct TaskService::Impl {
     if (req->width() < 1 || req->height() < 1 || req->width() > 0xffff || req->height() > 0xffff)
       return fail(ttrpc::Code::invalid_argument, fmt::format("width {} height {}: each must be 1..65535", req->width(), req->height()));
     if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, "task is not running");
+    if (!spec.terminal) return fail(ttrpc::Code::failed_precondition, "the task has no terminal");
     // ctr resizes right after Start, before `neshost run` has its control socket: the latest size
     // is kept and delivered as soon as the socket answers (neshost makes it the size the workload
     // starts with when the guest has not booted yet).
@@ -483,7 +523,8 @@ struct TaskService::Impl {
     std::error_code ec;
     if (std::filesystem::exists(path, ec)) {
       auto reply = cli::control_request(path, *pending_resize, 2s);
-      if (reply && *reply == "ok") {
+      if (reply) {  // "ok", or neshost's final word on it
+        if (*reply != "ok") fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {}\n", cfg.id, *reply);
         pending_resize.reset();
         return;
       }

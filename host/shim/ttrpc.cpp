@@ -93,13 +93,20 @@ struct Conn : std::enable_shared_from_this<Conn> {
   FrameReader reader;
   std::array<char, 64 * 1024> rbuf{};
   std::deque<std::string> outq;
+  std::size_t outq_bytes = 0;
   bool writing = false;
+  bool reading = false;  // a read is outstanding
   bool open = true;
   std::size_t in_flight = 0;
 
+  // Reading stops while the answers queued for the peer exceed kMaxQueuedBytes (a peer that sends
+  // and never reads cannot grow the queue), and resumes as it drains.
   void read() {
+    if (reading || !open || outq_bytes > Server::kMaxQueuedBytes) return;
+    reading = true;
     auto self = shared_from_this();
     sock.async_read_some(asio::buffer(rbuf), [self](boost::system::error_code ec, std::size_t n) {
+      self->reading = false;
       if (ec || !self->open) return self->shutdown();
       self->reader.feed(std::string_view(self->rbuf.data(), n));
       while (self->open) {
@@ -124,7 +131,11 @@ struct Conn : std::enable_shared_from_this<Conn> {
     if (!r.ParseFromString(f.payload)) return reply_now(Code::invalid_argument, "unmarshal request error");
     if (f.stream % 2 != 1)
       return reply_now(Code::invalid_argument, "StreamID must be odd for client initiated streams");
-    if (in_flight >= Server::kMaxInFlight) return shutdown();
+    // Over the limit: that call is refused, never the connection (containerd multiplexes every
+    // client's Wait on its one connection, and a closed one means a dead shim to it).
+    if (in_flight >= Server::kMaxInFlight)
+      return reply_now(Code::resource_exhausted,
+                       fmt::format("more than {} calls in flight on this connection", Server::kMaxInFlight));
     auto srv = server.lock();
     if (!srv) return shutdown();
     Call c;
@@ -142,6 +153,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
     if (payload.size() > kMaxMessageBytes)
       payload = encode_response(Reply{Status{Code::resource_exhausted, "response too large"}, {}});
     outq.push_back(encode_frame(stream, MsgType::response, payload));
+    outq_bytes += outq.back().size();
     flush();
   }
 
@@ -152,8 +164,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
     asio::async_write(sock, asio::buffer(outq.front()), [self](boost::system::error_code ec, std::size_t) {
       self->writing = false;
       if (ec) return self->shutdown();
+      self->outq_bytes -= self->outq.front().size();
       self->outq.pop_front();
       self->flush();
+      self->read();
     });
   }
 
@@ -261,12 +275,16 @@ Result<Fd> listen_unix(const std::filesystem::path& path) {
   if (!a) return a.error();
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
+  ::chmod(path.parent_path().c_str(), 0711);
   ::unlink(path.c_str());
   Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!s) return Error{fmt::format("socket: {}", std::strerror(errno))};
-  if (::bind(s.get(), reinterpret_cast<const sockaddr*>(&*a), sizeof *a) != 0)
-    return Error{fmt::format("bind {}: {}", path.string(), std::strerror(errno))};
-  ::chmod(path.c_str(), 0600);
+  // Created 0600 (no window in which another user could connect), as the monitor's socket is.
+  mode_t old = ::umask(0177);
+  int rc = ::bind(s.get(), reinterpret_cast<const sockaddr*>(&*a), sizeof *a);
+  int e = errno;
+  ::umask(old);
+  if (rc != 0) return Error{fmt::format("bind {}: {}", path.string(), std::strerror(e))};
   if (::listen(s.get(), 64) != 0) return Error{fmt::format("listen {}: {}", path.string(), std::strerror(errno))};
   return s;
 }

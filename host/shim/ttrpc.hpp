@@ -73,12 +73,15 @@ using Method = std::function<void(Call&& call, Respond respond)>;
 /// A ttrpc server on one io_context: every connection served concurrently, calls dispatched by
 /// service and method. An unknown service or method answers UNIMPLEMENTED ("service X" / "method
 /// Y", as ttrpc's own server), an unparsable Request INVALID_ARGUMENT, an even stream id
-/// INVALID_ARGUMENT, an oversized one RESOURCE_EXHAUSTED; the connection keeps serving. A
-/// connection is closed on EOF, a read error, or more than kMaxInFlight unanswered calls.
+/// INVALID_ARGUMENT, an oversized one RESOURCE_EXHAUSTED, a call beyond kMaxInFlight unanswered
+/// ones RESOURCE_EXHAUSTED; the connection keeps serving. It is closed only on EOF or a read or
+/// write error. While more than kMaxQueuedBytes of answers wait for the peer, it is not read.
 class Server {
  public:
-  /// Calls a connection may have unanswered before it is closed.
-  static constexpr std::size_t kMaxInFlight = 256;
+  /// Calls a connection may have unanswered; more are refused RESOURCE_EXHAUSTED.
+  static constexpr std::size_t kMaxInFlight = 1024;
+  /// Answer bytes queued for a peer beyond which its connection is not read.
+  static constexpr std::size_t kMaxQueuedBytes = 8u << 20;
 
   explicit Server(boost::asio::io_context& io);
   ~Server();

@@ -191,6 +191,9 @@ def case_kill(d):
         try:
             wait_line(p, "up")
             check(d.tasks().get(tid, ("", ""))[1] == "RUNNING", f"{tid}: {d.tasks()}")
+            # Exec reaches the shim and is refused clearly (not yet supported), the task unharmed.
+            rc, _, err = d.ctr("task", "exec", "--exec-id", "x", tid, "/bin/true", check_rc=False)
+            check(rc != 0 and "not implemented" in err, f"ctr task exec: exit {rc}: {err!r}")
             rc, out, _ = d.ctr("task", "ps", tid)
             check(len(out.splitlines()) >= 2, f"ctr task ps {tid}: {out!r}")
             d.ctr("task", "kill", "-s", sig, tid)
@@ -200,8 +203,6 @@ def case_kill(d):
                 p.kill()
                 p.wait()
         check(rc == want, f"{tid}: ctr run exit {rc}, want {want}; stderr {err!r}{d.tail()}")
-    rc, _, err = d.ctr("task", "exec", "--exec-id", "x", "tk9", "/bin/true", check_rc=False)
-    check(rc != 0, "exec on a deleted task succeeded")
 
 
 def oci_archive(path, root, ref):
@@ -304,6 +305,8 @@ def case_shim_killed(d):
     except Failure as e:
         raise Failure(f"{e}{d.tail()}")
     until(lambda: d.tasks().get("tsk", ("", ""))[1] in ("", "STOPPED", "UNKNOWN"), "task cleaned up")
+    sockdir = os.path.join(d.tmp, "s")
+    until(lambda: not os.path.isdir(sockdir) or not os.listdir(sockdir), "the dead shim's socket removed")
     d.ctr("container", "delete", "tsk", check_rc=False)
 
 

@@ -226,3 +226,25 @@ TEST_CASE("call() against the server on a real Unix socket; a dead path is an er
   auto none = ttrpc::call(dir / "s.sock", {"svc", "Echo", "", 0, {}}, std::chrono::milliseconds(200));
   CHECK(!none);
 }
+
+TEST_CASE("server: a call beyond the in-flight limit is refused on its stream; the connection serves on") {
+  Pair p;
+  std::string batch;
+  for (std::uint32_t i = 0; i < ttrpc::Server::kMaxInFlight; ++i)
+    batch += ttrpc::encode_frame(2 * i + 1, ttrpc::MsgType::request, ttrpc::encode_request({"svc", "Later", "", 0, {}}));
+  p.send_raw(batch);
+  const std::uint32_t over = 2 * ttrpc::Server::kMaxInFlight + 1;
+  p.send(over, "svc", "Later", "");
+  auto [f, r] = p.recv();
+  CHECK(f.stream == over);
+  CHECK(r.status.code == ttrpc::Code::resource_exhausted);
+  CHECK(p.later.size() == ttrpc::Server::kMaxInFlight);
+  CHECK(p.server.connections() == 1);
+  p.later.front().second({{}, "first"});  // one answered: room for one more
+  auto [f1, r1] = p.recv();
+  CHECK(f1.stream == 1);
+  p.send(over + 2, "svc", "Echo", "still");
+  auto [f2, r2] = p.recv();
+  CHECK(f2.stream == over + 2);
+  CHECK(r2.payload == "echo:still");
+}
