@@ -4,11 +4,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 #include <simdjson.h>
+
+#include "host/vm/volume.hpp"
+#include "protocol/messages.hpp"
 
 namespace nes::shim {
 using host::Error;
@@ -46,10 +50,19 @@ Result<std::uint32_t> u32(dom::element e, std::string_view field) {
 
 // Pseudo and scratch file systems the guest kernel gives the workload itself (the init mounts
 // /proc, /sys, /dev, /dev/pts, /run and a private /tmp): the spec's entries for them are met.
-bool guest_provided(std::string_view type) {
-  return type == "proc" || type == "sysfs" || type == "devpts" || type == "tmpfs" || type == "mqueue" ||
-         type == "cgroup" || type == "cgroup2" || type == "devtmpfs";
+// Only where the init mounts them: a tmpfs the spec wants at /scratch is not met by anything.
+bool guest_provided(std::string_view type, std::string_view dst) {
+  static constexpr std::string_view kTypes[] = {"proc", "sysfs", "devpts", "tmpfs", "mqueue", "cgroup", "cgroup2", "devtmpfs"};
+  static constexpr std::string_view kPaths[] = {"/proc", "/sys", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue",
+                                                "/run", "/tmp", "/sys/fs/cgroup"};
+  return std::find(std::begin(kTypes), std::end(kTypes), type) != std::end(kTypes) &&
+         std::find(std::begin(kPaths), std::end(kPaths), dst) != std::end(kPaths);
 }
+
+// The limits `neshost run` applies (host/vm/volume.hpp, cli_run.cpp), checked here so a spec it
+// would refuse fails Create, naming the field, instead of a task that exits 2.
+constexpr std::size_t kMaxVolumes = 16;
+constexpr std::size_t kMaxGroups = 64;
 
 }  // namespace
 
@@ -106,6 +119,10 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
         s.groups.push_back(*g);
       }
     }
+    if (s.uid == proto::kInvalidId || s.gid == proto::kInvalidId)
+      return field_error("process.user", "uid and gid 4294967295 are not ids");
+    if (s.groups.size() > kMaxGroups)
+      return field_error("process.user.additionalGids", fmt::format("more than {} groups", kMaxGroups));
     if (std::string_view n; !user["username"].get_string().get(n) && !n.empty())
       return field_error("process.user.username", "not supported (give uid and gid)");
   }
@@ -125,6 +142,7 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
   if (std::string_view h; !top["hostname"].get_string().get(h)) s.hostname = std::string(h);
 
   if (dom::array mounts; !top["mounts"].get_array().get(mounts)) {
+    std::vector<vm::Volume> checked;
     std::size_t i = 0;
     for (dom::element m : mounts) {
       const std::string f = fmt::format("mounts[{}]", i++);
@@ -146,9 +164,19 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
         Volume v{std::filesystem::path(src), std::string(dst), false};
         for (const auto& o : opts) v.ro = v.ro || o == "ro";
         s.volumes.push_back(std::move(v));
-      } else if (!guest_provided(type)) {
-        return field_error(f + ".type", fmt::format("'{}' not supported in a microVM (bind mounts and the guest's own "
-                                                   "proc, sysfs, devpts, tmpfs, mqueue, cgroup are)", type));
+        if (src.find(':') != std::string_view::npos || dst.find(':') != std::string_view::npos)
+          return field_error(f, "a ':' in source or destination is not supported");
+        auto pv = vm::parse_volume(fmt::format("{}:{}{}", src, dst, s.volumes.back().ro ? ":ro" : ""));
+        if (!pv)
+          return field_error(f + ".source", fmt::format("{} (virtiofs shares directories only)", pv.error().message));
+        s.volumes.back() = Volume{pv->host, pv->guest, pv->ro};
+        checked.push_back(std::move(*pv));
+        if (auto p = vm::volumes_problem(checked); !p) return field_error(f + ".destination", p.error().message);
+        if (checked.size() > kMaxVolumes) return field_error(f, fmt::format("more than {} bind mounts", kMaxVolumes));
+      } else if (!guest_provided(type, dst)) {
+        return field_error(f + ".type", fmt::format("'{}' at {} not supported in a microVM (bind mounts of directories, "
+                                                   "and the guest's own proc, sysfs, devpts, tmpfs, mqueue, cgroup "
+                                                   "where the init mounts them, are)", type, dst));
       }
     }
   }

@@ -26,7 +26,7 @@ constexpr std::string_view kCtrSpec = R"({
              {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
              {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
              {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
-             {"destination": "/data", "type": "bind", "source": "/srv/data", "options": ["rbind", "ro"]}],
+             {"destination": "/data", "type": "bind", "source": "/tmp", "options": ["rbind", "ro"]}],
   "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]},
             "namespaces": [{"type": "pid"}, {"type": "mount"}],
             "maskedPaths": ["/proc/kcore"], "readonlyPaths": ["/proc/sys"]}
@@ -43,11 +43,11 @@ TEST_CASE("ctr's default spec becomes the task; in-kernel confinement is ignored
   CHECK(s->hostname == "box");
   CHECK(s->groups == std::vector<std::uint32_t>{0, 10});
   REQUIRE(s->volumes.size() == 1);
-  CHECK(s->volumes[0] == shim::Volume{"/srv/data", "/data", true});
+  CHECK(s->volumes[0] == shim::Volume{std::filesystem::canonical("/tmp"), "/data", true});
   auto a = shim::run_args(*s, {"ctr-x", "/st", true});
   std::vector<std::string> want = {"run", "--vm", "ctr-x", "--state", "/st", "--rootfs", "/b/t1/rootfs", "--user", "0:0",
                                    "--workdir", "/", "--group-add", "10", "--hostname", "box", "--env", "PATH=/bin",
-                                   "--env", "A=b=c", "--volume", "/srv/data:/data:ro", "--interactive", "--",
+                                   "--env", "A=b=c", "--volume", std::filesystem::canonical("/tmp").string() + ":/data:ro", "--interactive", "--",
                                    "/bin/sh", "-c", "echo hi"};
   CHECK(a == want);
 }
@@ -70,6 +70,13 @@ TEST_CASE("what a microVM cannot honour is refused, naming the field") {
            {"{" + ok_process + R"(, "linux": {"devices": [{"path": "/dev/fuse", "type": "c"}]}})", "linux.devices"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "nfs", "source": "h:/e"}]})", "mounts[0].type"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "bind", "source": "rel"}]})", "mounts[0].source"},
+           // CRI's file binds (/etc/hosts and the like): virtiofs shares directories only
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts"}]})", "mounts[0].source"},
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/a:b", "type": "bind", "source": "/tmp"}]})", "mounts[0]"},
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "bind", "source": "/tmp"},
+                                               {"destination": "/x", "type": "bind", "source": "/"}]})", "mounts[1].destination"},
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/scratch", "type": "tmpfs", "source": "tmpfs"}]})", "mounts[0].type"},
+           {R"({"process": {"args": ["x"], "user": {"uid": 4294967295}}, "root": {"path": "/r"}})", "process.user"},
            {"[1]", "expected a JSON object"},
            {"{", "config.json"},
        }) {
