@@ -813,12 +813,12 @@ void Host::async_wait(const std::string& id, std::function<void(WaitResult)> han
       auto self = w.lock();
       if (!self) return;
       auto vm = self->find(id);
+      // A record of this generation (or newer) on disk is the answer, also when the session
+      // settled meanwhile: a write refused as stale settles it with an error, but the newer
+      // record found here is what wait() promises (independent of which finished first). With
+      // no VM registered, whatever is recorded is the answer.
+      if (rec && *rec && (!gen || (*rec)->generation >= *gen)) return h(**rec);
       if (vm && vm->result) return h(*vm->result);
-      if (rec && *rec && (!gen || (*rec)->generation >= *gen)) {
-        // A record of this generation (or newer) exists: immediate. With no VM registered,
-        // whatever is recorded is the answer.
-        return h(**rec);
-      }
       if (vm && vm->generation() == gen.value_or(vm->generation())) {
         vm->waiters.push_back(std::move(h));
         return;
