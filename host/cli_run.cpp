@@ -774,14 +774,14 @@ int run_main(const Args& args) {
         s = sig ? h.kill(id, static_cast<int>(*sig)) : host::Status{sig.error()};
       } else if (req.starts_with("resize ")) {
         // `resize ROWS COLS`: the workload's terminal (containerd's ResizePty through the shim).
-        auto rest = req.substr(7);
-        auto sp = rest.find(' ');
-        auto rows = parse_uint("rows", rest.substr(0, sp), 1, 0xffff);
-        auto cols = sp == std::string_view::npos ? rows : parse_uint("cols", rest.substr(sp + 1), 1, 0xffff);
-        if (!rows || !cols || sp == std::string_view::npos)
-          s = host::Error{"resize: expected ROWS COLS, each 1..65535"};
-        else
-          s = h.send_resize(id, static_cast<std::uint16_t>(*rows), static_cast<std::uint16_t>(*cols));
+        const auto rest = req.substr(7);
+        const auto sp = rest.find(' ');
+        s = host::Error{"resize: expected ROWS COLS, each 1..65535"};
+        if (sp != std::string_view::npos) {
+          auto rows = parse_uint("rows", rest.substr(0, sp), 1, 0xffff);
+          auto cols = parse_uint("cols", rest.substr(sp + 1), 1, 0xffff);
+          if (rows && cols) s = h.send_resize(id, static_cast<std::uint16_t>(*rows), static_cast<std::uint16_t>(*cols));
+        }
       }
       return s ? std::string("ok") : "error: " + s.error().message;
     });

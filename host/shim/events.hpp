@@ -21,7 +21,8 @@ class Publisher {
  public:
   /// Events queued at most; a full queue drops the oldest (counted in dropped()).
   static constexpr std::size_t kMaxQueued = 1024;
-  /// Attempts per event (each bounded by 2 s), 200 ms apart; once stopping, one more at most.
+  /// Attempts per event (each bounded by 2 s), 1, 2, 3, 4 s apart (containerd's publisher's
+  /// backoff: an event outlives a daemon restart of ~15 s); once stopping, one more at most.
   static constexpr int kAttempts = 5;
 
   /// `ttrpc_address`: containerd's ttrpc socket (a path, "unix://" allowed); empty: events are

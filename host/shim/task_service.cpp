@@ -226,6 +226,11 @@ struct TaskService::Impl {
     if (req->id() != cfg.id)
       return fail(ttrpc::Code::invalid_argument, fmt::format("id: '{}' is not this shim's task '{}'", req->id(), cfg.id));
     if (!req->checkpoint().empty()) return fail(ttrpc::Code::unimplemented, "checkpoint: restore is not supported");
+    for (const auto* io : {&req->stdin(), &req->stdout(), &req->stderr()}) {
+      if (io->find("://") != std::string::npos && !io->starts_with("file://"))
+        return fail(ttrpc::Code::invalid_argument,
+                    fmt::format("stdio '{}': only FIFO paths and file:// are supported (no binary:// loggers)", *io));
+    }
     fs::path bundle = req->bundle().empty() ? cfg.bundle : fs::path(req->bundle());
     auto s = load_oci_spec(bundle);
     if (!s) return fail(ttrpc::Code::invalid_argument, s.error().message);
@@ -278,6 +283,14 @@ struct TaskService::Impl {
     if (path.empty()) {
       Fd f(::open("/dev/null", (input ? O_RDONLY : O_WRONLY) | O_CLOEXEC));
       if (!f) return Error{fmt::format("/dev/null: {}", std::strerror(errno))};
+      return f;
+    }
+    // `file://PATH` (ctr run --log-uri file://..., as runc's shim takes it): output appended to
+    // a regular file.
+    if (path.starts_with("file://")) {
+      if (input) return Error{fmt::format("stdin: '{}': a file URI is for output only", path)};
+      Fd f(::open(path.c_str() + 7, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640));
+      if (!f) return Error{fmt::format("stdio {}: {}", path, std::strerror(errno))};
       return f;
     }
     // Non-blocking opens: a FIFO whose other end is not open yet must not hang the shim. An output

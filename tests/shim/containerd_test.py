@@ -180,6 +180,13 @@ def case_exit7(d):
     check(rc == 7, f"exit {rc}, want 7; stderr {err!r}{d.tail()}")
     check("err\n" in err, f"the workload's stderr is not ctr's: {err!r}")
     check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+    # ctr run --log-uri file://PATH: stdout and stderr appended to that file (as runc's shim does).
+    log = os.path.join(d.tmp, "task.log")
+    rc, out, err = d.run("--log-uri", "file://" + log, "--rootfs", root, "t1f", "/bin/sh", "-c", "echo to-file; exit 4",
+                         check_rc=False)
+    with open(log) as f:
+        logged = f.read()
+    check(rc == 4 and logged == "to-file\n", f"--log-uri: exit {rc}, file {logged!r}; stderr {err!r}")
 
 
 def case_kill(d):
