@@ -231,7 +231,10 @@ struct TaskService::Impl {
         return fail(ttrpc::Code::invalid_argument,
                     fmt::format("stdio '{}': only FIFO paths and file:// are supported (no binary:// loggers)", *io));
     }
-    fs::path bundle = req->bundle().empty() ? cfg.bundle : fs::path(req->bundle());
+    if (!req->bundle().empty() && fs::path(req->bundle()) != cfg.bundle)
+      return fail(ttrpc::Code::invalid_argument,
+                  fmt::format("bundle: '{}' is not this shim's bundle '{}'", req->bundle(), cfg.bundle.string()));
+    const fs::path bundle = cfg.bundle;
     auto s = load_oci_spec(bundle);
     if (!s) return fail(ttrpc::Code::invalid_argument, s.error().message);
     rec = TaskRecord{};
@@ -418,6 +421,8 @@ struct TaskService::Impl {
     if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
     if (req->signal() < 1 || req->signal() > 64) return fail(ttrpc::Code::invalid_argument, fmt::format("signal: {} is not 1..64", req->signal()));
     if (phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
+    if (!same_process_alive(rec.pid, rec.pid_start))  // exited, its exit not yet seen here
+      return fail(ttrpc::Code::not_found, "process already finished");
     if (phase == Phase::created) {
       // Never started: nothing runs; the task ends as if the signal had killed it.
       exit_status = 128 + req->signal();
@@ -562,8 +567,8 @@ struct TaskService::Impl {
   ttrpc::Reply shutdown(const std::string& p) {
     auto req = parse<v2::ShutdownRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "ShutdownRequest: malformed");
-    // A live task keeps its shim (containerd's own shims do the same).
-    if (phase == Phase::created || phase == Phase::running) return empty();
+    // A task not yet deleted keeps its shim (containerd's own shims exit only with no task left).
+    if (phase != Phase::none && phase != Phase::deleted) return empty();
     asio::post(io, [this] { if (cfg.shutdown) cfg.shutdown(); });
     return empty();
   }
