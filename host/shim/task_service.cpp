@@ -421,8 +421,6 @@ struct TaskService::Impl {
     if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
     if (req->signal() < 1 || req->signal() > 64) return fail(ttrpc::Code::invalid_argument, fmt::format("signal: {} is not 1..64", req->signal()));
     if (phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
-    if (!same_process_alive(rec.pid, rec.pid_start))  // exited, its exit not yet seen here
-      return fail(ttrpc::Code::not_found, "process already finished");
     if (phase == Phase::created) {
       // Never started: nothing runs; the task ends as if the signal had killed it.
       exit_status = 128 + req->signal();
@@ -430,6 +428,8 @@ struct TaskService::Impl {
       finish();
       return empty();
     }
+    if (!same_process_alive(rec.pid, rec.pid_start))  // exited, its exit not yet seen here
+      return fail(ttrpc::Code::not_found, "process already finished");
     auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {}", req->signal()), 2s);
     if (req->signal() == SIGKILL) {
       // SIGKILL must end the task whatever the guest does: if the VM has not exited 10 s after

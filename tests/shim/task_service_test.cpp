@@ -1,0 +1,219 @@
+// The Task service's state machine, call by call over a real ttrpc connection (a socketpair),
+// with a real child in place of `neshost run` (a shell script that exits with a given code or
+// sleeps until killed): Create's errors, Wait before and after the exit, Kill before Start and of a
+// VM without a control socket (SIGKILL: 137), Delete while running, early waiters answered by
+// Delete, Shutdown by phase, ResizePty without a terminal.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include <boost/asio/io_context.hpp>
+
+#include "containerd_pb.h"
+#include "host/shim/task_service.hpp"
+#include "host/shim/ttrpc.hpp"
+#include "tests/support/temp_dir.hpp"
+
+using namespace nes;
+namespace asio = boost::asio;
+namespace v2 = containerd::task::v2;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Rig {
+  test::TempDir tmp{"shimtask"};
+  fs::path bundle = tmp.path / "b";
+  asio::io_context io;
+  shim::Publisher events{"", "default"};  // no containerd: events dropped
+  ttrpc::Server server{io};
+  std::unique_ptr<shim::TaskService> task;
+  int client = -1;
+  bool shut_down = false;
+  ttrpc::FrameReader reader;
+  std::uint32_t next_stream = 1;
+
+  explicit Rig(const std::string& fake_neshost_body, bool with_config = true) {
+    fs::create_directories(bundle / "rootfs");
+    if (with_config) {
+      std::ofstream(bundle / "config.json")
+          << R"({"process": {"args": ["/bin/true"], "cwd": "/"}, "root": {"path": "rootfs"}})";
+    }
+    fs::path fake = tmp.path / "neshost";
+    std::ofstream(fake) << "#!/bin/sh\n" << fake_neshost_body << "\n";
+    fs::permissions(fake, fs::perms::owner_all);
+    shim::ServiceConfig c;
+    c.ns = "default";
+    c.id = "t1";
+    c.bundle = bundle;
+    c.neshost = fake;
+    c.shutdown = [this] { shut_down = true; };
+    task = std::make_unique<shim::TaskService>(io, c, events);
+    task->register_on(server);
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    client = sv[0];
+    server.serve_connection(host::Fd(sv[1]));
+  }
+  ~Rig() { ::close(client); }
+
+  std::uint32_t send(const std::string& method, const google::protobuf::Message& m) {
+    std::uint32_t s = next_stream;
+    next_stream += 2;
+    std::string f = ttrpc::encode_frame(s, ttrpc::MsgType::request,
+                                        ttrpc::encode_request({"containerd.task.v2.Task", method, m.SerializeAsString(), 0, {}}));
+    REQUIRE(::write(client, f.data(), f.size()) == static_cast<ssize_t>(f.size()));
+    return s;
+  }
+  // Runs the service until the answer on `stream` arrives (bounded: 20 s of loop turns).
+  ttrpc::Reply answer(std::uint32_t stream) {
+    for (int i = 0; i < 20000; ++i) {
+      while (auto f = reader.next()) {
+        if (f->stream == stream) {
+          auto r = ttrpc::decode_response(f->payload);
+          REQUIRE(r);
+          return *r;
+        }
+        pending.push_back(std::move(*f));
+      }
+      for (auto it = pending.begin(); it != pending.end(); ++it)
+        if (it->stream == stream) {
+          auto r = ttrpc::decode_response(it->payload);
+          pending.erase(it);
+          REQUIRE(r);
+          return *r;
+        }
+      io.run_for(std::chrono::milliseconds(1));
+      io.restart();
+      char buf[65536];
+      ssize_t n = ::recv(client, buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0) reader.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+    }
+    FAIL("no answer on stream " << stream);
+    return {};
+  }
+  ttrpc::Reply call(const std::string& method, const google::protobuf::Message& m) { return answer(send(method, m)); }
+  std::vector<ttrpc::Frame> pending;
+
+  ttrpc::Reply create(bool terminal = false) {
+    v2::CreateTaskRequest r;
+    r.set_id("t1");
+    r.set_bundle(bundle.string());
+    r.set_terminal(terminal);
+    return call("Create", r);
+  }
+  template <class M>
+  static M id_req() {
+    M m;
+    m.set_id("t1");
+    return m;
+  }
+};
+
+template <class M>
+M parse(const ttrpc::Reply& r) {
+  M m;
+  REQUIRE(r.status.ok());
+  REQUIRE(m.ParseFromString(r.payload));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("Create without config.json: INVALID_ARGUMENT naming the file; nothing created") {
+  Rig r("exit 0", false);
+  auto a = r.create();
+  CHECK(a.status.code == ttrpc::Code::invalid_argument);
+  CHECK(a.status.message.find((r.bundle / "config.json").string()) != std::string::npos);
+  CHECK(!fs::exists(r.bundle / "nesinit-task.json"));
+  auto s = r.call("State", Rig::id_req<v2::StateRequest>());
+  CHECK(s.status.code == ttrpc::Code::not_found);
+}
+
+TEST_CASE("Create, Wait before Start, Start, exit 7: the waiter and State get 7; Delete; Shutdown exits") {
+  Rig r("exit 7");
+  REQUIRE(r.create().status.ok());
+  CHECK(fs::exists(r.bundle / "nesinit-task.json"));
+  auto sh = r.call("Shutdown", Rig::id_req<v2::ShutdownRequest>());
+  CHECK(sh.status.ok());
+  CHECK(!r.shut_down);  // a task not yet deleted keeps its shim
+  auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+  auto st = parse<v2::StartResponse>(r.call("Start", Rig::id_req<v2::StartRequest>()));
+  CHECK(st.pid() > 0);
+  auto wr = parse<v2::WaitResponse>(r.answer(w));
+  CHECK(wr.exit_status() == 7);
+  CHECK(wr.exited_at().seconds() > 0);
+  auto s = parse<v2::StateResponse>(r.call("State", Rig::id_req<v2::StateRequest>()));
+  CHECK(s.status() == containerd::v1::types::STOPPED);
+  CHECK(s.exit_status() == 7);
+  auto k = r.call("Kill", [] { auto m = Rig::id_req<v2::KillRequest>(); m.set_signal(15); return m; }());
+  CHECK(k.status.code == ttrpc::Code::not_found);
+  auto d = parse<v2::DeleteResponse>(r.call("Delete", Rig::id_req<v2::DeleteRequest>()));
+  CHECK(d.exit_status() == 7);
+  CHECK(!fs::exists(r.bundle / "nesinit-task.json"));
+  CHECK(r.call("Shutdown", Rig::id_req<v2::ShutdownRequest>()).status.ok());
+  r.io.run_for(std::chrono::milliseconds(10));
+  CHECK(r.shut_down);
+}
+
+TEST_CASE("SIGKILL of a VM without a control socket kills its session: 137; Delete refused while running") {
+  Rig r("exec sleep 1000");
+  REQUIRE(r.create().status.ok());
+  REQUIRE(r.call("Start", Rig::id_req<v2::StartRequest>()).status.ok());
+  auto del = r.call("Delete", Rig::id_req<v2::DeleteRequest>());
+  CHECK(del.status.code == ttrpc::Code::failed_precondition);
+  auto rs = r.call("ResizePty", [] { auto m = Rig::id_req<v2::ResizePtyRequest>(); m.set_width(80); m.set_height(24); return m; }());
+  CHECK(rs.status.code == ttrpc::Code::failed_precondition);  // no terminal
+  auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+  auto k = r.call("Kill", [] { auto m = Rig::id_req<v2::KillRequest>(); m.set_signal(9); return m; }());
+  CHECK(k.status.ok());
+  auto wr = parse<v2::WaitResponse>(r.answer(w));
+  CHECK(wr.exit_status() == 137);
+  CHECK(r.call("Delete", Rig::id_req<v2::DeleteRequest>()).status.ok());
+}
+
+TEST_CASE("Kill before Start ends the task as that signal; a Wait left before a failed Start is answered by Delete") {
+  {
+    Rig r("exit 0");
+    REQUIRE(r.create().status.ok());
+    auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+    REQUIRE(r.call("Kill", [] { auto m = Rig::id_req<v2::KillRequest>(); m.set_signal(15); return m; }()).status.ok());
+    CHECK(parse<v2::WaitResponse>(r.answer(w)).exit_status() == 143);
+  }
+  {
+    Rig r("exit 0");
+    REQUIRE(r.create().status.ok());
+    fs::remove(r.tmp.path / "neshost");  // Start cannot spawn it
+    auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+    auto st = r.call("Start", Rig::id_req<v2::StartRequest>());
+    CHECK(st.status.code == ttrpc::Code::internal);
+    REQUIRE(r.call("Delete", Rig::id_req<v2::DeleteRequest>()).status.ok());
+    CHECK(r.answer(w).status.code == ttrpc::Code::not_found);
+  }
+}
+
+TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec and Pause are UNIMPLEMENTED naming the call") {
+  Rig r("exit 0");
+  REQUIRE(r.create().status.ok());
+  v2::StateRequest other;
+  other.set_id("t2");
+  CHECK(r.call("State", other).status.code == ttrpc::Code::not_found);
+  auto ex = r.call("Exec", Rig::id_req<v2::ExecProcessRequest>());
+  CHECK(ex.status.code == ttrpc::Code::unimplemented);
+  CHECK(ex.status.message.find("Exec") != std::string::npos);
+  CHECK(r.call("Pause", Rig::id_req<v2::PauseRequest>()).status.code == ttrpc::Code::unimplemented);
+  auto bad = r.answer([&] {
+    std::uint32_t s = r.next_stream;
+    r.next_stream += 2;
+    std::string f = ttrpc::encode_frame(s, ttrpc::MsgType::request,
+                                        ttrpc::encode_request({"containerd.task.v2.Task", "Kill", "\x0a\x7f", 0, {}}));
+    REQUIRE(::write(r.client, f.data(), f.size()) == static_cast<ssize_t>(f.size()));
+    return s;
+  }());
+  CHECK(bad.status.code == ttrpc::Code::invalid_argument);
+}
