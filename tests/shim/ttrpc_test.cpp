@@ -11,12 +11,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <boost/asio/io_context.hpp>
 
 #include "host/shim/ttrpc.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "containerd_pb.h"
 #include "ttrpc.pb.h"
 
 using namespace nes;
@@ -247,4 +250,45 @@ TEST_CASE("server: a call beyond the in-flight limit is refused on its stream; t
   auto [f2, r2] = p.recv();
   CHECK(f2.stream == over + 2);
   CHECK(r2.payload == "echo:still");
+}
+
+TEST_CASE("frames containerd 1.6.20 really sent: split, decoded, and re-encoded byte for byte") {
+  const char* src = std::getenv("NES_SOURCE_ROOT");
+  REQUIRE(src);
+  std::ifstream in(std::filesystem::path(src) / "tests/shim/frames/containerd-1.6.20-ctr-run.to_shim", std::ios::binary);
+  REQUIRE(in);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() == 608);
+  ttrpc::FrameReader r;
+  r.feed(bytes);
+  std::vector<std::string> methods, timeouts;
+  std::string again;
+  std::uint32_t want_stream = 1;
+  while (auto f = r.next()) {
+    CHECK(f->stream == want_stream);
+    want_stream += 2;
+    CHECK(f->type == 1);
+    CHECK(f->flags == 0);
+    nes::ttrpc::wire::Request q;
+    REQUIRE(q.ParseFromString(f->payload));
+    CHECK(q.service() == "containerd.task.v2.Task");
+    methods.push_back(q.method());
+    ttrpc::Call c{q.service(), q.method(), q.payload(), q.timeout_nano(), {}};
+    for (const auto& kv : q.metadata()) c.metadata.emplace_back(kv.key(), kv.value());
+    CHECK(ttrpc::encode_request(c) == f->payload);  // our encoder writes what Go's did
+    again += ttrpc::encode_frame(f->stream, ttrpc::MsgType::request, ttrpc::encode_request(c));
+    if (q.method() == "Create") {
+      containerd::task::v2::CreateTaskRequest ct;
+      REQUIRE(ct.ParseFromString(q.payload()));
+      CHECK(ct.id() == "t1f");
+      CHECK(ct.bundle().ends_with("/io.containerd.runtime.v2.task/default/t1f"));
+      CHECK(ct.stdout().starts_with("file://"));  // ctr run --log-uri file://...
+    }
+    if (q.timeout_nano() != 0) timeouts.push_back(q.method());
+  }
+  CHECK(r.buffered() == 0);
+  CHECK(again == bytes);
+  CHECK(timeouts == std::vector<std::string>{"State", "Shutdown"});
+  CHECK(methods == std::vector<std::string>{"Create", "Connect", "Connect", "Start", "Wait", "State", "State",
+                                            "Delete", "Shutdown"});
 }
