@@ -147,6 +147,27 @@ host::Status mount_rootfs(const containerd::types::Mount& m, const fs::path& tar
   return host::Ok{};
 }
 
+// What Create mounted on <bundle>/rootfs, if anything, unmounted.
+void unmount_rootfs(const fs::path& bundle, const TaskRecord& r) {
+  if (r.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
+}
+
+// A deleted task leaves nothing: its rootfs mount, the VM's state, the task file.
+void remove_task(const fs::path& bundle, const TaskRecord& r) {
+  unmount_rootfs(bundle, r);
+  std::error_code ec;
+  fs::remove_all(r.state_dir, ec);
+  fs::remove(bundle / kTaskFile, ec);
+}
+
+// The VM's durable outcome, when it recorded one, is the task's exit status and time.
+void apply_recorded_exit(const TaskRecord& r, std::uint32_t& status, std::int64_t& at_ns) {
+  if (auto o = host::read_record(r.state_dir, r.vm); o && *o) {
+    status = static_cast<std::uint32_t>((*o)->exit_status);
+    at_ns = (*o)->finished_at.time_since_epoch().count();
+  }
+}
+
 }  // namespace
 
 Cleanup cleanup_task(const fs::path& bundle) {
@@ -161,14 +182,8 @@ Cleanup cleanup_task(const fs::path& bundle) {
     ::kill(-r.pid, SIGKILL);  // its session's process group: neshost, QEMU, virtiofsd
     ::kill(r.pid, SIGKILL);
   }
-  if (auto o = host::read_record(r.state_dir, r.vm); o && *o) {
-    c.exit_status = static_cast<std::uint32_t>((*o)->exit_status);
-    c.exited_at_ns = (*o)->finished_at.time_since_epoch().count();
-  }
-  if (r.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
-  std::error_code ec;
-  fs::remove_all(r.state_dir, ec);
-  fs::remove(bundle / kTaskFile, ec);
+  apply_recorded_exit(r, c.exit_status, c.exited_at_ns);
+  remove_task(bundle, r);
   return c;
 }
 
@@ -252,11 +267,11 @@ struct TaskService::Impl {
     }
     std::error_code ec;
     if (!fs::is_directory(s->root, ec)) {
-      if (rec.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
+      unmount_rootfs(bundle, rec);
       return fail(ttrpc::Code::invalid_argument, fmt::format("root.path: {} is not a directory", s->root.string()));
     }
     if (auto w = persist(); !w) {
-      if (rec.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
+      unmount_rootfs(bundle, rec);
       return fail(ttrpc::Code::internal, w.error().message);
     }
     spec = std::move(*s);
@@ -392,11 +407,15 @@ struct TaskService::Impl {
     exit_status = WIFEXITED(st) ? static_cast<std::uint32_t>(WEXITSTATUS(st))
                                 : static_cast<std::uint32_t>(128 + WTERMSIG(st));
     exited_at_ns = now_ns();
-    if (auto o = host::read_record(rec.state_dir, rec.vm); o && *o) {
-      exit_status = static_cast<std::uint32_t>((*o)->exit_status);
-      exited_at_ns = (*o)->finished_at.time_since_epoch().count();
-    }
+    apply_recorded_exit(rec, exit_status, exited_at_ns);
     finish();
+  }
+
+  v2::WaitResponse wait_response() const {
+    v2::WaitResponse w;
+    w.set_exit_status(exit_status);
+    set_time(w.mutable_exited_at(), exited_at_ns);
+    return w;
   }
 
   void finish() {
@@ -408,11 +427,8 @@ struct TaskService::Impl {
     e.set_exit_status(exit_status);
     set_time(e.mutable_exited_at(), exited_at_ns);
     events.publish("/tasks/exit", e);
-    v2::WaitResponse w;
-    w.set_exit_status(exit_status);
-    set_time(w.mutable_exited_at(), exited_at_ns);
     auto ws = std::move(waiters);
-    for (auto& r : ws) r(ok(w));
+    for (auto& r : ws) r(ok(wait_response()));
   }
 
   ttrpc::Reply kill(const std::string& p) {
@@ -479,10 +495,7 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "DeleteRequest: malformed");
     if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
     if (phase == Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: still running", cfg.id));
-    if (rec.mounted_rootfs) ::umount2((cfg.bundle / "rootfs").c_str(), MNT_DETACH);
-    std::error_code ec;
-    fs::remove_all(rec.state_dir, ec);
-    fs::remove(cfg.bundle / kTaskFile, ec);
+    remove_task(cfg.bundle, rec);
     phase = Phase::deleted;
     // A Wait sent before a Start that failed is answered now (the task is gone).
     for (auto& r : std::exchange(waiters, {})) r(fail(ttrpc::Code::not_found, fmt::format("task {}: deleted", cfg.id)));
@@ -578,10 +591,7 @@ struct TaskService::Impl {
     if (!req) return respond(fail(ttrpc::Code::invalid_argument, "WaitRequest: malformed"));
     if (phase == Phase::stopped || phase == Phase::deleted) {
       if (req->id() != cfg.id || !req->exec_id().empty()) return respond(fail(ttrpc::Code::not_found, "not found"));
-      v2::WaitResponse w;
-      w.set_exit_status(exit_status);
-      set_time(w.mutable_exited_at(), exited_at_ns);
-      return respond(ok(w));
+      return respond(ok(wait_response()));
     }
     if (auto r = check_id(req->id(), req->exec_id()); !r.status.ok()) return respond(std::move(r));
     waiters.push_back(std::move(respond));
