@@ -94,7 +94,8 @@ STATE/VM/console.log.
                        (with nesinit and the kernel's modules; scripts/mkinitrd.sh), RAM-backed
   -v, --volume HOST:GUEST[:ro]
                        share host directory HOST at GUEST over virtiofs (repeatable); :ro makes
-                       it read-only on both sides (EROFS in the guest)
+                       it read-only on both sides (EROFS in the guest). A regular file HOST is
+                       bound at GUEST (as docker's file binds, e.g. /etc/hosts; needs root)
   --mem MiB            guest RAM (default 256)
   --cpus N             vCPUs (default 1)
   --accel tcg|kvm|auto auto (default): KVM only if a short probe boot under KVM works, else TCG
@@ -132,6 +133,10 @@ at once).
 // One vhost-user-fs-pci device each (PCI slots on q35's root bus are plentiful; this bounds the
 // daemons one command line can start).
 constexpr std::size_t kMaxVolumes = 16;
+// Where file volumes are staged: the share's tag, and where the guest mounts it before binding
+// each file at its place (under the guest's /run, which the init provides in every root).
+constexpr std::string_view kFileShareTag = "nes.files";
+constexpr std::string_view kFileShareAt = "/run/nesinit/files";
 
 struct RunOptions {
   std::optional<fs::path> kernel, initrd, rootfs, state;
@@ -335,6 +340,11 @@ host::Result<RunOptions> parse_run(const Args& args) {
   }
   if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
     return host::Error{"--read-only needs --rootfs DIR over virtiofs"};
+  for (const auto& v : o.volumes)
+    if (v.file && ::geteuid() != 0)
+      return host::Error{fmt::format("--volume {}:{}: a single file is bind-mounted into a staging "
+                                     "share in a private mount namespace, which needs root",
+                                     v.host.string(), v.guest)};
   if (!o.help && o.argv.empty()) return host::Error{"ARGV is required (neshost run [OPTIONS] -- ARGV...)"};
   return o;
 }
@@ -578,11 +588,38 @@ int run_main(const Args& args) {
     shares.push_back({"nes.root", *o.rootfs, o.read_only});
     cfg.session.descriptor.root = proto::Root{"nes.root", o.read_only, proto::FsType::virtiofs};
   }
+  std::vector<vm::FileBind> file_binds;  // files: one staging share for all of them
+  std::vector<proto::Mount> file_mounts;
+  // Not in `rt`, which goes at `ready`: the daemon serves the staging directory until the end.
+  std::optional<RuntimeDir> staging;
   for (std::size_t i = 0; i < o.volumes.size(); ++i) {
     const auto& v = o.volumes[i];
+    if (v.file) {
+      // virtiofsd serves directories: the file is bind-mounted (in the daemon's own mount
+      // namespace) onto an empty file of a staging directory, shared once for every file volume;
+      // the guest binds each at its place after every directory is mounted.
+      if (!staging) staging.emplace();
+      if (staging->path.empty())
+        return fail(fmt::format("mkdtemp $TMPDIR/neshost-XXXXXX: {}", std::strerror(errno)));
+      const fs::path target = staging->path / std::to_string(file_binds.size());
+      host::Fd f{::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)};
+      if (!f) return fail(fmt::format("--volume {}: staging {}: {}", v.host.string(), target.string(),
+                                      std::strerror(errno)));
+      file_binds.push_back({v.host, target, v.ro});
+      file_mounts.push_back(proto::Mount{fmt::format("{}/{}", kFileShareAt, file_mounts.size()), v.guest,
+                                         v.ro, proto::FsType::bind});
+      continue;
+    }
     std::string tag = fmt::format("nes.v{}", i);
     shares.push_back({tag, v.host, v.ro});
     cfg.session.descriptor.mounts.push_back(proto::Mount{tag, v.guest, v.ro, proto::FsType::virtiofs});
+  }
+  if (!file_binds.empty()) {
+    bool all_ro = std::all_of(file_binds.begin(), file_binds.end(), [](const auto& b) { return b.ro; });
+    shares.push_back({std::string(kFileShareTag), staging->path, all_ro});
+    cfg.session.descriptor.mounts.push_back(
+        proto::Mount{std::string(kFileShareTag), std::string(kFileShareAt), all_ro, proto::FsType::virtiofs});
+    for (auto& m : file_mounts) cfg.session.descriptor.mounts.push_back(std::move(m));
   }
   ex.uid = o.uid;
   ex.gid = o.gid;
@@ -648,6 +685,7 @@ int run_main(const Args& args) {
     vo.program = virtiofsd_program();
     vo.socket = rt.path / (sh.tag + ".sock");
     vo.share = sh;
+    if (sh.tag == kFileShareTag) vo.binds = file_binds;
     vo.log = cfg.state_dir / vmid / fmt::format("virtiofsd-{}.log", sh.tag);
     daemon_logs.push_back(vo.log);
     auto d = vm::Virtiofsd::start(vo, 10s);

@@ -1,10 +1,13 @@
 #include "mounts.hpp"
 
+#include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include <unistd.h>
 
 namespace nes::init {
 
@@ -22,6 +25,21 @@ int mkdir_p(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return errno;
   return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+}
+
+int make_file(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return EINVAL;
+  if (slash > 0)
+    if (int e = mkdir_p(path.substr(0, slash)); e != 0) return e;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    // An existing file, directory or device is the mount point as it is (mount(2) decides).
+    struct stat st {};
+    return ::lstat(path.c_str(), &st) == 0 && !S_ISLNK(st.st_mode) ? 0 : errno;
+  }
+  ::close(fd);
+  return 0;
 }
 
 bool is_mount_point(const std::string& path) {
@@ -77,6 +95,7 @@ std::optional<proto::MountFailed> Shares::mount_all(const std::vector<proto::Mou
     const proto::Mount& m = mounts[i];
     if (auto v = validate_mount(m, i); !v)
       return proto::MountFailed{m.tag, v.error().message, v.error().err};
+    bool file = false;  // a bind of a single file: its mount point is a file, not a directory
     if (m.fs == proto::FsType::bind) {
       // A missing source is reported as such, not as a failure to create the mount point.
       struct stat st {};
@@ -84,8 +103,9 @@ std::optional<proto::MountFailed> Shares::mount_all(const std::vector<proto::Mou
         int e = errno;
         return proto::MountFailed{m.tag, fmt::format("bind source {}: {}", m.tag, std::strerror(e)), e};
       }
+      file = !S_ISDIR(st.st_mode);
     }
-    if (int e = mkdir_p(m.at); e != 0)
+    if (int e = file ? make_file(m.at) : mkdir_p(m.at); e != 0)
       return proto::MountFailed{m.tag, fmt::format("mount point {}: {}", m.at, std::strerror(e)), e};
     MountCall c = mount_call(m);
     const char* fstype = c.fstype.empty() ? nullptr : c.fstype.c_str();

@@ -16,6 +16,10 @@ namespace nes::init {
 /// mkdir -p with mode 0755 for each missing component. Returns 0 or an errno value.
 int mkdir_p(const std::string& path);
 
+/// The mount point of a single file's bind: its parent directories (mkdir_p) and an empty file
+/// (mode 0644) if nothing is there; an existing non-symlink is kept as it is. 0 or an errno value.
+int make_file(const std::string& path);
+
 /// True if `path` is a mount point (its device differs from its parent's, or it is "/").
 bool is_mount_point(const std::string& path);
 

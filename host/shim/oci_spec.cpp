@@ -168,7 +168,7 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
           return field_error(f, "a ':' in source or destination is not supported");
         auto pv = vm::parse_volume(fmt::format("{}:{}{}", src, dst, s.volumes.back().ro ? ":ro" : ""));
         if (!pv)
-          return field_error(f + ".source", fmt::format("{} (virtiofs shares directories only)", pv.error().message));
+          return field_error(f + ".source", pv.error().message);
         s.volumes.back() = Volume{pv->host, pv->guest, pv->ro};
         checked.push_back(std::move(*pv));
         if (auto p = vm::volumes_problem(checked); !p) return field_error(f + ".destination", p.error().message);

@@ -16,9 +16,9 @@
 
 namespace nes::shim {
 
-/// A host directory shared into the guest (an OCI bind mount).
+/// A host directory or regular file shared into the guest (an OCI bind mount).
 struct Volume {
-  std::filesystem::path host;  // absolute
+  std::filesystem::path host;  // absolute, symlinks resolved
   std::string guest;           // absolute guest path
   bool ro = false;
   bool operator==(const Volume&) const = default;

@@ -44,7 +44,21 @@ std::vector<std::string> virtiofsd_argv(const VirtiofsdOptions& o) {
                              "--shared-dir=" + o.share.dir.native(), "--sandbox=namespace",
                              fmt::format("--cache={}", kCacheMode), "--log-level=info"};
   if (o.share.ro) a.emplace_back("--readonly");
-  return a;
+  if (o.binds.empty()) return a;
+  // Paths travel as positional arguments, never inside the script: nothing in them is parsed.
+  std::vector<std::string> w{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                             "set -e; while [ \"$1\" != -- ]; do mount --bind -- \"$1\" \"$2\"; "
+                             "if [ \"$3\" = ro ]; then mount -o remount,bind,ro -- \"$2\"; fi; shift 3; done; "
+                             "shift; exec \"$@\"",
+                             "sh"};
+  for (const auto& b : o.binds) {
+    w.push_back(b.source.native());
+    w.push_back(b.target.native());
+    w.emplace_back(b.ro ? "ro" : "rw");
+  }
+  w.emplace_back("--");
+  w.insert(w.end(), a.begin(), a.end());
+  return w;
 }
 
 struct Virtiofsd::State {

@@ -34,6 +34,14 @@ std::string tag_problem(std::string_view tag);
 /// running guest within a second and close-to-open consistency holds (docs/vm.md "Cache mode").
 inline constexpr std::string_view kCacheMode = "auto";
 
+/// A host file bind-mounted onto a file inside a share's directory before virtiofsd starts, so a
+/// single file can be shared (virtiofsd serves directories only).
+struct FileBind {
+  std::filesystem::path source;  // the host's regular file, absolute
+  std::filesystem::path target;  // an existing empty file inside the share's directory
+  bool ro = false;               // the bind is remounted read-only (EROFS through virtiofsd too)
+};
+
 /// How to run one virtiofsd.
 struct VirtiofsdOptions {
   std::string program;            // virtiofsd (Rust, >= 1.11 for --readonly) or a wrapper that execs it
@@ -41,11 +49,16 @@ struct VirtiofsdOptions {
   ShareSpec share;
   std::filesystem::path log;      // its stdout+stderr, truncated, bounded at kLogCap bytes
   static constexpr std::size_t kLogCap = 1u << 20;
+  /// Made in a private mount namespace of the daemon's own (util-linux unshare(1) and mount(8),
+  /// so nothing reaches the host's mount table and the binds vanish with the daemon). Needs root.
+  std::vector<FileBind> binds;
 };
 
 /// The daemon's argv. Sandbox: `--sandbox=namespace` (virtiofsd's default and its documented
 /// choice when run as root: mount, pid and net namespaces, pivot_root into the shared directory,
-/// so no path the guest names resolves outside it); seccomp `kill` (its default).
+/// so no path the guest names resolves outside it); seccomp `kill` (its default). With `binds`,
+/// the daemon runs under `unshare --mount --propagation private` and a sh(1) that makes each bind
+/// (`mount --bind`, then `remount,bind,ro` for a read-only one) and execs it.
 std::vector<std::string> virtiofsd_argv(const VirtiofsdOptions& o);
 
 /// A running virtiofsd. The destructor kills and reaps it if it is still running.

@@ -6,7 +6,7 @@ namespace nes::vm {
 
 namespace fs = std::filesystem;
 
-std::string guest_path_problem(std::string_view g) {
+std::string guest_path_problem(std::string_view g, bool file) {
   if (g.empty() || g[0] != '/') return "GUEST must be an absolute path";
   std::size_t s = 0;
   while (s < g.size()) {
@@ -18,6 +18,7 @@ std::string guest_path_problem(std::string_view g) {
   }
   if (g.find_first_not_of('/') == std::string_view::npos) return "GUEST must not be / (see --rootfs)";
   for (std::string_view r : {"/proc", "/sys", "/dev"}) {
+    if (file && r == "/dev" && g.size() > r.size()) continue;
     if (g.starts_with(r) && (g.size() == r.size() || g[r.size()] == '/'))
       return fmt::format("GUEST must not be {} or below it (the init mounts it)", r);
   }
@@ -61,10 +62,12 @@ host::Result<Volume> parse_volume(std::string_view spec) {
   fs::path host = fs::absolute(fs::path(parts[0]), ec);
   fs::file_status st = fs::status(host, ec);
   if (!fs::exists(st)) return fail(fmt::format("HOST {} does not exist", host.string()));
-  if (!fs::is_directory(st)) return fail(fmt::format("HOST {} is not a directory", host.string()));
+  if (!fs::is_directory(st) && !fs::is_regular_file(st))
+    return fail(fmt::format("HOST {} is neither a directory nor a regular file", host.string()));
+  v.file = fs::is_regular_file(st);
   v.host = fs::canonical(host, ec);
   if (ec) return fail(fmt::format("HOST {}: {}", host.string(), ec.message()));
-  if (auto p = guest_path_problem(parts[1]); !p.empty()) return fail(p);
+  if (auto p = guest_path_problem(parts[1], v.file); !p.empty()) return fail(p);
   v.guest = normalise(parts[1]);
   return v;
 }

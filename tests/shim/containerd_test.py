@@ -173,10 +173,16 @@ def finish(p, bound=BOUND):
 # ---- cases ----
 
 def case_exit7(d):
-    """The issue's first line: `hi` printed, exit 7."""
+    """The issue's first line: `hi` printed, exit 7. With a single-file bind mount as nerdctl and
+    CRI add (/etc/hosts, read-only): the file's contents in the guest, a write refused."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
-    rc, out, err = d.run("--rootfs", root, "t1", "/bin/sh", "-c", "echo hi; echo err >&2; exit 7", check_rc=False)
-    check(out == "hi\n", f"stdout {out!r}; stderr {err!r}{d.tail()}")
+    hosts = os.path.join(d.tmp, "hosts")
+    with open(hosts, "w") as f:
+        f.write("10.0.0.1 db\n")
+    rc, out, err = d.run("--mount", f"type=bind,src={hosts},dst=/etc/hosts,options=rbind:ro", "--rootfs", root, "t1",
+                         "/bin/sh", "-c", "cat /etc/hosts; (echo x >> /etc/hosts) 2>/dev/null || echo ro; "
+                         "echo hi; echo err >&2; exit 7", check_rc=False)
+    check(out == "10.0.0.1 db\nro\nhi\n", f"stdout {out!r}; stderr {err!r}{d.tail()}")
     check(rc == 7, f"exit {rc}, want 7; stderr {err!r}{d.tail()}")
     check("err\n" in err, f"the workload's stderr is not ctr's: {err!r}")
     check(d.tasks() == {}, f"tasks left: {d.tasks()}")

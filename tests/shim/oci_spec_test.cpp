@@ -4,9 +4,12 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <fstream>
+
 #include "host/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace nes;
 
@@ -70,8 +73,8 @@ TEST_CASE("what a microVM cannot honour is refused, naming the field") {
            {"{" + ok_process + R"(, "linux": {"devices": [{"path": "/dev/fuse", "type": "c"}]}})", "linux.devices"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "nfs", "source": "h:/e"}]})", "mounts[0].type"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "bind", "source": "rel"}]})", "mounts[0].source"},
-           // CRI's file binds (/etc/hosts and the like): virtiofs shares directories only
-           {"{" + ok_process + R"(, "mounts": [{"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts"}]})", "mounts[0].source"},
+           // A bind of something neither a directory nor a regular file (a character device).
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "bind", "source": "/dev/null"}]})", "mounts[0].source"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/a:b", "type": "bind", "source": "/tmp"}]})", "mounts[0]"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "bind", "source": "/tmp"},
                                                {"destination": "/x", "type": "bind", "source": "/"}]})", "mounts[1].destination"},
@@ -84,6 +87,22 @@ TEST_CASE("what a microVM cannot honour is refused, naming the field") {
     REQUIRE_MESSAGE(!s, b.json);
     CHECK_MESSAGE(s.error().message.find(b.field) != std::string::npos, s.error().message, " / want ", b.field);
   }
+}
+
+TEST_CASE("CRI's single-file binds (/etc/hosts, /dev/termination-log) become file volumes") {
+  nes::test::TempDir d;
+  std::ofstream(d.path / "etc-hosts") << "127.0.0.1 localhost\n";
+  std::ofstream(d.path / "termination-log");
+  const std::string json = R"({"process": {"args": ["/bin/true"]}, "root": {"path": "/r"}, "mounts": [
+      {"destination": "/etc/hosts", "type": "bind", "source": ")" + (d.path / "etc-hosts").string() +
+                           R"(", "options": ["rbind", "rprivate", "ro"]},
+      {"destination": "/dev/termination-log", "type": "bind", "source": ")" +
+                           (d.path / "termination-log").string() + R"(", "options": ["rbind", "rw"]}]})";
+  auto s = shim::parse_oci_spec(json, "/b");
+  REQUIRE_MESSAGE(s, s.error().message);
+  REQUIRE(s->volumes.size() == 2);
+  CHECK(s->volumes[0] == shim::Volume{std::filesystem::canonical(d.path / "etc-hosts"), "/etc/hosts", true});
+  CHECK(s->volumes[1] == shim::Volume{std::filesystem::canonical(d.path / "termination-log"), "/dev/termination-log", false});
 }
 
 TEST_CASE("a bundle without config.json is an error naming the file") {

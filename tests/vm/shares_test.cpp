@@ -158,7 +158,9 @@ TEST_CASE("parse_volume: every bad spelling is refused naming --volume and why")
     CHECK_MESSAGE(v.error().message.find(why) != std::string::npos, v.error().message);
   };
   refused((d.path / "missing").string() + ":/w", "does not exist");
-  refused((d.path / "file").string() + ":/w", "is not a directory");
+  ::mkfifo((d.path / "fifo").c_str(), 0600);
+  refused((d.path / "fifo").string() + ":/w", "neither a directory nor a regular file");
+  refused((d.path / "file").string() + ":/dev", "/dev");  // a file below /dev, not /dev itself
   refused(h + ":work", "absolute");
   refused(h + ":", "absolute");
   refused(h + ":/", "must not be /");
@@ -176,6 +178,66 @@ TEST_CASE("parse_volume: every bad spelling is refused naming --volume and why")
   CHECK(guest_path_problem("/devices").empty());
   std::vector<Volume> twice{{"/a", "/w", false}, {"/b", "/w", true}};
   CHECK(volumes_problem(twice).error().message.find("/w is given twice") != std::string::npos);
+}
+
+TEST_CASE("parse_volume: a regular file is a file volume, also below /dev (CRI's termination log)") {
+  TempDir d;
+  std::ofstream(d.path / "hosts") << "x";
+  auto v = parse_volume((d.path / "hosts").string() + ":/etc/hosts:ro");
+  REQUIRE(v.ok());
+  CHECK(v->file);
+  CHECK(v->ro);
+  CHECK(v->guest == "/etc/hosts");
+  v = parse_volume((d.path / "hosts").string() + ":/dev/termination-log");
+  REQUIRE(v.ok());
+  CHECK(v->file);
+  fs::create_directory(d.path / "dir");
+  v = parse_volume((d.path / "dir").string() + ":/w");
+  REQUIRE(v.ok());
+  CHECK(!v->file);
+}
+
+TEST_CASE("virtiofsd_argv with file binds: each made in a private mount namespace, ro honoured, none on ours") {
+  // The argv runs for real with a stand-in for virtiofsd that reports what it sees at the targets.
+  TempDir d;
+  std::ofstream(d.path / "src-ro") << "read only\n";
+  std::ofstream(d.path / "src-rw") << "";
+  fs::create_directory(d.path / "staging");
+  std::ofstream(d.path / "staging" / "0");
+  std::ofstream(d.path / "staging" / "1");
+  const fs::path probe = d.path / "probe.sh";
+  std::ofstream(probe) << "#!/bin/sh\ncd \"$(dirname \"$0\")\"/staging || exit 9\n"
+                          "[ \"$1\" = --socket-path=/rt/s ] || exit 8\n"
+                          "cat 0; (echo x >> 0) 2>/dev/null || echo ro-refused; echo written > 1\n";
+  fs::permissions(probe, fs::perms::owner_all);
+  VirtiofsdOptions o;
+  o.program = probe.string();
+  o.socket = "/rt/s";
+  o.share = {"nes.files", d.path / "staging", false};
+  o.binds = {{d.path / "src-ro", d.path / "staging" / "0", true}, {d.path / "src-rw", d.path / "staging" / "1", false}};
+  auto a = virtiofsd_argv(o);
+  CHECK(a.at(0) == "unshare");
+  std::string cmd;
+  for (const auto& s : a) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    cmd += q + "' ";
+  }
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[256];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  CHECK(::pclose(p) == 0);
+  CHECK(out == "read only\nro-refused\n");
+  std::ifstream rw(d.path / "src-rw");
+  std::string line;
+  std::getline(rw, line);
+  CHECK(line == "written");  // through the bind, to the host's file
+  CHECK(fs::file_size(d.path / "staging" / "0") == 0);  // the staging file itself untouched
+  std::ifstream mi("/proc/self/mountinfo");
+  std::string all((std::istreambuf_iterator<char>(mi)), std::istreambuf_iterator<char>());
+  CHECK(all.find((d.path / "staging").string()) == std::string::npos);
 }
 
 TEST_CASE("virtiofsd_argv: namespace sandbox, cache auto, --readonly only for ro") {

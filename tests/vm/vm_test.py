@@ -321,6 +321,34 @@ def case_shares(c):
     check(os.path.exists(os.path.join(c.state, "t", "virtiofsd-nes.v0.log")), "no virtiofsd log")
 
 
+def case_file_volumes(c):
+    """Single host files as volumes (docker's file binds; CRI binds /etc/hosts and
+    /dev/termination-log so): read in the guest, a rw one written through to the host, a :ro one
+    EROFS; only the files are visible in the guest, not their host directory's other entries; the
+    staging binds never reach the host's mount table."""
+    hosts, term = os.path.join(c.tmp, "hosts"), os.path.join(c.tmp, "term")
+    with open(hosts, "w") as f:
+        f.write("10.0.0.1 db\n")
+    open(term, "w").close()
+    with open(os.path.join(c.tmp, "sibling"), "w") as f:
+        f.write("not shared\n")
+    w = ("cat /etc/hosts; echo bye > /dev/termination-log; "
+         "(echo x >> /etc/hosts) 2>/dev/null || echo ro-refused; ls /run/nesinit/files; "
+         "cat /run/nesinit/files/sibling 2>/dev/null || echo no-sibling; exit 4")
+    p = c.start("-v", f"{hosts}:/etc/hosts:ro", "-v", f"{term}:/dev/termination-log", "--",
+                "/bin/sh", "-c", w)
+    rc = p.finish()
+    check(rc == 4, f"exit status {rc}, want 4; stderr:\n{p.err.decode(errors='replace')}")
+    out = p.out.decode(errors="replace")
+    check(lines(out) == ["10.0.0.1 db", "ro-refused", "0", "1", "no-sibling"], f"stdout {out!r}")
+    with open(term) as f:
+        check(f.read() == "bye\n", "the guest's write did not reach the host file")
+    with open(hosts) as f:
+        check(f.read() == "10.0.0.1 db\n", "the :ro file was written")
+    with open("/proc/self/mountinfo") as f:
+        check(c.tmp not in f.read(), "a staging bind reached the host's mount table")
+
+
 def case_share_daemon_dies(c):
     """virtiofsd killed while the guest runs: neshost says which share, shuts the VM down in
     order, the outcome is recorded, and no process is left."""
