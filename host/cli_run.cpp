@@ -556,7 +556,14 @@ int run_main(const Args& args) {
   vm::Accel accel = o.sandbox ? vm::Accel::tcg : vm::resolve_accel(o.accel, [&] {
     auto dev = vm::kvm_device_usable();
     if (!dev.usable) return dev;
-    return vm::probe_kvm_boot("qemu-system-x86_64", kernel);
+    const std::string qemu = "qemu-system-x86_64";
+    const auto cache = vm::default_probe_cache();
+    const auto key = vm::probe_key(qemu, kernel);
+    const std::int64_t now = ::time(nullptr);
+    if (auto c = vm::cached_probe(cache, key, now)) return *c;
+    auto r = vm::probe_kvm_boot(qemu, kernel);
+    vm::store_probe(cache, key, r, now);
+    return r;
   }, &why);
   if (o.console) say("neshost: accel {} ({})\n", vm::to_string(accel), why);
 

@@ -3,8 +3,12 @@
 #include <fcntl.h>
 #include <linux/kvm.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -60,6 +64,73 @@ KvmProbe probe_kvm_boot(const std::string& qemu, const std::filesystem::path& ke
     return {false, fmt::format("the KVM probe guest {} without reaching the kernel's panic line ({})",
                                describe(*exited), (*p)->diagnostics_tail().substr(0, 200))};
   return {true, "a KVM probe guest booted to its expected panic"};
+}
+
+std::string probe_key(const std::string& qemu, const std::filesystem::path& kernel) {
+  host::Fd b(::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC));
+  char id[64] = {};
+  ssize_t n = b ? ::read(b.get(), id, sizeof id - 1) : -1;
+  if (n < 32) return "";
+  std::string boot(id, static_cast<std::size_t>(n));
+  while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
+  struct stat st {};
+  std::error_code ec;
+  const auto k = std::filesystem::canonical(kernel, ec);
+  if (ec || ::stat(k.c_str(), &st) != 0) return "";
+  return fmt::format("{} {} {} {} {}.{:09}", boot, qemu, k.native(), st.st_size, st.st_mtim.tv_sec,
+                     st.st_mtim.tv_nsec);
+}
+
+std::filesystem::path default_probe_cache() {
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x == '/')
+    return std::filesystem::path(x) / "neshost" / "kvm-probe";
+  if (::geteuid() == 0) return "/run/neshost/kvm-probe";
+  return {};
+}
+
+// The file: four lines — key, "usable" or "unusable", the time it was probed (s), the reason.
+std::optional<KvmProbe> cached_probe(const std::filesystem::path& file, const std::string& key,
+                                     std::int64_t now_s) {
+  if (file.empty() || key.empty()) return std::nullopt;
+  host::Fd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!f) return std::nullopt;
+  char buf[4096];
+  ssize_t n = ::read(f.get(), buf, sizeof buf);
+  if (n <= 0) return std::nullopt;
+  std::string_view t(buf, static_cast<std::size_t>(n));
+  std::string_view lines[4];
+  for (auto& l : lines) {
+    auto nl = t.find('\n');
+    if (nl == std::string_view::npos) return std::nullopt;
+    l = t.substr(0, nl);
+    t.remove_prefix(nl + 1);
+  }
+  if (lines[0] != key || (lines[1] != "usable" && lines[1] != "unusable")) return std::nullopt;
+  std::int64_t at = 0;
+  for (char c : lines[2]) {
+    if (c < '0' || c > '9' || at > (INT64_MAX - 9) / 10) return std::nullopt;
+    at = at * 10 + (c - '0');
+  }
+  const bool usable = lines[1] == "usable";
+  if (lines[2].empty() || at > now_s || (!usable && now_s - at >= kUnusableTtl.count())) return std::nullopt;
+  return KvmProbe{usable, fmt::format("{} (cached from a probe {} s ago)", lines[3], now_s - at)};
+}
+
+void store_probe(const std::filesystem::path& file, const std::string& key, const KvmProbe& r,
+                 std::int64_t now_s) {
+  if (file.empty() || key.empty()) return;
+  ::mkdir(file.parent_path().c_str(), 0700);
+  std::string reason = r.reason;
+  for (char& c : reason)
+    if (c == '\n') c = ' ';
+  const std::string text =
+      fmt::format("{}\n{}\n{}\n{}\n", key, r.usable ? "usable" : "unusable", now_s, reason.substr(0, 1024));
+  const std::string tmp = fmt::format("{}.{}", file.native(), ::getpid());
+  host::Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!f) return;
+  bool ok = ::write(f.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  f = host::Fd();
+  if (!ok || ::rename(tmp.c_str(), file.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
 Accel resolve_accel(Accel requested, const std::function<KvmProbe()>& probe, std::string* why) {

@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "host/vm/qemu_argv.hpp"
@@ -27,6 +29,31 @@ KvmProbe kvm_device_usable(const std::filesystem::path& dev = "/dev/kvm");
 /// console shows the kernel's panic line. A hanging guest is killed at the deadline.
 KvmProbe probe_kvm_boot(const std::string& qemu, const std::filesystem::path& kernel,
                         std::chrono::milliseconds deadline = std::chrono::milliseconds(3000));
+
+/// The probe's verdict remembered for this boot of the host, so each run does not pay a probe
+/// boot (up to 3 s). The key (probe_key) is the host's boot_id, QEMU's command, and the kernel image's
+/// path, size and mtime: any of them changing means a new probe. A usable verdict holds for the
+/// whole boot; an unusable one for kUnusableTtl, so a probe that lost its deadline on a loaded
+/// machine is retried later.
+inline constexpr std::chrono::seconds kUnusableTtl{600};
+
+/// The cache key for `qemu` and `kernel` ("" when the boot_id cannot be read: then no caching).
+std::string probe_key(const std::string& qemu, const std::filesystem::path& kernel);
+
+/// Where verdicts are kept: $XDG_RUNTIME_DIR/neshost/kvm-probe, else /run/neshost/kvm-probe for
+/// root (both cleared at the host's reboot), else "" (no caching).
+std::filesystem::path default_probe_cache();
+
+/// The verdict stored in `file` for `key`, if one is there, well-formed and still valid at
+/// `now_s` (seconds since the epoch); nullopt otherwise (a missing, foreign or garbled file
+/// included). Reads at most 4 KiB. The reason says it was cached.
+std::optional<KvmProbe> cached_probe(const std::filesystem::path& file, const std::string& key,
+                                     std::int64_t now_s);
+
+/// Stores `r` for `key` at `now_s` (a private directory 0700, a temp file renamed over the old
+/// one, so a reader sees the old verdict or the new one). Errors are ignored: it is a cache.
+void store_probe(const std::filesystem::path& file, const std::string& key, const KvmProbe& r,
+                 std::int64_t now_s);
 
 /// tcg and kvm are returned as given; auto_probe runs `probe` (default: device check, then the
 /// probe boot) and returns kvm if usable, else tcg. `why` (optional) receives the reason.

@@ -347,6 +347,41 @@ TEST_CASE("accel: explicit choices are kept; auto follows the probe") {
   CHECK(probes == 2);
 }
 
+TEST_CASE("accel: the probe's verdict is kept per boot, key and age; anything else means a new probe") {
+  nes::test::TempDir d;
+  const auto file = d.path / "neshost" / "kvm-probe";  // its directory is created on store
+  const auto kernel = d.path / "vmlinuz";
+  std::ofstream(kernel) << "kernel";
+  const std::string key = probe_key("qemu-system-x86_64", kernel);
+  REQUIRE(!key.empty());
+  CHECK(key.find(std::filesystem::canonical(kernel).native() + " 6 ") != std::string::npos);  // path, size
+  CHECK(!cached_probe(file, key, 1000));  // nothing stored yet
+  store_probe(file, key, {true, "a KVM probe guest booted"}, 1000);
+  auto c = cached_probe(file, key, 1000 + 86400);  // a usable verdict holds for the boot
+  REQUIRE(c);
+  CHECK(c->usable);
+  CHECK(c->reason == "a KVM probe guest booted (cached from a probe 86400 s ago)");
+  CHECK(!cached_probe(file, key + "x", 1001));  // another kernel, QEMU or boot
+  CHECK(!cached_probe(file, key, 999));          // from the future: not trusted
+  store_probe(file, key, {false, "hung\nat the deadline"}, 2000);
+  c = cached_probe(file, key, 2000 + kUnusableTtl.count() - 1);
+  REQUIRE(c);
+  CHECK(!c->usable);
+  CHECK(c->reason.starts_with("hung at the deadline (cached"));  // one line, whatever was given
+  CHECK(!cached_probe(file, key, 2000 + kUnusableTtl.count()));  // an unusable verdict expires
+  // A changed kernel image is another key.
+  std::ofstream(kernel) << "kernel, rebuilt";
+  CHECK(probe_key("qemu-system-x86_64", kernel) != key);
+  // A garbled or truncated file is no verdict.
+  for (const char* bad : {"", "key only\n", "K\nmaybe\n1\nr\n", "K\nusable\n1x\nr\n", "K\nusable\n1\nno newline"}) {
+    std::ofstream(file, std::ios::trunc) << bad;
+    CHECK_MESSAGE(!cached_probe(file, "K", 5), bad);
+  }
+  CHECK(!cached_probe("", key, 5));
+  CHECK(!cached_probe(file, "", 5));
+  CHECK(std::distance(std::filesystem::directory_iterator(file.parent_path()), {}) == 1);  // no temp left
+}
+
 TEST_CASE("accel: /dev/kvm checks refuse what is not a KVM device") {
   auto r = kvm_device_usable("/nonexistent/kvm");
   CHECK_FALSE(r.usable);

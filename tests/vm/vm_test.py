@@ -87,7 +87,8 @@ class Case:
         self.state = os.path.join(self.tmp, "state")
         self.rt = os.path.join(self.tmp, "rt")
         os.mkdir(self.rt)
-        self.env = dict(os.environ, TMPDIR=self.rt)
+        # XDG_RUNTIME_DIR: the KVM probe's verdict is cached there, so never on this machine's /run.
+        self.env = dict(os.environ, TMPDIR=self.rt, XDG_RUNTIME_DIR=self.tmp)
         self.procs = []
 
     def start(self, *args, vm="t", accel="tcg", stdin=None):
