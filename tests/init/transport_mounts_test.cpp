@@ -228,3 +228,18 @@ TEST_CASE("mkdir_p and is_mount_point") {
   CHECK(!is_mount_point(t.path.string() + "/a"));
   CHECK(!is_mount_point(t.path.string() + "/missing"));
 }
+
+TEST_CASE("make_file: a single file's mount point, parents made, what is there kept, no symlink followed") {
+  TempDir t;
+  CHECK(make_file((t.path / "etc/x/hosts").string()) == 0);
+  CHECK(fs::is_regular_file(t.path / "etc/x/hosts"));
+  CHECK(fs::file_size(t.path / "etc/x/hosts") == 0);
+  std::ofstream(t.path / "etc/kept") << "contents";
+  CHECK(make_file((t.path / "etc/kept").string()) == 0);
+  CHECK(fs::file_size(t.path / "etc/kept") == 8);  // never truncated
+  fs::create_symlink(t.path / "elsewhere", t.path / "etc/link");
+  CHECK(make_file((t.path / "etc/link").string()) == ELOOP);
+  CHECK(!fs::exists(t.path / "elsewhere"));
+  CHECK(make_file((t.path / "etc/kept/sub").string()) == ENOTDIR);
+  CHECK(make_file("relative") == EINVAL);
+}
