@@ -205,6 +205,9 @@ struct TaskService::Impl {
   std::uint32_t exit_status = 0;
   std::int64_t exited_at_ns = 0;
   Fd pidfd;
+  // A writer of the shim's own on the stdin FIFO, as runc's shim holds one: a client that
+  // detaches (its writer closed) is not the workload's EOF; CloseIO (stdin) is.
+  Fd stdin_hold;
   std::optional<asio::posix::stream_descriptor> exit_watch;
   std::vector<ttrpc::Respond> waiters;
   std::optional<std::string> pending_resize;  // "resize ROWS COLS" not yet taken by neshost run
@@ -328,6 +331,8 @@ struct TaskService::Impl {
     if (phase != Phase::created) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: already started", cfg.id));
     auto in = open_stdio(stdin_path, true);
     if (!in) return fail(ttrpc::Code::invalid_argument, in.error().message);
+    // The read end is open (ours), so a non-blocking writer's open succeeds at once.
+    if (!stdin_path.empty()) stdin_hold.reset(::open(stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
     auto out = open_stdio(stdout_path, false);
     if (!out) return fail(ttrpc::Code::invalid_argument, out.error().message);
     auto err = open_stdio(stderr_path, false);
@@ -420,6 +425,7 @@ struct TaskService::Impl {
 
   void finish() {
     phase = Phase::stopped;
+    stdin_hold.reset();
     ev::TaskExit e;
     e.set_container_id(cfg.id);
     e.set_id(cfg.id);
@@ -572,9 +578,11 @@ struct TaskService::Impl {
   ttrpc::Reply close_io(const std::string& p) {
     auto req = parse<v2::CloseIORequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "CloseIORequest: malformed");
-    // The stdin FIFO's only reader is `neshost run`; containerd closing its writer is the EOF the
-    // workload sees. Nothing of the shim's own holds the FIFO open.
-    return check_id(req->id(), req->exec_id());
+    // The stdin FIFO's reader is `neshost run`: once the shim's writer is closed too, the last
+    // client's close is the EOF the workload sees (ctr sends CloseIO when its stdin ends).
+    auto c = check_id(req->id(), req->exec_id());
+    if (c.status.ok() && req->stdin()) stdin_hold.reset();
+    return c;
   }
 
   ttrpc::Reply shutdown(const std::string& p) {

@@ -96,9 +96,10 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
 
-    def ctr(self, *args, check_rc=True, timeout=BOUND, stdin=subprocess.DEVNULL):
-        r = subprocess.run(["ctr", "--address", self.sock] + list(args), stdin=stdin, capture_output=True,
-                           timeout=timeout, env=self.env)
+    def ctr(self, *args, check_rc=True, timeout=BOUND, stdin=subprocess.DEVNULL, stdin_bytes=None):
+        kw = {"input": stdin_bytes} if stdin_bytes is not None else {"stdin": stdin}
+        r = subprocess.run(["ctr", "--address", self.sock] + list(args), capture_output=True,
+                           timeout=timeout, env=self.env, **kw)
         out, err = r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
         if check_rc and r.returncode != 0:
             raise Failure(f"ctr {' '.join(args)}: exit {r.returncode}: {err}{self.tail()}")
@@ -195,6 +196,11 @@ def case_exit7(d):
     with open(log) as f:
         logged = f.read()
     check(rc == 4 and logged == "to-file\n", f"--log-uri: exit {rc}, file {logged!r}; stderr {err!r}")
+    # ctr run's stdin (1.6 always attaches it) through the FIFO; its end (ctr's CloseIO, then the
+    # FIFO's last writer closed) is the workload's EOF, so `cat` ends.
+    rc, out, err = d.run("--rootfs", root, "t1i", "/bin/sh", "-c", "read x; echo got:$x; cat; echo eof; exit 3",
+                         check_rc=False, stdin_bytes=b"abc\nrest\n")
+    check(rc == 3 and out == "got:abc\nrest\neof\n", f"stdin: exit {rc}, stdout {out!r}; stderr {err!r}{d.tail()}")
 
 
 def case_parallel(d):

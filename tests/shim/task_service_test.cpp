@@ -6,7 +6,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -159,6 +161,45 @@ TEST_CASE("Create, Wait before Start, Start, exit 7: the waiter and State get 7;
   CHECK(r.call("Shutdown", Rig::id_req<v2::ShutdownRequest>()).status.ok());
   r.io.run_for(std::chrono::milliseconds(10));
   CHECK(r.shut_down);
+}
+
+// Open write ends of `fifo` held by this process (the shim runs in it).
+static int writers_of(const fs::path& fifo) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (fs::read_symlink(e.path(), ec) != fifo) continue;
+    std::ifstream info("/proc/self/fdinfo/" + e.path().filename().string());
+    std::string key;
+    std::string flags;
+    while (info >> key >> flags)
+      if (key == "flags:") break;
+    if ((std::stoi(flags, nullptr, 8) & O_ACCMODE) == O_WRONLY) ++n;
+  }
+  return n;
+}
+
+TEST_CASE("stdin: the shim holds a writer on the FIFO from Start until CloseIO, as runc's shim does") {
+  Rig r("cat > \"$(dirname \"$0\")/got\"; exit 5");
+  const fs::path fifo = r.tmp.path / "stdin";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  v2::CreateTaskRequest c;
+  c.set_id("t1");
+  c.set_bundle(r.bundle.string());
+  c.set_stdin(fifo.string());
+  REQUIRE(r.call("Create", c).status.ok());
+  CHECK(writers_of(fifo) == 0);
+  REQUIRE(r.call("Start", Rig::id_req<v2::StartRequest>()).status.ok());
+  CHECK(writers_of(fifo) == 1);  // a client that detaches now is not the workload's EOF
+  auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+  auto ci = Rig::id_req<v2::CloseIORequest>();
+  ci.set_stdin(false);
+  REQUIRE(r.call("CloseIO", ci).status.ok());
+  CHECK(writers_of(fifo) == 1);  // CloseIO without stdin closes nothing
+  ci.set_stdin(true);
+  REQUIRE(r.call("CloseIO", ci).status.ok());
+  CHECK(writers_of(fifo) == 0);  // the last writer gone: `cat` reads EOF and the task ends
+  CHECK(parse<v2::WaitResponse>(r.answer(w)).exit_status() == 5);
 }
 
 TEST_CASE("SIGKILL of a VM without a control socket kills its session: 137; Delete refused while running") {

@@ -475,7 +475,10 @@ def case_usage(c):
     os.mkdir(d)
     f = os.path.join(c.tmp, "f")
     open(f, "w").close()
-    for vol, needle in [(f"{c.tmp}/missing:/w", "does not exist"), (f"{f}:/w", "not a directory"),
+    fifo = os.path.join(c.tmp, "fifo")
+    os.mkfifo(fifo)
+    for vol, needle in [(f"{c.tmp}/missing:/w", "does not exist"),
+                        (f"{fifo}:/w", "neither a directory nor a regular file"), (f"{f}:/dev", "/dev"),
                         (f"{d}:w", "absolute"), (f"{d}:/proc", "/proc"), (f"{d}:/sys/x", "/sys"),
                         (f"{d}:/", "must not be /"), (f"{d}:/w:rox", "ro or rw"), (d, "HOST:GUEST")]:
         rc, _, err = c.neshost("run", "-v", vol, "--", "true")
