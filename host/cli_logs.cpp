@@ -160,7 +160,7 @@ int logs_main(const Args& raw) {
   }
   if (p->positional.size() != 1) return usage_error("logs", "exactly one VM is required");
   const std::string vmid = p->positional[0];
-  if (auto prob = host::vm_id_problem(vmid)) return usage_error("logs", "VM: " + *prob);
+  if (auto id = host::check_vm_id(vmid); !id) return usage_error("logs", "VM: " + id.error().message);
   fs::path state = p->has("state") ? fs::path(*p->get("state")) : default_state_dir();
   Printer pr;
   pr.timestamps = p->has("timestamps");

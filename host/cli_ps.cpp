@@ -168,7 +168,7 @@ int stop_main(const Args& raw) {
   if (p->help) { fmt::print("{}", kStopHelp); return 0; }
   if (p->positional.size() != 1) return usage_error("stop", "exactly one VM is required");
   const std::string vm = p->positional[0];
-  if (auto prob = host::vm_id_problem(vm)) return usage_error("stop", "VM: " + *prob);
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("stop", "VM: " + id.error().message);
   std::chrono::milliseconds grace = 30s;
   for (auto f : {"time", "timeout"})
     if (auto v = p->get(f)) {
@@ -221,7 +221,7 @@ int kill_main(const Args& raw) {
   if (p->help) { fmt::print("{}", kKillHelp); return 0; }
   if (p->positional.size() != 1) return usage_error("kill", "exactly one VM is required");
   const std::string vm = p->positional[0];
-  if (auto prob = host::vm_id_problem(vm)) return usage_error("kill", "VM: " + *prob);
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("kill", "VM: " + id.error().message);
   int sig = SIGKILL;
   if (auto v = p->get("signal")) {
     auto s = parse_signal(*v);
@@ -248,7 +248,7 @@ int rm_main(const Args& raw) {
   if (p->help) { fmt::print("{}", kRmHelp); return 0; }
   if (p->positional.empty()) return usage_error("rm", "VM is required");
   for (const auto& vm : p->positional)
-    if (auto prob = host::vm_id_problem(vm)) return usage_error("rm", "VM: " + *prob);
+    if (auto id = host::check_vm_id(vm); !id) return usage_error("rm", "VM: " + id.error().message);
   fs::path state = state_of(*p);
   int rc = 0;
   for (const auto& vm : p->positional) {

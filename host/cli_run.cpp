@@ -260,7 +260,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
       auto vol = vm::parse_volume(v);
       if (!vol) return vol.error();
       o.volumes.push_back(std::move(*vol));
-      if (auto p = vm::volumes_problem(o.volumes); !p) return p.error();
+      if (auto p = vm::check_volumes(o.volumes); !p) return p.error();
       if (o.volumes.size() > kMaxVolumes)
         return host::Error{fmt::format("--volume: at most {} volumes", kMaxVolumes)};
     } else if (name == "rootfs-mode") {
@@ -273,7 +273,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
       if (!v.starts_with("/")) return host::Error{fmt::format("--workdir: '{}' is not an absolute path", v)};
       o.workdir = v;
     } else if (name == "vm") {
-      if (auto prob = host::vm_id_problem(v)) return host::Error{"--vm: " + *prob};
+      if (auto id = host::check_vm_id(v); !id) return host::Error{"--vm: " + id.error().message};
       o.vm = v;
     } else if (name == "mem") {
       auto n = parse_uint("mem", v, 64, 1024 * 1024);
@@ -723,17 +723,17 @@ int run_main(const Args& args) {
   spec.channel_socket = channel;
   spec.data_socket = data_sock;
   spec.fs_devices = fs_devices;
-  auto argv = o.sandbox ? vm::ArgvResult{} : vm::qemu_argv(spec);
+  host::Result<std::vector<std::string>> argv = o.sandbox ? std::vector<std::string>{} : vm::qemu_argv(spec);
   if (o.sandbox)
-    argv.argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+    *argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
                  env_or("NESHOST_NESINIT", NESHOST_NESINIT).string(), "--channel=unix:" + channel.string(),
                  // Dialled only for a descriptor with `stdio`; where `run` listens for it.
                  "--data-channel=unix:" + data_sock.string(),
                  fmt::format("--grace-ms={}", o.grace.count()), o.console ? "--log=info" : "--log=quiet"};
-  if (!argv.error.empty()) return fail(argv.error);
+  if (!argv) return fail(argv.error().message);
   if (o.console) {
     std::string line = "neshost:";
-    for (const auto& a : argv.argv) line += " " + a;
+    for (const auto& a : *argv) line += " " + a;
     say("{}\n", line);
   }
 
@@ -833,7 +833,7 @@ int run_main(const Args& args) {
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
     vm::LaunchOptions lo;
-    lo.argv = argv.argv;
+    lo.argv = *argv;
     lo.console = [console](std::string_view b) { console->write(b); };
     lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
     auto p = vm::VmProcess::launch(std::move(lo));

@@ -73,7 +73,7 @@ int serve_main(const Args& args) {
   cfg.state_dir = *p->get("state");
   if (cfg.state_dir.empty()) return usage_error("serve", "--state: empty path");
   cfg.session.vm = p->get("vm").value_or("vm0");
-  if (auto prob = host::vm_id_problem(cfg.session.vm)) return usage_error("serve", "--vm: " + *prob);
+  if (auto id = host::check_vm_id(cfg.session.vm); !id) return usage_error("serve", "--vm: " + id.error().message);
   if (auto g = p->get("generation")) {
     auto n = parse_uint("generation", *g, 0, UINT64_MAX);
     if (!n) return usage_error("serve", n.error().message);

@@ -49,7 +49,7 @@ host::Result<Target> target(std::string_view cmd, const Parsed& p) {
   if (p.positional.empty()) return host::Error{"VM is required"};
   if (p.positional.size() > 1)
     return host::Error{fmt::format("unexpected argument '{}'", p.positional[1])};
-  if (auto prob = host::vm_id_problem(p.positional[0])) return host::Error{"VM: " + *prob};
+  if (auto id = host::check_vm_id(p.positional[0]); !id) return host::Error{"VM: " + id.error().message};
   (void)cmd;
   return Target{p.has("state") ? std::filesystem::path(*p.get("state")) : default_state_dir(),
                 p.positional[0]};

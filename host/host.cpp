@@ -591,7 +591,7 @@ Host::Host(asio::io_context& io, HostOptions opt)
 Host::~Host() { impl_->teardown(); }
 
 Status Host::add_vm(SessionConfig cfg) {
-  if (auto p = vm_id_problem(cfg.vm)) return Error{"vm: " + *p};
+  if (auto id = check_vm_id(cfg.vm); !id) return Error{"vm: " + id.error().message};
   if (cfg.descriptor.exec.argv.empty() && !cfg.resume) return Error{"descriptor: exec.argv is empty"};
   if (auto old = impl_->find(cfg.vm)) {
     if (old->generation() >= cfg.generation)

@@ -87,10 +87,12 @@ std::optional<std::pair<char, unsigned long long>> stat_of(pid_t pid) {
   return std::pair{state, start};
 }
 
-int fsync_dir(const fs::path& dir) {
+/// open + fsync(2) of a directory; an error names it, with the errno.
+Status fsync_dir(const fs::path& dir) {
   Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (!d) return errno;
-  return ::fsync(d.get()) != 0 ? errno : 0;
+  if (d && ::fsync(d.get()) == 0) return Ok{};
+  const int e = errno;
+  return Error{fmt::format("fsync {}: {}", dir.string(), errno_text(e)), e};
 }
 
 std::atomic<std::uint64_t> g_counter{0};
@@ -116,7 +118,7 @@ Status write_durable(const fs::path& dir, std::string_view name, std::string_vie
   if (::fsync(f.get()) != 0) return fail("fsync");
   f.reset();
   if (::rename(tmp.c_str(), (dir / std::string(name)).c_str()) != 0) return fail("rename");
-  if (int e = fsync_dir(dir)) return Error{fmt::format("fsync {}: {}", dir.string(), errno_text(e))};
+  if (auto s = fsync_dir(dir); !s) return s;
   return Ok{};
 }
 
@@ -133,7 +135,7 @@ Status make_dir(const fs::path& dir) {
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     if (::mkdir(it->c_str(), 0700) == 0) {
       fs::path parent = it->parent_path().empty() ? fs::path(".") : it->parent_path();
-      if (int e = fsync_dir(parent)) return Error{fmt::format("fsync {}: {}", parent.string(), errno_text(e))};
+      if (auto s = fsync_dir(parent); !s) return s;
     } else if (errno != EEXIST) {
       return Error{fmt::format("mkdir {}: {}", it->string(), errno_text(errno))};
     }
@@ -313,7 +315,7 @@ fs::path control_path(const fs::path& state, std::string_view vm) {
 
 Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m,
                                        std::chrono::milliseconds settle) {
-  if (auto p = vm_id_problem(m.vm)) return Error{*p};
+  if (auto id = check_vm_id(m.vm); !id) return id.error();
   fs::path dir = state / m.vm;
   if (auto prev = load_monitor(state, m.vm); prev.value && prev.value->monitor != m.monitor &&
                                              is_alive(prev.value->monitor)) {
@@ -360,7 +362,7 @@ struct LockedVm {
 };
 /// `vm`'s directory under `state` locked: the id checked, the directory there, lock_vm held.
 Result<LockedVm> lock_existing_vm(const fs::path& state, std::string_view vm) {
-  if (auto p = vm_id_problem(vm)) return Error{*p};
+  if (auto id = check_vm_id(vm); !id) return id.error();
   fs::path dir = state / std::string(vm);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return Error{fmt::format("no VM '{}' in {}", vm, state.string())};
@@ -396,7 +398,7 @@ std::string_view to_string(VmStatus s) {
 }
 
 Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view vm) {
-  if (auto p = vm_id_problem(vm)) return Error{*p};
+  if (auto id = check_vm_id(vm); !id) return id.error();
   std::error_code ec;
   fs::path dir = state / std::string(vm);
   if (!fs::is_directory(dir, ec)) {
@@ -496,7 +498,7 @@ std::vector<std::string> list_vms(const fs::path& state) {
   for (auto& e : fs::directory_iterator(state, ec)) {
     auto name = e.path().filename().string();
     std::error_code ec2;
-    if (!vm_id_problem(name) && e.is_directory(ec2) && !e.is_symlink(ec2)) out.push_back(name);
+    if (check_vm_id(name) && e.is_directory(ec2) && !e.is_symlink(ec2)) out.push_back(name);
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -68,18 +68,18 @@ std::optional<WallTime> parse_rfc3339(std::string_view s) {
   return WallTime{std::chrono::nanoseconds{static_cast<std::int64_t>(tt) * 1'000'000'000 + *f}};
 }
 
-std::optional<std::string> vm_id_problem(std::string_view id) {
-  if (id.empty()) return std::string("vm id is empty");
-  if (id.size() > 64) return fmt::format("vm id is {} bytes; at most 64", id.size());
+Status check_vm_id(std::string_view id) {
+  if (id.empty()) return Error{"vm id is empty"};
+  if (id.size() > 64) return Error{fmt::format("vm id is {} bytes; at most 64", id.size())};
   if (id.front() == '.' || id.front() == '-')
-    return fmt::format("vm id '{}' starts with '{}'", id, id.front());
+    return Error{fmt::format("vm id '{}' starts with '{}'", id, id.front())};
   for (char c : id) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-';
-    if (!ok) return fmt::format("vm id may hold only [A-Za-z0-9._-]; got byte 0x{:02x}",
-                                static_cast<unsigned char>(c));
+    if (!ok)
+      return Error{fmt::format("vm id may hold only [A-Za-z0-9._-]; got byte 0x{:02x}", static_cast<unsigned char>(c))};
   }
-  return std::nullopt;
+  return Ok{};
 }
 
 std::string json_string(std::string_view s) { return proto::json_quote(s); }
@@ -315,7 +315,7 @@ namespace {
 Result<Fd> open_vm_dir_impl(const fs::path& state_dir, std::string_view vm, bool create,
                             bool* created) {
   if (created) *created = false;
-  if (auto p = vm_id_problem(vm)) return Error{*p};
+  if (auto id = check_vm_id(vm); !id) return id.error();
   if (create)
     if (auto s = make_dirs_durable(state_dir); !s) return s.error();
   Fd state{::open(state_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
@@ -483,19 +483,18 @@ std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Reco
 /// the state dir. Each record still gets every fsync its own durability needs, on any
 /// filesystem, but phase by phase and issued at once (sync_all): a journalling filesystem commits
 /// the round's temps in one transaction and its renames in the next, with shared cache flushes.
-/// Returns 0, or the failing errno with `what` naming the step; then no temp of the attempt is
-/// left behind.
-int attempt_round(int state_fd, const fs::path& state_dir, const std::vector<Pending*>& ps,
-                  const WriteOptions& opt, std::string& what) {
+/// An error names the failing step and carries its errno; then no temp of the attempt is left
+/// behind.
+Status attempt_round(int state_fd, const fs::path& state_dir, const std::vector<Pending*>& ps,
+                     const WriteOptions& opt) {
   auto hook = [&](WriteStep s) { return opt.at_step ? opt.at_step(s) : 0; };
-  auto fail = [&](std::string w, int e) {
-    what = std::move(w);
+  auto fail = [&](std::string what, int e) -> Status {
     for (auto* p : ps) {
       p->tmp_fd.reset();
       if (!p->tmp.empty()) ::unlinkat(p->dir_fd.get(), p->tmp.c_str(), 0);
       p->tmp.clear();
     }
-    return e ? e : EIO;
+    return Error{std::move(what), e ? e : EIO};
   };
   for (auto* p : ps) {
     p->tmp = fmt::format(".outcome.json.{}.{}.tmp", ::getpid(), g_temp_counter++);
@@ -547,7 +546,7 @@ int attempt_round(int state_fd, const fs::path& state_dir, const std::vector<Pen
     if (e) return fail("fsync " + ps[k]->dir.string(), e);
   }
   if (state_fd >= 0 && errs.back()) return fail("fsync " + state_dir.string(), errs.back());
-  return 0;
+  return Ok{};
 }
 
 /// One round of write_records(): each VM at most once, within the batch bounds.
@@ -584,15 +583,14 @@ void write_round(const fs::path& state_dir, std::span<const Record> batch,
     state_fd = Fd{::open(state_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
     if (!state_fd) return fail_all("open " + state_dir.string(), errno);
   }
-  std::string what;
-  int err = 0;
+  Status last = Ok{};
   for (int attempt = 1; attempt <= attempts; ++attempt) {
-    err = attempt_round(state_fd ? state_fd.get() : -1, state_dir, live, opt, what);
-    if (err) continue;
+    last = attempt_round(state_fd ? state_fd.get() : -1, state_dir, live, opt);
+    if (!last) continue;
     for (auto* p : live) out[p->index] = WriteResult{WriteResult::Kind::written, *p->rec, attempt};
     return;
   }
-  fail_all(what, err);
+  fail_all(last.error().message, last.error().err);
 }
 
 }  // namespace

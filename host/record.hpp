@@ -29,8 +29,8 @@ std::string format_rfc3339(WallTime t);
 std::optional<WallTime> parse_rfc3339(std::string_view s);
 
 /// A VM id is used as a directory name: 1..64 bytes of [A-Za-z0-9._-], not starting with '.' or
-/// '-'. Returns an error naming the problem, or nullopt if valid.
-std::optional<std::string> vm_id_problem(std::string_view id);
+/// '-'. An error names the problem.
+Status check_vm_id(std::string_view id);
 
 /// JSON string literal (with quotes) for `s`, escaped exactly as protocol/'s encoder escapes
 /// strings (proto::json_quote: control characters, `"`, `\`; valid UTF-8 kept as is, each invalid

@@ -30,35 +30,33 @@ std::string normalise_key(std::string_view k) {
 
 }  // namespace
 
-Parsed<Channel> parse_channel(std::string_view s) {
+host::Result<Channel> parse_channel(std::string_view s) {
   if (starts_with(s, "vsock:")) {
     std::string_view rest = s.substr(6);
     auto colon = rest.find(':');
     if (colon == std::string_view::npos)
-      return {std::nullopt, fmt::format("channel: expected vsock:CID:PORT, got '{}'", s)};
+      return host::Error{fmt::format("channel: expected vsock:CID:PORT, got '{}'", s)};
     auto cid = parse_u32(rest.substr(0, colon));
     auto port = parse_u32(rest.substr(colon + 1));
-    if (!cid) return {std::nullopt, fmt::format("channel: vsock CID is not a u32 in '{}'", s)};
-    if (!port) return {std::nullopt, fmt::format("channel: vsock port is not a u32 in '{}'", s)};
-    return {Channel{VsockAddr{*cid, *port}}, {}};
+    if (!cid) return host::Error{fmt::format("channel: vsock CID is not a u32 in '{}'", s)};
+    if (!port) return host::Error{fmt::format("channel: vsock port is not a u32 in '{}'", s)};
+    return Channel{VsockAddr{*cid, *port}};
   }
   if (starts_with(s, "virtio-port:")) {
     std::string_view name = s.substr(12);
     if (name.empty() || name.size() > 64 || name.find('/') != std::string_view::npos ||
         name.find('\0') != std::string_view::npos)
-      return {std::nullopt,
-              fmt::format("channel: virtio-port NAME must be 1..64 bytes without '/', got '{}'", name)};
-    return {Channel{VirtioPortAddr{std::string(name)}}, {}};
+      return host::Error{fmt::format("channel: virtio-port NAME must be 1..64 bytes without '/', got '{}'", name)};
+    return Channel{VirtioPortAddr{std::string(name)}};
   }
   if (starts_with(s, "unix:")) {
     std::string_view path = s.substr(5);
     if (path.empty() || path.size() > 107 || path.find('\0') != std::string_view::npos)
-      return {std::nullopt,
-              fmt::format("channel: unix PATH must be 1..107 bytes (sun_path), got {} bytes", path.size())};
-    return {Channel{UnixAddr{std::string(path)}}, {}};
+      return host::Error{fmt::format("channel: unix PATH must be 1..107 bytes (sun_path), got {} bytes", path.size())};
+    return Channel{UnixAddr{std::string(path)}};
   }
-  return {std::nullopt, fmt::format("channel: expected vsock:CID:PORT, virtio-port:NAME or "
-                                    "unix:PATH, got '{}'", s)};
+  return host::Error{fmt::format("channel: expected vsock:CID:PORT, virtio-port:NAME or "
+                                 "unix:PATH, got '{}'", s)};
 }
 
 std::string to_string(const Channel& c) {
@@ -67,25 +65,25 @@ std::string to_string(const Channel& c) {
   return "unix:" + std::get<UnixAddr>(c).path;
 }
 
-std::string apply_key(Config& c, std::string_view key_in, std::string_view value) {
+host::Status apply_key(Config& c, std::string_view key_in, std::string_view value) {
   const std::string key = normalise_key(key_in);
-  auto ms = [&](std::uint32_t& field) -> std::string {
+  auto ms = [&](std::uint32_t& field) -> host::Status {
     auto v = parse_u32(value);
-    if (!v) return fmt::format("{}: expected milliseconds as a u32, got '{}'", key, value);
+    if (!v) return host::Error{fmt::format("{}: expected milliseconds as a u32, got '{}'", key, value)};
     field = *v;
-    return {};
+    return host::Ok{};
   };
   if (key == "channel") {
     auto p = parse_channel(value);
-    if (!p) return p.error;
-    c.channel = *p.value;
-    return {};
+    if (!p) return p.error();
+    c.channel = *p;
+    return host::Ok{};
   }
   if (key == "data_channel" || key == "data") {
     auto p = parse_channel(value);
-    if (!p) return "data_" + p.error;
-    c.data_channel = *p.value;
-    return {};
+    if (!p) return host::Error{"data_" + p.error().message};
+    c.data_channel = *p;
+    return host::Ok{};
   }
   if (key == "grace_ms") return ms(c.grace_ms);
   if (key == "ack_timeout_ms") return ms(c.ack_timeout_ms);
@@ -94,17 +92,17 @@ std::string apply_key(Config& c, std::string_view key_in, std::string_view value
   if (key == "halt") {
     if (value == "poweroff") c.halt = proto::Halt::poweroff;
     else if (value == "reboot") c.halt = proto::Halt::reboot;
-    else return fmt::format("halt: expected poweroff or reboot, got '{}'", value);
-    return {};
+    else return host::Error{fmt::format("halt: expected poweroff or reboot, got '{}'", value)};
+    return host::Ok{};
   }
   if (key == "log") {
     if (value == "quiet") c.log = LogLevel::quiet;
     else if (value == "info") c.log = LogLevel::info;
     else if (value == "debug") c.log = LogLevel::debug;
-    else return fmt::format("log: expected quiet, info or debug, got '{}'", value);
-    return {};
+    else return host::Error{fmt::format("log: expected quiet, info or debug, got '{}'", value)};
+    return host::Ok{};
   }
-  return fmt::format("unknown key '{}'", key_in);
+  return host::Error{fmt::format("unknown key '{}'", key_in)};
 }
 
 std::vector<std::string> split_cmdline(std::string_view s) {
@@ -140,13 +138,13 @@ void apply_cmdline(Config& c, std::string_view cmdline, std::vector<std::string>
       notes.push_back(fmt::format("kernel command line: 'nesinit.{}' has no value; ignored", word));
       continue;
     }
-    std::string err = apply_key(c, word.substr(0, eq), word.substr(eq + 1));
-    if (!err.empty()) notes.push_back("kernel command line: " + err + "; ignored");
+    if (auto r = apply_key(c, word.substr(0, eq), word.substr(eq + 1)); !r)
+      notes.push_back("kernel command line: " + r.error().message + "; ignored");
   }
 }
 
-ArgvResult apply_argv(Config& c, const std::vector<std::string_view>& args) {
-  ArgvResult r;
+ParsedArgv apply_argv(Config& c, const std::vector<std::string_view>& args) {
+  ParsedArgv r;
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view a = args[i];
     if (a == "--help" || a == "-h") { r.command = Command::help; continue; }
@@ -170,8 +168,7 @@ ArgvResult apply_argv(Config& c, const std::vector<std::string_view>& args) {
       }
       value = args[++i];
     }
-    std::string err = apply_key(c, key, value);
-    if (!err.empty()) r.problems.push_back(fmt::format("flag '{}': {}", a, err));
+    if (auto k = apply_key(c, key, value); !k) r.problems.push_back(fmt::format("flag '{}': {}", a, k.error().message));
   }
   return r;
 }

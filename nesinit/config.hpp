@@ -39,17 +39,10 @@ using Channel = std::variant<VsockAddr, VirtioPortAddr, UnixAddr>;
 /// The production default (docs/protocol.md "Transport"): the host is CID 2, port 7000.
 inline constexpr VsockAddr kDefaultVsock{2, 7000};
 
-/// A parse result: a value, or an error text naming the field and what was expected.
-template <typename T>
-struct Parsed {
-  std::optional<T> value;
-  std::string error;
-  explicit operator bool() const { return value.has_value(); }
-};
-
 /// Parse `vsock:CID:PORT` (u32 decimal each), `virtio-port:NAME` (1..64 bytes, no '/'), or
-/// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; docs/facts.md).
-Parsed<Channel> parse_channel(std::string_view s);
+/// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; docs/facts.md). An error names
+/// the field (`channel: ...`) and what was expected.
+host::Result<Channel> parse_channel(std::string_view s);
 /// The canonical spelling of a channel (inverse of parse_channel).
 std::string to_string(const Channel& c);
 
@@ -67,9 +60,9 @@ struct Config {
 };
 
 /// Set one key (`channel`, `data_channel` (alias `data`, as in `nesinit.data=`), `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
-/// `halt`, `log`; '-' and '_' are the same). Returns an error text, or empty on success; on error
+/// `halt`, `log`; '-' and '_' are the same). An error names the key and what was expected; then
 /// `c` is unchanged. Times: decimal u32 milliseconds.
-std::string apply_key(Config& c, std::string_view key, std::string_view value);
+host::Status apply_key(Config& c, std::string_view key, std::string_view value);
 
 /// Split a kernel command line into words the way the kernel does: whitespace separates, double
 /// quotes group (and are removed).
@@ -83,16 +76,18 @@ void apply_cmdline(Config& c, std::string_view cmdline, std::vector<std::string>
 /// What argv asks for.
 enum class Command { run, help, version, self_check };
 
-/// Result of parsing argv: the command, and problems found (unknown flags, bare words, bad
-/// values), each a sentence naming the argument.
-struct ArgvResult {
+/// What argv said: the command, and every problem found (unknown flags, bare words, bad values),
+/// each a sentence naming the argument. Not a Result: argv is parsed to the end and the problems
+/// are collected, since as a guest's PID 1 they are warnings (the kernel hands PID 1 words that
+/// are not ours) and elsewhere all of them are printed at once.
+struct ParsedArgv {
   Command command = Command::run;
   std::vector<std::string> problems;
 };
 
 /// Apply argv flags (`--channel=…`, `--grace-ms=…`, also `--key value`); `args` excludes argv[0].
 /// `--help`/`-h`, `--version`, `--self-check` select the command.
-ArgvResult apply_argv(Config& c, const std::vector<std::string_view>& args);
+ParsedArgv apply_argv(Config& c, const std::vector<std::string_view>& args);
 
 /// The three modes. guest: PID 1 of the initial pid namespace (a real VM); sandbox: PID 1
 /// of another pid namespace; not_pid1: anything else.

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "host/fd.hpp"
 #include "mounts.hpp"
 
 namespace nes::init {
@@ -24,8 +25,8 @@ void mount_if_absent(const Log& log, const char* src, const char* target, const 
     log.debug("bringup", "{} already mounted", target);
     return;
   }
-  if (int e = mkdir_p(target); e != 0) {
-    log.warn("bringup", "mkdir {}: {}", target, std::strerror(e));
+  if (auto d = mkdir_p(target); !d) {
+    log.warn("bringup", "mkdir {}: {}", target, d.error().message);
     return;
   }
   if (::mount(src, target, fstype, flags, data) != 0)
@@ -63,7 +64,7 @@ void guest_mounts_and_net(const Log& log) {
   mount_if_absent(log, "shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
   mount_if_absent(log, "run", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755");
   mount_if_absent(log, "cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr);
-  if (int e = loopback_up(); e != 0) log.warn("bringup", "lo up: {}", std::strerror(e));
+  if (auto lo = loopback_up(); !lo) log.warn("bringup", "lo up: {}", lo.error().message);
   // Ctrl-Alt-Del (a VMM's "reset" key) then reaches PID 1 as SIGINT: an ordered shutdown instead
   // of an immediate reboot. EINVAL: not supported here; harmless.
   if (::reboot(RB_DISABLE_CAD) != 0 && errno != EINVAL)
@@ -71,20 +72,15 @@ void guest_mounts_and_net(const Log& log) {
   log.debug("bringup", "file systems and lo ready");  // before nesinit.log is read: debug
 }
 
-int loopback_up() {
-  int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return errno;
+host::Status loopback_up() {
+  host::Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) return host::errno_error(errno, "socket");
   ifreq ifr {};
   std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
-  int err = 0;
-  if (::ioctl(s, SIOCGIFFLAGS, &ifr) != 0) {
-    err = errno;
-  } else {
-    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
-    if (::ioctl(s, SIOCSIFFLAGS, &ifr) != 0) err = errno;
-  }
-  ::close(s);
-  return err;
+  if (::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) return host::errno_error(errno, "SIOCGIFFLAGS");
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
+  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return host::errno_error(errno, "SIOCSIFFLAGS");
+  return host::Ok{};
 }
 
 std::vector<std::string> parse_modules_list(std::string_view text) {

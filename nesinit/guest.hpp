@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "host/result.hpp"
 #include "log.hpp"
 
 namespace nes::init {
@@ -27,7 +28,8 @@ std::vector<std::string> parse_modules_list(std::string_view text);
 /// Returns the number that failed.
 int load_modules(const Log& log, const char* list_path = "/etc/nesinit/modules");
 
-/// Bring `lo` up (SIOCSIFFLAGS IFF_UP); the kernel assigns 127.0.0.1/8. Returns 0 or errno.
-int loopback_up();
+/// Bring `lo` up (SIOCSIFFLAGS IFF_UP); the kernel assigns 127.0.0.1/8. An error names the
+/// call that failed, with its errno.
+host::Status loopback_up();
 
 }  // namespace nes::init

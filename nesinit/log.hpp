@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "host/result.hpp"
+
 namespace nes::init {
 
 /// Verbosity (`log=` key / `--log=`): quiet = warnings and errors only, info = one line per
@@ -28,9 +30,9 @@ class Log {
   ~Log();
   /// Write through a non-blocking description of the same file: a pipe or character device is
   /// reopened through /proc/self/fd (its own O_NONBLOCK, so the workload that shares the fd is
-  /// unaffected); a socket is written with MSG_DONTWAIT; a regular file never blocks. Returns 0 or
-  /// an errno value (then every write is preceded by a zero-timeout poll for POLLOUT).
-  int make_nonblocking();
+  /// unaffected); a socket is written with MSG_DONTWAIT; a regular file never blocks. On an error
+  /// (its err the errno) every write is preceded by a zero-timeout poll for POLLOUT instead.
+  host::Status make_nonblocking();
   /// Lines dropped so far because the fd could not take them.
   unsigned long dropped() const { return dropped_; }
   void set_level(LogLevel l) { level_ = l; }

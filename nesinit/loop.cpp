@@ -155,14 +155,13 @@ class Pid1 {
                    [&](act::Mount& m) { do_mounts(m); },
                    [&](act::Spawn& s) { do_spawn(s); },
                    [&](act::SignalGroup& s) {
-                     int e = signal_group(s.pgid, s.signo);
+                     auto r = signal_group(s.pgid, s.signo);
                      log_.info("signal-group", "signal {} to group {}{}", s.signo, s.pgid,
-                               e ? fmt::format(": {}", std::strerror(e)) : std::string());
+                               r ? std::string() : ": " + r.error().message);
                    },
                    [&](act::SignalAll& s) {
-                     int e = signal_all(s.signo);
-                     log_.debug("signal-all", "signal {}{}", s.signo,
-                                e ? fmt::format(": {}", std::strerror(e)) : std::string());
+                     auto r = signal_all(s.signo);
+                     log_.debug("signal-all", "signal {}{}", s.signo, r ? std::string() : ": " + r.error().message);
                    },
                    [&](act::ArmTimer& t) {
                      deadline_[static_cast<int>(t.timer)] = monotonic_ms() + t.ms;
@@ -220,14 +219,14 @@ class Pid1 {
   void do_mounts(const act::Mount& b) {
     // A share as `/` comes first: every other share's `at` is inside it.
     if (b.root) {
-      if (auto f = switch_root(*b.root, log_)) {
-        pending_.push_front(ev::MountFailed{*f});
+      if (auto r = switch_root(*b.root, log_); !r) {
+        pending_.push_front(ev::MountFailed{std::move(r).error()});
         return;
       }
     }
     log_.info("mount", "{} share(s)", b.mounts.size());
-    if (auto f = shares_.mount_all(b.mounts, log_)) {
-      pending_.push_front(ev::MountFailed{*f});
+    if (auto r = shares_.mount_all(b.mounts, log_); !r) {
+      pending_.push_front(ev::MountFailed{std::move(r).error()});
       return;
     }
     log_.info("mounted", "all shares mounted");
@@ -248,11 +247,12 @@ class Pid1 {
     ChildFds cfds;
     if (b.stdio) {
       auto made = make_stdio(*b.stdio);
-      if (auto* err = std::get_if<std::string>(&made)) {
-        pending_.push_front(ev::StartFailed{proto::StartFailed{*err, errno, proto::StartFailClass::other}});
+      if (!made) {
+        pending_.push_front(ev::StartFailed{
+            proto::StartFailed{made.error().message, made.error().err, proto::StartFailClass::other}});
         return;
       }
-      fds_ = std::move(std::get<StdioFds>(made));
+      fds_ = std::move(made).value();
       if (fds_.terminal) {
         cfds = ChildFds{{fds_.child_in.get(), fds_.child_in.get(), fds_.child_in.get()}, true};
       } else {
@@ -266,11 +266,8 @@ class Pid1 {
     fds_.child_in.reset();
     fds_.child_out.reset();
     fds_.child_err.reset();
-    if (auto* pid = std::get_if<pid_t>(&r)) {
-      pending_.push_front(ev::Started{*pid});
-    } else {
-      pending_.push_front(ev::StartFailed{std::get<proto::StartFailed>(r)});
-    }
+    if (r) pending_.push_front(ev::Started{*r});
+    else pending_.push_front(ev::StartFailed{std::move(r).error()});
   }
 
   [[noreturn]] void power_off(proto::Halt halt) {

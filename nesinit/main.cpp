@@ -17,6 +17,7 @@
 
 #include "config.hpp"
 #include "guest.hpp"
+#include "host/fd.hpp"
 #include "log.hpp"
 #include "loop.hpp"
 #include "mounts.hpp"
@@ -28,6 +29,7 @@
 #endif
 
 using namespace nes::init;
+namespace host = nes::host;
 
 namespace {
 
@@ -99,13 +101,12 @@ int self_check(const Config& c, const Log& log) {
   return bad ? 1 : 0;
 }
 
-/// Returns 0 or an errno value (lowering needs CAP_SYS_RESOURCE).
-int write_oom_score_adj(const char* v) {
-  int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  int e = ::write(fd, v, std::strlen(v)) < 0 ? errno : 0;
-  ::close(fd);
-  return e;
+/// Write `v` to /proc/self/oom_score_adj. An error carries the errno (lowering needs
+/// CAP_SYS_RESOURCE: EACCES).
+host::Status write_oom_score_adj(const char* v) {
+  host::Fd fd(::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC));
+  if (!fd || ::write(fd.get(), v, std::strlen(v)) < 0) return host::errno_error(errno);
+  return host::Ok{};
 }
 
 }  // namespace
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
   if (mode == Mode::not_pid1) {
     // Not PID 1: a tool, not an init. Only help, version and the self-check run.
     Config c;
-    ArgvResult a = apply_argv(c, args);
+    ParsedArgv a = apply_argv(c, args);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -142,18 +143,17 @@ int main(int argc, char** argv) {
   }
 
   // 2.-3. guest mode: a bare kernel environment.
-  int log_err = 0;
   if (mode == Mode::guest) {
     guest_early(log);
     guest_mounts_and_net(log);
-    log_err = log.make_nonblocking();  // needs /proc
-  } else {
-    log_err = log.make_nonblocking();
+  }
+  const host::Status log_ok = log.make_nonblocking();  // needs /proc: after the guest's mounts
+  if (mode != Mode::guest) {
     // sandbox: our own mount namespace, private from "/" down, before any mount, so nothing we
     // mount propagates to whoever started us (even if they did not unshare the mount namespace).
     if (::unshare(CLONE_NEWNS) != 0) log.warn("sandbox", "unshare(CLONE_NEWNS): {}", std::strerror(errno));
-    if (int e = make_root_private(); e != 0) {
-      log.error("sandbox", "make / private: {}; refusing to mount anything", std::strerror(e));
+    if (auto p = make_root_private(); !p) {
+      log.error("sandbox", "make / private: {}; refusing to mount anything", p.error().message);
       return 1;
     }
   }
@@ -161,20 +161,21 @@ int main(int argc, char** argv) {
   // 4. Orphans come to us (PID 1 gets them anyway; explicit for the sandbox); we are the last
   // process the OOM killer should pick.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  const int oom_err = write_oom_score_adj("-1000");
+  const host::Status oom = write_oom_score_adj("-1000");
 
   // 5. Configuration: the kernel command line first (guest only: a sandbox's /proc/cmdline is the
   // machine's), then argv, which wins.
   Config cfg;
   std::vector<std::string> notes;
   if (mode == Mode::guest) apply_cmdline(cfg, read_small_file("/proc/cmdline"), notes);
-  ArgvResult a = apply_argv(cfg, args);
+  ParsedArgv a = apply_argv(cfg, args);
   log.set_level(cfg.log);
   // Logged only now: with nesinit.log=quiet (neshost run) nothing but the workload reaches the console.
   log.info("mode", "{} (pid {})", to_string(mode), ::getpid());
   for (auto& n : notes) log.warn("config", "{}", n);
-  if (oom_err) log.debug("oom", "oom_score_adj -1000: {}", std::strerror(oom_err));
-  if (log_err) log.debug("log", "no non-blocking reopen of stderr ({}); polling before each line", std::strerror(log_err));
+  if (!oom) log.debug("oom", "oom_score_adj -1000: {}", oom.error().message);
+  if (!log_ok)
+    log.debug("log", "no non-blocking reopen of stderr ({}); polling before each line", log_ok.error().message);
   if (mode == Mode::guest) {
     // Bare words and unknown flags are what the kernel hands PID 1: never fatal here.
     for (auto& p : a.problems) log.warn("config", "{}", p);

@@ -11,8 +11,8 @@
 
 namespace nes::init {
 
-int mkdir_p(const std::string& path) {
-  if (path.empty()) return EINVAL;
+host::Status mkdir_p(const std::string& path) {
+  if (path.empty()) return host::errno_error(EINVAL);
   std::string cur;
   std::size_t i = 0;
   while (i < path.size()) {
@@ -20,26 +20,29 @@ int mkdir_p(const std::string& path) {
     cur = path.substr(0, slash);
     i = slash == std::string::npos ? path.size() : slash;
     if (cur.empty() || cur == "/") continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return errno;
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return host::errno_error(errno);
   }
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return errno;
-  return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+  if (::stat(path.c_str(), &st) != 0) return host::errno_error(errno);
+  if (!S_ISDIR(st.st_mode)) return host::errno_error(ENOTDIR);
+  return host::Ok{};
 }
 
-int make_file(const std::string& path) {
+host::Status make_file(const std::string& path) {
   const std::size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return EINVAL;
+  if (slash == std::string::npos) return host::errno_error(EINVAL);
   if (slash > 0)
-    if (int e = mkdir_p(path.substr(0, slash)); e != 0) return e;
+    if (auto d = mkdir_p(path.substr(0, slash)); !d) return d;
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) {
+    const int e = errno;
     // An existing file, directory or device is the mount point as it is (mount(2) decides).
     struct stat st {};
-    return ::lstat(path.c_str(), &st) == 0 && !S_ISLNK(st.st_mode) ? 0 : errno;
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISLNK(st.st_mode)) return host::Ok{};
+    return host::errno_error(e);
   }
   ::close(fd);
-  return 0;
+  return host::Ok{};
 }
 
 bool is_mount_point(const std::string& path) {
@@ -89,8 +92,7 @@ unsigned long bind_remount_flags(const proto::Mount& m) {
   return MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (m.ro ? MS_RDONLY : 0);
 }
 
-std::optional<proto::MountFailed> Shares::mount_all(const std::vector<proto::Mount>& mounts,
-                                                    const Log& log) {
+MountStatus Shares::mount_all(const std::vector<proto::Mount>& mounts, const Log& log) {
   for (std::size_t i = 0; i < mounts.size(); ++i) {
     const proto::Mount& m = mounts[i];
     if (auto v = validate_mount(m, i); !v)
@@ -105,8 +107,8 @@ std::optional<proto::MountFailed> Shares::mount_all(const std::vector<proto::Mou
       }
       file = !S_ISDIR(st.st_mode);
     }
-    if (int e = file ? make_file(m.at) : mkdir_p(m.at); e != 0)
-      return proto::MountFailed{m.tag, fmt::format("mount point {}: {}", m.at, std::strerror(e)), e};
+    if (auto d = file ? make_file(m.at) : mkdir_p(m.at); !d)
+      return proto::MountFailed{m.tag, fmt::format("mount point {}: {}", m.at, d.error().message), d.error().err};
     MountCall c = mount_call(m);
     const char* fstype = c.fstype.empty() ? nullptr : c.fstype.c_str();
     if (::mount(c.source.c_str(), m.at.c_str(), fstype, c.flags, c.data.empty() ? nullptr : c.data.c_str()) != 0) {
@@ -124,7 +126,7 @@ std::optional<proto::MountFailed> Shares::mount_all(const std::vector<proto::Mou
     log.info("mount", "{} {} on {} ({},nosuid,nodev)", proto::to_string(m.fs), m.tag, m.at,
              m.ro ? "ro" : "rw");
   }
-  return std::nullopt;
+  return host::Ok{};
 }
 
 int Shares::unmount_all(const Log& log) {
@@ -147,9 +149,9 @@ int Shares::unmount_all(const Log& log) {
   return left;
 }
 
-int make_root_private() {
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return errno;
-  return 0;
+host::Status make_root_private() {
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return host::errno_error(errno);
+  return host::Ok{};
 }
 
 }  // namespace nes::init

@@ -2,7 +2,6 @@
 // points created; and their removal in reverse order at shutdown.
 #pragma once
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,12 +12,17 @@
 
 namespace nes::init {
 
-/// mkdir -p with mode 0755 for each missing component. Returns 0 or an errno value.
-int mkdir_p(const std::string& path);
+/// A share's mount (or the root switch): done, or the mount_failed to report (tag, reason, errno).
+using MountStatus = host::StatusOf<proto::MountFailed>;
+
+/// mkdir -p with mode 0755 for each missing component. An error's err is the errno (ENOTDIR:
+/// `path` or a component exists and is not a directory); its message is strerror.
+host::Status mkdir_p(const std::string& path);
 
 /// The mount point of a single file's bind: its parent directories (mkdir_p) and an empty file
-/// (mode 0644) if nothing is there; an existing non-symlink is kept as it is. 0 or an errno value.
-int make_file(const std::string& path);
+/// (mode 0644) if nothing is there; an existing non-symlink is kept as it is. An error's err is
+/// the errno (ELOOP: a symlink is there; EINVAL: not an absolute path).
+host::Status make_file(const std::string& path);
 
 /// True if `path` is a mount point (its device differs from its parent's, or it is "/").
 bool is_mount_point(const std::string& path);
@@ -46,7 +50,7 @@ class Shares {
  public:
   /// Mount all shares in order. On the first failure returns a MountFailed naming the tag, with
   /// the reason and errno; shares mounted before it stay listed (unmounted at shutdown).
-  std::optional<proto::MountFailed> mount_all(const std::vector<proto::Mount>& mounts, const Log& log);
+  MountStatus mount_all(const std::vector<proto::Mount>& mounts, const Log& log);
 
   /// Unmount every share in reverse order; a busy one is lazily detached (MNT_DETACH) and logged.
   /// Returns the number that could not be unmounted even lazily.
@@ -59,7 +63,7 @@ class Shares {
 };
 
 /// Make "/" and everything under it MS_REC|MS_PRIVATE, so no mount of ours propagates to a parent
-/// namespace (sandbox mode, before any mount). Returns 0 or an errno value.
-int make_root_private();
+/// namespace (sandbox mode, before any mount). An error's err is mount(2)'s errno.
+host::Status make_root_private();
 
 }  // namespace nes::init

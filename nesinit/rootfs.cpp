@@ -12,12 +12,12 @@
 
 namespace nes::init {
 
-std::optional<proto::MountFailed> switch_root(const proto::Root& r, const Log& log) {
-  auto fail = [&](std::string what, int e) {
+MountStatus switch_root(const proto::Root& r, const Log& log) {
+  auto fail = [&](std::string what, int e) -> MountStatus {
     return proto::MountFailed{r.tag, fmt::format("root {}: {}", what, std::strerror(e)), e};
   };
   const std::string nr = kNewRoot;
-  if (int e = mkdir_p(nr); e != 0) return fail("mkdir " + nr, e);
+  if (auto d = mkdir_p(nr); !d) return fail("mkdir " + nr, d.error().err);
   const char* fstype = r.fs == proto::FsType::ninep ? "9p" : "virtiofs";
   const char* data = r.fs == proto::FsType::ninep ? "trans=virtio,version=9p2000.L" : nullptr;
   if (::mount(r.tag.c_str(), nr.c_str(), fstype, r.ro ? MS_RDONLY : 0, data) != 0)
@@ -28,9 +28,9 @@ std::optional<proto::MountFailed> switch_root(const proto::Root& r, const Log& l
   for (const char* m : {"/dev", "/proc", "/sys", "/run"}) {
     if (!is_mount_point(m)) continue;
     const std::string to = nr + m;
-    if (int e = mkdir_p(to); e != 0) {
+    if (auto d = mkdir_p(to); !d) {
       ::umount2(nr.c_str(), MNT_DETACH);
-      return fail("mount point " + std::string(m), e);
+      return fail("mount point " + std::string(m), d.error().err);
     }
     if (::mount(m, to.c_str(), nullptr, MS_MOVE, nullptr) != 0) {
       int e = errno;
@@ -40,9 +40,9 @@ std::optional<proto::MountFailed> switch_root(const proto::Root& r, const Log& l
   }
   // /tmp: private scratch, not the host directory (a container's /tmp is not the image's either).
   const std::string tmp = nr + "/tmp";
-  if (int e = mkdir_p(tmp); e != 0) {
+  if (auto d = mkdir_p(tmp); !d) {
     ::umount2(nr.c_str(), MNT_DETACH);
-    return fail("mount point /tmp", e);
+    return fail("mount point /tmp", d.error().err);
   }
   if (::mount("tmpfs", tmp.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) {
     int e = errno;
@@ -60,7 +60,7 @@ std::optional<proto::MountFailed> switch_root(const proto::Root& r, const Log& l
   if (::chroot(".") != 0) return fail("chroot", errno);
   if (::chdir("/") != 0) return fail("chdir /", errno);
   log.info("root", "{} {} is / ({})", fstype, r.tag, r.ro ? "ro" : "rw");
-  return std::nullopt;
+  return host::Ok{};
 }
 
 }  // namespace nes::init

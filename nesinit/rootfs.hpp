@@ -3,9 +3,8 @@
 // (docs/vm.md "A host directory as root").
 #pragma once
 
-#include <optional>
-
 #include "log.hpp"
+#include "mounts.hpp"
 #include "protocol/messages.hpp"
 
 namespace nes::init {
@@ -19,6 +18,6 @@ inline constexpr const char* kNewRoot = "/nesinit.root";
 /// /tmp; then makes it `/` (chdir, MS_MOVE onto /, chroot). Only for a guest's PID 1 on its
 /// initramfs: call before any other share is mounted. On failure returns a MountFailed naming the
 /// root's tag and the step, with errno; a failure before the final move leaves `/` as it was.
-std::optional<proto::MountFailed> switch_root(const proto::Root& root, const Log& log);
+MountStatus switch_root(const proto::Root& root, const Log& log);
 
 }  // namespace nes::init

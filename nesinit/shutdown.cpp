@@ -10,14 +10,16 @@
 
 namespace nes::init {
 
-int signal_group(pid_t pgid, int signo) {
-  if (pgid <= 1) return EINVAL;  // never kill(0) or kill(-1) by accident
-  return ::kill(-pgid, signo) == 0 ? 0 : errno;
+host::Status signal_group(pid_t pgid, int signo) {
+  if (pgid <= 1) return host::errno_error(EINVAL);  // never kill(0) or kill(-1) by accident
+  if (::kill(-pgid, signo) != 0) return host::errno_error(errno);
+  return host::Ok{};
 }
 
-int signal_all(int signo) {
-  if (::getpid() != 1) return EPERM;
-  return ::kill(-1, signo) == 0 ? 0 : errno;
+host::Status signal_all(int signo) {
+  if (::getpid() != 1) return host::errno_error(EPERM);
+  if (::kill(-1, signo) != 0) return host::errno_error(errno);
+  return host::Ok{};
 }
 
 int reboot_cmd(proto::Halt h) { return h == proto::Halt::reboot ? RB_AUTOBOOT : RB_POWER_OFF; }

@@ -189,12 +189,12 @@ void StdioCore::channel_closed() {
 // ---- fds -----------------------------------------------------------------------------------------
 
 namespace {
-std::string sys_error(std::string_view what) { return fmt::format("{}: {}", what, std::strerror(errno)); }
+host::Error sys_error(std::string_view what) { return host::errno_error(errno, what); }
 
 void set_nonblock(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 }  // namespace
 
-std::variant<StdioFds, std::string> make_stdio(const proto::Stdio& s) {
+host::Result<StdioFds> make_stdio(const proto::Stdio& s) {
   StdioFds f;
   if (s.terminal) {
     f.terminal = true;

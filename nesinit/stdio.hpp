@@ -15,6 +15,7 @@
 #include <variant>
 
 #include "host/fd.hpp"
+#include "host/result.hpp"
 #include "protocol/frame.hpp"
 #include "protocol/messages.hpp"
 
@@ -145,7 +146,7 @@ struct StdioFds {
 };
 
 /// Opens the fds `s` asks for: pipes (stdin from /dev/null unless attached), or a PTY from
-/// /dev/ptmx sized rows x cols. Returns the fds, or an error naming the step and errno.
-std::variant<StdioFds, std::string> make_stdio(const proto::Stdio& s);
+/// /dev/ptmx sized rows x cols. Returns the fds, or an error naming the step, with its errno.
+host::Result<StdioFds> make_stdio(const proto::Stdio& s);
 
 }  // namespace nes::init

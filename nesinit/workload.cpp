@@ -109,9 +109,9 @@ void close_fds_from_3(int keep) {
 
 }  // namespace
 
-std::variant<pid_t, proto::StartFailed> spawn(const proto::Exec& exec, const proto::Geometry& g,
-                                              Stdio stdio, Reaper& reaper, const ChildFds* fds) {
-  auto fail = [](SpawnStep step, int err, std::string detail = {}) {
+SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio, Reaper& reaper,
+                  const ChildFds* fds) {
+  auto fail = [](SpawnStep step, int err, std::string detail = {}) -> SpawnResult {
     return proto::StartFailed{
         fmt::format("{}{}{}: {}", to_string(step), detail.empty() ? "" : " ", detail, std::strerror(err)),
         err, classify(step, err)};

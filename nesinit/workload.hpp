@@ -6,9 +6,9 @@
 #include <sys/types.h>
 
 #include <string>
-#include <variant>
 #include <vector>
 
+#include "host/result.hpp"
 #include "protocol/messages.hpp"
 #include "reaper.hpp"
 
@@ -51,13 +51,15 @@ struct ChildFds {
   bool terminal = false;
 };
 
+/// The workload's pid, or the start_failed to report (the failing step, its errno, the class).
+using SpawnResult = host::Result<pid_t, proto::StartFailed>;
+
 /// Start `exec`. On success the child has exec'd and its pid is registered with `reaper` (it may
 /// already have exited: the reaper delivers its status later). On failure the child has been
 /// collected and a StartFailed says which step failed with which errno.
 /// Blocks only until the child's execve returns (the pipe's CLOEXEC end closes) or the child
 /// reports its failure.
-std::variant<pid_t, proto::StartFailed> spawn(const proto::Exec& exec, const proto::Geometry& g,
-                                              Stdio stdio, Reaper& reaper,
-                                              const ChildFds* fds = nullptr);
+SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio, Reaper& reaper,
+                  const ChildFds* fds = nullptr);
 
 }  // namespace nes::init

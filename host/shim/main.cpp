@@ -54,7 +54,7 @@ int bail(std::string_view msg) {
   return 1;
 }
 
-std::optional<Flags> parse(int argc, char** argv, std::string& err) {
+host::Result<Flags> parse(int argc, char** argv) {
   Flags f;
   std::map<std::string, std::string*> values = {{"namespace", &f.ns},  {"address", &f.address},
                                                 {"publish-binary", &f.publish_binary},
@@ -77,9 +77,9 @@ std::optional<Flags> parse(int argc, char** argv, std::string& err) {
       continue;
     }
     auto v = values.find(a);
-    if (v == values.end()) { err = fmt::format("flag provided but not defined: -{}", a); return std::nullopt; }
+    if (v == values.end()) return host::Error{fmt::format("flag provided but not defined: -{}", a)};
     if (!val) {
-      if (i + 1 >= argc) { err = fmt::format("flag needs an argument: -{}", a); return std::nullopt; }
+      if (i + 1 >= argc) return host::Error{fmt::format("flag needs an argument: -{}", a)};
       val = argv[++i];
     }
     *v->second = *val;
@@ -222,9 +222,8 @@ int do_serve(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string err;
-  auto f = parse(argc, argv, err);
-  if (!f) return bail(err);
+  auto f = parse(argc, argv);
+  if (!f) return bail(f.error().message);
   if (f->version) {
     fmt::print("containerd-shim-nesinit-v2:\n  Version: {}\n", NESINIT_SHIM_VERSION);
     return 0;

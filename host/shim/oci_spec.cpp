@@ -171,7 +171,7 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
           return field_error(f + ".source", pv.error().message);
         s.volumes.back() = Volume{pv->host, pv->guest, pv->ro};
         checked.push_back(std::move(*pv));
-        if (auto p = vm::volumes_problem(checked); !p) return field_error(f + ".destination", p.error().message);
+        if (auto p = vm::check_volumes(checked); !p) return field_error(f + ".destination", p.error().message);
         if (checked.size() > kMaxVolumes) return field_error(f, fmt::format("more than {} bind mounts", kMaxVolumes));
       } else if (!guest_provided(type, dst)) {
         return field_error(f + ".type", fmt::format("'{}' at {} not supported in a microVM (bind mounts of directories, "

@@ -63,7 +63,7 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
   if (o["schema_version"].get_uint64().get(u) || u != 1) return Error{"nesinit-task.json: schema_version: expected 1"};
   if (o["id"].get_string().get(s)) return Error{"nesinit-task.json: id: expected a string"};
   r.id = std::string(s);
-  if (o["vm"].get_string().get(s) || host::vm_id_problem(s)) return Error{"nesinit-task.json: vm: expected a VM id"};
+  if (o["vm"].get_string().get(s) || !host::check_vm_id(s)) return Error{"nesinit-task.json: vm: expected a VM id"};
   r.vm = std::string(s);
   if (o["state_dir"].get_string().get(s) || s.empty() || s.front() != '/')
     return Error{"nesinit-task.json: state_dir: expected an absolute path"};

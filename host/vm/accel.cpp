@@ -39,12 +39,12 @@ KvmProbe probe_kvm_boot(const std::string& qemu, const std::filesystem::path& ke
   // loglevel=1: only KERN_EMERG, i.e. the panic line we look for.
   spec.append = "console=ttyS0 loglevel=1 panic=-1 root=/dev/nonexistent";
   auto argv = qemu_argv(spec);
-  if (!argv.error.empty()) return {false, "probe: " + argv.error};
+  if (!argv) return {false, "probe: " + argv.error().message};
 
   std::mutex mu;
   std::string console;
   LaunchOptions o;
-  o.argv = std::move(argv.argv);
+  o.argv = std::move(argv).value();
   o.console = [&](std::string_view b) {
     std::lock_guard lk(mu);
     if (console.size() < 65536) console.append(b);

@@ -54,8 +54,8 @@ bool valid_port_name(std::string_view n) {
 }
 }  // namespace
 
-ArgvResult qemu_argv(const QemuSpec& s) {
-  auto fail = [](std::string m) { return ArgvResult{{}, std::move(m)}; };
+host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
+  auto fail = [](std::string m) { return host::Error{std::move(m)}; };
   if (s.qemu.empty()) return fail("qemu: empty program name");
   if (s.kernel.empty()) return fail("kernel: no kernel image given");
   if (s.mem_mib < 64 || s.mem_mib > 1024 * 1024)
@@ -79,7 +79,7 @@ ArgvResult qemu_argv(const QemuSpec& s) {
   }
   for (std::size_t i = 0; i < s.fs_devices.size(); ++i) {
     const auto& d = s.fs_devices[i];
-    if (auto p = tag_problem(d.tag); !p.empty()) return fail(fmt::format("fs_devices[{}].tag: {}", i, p));
+    if (auto t = check_share_tag(d.tag); !t) return fail(fmt::format("fs_devices[{}].tag: {}", i, t.error().message));
     if (d.socket.empty() || d.socket.native().size() >= 108)
       return fail(fmt::format("fs_devices[{}].socket: '{}' is empty or longer than sun_path", i,
                               d.socket.native()));
@@ -123,7 +123,7 @@ ArgvResult qemu_argv(const QemuSpec& s) {
     add({"-chardev", fmt::format("socket,id=fs{},path={}", i, qemu_escape(d.socket.native())),
          "-device", fmt::format("vhost-user-fs-pci,chardev=fs{},tag={}", i, d.tag)});
   }
-  return {std::move(a), {}};
+  return a;
 }
 
 }  // namespace nes::vm

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "host/result.hpp"
+
 namespace nes::vm {
 
 /// The accelerator QEMU runs the guest with. `auto_probe` is only a request: it is resolved to
@@ -71,10 +73,6 @@ struct QemuSpec {
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
 /// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket,
 /// data_socket, data_port_name, fs_devices[i].tag/socket).
-struct ArgvResult {
-  std::vector<std::string> argv;
-  std::string error;  // empty on success
-};
-ArgvResult qemu_argv(const QemuSpec& spec);
+host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& spec);
 
 }  // namespace nes::vm

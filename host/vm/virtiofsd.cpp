@@ -31,12 +31,12 @@ std::string last_lines(std::string_view text, std::size_t max = 600) {
 }
 }  // namespace
 
-std::string tag_problem(std::string_view tag) {
-  if (tag.empty() || tag.size() > 36) return fmt::format("tag '{}' must be 1..36 bytes", tag);
+host::Status check_share_tag(std::string_view tag) {
+  if (tag.empty() || tag.size() > 36) return host::Error{fmt::format("tag '{}' must be 1..36 bytes", tag)};
   for (char c : tag)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
-      return fmt::format("tag '{}' must be of [A-Za-z0-9._-]", tag);
-  return {};
+      return host::Error{fmt::format("tag '{}' must be of [A-Za-z0-9._-]", tag)};
+  return host::Ok{};
 }
 
 std::vector<std::string> virtiofsd_argv(const VirtiofsdOptions& o) {
@@ -97,7 +97,7 @@ struct Virtiofsd::State {
 host::Result<std::unique_ptr<Virtiofsd>> Virtiofsd::start(const VirtiofsdOptions& o,
                                                           std::chrono::milliseconds bound) {
   const std::string who = fmt::format("share '{}' ({})", o.share.tag, o.share.dir.native());
-  if (auto p = tag_problem(o.share.tag); !p.empty()) return host::Error{who + ": " + p};
+  if (auto t = check_share_tag(o.share.tag); !t) return host::Error{who + ": " + t.error().message};
   if (o.socket.native().size() >= 108)
     return host::Error{fmt::format("{}: socket path '{}' is longer than sun_path", who, o.socket.native())};
   auto st = std::make_shared<State>();

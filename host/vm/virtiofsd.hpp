@@ -26,8 +26,8 @@ struct ShareSpec {
   bool ro = false;            // virtiofsd --readonly: the host side refuses every write too
 };
 
-/// Empty if `tag` is a valid virtio-fs tag, else why not.
-std::string tag_problem(std::string_view tag);
+/// Checks `tag` is a valid virtio-fs tag: 1..36 of [A-Za-z0-9._-]; an error says why not.
+host::Status check_share_tag(std::string_view tag);
 
 /// virtiofsd's cache policy for every share: `auto` (the daemon's default: attributes and
 /// directory entries cached for 1 s, file data dropped on open), so host edits show up in a

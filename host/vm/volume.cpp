@@ -6,23 +6,23 @@ namespace nes::vm {
 
 namespace fs = std::filesystem;
 
-std::string guest_path_problem(std::string_view g, bool file) {
-  if (g.empty() || g[0] != '/') return "GUEST must be an absolute path";
+host::Status check_guest_path(std::string_view g, bool file) {
+  if (g.empty() || g[0] != '/') return host::Error{"GUEST must be an absolute path"};
   std::size_t s = 0;
   while (s < g.size()) {
     std::size_t e = g.find('/', s + 1);
     std::string_view comp = g.substr(s + 1, (e == std::string_view::npos ? g.size() : e) - s - 1);
-    if (comp == "." || comp == "..") return "GUEST must not contain '.' or '..' components";
+    if (comp == "." || comp == "..") return host::Error{"GUEST must not contain '.' or '..' components"};
     if (e == std::string_view::npos) break;
     s = e;
   }
-  if (g.find_first_not_of('/') == std::string_view::npos) return "GUEST must not be / (see --rootfs)";
+  if (g.find_first_not_of('/') == std::string_view::npos) return host::Error{"GUEST must not be / (see --rootfs)"};
   for (std::string_view r : {"/proc", "/sys", "/dev"}) {
     if (file && r == "/dev" && g.size() > r.size()) continue;
     if (g.starts_with(r) && (g.size() == r.size() || g[r.size()] == '/'))
-      return fmt::format("GUEST must not be {} or below it (the init mounts it)", r);
+      return host::Error{fmt::format("GUEST must not be {} or below it (the init mounts it)", r)};
   }
-  return {};
+  return host::Ok{};
 }
 
 namespace {
@@ -67,12 +67,12 @@ host::Result<Volume> parse_volume(std::string_view spec) {
   v.file = fs::is_regular_file(st);
   v.host = fs::canonical(host, ec);
   if (ec) return fail(fmt::format("HOST {}: {}", host.string(), ec.message()));
-  if (auto p = guest_path_problem(parts[1], v.file); !p.empty()) return fail(p);
+  if (auto g = check_guest_path(parts[1], v.file); !g) return fail(g.error().message);
   v.guest = normalise(parts[1]);
   return v;
 }
 
-host::Status volumes_problem(const std::vector<Volume>& v) {
+host::Status check_volumes(const std::vector<Volume>& v) {
   for (std::size_t i = 0; i < v.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
       if (v[i].guest == v[j].guest)

@@ -21,11 +21,11 @@ struct Volume {
   bool operator==(const Volume&) const = default;
 };
 
-/// Empty if `guest` may be a share's mount point: absolute, no '.' or '..' components, not `/`,
-/// not /proc, /sys or /dev or below them (the init mounts those itself), else why not. A `file`
-/// may be below /dev (not /dev itself): it is bound after the init's devtmpfs is mounted, as
+/// Checks `guest` may be a share's mount point: absolute, no '.' or '..' components, not `/`,
+/// not /proc, /sys or /dev or below them (the init mounts those itself); an error says why not. A
+/// `file` may be below /dev (not /dev itself): it is bound after the init's devtmpfs is mounted, as
 /// kubelet's /dev/termination-log is.
-std::string guest_path_problem(std::string_view guest, bool file = false);
+host::Status check_guest_path(std::string_view guest, bool file = false);
 
 /// Parses HOST:GUEST[:ro|rw]. HOST (relative to the current directory if not absolute) must be an
 /// existing directory or regular file (`file` is then set): a missing one, a socket, a device or a
@@ -34,6 +34,6 @@ std::string guest_path_problem(std::string_view guest, bool file = false);
 host::Result<Volume> parse_volume(std::string_view spec);
 
 /// Checks a set of volumes together: no GUEST path twice (the error names the path).
-host::Status volumes_problem(const std::vector<Volume>& v);
+host::Status check_volumes(const std::vector<Volume>& v);
 
 }  // namespace nes::vm

@@ -91,13 +91,13 @@ TEST_CASE("record parse errors name the field") {
 }
 
 TEST_CASE("vm ids are safe directory names") {
-  CHECK(!vm_id_problem("vm-1.a_B"));
-  CHECK(vm_id_problem(""));
-  CHECK(vm_id_problem(".."));
-  CHECK(vm_id_problem("a/b"));
-  CHECK(vm_id_problem("-x"));
-  CHECK(vm_id_problem(std::string(65, 'a')));
-  CHECK(vm_id_problem(std::string("a\0b", 3)));
+  CHECK(check_vm_id("vm-1.a_B"));
+  CHECK(!check_vm_id(""));
+  CHECK(!check_vm_id(".."));
+  CHECK(!check_vm_id("a/b"));
+  CHECK(!check_vm_id("-x"));
+  CHECK(!check_vm_id(std::string(65, 'a')));
+  CHECK(!check_vm_id(std::string("a\0b", 3)));
 }
 
 TEST_CASE("write_record: creates dirs 0700, writes, reads back, no temp left") {

@@ -83,8 +83,8 @@ struct Driver {
     else if (std::get_if<act::Mount>(&a)) pending.push_back(ev::MountsDone{});
     else if (std::get_if<act::Spawn>(&a)) {
       auto r = spawn(s.boot()->exec, s.boot()->geometry, Stdio::inherit, reaper);
-      if (auto* pid = std::get_if<pid_t>(&r)) pending.push_back(ev::Started{pgid = *pid});
-      else pending.push_back(ev::StartFailed{std::get<proto::StartFailed>(r)});
+      if (r) pending.push_back(ev::Started{pgid = *r});
+      else pending.push_back(ev::StartFailed{r.error()});
     } else if (auto* g = std::get_if<act::SignalGroup>(&a)) {
       group_signals.push_back(g->signo);
       ::kill(-pgid, g->signo);

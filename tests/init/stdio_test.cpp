@@ -460,8 +460,8 @@ TEST_CASE("session: a framing error is reported as protocol_error; the session g
 
 TEST_CASE("make_stdio: pipes (stdin /dev/null unless attached), non-blocking and close-on-exec") {
   auto r = make_stdio(pipes());
-  REQUIRE(std::holds_alternative<StdioFds>(r));
-  StdioFds& f = std::get<StdioFds>(r);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  StdioFds& f = *r;
   CHECK(!f.terminal);
   CHECK(!f.in);
   for (int fd : {f.out.get(), f.err.get()}) {
@@ -475,7 +475,8 @@ TEST_CASE("make_stdio: pipes (stdin /dev/null unless attached), non-blocking and
   CHECK(c == 'o');
   CHECK(::read(f.out.get(), &c, 1) == -1);  // non-blocking, empty
   auto w = make_stdio(pipes(4096, false, true));
-  StdioFds& g = std::get<StdioFds>(w);
+  REQUIRE_MESSAGE(w.ok(), w.error().message);
+  StdioFds& g = *w;
   REQUIRE(g.in);
   CHECK(::write(g.in.get(), "i", 1) == 1);
   CHECK(::read(g.child_in.get(), &c, 1) == 1);
@@ -486,8 +487,8 @@ TEST_CASE("make_stdio: a PTY of the asked size; bytes both ways") {
   proto::Stdio s;
   s.terminal = proto::Terminal{33, 111};
   auto r = make_stdio(s);
-  REQUIRE_MESSAGE(std::holds_alternative<StdioFds>(r), std::get<std::string>(r));
-  StdioFds& f = std::get<StdioFds>(r);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  StdioFds& f = *r;
   CHECK(f.terminal);
   CHECK(::isatty(f.child_in.get()));
   winsize ws{};

@@ -217,12 +217,12 @@ TEST_CASE("mount calls: always nosuid,nodev; ro; bind via a remount") {
 
 TEST_CASE("mkdir_p and is_mount_point") {
   TempDir t;
-  CHECK(mkdir_p((t.path / "a/b/c").string()) == 0);
+  CHECK(mkdir_p((t.path / "a/b/c").string()));
   CHECK(fs::is_directory(t.path / "a/b/c"));
-  CHECK(mkdir_p((t.path / "a/b/c/").string()) == 0);
+  CHECK(mkdir_p((t.path / "a/b/c/").string()));
   std::ofstream(t.path / "file") << "x";
-  CHECK(mkdir_p((t.path / "file/sub").string()) == ENOTDIR);
-  CHECK(mkdir_p((t.path / "file").string()) == ENOTDIR);
+  CHECK(mkdir_p((t.path / "file/sub").string()).error().err == ENOTDIR);
+  CHECK(mkdir_p((t.path / "file").string()).error().err == ENOTDIR);
   CHECK(is_mount_point("/"));
   CHECK(is_mount_point("/proc"));
   CHECK(!is_mount_point(t.path.string() + "/a"));
@@ -231,15 +231,15 @@ TEST_CASE("mkdir_p and is_mount_point") {
 
 TEST_CASE("make_file: a single file's mount point, parents made, what is there kept, no symlink followed") {
   TempDir t;
-  CHECK(make_file((t.path / "etc/x/hosts").string()) == 0);
+  CHECK(make_file((t.path / "etc/x/hosts").string()));
   CHECK(fs::is_regular_file(t.path / "etc/x/hosts"));
   CHECK(fs::file_size(t.path / "etc/x/hosts") == 0);
   std::ofstream(t.path / "etc/kept") << "contents";
-  CHECK(make_file((t.path / "etc/kept").string()) == 0);
+  CHECK(make_file((t.path / "etc/kept").string()));
   CHECK(fs::file_size(t.path / "etc/kept") == 8);  // never truncated
   fs::create_symlink(t.path / "elsewhere", t.path / "etc/link");
-  CHECK(make_file((t.path / "etc/link").string()) == ELOOP);
+  CHECK(make_file((t.path / "etc/link").string()).error().err == ELOOP);
   CHECK(!fs::exists(t.path / "elsewhere"));
-  CHECK(make_file((t.path / "etc/kept/sub").string()) == ENOTDIR);
-  CHECK(make_file("relative") == EINVAL);
+  CHECK(make_file((t.path / "etc/kept/sub").string()).error().err == ENOTDIR);
+  CHECK(make_file("relative").error().err == EINVAL);
 }

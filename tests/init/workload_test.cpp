@@ -36,12 +36,12 @@ std::string slurp(const fs::path& p) {
 int run_and_wait(const proto::Exec& e, const proto::Geometry& g, proto::StartFailed* failed = nullptr) {
   Reaper r;
   auto res = spawn(e, g, Stdio::inherit, r);
-  if (auto* f = std::get_if<proto::StartFailed>(&res)) {
-    if (failed) *failed = *f;
+  if (!res) {
+    if (failed) *failed = res.error();
     CHECK(r.watched() == 0);
     return -1;
   }
-  pid_t pid = std::get<pid_t>(res);
+  pid_t pid = *res;
   CHECK(r.watched() == pid);
   int st = 0;
   REQUIRE(::waitpid(pid, &st, 0) == pid);
@@ -135,9 +135,9 @@ TEST_CASE("spawn: oom_score_adj back to 0 in the workload") {
     e.argv = {"/bin/sh", "-c", "cat /proc/self/oom_score_adj > " + out.string()};
     Reaper r;
     auto res = spawn(e, {}, Stdio::inherit, r);
-    if (!std::holds_alternative<pid_t>(res)) ::_exit(1);
+    if (!res) ::_exit(1);
     int st;
-    ::waitpid(std::get<pid_t>(res), &st, 0);
+    ::waitpid(*res, &st, 0);
     ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 2);
   }
   int st = 0;

@@ -105,8 +105,8 @@ TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log le
 
 TEST_CASE("qemu_argv: the measured q35 recipe with the channel as virtio-serial port nes.0") {
   auto r = qemu_argv(base_spec());
-  REQUIRE(r.error.empty());
-  const auto& a = r.argv;
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  const auto& a = *r;
   CHECK(a.at(0) == "qemu-system-x86_64");
   CHECK(has_pair(a, "-M", "q35"));
   CHECK(has_pair(a, "-accel", "tcg"));
@@ -131,20 +131,20 @@ TEST_CASE("qemu_argv: kvm, sizes, no initrd, comma in the socket path") {
   s.initrd.reset();
   s.channel_socket = "/tmp/a,b/ch.sock";
   auto r = qemu_argv(s);
-  REQUIRE(r.error.empty());
-  CHECK(has_pair(r.argv, "-accel", "kvm"));
-  CHECK(has_pair(r.argv, "-cpu", "host"));
-  CHECK(has_pair(r.argv, "-m", "512"));
-  CHECK(has_pair(r.argv, "-smp", "2"));
-  CHECK(std::find(r.argv.begin(), r.argv.end(), "-initrd") == r.argv.end());
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes0,server=off,path=/tmp/a,,b/ch.sock"));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-accel", "kvm"));
+  CHECK(has_pair(*r, "-cpu", "host"));
+  CHECK(has_pair(*r, "-m", "512"));
+  CHECK(has_pair(*r, "-smp", "2"));
+  CHECK(std::find(r->begin(), r->end(), "-initrd") == r->end());
+  CHECK(has_pair(*r, "-chardev", "socket,id=nes0,server=off,path=/tmp/a,,b/ch.sock"));
 }
 
 TEST_CASE("qemu_argv: bad fields are named, no argv is built") {
   auto check = [](QemuSpec s, const char* field) {
     auto r = qemu_argv(s);
-    CHECK(r.argv.empty());
-    CHECK_MESSAGE(r.error.rfind(field, 0) == 0, r.error);
+    CHECK(!r.ok());
+    CHECK_MESSAGE(r.error().message.rfind(field, 0) == 0, r.error().message);
   };
   auto s = base_spec();
   s.kernel.clear();
@@ -170,16 +170,16 @@ TEST_CASE("qemu_argv: the data channel as a second port nes.1 on its own chardev
   auto s = base_spec();
   s.data_socket = "/run/x/data.sock";
   auto r = qemu_argv(s);
-  REQUIRE(r.error.empty());
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes1,server=off,path=/run/x/data.sock"));
-  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=nes.1"));
-  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-chardev", "socket,id=nes1,server=off,path=/run/x/data.sock"));
+  CHECK(has_pair(*r, "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=nes.1"));
+  CHECK(has_pair(*r, "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"));
   s.data_port_name = "nes.0";
-  CHECK(qemu_argv(s).error.rfind("data_port_name:", 0) == 0);
+  CHECK(qemu_argv(s).error().message.rfind("data_port_name:", 0) == 0);
   s = base_spec();
   s.channel_socket.reset();
   s.data_socket = "/run/x/data.sock";
-  CHECK(qemu_argv(s).error.rfind("data_socket:", 0) == 0);
+  CHECK(qemu_argv(s).error().message.rfind("data_socket:", 0) == 0);
 }
 
 TEST_CASE("qemu_argv: chardev_reconnect_s makes both chardevs redial a restarted listener") {
@@ -187,9 +187,9 @@ TEST_CASE("qemu_argv: chardev_reconnect_s makes both chardevs redial a restarted
   s.data_socket = "/run/x/data.sock";
   s.chardev_reconnect_s = 1;
   auto r = qemu_argv(s);
-  REQUIRE(r.error.empty());
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes0,server=off,reconnect=1,path=/run/x/channel.sock"));
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes1,server=off,reconnect=1,path=/run/x/data.sock"));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-chardev", "socket,id=nes0,server=off,reconnect=1,path=/run/x/channel.sock"));
+  CHECK(has_pair(*r, "-chardev", "socket,id=nes1,server=off,reconnect=1,path=/run/x/data.sock"));
 }
 
 TEST_CASE("accel names round-trip") {

@@ -74,18 +74,18 @@ TEST_CASE("qemu_argv: shares make guest RAM a shared memfd, one vhost-user-fs-pc
   s.mem_mib = 128;
   s.fs_devices = {{"nes.root", "/rt/nes.root.sock"}, {"nes.v0", "/rt/a,b.sock"}};
   auto r = qemu_argv(s);
-  REQUIRE(r.error.empty());
-  CHECK(has_pair(r.argv, "-object", "memory-backend-memfd,id=mem0,size=128M,share=on"));
-  CHECK(has_pair(r.argv, "-numa", "node,memdev=mem0"));
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=fs0,path=/rt/nes.root.sock"));
-  CHECK(has_pair(r.argv, "-device", "vhost-user-fs-pci,chardev=fs0,tag=nes.root"));
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=fs1,path=/rt/a,,b.sock"));
-  CHECK(has_pair(r.argv, "-device", "vhost-user-fs-pci,chardev=fs1,tag=nes.v0"));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-object", "memory-backend-memfd,id=mem0,size=128M,share=on"));
+  CHECK(has_pair(*r, "-numa", "node,memdev=mem0"));
+  CHECK(has_pair(*r, "-chardev", "socket,id=fs0,path=/rt/nes.root.sock"));
+  CHECK(has_pair(*r, "-device", "vhost-user-fs-pci,chardev=fs0,tag=nes.root"));
+  CHECK(has_pair(*r, "-chardev", "socket,id=fs1,path=/rt/a,,b.sock"));
+  CHECK(has_pair(*r, "-device", "vhost-user-fs-pci,chardev=fs1,tag=nes.v0"));
 
   auto plain = qemu_argv(spec());
-  REQUIRE(plain.error.empty());
-  CHECK(!has(plain.argv, "-object"));  // no share: ordinary private RAM
-  CHECK(!has(plain.argv, "-numa"));
+  REQUIRE_MESSAGE(plain.ok(), plain.error().message);
+  CHECK(!has(*plain, "-object"));  // no share: ordinary private RAM
+  CHECK(!has(*plain, "-numa"));
 }
 
 TEST_CASE("qemu_argv: shares and the data channel together: both ports and every fs device") {
@@ -94,13 +94,13 @@ TEST_CASE("qemu_argv: shares and the data channel together: both ports and every
   s.data_socket = "/rt/data.sock";
   s.fs_devices = {{"nes.v0", "/rt/nes.v0.sock"}};
   auto r = qemu_argv(s);
-  REQUIRE(r.error.empty());
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=nes1,server=off,path=/rt/data.sock"));
-  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"));
-  CHECK(has_pair(r.argv, "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=nes.1"));
-  CHECK(has_pair(r.argv, "-chardev", "socket,id=fs0,path=/rt/nes.v0.sock"));
-  CHECK(has_pair(r.argv, "-device", "vhost-user-fs-pci,chardev=fs0,tag=nes.v0"));
-  CHECK(has_pair(r.argv, "-object", "memory-backend-memfd,id=mem0,size=256M,share=on"));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-chardev", "socket,id=nes1,server=off,path=/rt/data.sock"));
+  CHECK(has_pair(*r, "-device", "virtserialport,bus=vser0.0,chardev=nes0,name=nes.0"));
+  CHECK(has_pair(*r, "-device", "virtserialport,bus=vser0.0,chardev=nes1,name=nes.1"));
+  CHECK(has_pair(*r, "-chardev", "socket,id=fs0,path=/rt/nes.v0.sock"));
+  CHECK(has_pair(*r, "-device", "vhost-user-fs-pci,chardev=fs0,tag=nes.v0"));
+  CHECK(has_pair(*r, "-object", "memory-backend-memfd,id=mem0,size=256M,share=on"));
 }
 
 TEST_CASE("qemu_argv: bad share devices are named") {
@@ -108,8 +108,8 @@ TEST_CASE("qemu_argv: bad share devices are named") {
     auto s = spec();
     s.fs_devices = std::move(d);
     auto r = qemu_argv(s);
-    CHECK(r.argv.empty());
-    CHECK_MESSAGE(r.error.rfind(field, 0) == 0, r.error);
+    CHECK(!r.ok());
+    CHECK_MESSAGE(r.error().message.rfind(field, 0) == 0, r.error().message);
   };
   bad({{"", "/s"}}, "fs_devices[0].tag:");
   bad({{std::string(37, 't'), "/s"}}, "fs_devices[0].tag:");
@@ -117,7 +117,7 @@ TEST_CASE("qemu_argv: bad share devices are named") {
   bad({{"a", "/s"}, {"a", "/t"}}, "fs_devices[1].tag:");
   bad({{"a", ""}}, "fs_devices[0].socket:");
   bad({{"a", "/" + std::string(120, 's')}}, "fs_devices[0].socket:");
-  CHECK(tag_problem(std::string(36, 't')).empty());
+  CHECK(check_share_tag(std::string(36, 't')));
 }
 
 TEST_CASE("parse_volume: docker's HOST:GUEST[:ro|rw], HOST resolved, GUEST normalised") {
@@ -174,10 +174,10 @@ TEST_CASE("parse_volume: every bad spelling is refused naming --volume and why")
   refused(h + ":/w:ro:z", "HOST:GUEST");
   refused(h, "HOST:GUEST");
   refused(":/w", "HOST is empty");
-  CHECK(guest_path_problem("/procx").empty());  // only the directory itself and below it
-  CHECK(guest_path_problem("/devices").empty());
+  CHECK(check_guest_path("/procx"));  // only the directory itself and below it
+  CHECK(check_guest_path("/devices"));
   std::vector<Volume> twice{{"/a", "/w", false}, {"/b", "/w", true}};
-  CHECK(volumes_problem(twice).error().message.find("/w is given twice") != std::string::npos);
+  CHECK(check_volumes(twice).error().message.find("/w is given twice") != std::string::npos);
 }
 
 TEST_CASE("parse_volume: a regular file is a file volume, also below /dev (CRI's termination log)") {
