@@ -2,8 +2,9 @@
 // armed, as loop.cpp does). Asserted after every event:
 //  - never two SIGTERMs to the workload's group;
 //  - never two final outcomes sent (mount_failed, start_failed, workload_exited);
-//  - power-off at most once, and only after the ack (`shutdown` after the outcome), EOF, the ack
-//    timeout, or with no outcome to acknowledge; nothing at all after it.
+//  - the final flush begins at most once, and only after the ack (`shutdown` after the outcome),
+//    EOF, the ack timeout, or with no outcome to acknowledge;
+//  - power-off at most once, only after the flush began; nothing at all after it.
 #include <csignal>
 
 #include "fuzz_util.hpp"
@@ -39,6 +40,7 @@ struct Model {
   bool ack_fired = false;  // the ack timer fired while armed
   bool window_over = false;  // the reconnect window ended while armed
   std::optional<proto::GuestMessage> final_sent;  // re-sent after a resume: always the same
+  bool flushing = false;   // act::Flush came
   bool powered_off = false;
 };
 }  // namespace
@@ -55,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int steps = 0; !c.empty() && steps < 400; ++steps) {
     Event e = ev::NoChildren{};
     bool is_shutdown_line = false;
-    switch (c.pick(15)) {
+    switch (c.pick(16)) {
       case 0: e = ev::ChannelUp{}; break;
       case 1: if (c.pick(2)) e = ev::Start{"unix:/x"}; else e = ev::DialFailed{"refused", false}; break;
       case 2: case 3: {
@@ -83,6 +85,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       case 12: e = ev::Signal{static_cast<int>(1 + c.pick(64))}; break;
       case 14: e = ev::DialFailed{"refused"}; break;
+      case 15: {
+        ev::Flushing f;
+        f.written = c.pick(2) ? 0 : 100;
+        f.control_queued = c.pick(2);
+        f.data_open = c.pick(2);
+        f.data_unsent = c.pick(2);
+        f.outputs_done = c.pick(2);
+        f.receipt = c.pick(2);
+        f.output_bytes = c.pick(1000);
+        e = f;
+        break;
+      }
       case 13: {
         Timer t = static_cast<Timer>(c.pick(kTimerCount));
         if (!m.armed[static_cast<int>(t)]) continue;
@@ -113,10 +127,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         m.armed[static_cast<int>(x->timer)] = true;
       } else if (auto* x = std::get_if<act::CancelTimer>(&a)) {
         m.armed[static_cast<int>(x->timer)] = false;
+      } else if (std::holds_alternative<act::Flush>(a)) {
+        require(!m.flushing, "the final flush begins once");
+        require(!m.outcome_sent || m.acked || m.eof || m.ack_fired || m.window_over,
+                "the final flush only after the ack, EOF, the ack timeout or the reconnect window");
+        m.flushing = true;
       } else if (std::holds_alternative<act::PowerOff>(a)) {
         require(!m.powered_off, "power-off once");
-        require(!m.outcome_sent || m.acked || m.eof || m.ack_fired || m.window_over,
-                "power-off only after the ack, EOF, the ack timeout or the reconnect window");
+        require(m.flushing, "power-off only after the final flush");
         m.powered_off = true;
       }
     }

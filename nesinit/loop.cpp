@@ -38,10 +38,6 @@ namespace {
 constexpr std::size_t kOutCap = 1u << 20;
 /// How often a virtio port with no host connected is looked at again: ms.
 constexpr std::uint64_t kPortRetryMs = 100;
-/// The final flush before power-off: given up after this long without progress, ms ...
-constexpr std::uint64_t kFinalIdleMs = 1000;
-/// ... and after this long in all, ms.
-constexpr std::uint64_t kFinalMaxMs = 15000;
 
 /// Whether this PID 1 may set the hostname: a guest always; a sandbox only in a UTS namespace
 /// of its own (in the machine's it would rename the machine).
@@ -62,6 +58,10 @@ class Pid1 {
     pending_.push_back(ev::Start{to_string(*cfg_.channel)});
     for (;;) {
       drain();
+      if (flushing_) {
+        flush_once();
+        continue;
+      }
       if (session_.waiting_for_children()) {
         reap();
         if (!pending_.empty()) continue;
@@ -169,6 +169,10 @@ class Pid1 {
                    },
                    [&](act::CancelTimer& t) { deadline_[static_cast<int>(t.timer)].reset(); },
                    [&](act::Note& n) { log_.line(n.severity, n.phase, n.text); },
+                   [&](act::Flush&) {
+                     flushing_ = true;
+                     report_flushing(0);
+                   },
                    [&](act::PowerOff& p) { power_off(p.halt); },
                },
                a);
@@ -270,33 +274,18 @@ class Pid1 {
     else pending_.push_front(ev::StartFailed{std::move(r).error()});
   }
 
-  [[noreturn]] void power_off(proto::Halt halt) {
-    // Give the last lines (the outcome) and the workload's last output a bounded chance to
-    // leave before the channels close: kFinalIdleMs without progress ends it, kFinalMaxMs in all
-    // (a slow VMM port still moving the tail of a big output gets the time it needs; a host that
-    // stopped reading costs at most kFinalIdleMs).
-    const std::uint64_t start = monotonic_ms();
-    std::uint64_t until = start + kFinalIdleMs;
-    for (;;) {
-      // Written is not received: bytes in the VMM's queues die with the VM. The host closes the
-      // data channel once it has every output stream's EOF: that close is the receipt.
-      const bool data_due = data_ >= 0 && stdio_ &&
-                            (stdio_->tx_pending() || !stdio_->outputs_done() || !(data_rx_eof_ || data_hup_));
-      if (!(chan_ >= 0 && !out_.empty()) && !data_due) break;
-      const std::uint64_t before = bytes_written_;
-      std::uint64_t now = monotonic_ms();
-      if (now >= until) {
-        if (data_due)
-          log_.warn("halt", "{} byte(s) of the workload's output not sent before power-off",
-                    stdio_->buffered());
-        break;
-      }
-      pollfd p[1 + kStdioFds];
-      p[0] = {chan_ >= 0 && !out_.empty() ? chan_ : -1, POLLOUT, 0};
-      stdio_poll_set(p + 1);
-      // Watched for the host's close (POLLHUP) even when there is nothing to read or write.
-      if (data_ >= 0 && p[1 + kData].fd < 0 && !data_retry_at_) p[1 + kData] = {data_, 0, 0};
-      if (::poll(p, 1 + kStdioFds, static_cast<int>(until - now)) <= 0) continue;
+  /// One round of the final flush (act::Flush): write what is queued on both channels, read the
+  /// workload's output on, watch the data channel for the host's close; then report what is left
+  /// and only then look at the deadlines (a report of progress re-arms the idle timer first).
+  void flush_once() {
+    const std::uint64_t before = bytes_written_;
+    const int timeout = deadline_timeout(monotonic_ms());
+    pollfd p[1 + kStdioFds];
+    p[0] = {chan_ >= 0 && !out_.empty() ? chan_ : -1, POLLOUT, 0};
+    stdio_poll_set(p + 1);
+    // Watched for the host's close (POLLHUP) even when there is nothing to read or write.
+    if (data_ >= 0 && p[1 + kData].fd < 0 && !data_retry_at_) p[1 + kData] = {data_, 0, 0};
+    if (::poll(p, 1 + kStdioFds, timeout) > 0) {
       if (data_ >= 0 && (p[1 + kData].revents & (POLLHUP | POLLERR))) data_hup_ = true;
       if (p[0].revents & (POLLHUP | POLLERR)) {
         // hung up (a virtio port without its host): give up on it
@@ -306,8 +295,48 @@ class Pid1 {
         flush();
       }
       stdio_handle(p + 1);
-      if (bytes_written_ != before) until = std::min(monotonic_ms() + kFinalIdleMs, start + kFinalMaxMs);
     }
+    report_flushing(bytes_written_ - before);
+    drain();
+    fire_due_timers();
+  }
+
+  /// ev::Flushing: what the channels still owe, as the I/O left it.
+  void report_flushing(std::uint64_t written) {
+    ev::Flushing f;
+    f.written = written;
+    f.control_queued = chan_ >= 0 && !out_.empty();
+    f.data_open = data_ >= 0 && stdio_;
+    f.data_unsent = stdio_ && stdio_->tx_pending();
+    f.outputs_done = stdio_ && stdio_->outputs_done();
+    f.receipt = data_rx_eof_ || data_hup_;
+    f.output_bytes = stdio_ ? stdio_->buffered() : 0;
+    pending_.push_back(f);
+  }
+
+  /// poll(2)'s timeout until the next armed deadline, ms (-1: none armed).
+  int deadline_timeout(std::uint64_t now) const {
+    int timeout = -1;
+    for (auto& d : deadline_)
+      if (d) {
+        std::uint64_t left = *d > now ? *d - now : 0;
+        if (timeout < 0 || left < static_cast<std::uint64_t>(timeout))
+          timeout = static_cast<int>(std::min<std::uint64_t>(left, 1u << 30));
+      }
+    return timeout;
+  }
+
+  /// Every deadline passed becomes ev::TimerFired.
+  void fire_due_timers() {
+    const std::uint64_t now = monotonic_ms();
+    for (int i = 0; i < kTimerCount; ++i)
+      if (deadline_[i] && *deadline_[i] <= now) {
+        deadline_[i].reset();
+        pending_.push_back(ev::TimerFired{static_cast<Timer>(i)});
+      }
+  }
+
+  [[noreturn]] void power_off(proto::Halt halt) {
     close_data();
     if (chan_ >= 0) ::close(chan_);
     chan_ = -1;
@@ -359,13 +388,7 @@ class Pid1 {
 
   void poll_once() {
     const std::uint64_t now = monotonic_ms();
-    int timeout = -1;
-    for (auto& d : deadline_)
-      if (d) {
-        std::uint64_t left = *d > now ? *d - now : 0;
-        if (timeout < 0 || left < static_cast<std::uint64_t>(timeout))
-          timeout = static_cast<int>(std::min<std::uint64_t>(left, 1u << 30));
-      }
+    int timeout = deadline_timeout(now);
     // A virtio port whose host side is not connected polls as POLLHUP without end: leave it out
     // of the poll set until its retry time, which then bounds the timeout like a timer.
     bool watch_chan = chan_ >= 0;
@@ -391,12 +414,7 @@ class Pid1 {
     if (r < 0 && errno != EINTR) poll_backoff();
     else if (r >= 0) poll_errors_ = 0;
 
-    const std::uint64_t after = monotonic_ms();
-    for (int i = 0; i < kTimerCount; ++i)
-      if (deadline_[i] && *deadline_[i] <= after) {
-        deadline_[i].reset();
-        pending_.push_back(ev::TimerFired{static_cast<Timer>(i)});
-      }
+    fire_due_timers();
     if (r <= 0) return;
     if (p[0].revents & POLLIN) {
       for (int sig : read_signals()) {
@@ -636,6 +654,7 @@ class Pid1 {
   std::optional<std::uint64_t> port_retry_at_;
   unsigned poll_errors_ = 0;  // consecutive poll(2) failures
   std::uint64_t bytes_written_ = 0;  // to either channel: the final flush's measure of progress
+  bool flushing_ = false;            // act::Flush came: only flush rounds from now on
 };
 
 }  // namespace

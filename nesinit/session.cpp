@@ -29,6 +29,8 @@ std::string_view to_string(Timer t) {
     case Timer::redial: return "redial";
     case Timer::data_dial: return "data_dial";
     case Timer::data_redial: return "data_redial";
+    case Timer::flush_idle: return "flush_idle";
+    case Timer::flush_cap: return "flush_cap";
   }
   return "?";
 }
@@ -55,6 +57,7 @@ std::string_view to_string(Stage s) {
     case Stage::all_term: return "all_term";
     case Stage::all_kill: return "all_kill";
     case Stage::await_ack: return "await_ack";
+    case Stage::flush: return "flush";
     case Stage::final: return "final";
   }
   return "?";
@@ -68,7 +71,11 @@ proto::Halt Session::halt() const {
 Actions Session::handle(const Event& e) {
   out_.clear();
   // Once the final act is asked for, nothing else happens (the loop never returns from it).
-  if (phase_ != Phase::done) std::visit([this](const auto& x) { on(x); }, e);
+  // During the flush before it only the flush's own reports and timers count: the outcome is
+  // settled, the processes are gone, and nothing is read from the host any more.
+  const bool flush_event = std::holds_alternative<ev::Flushing>(e) || std::holds_alternative<ev::TimerFired>(e);
+  if (phase_ != Phase::done && (stage_ != Stage::flush || flush_event))
+    std::visit([this](const auto& x) { on(x); }, e);
   Actions r;
   r.swap(out_);
   return r;
@@ -559,6 +566,14 @@ void Session::on(const ev::TimerFired& t) {
         report_held_exit();
       }
       return;
+    case Timer::flush_idle:
+    case Timer::flush_cap:
+      if (stage_ != Stage::flush) return;
+      if (flush_data_owed_)
+        note(Severity::warn, "halt", fmt::format("{} byte(s) of the workload's output not sent before power-off",
+                                                 flush_output_bytes_));
+      enter_final();
+      return;
     case Timer::ack:
       ack_expired_ = true;
       note(Severity::warn, "ack", fmt::format("no acknowledgement within {} ms", opt_.ack_timeout_ms));
@@ -631,8 +646,31 @@ void Session::enter_await_ack() {
   // (EOF), or ack_timeout_ms passed, or there is nothing to acknowledge.
   if (reconnecting_ && outcome_ && !acked_)
     return note(Severity::info, "ack", "waiting for the channel to come back (reconnect window)");
-  if (!outcome_ || acked_ || !channel_open_ || ack_expired_) return enter_final();
+  if (!outcome_ || acked_ || !channel_open_ || ack_expired_) return enter_flush();
   note(Severity::info, "ack", "waiting for the host's acknowledgement");
+}
+
+void Session::enter_flush() {
+  // The last lines (the outcome) and the workload's last output get a bounded chance to leave
+  // before the channels close: kFlushIdleMs without progress ends it, kFlushMaxMs in all (a slow
+  // VMM port still moving the tail of a big output gets the time it needs; a host that stopped
+  // reading costs at most kFlushIdleMs).
+  stage_ = Stage::flush;
+  for (int i = 0; i < kTimerCount; ++i)
+    if (armed_[i]) cancel(static_cast<Timer>(i));
+  out_.push_back(act::Flush{});
+  arm(Timer::flush_idle, kFlushIdleMs);
+  arm(Timer::flush_cap, kFlushMaxMs);
+}
+
+void Session::on(const ev::Flushing& f) {
+  if (stage_ != Stage::flush) return;
+  // Written is not received: bytes in the VMM's queues die with the VM. The host closes the data
+  // channel once it has every output stream's EOF: that close is the receipt.
+  flush_data_owed_ = f.data_open && (f.data_unsent || !f.outputs_done || !f.receipt);
+  flush_output_bytes_ = f.output_bytes;
+  if (!f.control_queued && !flush_data_owed_) return enter_final();
+  if (f.written > 0) arm(Timer::flush_idle, kFlushIdleMs);
 }
 
 void Session::enter_final() {

@@ -34,8 +34,10 @@ enum class Timer {
   redial,           // a dial attempt failed -> backoff -> the next attempt (first dial or redial)
   data_dial,        // boot.stdio: the data channel's dial began -> connect_timeout_ms -> start_failed
   data_redial,      // a data channel attempt failed -> backoff -> the next attempt
+  flush_idle,       // the final flush wrote nothing for kFlushIdleMs -> power off anyway
+  flush_cap,        // the final flush began -> kFlushMaxMs -> power off anyway
 };
-inline constexpr int kTimerCount = 12;
+inline constexpr int kTimerCount = 14;
 /// Backoff between dial attempts (the first dial and a redial alike): ms, doubling from the first
 /// to the last.
 inline constexpr std::uint32_t kRedialFirstMs = 10;
@@ -45,6 +47,11 @@ std::string_view to_string(Timer t);
 /// How long to wait for processes to disappear after SIGKILL (they can only be stuck in the
 /// kernel, e.g. uninterruptible I/O on a dead share): ms.
 inline constexpr std::uint32_t kKillWaitMs = 5000;
+/// The final flush before power-off (docs/protocol.md "The receipt"): given up after this long
+/// without a byte written to either channel, ms ...
+inline constexpr std::uint32_t kFlushIdleMs = 1000;
+/// ... and after this long in all, ms.
+inline constexpr std::uint32_t kFlushMaxMs = 15000;
 
 // ---- events ------------------------------------------------------------------------------------
 namespace ev {
@@ -71,11 +78,26 @@ struct OutputsDone {};                            // the workload's stdout and s
 /// says the peer is not there *yet* (transport.hpp's retryable(errno): no listener, no port yet,
 /// an attempt cut short by a signal) rather than refusing for good.
 struct DialFailed { std::string reason; bool retryable = true; };
+/// During the final flush (act::Flush): what is left, reported at once and after every round of
+/// writes. `written`: bytes written to either channel in that round; `control_queued`: lines for
+/// the host not written yet; `data_open`: the data channel is open; `data_unsent`: frames not
+/// written yet; `outputs_done`: the workload's stdout and stderr are at EOF; `receipt`: the host
+/// closed the data channel (EOF, or a virtio port's hang-up); `output_bytes`: output still held.
+struct Flushing {
+  std::uint64_t written = 0;
+  bool control_queued = false;
+  bool data_open = false;
+  bool data_unsent = false;
+  bool outputs_done = false;
+  bool receipt = false;
+  std::size_t output_bytes = 0;
+};
 }  // namespace ev
 using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
-                           ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed>;
+                           ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed,
+                           ev::Flushing>;
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
@@ -105,17 +127,21 @@ struct SignalAll { int signo; };    // kill(-1, signo): everything but PID 1
 struct ArmTimer { Timer timer; std::uint32_t ms; };
 struct CancelTimer { Timer timer; };
 struct Note { Severity severity; std::string phase; std::string text; };  // one log line
+/// Before the final act: from now on only write what is queued on both channels (and watch the
+/// data channel for the host's close), reporting ev::Flushing at once and after every round.
+/// Nothing new is read from the host; the session ends it with PowerOff.
+struct Flush {};
 struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
 }  // namespace act
 using Action = std::variant<act::Send, act::DialData, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
-                            act::ArmTimer, act::CancelTimer, act::Note, act::PowerOff>;
+                            act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff>;
 using Actions = std::vector<Action>;
 
 /// Where the session is.
 enum class Phase { idle_before_channel, awaiting_boot, mounting, starting, running, settled,
                    shutting_down, done };
 /// Where the ordered shutdown is (Phase::shutting_down).
-enum class Stage { none, workload_term, workload_kill, all_term, all_kill, await_ack, final };
+enum class Stage { none, workload_term, workload_kill, all_term, all_kill, await_ack, flush, final };
 std::string_view to_string(Phase p);
 std::string_view to_string(Stage s);
 
@@ -189,6 +215,7 @@ class Session {
   void on(const ev::DataError&);
   void on(const ev::OutputsDone&);
   void on(const ev::DialFailed&);
+  void on(const ev::Flushing&);
   bool survives_loss() const;  // an EOF now starts a reconnect instead of a shutdown
   void begin_reconnect();
   void resume_channel();
@@ -213,6 +240,7 @@ class Session {
   void begin_shutdown(std::string reason);
   void enter_all_term();
   void enter_await_ack();
+  void enter_flush();
   void enter_final();
   void report_held_exit();  // settle the outcome held back for the workload's output
 
@@ -244,6 +272,8 @@ class Session {
   std::uint32_t data_backoff_ms_ = kRedialFirstMs;
   std::string last_data_error_;    // the last failed data channel attempt: reason and errno
   int last_data_err_ = 0;
+  bool flush_data_owed_ = false;   // the final flush: the last report said output is still owed
+  std::size_t flush_output_bytes_ = 0;  // ... and how much of it is held
 };
 
 }  // namespace nes::init

@@ -90,6 +90,8 @@ struct Driver {
       ::kill(-pgid, g->signo);
     } else if (auto* all = std::get_if<act::SignalAll>(&a)) {
       all_signals.push_back(all->signo);
+    } else if (std::get_if<act::Flush>(&a)) {
+      pending.push_back(ev::Flushing{});  // nothing queued: the lines were written at once
     } else if (auto* p = std::get_if<act::PowerOff>(&a)) {
       powered_off = p->halt;
     }

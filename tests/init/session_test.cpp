@@ -26,8 +26,12 @@ std::vector<int> all_signals(const Actions& as) {
   for (auto& s : only<act::SignalAll>(as)) out.push_back(s.signo);
   return out;
 }
-std::optional<proto::Halt> power_off(const Actions& as) {
-  auto p = only<act::PowerOff>(as);
+/// The halt the final act is asked for: `as` begins the final flush (act::Flush), and once the
+/// loop reports nothing left to send, the session powers off (tested on its own below).
+std::optional<proto::Halt> power_off(Session& s, const Actions& as) {
+  if (only<act::Flush>(as).empty()) return std::nullopt;
+  CHECK(only<act::PowerOff>(as).empty());  // never before the flush
+  auto p = only<act::PowerOff>(s.handle(ev::Flushing{}));
   if (p.empty()) return std::nullopt;
   return p.front().halt;
 }
@@ -99,14 +103,14 @@ TEST_CASE("happy path: ready, boot, mounted, started, workload_exited, ack, powe
   CHECK(all_signals(a) == std::vector<int>{SIGTERM});
   CHECK(armed(a, Timer::ack, 300));
   CHECK(armed(a, Timer::all_grace, 1000));
-  CHECK(!power_off(a));
+  CHECK(!power_off(s, a));
 
   a = s.handle(ev::NoChildren{});
   CHECK(s.stage() == Stage::await_ack);
-  CHECK(!power_off(a));  // not before the ack
+  CHECK(!power_off(s, a));  // not before the ack
 
   a = s.handle(msg(proto::Shutdown{}));
-  CHECK(power_off(a) == proto::Halt::poweroff);
+  CHECK(power_off(s, a) == proto::Halt::poweroff);
   CHECK(s.phase() == Phase::done);
   // Nothing after the final act.
   CHECK(s.handle(ev::Eof{}).empty());
@@ -160,7 +164,7 @@ TEST_CASE("no boot within boot_timeout_ms: ordered shutdown, no ack wait") {
   CHECK(s.phase() == Phase::shutting_down);
   CHECK(all_signals(a) == std::vector<int>{SIGTERM});
   a = s.handle(ev::NoChildren{});
-  CHECK(power_off(a) == proto::Halt::poweroff);
+  CHECK(power_off(s, a) == proto::Halt::poweroff);
   CHECK(!s.outcome());
 }
 
@@ -179,7 +183,7 @@ TEST_CASE("EOF before boot: ordered shutdown") {
   CHECK(s.phase() == Phase::shutting_down);
   CHECK(!s.channel_open());
   a = s.handle(ev::NoChildren{});
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 TEST_CASE("shutdown before boot: ordered shutdown, nothing to acknowledge") {
@@ -188,7 +192,7 @@ TEST_CASE("shutdown before boot: ordered shutdown, nothing to acknowledge") {
   auto a = s.handle(msg(proto::Shutdown{}));
   CHECK(all_signals(a) == std::vector<int>{SIGTERM});
   a = s.handle(ev::NoChildren{});
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 // ---- the first dial ------------------------------------------------------------------------------
@@ -214,7 +218,7 @@ void gives_up(Session& s, const Actions& a) {
   CHECK(s.phase() == Phase::shutting_down);
   CHECK(all_signals(a) == std::vector<int>{SIGTERM});
   CHECK(noted(a, "begin: no channel"));
-  CHECK(power_off(s.handle(ev::NoChildren{})) == proto::Halt::poweroff);
+  CHECK(power_off(s, s.handle(ev::NoChildren{})) == proto::Halt::poweroff);
 }
 }  // namespace
 
@@ -370,7 +374,7 @@ TEST_CASE("EOF while the workload runs: its one SIGTERM, then ordered shutdown")
   CHECK(std::get<proto::WorkloadExited>(*s.outcome()) == proto::WorkloadExited::killed(15));
   CHECK(all_signals(a) == std::vector<int>{SIGTERM});
   a = s.handle(ev::NoChildren{});
-  CHECK(power_off(a));  // EOF: nobody left to acknowledge
+  CHECK(power_off(s, a));  // EOF: nobody left to acknowledge
 }
 
 TEST_CASE("at most one SIGTERM: stop, stop, kill{15}, shutdown and EOF share it") {
@@ -414,10 +418,10 @@ TEST_CASE("shutdown while running: SIGTERM, workload exits, report, ack wait, po
   CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
   CHECK(armed(a, Timer::ack, 300));
   a = s.handle(ev::NoChildren{});
-  CHECK(!power_off(a));
+  CHECK(!power_off(s, a));
   // A shutdown sent before the outcome is not its ack; the next one is.
   a = s.handle(msg(proto::Shutdown{}));
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 TEST_CASE("workload that survives SIGKILL: the shutdown goes on without it") {
@@ -440,7 +444,7 @@ TEST_CASE("stragglers: kill(-1, SIGTERM), grace, kill(-1, SIGKILL), bounded wait
   a = s.handle(ev::TimerFired{Timer::all_kill});
   CHECK(s.stage() == Stage::await_ack);
   a = s.handle(ev::TimerFired{Timer::ack});
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 TEST_CASE("ack: power-off after ack_timeout_ms without the host's shutdown") {
@@ -449,7 +453,7 @@ TEST_CASE("ack: power-off after ack_timeout_ms without the host's shutdown") {
   s.handle(ev::NoChildren{});
   CHECK(s.stage() == Stage::await_ack);
   auto a = s.handle(ev::TimerFired{Timer::ack});
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 TEST_CASE("ack: EOF counts as the acknowledgement") {
@@ -457,7 +461,7 @@ TEST_CASE("ack: EOF counts as the acknowledgement") {
   s.handle(ev::Exited{proto::WorkloadExited::code(1)});
   s.handle(ev::NoChildren{});
   auto a = s.handle(ev::Eof{});
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 TEST_CASE("ack: arriving before the stragglers are gone, power-off waits for them") {
@@ -465,10 +469,10 @@ TEST_CASE("ack: arriving before the stragglers are gone, power-off waits for the
   s.handle(ev::Exited{proto::WorkloadExited::code(1)});
   auto a = s.handle(msg(proto::Shutdown{}));
   CHECK(cancelled(a, Timer::ack));
-  CHECK(!power_off(a));
+  CHECK(!power_off(s, a));
   CHECK(s.stage() == Stage::all_term);
   a = s.handle(ev::NoChildren{});
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 TEST_CASE("not terminal: stay up after the exit, until shutdown (which is also the ack)") {
@@ -484,7 +488,7 @@ TEST_CASE("not terminal: stay up after the exit, until shutdown (which is also t
   a = s.handle(msg(proto::Shutdown{}));
   CHECK(all_signals(a) == std::vector<int>{SIGTERM});
   a = s.handle(ev::NoChildren{});
-  CHECK(power_off(a));
+  CHECK(power_off(s, a));
 }
 
 TEST_CASE("mount_failed: nothing starts; terminal shuts down, not terminal waits") {
@@ -573,7 +577,7 @@ TEST_CASE("halt: the descriptor's on_exit.halt wins over the configuration") {
     Session s(o);  // no descriptor: the configuration
     s.handle(ev::ChannelUp{});
     s.handle(ev::Eof{});
-    CHECK(power_off(s.handle(ev::NoChildren{})) == proto::Halt::reboot);
+    CHECK(power_off(s, s.handle(ev::NoChildren{})) == proto::Halt::reboot);
   }
   Session s(o);
   s.handle(ev::ChannelUp{});
@@ -584,7 +588,7 @@ TEST_CASE("halt: the descriptor's on_exit.halt wins over the configuration") {
   s.handle(ev::Started{9});
   s.handle(ev::Exited{proto::WorkloadExited::code(0)});
   s.handle(ev::NoChildren{});
-  CHECK(power_off(s.handle(msg(proto::Shutdown{}))) == proto::Halt::poweroff);
+  CHECK(power_off(s, s.handle(msg(proto::Shutdown{}))) == proto::Halt::poweroff);
 }
 
 TEST_CASE("a workload that exits before started is sent: started, then workload_exited") {
@@ -676,7 +680,7 @@ TEST_CASE("survival: an outcome reached while the channel is down is re-sent aft
   CHECK(sent(x).empty());  // nobody to send it to
   s.handle(ev::NoChildren{});
   CHECK(s.stage() == Stage::await_ack);
-  CHECK_FALSE(power_off(x));
+  CHECK_FALSE(power_off(s, x));
   auto up = s.handle(ev::ChannelUp{});
   CHECK(sent(up) == std::vector<std::string>{"ready", "workload_exited"});
   CHECK(resume_of(up)->outcome_pending);
@@ -684,10 +688,10 @@ TEST_CASE("survival: an outcome reached while the channel is down is re-sent aft
   // Lost again before the ack: survived again; the ack then ends it.
   auto e2 = s.handle(ev::Eof{});
   CHECK(s.reconnecting());
-  CHECK_FALSE(power_off(e2));
+  CHECK_FALSE(power_off(s, e2));
   auto up2 = s.handle(ev::ChannelUp{});
   CHECK(sent(up2) == std::vector<std::string>{"ready", "workload_exited"});
-  CHECK(power_off(s.handle(msg(proto::Shutdown{}))) == proto::Halt::poweroff);
+  CHECK(power_off(s, s.handle(msg(proto::Shutdown{}))) == proto::Halt::poweroff);
 }
 
 TEST_CASE("survival: the window over is today's shutdown; window 0 is today's behaviour") {
@@ -709,8 +713,8 @@ TEST_CASE("survival: not after the host's shutdown, not after the ack, not befor
   Session s = surviving();
   s.handle(ev::Exited{proto::WorkloadExited::code(0)});
   s.handle(ev::NoChildren{});
-  s.handle(msg(proto::Shutdown{}));  // the ack: powered off already
-  CHECK(s.phase() == Phase::done);
+  s.handle(msg(proto::Shutdown{}));  // the ack: the final flush already
+  CHECK(s.stage() == Stage::flush);
 
   Session k = surviving(4000, false);
   k.handle(ev::Exited{proto::WorkloadExited::code(0)});
@@ -736,5 +740,109 @@ TEST_CASE("survival: SIGTERM to PID 1 while redialling still shuts down in order
   s.handle(ev::NoChildren{});
   CHECK(s.stage() == Stage::await_ack);  // the outcome is owed: the window bounds the wait
   auto over = s.handle(ev::TimerFired{Timer::reconnect});
-  CHECK(power_off(over));
+  CHECK(power_off(s, over));
+}
+
+namespace {
+/// A session whose workload exited 0 and whose outcome the host acknowledged: the final flush.
+Session flushing(Actions* began = nullptr) {
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  s.handle(ev::NoChildren{});
+  Actions a = s.handle(msg(proto::Shutdown{}));
+  REQUIRE(s.stage() == Stage::flush);
+  if (began) *began = a;
+  return s;
+}
+bool warned(const Actions& as, std::string_view text) {
+  for (auto& n : only<act::Note>(as))
+    if (n.severity == Severity::warn && n.text.find(text) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("final flush: timed by the session, the loop reports what is left; the receipt ends it") {
+  Actions a;
+  Session s = flushing(&a);
+  CHECK(only<act::Flush>(a).size() == 1);
+  CHECK(only<act::PowerOff>(a).empty());
+  CHECK(armed(a, Timer::flush_idle, kFlushIdleMs));
+  CHECK(armed(a, Timer::flush_cap, kFlushMaxMs));
+  // The session's past is over: nothing else is acted on now.
+  CHECK(s.handle(ev::Signal{SIGTERM}).empty());
+  CHECK(s.handle(ev::Eof{}).empty());
+  CHECK(s.handle(msg(proto::Stop{})).empty());
+  CHECK(s.handle(ev::TimerFired{Timer::ack}).empty());
+
+  ev::Flushing f;
+  f.control_queued = true;  // the outcome's line not written yet, no progress
+  CHECK(s.handle(f).empty());
+  f.written = 40;  // progress: the idle timer starts again
+  a = s.handle(f);
+  CHECK(armed(a, Timer::flush_idle, kFlushIdleMs));
+  CHECK(only<act::PowerOff>(a).empty());
+  // Written is not received: every frame written and both outputs at EOF, but the host has not
+  // closed the data channel yet.
+  ev::Flushing d;
+  d.data_open = true;
+  d.outputs_done = true;
+  d.written = 5;
+  CHECK(only<act::PowerOff>(s.handle(d)).empty());
+  d.written = 0;
+  d.receipt = true;
+  a = s.handle(d);
+  REQUIRE(only<act::PowerOff>(a).size() == 1);
+  CHECK(only<act::PowerOff>(a)[0].halt == proto::Halt::poweroff);
+  CHECK(cancelled(a, Timer::flush_idle));
+  CHECK(cancelled(a, Timer::flush_cap));
+  CHECK_FALSE(warned(a, "not sent"));
+  CHECK(s.phase() == Phase::done);
+  CHECK(s.handle(ev::Flushing{}).empty());
+}
+
+TEST_CASE("final flush: nothing left powers off at once; a closed data channel owes nothing") {
+  Session s = flushing();
+  ev::Flushing f;
+  f.data_open = false;  // the channel broke or was never there: its output cannot be owed
+  f.data_unsent = true;
+  f.output_bytes = 100;
+  CHECK(only<act::PowerOff>(s.handle(f)).size() == 1);
+}
+
+TEST_CASE("final flush: kFlushIdleMs without progress powers off, naming the output not sent") {
+  Session s = flushing();
+  ev::Flushing f;
+  f.data_open = true;
+  f.data_unsent = true;
+  f.output_bytes = 4096;
+  CHECK(s.handle(f).empty());
+  auto a = s.handle(ev::TimerFired{Timer::flush_idle});
+  CHECK(only<act::PowerOff>(a).size() == 1);
+  CHECK(warned(a, "4096 byte(s) of the workload's output not sent"));
+
+  // Only a control line left (a host that stopped reading): power-off without that warning.
+  Session c = flushing();
+  ev::Flushing q;
+  q.control_queued = true;
+  c.handle(q);
+  a = c.handle(ev::TimerFired{Timer::flush_idle});
+  CHECK(only<act::PowerOff>(a).size() == 1);
+  CHECK_FALSE(warned(a, "not sent"));
+}
+
+TEST_CASE("final flush: progress keeps it going, kFlushMaxMs ends it whatever moves") {
+  Session s = flushing();
+  ev::Flushing f;
+  f.data_open = true;
+  f.written = 65536;  // a slow port still moving a big output's tail
+  for (int i = 0; i < 20; ++i) {
+    auto a = s.handle(f);
+    CHECK(armed(a, Timer::flush_idle, kFlushIdleMs));
+    CHECK(only<act::PowerOff>(a).empty());
+  }
+  f.output_bytes = 7;
+  s.handle(f);
+  auto a = s.handle(ev::TimerFired{Timer::flush_cap});
+  CHECK(only<act::PowerOff>(a).size() == 1);
+  CHECK(warned(a, "7 byte(s)"));
 }

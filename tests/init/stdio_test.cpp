@@ -439,12 +439,12 @@ TEST_CASE("session: a shutdown while the exit is held waits for it, then reports
   a = s.handle(ev::Exited{proto::WorkloadExited::killed(15)});
   CHECK(sent(a).empty());
   a = s.handle(ev::NoChildren{});
-  CHECK(only<act::PowerOff>(a).empty());  // the outcome is not out yet
+  CHECK(only<act::Flush>(a).empty());  // the outcome is not out yet
   a = s.handle(ev::OutputsDone{});
   CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
-  CHECK(only<act::PowerOff>(a).empty());  // now the host gets its chance to ack
+  CHECK(only<act::Flush>(a).empty());  // now the host gets its chance to ack
   a = s.handle(msg(proto::Shutdown{}));
-  CHECK(only<act::PowerOff>(a).size() == 1);
+  CHECK(only<act::Flush>(a).size() == 1);  // the final flush, then power-off
 }
 
 TEST_CASE("session: a framing error is reported as protocol_error; the session goes on") {
