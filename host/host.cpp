@@ -509,6 +509,15 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     }
   }
 
+  /// Host::listen_unix (`data` false) and Host::listen_data_unix: open the VM's listener on
+  /// opt.path and accept on it. Defined below, beside open_unix_acceptor.
+  static Status listen_vm_unix(const std::shared_ptr<Impl>& self, const std::string& id,
+                               const UnixListenOptions& opt, bool data);
+  /// Host::listen_vsock (`data` false) and Host::listen_vsock_data: the one vsock listener of each.
+  static Status listen_any_vsock(const std::shared_ptr<Impl>& self, std::uint32_t port, bool data);
+  /// Host::attach_stream (`data` false) and Host::attach_data_stream: an already connected fd.
+  Status attach_vm_stream(const std::string& id, Fd fd, bool data);
+
   /// One VM's Unix listener: the lifecycle channel, or (`data`) its data channel.
   static asio::awaitable<void> accept_loop(std::weak_ptr<Impl> w, std::shared_ptr<Vm> vm,
                                            std::shared_ptr<unix_acceptor> acc, bool data) {
@@ -648,65 +657,57 @@ Result<std::shared_ptr<generic_acceptor>> open_vsock_acceptor(asio::io_context& 
 }
 }  // namespace
 
+Status Host::Impl::listen_vm_unix(const std::shared_ptr<Impl>& self, const std::string& id,
+                                  const UnixListenOptions& opt, bool data) {
+  auto vm = self->find(id);
+  if (!vm) return no_vm(id);
+  std::shared_ptr<unix_acceptor>& acceptor = data ? vm->data_acceptor : vm->acceptor;
+  if (acceptor) return Error{fmt::format("vm '{}' already has a {}listener", id, data ? "data " : "")};
+  auto acc = open_unix_acceptor(self->io, opt);
+  if (!acc) return acc.error();
+  acceptor = *acc;
+  (data ? vm->data_socket_path : vm->socket_path) = opt.path;
+  self->emit(*vm, data ? "data_listening" : "listening", "unix:" + opt.path);
+  asio::co_spawn(self->io, accept_loop(self, vm, *acc, data), asio::detached);
+  return Ok{};
+}
+
+Status Host::Impl::listen_any_vsock(const std::shared_ptr<Impl>& self, std::uint32_t port, bool data) {
+  std::shared_ptr<generic_acceptor>& listener = data ? self->vsock_data : self->vsock;
+  if (listener) return Error{fmt::format("a vsock {}listener is already open", data ? "data " : "")};
+  auto acc = open_vsock_acceptor(self->io, port);
+  if (!acc) return acc.error();
+  listener = *acc;
+  asio::co_spawn(self->io, vsock_accept_loop(self, *acc, data), asio::detached);
+  return Ok{};
+}
+
 Status Host::listen_unix(const std::string& id, const UnixListenOptions& opt) {
-  auto vm = impl_->find(id);
+  return Impl::listen_vm_unix(impl_, id, opt, false);
+}
+
+Status Host::Impl::attach_vm_stream(const std::string& id, Fd fd, bool data) {
+  auto vm = find(id);
   if (!vm) return no_vm(id);
-  if (vm->acceptor) return Error{fmt::format("vm '{}' already has a listener", id)};
-  auto acc = open_unix_acceptor(impl_->io, opt);
-  if (!acc) return acc.error();
-  vm->acceptor = *acc;
-  vm->socket_path = opt.path;
-  impl_->emit(*vm, "listening", "unix:" + opt.path);
-  asio::co_spawn(impl_->io, Impl::accept_loop(impl_, vm, *acc, false), asio::detached);
+  if (!fd) return Error{fmt::format("attach_{}stream: invalid fd", data ? "data_" : "")};
+  if (data) adopt_data(vm, fd.release(), AF_UNIX);
+  else adopt(vm, fd.release(), AF_UNIX);
   return Ok{};
 }
 
-Status Host::attach_stream(const std::string& id, Fd fd) {
-  auto vm = impl_->find(id);
-  if (!vm) return no_vm(id);
-  if (!fd) return Error{"attach_stream: invalid fd"};
-  impl_->adopt(vm, fd.release(), AF_UNIX);
-  return Ok{};
-}
+Status Host::attach_stream(const std::string& id, Fd fd) { return impl_->attach_vm_stream(id, std::move(fd), false); }
 
-Status Host::listen_vsock(std::uint32_t port) {
-  if (impl_->vsock) return Error{"a vsock listener is already open"};
-  auto acc = open_vsock_acceptor(impl_->io, port);
-  if (!acc) return acc.error();
-  impl_->vsock = *acc;
-  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, *acc, false), asio::detached);
-  return Ok{};
-}
+Status Host::listen_vsock(std::uint32_t port) { return Impl::listen_any_vsock(impl_, port, false); }
 
 Status Host::listen_data_unix(const std::string& id, const UnixListenOptions& opt) {
-  auto vm = impl_->find(id);
-  if (!vm) return no_vm(id);
-  if (vm->data_acceptor) return Error{fmt::format("vm '{}' already has a data listener", id)};
-  auto acc = open_unix_acceptor(impl_->io, opt);
-  if (!acc) return acc.error();
-  vm->data_acceptor = *acc;
-  vm->data_socket_path = opt.path;
-  impl_->emit(*vm, "data_listening", "unix:" + opt.path);
-  asio::co_spawn(impl_->io, Impl::accept_loop(impl_, vm, *acc, true), asio::detached);
-  return Ok{};
+  return Impl::listen_vm_unix(impl_, id, opt, true);
 }
 
 Status Host::attach_data_stream(const std::string& id, Fd fd) {
-  auto vm = impl_->find(id);
-  if (!vm) return no_vm(id);
-  if (!fd) return Error{"attach_data_stream: invalid fd"};
-  impl_->adopt_data(vm, fd.release(), AF_UNIX);
-  return Ok{};
+  return impl_->attach_vm_stream(id, std::move(fd), true);
 }
 
-Status Host::listen_vsock_data(std::uint32_t port) {
-  if (impl_->vsock_data) return Error{"a vsock data listener is already open"};
-  auto acc = open_vsock_acceptor(impl_->io, port);
-  if (!acc) return acc.error();
-  impl_->vsock_data = *acc;
-  asio::co_spawn(impl_->io, Impl::vsock_accept_loop(impl_, *acc, true), asio::detached);
-  return Ok{};
-}
+Status Host::listen_vsock_data(std::uint32_t port) { return Impl::listen_any_vsock(impl_, port, true); }
 
 namespace {
 Error no_data(const std::string& vm) {
