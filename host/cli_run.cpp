@@ -42,6 +42,7 @@
 #include "host/vm/qemu_argv.hpp"
 #include "host/vm/virtiofsd.hpp"
 #include "host/vm/volume.hpp"
+#include "protocol/limits.hpp"
 #include "protocol/status.hpp"
 
 #ifndef NESHOST_DEFAULT_KERNEL
@@ -587,7 +588,7 @@ int run_main(const Args& args) {
   ex.env = o.env;
   // docker's default PATH when the user gave none (the init would resolve argv[0] without it, but
   // the workload's own children need it too).
-  ex.env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  ex.env.try_emplace("PATH", proto::kDefaultPath);
   ex.cwd = o.workdir;
   // Shares: one virtiofsd each, the root first (docs/vm.md "Shares").
   std::vector<vm::ShareSpec> shares;

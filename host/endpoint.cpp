@@ -14,6 +14,8 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "protocol/limits.hpp"
+
 namespace nes::host {
 
 std::string firecracker_vsock_path(std::string_view uds_path, std::uint32_t port) {
@@ -21,6 +23,8 @@ std::string firecracker_vsock_path(std::string_view uds_path, std::uint32_t port
 }
 
 std::string libkrun_vsock_path(std::string_view path) { return std::string(path); }
+
+static_assert(kSunPathSize == proto::kUnixPathMax + 1, "one sun_path size for both ends");
 
 Status check_sun_path(std::string_view path) {
   if (path.empty()) return Error{"unix socket path is empty"};

@@ -4,6 +4,8 @@
 
 #include <charconv>
 
+#include "protocol/limits.hpp"
+
 namespace nes::init {
 
 namespace {
@@ -51,8 +53,9 @@ host::Result<Channel> parse_channel(std::string_view s) {
   }
   if (starts_with(s, "unix:")) {
     std::string_view path = s.substr(5);
-    if (path.empty() || path.size() > 107 || path.find('\0') != std::string_view::npos)
-      return host::Error{fmt::format("channel: unix PATH must be 1..107 bytes (sun_path), got {} bytes", path.size())};
+    if (path.empty() || path.size() > proto::kUnixPathMax || path.find('\0') != std::string_view::npos)
+      return host::Error{fmt::format("channel: unix PATH must be 1..{} bytes (sun_path), got {} bytes",
+                                     proto::kUnixPathMax, path.size())};
     return Channel{UnixAddr{std::string(path)}};
   }
   return host::Error{fmt::format("channel: expected vsock:CID:PORT, virtio-port:NAME or "

@@ -9,15 +9,14 @@
 #include <vector>
 
 #include "host/result.hpp"
+#include "protocol/limits.hpp"
 #include "protocol/messages.hpp"
 #include "reaper.hpp"
 
 namespace nes::init {
 
-/// PATH used to resolve argv[0] when exec.env has no PATH (the usual root PATH of Debian's
-/// /etc/profile and of Docker's default environment).
-inline constexpr const char* kDefaultPath =
-    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// PATH used to resolve argv[0] when exec.env has no PATH (protocol/limits.hpp).
+using proto::kDefaultPath;
 
 /// The workload's environment, `NAME=value` strings: exactly exec.env, plus NESINIT_WIDTH,
 /// NESINIT_HEIGHT, NESINIT_FPS, NESINIT_HDR (0/1) from geometry unless exec.env has the same name

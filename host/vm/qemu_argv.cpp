@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "host/vm/virtiofsd.hpp"
+#include "protocol/limits.hpp"
 
 namespace nes::vm {
 
@@ -64,23 +65,23 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
   if (s.accel == Accel::auto_probe) return fail("accel: 'auto' must be resolved before building argv");
   if (!valid_port_name(s.port_name))
     return fail(fmt::format("port_name: '{}' is not 1..64 of [A-Za-z0-9._-]", s.port_name));
-  if (s.channel_socket && s.channel_socket->native().size() >= 108)
-    return fail(fmt::format("channel_socket: '{}' is longer than sun_path (107 bytes)",
-                            s.channel_socket->native()));
+  if (s.channel_socket && s.channel_socket->native().size() > proto::kUnixPathMax)
+    return fail(fmt::format("channel_socket: '{}' is longer than sun_path ({} bytes)",
+                            s.channel_socket->native(), proto::kUnixPathMax));
 
   if (s.data_socket) {
     if (!s.channel_socket) return fail("data_socket: needs channel_socket (same virtio-serial bus)");
     if (!valid_port_name(s.data_port_name) || s.data_port_name == s.port_name)
       return fail(fmt::format("data_port_name: '{}' is not 1..64 of [A-Za-z0-9._-] distinct from "
                               "port_name", s.data_port_name));
-    if (s.data_socket->native().size() >= 108)
-      return fail(fmt::format("data_socket: '{}' is longer than sun_path (107 bytes)",
-                              s.data_socket->native()));
+    if (s.data_socket->native().size() > proto::kUnixPathMax)
+      return fail(fmt::format("data_socket: '{}' is longer than sun_path ({} bytes)",
+                              s.data_socket->native(), proto::kUnixPathMax));
   }
   for (std::size_t i = 0; i < s.fs_devices.size(); ++i) {
     const auto& d = s.fs_devices[i];
     if (auto t = check_share_tag(d.tag); !t) return fail(fmt::format("fs_devices[{}].tag: {}", i, t.error().message));
-    if (d.socket.empty() || d.socket.native().size() >= 108)
+    if (d.socket.empty() || d.socket.native().size() > proto::kUnixPathMax)
       return fail(fmt::format("fs_devices[{}].socket: '{}' is empty or longer than sun_path", i,
                               d.socket.native()));
     for (std::size_t j = 0; j < i; ++j)

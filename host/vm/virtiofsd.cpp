@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "protocol/limits.hpp"
+
 namespace nes::vm {
 
 namespace {
@@ -98,7 +100,7 @@ host::Result<std::unique_ptr<Virtiofsd>> Virtiofsd::start(const VirtiofsdOptions
                                                           std::chrono::milliseconds bound) {
   const std::string who = fmt::format("share '{}' ({})", o.share.tag, o.share.dir.native());
   if (auto t = check_share_tag(o.share.tag); !t) return host::Error{who + ": " + t.error().message};
-  if (o.socket.native().size() >= 108)
+  if (o.socket.native().size() > proto::kUnixPathMax)
     return host::Error{fmt::format("{}: socket path '{}' is longer than sun_path", who, o.socket.native())};
   auto st = std::make_shared<State>();
   st->ready_ev.reset(::eventfd(0, EFD_CLOEXEC));
