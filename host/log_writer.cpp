@@ -244,36 +244,43 @@ void LogWriter::flush() {
 
 void LogWriter::write(OutputStream s, std::string_view b, WallTime t) {
   std::string& held = held_[s == OutputStream::err ? 1 : 0];
-  // Contents taken from `b` live until the flush() below; those from `held` are copied.
+  const std::size_t L = opt_.max_line;
+  // Records cut from `b` point into it (it lives until the flush() below); only an unfinished
+  // line's head, at most L bytes, is ever copied (into `held`). Record boundaries are those of
+  // the concatenation held + b: a line longer than L becomes P records of L bytes and an F.
   while (!b.empty() && fd_) {
-    auto nl = b.find('\n');
-    if (nl == std::string_view::npos) {
-      held.append(b);
-      std::size_t off = 0;
-      while (held.size() - off >= opt_.max_line) {
-        record(s, true, std::string_view(held).substr(off, opt_.max_line), t, false);
-        off += opt_.max_line;
+    const auto nl = b.find('\n');
+    if (!held.empty()) {
+      // `held` (under L bytes) is the head of this line: complete it, up to L bytes.
+      const std::size_t line = nl == std::string_view::npos ? b.size() : nl;
+      if (nl != std::string_view::npos && held.size() + line <= L) {
+        held.append(b.substr(0, line));
+        record(s, false, held, t, false);
+        held.clear();
+        b.remove_prefix(line + 1);
+        continue;
       }
-      held.erase(0, off);
+      const std::size_t take = std::min(line, L - held.size());
+      held.append(b.substr(0, take));
+      b.remove_prefix(take);
+      if (held.size() < L) break;  // no newline and under L bytes in all: keep holding
+      record(s, true, held, t, false);
+      held.clear();
+      continue;
+    }
+    if (nl == std::string_view::npos) {
+      while (b.size() >= L) {
+        record(s, true, b.substr(0, L), t, true);
+        b.remove_prefix(L);
+      }
+      held.assign(b);
       break;
     }
     std::string_view line = b.substr(0, nl);
     b.remove_prefix(nl + 1);
-    if (!held.empty()) {
-      // The held part plus this piece form one line; split it at max_line like any other.
-      held.append(line);
-      std::string_view all(held);
-      while (all.size() > opt_.max_line) {
-        record(s, true, all.substr(0, opt_.max_line), t, false);
-        all.remove_prefix(opt_.max_line);
-      }
-      record(s, false, all, t, false);
-      held.clear();
-      continue;
-    }
-    while (line.size() > opt_.max_line) {
-      record(s, true, line.substr(0, opt_.max_line), t, true);
-      line.remove_prefix(opt_.max_line);
+    while (line.size() > L) {
+      record(s, true, line.substr(0, L), t, true);
+      line.remove_prefix(L);
     }
     record(s, false, line, t, true);
   }
@@ -388,27 +395,31 @@ Result<std::unique_ptr<AsyncLog>> AsyncLog::start(LogOptions opt, std::size_t qu
 
 void AsyncLog::push(OutputStream s, std::string_view bytes, WallTime t) {
   if (bytes.empty()) return;
+  bool wake;  // the writer waits only on an empty queue: wake it only then
   {
     std::lock_guard lk(st_->mu);
     if (st_->stop) return;
+    wake = st_->q.empty();
     st_->q.push_back({State::Kind::data, s, std::string(bytes), 0, t});
     st_->queued += bytes.size();
     if (st_->queued >= cap_) st_->was_full = true;
   }
-  st_->cv.notify_one();
+  if (wake) st_->cv.notify_one();
 }
 
 void AsyncLog::push(OutputStream s, std::string&& bytes, WallTime t) {
   if (bytes.empty()) return;
   const std::size_t n = bytes.size();
+  bool wake;  // the writer waits only on an empty queue: wake it only then
   {
     std::lock_guard lk(st_->mu);
     if (st_->stop) return;
+    wake = st_->q.empty();
     st_->q.push_back({State::Kind::data, s, std::move(bytes), 0, t});
     st_->queued += n;
     if (st_->queued >= cap_) st_->was_full = true;
   }
-  st_->cv.notify_one();
+  if (wake) st_->cv.notify_one();
 }
 
 void AsyncLog::push_eof(OutputStream s, WallTime t) {

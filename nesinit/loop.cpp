@@ -1,5 +1,6 @@
 #include "loop.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
@@ -431,6 +432,8 @@ class Pid1 {
   // ---- the workload's stdio (boot.stdio): the data channel, the pipes or the PTY ----------------
   // Indices into the stdio part of a poll set.
   enum { kData = 0, kOut = 1, kErr = 2, kIn = 3, kStdioFds = 4 };
+  /// Direct frames moved per readable pipe before the loop looks at its other fds again (1 MiB).
+  static constexpr int kDirectBurst = 16;
 
   /// Fills the stdio part of a poll set: each fd only with what the core wants now (fd -1 when
   /// nothing, so a hung-up pipe the core is not reading cannot make poll spin).
@@ -446,8 +449,10 @@ class Pid1 {
       if (c.tx_pending()) ev |= POLLOUT;
       if (ev) p[kData] = {data_, ev, 0};
     }
-    if (fds_.out && c.out_room(proto::Stream::out) > 0) p[kOut] = {fds_.out.get(), POLLIN, 0};
-    if (fds_.err && c.out_room(proto::Stream::err) > 0) p[kErr] = {fds_.err.get(), POLLIN, 0};
+    // Direct mode: a pipe is read only when its bytes can go to the channel at once.
+    auto wanted = [&](proto::Stream s) { return c.direct_mode() ? c.direct_room(s) > 0 : c.out_room(s) > 0; };
+    if (fds_.out && wanted(proto::Stream::out)) p[kOut] = {fds_.out.get(), POLLIN, 0};
+    if (fds_.err && wanted(proto::Stream::err)) p[kErr] = {fds_.err.get(), POLLIN, 0};
     if (!c.in_pending().empty()) {
       // With a terminal stdin is the PTY master too: one fd, polled for both directions.
       if (fds_.terminal && fds_.out) {
@@ -464,8 +469,11 @@ class Pid1 {
   void stdio_handle(const pollfd* p) {
     if (!stdio_) return;
     StdioCore& c = *stdio_;
-    if (p[kOut].revents & (POLLIN | POLLHUP | POLLERR)) read_output(proto::Stream::out, fds_.out);
-    if (p[kErr].revents & (POLLIN | POLLHUP | POLLERR)) read_output(proto::Stream::err, fds_.err);
+    // Both ready: the core says which goes first (they take turns).
+    const bool err_first = c.first_stream() == proto::Stream::err;
+    for (int i : {err_first ? kErr : kOut, err_first ? kOut : kErr})
+      if (p[i].revents & (POLLIN | POLLHUP | POLLERR))
+        read_output(i == kErr ? proto::Stream::err : proto::Stream::out, i == kErr ? fds_.err : fds_.out);
     if ((p[kIn].revents | (fds_.terminal ? p[kOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
       write_stdin();
     if (p[kData].revents & POLLOUT) write_data();
@@ -494,7 +502,67 @@ class Pid1 {
     }
   }
 
+  /// `s`'s pipe or PTY is readable (or hung up).
   void read_output(proto::Stream s, host::Fd& fd) {
+    if (stdio_->direct_mode()) move_output(s, fd);
+    else read_once(s, fd);
+  }
+
+  /// Direct mode: frames what waits in `s`'s pipe and moves it to the channel with splice(2),
+  /// up to kDirectBurst frames while the channel takes them. The pipe empty: a read finds its
+  /// EOF (or bytes that arrived just now, which take the copying path).
+  void move_output(proto::Stream s, host::Fd& fd) {
+    StdioCore& c = *stdio_;
+    for (int i = 0; i < kDirectBurst && fd && data_ >= 0 && c.direct_room(s) > 0; ++i) {
+      int avail = 0;
+      if (::ioctl(fd.get(), FIONREAD, &avail) != 0 || avail <= 0) {
+        read_once(s, fd);
+        return;
+      }
+      c.direct_begin(s, static_cast<std::size_t>(avail));
+      write_data();
+    }
+  }
+
+  /// Moves the due direct frame's payload (`d`) from its pipe to the channel. Returns false
+  /// when the channel takes no more now (or was closed).
+  bool move_direct(const StdioCore::Direct& d) {
+    StdioCore& c = *stdio_;
+    const int src = (d.stream == proto::Stream::err ? fds_.err : fds_.out).get();
+    if (src >= 0 && c.direct_mode()) {
+      ssize_t n = ::splice(src, nullptr, data_, nullptr, d.bytes, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (n > 0) {
+        c.direct_sent(static_cast<std::size_t>(n));
+        bytes_written_ += static_cast<std::uint64_t>(n);
+        return true;
+      }
+      if (n < 0 && errno == EINTR) return true;
+      if (n < 0 && errno == EAGAIN) return false;
+      if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+        // This channel's fd cannot take spliced pages: copy this frame's payload and the rest.
+        log_.info("data", "splice: {}; copying output instead", std::strerror(errno));
+      } else if (n < 0) {
+        log_.warn("data", "splice: {}; output from now on is discarded", std::strerror(errno));
+        close_data();
+        return false;
+      }
+    }
+    ssize_t n = src < 0 ? -1 : ::read(src, io_buf_, std::min(d.bytes, sizeof io_buf_));
+    if (n < 0 && errno == EINTR) return true;
+    if (n > 0) {
+      c.direct_fill(std::string_view(io_buf_, static_cast<std::size_t>(n)));
+      return true;
+    }
+    // Cannot happen (the init is the pipe's only reader, FIONREAD counted the bytes), but a
+    // frame promised and not delivered would corrupt the stream: end the channel instead.
+    log_.error("data", "{} byte(s) framed on {} are not in its pipe; closing the data channel", d.bytes,
+               proto::to_string(d.stream));
+    close_data();
+    return false;
+  }
+
+  /// One read of `s`'s pipe or PTY into the core's buffer (or EOF).
+  void read_once(proto::Stream s, host::Fd& fd) {
     StdioCore& c = *stdio_;
     const std::size_t room = std::min(c.out_room(s), sizeof io_buf_);
     if (room == 0 || !fd) return;
@@ -535,7 +603,11 @@ class Pid1 {
     StdioCore& c = *stdio_;
     while (data_ >= 0) {
       std::string_view v = c.tx();
-      if (v.empty()) return;
+      if (v.empty()) {
+        auto d = c.direct_due();
+        if (!d || !move_direct(*d)) return;
+        continue;
+      }
       ssize_t n = ::write(data_, v.data(), v.size());
       if (n > 0) {
         c.sent(static_cast<std::size_t>(n));

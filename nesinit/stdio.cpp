@@ -50,6 +50,7 @@ void OutputBuffer::consume(std::size_t n) {
 
 StdioCore::StdioCore(const proto::Stdio& s)
     : terminal_(s.terminal.has_value()),
+      lossy_(s.mode == proto::StdioMode::lossy),
       out_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
       err_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
       decoder_(proto::FrameRules{proto::FrameSender::host, s.terminal.has_value(), s.attach_stdin, false}) {
@@ -108,15 +109,70 @@ void StdioCore::frame_more() {
 
 std::string_view StdioCore::tx() {
   if (!open_) return {};
-  if (tx_head_ == tx_.size()) frame_more();
+  // A direct frame's header is out: its payload comes next on the wire, nothing else.
+  if (tx_head_ == tx_.size() && !direct_) frame_more();
   return std::string_view(tx_).substr(tx_head_);
 }
 
 void StdioCore::sent(std::size_t n) { tx_head_ = std::min(tx_head_ + n, tx_.size()); }
 
-bool StdioCore::tx_pending() { return !tx().empty(); }
+bool StdioCore::tx_pending() { return !tx().empty() || (open_ && direct_); }
 
-std::size_t StdioCore::buffered() const { return out_.buf.size() + err_.buf.size() + (tx_.size() - tx_head_); }
+std::size_t StdioCore::buffered() const {
+  return out_.buf.size() + err_.buf.size() + (tx_.size() - tx_head_) + (direct_ ? direct_->bytes : 0);
+}
+
+bool StdioCore::direct_mode() const { return direct_ok_ && open_ && !terminal_ && !lossy_; }
+
+bool StdioCore::tx_idle() const {
+  if (tx_head_ != tx_.size() || direct_) return false;
+  for (const Out* o : {&out_, &err_})
+    if (o->buf.size() > 0 || o->buf.dropped_pending() || (o->eof && !o->eof_sent)) return false;
+  return true;
+}
+
+std::size_t StdioCore::direct_room(Stream s) const {
+  if (!direct_mode() || out(s).eof || !tx_idle()) return 0;
+  return proto::kFrameDataMax;
+}
+
+std::size_t StdioCore::direct_begin(Stream s, std::size_t avail) {
+  const std::size_t n = std::min(avail, direct_room(s));
+  if (n == 0) return 0;
+  tx_.clear();
+  tx_head_ = 0;
+  // The header says n bytes: exactly n follow, moved from the pipe (or read and filled in).
+  const char h[proto::kFrameHeader] = {static_cast<char>(s), static_cast<char>(proto::FrameKind::data), 0, 0,
+                                       static_cast<char>(n >> 24), static_cast<char>(n >> 16),
+                                       static_cast<char>(n >> 8), static_cast<char>(n)};
+  tx_.append(h, sizeof h);
+  direct_ = Direct{s, n};
+  err_first_ = s == Stream::out;  // the other stream goes first next time
+  return n;
+}
+
+std::optional<StdioCore::Direct> StdioCore::direct_due() const {
+  if (!open_ || !direct_ || tx_head_ != tx_.size()) return std::nullopt;
+  return direct_;
+}
+
+void StdioCore::direct_sent(std::size_t n) {
+  if (!direct_) return;
+  direct_->bytes -= std::min(n, direct_->bytes);
+  if (direct_->bytes == 0) direct_.reset();
+}
+
+void StdioCore::direct_fill(std::string_view bytes) {
+  direct_ok_ = false;
+  if (!direct_ || !open_) return;
+  bytes = bytes.substr(0, direct_->bytes);
+  if (tx_head_ == tx_.size()) {
+    tx_.clear();
+    tx_head_ = 0;
+  }
+  tx_.append(bytes);
+  direct_sent(bytes.size());
+}
 
 const std::string& StdioCore::rx_error() const {
   return decoder_.failed() ? decoder_.error() : eof_error_;
@@ -180,6 +236,7 @@ void StdioCore::in_closed() {
 
 void StdioCore::channel_closed() {
   open_ = false;
+  direct_.reset();
   out_.buf.consume(out_.buf.size());
   err_.buf.consume(err_.buf.size());
   tx_.clear();

@@ -80,6 +80,39 @@ class StdioCore {
   /// Bytes of output held (both streams and framed), for the loop's flush decisions and tests.
   std::size_t buffered() const;
 
+  // ---- workload output -> data channel without passing through the init (splice(2))
+  // Lossless output from pipes need not be copied into the init and out again: the loop may
+  // move it from the pipe straight to the channel. The core frames it all the same: it queues
+  // the data frame's header in tx() and then asks for exactly that many payload bytes to be
+  // moved from the stream's pipe (direct_due()) before any other frame. The bytes stay in the
+  // pipe until then, so the workload blocks when the host is slow, as lossless mode wants.
+  /// Direct moves are possible: pipes (no terminal), lossless, the channel open, and the loop
+  /// has not given up on them (direct_unsupported()).
+  bool direct_mode() const;
+  /// Payload bytes a new direct frame of `s` may carry now (0: not now: the stream is at EOF,
+  /// it has bytes buffered, or the channel is busy with other frames).
+  std::size_t direct_room(proto::Stream s) const;
+  /// `avail` bytes (>= 1) wait in `s`'s pipe: frames min(avail, direct_room(s)) of them (the
+  /// header goes to tx()), to be moved once tx() is written. Returns the payload length framed.
+  std::size_t direct_begin(proto::Stream s, std::size_t avail);
+  /// A direct frame's payload still to move, after tx() is written out: its stream and bytes.
+  struct Direct {
+    proto::Stream stream;
+    std::size_t bytes;
+  };
+  std::optional<Direct> direct_due() const;
+  /// `n` payload bytes of the due direct frame were moved to the channel.
+  void direct_sent(std::size_t n);
+  /// The due direct frame's payload could not be moved (the channel's fd does not splice): the
+  /// loop reads it from the pipe and hands it over here; it is queued in tx(). Also turns
+  /// direct mode off for the rest of the session.
+  void direct_fill(std::string_view bytes);
+  /// Direct moves do not work on this channel: no new direct frames.
+  void direct_unsupported() { direct_ok_ = false; }
+  /// Which output stream the loop should serve first in this round (alternates with each
+  /// direct frame, so a flood on one stream does not starve the other).
+  proto::Stream first_stream() const { return err_first_ ? proto::Stream::err : proto::Stream::out; }
+
   // ---- data channel -> workload stdin
   /// Bytes the loop may read from the data channel now (0: stop reading it; backpressure).
   std::size_t rx_room() const;
@@ -119,9 +152,14 @@ class StdioCore {
   Out& out(proto::Stream s) { return s == proto::Stream::err ? err_ : out_; }
   const Out& out(proto::Stream s) const { return s == proto::Stream::err ? err_ : out_; }
   void frame_more();
+  /// tx() is written out and framing would add nothing: a direct frame may start.
+  bool tx_idle() const;
 
   bool terminal_;
+  bool lossy_;
   bool open_ = true;
+  bool direct_ok_ = true;
+  std::optional<Direct> direct_;  // the direct frame whose payload is not all moved yet
   Out out_, err_;
   std::string tx_;
   std::size_t tx_head_ = 0;
