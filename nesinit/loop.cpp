@@ -519,46 +519,116 @@ class Pid1 {
         read_once(s, fd);
         return;
       }
-      c.direct_begin(s, static_cast<std::size_t>(avail));
+      if (!frame_pipe_ && !open_frame_pipe()) {
+        c.direct_unsupported();
+        read_once(s, fd);
+        return;
+      }
+      auto f = c.direct_begin(s, static_cast<std::size_t>(avail));
+      if (!f) return;
+      // The frame pipe is empty between frames: an 8-byte write to it cannot block.
+      if (::write(frame_pipe_w_.get(), f->header, sizeof f->header) != static_cast<ssize_t>(sizeof f->header)) {
+        log_.error("data", "frame pipe: {}; closing the data channel", std::strerror(errno));
+        close_data();
+        return;
+      }
+      frame_pipe_bytes_ = sizeof f->header;
       write_data();
     }
   }
 
-  /// Moves the due direct frame's payload (`d`) from its pipe to the channel. Returns false
-  /// when the channel takes no more now (or was closed).
+  /// The frame pipe: a pipe of the init's own that holds one direct frame (header, then the
+  /// payload spliced from the workload's pipe), so the frame leaves in one splice of the whole
+  /// pipe. Moving part of the workload's pipe straight to a virtio port is not safe: Linux's
+  /// virtio_console then queues a buffer with empty entries for what was not moved, which QEMU
+  /// refuses ("zero sized buffers are not allowed"), breaking every port of the device.
+  bool open_frame_pipe() {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+      log_.info("data", "frame pipe: {}; copying output instead", std::strerror(errno));
+      return false;
+    }
+    frame_pipe_.reset(p[0]);
+    frame_pipe_w_.reset(p[1]);
+    // Room for a header and a frame's payload even in small pieces (a pipe holds buffers, not bytes).
+    ::fcntl(p[1], F_SETPIPE_SZ, 256 * 1024);
+    return true;
+  }
+
+  /// Advances the direct frame in progress (`d`): tops the frame pipe up from the workload's
+  /// pipe, then moves all of the frame pipe to the channel. Returns false when the channel
+  /// takes no more now (or was closed).
   bool move_direct(const StdioCore::Direct& d) {
     StdioCore& c = *stdio_;
     const int src = (d.stream == proto::Stream::err ? fds_.err : fds_.out).get();
-    if (src >= 0 && c.direct_mode()) {
-      ssize_t n = ::splice(src, nullptr, data_, nullptr, d.bytes, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (d.left > 0) {
+      ssize_t n = src < 0 ? -1 : ::splice(src, nullptr, frame_pipe_w_.get(), nullptr, d.left, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
-        c.direct_sent(static_cast<std::size_t>(n));
-        bytes_written_ += static_cast<std::uint64_t>(n);
+        c.direct_taken(static_cast<std::size_t>(n));
+        frame_pipe_bytes_ += static_cast<std::size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
         return true;
-      }
-      if (n < 0 && errno == EINTR) return true;
-      if (n < 0 && errno == EAGAIN) return false;
-      if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
-        // This channel's fd cannot take spliced pages: copy this frame's payload and the rest.
-        log_.info("data", "splice: {}; copying output instead", std::strerror(errno));
-      } else if (n < 0) {
-        log_.warn("data", "splice: {}; output from now on is discarded", std::strerror(errno));
+      } else if (!(n < 0 && errno == EAGAIN && frame_pipe_bytes_ > 0)) {
+        // The init is the pipe's only reader and FIONREAD counted the bytes: cannot happen.
+        // A frame promised and not delivered would corrupt the stream: end the channel instead.
+        log_.error("data", "{} byte(s) framed on {} cannot be taken from its pipe ({}); closing the data channel",
+                   d.left, proto::to_string(d.stream), n < 0 ? std::strerror(errno) : "empty");
         close_data();
         return false;
       }
     }
-    ssize_t n = src < 0 ? -1 : ::read(src, io_buf_, std::min(d.bytes, sizeof io_buf_));
-    if (n < 0 && errno == EINTR) return true;
-    if (n > 0) {
-      c.direct_fill(std::string_view(io_buf_, static_cast<std::size_t>(n)));
-      return true;
+    if (frame_pipe_bytes_ > 0) {
+      ssize_t n = ::splice(frame_pipe_.get(), nullptr, data_, nullptr, frame_pipe_bytes_, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (n > 0) {
+        frame_pipe_bytes_ -= static_cast<std::size_t>(n);
+        bytes_written_ += static_cast<std::uint64_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        return true;
+      } else if (n < 0 && errno == EAGAIN) {
+        return false;
+      } else if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) {
+        // This channel's fd takes no spliced pages: copy this frame, and all output after it.
+        log_.info("data", "splice: {}; copying output instead", std::strerror(errno));
+        return copy_direct(d.stream, src);
+      } else {
+        log_.warn("data", "splice: {}; output from now on is discarded", n < 0 ? std::strerror(errno) : "wrote nothing");
+        close_data();
+        return false;
+      }
     }
-    // Cannot happen (the init is the pipe's only reader, FIONREAD counted the bytes), but a
-    // frame promised and not delivered would corrupt the stream: end the channel instead.
-    log_.error("data", "{} byte(s) framed on {} are not in its pipe; closing the data channel", d.bytes,
-               proto::to_string(d.stream));
-    close_data();
-    return false;
+    if (frame_pipe_bytes_ == 0 && c.direct_pending() && c.direct_pending()->left == 0) c.direct_done();
+    return true;
+  }
+
+  /// The direct frame in progress goes out as copies instead: what the frame pipe holds, then
+  /// the payload still in the workload's pipe (`src`), all queued in the core's tx().
+  bool copy_direct(proto::Stream s, int src) {
+    StdioCore& c = *stdio_;
+    auto take = [&](int fd, std::size_t want) -> std::size_t {
+      ssize_t n;
+      do n = ::read(fd, io_buf_, std::min(want, sizeof io_buf_));
+      while (n < 0 && errno == EINTR);
+      if (n <= 0) return 0;
+      c.direct_fill(std::string_view(io_buf_, static_cast<std::size_t>(n)));
+      return static_cast<std::size_t>(n);
+    };
+    while (frame_pipe_bytes_ > 0) {
+      const std::size_t n = take(frame_pipe_.get(), frame_pipe_bytes_);
+      if (n == 0) break;
+      frame_pipe_bytes_ -= n;
+    }
+    while (frame_pipe_bytes_ == 0 && src >= 0 && c.direct_pending() && c.direct_pending()->left > 0) {
+      const std::size_t n = take(src, c.direct_pending()->left);
+      if (n == 0) break;
+      c.direct_taken(n);
+    }
+    if (frame_pipe_bytes_ > 0 || !c.direct_pending() || c.direct_pending()->left > 0) {
+      log_.error("data", "a frame on {} could not be completed; closing the data channel", proto::to_string(s));
+      close_data();
+      return false;
+    }
+    c.direct_done();
+    return true;
   }
 
   /// One read of `s`'s pipe or PTY into the core's buffer (or EOF).
@@ -604,7 +674,7 @@ class Pid1 {
     while (data_ >= 0) {
       std::string_view v = c.tx();
       if (v.empty()) {
-        auto d = c.direct_due();
+        auto d = c.direct_pending();
         if (!d || !move_direct(*d)) return;
         continue;
       }
@@ -659,6 +729,9 @@ class Pid1 {
   void close_data() {
     if (data_ >= 0) ::close(data_);
     data_ = -1;
+    frame_pipe_.reset();  // a frame half-sent dies with the channel
+    frame_pipe_w_.reset();
+    frame_pipe_bytes_ = 0;
     if (!stdio_) return;
     stdio_->channel_closed();
     // Nothing more can arrive for stdin: the workload reads EOF instead of waiting for good.
@@ -714,6 +787,8 @@ class Pid1 {
   std::optional<std::uint64_t> data_retry_at_;  // a virtio data port without its host: look again then
   std::optional<StdioCore> stdio_;
   StdioFds fds_;
+  host::Fd frame_pipe_, frame_pipe_w_;  // direct frames on their way (read and write ends)
+  std::size_t frame_pipe_bytes_ = 0;    // bytes in the frame pipe, not yet on the channel
   bool outputs_reported_ = false;
   char io_buf_[kStdioChunk];
   std::string out_;

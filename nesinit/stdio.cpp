@@ -109,7 +109,7 @@ void StdioCore::frame_more() {
 
 std::string_view StdioCore::tx() {
   if (!open_) return {};
-  // A direct frame's header is out: its payload comes next on the wire, nothing else.
+  // While a direct frame is in progress only its own bytes (direct_fill) may go out.
   if (tx_head_ == tx_.size() && !direct_) frame_more();
   return std::string_view(tx_).substr(tx_head_);
 }
@@ -119,7 +119,7 @@ void StdioCore::sent(std::size_t n) { tx_head_ = std::min(tx_head_ + n, tx_.size
 bool StdioCore::tx_pending() { return !tx().empty() || (open_ && direct_); }
 
 std::size_t StdioCore::buffered() const {
-  return out_.buf.size() + err_.buf.size() + (tx_.size() - tx_head_) + (direct_ ? direct_->bytes : 0);
+  return out_.buf.size() + err_.buf.size() + (tx_.size() - tx_head_) + (direct_ ? direct_->left : 0);
 }
 
 bool StdioCore::direct_mode() const { return direct_ok_ && open_ && !terminal_ && !lossy_; }
@@ -136,42 +136,31 @@ std::size_t StdioCore::direct_room(Stream s) const {
   return proto::kFrameDataMax;
 }
 
-std::size_t StdioCore::direct_begin(Stream s, std::size_t avail) {
+std::optional<StdioCore::DirectFrame> StdioCore::direct_begin(Stream s, std::size_t avail) {
   const std::size_t n = std::min(avail, direct_room(s));
-  if (n == 0) return 0;
-  tx_.clear();
-  tx_head_ = 0;
-  // The header says n bytes: exactly n follow, moved from the pipe (or read and filled in).
-  const char h[proto::kFrameHeader] = {static_cast<char>(s), static_cast<char>(proto::FrameKind::data), 0, 0,
-                                       static_cast<char>(n >> 24), static_cast<char>(n >> 16),
-                                       static_cast<char>(n >> 8), static_cast<char>(n)};
-  tx_.append(h, sizeof h);
+  if (n == 0) return std::nullopt;
+  DirectFrame f;
+  f.bytes = n;
+  std::string h;
+  proto::append_data_header(h, s, n);
+  std::memcpy(f.header, h.data(), proto::kFrameHeader);
   direct_ = Direct{s, n};
   err_first_ = s == Stream::out;  // the other stream goes first next time
-  return n;
+  return f;
 }
 
-std::optional<StdioCore::Direct> StdioCore::direct_due() const {
-  if (!open_ || !direct_ || tx_head_ != tx_.size()) return std::nullopt;
-  return direct_;
+void StdioCore::direct_taken(std::size_t n) {
+  if (direct_) direct_->left -= std::min(n, direct_->left);
 }
 
-void StdioCore::direct_sent(std::size_t n) {
-  if (!direct_) return;
-  direct_->bytes -= std::min(n, direct_->bytes);
-  if (direct_->bytes == 0) direct_.reset();
-}
-
-void StdioCore::direct_fill(std::string_view bytes) {
+void StdioCore::direct_fill(std::string_view framed) {
   direct_ok_ = false;
   if (!direct_ || !open_) return;
-  bytes = bytes.substr(0, direct_->bytes);
   if (tx_head_ == tx_.size()) {
     tx_.clear();
     tx_head_ = 0;
   }
-  tx_.append(bytes);
-  direct_sent(bytes.size());
+  tx_.append(framed);
 }
 
 const std::string& StdioCore::rx_error() const {
@@ -290,6 +279,15 @@ host::Result<StdioFds> make_stdio(const proto::Stdio& s) {
   f.child_err.reset(p[1]);
   set_nonblock(f.out.get());
   set_nonblock(f.err.get());
+  // Lossless output waits in the pipes themselves (the init moves it on with splice(2) when the
+  // channel takes it): give them the stream's buffer, so a workload blocks no sooner than with
+  // a buffer in the init. Best effort: the kernel caps it (fs.pipe-max-size, a user's pipe quota);
+  // a pipe left at its 64 KiB default only blocks the workload sooner.
+  if (s.mode == proto::StdioMode::lossless) {
+    const int want = static_cast<int>(std::clamp<std::uint32_t>(s.buffer_bytes, 65536, 1u << 20));
+    ::fcntl(f.out.get(), F_SETPIPE_SZ, want);
+    ::fcntl(f.err.get(), F_SETPIPE_SZ, want);
+  }
   return f;
 }
 

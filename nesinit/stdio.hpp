@@ -82,32 +82,41 @@ class StdioCore {
 
   // ---- workload output -> data channel without passing through the init (splice(2))
   // Lossless output from pipes need not be copied into the init and out again: the loop may
-  // move it from the pipe straight to the channel. The core frames it all the same: it queues
-  // the data frame's header in tx() and then asks for exactly that many payload bytes to be
-  // moved from the stream's pipe (direct_due()) before any other frame. The bytes stay in the
-  // pipe until then, so the workload blocks when the host is slow, as lossless mode wants.
-  /// Direct moves are possible: pipes (no terminal), lossless, the channel open, and the loop
-  /// has not given up on them (direct_unsupported()).
+  // move it from the pipe to the channel with splice(2). The core frames it all the same: a
+  // direct frame is a data frame whose header the loop sends first and whose payload it then
+  // takes from the stream's pipe, exactly as many bytes as the header says, before any other
+  // frame goes out. Until taken the bytes stay in the pipe, so a workload blocks when the host
+  // is slow, as lossless mode wants.
+  /// Direct frames are possible: pipes (no terminal), lossless, the channel open, and the loop
+  /// has not given up on them (direct_fill()).
   bool direct_mode() const;
   /// Payload bytes a new direct frame of `s` may carry now (0: not now: the stream is at EOF,
-  /// it has bytes buffered, or the channel is busy with other frames).
+  /// bytes are buffered or framed, or a direct frame is in progress).
   std::size_t direct_room(proto::Stream s) const;
-  /// `avail` bytes (>= 1) wait in `s`'s pipe: frames min(avail, direct_room(s)) of them (the
-  /// header goes to tx()), to be moved once tx() is written. Returns the payload length framed.
-  std::size_t direct_begin(proto::Stream s, std::size_t avail);
-  /// A direct frame's payload still to move, after tx() is written out: its stream and bytes.
+  /// A direct frame just begun: `header` (kFrameHeader bytes) goes to the channel first, then
+  /// `bytes` payload bytes from the stream's pipe.
+  struct DirectFrame {
+    std::size_t bytes = 0;
+    char header[proto::kFrameHeader] = {};
+  };
+  /// `avail` bytes (>= 1) wait in `s`'s pipe: begins a direct frame of min(avail,
+  /// direct_room(s)) of them; nullopt when direct_room(s) is 0.
+  std::optional<DirectFrame> direct_begin(proto::Stream s, std::size_t avail);
+  /// The direct frame in progress: its stream and its payload bytes still in the workload's pipe.
   struct Direct {
     proto::Stream stream;
-    std::size_t bytes;
+    std::size_t left;
   };
-  std::optional<Direct> direct_due() const;
-  /// `n` payload bytes of the due direct frame were moved to the channel.
-  void direct_sent(std::size_t n);
-  /// The due direct frame's payload could not be moved (the channel's fd does not splice): the
-  /// loop reads it from the pipe and hands it over here; it is queued in tx(). Also turns
-  /// direct mode off for the rest of the session.
-  void direct_fill(std::string_view bytes);
-  /// Direct moves do not work on this channel: no new direct frames.
+  std::optional<Direct> direct_pending() const { return open_ ? direct_ : std::nullopt; }
+  /// `n` payload bytes of the frame in progress were taken from the pipe.
+  void direct_taken(std::size_t n);
+  /// The frame in progress is out in full (header and payload): frames may follow.
+  void direct_done() { direct_.reset(); }
+  /// The channel's fd cannot take spliced bytes: `framed` bytes of the frame in progress
+  /// (header and payload, in order, after those already sent) are queued for tx() instead, and
+  /// no direct frame begins again in this session.
+  void direct_fill(std::string_view framed);
+  /// Direct frames cannot be used at all (the loop could not set them up): none begin.
   void direct_unsupported() { direct_ok_ = false; }
   /// Which output stream the loop should serve first in this round (alternates with each
   /// direct frame, so a flood on one stream does not starve the other).

@@ -55,6 +55,10 @@ void append_data(std::string& out, Stream s, std::string_view bytes) {
   }
 }
 
+void append_data_header(std::string& out, Stream s, std::size_t len) {
+  put_header(out, s, FrameKind::data, static_cast<std::uint32_t>(len));
+}
+
 void append_eof(std::string& out, Stream s) { put_header(out, s, FrameKind::eof, 0); }
 
 void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols) {

@@ -47,6 +47,9 @@ std::string_view to_string(FrameKind k);
 /// Appends data frames carrying `bytes` on `s` to `out`, split at kFrameDataMax; nothing when
 /// `bytes` is empty (an empty data frame does not exist on the wire).
 void append_data(std::string& out, Stream s, std::string_view bytes);
+/// Appends only the header of a data frame of `len` (1..kFrameDataMax) bytes on `s`: the
+/// caller sends exactly `len` payload bytes after it (the init moves them with splice(2)).
+void append_data_header(std::string& out, Stream s, std::size_t len);
 /// Appends an eof frame (no payload) on `s`.
 void append_eof(std::string& out, Stream s);
 /// Appends a resize frame (stream stdin). Precondition: rows, cols >= 1 (else the peer refuses it).

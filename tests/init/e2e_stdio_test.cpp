@@ -125,6 +125,26 @@ TEST_CASE("S12: 64 MiB to stdout then exit 7: no deadlock, exit 7, SHA-256 equal
   CHECK(sb.shutdown_powered_off());
 }
 
+TEST_CASE("stdout and stderr flooded at once: each arrives whole and in order") {
+  Sandbox sb(with_data());
+  const std::string a = (sb.dir() / "a").string(), b = (sb.dir() / "b").string();
+  // 4 MiB on each stream at the same time: frames of the two interleave on the channel (moved
+  // with splice(2) from the pipes); neither stream may lose, repeat or reorder a byte.
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c",
+                               "head -c 4194304 /dev/urandom > '" + a + "'; head -c 4194304 /dev/urandom > '" + b +
+                                   "'; cat '" + a + "' & cat '" + b + "' >&2; wait"})));
+  CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out) && sb.data_eof(Stream::err); }, 60000));
+  auto x = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(x, sb.last_error());
+  CHECK(*x == proto::WorkloadExited::code(0));
+  CHECK(sb.data_out().size() == 4194304u);
+  CHECK(sb.data_err().size() == 4194304u);
+  CHECK((sb.data_out() == slurp(a)));
+  CHECK((sb.data_err() == slurp(b)));
+  CHECK(sb.data_error().empty());
+  CHECK(sb.shutdown_powered_off());
+}
+
 TEST_CASE("S9: a background process keeps stdout open: the exit is reported in the drain window, the straggler removed at shutdown") {
   Sandbox sb(with_data());
   proto::Stdio st;

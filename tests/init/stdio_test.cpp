@@ -183,6 +183,117 @@ TEST_CASE("the channel gone: output is read and discarded, EOF still tracked") {
   CHECK(c.outputs_done());
 }
 
+/// A direct frame as the loop moves it: its header, then `payload` taken from the pipe.
+std::string direct_frame(StdioCore& c, Stream s, const std::string& payload) {
+  auto f = c.direct_begin(s, payload.size());
+  REQUIRE(f);
+  REQUIRE(f->bytes == payload.size());
+  REQUIRE(c.direct_pending());
+  CHECK(c.direct_pending()->stream == s);
+  CHECK(c.direct_pending()->left == payload.size());
+  c.direct_taken(payload.size());
+  CHECK(c.direct_pending()->left == 0);
+  c.direct_done();
+  return std::string(f->header, sizeof f->header) + payload;
+}
+
+TEST_CASE("direct: lossless pipes; a frame's header, then exactly its payload from the pipe, nothing between") {
+  StdioCore c(pipes(1 << 20));
+  REQUIRE(c.direct_mode());
+  CHECK(c.direct_room(Stream::out) == proto::kFrameDataMax);
+  auto f = c.direct_begin(Stream::out, 100000);  // more than a frame waits: one frame's worth
+  REQUIRE(f);
+  CHECK(f->bytes == proto::kFrameDataMax);
+  std::string wire(f->header, sizeof f->header);
+  // While the payload is on its way nothing else may be framed, and no second frame begins.
+  c.on_output_eof(Stream::err);
+  CHECK(c.tx_pending());
+  CHECK(c.tx().empty());
+  CHECK(c.direct_room(Stream::err) == 0);
+  CHECK(c.direct_room(Stream::out) == 0);
+  CHECK(c.buffered() == proto::kFrameDataMax);
+  c.direct_taken(1000);
+  CHECK(c.direct_pending()->left == proto::kFrameDataMax - 1000);
+  c.direct_taken(proto::kFrameDataMax - 1000);
+  c.direct_done();
+  wire += std::string(proto::kFrameDataMax, 'a');
+  // Then stderr's eof, framed the usual way; then direct frames again.
+  const std::string eof = drain_tx(c);
+  CHECK(!eof.empty());
+  wire += eof;
+  wire += direct_frame(c, Stream::out, "tail");
+  c.on_output_eof(Stream::out);
+  CHECK(c.direct_room(Stream::out) == 0);  // at EOF
+  wire += drain_tx(c);
+  const auto fs = frames(wire);
+  REQUIRE(fs.size() == 4);
+  CHECK(fs[0].data == std::string(proto::kFrameDataMax, 'a'));
+  CHECK((fs[1].stream == Stream::err && fs[1].kind == proto::FrameKind::eof));
+  CHECK(fs[2].data == "tail");
+  CHECK((fs[3].stream == Stream::out && fs[3].kind == proto::FrameKind::eof));
+  CHECK(c.outputs_done());
+  CHECK(!c.tx_pending());
+}
+
+TEST_CASE("direct: bytes already buffered go first; the streams take turns") {
+  StdioCore c(pipes(1 << 20));
+  // Bytes read the copying way (they came between FIONREAD and the read): framed before any
+  // direct frame, so the stream's order holds.
+  c.on_output(Stream::out, "early ");
+  CHECK(c.direct_room(Stream::out) == 0);
+  CHECK(c.direct_room(Stream::err) == 0);
+  std::string wire = drain_tx(c);
+  CHECK(c.direct_room(Stream::out) > 0);
+  const Stream first = c.first_stream();
+  wire += direct_frame(c, first, "one");
+  CHECK(c.first_stream() != first);  // the other stream's turn
+  wire += direct_frame(c, c.first_stream(), "two");
+  CHECK(c.first_stream() == first);
+  const auto fs = frames(wire);
+  CHECK(data_of(fs, Stream::out) == (first == Stream::out ? "early one" : "early two"));
+  CHECK(data_of(fs, Stream::err) == (first == Stream::out ? "two" : "one"));
+}
+
+TEST_CASE("direct: not for lossy output or a terminal; the channel gone ends a frame in progress") {
+  CHECK(!StdioCore(pipes(4096, true)).direct_mode());
+  proto::Stdio t;
+  t.terminal = proto::Terminal{24, 80};
+  StdioCore term(t);
+  CHECK(!term.direct_mode());
+  CHECK(term.direct_room(Stream::out) == 0);
+  CHECK(!term.direct_begin(Stream::out, 10));
+  StdioCore c(pipes(4096));
+  REQUIRE(c.direct_begin(Stream::out, 10));
+  c.channel_closed();
+  CHECK(!c.direct_pending());
+  CHECK(!c.direct_mode());
+  CHECK(!c.tx_pending());
+  CHECK(c.out_room(Stream::out) == kStdioChunk);  // read and discarded from now on
+}
+
+TEST_CASE("direct: a channel that cannot splice gets the frame as copies, and copies from then on") {
+  StdioCore c(pipes(1 << 20));
+  auto f = c.direct_begin(Stream::err, 6);
+  REQUIRE(f);
+  std::string wire(f->header, 3);  // part of the header was already sent when splicing failed
+  c.direct_fill(std::string_view(f->header + 3, sizeof f->header - 3));
+  c.direct_fill("abc");
+  c.direct_taken(3);
+  CHECK(c.tx_pending());
+  wire += drain_tx(c);
+  c.direct_fill("def");
+  c.direct_taken(3);
+  c.direct_done();
+  wire += drain_tx(c);
+  CHECK(!c.direct_mode());
+  CHECK(c.direct_room(Stream::out) == 0);
+  c.on_output(Stream::out, "copied");
+  wire += drain_tx(c);
+  const auto fs = frames(wire);
+  CHECK(data_of(fs, Stream::err) == "abcdef");
+  CHECK(data_of(fs, Stream::out) == "copied");
+}
+
 TEST_CASE("stdin: data to the workload in order, bounded; eof closes it after the last byte") {
   StdioCore c(pipes(4096, false, true));
   CHECK(c.rx_room() > 0);
