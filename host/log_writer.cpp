@@ -242,10 +242,10 @@ void LogWriter::flush() {
   keep_.clear();
 }
 
-void LogWriter::write(OutputStream s, std::string_view b, WallTime t) {
+void LogWriter::append(OutputStream s, std::string_view b, WallTime t) {
   std::string& held = held_[s == OutputStream::err ? 1 : 0];
   const std::size_t L = opt_.max_line;
-  // Records cut from `b` point into it (it lives until the flush() below); only an unfinished
+  // Records cut from `b` point into it (it lives until the next flush()); only an unfinished
   // line's head, at most L bytes, is ever copied (into `held`). Record boundaries are those of
   // the concatenation held + b: a line longer than L becomes P records of L bytes and an F.
   while (!b.empty() && fd_) {
@@ -284,7 +284,6 @@ void LogWriter::write(OutputStream s, std::string_view b, WallTime t) {
     }
     record(s, false, line, t, true);
   }
-  flush();
 }
 
 void LogWriter::eof(OutputStream s, WallTime t) {
@@ -348,9 +347,10 @@ struct AsyncLog::State {
       batch.swap(q);
       lk.unlock();
       std::size_t n = 0;
+      // One writev(2) for the whole batch where it fits: the items live until the flush below.
       for (auto& it : batch) {
         n += it.bytes.size();
-        if (it.kind == Kind::data) w->write(it.stream, it.bytes, it.t);
+        if (it.kind == Kind::data) w->append(it.stream, it.bytes, it.t);
         else if (it.kind == Kind::eof) w->eof(it.stream, it.t);
         else w->dropped(it.stream, it.n, it.t);
       }

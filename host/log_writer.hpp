@@ -77,7 +77,14 @@ class LogWriter {
   static Result<std::unique_ptr<LogWriter>> open(LogOptions opt);
 
   /// Bytes of `stream` received at `t` (any split, any bytes).
-  void write(OutputStream stream, std::string_view bytes, WallTime t);
+  void write(OutputStream stream, std::string_view bytes, WallTime t) {
+    append(stream, bytes, t);
+    flush();
+  }
+  /// As write(), but the records may stay pending (pointing into `bytes`) until the next
+  /// flush(), eof(), dropped() or flush_partial(): `bytes` must live until then. Lets a caller
+  /// with many small writes at hand make one writev(2) of them.
+  void append(OutputStream stream, std::string_view bytes, WallTime t);
   /// `n` bytes of `stream` were dropped by the guest (lossy mode): any held partial line is
   /// written, then one F record on that stream: "[neshost: N bytes of stdout dropped]".
   void dropped(OutputStream stream, std::uint64_t n, WallTime t);
