@@ -258,6 +258,7 @@ class Pid1 {
         return;
       }
       fds_ = std::move(made).value();
+      if (!fds_.pipes_hold_buffer && stdio_) stdio_->direct_unsupported();  // the init buffers instead
       if (fds_.terminal) {
         cfds = ChildFds{{fds_.child_in.get(), fds_.child_in.get(), fds_.child_in.get()}, true};
       } else {

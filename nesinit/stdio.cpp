@@ -280,13 +280,16 @@ host::Result<StdioFds> make_stdio(const proto::Stdio& s) {
   set_nonblock(f.out.get());
   set_nonblock(f.err.get());
   // Lossless output waits in the pipes themselves (the init moves it on with splice(2) when the
-  // channel takes it): give them the stream's buffer, so a workload blocks no sooner than with
-  // a buffer in the init. Best effort: the kernel caps it (fs.pipe-max-size, a user's pipe quota);
-  // a pipe left at its 64 KiB default only blocks the workload sooner.
+  // channel takes it): give each the stream's buffer, so a workload blocks no sooner than with
+  // a buffer in the init. Beyond fs.pipe-max-size this needs CAP_SYS_RESOURCE (a guest's PID 1
+  // has it); a pipe the kernel would not grow leaves the bytes to the init's own buffer instead.
   if (s.mode == proto::StdioMode::lossless) {
-    const int want = static_cast<int>(std::clamp<std::uint32_t>(s.buffer_bytes, 65536, 1u << 20));
-    ::fcntl(f.out.get(), F_SETPIPE_SZ, want);
-    ::fcntl(f.err.get(), F_SETPIPE_SZ, want);
+    const int want = static_cast<int>(std::max<std::uint32_t>(s.buffer_bytes, 65536));
+    f.pipes_hold_buffer = true;
+    for (int fd : {f.out.get(), f.err.get()}) {
+      ::fcntl(fd, F_SETPIPE_SZ, want);
+      if (::fcntl(fd, F_GETPIPE_SZ) < static_cast<int>(s.buffer_bytes)) f.pipes_hold_buffer = false;
+    }
   }
   return f;
 }

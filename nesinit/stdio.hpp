@@ -190,6 +190,9 @@ struct StdioFds {
   host::Fd out;   // read end of the stdout pipe, or the PTY master (read and write)
   host::Fd err;   // read end of the stderr pipe (pipes only)
   bool terminal = false;
+  /// Lossless pipes each hold the stream's buffer_bytes (F_SETPIPE_SZ): output may wait in them
+  /// and move to the channel with splice(2) (StdioCore's direct frames).
+  bool pipes_hold_buffer = false;
 };
 
 /// Opens the fds `s` asks for: pipes (stdin from /dev/null unless attached), or a PTY from

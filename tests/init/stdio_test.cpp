@@ -594,6 +594,20 @@ TEST_CASE("make_stdio: pipes (stdin /dev/null unless attached), non-blocking and
   CHECK(c == 'i');
 }
 
+TEST_CASE("make_stdio: lossless pipes hold the stream's buffer (output waits there for splice)") {
+  auto r = make_stdio(pipes(1 << 20));
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  StdioFds& f = *r;
+  // As root (the tests' PID 1 and a guest's) the kernel grows them; otherwise up to
+  // fs.pipe-max-size, and a smaller pipe says so.
+  const int got = ::fcntl(f.out.get(), F_GETPIPE_SZ);
+  CHECK(f.pipes_hold_buffer == (got >= (1 << 20) && ::fcntl(f.err.get(), F_GETPIPE_SZ) >= (1 << 20)));
+  if (::geteuid() == 0) CHECK(f.pipes_hold_buffer);
+  auto lossy = make_stdio(pipes(1 << 20, true));
+  REQUIRE_MESSAGE(lossy.ok(), lossy.error().message);
+  CHECK(!lossy->pipes_hold_buffer);  // lossy output is always read at once
+}
+
 TEST_CASE("make_stdio: a PTY of the asked size; bytes both ways") {
   proto::Stdio s;
   s.terminal = proto::Terminal{33, 111};
