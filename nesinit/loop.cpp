@@ -470,11 +470,22 @@ class Pid1 {
   void stdio_handle(const pollfd* p) {
     if (!stdio_) return;
     StdioCore& c = *stdio_;
-    // Both ready: the core says which goes first (they take turns).
+    // Both ready: the core says which goes first (they take turns). In direct mode the bytes
+    // waiting in either pipe go out before an EOF found in this round is framed, so output
+    // written before the workload ended is not overtaken by the other stream's eof.
     const bool err_first = c.first_stream() == proto::Stream::err;
-    for (int i : {err_first ? kErr : kOut, err_first ? kOut : kErr})
-      if (p[i].revents & (POLLIN | POLLHUP | POLLERR))
-        read_output(i == kErr ? proto::Stream::err : proto::Stream::out, i == kErr ? fds_.err : fds_.out);
+    const int order[2] = {err_first ? kErr : kOut, err_first ? kOut : kErr};
+    auto stream_of = [](int i) { return i == kErr ? proto::Stream::err : proto::Stream::out; };
+    auto ready = [&](int i) { return (p[i].revents & (POLLIN | POLLHUP | POLLERR)) != 0; };
+    if (c.direct_mode()) {
+      for (int i : order)
+        if (ready(i)) move_output(stream_of(i), i == kErr ? fds_.err : fds_.out);
+      for (int i : order)
+        if (ready(i)) read_eof(stream_of(i), i == kErr ? fds_.err : fds_.out);
+    } else {
+      for (int i : order)
+        if (ready(i)) read_once(stream_of(i), i == kErr ? fds_.err : fds_.out);
+    }
     if ((p[kIn].revents | (fds_.terminal ? p[kOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
       write_stdin();
     if (p[kData].revents & POLLOUT) write_data();
@@ -503,26 +514,15 @@ class Pid1 {
     }
   }
 
-  /// `s`'s pipe or PTY is readable (or hung up).
-  void read_output(proto::Stream s, host::Fd& fd) {
-    if (stdio_->direct_mode()) move_output(s, fd);
-    else read_once(s, fd);
-  }
-
   /// Direct mode: frames what waits in `s`'s pipe and moves it to the channel with splice(2),
-  /// up to kDirectBurst frames while the channel takes them. The pipe empty: a read finds its
-  /// EOF (or bytes that arrived just now, which take the copying path).
+  /// up to kDirectBurst frames while the channel takes them.
   void move_output(proto::Stream s, host::Fd& fd) {
     StdioCore& c = *stdio_;
     for (int i = 0; i < kDirectBurst && fd && data_ >= 0 && c.direct_room(s) > 0; ++i) {
       int avail = 0;
-      if (::ioctl(fd.get(), FIONREAD, &avail) != 0 || avail <= 0) {
-        read_once(s, fd);
-        return;
-      }
+      if (::ioctl(fd.get(), FIONREAD, &avail) != 0 || avail <= 0) return;  // read_eof() looks
       if (!frame_pipe_ && !open_frame_pipe()) {
         c.direct_unsupported();
-        read_once(s, fd);
         return;
       }
       auto f = c.direct_begin(s, static_cast<std::size_t>(avail));
@@ -536,6 +536,20 @@ class Pid1 {
       frame_pipe_bytes_ = sizeof f->header;
       write_data();
     }
+  }
+
+  /// After move_output(): `s`'s pipe polled ready and is empty now: a read finds its EOF (or
+  /// bytes that came just now, which take the copying path). Not while the channel is busy
+  /// (the pipe is polled again once it is not).
+  void read_eof(proto::Stream s, host::Fd& fd) {
+    StdioCore& c = *stdio_;
+    if (!fd) return;
+    if (c.direct_mode()) {
+      int avail = 0;
+      if (c.direct_room(s) == 0) return;
+      if (::ioctl(fd.get(), FIONREAD, &avail) == 0 && avail > 0) return;  // more came: next round
+    }
+    read_once(s, fd);
   }
 
   /// The frame pipe: a pipe of the init's own that holds one direct frame (header, then the
