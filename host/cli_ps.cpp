@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "host/cli.hpp"
+#include "host/escape.hpp"
 #include "host/fd.hpp"
 #include "host/monitor.hpp"
 #include "host/reconcile.hpp"
@@ -42,6 +43,14 @@ constexpr std::string_view kKillHelp = R"(usage: neshost kill [--state DIR] [-s 
 Send SIG (a name such as TERM or SIGUSR1, or a number 1..64; default KILL, as docker) to the
 workload's process group in a running VM, through its monitor. Exit 1 if no such VM is running
 or the guest cannot take it (e.g. the workload has exited).
+)";
+
+constexpr std::string_view kTopHelp = R"(usage: neshost top [--state DIR] VM
+
+List the processes running in a VM's guest, as `docker top` does: PID, PPID, UID and the
+command, pids as the guest sees them (1 is nesinit), kernel threads left out. Asked of the guest
+through the VM's monitor; at most 512 are listed (the rest counted). Exit 1 if no such VM is
+running or its guest does not answer within 2 s (an init that predates the request).
 )";
 
 constexpr std::string_view kRmHelp = R"(usage: neshost rm [--state DIR] [-f|--force] VM...
@@ -241,6 +250,31 @@ int kill_main(const Args& raw) {
   return 0;
 }
 
+int top_main(const Args& raw) {
+  static constexpr FlagSpec kFlags[] = {{"state"}};
+  auto p = parse_flags(kFlags, expand_short(raw));
+  if (!p) return usage_error("top", p.error().message);
+  if (p->help) { fmt::print("{}", kTopHelp); return 0; }
+  if (p->positional.size() != 1) return usage_error("top", "exactly one VM is required");
+  const std::string vm = p->positional[0];
+  if (auto prob = host::vm_id_problem(vm)) return usage_error("top", "VM: " + *prob);
+  fs::path state = state_of(*p);
+  auto s = load("top", state, vm);
+  if (!s) return 1;
+  if (s->status != host::VmStatus::running || !monitor_pidfd(*s)) {
+    fmt::print(stderr, "neshost top: no running VM '{}' in {} ({})\n", vm, state.string(), status_cell(*s));
+    return 1;
+  }
+  auto list = guest_processes(host::control_path(state, vm));
+  if (!list) { fmt::print(stderr, "neshost top: VM '{}': {}\n", vm, list.error().message); return 1; }
+  std::string out = fmt::format("{:<8} {:<8} {:<8} {}\n", "PID", "PPID", "UID", "CMD");
+  for (const auto& pi : list->processes)
+    out += fmt::format("{:<8} {:<8} {:<8} {}\n", pi.pid, pi.ppid, pi.uid, host::escape_text(pi.cmd));
+  if (list->truncated) out += fmt::format("({} more not listed)\n", list->truncated);
+  fmt::print("{}", out);
+  return 0;
+}
+
 int rm_main(const Args& raw) {
   static constexpr FlagSpec kFlags[] = {{"state"}, {"force", false}};
   auto p = parse_flags(kFlags, expand_short(raw));
@@ -282,6 +316,7 @@ int rm_main(const Args& raw) {
 const Registrar ps_reg{{"ps", "list VMs and their reconciled status", ps_main}};
 const Registrar stop_reg{{"stop", "stop a running VM (ordered shutdown, persisted as stopped)", stop_main}};
 const Registrar kill_reg{{"kill", "send a signal to a running VM's workload", kill_main}};
+const Registrar top_reg{{"top", "list the processes in a running VM's guest", top_main}};
 const Registrar rm_reg{{"rm", "remove a VM's state (-f: a running one too)", rm_main}};
 
 }  // namespace

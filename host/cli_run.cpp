@@ -42,6 +42,7 @@
 #include "host/vm/qemu_argv.hpp"
 #include "host/vm/virtiofsd.hpp"
 #include "host/vm/volume.hpp"
+#include "protocol/codec.hpp"
 #include "protocol/limits.hpp"
 #include "protocol/status.hpp"
 
@@ -811,7 +812,16 @@ int run_main(const Args& args) {
       return;
     }
     // `neshost stop`/`kill` from any process reach this VM through its control socket.
-    auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), [&h, id](std::string_view req) {
+    auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), [&h, id](std::string_view req,
+                                                                                     std::function<void(std::string)> reply) {
+      if (req == "ps") {
+        // The guest's answer, as the protocol's own JSON array (one line).
+        return h.async_list_processes(id, [reply = std::move(reply)](host::Result<proto::Processes> r) {
+          if (!r) return reply("error: " + r.error().message);
+          std::string line = proto::encode(proto::GuestMessage{*r});
+          reply("ok " + line);
+        });
+      }
       host::Status s = host::Error{fmt::format("unknown request '{}'", req)};
       if (req == "stop") {
         s = h.shutdown(id);  // what SIGTERM to this process does: an ordered shutdown
@@ -829,7 +839,7 @@ int run_main(const Args& args) {
           if (rows && cols) s = h.send_resize(id, static_cast<std::uint16_t>(*rows), static_cast<std::uint16_t>(*cols));
         }
       }
-      return s ? std::string("ok") : "error: " + s.error().message;
+      reply(s ? std::string("ok") : "error: " + s.error().message);
     });
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);

@@ -68,6 +68,13 @@ struct Vm {
   std::shared_ptr<AsyncLog> log;
   bool finishing = false;  // "finished" is held until the data channel and the log are closed
   std::function<void()> data_finished_cb;  // run once the data channel has closed
+  // Host::async_list_processes requests waiting for the guest's `processes`, oldest first; each
+  // with its deadline's timer.
+  struct ProcessWaiter {
+    std::function<void(Result<proto::Processes>)> handler;
+    std::shared_ptr<asio::steady_timer> deadline;
+  };
+  std::deque<ProcessWaiter> process_waiters;
 
   const std::string& id() const { return core.config().vm; }
   std::uint64_t generation() const { return core.config().generation; }
@@ -200,6 +207,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             emit(*vm, std::move(x.kind), std::move(x.detail), x.milestone);
           } else if constexpr (std::is_same_v<T, act::Finished>) {
             finished(vm);
+          } else if constexpr (std::is_same_v<T, act::Processes>) {
+            answer_processes(vm, std::move(x.list));
           }
         },
         a);
@@ -250,6 +259,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   void close_stream(const std::shared_ptr<Vm>& vm) {
     auto st = std::exchange(vm->stream, nullptr);
     if (!st) return;
+    fail_process_waiters(vm, "list_processes: the guest's stream closed before it answered");
     st->closed = true;
     error_code ec;
     // Stop reading now; let queued lines (e.g. the `shutdown` ack) go out, bounded by 1 s.
@@ -322,7 +332,20 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     for (auto& h : ws) asio::post(io, [h = std::move(h), r]() { h(r); });
   }
 
+  /// The oldest waiting async_list_processes request gets `r` (posted: never re-entrant).
+  void answer_processes(const std::shared_ptr<Vm>& vm, Result<proto::Processes> r) {
+    if (vm->process_waiters.empty()) return;  // late: its request already timed out
+    auto w = std::move(vm->process_waiters.front());
+    vm->process_waiters.pop_front();
+    w.deadline->cancel();
+    asio::post(io, [h = std::move(w.handler), r = std::move(r)]() mutable { h(std::move(r)); });
+  }
+  void fail_process_waiters(const std::shared_ptr<Vm>& vm, const std::string& why) {
+    while (!vm->process_waiters.empty()) answer_processes(vm, Error{why});
+  }
+
   void finished(const std::shared_ptr<Vm>& vm) {
+    fail_process_waiters(vm, "list_processes: the session is over");
     if (vm->acceptor) {
       error_code ec;
       vm->acceptor->close(ec);
@@ -794,6 +817,32 @@ Status Host::shutdown(const std::string& id) {
   auto s = vm->core.shutdown(wall_now());
   impl_->drain(vm);
   return s;
+}
+
+void Host::async_list_processes(const std::string& id, std::function<void(Result<proto::Processes>)> handler) {
+  auto fail = [&](Error e) { asio::post(impl_->io, [h = std::move(handler), e = std::move(e)]() { h(e); }); };
+  auto vm = impl_->find(id);
+  if (!vm) return fail(no_vm(id));
+  if (vm->process_waiters.size() >= kListProcessesInFlight)
+    return fail(Error{fmt::format("list_processes: {} requests already wait for VM {}", kListProcessesInFlight, id)});
+  if (auto s = vm->core.list_processes(); !s) return fail(s.error());
+  auto t = std::make_shared<asio::steady_timer>(impl_->io, kListProcessesWait);
+  vm->process_waiters.push_back({std::move(handler), t});
+  std::weak_ptr<Vm> weak = vm;
+  t->async_wait([weak, t](error_code ec) {
+    auto v = weak.lock();
+    if (ec || !v) return;
+    for (auto it = v->process_waiters.begin(); it != v->process_waiters.end(); ++it) {
+      if (it->deadline != t) continue;
+      auto h = std::move(it->handler);
+      v->process_waiters.erase(it);
+      // A timer's completion: not inside any caller of ours, so the handler runs right here.
+      h(Error{fmt::format("list_processes: no answer within {} ms (an init that predates it does not answer)",
+                          kListProcessesWait.count())});
+      return;
+    }
+  });
+  impl_->drain(vm);
 }
 
 void Host::async_wait(const std::string& id, std::function<void(WaitResult)> handler) {

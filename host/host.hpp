@@ -7,6 +7,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -118,6 +119,15 @@ class Host {
   Status kill(const std::string& vm, int signal);
   /// `shutdown` to the guest; then wait for vm_exited (destroy hook past the stop deadline).
   Status shutdown(const std::string& vm);
+
+  /// The guest's processes (`list_processes`, `ctr task ps`, `neshost top`), at most
+  /// kListProcessesWait from now; the handler runs on the io_context, once. Answers carry no
+  /// request id: a list that arrives answers the oldest request waiting. Errors: no such VM, no
+  /// guest connected, more than kListProcessesInFlight waiting, no answer in time (an init that
+  /// predates the message skips it), the stream lost first.
+  void async_list_processes(const std::string& vm, std::function<void(Result<proto::Processes>)> handler);
+  static constexpr std::chrono::milliseconds kListProcessesWait{2000};
+  static constexpr std::size_t kListProcessesInFlight = 16;
 
   /// The VM's durable outcome: immediately if recorded for the VM's current generation (on disk
   /// too, e.g. written by an earlier process), else when it becomes durable. For an unregistered

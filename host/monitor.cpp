@@ -1,5 +1,7 @@
 #include "host/monitor.hpp"
 
+#include "protocol/codec.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -208,12 +210,23 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
         return;
       }
       std::string line(asio::buffers_begin(c->buf.data()), asio::buffers_begin(c->buf.data()) + n - 1);
-      c->reply = self->handler(line) + "\n";
-      asio::async_write(c->sock, asio::buffer(c->reply), [self, c](boost::system::error_code, std::size_t) {
-        --self->live;
-        c->timer.cancel();
-        boost::system::error_code ig;
-        c->sock.close(ig);
+      // The answer may wait for the guest (`ps`): bounded anew, then written once.
+      c->timer.expires_after(5s);
+      c->timer.async_wait([c](boost::system::error_code ec) {
+        if (!ec) {
+          boost::system::error_code ig;
+          c->sock.close(ig);
+        }
+      });
+      self->handler(line, [self, c](std::string reply) {
+        if (self->closed) return;
+        c->reply = std::move(reply) + "\n";
+        asio::async_write(c->sock, asio::buffer(c->reply), [self, c](boost::system::error_code, std::size_t) {
+          --self->live;
+          c->timer.cancel();
+          boost::system::error_code ig;
+          c->sock.close(ig);
+        });
       });
     });
   }
@@ -267,8 +280,8 @@ host::Result<std::string> control_request(const fs::path& path, std::string_view
   if (::send(s.get(), line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size()))
     return host::Error{fmt::format("{}: send: {}", path.string(), errno_text(errno))};
   std::string reply;
-  char buf[256];
-  while (reply.find('\n') == std::string::npos && reply.size() < 4096) {
+  char buf[4096];
+  while (reply.find('\n') == std::string::npos && reply.size() < kControlReplyMax) {
     ssize_t n = ::recv(s.get(), buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
@@ -280,6 +293,17 @@ host::Result<std::string> control_request(const fs::path& path, std::string_view
   if (auto nl = reply.find('\n'); nl != std::string::npos) reply.resize(nl);
   else if (reply.empty()) return host::Error{fmt::format("{}: the monitor closed without a reply", path.string())};
   return reply;
+}
+
+host::Result<proto::Processes> guest_processes(const fs::path& path) {
+  auto r = control_request(path, "ps");
+  if (!r) return r.error();
+  if (r->starts_with("error: ")) return host::Error{r->substr(7)};
+  if (!r->starts_with("ok ")) return host::Error{fmt::format("{}: unexpected reply to ps", path.string())};
+  auto d = proto::decode_guest(std::string_view(*r).substr(3));
+  if (auto* m = std::get_if<proto::GuestMessage>(&d))
+    if (auto* p = std::get_if<proto::Processes>(m)) return std::move(*p);
+  return host::Error{fmt::format("{}: the reply to ps is not a process list", path.string())};
 }
 
 }  // namespace nes::cli

@@ -15,6 +15,7 @@
 
 #include "host/fd.hpp"
 #include "host/result.hpp"
+#include "protocol/messages.hpp"
 
 namespace nes::cli {
 
@@ -44,11 +45,14 @@ void notify_started(host::Fd& notify);
 ///   `stop`      ordered shutdown of the guest (as SIGTERM to `neshost run`)
 ///   `kill SIG`  signal 1..64 to the workload's process group
 ///   `resize ROWS COLS`  the workload's terminal size (run -t), each 1..65535
+///   `ps`        the guest's processes: "ok " and their JSON array (protocol `processes`)
 /// Only peers with our uid (or root) are served (SO_PEERCRED); requests over 256 bytes or slower
-/// than 2 s are dropped.
+/// than 2 s are dropped, a reply not ready 5 s after its request is never sent.
 class ControlServer {
  public:
-  using Handler = std::function<std::string(std::string_view request)>;
+  /// Called once per request; calls `reply` once with the answer line (without '\n'), now or
+  /// later on the io_context.
+  using Handler = std::function<void(std::string_view request, std::function<void(std::string reply)> reply)>;
   /// Bind `path` (0600; any stale socket there is replaced: the caller owns the VM's generation)
   /// and serve on `io`. The path may be longer than sun_path (bound through /proc/self/fd).
   static host::Result<std::unique_ptr<ControlServer>> start(boost::asio::io_context& io,
@@ -65,6 +69,13 @@ class ControlServer {
 
 /// Send one request to the control socket at `path` and return the monitor's reply line (without
 /// '\n'). Bounded by `timeout`. Errors: no monitor listening (ECONNREFUSED/ENOENT), timeout.
+/// The guest's processes through the control socket at `path` (request `ps`), decoded. Errors:
+/// no monitor, its error line (e.g. the guest did not answer), a reply that is not `processes`.
+host::Result<proto::Processes> guest_processes(const std::filesystem::path& path);
+
+/// The longest reply control_request() reads: bytes (a `ps` answer of 512 processes fits).
+inline constexpr std::size_t kControlReplyMax = 1u << 20;
+
 host::Result<std::string> control_request(const std::filesystem::path& path, std::string_view request,
                                           std::chrono::milliseconds timeout = std::chrono::seconds(5));
 

@@ -313,6 +313,8 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
           }
         } else if constexpr (std::is_same_v<T, proto::ProtocolError>) {
           log_guest("guest_protocol_error", bounded(msg.reason));
+        } else if constexpr (std::is_same_v<T, proto::Processes>) {
+          out_.push_back(act::Processes{msg});
         }
       },
       m);
@@ -629,6 +631,13 @@ Status Session::kill(int signal) {
   if (!(stream_open_ && ready_)) return Error{"kill: no booted session to signal"};
   send(proto::Kill{static_cast<std::uint8_t>(signal)});
   log("kill_sent", fmt::format("signal={}", signal));
+  return Ok{};
+}
+
+Status Session::list_processes() {
+  if (finished_) return Error{"list_processes: the session is over"};
+  if (!(stream_open_ && ready_)) return Error{"list_processes: no guest connected"};
+  send(proto::ListProcesses{});
   return Ok{};
 }
 

@@ -78,11 +78,12 @@ enum class Milestone {
 /// One event for humans/CLI: `kind` a snake_case tag, `detail` escaped text, `milestone` typed.
 struct Log { std::string kind; std::string detail; Milestone milestone = Milestone::other; };
 struct Finished {};                                     // nothing more happens for this VM
+struct Processes { proto::Processes list; };            // the guest's answer to list_processes()
 }  // namespace act
 
 using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
                             act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
-                            act::Finished>;
+                            act::Finished, act::Processes>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
 /// in order. Memory is bounded whatever the guest sends: at most line_cap bytes of one unfinished
@@ -119,6 +120,9 @@ class Session {
   Status stop();
   /// Send `signal` (1..64) to the workload's process group; needs a booted session.
   Status kill(int signal);
+  /// Ask the guest for its processes (`list_processes`); the answer is act::Processes. Needs a
+  /// guest that sent `ready` on an open stream.
+  Status list_processes();
   /// End the session. A running workload first gets `stop`, then `grace` for its outcome, then
   /// `shutdown`; a `shutdown` after the guest's outcome is its ack, so it goes out only once the
   /// record is durable, and never for a record that failed (the guest then powers off after its

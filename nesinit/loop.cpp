@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "mounts.hpp"
+#include "procs.hpp"
 #include "rootfs.hpp"
 #include "protocol/codec.hpp"
 #include "protocol/line_reader.hpp"
@@ -175,6 +176,7 @@ class Pid1 {
                      report_flushing(0);
                    },
                    [&](act::PowerOff& p) { power_off(p.halt); },
+                   [&](act::ListProcesses&) { pending_.push_front(ev::ProcessList{read_processes()}); },
                },
                a);
   }

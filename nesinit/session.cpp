@@ -214,6 +214,8 @@ void Session::on(const ev::Message& m) {
                                   [&](const proto::Stop&) { on_stop("stop"); },
                                   [&](const proto::Kill& k) { on_kill(k.signal); },
                                   [&](const proto::Shutdown&) { on_shutdown_msg(); },
+                                  // Answered in any phase: it changes nothing.
+                                  [&](const proto::ListProcesses&) { out_.push_back(act::ListProcesses{}); },
                               },
                               hm);
                  },
@@ -292,6 +294,8 @@ void Session::on(const ev::OutputsDone&) {
   note(Severity::info, "exited", "stdout and stderr at EOF");
   report_held_exit();
 }
+
+void Session::on(const ev::ProcessList& p) { send(p.list); }
 
 void Session::on_stop(std::string_view why) {
   if (workload_pid_ <= 0) {

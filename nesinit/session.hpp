@@ -92,12 +92,13 @@ struct Flushing {
   bool receipt = false;
   std::size_t output_bytes = 0;
 };
+struct ProcessList { proto::Processes list; };    // act::ListProcesses's result (read from /proc)
 }  // namespace ev
 using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
                            ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed,
-                           ev::Flushing>;
+                           ev::Flushing, ev::ProcessList>;
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
@@ -132,9 +133,11 @@ struct Note { Severity severity; std::string phase; std::string text; };  // one
 /// Nothing new is read from the host; the session ends it with PowerOff.
 struct Flush {};
 struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
+struct ListProcesses {};  // read the guest's processes (procs.hpp): ProcessList
 }  // namespace act
 using Action = std::variant<act::Send, act::DialData, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
-                            act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff>;
+                            act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff,
+                            act::ListProcesses>;
 using Actions = std::vector<Action>;
 
 /// Where the session is.
@@ -216,6 +219,7 @@ class Session {
   void on(const ev::OutputsDone&);
   void on(const ev::DialFailed&);
   void on(const ev::Flushing&);
+  void on(const ev::ProcessList&);
   bool survives_loss() const;  // an EOF now starts a reconnect instead of a shutdown
   void begin_reconnect();
   void resume_channel();

@@ -193,6 +193,31 @@ void enc(Buf& b, const ProtocolError& m) {
   key(b, "reason");
   put_string(b, m.reason);
 }
+void enc(Buf& b, const Processes& m) {
+  open(b, "processes");
+  key(b, "processes");
+  b.push_back('[');
+  bool first = true;
+  for (const auto& pi : m.processes) {
+    if (!first) b.push_back(',');
+    first = false;
+    b.push_back('{');
+    key(b, "pid", true);
+    put_int(b, pi.pid);
+    key(b, "ppid");
+    put_int(b, pi.ppid);
+    key(b, "uid");
+    put_int(b, pi.uid);
+    key(b, "cmd");
+    put_string(b, pi.cmd);
+    b.push_back('}');
+  }
+  b.push_back(']');
+  if (m.truncated) {
+    key(b, "truncated");
+    put_int(b, m.truncated);
+  }
+}
 
 void enc(Buf& b, const Exec& e) {
   b.push_back('{');
@@ -339,6 +364,7 @@ void enc(Buf& b, const Kill& m) {
   key(b, "signal");
   put_int(b, m.signal);
 }
+void enc(Buf& b, const ListProcesses&) { open(b, "list_processes"); }
 
 template <class Variant>
 std::string encode_any(const Variant& m, bool newline) {
@@ -983,6 +1009,43 @@ bool dec(od::document& doc, const Path& p, ProtocolError& out, Err& err) {
   return reason || missing(p, "reason", "string", err);
 }
 
+bool dec_process(od::value v, const Path& p, ProcessInfo& out, Err& err) {
+  bool pid = false, ppid = false, uid = false, cmd = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "pid") return pid = true, get_ranged(fv, fp, 1, kI32Max, "integer 1..2147483647", out.pid, err);
+    if (k == "ppid") return ppid = true, get_ranged(fv, fp, 0, kI32Max, "integer 0..2147483647", out.ppid, err);
+    if (k == "uid") return uid = true, get_ranged(fv, fp, 0, 4294967295LL, "integer 0..4294967295", out.uid, err);
+    if (k == "cmd") return cmd = true, get_str(fv, fp, out.cmd, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!pid) return missing(p, "pid", "integer 1..2147483647", err);
+  if (!ppid) return missing(p, "ppid", "integer 0..2147483647", err);
+  if (!uid) return missing(p, "uid", "integer 0..4294967295", err);
+  if (!cmd) return missing(p, "cmd", "string", err);
+  return true;
+}
+
+bool dec(od::document& doc, const Path& p, Processes& out, Err& err) {
+  bool list = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        const Path fp = p / k;
+        if (k == "processes")
+          return list = true, each_element(fv, fp, "array of objects", err, [&](std::size_t i, od::value el) {
+                   if (i >= kProcessesMax)
+                     return err.fail(fp, fmt::format("more than {} entries", kProcessesMax));
+                   return dec_process(el, fp[i], out.processes.emplace_back(), err);
+                 });
+        if (k == "truncated")
+          return get_ranged(fv, fp, 0, 4294967295LL, "integer 0..4294967295", out.truncated, err);
+        return true;
+      }))
+    return false;
+  return list || missing(p, "processes", "array of objects", err);
+}
+
+
 bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
   bool sig = false;
   if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
@@ -1006,6 +1069,8 @@ constexpr std::string_view kTag(const Boot*) { return "boot"; }
 constexpr std::string_view kTag(const Stop*) { return "stop"; }
 constexpr std::string_view kTag(const Shutdown*) { return "shutdown"; }
 constexpr std::string_view kTag(const Kill*) { return "kill"; }
+constexpr std::string_view kTag(const Processes*) { return "processes"; }
+constexpr std::string_view kTag(const ListProcesses*) { return "list_processes"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

@@ -95,9 +95,32 @@ struct ProtocolError {
   bool operator==(const ProtocolError&) const = default;
 };
 
+/// One process of the guest, as `processes` lists it: `pid` and `ppid` in the guest's pid
+/// namespace (1 is the init), `uid` its real uid, `cmd` its command line (argv joined by spaces,
+/// at most kProcessCmdMax bytes, cut at a UTF-8 boundary; `[comm]` when it has none).
+struct ProcessInfo {
+  std::int32_t pid = 0;
+  std::int32_t ppid = 0;
+  std::uint32_t uid = 0;
+  std::string cmd;
+  bool operator==(const ProcessInfo&) const = default;
+};
+inline constexpr std::size_t kProcessCmdMax = 256;
+/// Most processes one `processes` lists (the rest are counted by `truncated`), so the answer
+/// stays far below the line cap: 512 x ~300 bytes.
+inline constexpr std::size_t kProcessesMax = 512;
+
+/// The answer to `list_processes`: the guest's user-space processes (kernel threads left out),
+/// by pid, at most kProcessesMax; `truncated` = how many more there were.
+struct Processes {
+  std::vector<ProcessInfo> processes;
+  std::uint32_t truncated = 0;
+  bool operator==(const Processes&) const = default;
+};
+
 /// Any message the guest sends.
-using GuestMessage =
-    std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited, ProtocolError>;
+using GuestMessage = std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited,
+                                  ProtocolError, Processes>;
 
 // ---- host -> guest -----------------------------------------------------------------------------
 
@@ -220,7 +243,13 @@ struct Kill {
   bool operator==(const Kill&) const = default;
 };
 
+/// Ask for the guest's processes (`ctr task ps`, `neshost top`): answered by one `processes`.
+/// An init that predates it skips it as an unknown type, so the host bounds its wait.
+struct ListProcesses {
+  bool operator==(const ListProcesses&) const = default;
+};
+
 /// Any message the host sends.
-using HostMessage = std::variant<Boot, Stop, Shutdown, Kill>;
+using HostMessage = std::variant<Boot, Stop, Shutdown, Kill, ListProcesses>;
 
 }  // namespace nes::proto

@@ -11,6 +11,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <list>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/post.hpp>
@@ -208,6 +210,13 @@ struct TaskService::Impl {
   // A writer of the shim's own on the stdin FIFO, as runc's shim holds one: a client that
   // detaches (its writer closed) is not the workload's EOF; CloseIO (stdin) is.
   Fd stdin_hold;
+  // Threads asking the guest for its processes (each bounded by the control socket's timeout);
+  // joined before the service goes.
+  std::list<std::thread> askers;
+  ~Impl() {
+    for (auto& t : askers)
+      if (t.joinable()) t.join();
+  }
   std::optional<asio::posix::stream_descriptor> exit_watch;
   std::vector<ttrpc::Respond> waiters;
   std::optional<std::string> pending_resize;  // "resize ROWS COLS" not yet taken by neshost run
@@ -518,13 +527,37 @@ struct TaskService::Impl {
     return ok(r);
   }
 
-  ttrpc::Reply pids(const std::string& p) {
-    auto req = parse<v2::PidsRequest>(p);
-    if (!req) return fail(ttrpc::Code::invalid_argument, "PidsRequest: malformed");
-    if (auto c = check_id(req->id(), {}); !c.status.ok()) return c;
-    v2::PidsResponse r;
-    if (phase == Phase::running) r.add_processes()->set_pid(static_cast<std::uint32_t>(rec.pid));
-    return ok(r);
+  // The guest's processes (pids as the guest sees them, 1 = nesinit), asked of `neshost run`
+  // through its control socket on a thread of its own, so the shim's loop never waits for a
+  // guest. A guest that cannot answer (not booted yet, an older init) gives the VM's monitor
+  // process instead, as before.
+  void pids(ttrpc::Call&& c, ttrpc::Respond respond) {
+    auto req = parse<v2::PidsRequest>(c.payload);
+    if (!req) return respond(fail(ttrpc::Code::invalid_argument, "PidsRequest: malformed"));
+    if (auto r = check_id(req->id(), {}); !r.status.ok()) return respond(std::move(r));
+    if (phase != Phase::running) return respond(ok(v2::PidsResponse{}));
+    const auto path = host::control_path(rec.state_dir, rec.vm);
+    const std::uint32_t monitor = static_cast<std::uint32_t>(rec.pid);
+    askers.emplace_back([this, path, monitor, respond = std::move(respond)]() mutable {
+      auto list = cli::guest_processes(path);
+      asio::post(io, [this, id = std::this_thread::get_id(), list = std::move(list), monitor,
+                      respond = std::move(respond)]() {
+        // The asking thread is done but for returning: joined here, on the loop.
+        for (auto it = askers.begin(); it != askers.end(); ++it)
+          if (it->get_id() == id) {
+            it->join();
+            askers.erase(it);
+            break;
+          }
+        v2::PidsResponse r;
+        if (list) {
+          for (const auto& pi : list->processes) r.add_processes()->set_pid(static_cast<std::uint32_t>(pi.pid));
+        } else {
+          r.add_processes()->set_pid(monitor);
+        }
+        respond(ok(r));
+      });
+    });
   }
 
   ttrpc::Reply connect(const std::string& p) {
@@ -620,7 +653,7 @@ void TaskService::register_on(ttrpc::Server& server) {
   sync("State", &Impl::state);
   sync("Kill", &Impl::kill);
   sync("Delete", &Impl::del);
-  sync("Pids", &Impl::pids);
+  server.add(std::string(kService), "Pids", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->pids(std::move(c), std::move(r)); });
   sync("Connect", &Impl::connect);
   sync("ResizePty", &Impl::resize);
   sync("CloseIO", &Impl::close_io);

@@ -286,6 +286,17 @@ wait
         rc, _, err = c.run_d("w", "/bin/sh", script)
         check(rc == 0, "run -d: %r" % err)
         check(c.read_fifo(ready).strip() == "ready", "child armed")
+        # top: the guest's processes as it sees them (the init is pid 1), the workload's tree in it.
+        rc, out_, err = c.nh("top", "--state", c.state, "w")
+        rows = [l.split(None, 3) for l in out_.splitlines()]
+        check(rc == 0 and rows and rows[0] == ["PID", "PPID", "UID", "CMD"], "top: %d %r %r" % (rc, out_, err))
+        by_pid = {int(r[0]): r for r in rows[1:]}
+        check(1 in by_pid and by_pid[1][1] == "0" and "nesinit" in by_pid[1][3], "top: no init as pid 1: %r" % out_)
+        sh = [r for r in rows[1:] if r[3] == "/bin/sh " + script]
+        cat = [r for r in rows[1:] if r[3] == "cat " + hold]
+        check(len(sh) == 1 and sh[0][1] == "1" and len(cat) == 1, "top: the workload's tree: %r" % out_)
+        rc, _, err = c.nh("top", "--state", c.state, "nosuchvm")
+        check(rc == 1, "top of an unknown VM: %d %r" % (rc, err))
         rc, _, err = c.nh("rm", "--state", c.state, "w")
         check(rc == 1 and "running" in err, "rm refuses a running VM: %d %r" % (rc, err))
         check(c.inspect("w").get("status") == "running", "still running after the refused rm")
@@ -317,7 +328,7 @@ def case_usage():
     c = Case("usage")
     try:
         for args, needle in [(["ps", "extra"], "unexpected"), (["stop", "--state", c.state], "VM"),
-                             (["kill", "--state", c.state], "VM"), (["rm", "--state", c.state], "VM"),
+                             (["kill", "--state", c.state], "VM"), (["top", "--state", c.state], "VM"), (["rm", "--state", c.state], "VM"),
                              (["rm", "--state", c.state, "../x"], "VM")]:
             rc, _, err = c.nh(*args)
             check(rc == 2 and needle in err, "%s: %d %r" % (args, rc, err))

@@ -21,6 +21,7 @@ struct Probe {
   std::vector<std::string> logs;     // "kind detail"
   std::vector<TimerKind> armed, cancelled;
   int closes = 0, destroys = 0, removes = 0, finished = 0;
+  std::vector<proto::Processes> lists;  // act::Processes, in order
   WallTime t{std::chrono::seconds(1'700'000'000)};
 
   explicit Probe(OnExitPolicy p = OnExitPolicy::stop, std::size_t cap = proto::kDefaultLineCap)
@@ -50,6 +51,7 @@ struct Probe {
             else if constexpr (std::is_same_v<T, act::CallRemove>) ++removes;
             else if constexpr (std::is_same_v<T, act::Log>) logs.push_back(x.kind + " " + x.detail);
             else if constexpr (std::is_same_v<T, act::Finished>) ++finished;
+            else if constexpr (std::is_same_v<T, act::Processes>) lists.push_back(x.list);
           },
           a);
     }
@@ -648,4 +650,21 @@ TEST_CASE("a terminal size set before boot is the descriptor's; once boot went o
   REQUIRE(boot->stdio);
   CHECK(boot->stdio->terminal == proto::Terminal{33, 101});
   CHECK(!s.set_terminal_size(40, 120));
+}
+
+TEST_CASE("API: list_processes needs a guest that sent ready; its processes line becomes act::Processes") {
+  Probe p;
+  p.start();
+  CHECK_FALSE(p.s.list_processes());  // no ready yet
+  p.feed(test::ready_line());
+  REQUIRE(p.s.list_processes());
+  p.pump();
+  CHECK(p.last_type() == "list_processes");
+  p.feed(R"({"type":"processes","processes":[{"pid":1,"ppid":0,"uid":0,"cmd":"/init"}],"truncated":2})" "\n");
+  REQUIRE(p.lists.size() == 1);
+  CHECK(p.lists[0] == proto::Processes{{{1, 0, 0, "/init"}}, 2});
+  CHECK(!p.s.outcome());  // it changes nothing of the session
+  // A malformed list is a protocol error like any other line, not a list.
+  p.feed(R"({"type":"processes","processes":[{"pid":0,"ppid":0,"uid":0,"cmd":"x"}]})" "\n");
+  CHECK(p.lists.size() == 1);
 }

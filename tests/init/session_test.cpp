@@ -846,3 +846,24 @@ TEST_CASE("final flush: progress keeps it going, kFlushMaxMs ends it whatever mo
   CHECK(only<act::PowerOff>(a).size() == 1);
   CHECK(warned(a, "7 byte(s)"));
 }
+
+TEST_CASE("list_processes: the loop reads the list, the session sends it, in any phase; nothing changes") {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  auto a = s.handle(msg(proto::ListProcesses{}));
+  CHECK(only<act::ListProcesses>(a).size() == 1);
+  CHECK(sent(a).empty());
+  CHECK(s.phase() == Phase::awaiting_boot);  // before boot too: it changes nothing
+  const proto::Processes list{{{1, 0, 0, "/init"}, {42, 1, 0, "/bin/true"}}, 0};
+  a = s.handle(ev::ProcessList{list});
+  REQUIRE(sent(a) == std::vector<std::string>{"processes"});
+  CHECK(std::get<proto::Processes>(only<act::Send>(a)[0].msg) == list);
+  Session r = running();
+  a = r.handle(msg(proto::ListProcesses{}));
+  CHECK(only<act::ListProcesses>(a).size() == 1);
+  CHECK(group_signals(a).empty());
+  CHECK(r.phase() == Phase::running);
+  // The channel gone meanwhile: the list is not sent (nothing to send it on).
+  r.handle(ev::Eof{});
+  CHECK(sent(r.handle(ev::ProcessList{list})).empty());
+}

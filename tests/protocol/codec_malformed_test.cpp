@@ -101,6 +101,13 @@ const std::vector<Field> kSchema = {
     {"exited_signal", {"signal"}, "workload_exited.signal", Kind::integer, true, false, {"0", "65", "-15"},
      "workload_exited: expected exactly one of exit_code and signal, got neither"},
     {"protocol_error", {"reason"}, "protocol_error.reason", Kind::string, true},
+    {"processes", {"processes"}, "processes.processes", Kind::array, true},
+    {"processes", {"processes", 0}, "processes.processes[0]", Kind::object, true, true},
+    {"processes", {"processes", 0, "pid"}, "processes.processes[0].pid", Kind::integer, true, false, {"0", "-1", "2147483648"}},
+    {"processes", {"processes", 0, "ppid"}, "processes.processes[0].ppid", Kind::integer, true, false, {"-1", "2147483648"}},
+    {"processes", {"processes", 0, "uid"}, "processes.processes[0].uid", Kind::u32, true, false, {"-1", "4294967296"}},
+    {"processes", {"processes", 0, "cmd"}, "processes.processes[0].cmd", Kind::string, true},
+    {"processes", {"truncated"}, "processes.truncated", Kind::u32, false, false, {"-1", "4294967296"}},
 };
 
 J base_tree(const std::string& name) {
@@ -115,6 +122,10 @@ J base_tree(const std::string& name) {
   if (name == "exited_code") return J::obj({{"type", J::s("workload_exited")}, {"exit_code", J::n(3)}});
   if (name == "exited_signal") return J::obj({{"type", J::s("workload_exited")}, {"signal", J::n(9)}});
   if (name == "protocol_error") return J::obj({{"type", J::s("protocol_error")}, {"reason", J::s("x")}});
+  if (name == "processes")
+    return J::obj({{"type", J::s("processes")},
+                   {"processes", J::arr({J::obj({{"pid", J::n(1)}, {"ppid", J::n(0)}, {"uid", J::n(0)}, {"cmd", J::s("init")}})})},
+                   {"truncated", J::n(0)}});
   throw std::logic_error("base " + name);
 }
 

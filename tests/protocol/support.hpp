@@ -102,6 +102,7 @@ inline std::vector<HostMessage> host_samples() {
   v.emplace_back(Kill{1});
   v.emplace_back(Kill{9});
   v.emplace_back(Kill{64});
+  v.emplace_back(ListProcesses{});
   return v;
 }
 
@@ -127,6 +128,9 @@ inline std::vector<GuestMessage> guest_samples() {
   v.emplace_back(WorkloadExited::killed(9));
   v.emplace_back(WorkloadExited::killed(64));
   v.emplace_back(ProtocolError{"boot.exec.uid: expected unsigned 32-bit integer, got -1"});
+  v.emplace_back(Processes{});
+  v.emplace_back(Processes{{{1, 0, 0, "/sbin/init"}, {kI32Max, kI32Max, kU32Max, "sh -c 'x \"y\"' \xc3\xa9"}}, 0});
+  v.emplace_back(Processes{{{7, 1, 1000, "[kworker]"}}, kU32Max});
   return v;
 }
 
