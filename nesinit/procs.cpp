@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 namespace nes::init {
 
@@ -27,6 +29,17 @@ std::string read_proc(const std::string& path, std::size_t cap) {
   return out;
 }
 
+// The decimal number at the front of `s` (after spaces; a '-' makes it negative), advancing `s`
+// past it. Not strtol: that would pull libc's whole scanner into the init for a few fields.
+long number(const char*& s) {
+  while (*s == ' ' || *s == '\t') ++s;
+  const bool neg = *s == '-';
+  if (neg) ++s;
+  unsigned long v = 0;
+  for (; *s >= '0' && *s <= '9'; ++s) v = v * 10 + static_cast<unsigned long>(*s - '0');
+  return neg ? -static_cast<long>(v) : static_cast<long>(v);
+}
+
 // The first `max` bytes of s, cut back to a UTF-8 character boundary.
 std::string clip_utf8(std::string s, std::size_t max) {
   if (s.size() <= max) return s;
@@ -42,29 +55,27 @@ proto::Processes read_processes(const std::string& proc) {
   std::vector<std::int32_t> pids;
   if (DIR* d = ::opendir(proc.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      char* end = nullptr;
-      long v = std::strtol(e->d_name, &end, 10);
-      if (*e->d_name && !*end && v > 0 && v <= 0x7fffffff) pids.push_back(static_cast<std::int32_t>(v));
+      const char* end = e->d_name;
+      long v = *end >= '0' && *end <= '9' ? number(end) : 0;
+      if (!*end && v > 0 && v <= 0x7fffffff) pids.push_back(static_cast<std::int32_t>(v));
     }
     ::closedir(d);
   }
-  std::sort(pids.begin(), pids.end());
+  // procfs lists pids in ascending order already: an insertion sort only confirms it (and costs
+  // the init none of std::sort's bytes).
+  for (std::size_t i = 1; i < pids.size(); ++i)
+    for (std::size_t j = i; j > 0 && pids[j - 1] > pids[j]; --j) std::swap(pids[j - 1], pids[j]);
   proto::Processes out;
   for (std::int32_t pid : pids) {
-    const std::string dir = proc + "/" + std::to_string(pid);
+    const std::string dir = fmt::format("{}/{}", proc, pid);
     // stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses: the last ')' ends it.
     const std::string st = read_proc(dir + "/stat", 1024);
     const auto open = st.find('('), close = st.rfind(')');
     if (open == std::string::npos || close == std::string::npos || close < open || close + 4 > st.size()) continue;
     // After the comm: state ppid pgrp session tty_nr tpgid flags ... (proc(5)).
-    const char* f = st.c_str() + close + 2;
+    const char* f = st.c_str() + close + 3;  // past ") " and the state letter
     long fields[7] = {};
-    for (long& v : fields) {
-      while (*f == ' ') ++f;
-      char* end = nullptr;
-      v = f == st.c_str() + close + 2 ? 0 : std::strtol(f, &end, 10);  // field 0 is the state letter
-      f = end ? end : f + 1;
-    }
+    for (int i = 1; i < 7; ++i) fields[i] = number(f);
     // A kernel thread (PF_KTHREAD, include/linux/sched.h): not a process the guest runs. Not by
     // pid: in a sandbox's pid namespace pid 2 is the workload, not kthreadd.
     constexpr unsigned long kPfKthread = 0x00200000;
@@ -73,8 +84,10 @@ proto::Processes read_processes(const std::string& proc) {
     pi.pid = pid;
     pi.ppid = static_cast<std::int32_t>(fields[1]);
     const std::string status = read_proc(dir + "/status", 4096);
-    if (auto u = status.find("\nUid:"); u != std::string::npos)
-      pi.uid = static_cast<std::uint32_t>(std::strtoul(status.c_str() + u + 5, nullptr, 10));
+    if (auto u = status.find("\nUid:"); u != std::string::npos) {
+      const char* q = status.c_str() + u + 5;
+      pi.uid = static_cast<std::uint32_t>(number(q));
+    }
     std::string cmd = read_proc(dir + "/cmdline", proto::kProcessCmdMax + 1);
     while (!cmd.empty() && cmd.back() == '\0') cmd.pop_back();
     for (char& c : cmd)
