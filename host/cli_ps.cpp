@@ -257,7 +257,7 @@ int top_main(const Args& raw) {
   if (p->help) { fmt::print("{}", kTopHelp); return 0; }
   if (p->positional.size() != 1) return usage_error("top", "exactly one VM is required");
   const std::string vm = p->positional[0];
-  if (auto prob = host::vm_id_problem(vm)) return usage_error("top", "VM: " + *prob);
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("top", "VM: " + id.error().message);
   fs::path state = state_of(*p);
   auto s = load("top", state, vm);
   if (!s) return 1;
