@@ -1,13 +1,16 @@
 // bench: nesinit measured side by side with tini, catatonit and dumb-init (Debian's), every figure
 // a ratio against a peer run in the same invocation, contenders alternating, medians of repeats.
-// Usage: bench [--iterations N] [--storm N] [--out FILE]   (needs root: unshare --pid)
-// Env: NESINIT_BIN (the static init), NES_STORM_BIN (bench/storm). Prints a Markdown table.
+// Usage: bench [--iterations N] [--storm N] [--out FILE] [--p1-only]   (needs root: unshare --pid)
+// Env: NESINIT_BIN (the static init), NES_STORM_BIN (bench/storm); optional NESINIT_BASE: a second
+// build of the init (say, main's before a change) that joins P1's rotation as one more contender,
+// so a change is measured against what it replaces in the same invocation. Prints a Markdown table.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -63,15 +66,23 @@ struct Proc {
   ~Proc() {
     if (pid > 0) { ::kill(pid, SIGKILL); while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {} }
   }
-  /// Wait (bounded by `limit_ms`, then SIGKILL) and return the wait status.
+  /// Wait (bounded by `limit_ms`, then SIGKILL) and return the wait status. Woken by a pidfd
+  /// (poll(2)) the moment the process ends, so sub-millisecond cycles are measured without a
+  /// polling interval's granularity; falls back to a 0.2 ms poll where pidfd_open is missing.
   int wait(int limit_ms = 60000) {
     auto t = Clock::now();
+    int pfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     while (true) {
       pid_t r = waitpid(pid, &status, WNOHANG);
-      if (r == pid) { pid = -1; return status; }
+      if (r == pid) { pid = -1; if (pfd >= 0) ::close(pfd); return status; }
       if (ms_since(t) > limit_ms) { ::kill(pid, SIGKILL); }
-      struct timespec ts{0, 200000};  // 0.2 ms poll of a child we own: bench only, not a test
-      nanosleep(&ts, nullptr);
+      if (pfd >= 0) {
+        pollfd p{pfd, POLLIN, 0};
+        ::poll(&p, 1, 100);
+      } else {
+        struct timespec ts{0, 200000};  // 0.2 ms poll of a child we own: bench only, not a test
+        nanosleep(&ts, nullptr);
+      }
     }
   }
 };
@@ -155,6 +166,11 @@ std::vector<Peer> peers() {
 struct NesRun {
   double total_ms = 0;     // spawn -> namespace init reaped
   double protocol_ms = 0;  // accept -> workload_exited -> shutdown (the ack) written
+  // The cycle's phases as the host sees them (ms): spawn -> accept (the init's start-up and dial),
+  // accept -> ready read, boot written -> started read (mounts, spawn, exec), started ->
+  // workload_exited read (the workload runs, is reaped, reported), the ack written -> the
+  // namespace's init reaped (ordered shutdown, the pid namespace's end).
+  double dial_ms = 0, ready_ms = 0, start_ms = 0, exit_ms = 0, shutdown_ms = 0;
   std::string output;      // what the namespace wrote on stdout/stderr
   std::optional<proto::WorkloadExited> exited;
 };
@@ -200,8 +216,10 @@ NesRun nesinit_cycle(const std::string& init, const fs::path& dir,
   if (poll(&pf, 1, 10000) != 1) throw std::runtime_error("nesinit did not dial in");
   Fd c(accept4(l.fd, nullptr, nullptr, SOCK_CLOEXEC));
   auto ta = Clock::now();
+  r.dial_ms = std::chrono::duration<double, std::milli>(ta - t0).count();
   std::string buf;
   auto ready = proto::decode_guest(read_line(c.fd, buf, 10000));
+  r.ready_ms = ms_since(ta);
   if (!std::holds_alternative<proto::GuestMessage>(ready)) throw std::runtime_error("bad ready");
   proto::Boot b;
   b.exec.argv = argv;
@@ -210,22 +228,30 @@ NesRun nesinit_cycle(const std::string& init, const fs::path& dir,
   std::string line = proto::encode_line(proto::HostMessage{b});
   if (write(c.fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
     throw std::runtime_error("write boot");
+  auto tb = Clock::now(), ts = tb;
   while (!r.exited) {
     auto d = proto::decode_guest(read_line(c.fd, buf, 60000));
     if (auto* m = std::get_if<proto::GuestMessage>(&d)) {
+      if (std::holds_alternative<proto::Started>(*m)) {
+        ts = Clock::now();
+        r.start_ms = std::chrono::duration<double, std::milli>(ts - tb).count();
+      }
       if (auto* e = std::get_if<proto::WorkloadExited>(m)) r.exited = *e;
       if (auto* f = std::get_if<proto::StartFailed>(m)) throw std::runtime_error("start_failed: " + f->reason);
     }
   }
   line = proto::encode_line(proto::HostMessage{proto::Shutdown{}});
+  r.exit_ms = ms_since(ts);
   if (write(c.fd, line.data(), line.size()) < 0) throw std::runtime_error("write shutdown");
-  r.protocol_ms = ms_since(ta);
+  auto tk = Clock::now();
+  r.protocol_ms = std::chrono::duration<double, std::milli>(tk - ta).count();
   if (capture) {
     char b2[4096];
     ssize_t n;
     while ((n = read(pr.fd, b2, sizeof b2)) > 0 && r.output.size() < (1u << 20)) r.output.append(b2, n);
   }
   proc.wait();
+  r.shutdown_ms = ms_since(tk);
   r.total_ms = ms_since(t0);
   return r;
 }
@@ -263,6 +289,7 @@ std::string fmt_num(double v) { return v >= 100 ? fmt::format("{:.0f}", v) : fmt
 
 int main(int argc, char** argv) {
   int iterations = 200, storm = 10000;
+  bool p1_only = false;
   std::string out = "bench/results/latest.md";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -273,12 +300,15 @@ int main(int argc, char** argv) {
     if (a == "--iterations") iterations = std::atoi(val("--iterations").c_str());
     else if (a == "--storm") storm = std::atoi(val("--storm").c_str());
     else if (a == "--out") out = val("--out");
-    else { fmt::print(stderr, "usage: bench [--iterations N] [--storm N] [--out FILE]\n"); return 2; }
+    else if (a == "--p1-only") p1_only = true;
+    else { fmt::print(stderr, "usage: bench [--iterations N] [--storm N] [--out FILE] [--p1-only]\n"); return 2; }
   }
   const char* init_env = std::getenv("NESINIT_BIN");
   const char* storm_env = std::getenv("NES_STORM_BIN");
   if (!init_env || !storm_env) { fmt::print(stderr, "bench: set NESINIT_BIN and NES_STORM_BIN\n"); return 2; }
   std::string init = fs::absolute(init_env).string(), storm_bin = fs::absolute(storm_env).string();
+  const char* base_env = std::getenv("NESINIT_BASE");
+  const std::string base = base_env && *base_env ? fs::absolute(base_env).string() : std::string();
   char tmpl[] = "/tmp/nesbench.XXXXXX";
   if (!mkdtemp(tmpl)) { fmt::print(stderr, "bench: mkdtemp failed\n"); return 1; }
   fs::path dir = tmpl;
@@ -289,20 +319,31 @@ int main(int argc, char** argv) {
   try {
     // P1: full cycle of /bin/true, contenders alternating (rotation), medians.
     std::map<std::string, std::vector<double>> t;
+    auto cycle = [&](const std::string& who, const std::string& bin) {
+      auto r = nesinit_cycle(bin, dir, {"/bin/true"}, false);
+      if (!r.exited || r.exited->exit_code != 0) throw std::runtime_error("true did not exit 0");
+      t[who].push_back(r.total_ms);
+      t[who + " protocol share"].push_back(r.protocol_ms);
+      t[who + " dial"].push_back(r.dial_ms);
+      t[who + " ready"].push_back(r.ready_ms);
+      t[who + " start"].push_back(r.start_ms);
+      t[who + " exit"].push_back(r.exit_ms);
+      t[who + " shutdown"].push_back(r.shutdown_ms);
+    };
+    const int extra = base.empty() ? 0 : 1;
     for (int i = 0; i < iterations; ++i) {
-      int k = static_cast<int>(ps.size()) + 2;
+      int k = static_cast<int>(ps.size()) + 2 + extra;
       for (int j = 0; j < k; ++j) {
         int which = (i + j) % k;
         if (which == 0) {
-          auto r = nesinit_cycle(init, dir, {"/bin/true"}, false);
-          if (!r.exited || r.exited->exit_code != 0) throw std::runtime_error("true did not exit 0");
-          t["nesinit"].push_back(r.total_ms);
-          t["nesinit protocol share"].push_back(r.protocol_ms);
+          cycle("nesinit", init);
         } else if (which == 1) {
           t["bare"].push_back(timed(ns({"/bin/true"})));
-        } else {
+        } else if (which - 2 < static_cast<int>(ps.size())) {
           auto& p = ps[which - 2];
           t[p.name].push_back(timed(p.cmd({"/bin/true"})));
+        } else {
+          cycle("base", base);
         }
       }
     }
@@ -310,9 +351,22 @@ int main(int argc, char** argv) {
            median(t["nesinit"]), {}};
     p1.peers.push_back({"bare ns (floor)", median(t["bare"])});
     for (auto& p : ps) p1.peers.push_back({p.name, median(t[p.name])});
+    if (!base.empty()) p1.peers.push_back({"NESINIT_BASE (" + base + ")", median(t["base"])});
     rows.push_back(p1);
     rows.push_back({"P1 nesinit protocol share (accept → workload_exited → ack)", "ms",
                     median(t["nesinit protocol share"]), {{"nesinit full cycle", median(t["nesinit"])}}});
+    // Where the cycle goes, phase by phase (medians; the base's in the same rotation).
+    auto phases = [&](const std::string& who) {
+      return fmt::format("spawn→accept {:.3f}, accept→ready {:.3f}, boot→started {:.3f}, "
+                         "started→exited {:.3f}, ack→reaped {:.3f}",
+                         median(t[who + " dial"]), median(t[who + " ready"]), median(t[who + " start"]),
+                         median(t[who + " exit"]), median(t[who + " shutdown"]));
+    };
+    Row ph{"P1 nesinit phases, ms: " + phases("nesinit"), "ms", median(t["nesinit"]), {}};
+    if (!base.empty()) ph.peers.push_back({"NESINIT_BASE phases: " + phases("base"), median(t["base"])});
+    else ph.peers.push_back({"tini-static", ps.empty() ? 0.0 : median(t[ps[0].name])});
+    rows.push_back(ph);
+    if (!p1_only) {  // P2-P4
 
     // P2: stripped static size.
     fs::path stripped = dir / "nesinit.stripped";
@@ -369,6 +423,7 @@ int main(int argc, char** argv) {
         p4.peers.push_back({fmt::format("{} ({} ms, left {})", p.name, spread(p.name), left[p.name]),
                             median(st[p.name])});
     rows.push_back(p4);
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench: {}\n", e.what());
     return 1;
