@@ -73,6 +73,15 @@ class Pid1 {
   }
 
  private:
+  /// A process `exec` started: its stdio (none: /dev/null) until the session closes it.
+  struct ExecIo {
+    std::uint16_t proc = 0;
+    std::optional<StdioCore> core;
+    StdioFds fds;
+    bool outputs_reported = false;
+    bool closing = false;  // reported: no more reads; gone once no frame of it is half-written
+  };
+
   // ---- dialling ------------------------------------------------------------------------------
   /// One attempt at `ch` that holds the loop at most `attempt_ms` and never past the next armed
   /// timer (a connect in progress: vsock); a pending signal ends it at once (-ECANCELED; the loop
@@ -177,6 +186,8 @@ class Pid1 {
                    },
                    [&](act::PowerOff& p) { power_off(p.halt); },
                    [&](act::ListProcesses&) { pending_.push_front(ev::ProcessList{read_processes()}); },
+                   [&](act::SpawnExec& x) { do_spawn_exec(x); },
+                   [&](act::CloseExec& x) { close_exec(x.proc); },
                },
                a);
   }
@@ -278,6 +289,71 @@ class Pid1 {
     else pending_.push_front(ev::StartFailed{std::move(r).error()});
   }
 
+  /// act::SpawnExec: its fds (pipes, a PTY, or /dev/null for all three), then spawn. Its frames
+  /// become legal on the data channel before it runs, so the host's first stdin is not refused.
+  void do_spawn_exec(const act::SpawnExec& x) {
+    auto failed = [&](host::Error e) {
+      pending_.push_front(ev::ExecFailed{x.proc, proto::StartFailed{std::move(e.message), e.err, proto::StartFailClass::other}});
+    };
+    ExecIo io;
+    io.proc = x.proc;
+    ChildFds cfds;
+    if (x.stdio) {
+      auto made = make_stdio(*x.stdio);
+      if (!made) return failed(std::move(made).error());
+      io.fds = std::move(made).value();
+      io.core.emplace(*x.stdio, x.proc);
+      io.core->direct_unsupported();  // copied: splice is the workload's alone
+      if (!stdio_ || !stdio_->open_process(x.proc, *x.stdio))
+        return failed(host::Error{"exec: the data channel cannot take another process", EAGAIN});
+      if (!stdio_->channel_open()) io.core->channel_closed();
+      const int in = io.fds.child_in.get();
+      cfds = io.fds.terminal ? ChildFds{{in, in, in}, true}
+                             : ChildFds{{in, io.fds.child_out.get(), io.fds.child_err.get()}, false};
+    } else {
+      io.fds.child_in.reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
+      if (!io.fds.child_in) return failed(host::errno_error(errno, "exec: open /dev/null"));
+      const int n = io.fds.child_in.get();
+      cfds = ChildFds{{n, n, n}, false};
+    }
+    log_.info("exec", "process {}: {}", x.proc, x.exec.argv.empty() ? std::string() : x.exec.argv[0]);
+    auto r = spawn(x.exec, x.geometry, Stdio::inherit, reaper_, &cfds, Role::exec);
+    io.fds.child_in.reset();
+    io.fds.child_out.reset();
+    io.fds.child_err.reset();
+    if (!r) {
+      if (stdio_) stdio_->close_process(x.proc);
+      pending_.push_front(ev::ExecFailed{x.proc, std::move(r).error()});
+      return;
+    }
+    const bool no_output = !io.core;
+    execs_.push_back(std::move(io));
+    // Started first, then (with no streams) its outputs are done at once.
+    if (no_output) pending_.push_front(ev::ExecOutputsDone{x.proc});
+    pending_.push_front(ev::ExecStarted{x.proc, *r});
+  }
+
+  ExecIo* find_exec(std::uint16_t proc) {
+    for (ExecIo& x : execs_)
+      if (x.proc == proc) return &x;
+    return nullptr;
+  }
+
+  /// act::CloseExec: its pipes close (late output is lost with them), its late frames from the
+  /// host are skipped; the entry goes once no frame of it is half-written (gc_execs()).
+  void close_exec(std::uint16_t proc) {
+    if (stdio_) stdio_->close_process(proc);
+    ExecIo* x = find_exec(proc);
+    if (!x) return;
+    x->closing = true;
+    x->fds = StdioFds{};
+    gc_execs();
+  }
+
+  void gc_execs() {
+    std::erase_if(execs_, [&](const ExecIo& x) { return x.closing && tx_owner_ != x.proc; });
+  }
+
   /// One round of the final flush (act::Flush): write what is queued on both channels, read the
   /// workload's output on, watch the data channel for the host's close; then report what is left
   /// and only then look at the deadlines (a report of progress re-arms the idle timer first).
@@ -311,7 +387,7 @@ class Pid1 {
     f.written = written;
     f.control_queued = chan_ >= 0 && !out_.empty();
     f.data_open = data_ >= 0 && stdio_;
-    f.data_unsent = stdio_ && stdio_->tx_pending();
+    f.data_unsent = any_tx_pending();
     f.outputs_done = stdio_ && stdio_->outputs_done();
     f.receipt = data_rx_eof_ || data_hup_;
     f.output_bytes = stdio_ ? stdio_->buffered() : 0;
@@ -387,6 +463,7 @@ class Pid1 {
     Reaped r = reaper_.reap();
     if (r.orphans) log_.debug("reap", "{} orphan(s) reaped", r.orphans);
     if (r.workload) pending_.push_back(ev::Exited{*r.workload});
+    for (const ExecReaped& x : r.execs) pending_.push_back(ev::ExecReaped{x.pid, x.status});
     if (r.no_children && session_.waiting_for_children()) pending_.push_back(ev::NoChildren{});
   }
 
@@ -411,10 +488,13 @@ class Pid1 {
         if (timeout < 0 || left < static_cast<std::uint64_t>(timeout)) timeout = static_cast<int>(left);
       }
     }
-    pollfd p[2 + kStdioFds] = {{sfd_, POLLIN, 0},
-                               {watch_chan ? chan_ : -1, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
+    gc_execs();
+    pollfd p[2 + kStdioFds + kExecFds * proto::kExecMax] = {
+        {sfd_, POLLIN, 0}, {watch_chan ? chan_ : -1, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
     stdio_poll_set(p + 2);
-    int r = ::poll(p, 2 + kStdioFds, timeout);
+    const std::size_t nexec = std::min(execs_.size(), proto::kExecMax);
+    for (std::size_t i = 0; i < nexec; ++i) exec_poll_set(execs_[i], p + 2 + kStdioFds + kExecFds * i);
+    int r = ::poll(p, static_cast<nfds_t>(2 + kStdioFds + kExecFds * nexec), timeout);
     if (r < 0 && errno != EINTR) poll_backoff();
     else if (r >= 0) poll_errors_ = 0;
 
@@ -430,11 +510,15 @@ class Pid1 {
     if (chan_ >= 0 && (p[1].revents & POLLOUT)) flush();
     if (chan_ >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) read_channel();
     stdio_handle(p + 2);
+    for (std::size_t i = 0; i < nexec; ++i) exec_handle(execs_[i], p + 2 + kStdioFds + kExecFds * i);
+    if (data_ >= 0 && any_tx_pending()) write_data();
   }
 
   // ---- the workload's stdio (boot.stdio): the data channel, the pipes or the PTY ----------------
   // Indices into the stdio part of a poll set.
   enum { kData = 0, kOut = 1, kErr = 2, kIn = 3, kStdioFds = 4 };
+  // ... and into an exec'd process's part (stdout or the PTY, stderr, stdin).
+  enum { kExecOut = 0, kExecErr = 1, kExecIn = 2, kExecFds = 3 };
   /// Direct frames moved per readable pipe before the loop looks at its other fds again (1 MiB).
   static constexpr int kDirectBurst = 16;
 
@@ -448,8 +532,8 @@ class Pid1 {
     if (data_retry_at_ && *data_retry_at_ <= now) data_retry_at_.reset();
     if (data_ >= 0 && !data_retry_at_) {
       short ev = 0;
-      if (!data_rx_eof_ && c.rx_room() > 0) ev |= POLLIN;
-      if (c.tx_pending()) ev |= POLLOUT;
+      if (!data_rx_eof_ && rx_room() > 0) ev |= POLLIN;
+      if (any_tx_pending()) ev |= POLLOUT;
       if (ev) p[kData] = {data_, ev, 0};
     }
     // Direct mode: a pipe is read only when its bytes can go to the channel at once.
@@ -486,25 +570,14 @@ class Pid1 {
         if (ready(i)) read_eof(stream_of(i), i == kErr ? fds_.err : fds_.out);
     } else {
       for (int i : order)
-        if (ready(i)) read_once(stream_of(i), i == kErr ? fds_.err : fds_.out);
+        if (ready(i)) read_once(c, fds_.terminal, stream_of(i), i == kErr ? fds_.err : fds_.out);
     }
     if ((p[kIn].revents | (fds_.terminal ? p[kOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
-      write_stdin();
+      write_stdin(c, fds_);
     if (p[kData].revents & POLLOUT) write_data();
     if (p[kData].revents & (POLLIN | POLLHUP | POLLERR)) read_data(p[kData].revents);
     if (data_ >= 0 && c.tx_pending()) write_data();  // new output: try at once, it rarely blocks
-    if (auto ws = c.take_resize(); ws && fds_.terminal && fds_.out) {
-      winsize w{};
-      w.ws_row = ws->rows;
-      w.ws_col = ws->cols;
-      if (::ioctl(fds_.out.get(), TIOCSWINSZ, &w) != 0) log_.warn("data", "TIOCSWINSZ: {}", std::strerror(errno));
-      else log_.debug("data", "resize {}x{}", ws->rows, ws->cols);
-    }
-    if (!c.in_pending().empty()) write_stdin();
-    if (c.in_close_due()) {
-      if (!fds_.terminal) fds_.in.reset();  // the workload reads EOF
-      c.in_closed();
-    }
+    stdin_side(c, fds_);
     if (data_ >= 0 && !c.rx_error().empty()) {
       log_.warn("data", "{}; closing the data channel", c.rx_error());
       pending_.push_back(ev::DataError{c.rx_error()});
@@ -514,6 +587,89 @@ class Pid1 {
       outputs_reported_ = true;
       pending_.push_back(ev::OutputsDone{});
     }
+  }
+
+  /// What the core asks of its stdin side now: a resize, bytes to write, the close after eof.
+  void stdin_side(StdioCore& c, StdioFds& f) {
+    if (auto ws = c.take_resize(); ws && f.terminal && f.out) {
+      winsize w{};
+      w.ws_row = ws->rows;
+      w.ws_col = ws->cols;
+      if (::ioctl(f.out.get(), TIOCSWINSZ, &w) != 0) log_.warn("data", "TIOCSWINSZ: {}", std::strerror(errno));
+      else log_.debug("data", "resize {}x{}", ws->rows, ws->cols);
+    }
+    if (!c.in_pending().empty()) write_stdin(c, f);
+    if (c.in_close_due()) {
+      if (!f.terminal) f.in.reset();  // the process reads EOF
+      c.in_closed();
+    }
+  }
+
+  /// An exec'd process's part of the poll set (copying, as the workload's without splice).
+  void exec_poll_set(ExecIo& x, pollfd* p) {
+    for (int i = 0; i < kExecFds; ++i) p[i] = {-1, 0, 0};
+    if (!x.core || x.closing) return;
+    StdioCore& c = *x.core;
+    if (x.fds.out && c.out_room(proto::Stream::out) > 0) p[kExecOut] = {x.fds.out.get(), POLLIN, 0};
+    if (x.fds.err && c.out_room(proto::Stream::err) > 0) p[kExecErr] = {x.fds.err.get(), POLLIN, 0};
+    if (!c.in_pending().empty()) {
+      if (x.fds.terminal && x.fds.out) p[kExecOut].fd = x.fds.out.get(), p[kExecOut].events |= POLLOUT;
+      else if (x.fds.in) p[kExecIn] = {x.fds.in.get(), POLLOUT, 0};
+    }
+  }
+
+  void exec_handle(ExecIo& x, const pollfd* p) {
+    if (!x.core || x.closing) return;
+    StdioCore& c = *x.core;
+    const short ready = POLLIN | POLLHUP | POLLERR;
+    if (p[kExecOut].revents & ready) read_once(c, x.fds.terminal, proto::Stream::out, x.fds.out);
+    if (p[kExecErr].revents & ready) read_once(c, false, proto::Stream::err, x.fds.err);
+    if ((p[kExecIn].revents | (x.fds.terminal ? p[kExecOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
+      write_stdin(c, x.fds);
+    stdin_side(c, x.fds);
+    if (c.outputs_done() && !x.outputs_reported) {
+      x.outputs_reported = true;
+      pending_.push_back(ev::ExecOutputsDone{x.proc});
+    }
+  }
+
+  /// Bytes the loop may read from the data channel now: the workload's core's room, none while
+  /// any exec'd process's stdin is at its cap (the host is then backpressured as a whole).
+  std::size_t rx_room() const {
+    if (!stdio_) return 0;
+    for (const ExecIo& x : execs_)
+      if (x.core && !x.closing && x.core->in_full()) return 0;
+    return stdio_->rx_room();
+  }
+
+  bool any_tx_pending() {
+    if (stdio_ && stdio_->tx_pending()) return true;
+    for (ExecIo& x : execs_)
+      if (x.core && x.core->tx_pending()) return true;
+    return false;
+  }
+
+  StdioCore* core_of(int proc) {
+    if (proc == 0) return stdio_ ? &*stdio_ : nullptr;
+    ExecIo* x = find_exec(static_cast<std::uint16_t>(proc));
+    return x && x->core ? &*x->core : nullptr;
+  }
+
+  /// The next core with frames due, taking turns after the last one served (workload first).
+  StdioCore* next_source() {
+    const std::size_t n = 1 + execs_.size();
+    std::size_t start = 0;
+    if (last_tx_ > 0)
+      for (std::size_t i = 0; i < execs_.size(); ++i)
+        if (execs_[i].proc == last_tx_) start = i + 2;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::size_t i = (start + k) % n;
+      StdioCore* c = nullptr;
+      if (i == 0) c = stdio_ ? &*stdio_ : nullptr;
+      else if (!execs_[i - 1].closing && execs_[i - 1].core) c = &*execs_[i - 1].core;
+      if (c && c->tx_pending()) return c;
+    }
+    return nullptr;
   }
 
   /// Direct mode: frames what waits in `s`'s pipe and moves it to the channel with splice(2),
@@ -551,7 +707,7 @@ class Pid1 {
       if (c.direct_room(s) == 0) return;
       if (::ioctl(fd.get(), FIONREAD, &avail) == 0 && avail > 0) return;  // more came: next round
     }
-    read_once(s, fd);
+    read_once(c, fds_.terminal, s, fd);
   }
 
   /// The frame pipe: a pipe of the init's own that holds one direct frame (header, then the
@@ -649,8 +805,7 @@ class Pid1 {
   }
 
   /// One read of `s`'s pipe or PTY into the core's buffer (or EOF).
-  void read_once(proto::Stream s, host::Fd& fd) {
-    StdioCore& c = *stdio_;
+  void read_once(StdioCore& c, bool terminal, proto::Stream s, host::Fd& fd) {
     const std::size_t room = std::min(c.out_room(s), sizeof io_buf_);
     if (room == 0 || !fd) return;
     ssize_t n = ::read(fd.get(), io_buf_, room);
@@ -660,15 +815,14 @@ class Pid1 {
       return;
     }
     // EOF; for a PTY master EIO once every slave fd is closed.
-    if (n < 0 && !(fds_.terminal && errno == EIO)) log_.warn("data", "read {}: {}", proto::to_string(s), std::strerror(errno));
+    if (n < 0 && !(terminal && errno == EIO)) log_.warn("data", "read {}: {}", proto::to_string(s), std::strerror(errno));
     c.on_output_eof(s);
-    if (fds_.terminal) c.in_closed();
+    if (terminal) c.in_closed();
     fd.reset();
   }
 
-  void write_stdin() {
-    StdioCore& c = *stdio_;
-    const int fd = fds_.terminal ? fds_.out.get() : fds_.in.get();
+  void write_stdin(StdioCore& c, StdioFds& f) {
+    const int fd = f.terminal ? f.out.get() : f.in.get();
     while (fd >= 0 && !c.in_pending().empty()) {
       std::string_view v = c.in_pending();
       ssize_t n = ::write(fd, v.data(), v.size());
@@ -681,24 +835,32 @@ class Pid1 {
       // EPIPE: the workload closed its stdin; what the host sends later has no reader.
       log_.info("data", "stdin: {}; discarding further input", n < 0 ? std::strerror(errno) : "short write");
       c.in_closed();
-      if (!fds_.terminal) fds_.in.reset();
+      if (!f.terminal) f.in.reset();
       return;
     }
   }
 
+  /// Writes frames to the data channel while it takes them. One core at a time: the one whose
+  /// batch (or direct frame) is begun finishes it, so frames of different processes never
+  /// interleave inside a frame; then the next core with frames due, in turn.
   void write_data() {
-    StdioCore& c = *stdio_;
     while (data_ >= 0) {
-      std::string_view v = c.tx();
+      StdioCore* c = tx_owner_ >= 0 ? core_of(tx_owner_) : nullptr;
+      if (!c) c = next_source();
+      if (!c) return;
+      tx_owner_ = c->proc();
+      std::string_view v = c->tx();
       if (v.empty()) {
-        auto d = c.direct_pending();
-        if (!d || !move_direct(*d)) return;
+        auto d = stdio_ && c == &*stdio_ ? c->direct_pending() : std::nullopt;
+        if (d && !move_direct(*d)) return;
+        if (!d || !c->direct_pending()) release_tx(c);
         continue;
       }
       ssize_t n = ::write(data_, v.data(), v.size());
       if (n > 0) {
-        c.sent(static_cast<std::size_t>(n));
+        c->sent(static_cast<std::size_t>(n));
         bytes_written_ += static_cast<std::uint64_t>(n);
+        if (static_cast<std::size_t>(n) == v.size()) release_tx(c);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -709,9 +871,15 @@ class Pid1 {
     }
   }
 
+  /// `c`'s batch is out: another core may go next.
+  void release_tx(StdioCore* c) {
+    last_tx_ = c->proc();
+    tx_owner_ = -1;
+  }
+
   void read_data(short revents) {
     StdioCore& c = *stdio_;
-    const std::size_t room = std::min(c.rx_room(), sizeof io_buf_);
+    const std::size_t room = std::min(rx_room(), sizeof io_buf_);
     if (data_is_port_ && !(revents & POLLIN)) {
       // A virtio port with no host connected polls as POLLHUP: not an EOF (there is none on a
       // port); look again in kPortRetryMs.
@@ -725,6 +893,8 @@ class Pid1 {
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n > 0) {
       c.on_rx(std::string_view(io_buf_, static_cast<std::size_t>(n)));
+      for (const proto::Frame& f : c.take_foreign())
+        if (ExecIo* x = find_exec(f.proc); x && x->core && !x->closing) x->core->on_frame(f);
       return;
     }
     if (data_is_port_ && n == 0) {
@@ -749,6 +919,13 @@ class Pid1 {
     frame_pipe_.reset();  // a frame half-sent dies with the channel
     frame_pipe_w_.reset();
     frame_pipe_bytes_ = 0;
+    tx_owner_ = -1;
+    for (ExecIo& x : execs_)
+      if (x.core) {
+        x.core->channel_closed();
+        x.core->in_closed();
+        if (!x.fds.terminal) x.fds.in.reset();
+      }
     if (!stdio_) return;
     stdio_->channel_closed();
     // Nothing more can arrive for stdin: the workload reads EOF instead of waiting for good.
@@ -807,6 +984,9 @@ class Pid1 {
   host::Fd frame_pipe_, frame_pipe_w_;  // direct frames on their way (read and write ends)
   std::size_t frame_pipe_bytes_ = 0;    // bytes in the frame pipe, not yet on the channel
   bool outputs_reported_ = false;
+  std::vector<ExecIo> execs_;  // at most proto::kExecMax (the session's bound)
+  int tx_owner_ = -1;          // the process whose frames are being written (-1: none)
+  std::uint16_t last_tx_ = 0;  // the process served last (turns)
   char io_buf_[kStdioChunk];
   std::string out_;
   proto::LineReader reader_;

@@ -11,6 +11,21 @@ proto::WorkloadExited to_exit(int st) {
   return proto::WorkloadExited::code(static_cast<std::uint8_t>(WEXITSTATUS(st)));
 }
 
+bool Reaper::watch_exec(pid_t pid) {
+  for (pid_t& e : execs_)
+    if (e == 0) {
+      e = pid;
+      return true;
+    }
+  return false;
+}
+
+void Reaper::forget(pid_t pid) {
+  if (pid == workload_) workload_ = 0;
+  for (pid_t& e : execs_)
+    if (e == pid) e = 0;
+}
+
 Reaped Reaper::reap() {
   Reaped r;
   for (;;) {
@@ -25,7 +40,17 @@ Reaped Reaper::reap() {
     if (pid == workload_ && workload_ > 0) {
       r.workload = to_exit(st);
       workload_ = 0;  // exactly once
-    } else {
+      continue;
+    }
+    bool exec = false;
+    for (pid_t& e : execs_)
+      if (e == pid) {
+        r.execs.push_back(ExecReaped{pid, to_exit(st)});
+        e = 0;  // exactly once
+        exec = true;
+        break;
+      }
+    if (!exec) {
       ++r.orphans;
       ++orphans_total_;
     }

@@ -8,14 +8,23 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
+#include "protocol/frame.hpp"
 #include "protocol/messages.hpp"
 
 namespace nes::init {
 
+/// A process `exec` started, reaped: its pid and status.
+struct ExecReaped {
+  pid_t pid = 0;
+  proto::WorkloadExited status;
+};
+
 /// What one reap() collected.
 struct Reaped {
   std::optional<proto::WorkloadExited> workload;  // set once: the registered pid's status
+  std::vector<ExecReaped> execs;                   // registered exec'd pids reaped, each once
   unsigned orphans = 0;                            // other pids reaped in this call
   bool no_children = false;                        // waitpid said ECHILD: no child is left
 };
@@ -28,8 +37,12 @@ class Reaper {
  public:
   /// Register the workload's pid (> 0). Replaces any earlier registration.
   void watch(pid_t pid) { workload_ = pid; }
-  /// Forget the registration (e.g. the spawn failed and the child was collected directly).
-  void forget() { workload_ = 0; }
+  /// Register a pid `exec` started (> 0), beside the workload: its status is delivered once, in
+  /// Reaped::execs. At most proto::kExecMax at once (false: not registered).
+  bool watch_exec(pid_t pid);
+  /// Forget `pid`'s registration, the workload's or an exec'd one's (e.g. the spawn failed and
+  /// the child was collected directly).
+  void forget(pid_t pid);
   pid_t watched() const { return workload_; }
 
   /// Collect every child that has exited (waitpid(-1, WNOHANG) until 0 or ECHILD); EINTR is
@@ -41,6 +54,7 @@ class Reaper {
 
  private:
   pid_t workload_ = 0;
+  pid_t execs_[proto::kExecMax] = {};  // 0: a free slot
   std::uint64_t orphans_total_ = 0;
 };
 

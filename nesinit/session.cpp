@@ -31,6 +31,7 @@ std::string_view to_string(Timer t) {
     case Timer::data_redial: return "data_redial";
     case Timer::flush_idle: return "flush_idle";
     case Timer::flush_cap: return "flush_cap";
+    case Timer::exec_drain: return "exec_drain";
   }
   return "?";
 }
@@ -212,7 +213,11 @@ void Session::on(const ev::Message& m) {
                    std::visit(Overload{
                                   [&](const proto::Boot& b) { on_boot(b); },
                                   [&](const proto::Stop&) { on_stop("stop"); },
-                                  [&](const proto::Kill& k) { on_kill(k.signal); },
+                                  [&](const proto::Kill& k) {
+                                    if (k.proc) on_kill_exec(k.signal, *k.proc);
+                                    else on_kill(k.signal);
+                                  },
+                                  [&](const proto::ExecProcess& x) { on_exec(x); },
                                   [&](const proto::Shutdown&) { on_shutdown_msg(); },
                                   // Answered in any phase: it changes nothing.
                                   [&](const proto::ListProcesses&) { out_.push_back(act::ListProcesses{}); },
@@ -578,6 +583,14 @@ void Session::on(const ev::TimerFired& t) {
                                                  flush_output_bytes_));
       enter_final();
       return;
+    case Timer::exec_drain:
+      // Every exec'd process reaped and still waiting for its output is reported now.
+      for (std::size_t i = execs_.size(); i-- > 0;)
+        if (execs_[i].held) {
+          note(Severity::info, "exec", fmt::format("process {}: output not at EOF after the drain window; reported", execs_[i].proc));
+          report_exec(i);
+        }
+      return;
     case Timer::ack:
       ack_expired_ = true;
       note(Severity::warn, "ack", fmt::format("no acknowledgement within {} ms", opt_.ack_timeout_ms));
@@ -683,6 +696,87 @@ void Session::enter_final() {
   for (int i = 0; i < kTimerCount; ++i)
     if (armed_[i]) cancel(static_cast<Timer>(i));
   out_.push_back(act::PowerOff{halt()});
+}
+
+}  // namespace nes::init
+
+namespace nes::init {
+
+// ---- exec: more processes beside the workload ------------------------------------------------------
+
+void Session::on_exec(const proto::ExecProcess& x) {
+  auto refuse = [&](std::string why) {
+    note(Severity::warn, "exec", fmt::format("process {}: {}", x.proc, why));
+    send(proto::ExecFailed{x.proc, std::move(why), std::nullopt, proto::StartFailClass::other});
+  };
+  if (phase_ != Phase::running || workload_pid_ <= 0)
+    return refuse(fmt::format("exec: the workload is not running (phase {})", to_string(phase_)));
+  for (const ExecState& e : execs_)
+    if (e.proc == x.proc) return refuse(fmt::format("exec.proc: process {} is already running", x.proc));
+  if (execs_.size() >= proto::kExecMax)
+    return refuse(fmt::format("exec: {} processes started by exec are running already (the most)", proto::kExecMax));
+  if (x.stdio && !(boot_ && boot_->stdio))
+    return refuse("exec.stdio: this session has no data channel (boot.stdio unset)");
+  execs_.push_back(ExecState{x.proc, 0, false, std::nullopt});
+  note(Severity::info, "exec", fmt::format("process {}: {}", x.proc, x.exec.argv.empty() ? "" : x.exec.argv[0]));
+  out_.push_back(act::SpawnExec{x.proc, x.exec, boot_ ? boot_->geometry : proto::Geometry{}, x.stdio});
+}
+
+void Session::on(const ev::ExecStarted& e) {
+  for (ExecState& x : execs_)
+    if (x.proc == e.proc) x.pid = e.pid;
+  send(proto::ExecStarted{e.proc, e.pid});
+}
+
+void Session::on(const ev::ExecFailed& e) {
+  std::erase_if(execs_, [&](const ExecState& x) { return x.proc == e.proc; });
+  send(proto::ExecFailed{e.proc, e.failure.reason, e.failure.err, e.failure.cls});
+  out_.push_back(act::CloseExec{e.proc});
+}
+
+void Session::on(const ev::ExecReaped& r) {
+  for (std::size_t i = 0; i < execs_.size(); ++i) {
+    if (execs_[i].pid != r.pid) continue;
+    execs_[i].held = r.status;
+    if (execs_[i].outputs_done) return report_exec(i);
+    // Its output may still be on its way (a background child can also keep it open): bounded.
+    std::uint32_t ms = boot_ && boot_->stdio ? boot_->stdio->drain_ms : proto::kStdioDrainDefaultMs;
+    if (!armed_[static_cast<int>(Timer::exec_drain)]) arm(Timer::exec_drain, ms);
+    return;
+  }
+}
+
+void Session::on(const ev::ExecOutputsDone& d) {
+  for (std::size_t i = 0; i < execs_.size(); ++i)
+    if (execs_[i].proc == d.proc) {
+      execs_[i].outputs_done = true;
+      if (execs_[i].held) report_exec(i);
+      return;
+    }
+}
+
+void Session::report_exec(std::size_t i) {
+  const ExecState x = execs_[i];
+  execs_.erase(execs_.begin() + static_cast<std::ptrdiff_t>(i));
+  note(Severity::info, "exec", fmt::format("process {} (pid {}) ended: {}", x.proc, x.pid,
+                                          x.held->signal ? fmt::format("signal {}", *x.held->signal)
+                                                         : fmt::format("exit {}", *x.held->exit_code)));
+  send(proto::ExecExited{x.proc, x.held->exit_code, x.held->signal});
+  out_.push_back(act::CloseExec{x.proc});
+  bool held = false;
+  for (const ExecState& e : execs_) held = held || e.held.has_value();
+  if (!held) cancel(Timer::exec_drain);
+}
+
+void Session::on_kill_exec(int signo, std::uint16_t proc) {
+  for (const ExecState& x : execs_)
+    if (x.proc == proc && x.pid > 0 && !x.held) {
+      note(Severity::info, "kill", fmt::format("signal {} to process {}'s group", signo, proc));
+      out_.push_back(act::SignalGroup{signo, x.pid});
+      return;
+    }
+  // Already ended (its exec_exited may be on its way) or never started: nothing to signal.
+  note(Severity::info, "kill", fmt::format("signal {}: no process {} running; nothing to do", signo, proc));
 }
 
 }  // namespace nes::init

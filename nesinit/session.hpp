@@ -14,6 +14,7 @@
 
 #include "log.hpp"
 #include "protocol/codec.hpp"
+#include "protocol/frame.hpp"
 #include "protocol/line_reader.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/status.hpp"
@@ -36,8 +37,9 @@ enum class Timer {
   data_redial,      // a data channel attempt failed -> backoff -> the next attempt
   flush_idle,       // the final flush wrote nothing for kFlushIdleMs -> power off anyway
   flush_cap,        // the final flush began -> kFlushMaxMs -> power off anyway
+  exec_drain,       // an exec'd process reaped, its output not at EOF -> its drain_ms -> report anyway
 };
-inline constexpr int kTimerCount = 14;
+inline constexpr int kTimerCount = 15;
 /// Backoff between dial attempts (the first dial and a redial alike): ms, doubling from the first
 /// to the last.
 inline constexpr std::uint32_t kRedialFirstMs = 10;
@@ -93,12 +95,17 @@ struct Flushing {
   std::size_t output_bytes = 0;
 };
 struct ProcessList { proto::Processes list; };    // act::ListProcesses's result (read from /proc)
+struct ExecStarted { std::uint16_t proc; std::int32_t pid; };          // act::SpawnExec succeeded
+struct ExecFailed { std::uint16_t proc; proto::StartFailed failure; };  // ... or failed: nothing runs
+struct ExecReaped { std::int32_t pid; proto::WorkloadExited status; };  // an exec'd pid was reaped
+struct ExecOutputsDone { std::uint16_t proc; };   // its stdout and stderr are at EOF (or it has none)
 }  // namespace ev
 using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
                            ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed,
-                           ev::Flushing, ev::ProcessList>;
+                           ev::Flushing, ev::ProcessList, ev::ExecStarted, ev::ExecFailed,
+                           ev::ExecReaped, ev::ExecOutputsDone>;
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
@@ -134,10 +141,22 @@ struct Note { Severity severity; std::string phase; std::string text; };  // one
 struct Flush {};
 struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
 struct ListProcesses {};  // read the guest's processes (procs.hpp): ProcessList
+/// Start `exec` beside the workload (the host's `exec`), in its own session and process group,
+/// `geometry` in its environment; its streams as `stdio` says, framed as process `proc` on the
+/// data channel (unset: /dev/null). ExecStarted or ExecFailed; later ExecOutputsDone.
+struct SpawnExec {
+  std::uint16_t proc;
+  proto::Exec exec;
+  proto::Geometry geometry;
+  std::optional<proto::Stdio> stdio;
+};
+/// Process `proc` was reported: close what is left of its streams (its late output is
+/// discarded) once the frames already begun are out.
+struct CloseExec { std::uint16_t proc; };
 }  // namespace act
 using Action = std::variant<act::Send, act::DialData, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff,
-                            act::ListProcesses>;
+                            act::ListProcesses, act::SpawnExec, act::CloseExec>;
 using Actions = std::vector<Action>;
 
 /// Where the session is.
@@ -189,6 +208,8 @@ class Session {
   /// The channel was lost after boot and is being redialled (boot.reconnect_ms).
   bool reconnecting() const { return reconnecting_; }
   bool workload_alive() const { return workload_pid_ > 0; }
+  /// Processes `exec` started or is starting, not yet reported.
+  std::size_t execs() const { return execs_.size(); }
   std::int32_t workload_pid() const { return workload_pid_; }
   bool term_sent() const { return term_sent_; }
   /// True while the shutdown waits for every other process to be gone (the loop then reports
@@ -220,6 +241,13 @@ class Session {
   void on(const ev::DialFailed&);
   void on(const ev::Flushing&);
   void on(const ev::ProcessList&);
+  void on(const ev::ExecStarted&);
+  void on(const ev::ExecFailed&);
+  void on(const ev::ExecReaped&);
+  void on(const ev::ExecOutputsDone&);
+  void on_exec(const proto::ExecProcess& x);
+  void on_kill_exec(int signo, std::uint16_t proc);
+  void report_exec(std::size_t i);  // exec_exited for execs_[i], then CloseExec; erased
   bool survives_loss() const;  // an EOF now starts a reconnect instead of a shutdown
   void begin_reconnect();
   void resume_channel();
@@ -276,6 +304,14 @@ class Session {
   std::uint32_t data_backoff_ms_ = kRedialFirstMs;
   std::string last_data_error_;    // the last failed data channel attempt: reason and errno
   int last_data_err_ = 0;
+  /// Processes `exec` started (or is starting), at most proto::kExecMax.
+  struct ExecState {
+    std::uint16_t proc = 0;
+    std::int32_t pid = 0;            // 0 until ExecStarted
+    bool outputs_done = false;
+    std::optional<proto::WorkloadExited> held;  // reaped, waiting for outputs_done or exec_drain
+  };
+  std::vector<ExecState> execs_;
   bool flush_data_owed_ = false;   // the final flush: the last report said output is still owed
   std::size_t flush_output_bytes_ = 0;  // ... and how much of it is held
 };

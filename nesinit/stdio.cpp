@@ -48,8 +48,9 @@ void OutputBuffer::consume(std::size_t n) {
 
 // ---- StdioCore -----------------------------------------------------------------------------------
 
-StdioCore::StdioCore(const proto::Stdio& s)
-    : terminal_(s.terminal.has_value()),
+StdioCore::StdioCore(const proto::Stdio& s, std::uint16_t proc)
+    : proc_(proc),
+      terminal_(s.terminal.has_value()),
       lossy_(s.mode == proto::StdioMode::lossy),
       out_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
       err_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
@@ -90,15 +91,15 @@ void StdioCore::frame_more() {
     for (int i = 0; i < 2; ++i) {
       const Stream s = (i == 0) == err_first_ ? Stream::err : Stream::out;
       Out& o = out(s);
-      if (o.buf.dropped_pending()) proto::append_dropped(tx_, s, o.buf.take_dropped());
+      if (o.buf.dropped_pending()) proto::append_dropped(tx_, s, o.buf.take_dropped(), proc_);
       const std::string_view v = o.buf.view();
       if (!v.empty()) {
         const std::size_t n = std::min(v.size(), proto::kFrameDataMax);
-        proto::append_data(tx_, s, v.substr(0, n));
+        proto::append_data(tx_, s, v.substr(0, n), proc_);
         o.buf.consume(n);
       }
       if (o.eof && !o.eof_sent && o.buf.size() == 0) {
-        proto::append_eof(tx_, s);
+        proto::append_eof(tx_, s, proc_);
         o.eof_sent = true;
       }
     }
@@ -142,7 +143,7 @@ std::optional<StdioCore::DirectFrame> StdioCore::direct_begin(Stream s, std::siz
   DirectFrame f;
   f.bytes = n;
   std::string h;
-  proto::append_data_header(h, s, n);
+  proto::append_data_header(h, s, n, proc_);
   std::memcpy(f.header, h.data(), proto::kFrameHeader);
   direct_ = Direct{s, n};
   err_first_ = s == Stream::out;  // the other stream goes first next time
@@ -168,31 +169,41 @@ const std::string& StdioCore::rx_error() const {
 }
 
 std::size_t StdioCore::rx_room() const {
-  if (!open_ || !rx_error().empty()) return 0;
+  if (!open_ || !rx_error().empty() || !foreign_.empty()) return 0;
   const std::size_t held = in_.size() - in_head_;
   // The decoder may hand over a whole data frame from what is read: leave room for one.
   if (held + proto::kFrameDataMax > kStdinCap) return 0;
   return std::min(kStdinCap - proto::kFrameDataMax - held, kStdioChunk);
 }
 
+bool StdioCore::open_process(std::uint16_t proc, const proto::Stdio& s) {
+  return decoder_.open_process(proc, proto::FrameRules{proto::FrameSender::host, s.terminal.has_value(),
+                                                       s.attach_stdin, false});
+}
+
 void StdioCore::on_rx(std::string_view bytes) {
   while (auto f = decoder_.next(bytes)) {
-    switch (f->kind) {
-      case proto::FrameKind::data:
-        if (in_closed_) break;  // the workload closed its stdin: nobody reads these
-        if (in_head_ > 0 && in_head_ >= in_.size() / 2) {
-          in_.erase(0, in_head_);
-          in_head_ = 0;
-        }
-        in_ += f->data;
-        break;
-      case proto::FrameKind::eof:
-        in_eof_ = true;
-        if (terminal_ && !in_closed_) in_ += '\x04';  // a PTY has no half-close: its VEOF, ^D
-        break;
-      case proto::FrameKind::resize: resize_ = proto::Terminal{f->rows, f->cols}; break;
-      case proto::FrameKind::dropped: break;  // not legal from the host: the decoder refused it
-    }
+    if (f->proc != proc_) foreign_.push_back(std::move(*f));
+    else on_frame(*f);
+  }
+}
+
+void StdioCore::on_frame(const proto::Frame& f) {
+  switch (f.kind) {
+    case proto::FrameKind::data:
+      if (in_closed_) break;  // the workload closed its stdin: nobody reads these
+      if (in_head_ > 0 && in_head_ >= in_.size() / 2) {
+        in_.erase(0, in_head_);
+        in_head_ = 0;
+      }
+      in_ += f.data;
+      break;
+    case proto::FrameKind::eof:
+      in_eof_ = true;
+      if (terminal_ && !in_closed_) in_ += '\x04';  // a PTY has no half-close: its VEOF, ^D
+      break;
+    case proto::FrameKind::resize: resize_ = proto::Terminal{f.rows, f.cols}; break;
+    case proto::FrameKind::dropped: break;  // not legal from the host: the decoder refused it
   }
 }
 

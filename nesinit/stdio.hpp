@@ -13,6 +13,7 @@
 #include <string_view>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "host/fd.hpp"
 #include "host/result.hpp"
@@ -55,12 +56,15 @@ class OutputBuffer {
   std::uint64_t dropped_ = 0;
 };
 
-/// The init's side of one session's stdio, without fds. Streams: stdout and stderr (with a
+/// The init's side of one process's stdio, without fds: the workload's (process 0) or that of a
+/// process `exec` started (its number, framed in bytes 2-3). Streams: stdout and stderr (with a
 /// terminal only stdout, which carries the PTY's output) and stdin. Call order is free; every
-/// query reflects all calls so far.
+/// query reflects all calls so far. The workload's core decodes the whole data channel: frames
+/// of other processes are held for the loop (take_foreign()) and handed to theirs (on_frame()).
 class StdioCore {
  public:
-  explicit StdioCore(const proto::Stdio& s);
+  explicit StdioCore(const proto::Stdio& s, std::uint16_t proc = 0);
+  std::uint16_t proc() const { return proc_; }
 
   // ---- workload output -> data channel
   /// Bytes the loop may read from `s`'s pipe (or the PTY, stdout) now; 0: do not read it.
@@ -127,6 +131,16 @@ class StdioCore {
   std::size_t rx_room() const;
   /// Bytes read from the data channel. Frames are decoded; a framing error closes the channel.
   void on_rx(std::string_view bytes);
+  /// One decoded frame for this core's process (stdin data/eof, resize).
+  void on_frame(const proto::Frame& f);
+  /// Frames decoded by on_rx() that belong to another process, oldest first; taking clears them.
+  std::vector<proto::Frame> take_foreign() { return std::exchange(foreign_, {}); }
+  /// Frames of process `proc` are legal on the channel from now on (its `exec.stdio`).
+  bool open_process(std::uint16_t proc, const proto::Stdio& s);
+  /// Process `proc` was reported: its late frames are skipped.
+  void close_process(std::uint16_t proc) { decoder_.close_process(proc); }
+  /// stdin bytes held are at the cap: the loop stops reading the channel until they are written.
+  bool in_full() const { return in_.size() - in_head_ + proto::kFrameDataMax > kStdinCap; }
   /// The host closed its side: stdin's eof (an EOF inside a frame is a framing error).
   void on_rx_eof();
   /// Bytes due to the workload's stdin (pipe or PTY master) now.
@@ -164,9 +178,11 @@ class StdioCore {
   /// tx() is written out and framing would add nothing: a direct frame may start.
   bool tx_idle() const;
 
+  std::uint16_t proc_;
   bool terminal_;
   bool lossy_;
   bool open_ = true;
+  std::vector<proto::Frame> foreign_;
   bool direct_ok_ = true;
   std::optional<Direct> direct_;  // the direct frame whose payload is not all moved yet
   Out out_, err_;

@@ -110,7 +110,7 @@ void close_fds_from_3(int keep) {
 }  // namespace
 
 SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio, Reaper& reaper,
-                  const ChildFds* fds) {
+                  const ChildFds* fds, Role role) {
   auto fail = [](SpawnStep step, int err, std::string detail = {}) -> SpawnResult {
     return proto::StartFailed{
         fmt::format("{}{}{}: {}", to_string(step), detail.empty() ? "" : " ", detail, std::strerror(err)),
@@ -205,7 +205,19 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   }
 
   // Registered before the loop can reap: an instant exit is still the workload's.
-  reaper.watch(pid);
+  if (role == Role::workload) {
+    reaper.watch(pid);
+  } else if (!reaper.watch_exec(pid)) {
+    // No slot (the session bounds execs to the same number, so this does not happen): the
+    // child would be taken for an orphan. End it and collect it here.
+    ::kill(pid, SIGKILL);
+    ::close(pfd[1]);
+    ::close(pfd[0]);
+    int st;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    return fail(SpawnStep::fork, EAGAIN, "(too many processes started by exec)");
+  }
   ::close(pfd[1]);
   ChildReport r{};
   std::size_t got = 0;
@@ -219,7 +231,7 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   if (got == 0) return pid;  // EOF: execve succeeded and closed the CLOEXEC end
   // The child failed and exits 127 right after its report: collect it here, so the reaper never
   // mistakes it for the workload's exit (start_failed has no workload_exited after it).
-  reaper.forget();
+  reaper.forget(pid);
   int st;
   while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }

@@ -53,12 +53,16 @@ struct ChildFds {
 /// The workload's pid, or the start_failed to report (the failing step, its errno, the class).
 using SpawnResult = host::Result<pid_t, proto::StartFailed>;
 
+/// Whose pid the reaper is to watch: the workload's (Reaper::watch) or one `exec` started
+/// (Reaper::watch_exec).
+enum class Role { workload, exec };
+
 /// Start `exec`. On success the child has exec'd and its pid is registered with `reaper` (it may
 /// already have exited: the reaper delivers its status later). On failure the child has been
 /// collected and a StartFailed says which step failed with which errno.
 /// Blocks only until the child's execve returns (the pipe's CLOEXEC end closes) or the child
 /// reports its failure.
 SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio, Reaper& reaper,
-                  const ChildFds* fds = nullptr);
+                  const ChildFds* fds = nullptr, Role role = Role::workload);
 
 }  // namespace nes::init

@@ -219,6 +219,39 @@ void enc(Buf& b, const Processes& m) {
   }
 }
 
+void enc(Buf& b, const ExecStarted& m) {
+  open(b, "exec_started");
+  key(b, "proc");
+  put_int(b, m.proc);
+  key(b, "pid");
+  put_int(b, m.pid);
+}
+void enc(Buf& b, const ExecFailed& m) {
+  open(b, "exec_failed");
+  key(b, "proc");
+  put_int(b, m.proc);
+  key(b, "reason");
+  put_string(b, m.reason);
+  if (m.err) {
+    key(b, "errno");
+    put_int(b, *m.err);
+  }
+  key(b, "class");
+  put_string(b, to_string(m.cls));
+}
+void enc(Buf& b, const ExecExited& m) {
+  open(b, "exec_exited");
+  key(b, "proc");
+  put_int(b, m.proc);
+  if (m.exit_code) {
+    key(b, "exit_code");
+    put_int(b, *m.exit_code);
+  }
+  if (m.signal) {
+    key(b, "signal");
+    put_int(b, *m.signal);
+  }
+}
 void enc(Buf& b, const Exec& e) {
   b.push_back('{');
   key(b, "argv", true);
@@ -256,6 +289,30 @@ void enc(Buf& b, const Exec& e) {
     }
     b.push_back(']');
   }
+  b.push_back('}');
+}
+
+void enc(Buf& b, const Stdio& st) {
+  b.push_back('{');
+  key(b, "stdin", true);
+  put_bool(b, st.attach_stdin);
+  key(b, "terminal");
+  if (st.terminal) {
+    b.push_back('{');
+    key(b, "rows", true);
+    put_int(b, st.terminal->rows);
+    key(b, "cols");
+    put_int(b, st.terminal->cols);
+    b.push_back('}');
+  } else {
+    put(b, "null");
+  }
+  key(b, "mode");
+  put_string(b, to_string(st.mode));
+  key(b, "buffer_bytes");
+  put_int(b, st.buffer_bytes);
+  key(b, "drain_ms");
+  put_int(b, st.drain_ms);
   b.push_back('}');
 }
 
@@ -320,29 +377,8 @@ void enc(Buf& b, const Boot& m) {
     put_string(b, *m.hostname);
   }
   if (m.stdio) {  // additive: every field written, so the host's intent is explicit on the wire
-    const Stdio& st = *m.stdio;
     key(b, "stdio");
-    b.push_back('{');
-    key(b, "stdin", true);
-    put_bool(b, st.attach_stdin);
-    key(b, "terminal");
-    if (st.terminal) {
-      b.push_back('{');
-      key(b, "rows", true);
-      put_int(b, st.terminal->rows);
-      key(b, "cols");
-      put_int(b, st.terminal->cols);
-      b.push_back('}');
-    } else {
-      put(b, "null");
-    }
-    key(b, "mode");
-    put_string(b, to_string(st.mode));
-    key(b, "buffer_bytes");
-    put_int(b, st.buffer_bytes);
-    key(b, "drain_ms");
-    put_int(b, st.drain_ms);
-    b.push_back('}');
+    enc(b, *m.stdio);
   }
   if (m.reconnect_ms) {
     key(b, "reconnect_ms");
@@ -363,6 +399,21 @@ void enc(Buf& b, const Kill& m) {
   open(b, "kill");
   key(b, "signal");
   put_int(b, m.signal);
+  if (m.proc) {  // additive: absent means the workload
+    key(b, "proc");
+    put_int(b, *m.proc);
+  }
+}
+void enc(Buf& b, const ExecProcess& m) {
+  open(b, "exec");
+  key(b, "proc");
+  put_int(b, m.proc);
+  key(b, "exec");
+  enc(b, m.exec);
+  if (m.stdio) {
+    key(b, "stdio");
+    enc(b, *m.stdio);
+  }
 }
 void enc(Buf& b, const ListProcesses&) { open(b, "list_processes"); }
 
@@ -1046,14 +1097,77 @@ bool dec(od::document& doc, const Path& p, Processes& out, Err& err) {
 }
 
 
+constexpr std::string_view kProc = "integer 1..65535";
+
 bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
   bool sig = false;
   if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
         if (k == "signal") return sig = true, get_ranged(fv, p / k, 1, 64, kSignal, out.signal, err);
+        if (k == "proc") return get_ranged(fv, p / k, 1, 65535, kProc, out.proc.emplace(), err);
         return true;
       }))
     return false;
   return sig || missing(p, "signal", kSignal, err);
+}
+
+bool dec(od::document& doc, const Path& p, ExecProcess& out, Err& err) {
+  bool proc = false, exec = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        const Path fp = p / k;
+        if (k == "proc") return proc = true, get_ranged(fv, fp, 1, 65535, kProc, out.proc, err);
+        if (k == "exec") return exec = true, dec_exec(fv, fp, out.exec, err);
+        if (k == "stdio") {
+          if (is_null(fv)) return out.stdio.reset(), true;
+          return dec_stdio(fv, fp, out.stdio.emplace(), err);
+        }
+        return true;
+      }))
+    return false;
+  if (!proc) return missing(p, "proc", kProc, err);
+  return exec || missing(p, "exec", "object", err);
+}
+
+bool dec(od::document& doc, const Path& p, ExecStarted& out, Err& err) {
+  bool proc = false, pid = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "proc") return proc = true, get_ranged(fv, p / k, 1, 65535, kProc, out.proc, err);
+        if (k == "pid") return pid = true, get_ranged(fv, p / k, 1, kI32Max, "integer 1..2147483647", out.pid, err);
+        return true;
+      }))
+    return false;
+  if (!proc) return missing(p, "proc", kProc, err);
+  return pid || missing(p, "pid", "integer 1..2147483647", err);
+}
+
+bool dec(od::document& doc, const Path& p, ExecFailed& out, Err& err) {
+  bool proc = false, reason = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "proc") return proc = true, get_ranged(fv, p / k, 1, 65535, kProc, out.proc, err);
+        if (k == "reason") return reason = true, get_str(fv, p / k, out.reason, err);
+        if (k == "errno") return get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err.emplace(), err);
+        if (k == "class") return get_enum(fv, p / k, kClasses, out.cls, err);
+        return true;
+      }))
+    return false;
+  if (!proc) return missing(p, "proc", kProc, err);
+  return reason || missing(p, "reason", "string", err);
+}
+
+bool dec(od::document& doc, const Path& p, ExecExited& out, Err& err) {
+  bool proc = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "proc") return proc = true, get_ranged(fv, p / k, 1, 65535, kProc, out.proc, err);
+        if (k == "exit_code") return get_ranged(fv, p / k, 0, 255, kExitCode, out.exit_code.emplace(), err);
+        if (k == "signal") return get_ranged(fv, p / k, 1, 64, kSignal, out.signal.emplace(), err);
+        return true;
+      }))
+    return false;
+  if (!proc) return missing(p, "proc", kProc, err);
+  if (out.exit_code && out.signal)
+    return err.expected(p, "exactly one of exit_code and signal", "both");
+  if (!out.exit_code && !out.signal)
+    return err.expected(p, "exactly one of exit_code and signal", "neither");
+  return true;
 }
 
 // ---- the three passes ----
@@ -1071,6 +1185,10 @@ constexpr std::string_view kTag(const Shutdown*) { return "shutdown"; }
 constexpr std::string_view kTag(const Kill*) { return "kill"; }
 constexpr std::string_view kTag(const Processes*) { return "processes"; }
 constexpr std::string_view kTag(const ListProcesses*) { return "list_processes"; }
+constexpr std::string_view kTag(const ExecProcess*) { return "exec"; }
+constexpr std::string_view kTag(const ExecStarted*) { return "exec_started"; }
+constexpr std::string_view kTag(const ExecFailed*) { return "exec_failed"; }
+constexpr std::string_view kTag(const ExecExited*) { return "exec_exited"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

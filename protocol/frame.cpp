@@ -9,8 +9,9 @@
 namespace nes::proto {
 namespace {
 
-void put_header(std::string& out, Stream s, FrameKind k, std::uint32_t len) {
-  const char h[kFrameHeader] = {static_cast<char>(s), static_cast<char>(k), 0, 0,
+void put_header(std::string& out, Stream s, FrameKind k, std::uint32_t len, std::uint16_t proc) {
+  const char h[kFrameHeader] = {static_cast<char>(s), static_cast<char>(k),
+                                static_cast<char>(proc >> 8), static_cast<char>(proc),
                                 static_cast<char>(len >> 24), static_cast<char>(len >> 16),
                                 static_cast<char>(len >> 8), static_cast<char>(len)};
   out.append(h, kFrameHeader);
@@ -46,30 +47,30 @@ std::string_view to_string(FrameKind k) {
   return "frame";
 }
 
-void append_data(std::string& out, Stream s, std::string_view bytes) {
+void append_data(std::string& out, Stream s, std::string_view bytes, std::uint16_t proc) {
   while (!bytes.empty()) {
     const std::size_t n = std::min(bytes.size(), kFrameDataMax);
-    put_header(out, s, FrameKind::data, static_cast<std::uint32_t>(n));
+    put_header(out, s, FrameKind::data, static_cast<std::uint32_t>(n), proc);
     out.append(bytes.data(), n);
     bytes.remove_prefix(n);
   }
 }
 
-void append_data_header(std::string& out, Stream s, std::size_t len) {
-  put_header(out, s, FrameKind::data, static_cast<std::uint32_t>(len));
+void append_data_header(std::string& out, Stream s, std::size_t len, std::uint16_t proc) {
+  put_header(out, s, FrameKind::data, static_cast<std::uint32_t>(len), proc);
 }
 
-void append_eof(std::string& out, Stream s) { put_header(out, s, FrameKind::eof, 0); }
+void append_eof(std::string& out, Stream s, std::uint16_t proc) { put_header(out, s, FrameKind::eof, 0, proc); }
 
-void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols) {
-  put_header(out, Stream::in, FrameKind::resize, 4);
+void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols, std::uint16_t proc) {
+  put_header(out, Stream::in, FrameKind::resize, 4, proc);
   const char p[4] = {static_cast<char>(rows >> 8), static_cast<char>(rows),
                      static_cast<char>(cols >> 8), static_cast<char>(cols)};
   out.append(p, 4);
 }
 
-void append_dropped(std::string& out, Stream s, std::uint64_t count) {
-  put_header(out, s, FrameKind::dropped, 8);
+void append_dropped(std::string& out, Stream s, std::uint64_t count, std::uint16_t proc) {
+  put_header(out, s, FrameKind::dropped, 8, proc);
   char p[8];
   for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(count >> (56 - 8 * i));
   out.append(p, 8);
@@ -77,16 +78,16 @@ void append_dropped(std::string& out, Stream s, std::uint64_t count) {
 
 void append_frame(std::string& out, const Frame& f) {
   switch (f.kind) {
-    case FrameKind::data: append_data(out, f.stream, f.data); return;
-    case FrameKind::eof: append_eof(out, f.stream); return;
+    case FrameKind::data: append_data(out, f.stream, f.data, f.proc); return;
+    case FrameKind::eof: append_eof(out, f.stream, f.proc); return;
     case FrameKind::resize:
-      put_header(out, f.stream, FrameKind::resize, 4);
+      put_header(out, f.stream, FrameKind::resize, 4, f.proc);
       out.push_back(static_cast<char>(f.rows >> 8));
       out.push_back(static_cast<char>(f.rows));
       out.push_back(static_cast<char>(f.cols >> 8));
       out.push_back(static_cast<char>(f.cols));
       return;
-    case FrameKind::dropped: append_dropped(out, f.stream, f.dropped); return;
+    case FrameKind::dropped: append_dropped(out, f.stream, f.dropped, f.proc); return;
   }
 }
 
@@ -98,6 +99,19 @@ std::string encode_frame(const Frame& f) {
 
 FrameDecoder::FrameDecoder(FrameRules rules) : rules_(rules) {}
 
+bool FrameDecoder::open_process(std::uint16_t proc, FrameRules rules) {
+  if (proc == 0) return false;
+  close_process(proc);
+  if (procs_.size() >= kExecMax) return false;
+  procs_.push_back(Proc{proc, rules, {false, false, false}});
+  highest_ = std::max(highest_, proc);
+  return true;
+}
+
+void FrameDecoder::close_process(std::uint16_t proc) {
+  std::erase_if(procs_, [&](const Proc& p) { return p.proc == proc; });
+}
+
 bool FrameDecoder::fail(std::string reason) {
   error_ = fmt::format("{} (frame at byte {})", reason, start_);
   return false;
@@ -108,16 +122,32 @@ bool FrameDecoder::fail(std::string reason) {
 bool FrameDecoder::check_header() {
   const unsigned s = hdr_[0], k = hdr_[1];
   len_ = static_cast<std::uint32_t>(be(hdr_ + 4, 4));
+  proc_ = static_cast<std::uint16_t>(be(hdr_ + 2, 2));
+  skip_ = false;
   if (!known_kind(k)) return fail(fmt::format("frame: kind {} unknown", k));
   const auto kind = static_cast<FrameKind>(k);
   const std::string_view kn = to_string(kind);
   if (!known_stream(s)) return fail(fmt::format("{} frame: stream {} unknown", kn, s));
   const auto stream = static_cast<Stream>(s);
-  const std::string where = fmt::format("{} frame on {}", kn, to_string(stream));
-  if (hdr_[2] != 0 || hdr_[3] != 0)
-    return fail(fmt::format("{}: reserved bytes 2-3 are 0x{:02x}{:02x}, expected zero", where,
-                            static_cast<unsigned>(hdr_[2]), static_cast<unsigned>(hdr_[3])));
-  const bool from_host = rules_.sender == FrameSender::host;
+  std::string where = fmt::format("{} frame on {}", kn, to_string(stream));
+  FrameRules rules = rules_;
+  bool* eof = eof_;
+  if (proc_ != 0) {
+    where += fmt::format(" of process {}", proc_);
+    auto it = std::find_if(procs_.begin(), procs_.end(), [&](const Proc& p) { return p.proc == proc_; });
+    if (it == procs_.end()) {
+      if (proc_ > highest_) return fail(where + ": no such process");
+      // A process that ended: what it (or the peer) still had in flight is skipped, its
+      // length still bounded.
+      if (len_ > kFrameDataMax)
+        return fail(fmt::format("{}: length {} over the cap of {} bytes", where, len_, kFrameDataMax));
+      skip_ = true;
+      return true;
+    }
+    rules = it->rules;
+    eof = it->eof;
+  }
+  const bool from_host = rules.sender == FrameSender::host;
   bool legal = false;
   if (from_host) {
     legal = stream == Stream::in && (kind == FrameKind::data || kind == FrameKind::eof ||
@@ -127,12 +157,12 @@ bool FrameDecoder::check_header() {
   }
   if (!legal)
     return fail(fmt::format("{}: not a {} frame", where, from_host ? "host-to-guest" : "guest-to-host"));
-  if (kind == FrameKind::resize && !rules_.terminal) return fail(where + ": no terminal");
-  if (from_host && kind == FrameKind::data && !rules_.input) return fail(where + ": stdin not attached");
-  if (!from_host && rules_.terminal && stream == Stream::err)
+  if (kind == FrameKind::resize && !rules.terminal) return fail(where + ": no terminal");
+  if (from_host && kind == FrameKind::data && !rules.input) return fail(where + ": stdin not attached");
+  if (!from_host && rules.terminal && stream == Stream::err)
     return fail(where + ": with a terminal all output is stdout");
-  if (kind == FrameKind::dropped && !rules_.lossy) return fail(where + ": not in lossy mode");
-  if (kind != FrameKind::resize && eof_[s]) return fail(where + ": stream already at eof");
+  if (kind == FrameKind::dropped && !rules.lossy) return fail(where + ": not in lossy mode");
+  if (kind != FrameKind::resize && eof[s]) return fail(where + ": stream already at eof");
   switch (kind) {
     case FrameKind::data:
       if (len_ == 0) return fail(fmt::format("{}: length 0 (expected 1..{})", where, kFrameDataMax));
@@ -152,17 +182,26 @@ bool FrameDecoder::check_header() {
 /// The current frame is complete: judge its payload and hand it out.
 bool FrameDecoder::finish(Frame& out) {
   out = Frame{};
+  out.proc = proc_;
   out.stream = static_cast<Stream>(hdr_[0]);
   out.kind = static_cast<FrameKind>(hdr_[1]);
   const auto* p = reinterpret_cast<const unsigned char*>(payload_.data());
   switch (out.kind) {
     case FrameKind::data: out.data = std::move(payload_); break;
-    case FrameKind::eof: eof_[hdr_[0]] = true; break;
+    case FrameKind::eof:
+      if (proc_ == 0) {
+        eof_[hdr_[0]] = true;
+      } else {
+        for (Proc& pr : procs_)
+          if (pr.proc == proc_) pr.eof[hdr_[0]] = true;
+      }
+      break;
     case FrameKind::resize:
       out.rows = static_cast<std::uint16_t>(be(p, 2));
       out.cols = static_cast<std::uint16_t>(be(p + 2, 2));
       if (out.rows == 0 || out.cols == 0)
-        return fail(fmt::format("resize frame on stdin: {} {} (expected 1..65535)",
+        return fail(fmt::format("resize frame on stdin{}: {} {} (expected 1..65535)",
+                                proc_ ? fmt::format(" of process {}", proc_) : std::string(),
                                 out.rows == 0 ? "rows" : "cols", 0));
       break;
     case FrameKind::dropped: out.dropped = be(p, 8); break;
@@ -186,6 +225,10 @@ std::optional<Frame> FrameDecoder::next(std::string_view& in) {
       payload_.clear();
       if (len_ == 0) {
         Frame f;
+        if (skip_) {
+          have_ = 0;
+          continue;
+        }
         if (finish(f)) return f;
         return std::nullopt;
       }
@@ -193,10 +236,14 @@ std::optional<Frame> FrameDecoder::next(std::string_view& in) {
     }
     const std::size_t want = kFrameHeader + len_ - have_;
     const std::size_t n = std::min(want, in.size());
-    payload_.append(in.data(), n);
+    if (!skip_) payload_.append(in.data(), n);
     have_ += n;
     offset_ += n;
     in.remove_prefix(n);
+    if (n == want && skip_) {
+      have_ = 0;
+      continue;
+    }
     if (n == want) {
       Frame f;
       if (finish(f)) return f;

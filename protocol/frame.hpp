@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace nes::proto {
 
@@ -19,15 +20,20 @@ enum class Stream : std::uint8_t { in = 0, out = 1, err = 2 };
 /// What a frame carries (byte 1).
 enum class FrameKind : std::uint8_t { data = 0, eof = 1, resize = 2, dropped = 3 };
 
-/// Header size in bytes: stream, kind, two reserved zero bytes, u32 big-endian payload length.
+/// Header size in bytes: stream, kind, u16 big-endian process number, u32 big-endian payload
+/// length.
 inline constexpr std::size_t kFrameHeader = 8;
 /// Largest payload of a data frame, in bytes (a data frame carries 1..kFrameDataMax bytes).
 inline constexpr std::size_t kFrameDataMax = 65536;
+/// Processes started by `exec` that may run at once in one session (docs/protocol.md "Exec").
+inline constexpr std::size_t kExecMax = 16;
 
 /// One decoded frame. Only the member of its kind is meaningful: `data` for data (1..65536
 /// bytes), `rows`/`cols` for resize (each >= 1, character cells), `dropped` for dropped (bytes
-/// lost to lossy mode since the previous data frame of that stream).
+/// lost to lossy mode since the previous data frame of that stream). `proc`: whose streams
+/// (bytes 2-3): 0 the workload, 1..65535 the process `exec` started with that number.
 struct Frame {
+  std::uint16_t proc = 0;
   Stream stream = Stream::out;
   FrameKind kind = FrameKind::data;
   std::string data;
@@ -46,16 +52,16 @@ std::string_view to_string(FrameKind k);
 
 /// Appends data frames carrying `bytes` on `s` to `out`, split at kFrameDataMax; nothing when
 /// `bytes` is empty (an empty data frame does not exist on the wire).
-void append_data(std::string& out, Stream s, std::string_view bytes);
+void append_data(std::string& out, Stream s, std::string_view bytes, std::uint16_t proc = 0);
 /// Appends only the header of a data frame of `len` (1..kFrameDataMax) bytes on `s`: the
 /// caller sends exactly `len` payload bytes after it (the init moves them with splice(2)).
-void append_data_header(std::string& out, Stream s, std::size_t len);
+void append_data_header(std::string& out, Stream s, std::size_t len, std::uint16_t proc = 0);
 /// Appends an eof frame (no payload) on `s`.
-void append_eof(std::string& out, Stream s);
+void append_eof(std::string& out, Stream s, std::uint16_t proc = 0);
 /// Appends a resize frame (stream stdin). Precondition: rows, cols >= 1 (else the peer refuses it).
-void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols);
+void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols, std::uint16_t proc = 0);
 /// Appends a dropped frame on `s` (u64 big-endian count of bytes dropped).
-void append_dropped(std::string& out, Stream s, std::uint64_t count);
+void append_dropped(std::string& out, Stream s, std::uint64_t count, std::uint16_t proc = 0);
 /// Appends `f` as written (a data frame over kFrameDataMax is split like append_data).
 void append_frame(std::string& out, const Frame& f);
 /// `f` as bytes (append_frame to an empty string).
@@ -78,14 +84,21 @@ struct FrameRules {
 /// Sans-I/O incremental decoder of one direction of the data channel. Feed bytes in any split;
 /// it holds at most one frame (kFrameHeader + kFrameDataMax bytes). The first framing error is
 /// final: the decoder consumes nothing more and the receiver closes the data channel.
+/// Process 0 (the workload) is judged by the constructor's rules; a process started by `exec`
+/// only once open_process() gave its own, and a closed one's late frames are skipped.
 /// Errors name the kind, the stream and what is wrong, e.g. `data frame: stream 7 unknown`,
 /// `eof frame on stdout: stream already at eof`, each followed by ` (frame at byte N)`.
 /// Framing errors (docs/protocol.md): unknown stream or kind, reserved bytes non-zero, a length
 /// over the cap or wrong for the kind, a frame after eof on its stream, a stream or kind the
-/// sender may not send, resize without a terminal or with a zero size.
+/// sender may not send, resize without a terminal or with a zero size, a process never opened.
 class FrameDecoder {
  public:
   explicit FrameDecoder(FrameRules rules);
+  /// Frames of process `proc` (1..65535) are legal from now on, judged by `rules` (its own
+  /// `exec.stdio`), its streams not at eof. At most kExecMax are open at once (false: refused).
+  bool open_process(std::uint16_t proc, FrameRules rules);
+  /// `proc` is over: frames of it still in flight are consumed and skipped, not returned.
+  void close_process(std::uint16_t proc);
   /// Consumes bytes from the front of `in` until one frame is complete (returned), `in` is used
   /// up (nullopt), or an error is found (nullopt; failed() is then true). `in` is advanced past
   /// what was consumed: call again with the rest. Never reads past a frame it returns.
@@ -102,11 +115,20 @@ class FrameDecoder {
   std::uint64_t offset() const { return offset_; }
 
  private:
+  struct Proc {
+    std::uint16_t proc = 0;
+    FrameRules rules;
+    bool eof[3] = {false, false, false};
+  };
   bool check_header();
   bool finish(Frame& out);
   bool fail(std::string reason);
 
   FrameRules rules_;
+  std::vector<Proc> procs_;    // open exec'd processes, at most kExecMax
+  std::uint16_t highest_ = 0;  // the highest process number ever opened
+  bool skip_ = false;          // the current frame belongs to a closed process
+  std::uint16_t proc_ = 0;     // the current frame's process
   unsigned char hdr_[kFrameHeader] = {};
   std::size_t have_ = 0;       // bytes of the current frame received (header + payload)
   std::uint32_t len_ = 0;      // payload length of the current frame (valid after the header)

@@ -118,9 +118,36 @@ struct Processes {
   bool operator==(const Processes&) const = default;
 };
 
+/// A process `exec` asked for is running (its exec succeeded). `proc` the host's number for it
+/// (1..65535), `pid` its pid in the guest (>= 1).
+struct ExecStarted {
+  std::uint16_t proc = 0;
+  std::int32_t pid = 0;
+  bool operator==(const ExecStarted&) const = default;
+};
+
+/// The process `exec` asked for did not start; nothing of it runs and no `exec_exited` follows.
+/// Fields as start_failed's (statuses: not_found 127, else 126).
+struct ExecFailed {
+  std::uint16_t proc = 0;
+  std::string reason;
+  std::optional<std::int32_t> err;  // wire name: "errno"
+  StartFailClass cls = StartFailClass::other;  // wire name: "class"
+  bool operator==(const ExecFailed&) const = default;
+};
+
+/// A process `exec` started was reaped: exactly one of `exit_code` (0..255) and `signal` (1..64),
+/// as workload_exited. Sent once, after its output streams' eof frames (or its drain window).
+struct ExecExited {
+  std::uint16_t proc = 0;
+  std::optional<std::uint8_t> exit_code;
+  std::optional<std::uint8_t> signal;
+  bool operator==(const ExecExited&) const = default;
+};
+
 /// Any message the guest sends.
 using GuestMessage = std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited,
-                                  ProtocolError, Processes>;
+                                  ProtocolError, Processes, ExecStarted, ExecFailed, ExecExited>;
 
 // ---- host -> guest -----------------------------------------------------------------------------
 
@@ -237,10 +264,25 @@ struct Shutdown {
   bool operator==(const Shutdown&) const = default;
 };
 
-/// Send `signal` (1..64) to the workload's process group.
+/// Send `signal` (1..64) to the workload's process group, or (`proc` set, additive) to the
+/// process group of the process `exec` started with that number.
 struct Kill {
   std::uint8_t signal = 0;
+  std::optional<std::uint16_t> proc;  // 1..65535
   bool operator==(const Kill&) const = default;
+};
+
+/// Start another process in the running guest, beside the workload (`ctr task exec`,
+/// `kubectl exec`, `neshost exec`): `exec` as the workload's (argv, env, cwd, uid/gid/groups),
+/// in its own session and process group; `stdio` its own streams on the data channel, framed
+/// with process number `proc` (unset: /dev/null for all three). `proc` 1..65535, chosen by the
+/// host, never reused in one session. Answered by exec_started or exec_failed; its end by
+/// exec_exited. Its exit never ends the session.
+struct ExecProcess {
+  std::uint16_t proc = 0;
+  Exec exec;
+  std::optional<Stdio> stdio;
+  bool operator==(const ExecProcess&) const = default;
 };
 
 /// Ask for the guest's processes (`ctr task ps`, `neshost top`): answered by one `processes`.
@@ -250,6 +292,6 @@ struct ListProcesses {
 };
 
 /// Any message the host sends.
-using HostMessage = std::variant<Boot, Stop, Shutdown, Kill, ListProcesses>;
+using HostMessage = std::variant<Boot, Stop, Shutdown, Kill, ListProcesses, ExecProcess>;
 
 }  // namespace nes::proto

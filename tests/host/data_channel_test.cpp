@@ -167,7 +167,7 @@ TEST_CASE("framing errors end the data channel with a named error; the outcome i
   std::vector<Bad> bad = {
       {"unknown stream", std::string("\x07\x00\x00\x00\x00\x00\x00\x01x", 9), "stream 7"},
       {"unknown kind", std::string("\x01\x09\x00\x00\x00\x00\x00\x00", 8), "kind"},
-      {"reserved bytes", std::string("\x01\x00\x01\x00\x00\x00\x00\x01x", 9), "reserved"},
+      {"unknown process", std::string("\x01\x00\x01\x00\x00\x00\x00\x01x", 9), "of process 256: no such process"},
       {"oversized", std::string("\x01\x00\x00\x00\x00\x01\x00\x01", 8), "65537"},
       {"data after eof", after_eof, "eof"},
       {"stdin from the guest", std::string("\x00\x00\x00\x00\x00\x00\x00\x01x", 9), "stdin"},

@@ -286,3 +286,66 @@ TEST_CASE("stdio without a data channel address: start_failed naming it, nothing
   CHECK(f->reason.find("data channel") != std::string::npos);
   CHECK(sb.shutdown_powered_off());
 }
+
+TEST_CASE("exec: processes beside the workload, each with its own streams, stdin, code, signal; the workload goes on") {
+  Sandbox sb(with_data());
+  // The workload waits for its stdin's EOF, which never comes until shutdown.
+  proto::Stdio st;
+  st.attach_stdin = true;
+  REQUIRE_MESSAGE(sb.start(stdio_boot({"/bin/sh", "-c", "cat >/dev/null; echo workload-done"}, st)), sb.last_error());
+  REQUIRE(sb.wait_until([&] { return sb.data_connected(); }));
+
+  // 1: its own stdout, stderr and stdin; exit 7.
+  proto::ExecProcess x;
+  x.proc = 1;
+  x.exec.argv = {"/bin/sh", "-c", "echo out; echo err >&2; read l; echo got:$l; exit 7"};
+  x.exec.env = {{"PATH", "/usr/bin:/bin"}};
+  x.stdio = proto::Stdio{};
+  x.stdio->attach_stdin = true;
+  REQUIRE(sb.send(x));
+  auto started = sb.expect<proto::ExecStarted>();
+  REQUIRE_MESSAGE(started, sb.last_error());
+  CHECK(started->proc == 1);
+  CHECK(started->pid > 1);
+  std::string in;
+  proto::append_data(in, Stream::in, "hello\n", 1);
+  proto::append_eof(in, Stream::in, 1);
+  sb.send_data(in);
+  auto exited = sb.expect<proto::ExecExited>();
+  REQUIRE_MESSAGE(exited, sb.last_error());
+  CHECK(*exited == proto::ExecExited{1, 7, std::nullopt});
+  CHECK(sb.proc_data(1, Stream::out) == "out\ngot:hello\n");
+  CHECK(sb.proc_data(1, Stream::err) == "err\n");
+  // Its eofs came no later than its exit report (the same poll round at the latest).
+  CHECK(sb.when("data:1:stdout:eof") <= sb.when("msg:exec_exited"));
+  CHECK(sb.when("data:1:stderr:eof") <= sb.when("msg:exec_exited"));
+
+  // 2: killed through kill{signal, proc}: a signal and no code. The workload is untouched.
+  x.proc = 2;
+  x.exec.argv = {"/bin/sleep", "30"};
+  x.stdio.reset();  // /dev/null for all three
+  REQUIRE(sb.send(x));
+  REQUIRE(sb.expect<proto::ExecStarted>());
+  REQUIRE(sb.send(proto::Kill{9, 2}));
+  exited = sb.expect<proto::ExecExited>();
+  REQUIRE_MESSAGE(exited, sb.last_error());
+  CHECK(*exited == proto::ExecExited{2, std::nullopt, 9});
+
+  // 3: not found: exec_failed, class not_found; nothing of it runs.
+  x.proc = 3;
+  x.exec.argv = {"/nonexistent/prog"};
+  REQUIRE(sb.send(x));
+  auto failed = sb.expect<proto::ExecFailed>();
+  REQUIRE_MESSAGE(failed, sb.last_error());
+  CHECK(failed->proc == 3);
+  CHECK(failed->cls == proto::StartFailClass::not_found);
+  CHECK(failed->err == 2);
+
+  // The workload still runs: its stdin's EOF ends it with its own output and code.
+  sb.send_data(stdin_frames("", true));
+  auto w = sb.expect<proto::WorkloadExited>();
+  REQUIRE_MESSAGE(w, sb.last_error());
+  CHECK(*w == proto::WorkloadExited::code(0));
+  CHECK(sb.data_out() == "workload-done\n");
+  finish(sb);
+}

@@ -136,6 +136,10 @@ std::size_t Sandbox::when(std::string_view what) const {
 
 void Sandbox::on_send(const proto::HostMessage& m) {
   if (auto* b = std::get_if<proto::Boot>(&m)) terminal_ = b->stdio && b->stdio->terminal;
+  // A process started by exec: its frames are legal from now on, as a host's decoder must know.
+  if (auto* x = std::get_if<proto::ExecProcess>(&m); x && x->stdio)
+    data_dec_.open_process(x->proc, proto::FrameRules{proto::FrameSender::guest, x->stdio->terminal.has_value(), false,
+                                                      x->stdio->mode == proto::StdioMode::lossy});
 }
 
 void Sandbox::on_bytes(std::string_view bytes) {
@@ -206,6 +210,12 @@ bool Sandbox::pump(int timeout_ms) {
       std::string_view in(buf, static_cast<std::size_t>(k));
       while (auto f = data_dec_.next(in)) {
         const auto si = static_cast<std::size_t>(f->stream);
+        if (f->proc != 0) {
+          if (f->kind == proto::FrameKind::data) proc_data_[f->proc][si] += f->data;
+          if (f->kind == proto::FrameKind::eof)
+            timeline_.push_back("data:" + std::to_string(f->proc) + ":" + std::string(proto::to_string(f->stream)) + ":eof");
+          continue;
+        }
         switch (f->kind) {
           case proto::FrameKind::data: data_[si] += f->data; break;
           case proto::FrameKind::eof:

@@ -12,6 +12,8 @@
 #include <csignal>
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -94,6 +96,11 @@ class Sandbox : public host::testing::ScriptedHost {
   /// Bytes received per stream (stdout, stderr), drop counts, and the per-stream eofs.
   const std::string& data_out() const { return data_[1]; }
   const std::string& data_err() const { return data_[2]; }
+  /// What process `proc` (started by exec) wrote to `s` so far.
+  std::string proc_data(std::uint16_t proc, proto::Stream s) const {
+    auto it = proc_data_.find(proc);
+    return it == proc_data_.end() ? std::string() : it->second[static_cast<std::size_t>(s)];
+  }
   std::uint64_t dropped() const { return dropped_; }
   bool data_eof(proto::Stream s) const { return data_dec_.at_eof(s); }
   bool data_connected() const { return data_fd_ >= 0 || data_closed_; }
@@ -142,6 +149,7 @@ class Sandbox : public host::testing::ScriptedHost {
   bool data_paused_ = false, data_closed_ = false;
   bool terminal_ = false;     // the boot sent asked for a terminal: stdout is the only output
   std::string data_[3];
+  std::map<std::uint16_t, std::array<std::string, 3>> proc_data_;  // exec'd processes' output
   std::string data_tx_;
   std::uint64_t dropped_ = 0;
   proto::FrameDecoder data_dec_{proto::FrameRules{}};

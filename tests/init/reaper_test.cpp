@@ -9,7 +9,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <optional>
 #include <vector>
 
 #include "nesinit/reaper.hpp"
@@ -229,4 +231,46 @@ TEST_CASE("nothing to reap: no children, or children still running") {
   CHECK(!x.workload);
   ::close(gate[1]);
   CHECK(reap_workload(r).exit_code == 0);
+}
+
+TEST_CASE("exec'd pids: each status delivered once in execs, apart from the workload's and orphans'") {
+  ChildScope cs;
+  Reaper r;
+  pid_t w = cs.fork_child([] { ::_exit(1); });
+  r.watch(w);
+  std::vector<pid_t> ex;
+  for (int i = 0; i < static_cast<int>(proto::kExecMax); ++i) {
+    pid_t p = cs.fork_child([i] { ::_exit(10 + i); });
+    REQUIRE(r.watch_exec(p));
+    ex.push_back(p);
+  }
+  CHECK(!r.watch_exec(99999));  // every slot taken
+  pid_t orphan = cs.fork_child([] { ::_exit(0); });
+  (void)orphan;
+  std::vector<ExecReaped> got;
+  std::optional<proto::WorkloadExited> wl;
+  unsigned orphans = 0;
+  for (int round = 0; round < 200 && (got.size() < ex.size() || !wl || orphans < 1); ++round) {
+    Reaped x = r.reap();
+    got.insert(got.end(), x.execs.begin(), x.execs.end());
+    if (x.workload) wl = x.workload;
+    orphans += x.orphans;
+    if (got.size() < ex.size() || !wl || orphans < 1) REQUIRE(wait_sigchld());
+  }
+  REQUIRE(got.size() == ex.size());
+  for (std::size_t i = 0; i < ex.size(); ++i) {
+    auto it = std::find_if(got.begin(), got.end(), [&](const ExecReaped& e) { return e.pid == ex[i]; });
+    REQUIRE(it != got.end());
+    CHECK(it->status == proto::WorkloadExited::code(static_cast<std::uint8_t>(10 + i)));
+  }
+  CHECK(wl == proto::WorkloadExited::code(1));
+  CHECK(orphans == 1);
+  // The slots are free again; forget() frees one unreaped.
+  pid_t again = cs.fork_child([] { ::_exit(5); });
+  CHECK(r.watch_exec(again));
+  r.forget(again);
+  until_zombie(again);
+  Reaped x = r.reap();
+  CHECK(x.execs.empty());
+  CHECK(x.orphans == 1);
 }

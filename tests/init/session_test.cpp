@@ -867,3 +867,135 @@ TEST_CASE("list_processes: the loop reads the list, the session sends it, in any
   r.handle(ev::Eof{});
   CHECK(sent(r.handle(ev::ProcessList{list})).empty());
 }
+
+// ---- exec: more processes beside the workload ----------------------------------------------------
+
+namespace {
+/// A session brought to `running` with its stdio on the data channel (boot.stdio), pid 42.
+Session running_with_stdio() {
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = make_boot(true);
+  b.stdio = proto::Stdio{};
+  b.stdio->drain_ms = 250;
+  s.handle(msg(b));
+  s.handle(ev::DataUp{});
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{42});
+  REQUIRE(s.phase() == Phase::running);
+  return s;
+}
+proto::ExecProcess exec_of(std::uint16_t proc, bool with_stdio) {
+  proto::ExecProcess x;
+  x.proc = proc;
+  x.exec.argv = {"/bin/sh", "-c", "exit 3"};
+  x.exec.uid = 1000;
+  if (with_stdio) x.stdio = proto::Stdio{};
+  return x;
+}
+template <class M>
+M sent_msg(const Actions& as) {
+  for (auto& s : only<act::Send>(as))
+    if (auto* m = std::get_if<M>(&s.msg)) return *m;
+  FAIL("not sent");
+  return M{};
+}
+}  // namespace
+
+TEST_CASE("exec: spawned with all its data; started, reaped, its output at EOF, then exec_exited") {
+  Session s = running_with_stdio();
+  auto a = s.handle(msg(exec_of(1, true)));
+  auto sp = only<act::SpawnExec>(a);
+  REQUIRE(sp.size() == 1);
+  CHECK(sp[0].proc == 1);
+  CHECK(sp[0].exec.argv == std::vector<std::string>{"/bin/sh", "-c", "exit 3"});
+  CHECK(sp[0].exec.uid == 1000);
+  CHECK(sp[0].geometry.width == 1920);
+  CHECK(sp[0].stdio.has_value());
+  CHECK(s.execs() == 1);
+  a = s.handle(ev::ExecStarted{1, 77});
+  CHECK(sent_msg<proto::ExecStarted>(a) == proto::ExecStarted{1, 77});
+  // Reaped first: held for its output, bounded by the drain window.
+  a = s.handle(ev::ExecReaped{77, proto::WorkloadExited::code(3)});
+  CHECK(sent(a).empty());
+  CHECK(armed(a, Timer::exec_drain, 250));
+  a = s.handle(ev::ExecOutputsDone{1});
+  CHECK(sent_msg<proto::ExecExited>(a) == proto::ExecExited{1, 3, std::nullopt});
+  CHECK(only<act::CloseExec>(a).size() == 1);
+  CHECK(cancelled(a, Timer::exec_drain));
+  CHECK(s.execs() == 0);
+  // The workload and the session go on.
+  CHECK(s.phase() == Phase::running);
+  CHECK(s.workload_alive());
+  // Output done first, then the reap: reported at once.
+  s.handle(msg(exec_of(2, true)));
+  s.handle(ev::ExecStarted{2, 78});
+  CHECK(sent(s.handle(ev::ExecOutputsDone{2})).empty());
+  a = s.handle(ev::ExecReaped{78, proto::WorkloadExited::killed(9)});
+  CHECK(sent_msg<proto::ExecExited>(a) == proto::ExecExited{2, std::nullopt, 9});
+}
+
+TEST_CASE("exec: output still open after the reap (a background child): reported when the drain window ends") {
+  Session s = running_with_stdio();
+  s.handle(msg(exec_of(5, true)));
+  s.handle(ev::ExecStarted{5, 90});
+  s.handle(ev::ExecReaped{90, proto::WorkloadExited::code(0)});
+  auto a = s.handle(ev::TimerFired{Timer::exec_drain});
+  CHECK(sent_msg<proto::ExecExited>(a) == proto::ExecExited{5, 0, std::nullopt});
+  CHECK(only<act::CloseExec>(a).front().proc == 5);
+  // Its late outputs-done changes nothing.
+  CHECK(sent(s.handle(ev::ExecOutputsDone{5})).empty());
+}
+
+TEST_CASE("exec: refused with exec_failed naming why; nothing spawned") {
+  {
+    Session s(kOpt);  // before the workload runs
+    s.handle(ev::ChannelUp{});
+    auto a = s.handle(msg(exec_of(1, false)));
+    CHECK(only<act::SpawnExec>(a).empty());
+    CHECK(sent_msg<proto::ExecFailed>(a).reason == "exec: the workload is not running (phase awaiting_boot)");
+  }
+  {
+    Session s = running();  // no data channel
+    auto a = s.handle(msg(exec_of(1, true)));
+    CHECK(only<act::SpawnExec>(a).empty());
+    CHECK(sent_msg<proto::ExecFailed>(a).reason == "exec.stdio: this session has no data channel (boot.stdio unset)");
+    // Without stdio it runs on /dev/null.
+    CHECK(only<act::SpawnExec>(s.handle(msg(exec_of(1, false)))).size() == 1);
+    auto dup = s.handle(msg(exec_of(1, false)));
+    CHECK(only<act::SpawnExec>(dup).empty());
+    CHECK(sent_msg<proto::ExecFailed>(dup).reason == "exec.proc: process 1 is already running");
+  }
+  {
+    Session s = running();
+    for (std::uint16_t i = 1; i <= proto::kExecMax; ++i) CHECK(only<act::SpawnExec>(s.handle(msg(exec_of(i, false)))).size() == 1);
+    auto a = s.handle(msg(exec_of(100, false)));
+    CHECK(only<act::SpawnExec>(a).empty());
+    CHECK(sent_msg<proto::ExecFailed>(a).proc == 100);
+  }
+  {
+    // The spawn itself failed: reported as exec_failed, its slot freed.
+    Session s = running();
+    s.handle(msg(exec_of(3, false)));
+    auto a = s.handle(ev::ExecFailed{3, proto::StartFailed{"exec nope: No such file or directory", 2, proto::StartFailClass::not_found}});
+    CHECK(sent_msg<proto::ExecFailed>(a) ==
+          proto::ExecFailed{3, "exec nope: No such file or directory", 2, proto::StartFailClass::not_found});
+    CHECK(s.execs() == 0);
+  }
+}
+
+TEST_CASE("exec: kill{signal, proc} goes to that process's group only; the workload's SIGTERM is untouched") {
+  Session s = running();
+  s.handle(msg(exec_of(1, false)));
+  s.handle(ev::ExecStarted{1, 500});
+  auto a = s.handle(msg(proto::Kill{15, 1}));
+  auto g = only<act::SignalGroup>(a);
+  REQUIRE(g.size() == 1);
+  CHECK((g[0].signo == 15 && g[0].pgid == 500));
+  CHECK(!s.term_sent());
+  // No such process (never started, or reported): nothing is signalled.
+  CHECK(only<act::SignalGroup>(s.handle(msg(proto::Kill{9, 7}))).empty());
+  s.handle(ev::ExecReaped{500, proto::WorkloadExited::killed(15)});
+  s.handle(ev::ExecOutputsDone{1});
+  CHECK(only<act::SignalGroup>(s.handle(msg(proto::Kill{9, 1}))).empty());
+}

@@ -3,6 +3,7 @@
 // workload_exited held until both outputs are at EOF or the drain window ends). Then make_stdio's
 // real pipes and PTY.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <algorithm>
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -626,4 +627,52 @@ TEST_CASE("make_stdio: a PTY of the asked size; bytes both ways") {
   REQUIRE(::poll(&p, 1, 5000) == 1);
   CHECK(::read(f.out.get(), &c, 1) == 1);
   CHECK(c == 't');
+}
+
+TEST_CASE("exec: the workload's core hands other processes' frames over; an exec'd core frames as its process") {
+  proto::Stdio st;
+  st.attach_stdin = true;
+  StdioCore wl(st);
+  REQUIRE(wl.open_process(3, st));
+  std::string wire;
+  proto::append_data(wire, Stream::in, "for-three", 3);
+  proto::append_data(wire, Stream::in, "for-wl");
+  proto::append_eof(wire, Stream::in, 3);
+  wl.on_rx(wire);
+  CHECK(wl.rx_error().empty());
+  CHECK(wl.in_pending() == "for-wl");
+  CHECK(wl.rx_room() == 0);  // foreign frames not yet taken: nothing more is read
+  auto fs = wl.take_foreign();
+  REQUIRE(fs.size() == 2);
+  StdioCore three(st, 3);
+  for (auto& f : fs) three.on_frame(f);
+  CHECK(three.in_pending() == "for-three");
+  three.in_written(9);
+  CHECK(three.in_close_due());
+  CHECK(wl.rx_room() > 0);
+  // Output of process 3 is framed as process 3.
+  three.on_output(Stream::err, "e");
+  three.on_output_eof(Stream::err);
+  three.on_output_eof(Stream::out);
+  std::string tx(three.tx());
+  three.sent(tx.size());
+  proto::FrameDecoder d(proto::FrameRules{proto::FrameSender::guest, false, false, false});
+  REQUIRE(d.open_process(3, proto::FrameRules{proto::FrameSender::guest, false, false, false}));
+  std::string_view in = tx;
+  std::vector<proto::Frame> out;
+  while (auto f = d.next(in)) out.push_back(*f);
+  REQUIRE(!d.failed());
+  REQUIRE(out.size() == 3);
+  for (auto& f : out) CHECK(f.proc == 3);
+  CHECK(std::count_if(out.begin(), out.end(), [](const proto::Frame& f) {
+          return f.stream == Stream::err && f.kind == proto::FrameKind::data && f.data == "e";
+        }) == 1);
+  CHECK(three.outputs_done());
+  // Closed: its late frames are skipped, not an error.
+  wl.close_process(3);
+  std::string late;
+  proto::append_data(late, Stream::in, "late", 3);
+  wl.on_rx(late);
+  CHECK(wl.rx_error().empty());
+  CHECK(wl.take_foreign().empty());
 }

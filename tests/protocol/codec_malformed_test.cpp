@@ -87,6 +87,14 @@ const std::vector<Field> kSchema = {
     {"boot", {"root", "fs"}, "boot.root.fs", Kind::enumeration, false, false, {R"("tmpfs")", R"("bind")", R"("xfs")"}},
     // kill
     {"kill", {"signal"}, "kill.signal", Kind::integer, true, false, {"0", "65", "-9", "4294967305"}},
+    {"kill", {"proc"}, "kill.proc", Kind::integer, false, false, {"0", "65536", "-1"}},
+    // exec
+    {"exec", {"proc"}, "exec.proc", Kind::integer, true, false, {"0", "65536", "-1"}},
+    {"exec", {"exec"}, "exec.exec", Kind::object, true},
+    {"exec", {"exec", "argv"}, "exec.exec.argv", Kind::array, true, false, {"[]"}},
+    {"exec", {"exec", "uid"}, "exec.exec.uid", Kind::u32, true, false, {"-1", "4294967295"}},
+    {"exec", {"stdio"}, "exec.stdio", Kind::object_or_null, false},
+    {"exec", {"stdio", "terminal", "rows"}, "exec.stdio.terminal.rows", Kind::integer, true, false, {"0", "65536"}},
     // guest -> host
     {"ready", {"protocol_version"}, "ready.protocol_version", Kind::u32, true, false, {"-1", "4294967296"}},
     {"mount_failed", {"tag"}, "mount_failed.tag", Kind::string, false},  // optional: a later v2 revision
@@ -108,11 +116,20 @@ const std::vector<Field> kSchema = {
     {"processes", {"processes", 0, "uid"}, "processes.processes[0].uid", Kind::u32, true, false, {"-1", "4294967296"}},
     {"processes", {"processes", 0, "cmd"}, "processes.processes[0].cmd", Kind::string, true},
     {"processes", {"truncated"}, "processes.truncated", Kind::u32, false, false, {"-1", "4294967296"}},
+    {"exec_started", {"proc"}, "exec_started.proc", Kind::integer, true, false, {"0", "65536"}},
+    {"exec_started", {"pid"}, "exec_started.pid", Kind::integer, true, false, {"0", "-1", "2147483648"}},
+    {"exec_failed", {"proc"}, "exec_failed.proc", Kind::integer, true, false, {"0", "65536"}},
+    {"exec_failed", {"reason"}, "exec_failed.reason", Kind::string, true},
+    {"exec_failed", {"errno"}, "exec_failed.errno", Kind::integer, false, false, {"-1", "2147483648"}},
+    {"exec_failed", {"class"}, "exec_failed.class", Kind::enumeration, false, false, {R"("nope")"}},
+    {"exec_exited", {"proc"}, "exec_exited.proc", Kind::integer, true, false, {"0", "65536"}},
+    {"exec_exited", {"exit_code"}, "exec_exited.exit_code", Kind::integer, true, false, {"-1", "256"},
+     "exec_exited: expected exactly one of exit_code and signal, got neither"},
 };
 
 J base_tree(const std::string& name) {
   if (name == "boot") return boot_tree();
-  if (name == "kill") return J::obj({{"type", J::s("kill")}, {"signal", J::n(9)}});
+  if (name == "kill") return J::obj({{"type", J::s("kill")}, {"signal", J::n(9)}, {"proc", J::n(1)}});
   if (name == "ready") return J::obj({{"type", J::s("ready")}, {"protocol_version", J::n(2)}});
   if (name == "mount_failed")
     return J::obj({{"type", J::s("mount_failed")}, {"tag", J::s("w")}, {"reason", J::s("r")}, {"errno", J::n(19)}});
@@ -126,10 +143,19 @@ J base_tree(const std::string& name) {
     return J::obj({{"type", J::s("processes")},
                    {"processes", J::arr({J::obj({{"pid", J::n(1)}, {"ppid", J::n(0)}, {"uid", J::n(0)}, {"cmd", J::s("init")}})})},
                    {"truncated", J::n(0)}});
+  if (name == "exec")
+    return J::obj({{"type", J::s("exec")}, {"proc", J::n(1)},
+                   {"exec", J::obj({{"argv", J::arr({J::s("sh")})}, {"uid", J::n(0)}, {"gid", J::n(0)}})},
+                   {"stdio", J::obj({{"stdin", J::b(true)}, {"terminal", J::obj({{"rows", J::n(24)}, {"cols", J::n(80)}})}})}});
+  if (name == "exec_started") return J::obj({{"type", J::s("exec_started")}, {"proc", J::n(1)}, {"pid", J::n(9)}});
+  if (name == "exec_failed")
+    return J::obj({{"type", J::s("exec_failed")}, {"proc", J::n(1)}, {"reason", J::s("r")}, {"errno", J::n(2)},
+                   {"class", J::s("not_found")}});
+  if (name == "exec_exited") return J::obj({{"type", J::s("exec_exited")}, {"proc", J::n(1)}, {"exit_code", J::n(3)}});
   throw std::logic_error("base " + name);
 }
 
-bool host_side(const std::string& base) { return base == "boot" || base == "kill"; }
+bool host_side(const std::string& base) { return base == "boot" || base == "kill" || base == "exec"; }
 
 /// Decodes `line` in the direction its base belongs to.
 std::string decode_summary(const std::string& base, const std::string& line) {

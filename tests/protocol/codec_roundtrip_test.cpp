@@ -75,6 +75,18 @@ TEST_CASE("exact wire shapes: the reference's lines, byte for byte") {
   CHECK(encode(GuestMessage{StartFailed{"r", 2, StartFailClass::not_found}}) ==
         R"({"type":"start_failed","reason":"r","errno":2,"class":"not_found"})");
   CHECK(encode(GuestMessage{ProtocolError{"x"}}) == R"({"type":"protocol_error","reason":"x"})");
+  // exec (additive): its own process number on every message and frame.
+  CHECK(encode(HostMessage{Kill{9, 2}}) == R"({"type":"kill","signal":9,"proc":2})");
+  ExecProcess ex;
+  ex.proc = 2;
+  ex.exec.argv = {"sh"};
+  CHECK(encode(HostMessage{ex}) ==
+        R"({"type":"exec","proc":2,"exec":{"argv":["sh"],"env":{},"cwd":null,"uid":0,"gid":0}})");
+  CHECK(encode(GuestMessage{ExecStarted{2, 77}}) == R"({"type":"exec_started","proc":2,"pid":77})");
+  CHECK(encode(GuestMessage{ExecFailed{2, "r", 2, StartFailClass::not_found}}) ==
+        R"({"type":"exec_failed","proc":2,"reason":"r","errno":2,"class":"not_found"})");
+  CHECK(encode(GuestMessage{ExecExited{2, 7, std::nullopt}}) == R"({"type":"exec_exited","proc":2,"exit_code":7})");
+  CHECK(encode(GuestMessage{ExecExited{2, std::nullopt, 9}}) == R"({"type":"exec_exited","proc":2,"signal":9})");
   // boot.stdio: absent means the console (reference shape); present, every field is written.
   Boot st = reference_boot();
   st.stdio = Stdio{};

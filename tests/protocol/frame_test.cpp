@@ -209,8 +209,8 @@ TEST_CASE("decoder: every framing error, named, final, with the frame's offset")
       {kGuestRules, hdr(1, 255, 0), "frame: kind 255 unknown"},
       {kGuestRules, hdr(7, 0, 1) + "a", "data frame: stream 7 unknown"},
       {kGuestRules, hdr(3, 1, 0), "eof frame: stream 3 unknown"},
-      {kGuestRules, hdr(1, 0, 1, 0, 1) + "a", "data frame on stdout: reserved bytes 2-3 are 0x0001, expected zero"},
-      {kGuestRules, hdr(2, 1, 0, 0x80, 0), "eof frame on stderr: reserved bytes 2-3 are 0x8000, expected zero"},
+      {kGuestRules, hdr(1, 0, 1, 0, 1) + "a", "data frame on stdout of process 1: no such process"},
+      {kGuestRules, hdr(2, 1, 0, 0x80, 0), "eof frame on stderr of process 32768: no such process"},
       {kGuestRules, hdr(1, 0, 0), "data frame on stdout: length 0 (expected 1..65536)"},
       {kGuestRules, hdr(1, 0, 65537), "data frame on stdout: length 65537 over the cap of 65536 bytes"},
       {kGuestRules, hdr(2, 0, 0xffffffffu), "data frame on stderr: length 4294967295 over the cap of 65536 bytes"},
@@ -282,4 +282,87 @@ TEST_CASE("names") {
   CHECK(to_string(Stream::out) == "stdout");
   CHECK(to_string(Stream::err) == "stderr");
   CHECK(to_string(FrameKind::dropped) == "dropped");
+}
+
+TEST_CASE("decoder: frames of processes started by exec, each by its own rules, closed ones skipped") {
+  FrameDecoder d(kGuestRules);  // the workload: lossy pipes
+  // An exec'd process with a terminal (stdout only), not lossy.
+  REQUIRE(d.open_process(3, FrameRules{FrameSender::guest, true, false, false}));
+  std::string wire;
+  append_data(wire, Stream::out, "wl");
+  append_data(wire, Stream::out, "x3", 3);
+  append_eof(wire, Stream::out, 3);
+  append_data(wire, Stream::err, "e0");
+  std::string_view in = wire;
+  std::vector<Frame> got;
+  while (auto f = d.next(in)) got.push_back(*f);
+  REQUIRE(!d.failed());
+  REQUIRE(got.size() == 4);
+  CHECK((got[0].proc == 0 && got[0].data == "wl"));
+  CHECK((got[1].proc == 3 && got[1].data == "x3" && got[1].stream == Stream::out));
+  CHECK((got[2].proc == 3 && got[2].kind == FrameKind::eof));
+  CHECK((got[3].proc == 0 && got[3].stream == Stream::err));
+  CHECK(!d.at_eof(Stream::out));  // process 3's eof is its own
+
+  // Process 3's rules: stderr is illegal with its terminal; its stdout is at eof.
+  {
+    FrameDecoder e(kGuestRules);
+    REQUIRE(e.open_process(3, FrameRules{FrameSender::guest, true, false, false}));
+    std::string w;
+    append_data(w, Stream::err, "no", 3);
+    std::string_view v = w;
+    CHECK(!e.next(v));
+    CHECK(e.error() == "data frame on stderr of process 3: with a terminal all output is stdout (frame at byte 0)");
+  }
+  {
+    std::string w;
+    append_data(w, Stream::out, "late", 3);
+    std::string_view v = w;
+    CHECK(!d.next(v));
+    CHECK(d.error() == "data frame on stdout of process 3: stream already at eof (frame at byte 38)");
+  }
+  // Closed: what is still in flight for it is consumed and skipped; a later number is unknown.
+  FrameDecoder c(kGuestRules);
+  REQUIRE(c.open_process(2, kGuestRules));
+  c.close_process(2);
+  std::string w;
+  append_data(w, Stream::out, std::string(70000, 'z'), 2);
+  append_eof(w, Stream::err, 2);
+  append_data(w, Stream::out, "after");
+  for (std::size_t split : {std::size_t{1}, std::size_t{7}, w.size()}) {
+    FrameDecoder cc(kGuestRules);
+    REQUIRE(cc.open_process(2, kGuestRules));
+    cc.close_process(2);
+    std::vector<Frame> fs;
+    for (std::size_t at = 0; at < w.size(); at += split) {
+      std::string_view part = std::string_view(w).substr(at, split);
+      while (auto f = cc.next(part)) fs.push_back(*f);
+    }
+    REQUIRE(!cc.failed());
+    REQUIRE(fs.size() == 1);
+    CHECK((fs[0].proc == 0 && fs[0].data == "after"));
+  }
+  std::string w4;
+  append_eof(w4, Stream::out, 4);
+  std::string_view v4 = w4;
+  CHECK(!c.next(v4));
+  CHECK(c.error() == "eof frame on stdout of process 4: no such process (frame at byte 0)");
+  // At most kExecMax open at once; process 0 is never "opened".
+  FrameDecoder m(kHostRules);
+  CHECK(!m.open_process(0, kHostRules));
+  for (std::uint16_t i = 1; i <= kExecMax; ++i) CHECK(m.open_process(i, kHostRules));
+  CHECK(!m.open_process(100, kHostRules));
+  m.close_process(1);
+  CHECK(m.open_process(100, kHostRules));
+}
+
+TEST_CASE("encoder: the process number is bytes 2-3, big-endian") {
+  std::string w;
+  append_resize(w, 24, 80, 0x0102);
+  CHECK(w == std::string("\x00\x02\x01\x02\x00\x00\x00\x04\x00\x18\x00\x50", 12));
+  Frame f;
+  f.proc = 65535;
+  f.kind = FrameKind::eof;
+  f.stream = Stream::err;
+  CHECK(encode_frame(f) == std::string("\x02\x01\xff\xff\x00\x00\x00\x00", 8));
 }

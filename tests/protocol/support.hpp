@@ -103,6 +103,15 @@ inline std::vector<HostMessage> host_samples() {
   v.emplace_back(Kill{9});
   v.emplace_back(Kill{64});
   v.emplace_back(ListProcesses{});
+  v.emplace_back(Kill{9, 1});
+  v.emplace_back(Kill{64, 65535});
+  ExecProcess ex;
+  ex.proc = 1;
+  ex.exec = full_boot().exec;
+  v.emplace_back(ex);
+  ex.proc = 65535;
+  ex.stdio = Stdio{true, Terminal{24, 80}, StdioMode::lossy, kStdioBufferMax, kStdioDrainMaxMs};
+  v.emplace_back(ex);
   return v;
 }
 
@@ -131,6 +140,12 @@ inline std::vector<GuestMessage> guest_samples() {
   v.emplace_back(Processes{});
   v.emplace_back(Processes{{{1, 0, 0, "/sbin/init"}, {kI32Max, kI32Max, kU32Max, "sh -c 'x \"y\"' \xc3\xa9"}}, 0});
   v.emplace_back(Processes{{{7, 1, 1000, "[kworker]"}}, kU32Max});
+  v.emplace_back(ExecStarted{1, 1});
+  v.emplace_back(ExecStarted{65535, kI32Max});
+  v.emplace_back(ExecFailed{2, "exec sh: No such file or directory", 2, StartFailClass::not_found});
+  v.emplace_back(ExecFailed{3, "", std::nullopt, StartFailClass::other});
+  v.emplace_back(ExecExited{1, 0, std::nullopt});
+  v.emplace_back(ExecExited{65535, std::nullopt, 64});
   return v;
 }
 
