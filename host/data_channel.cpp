@@ -30,19 +30,23 @@ proto::FrameRules guest_rules(const proto::Stdio& s) {
 DataReceiver::DataReceiver(const proto::Stdio& stdio)
     : dec_(guest_rules(stdio)), terminal_(stdio.terminal.has_value()) {}
 
+bool DataReceiver::open_process(std::uint16_t proc, const proto::Stdio& stdio) {
+  return dec_.open_process(proc, guest_rules(stdio));
+}
+
 void DataReceiver::received(std::string_view bytes, std::vector<DataEvent>& out) {
   while (!dec_.failed()) {
     auto f = dec_.next(bytes);
     if (!f) break;
     switch (f->kind) {
       case proto::FrameKind::data:
-        out.push_back(data_ev::Output{f->stream, std::move(f->data)});
+        out.push_back(data_ev::Output{f->stream, std::move(f->data), f->proc});
         break;
       case proto::FrameKind::eof:
-        out.push_back(data_ev::Eof{f->stream});
+        out.push_back(data_ev::Eof{f->stream, f->proc});
         break;
       case proto::FrameKind::dropped:
-        out.push_back(data_ev::Dropped{f->stream, f->dropped});
+        out.push_back(data_ev::Dropped{f->stream, f->dropped, f->proc});
         break;
       case proto::FrameKind::resize:  // the decoder refuses it from a guest; never here
         break;
@@ -105,6 +109,16 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
   auto now = wall_now();
   for (auto& e : evs) {
     if (closed_) return;
+    const std::uint16_t proc = std::visit(
+        [](const auto& x) -> std::uint16_t {
+          if constexpr (requires { x.proc; }) return x.proc;
+          else return 0;
+        },
+        e);
+    if (proc != 0) {
+      if (cfg_.exec_event) cfg_.exec_event(proc, e);
+      continue;
+    }
     if (auto* o = std::get_if<data_ev::Output>(&e)) {
       if (h && h->data) h->data(cfg_.vm, o->stream, o->bytes);
       if (cfg_.log) {
@@ -116,12 +130,8 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
       if (cfg_.log) cfg_.log->push_eof(static_cast<OutputStream>(eo->stream), now);
       cfg_.emit("output_eof", std::string(proto::to_string(eo->stream)));
       (eo->stream == proto::Stream::out ? out_eof_ : err_eof_) = true;
-      // Every output stream ended and all of it is ours: closing tells the guest so (it holds
-      // its power-off until then, docs/protocol.md "Data channel"). stdin ends with it.
-      if (out_eof_ && (err_eof_ || cfg_.stdio.terminal)) {
-        close();
-        return;
-      }
+      maybe_close_done();
+      if (closed_) return;
     } else if (auto* d = std::get_if<data_ev::Dropped>(&e)) {
       if (h && h->dropped) h->dropped(cfg_.vm, d->stream, d->bytes);
       if (cfg_.log) cfg_.log->push_dropped(static_cast<OutputStream>(d->stream), d->bytes, now);
@@ -145,47 +155,100 @@ void DataLink::log_drained() {
   start_read();
 }
 
-Status DataLink::send_stdin(std::string_view bytes) {
+DataLink::Exec* DataLink::find_exec(std::uint16_t proc) {
+  for (Exec& x : execs_)
+    if (x.proc == proc) return &x;
+  return nullptr;
+}
+
+void DataLink::maybe_close_done() {
+  // Every output stream of the workload ended and all of it is ours: closing tells the guest so
+  // (it holds its power-off until then, docs/protocol.md "Data channel"); stdin ends with it.
+  // Not while a process exec() started still has its streams here.
+  if (out_eof_ && (err_eof_ || cfg_.stdio.terminal) && execs_.empty()) close();
+}
+
+Status DataLink::queue_in(std::string f) {
+  out_bytes_ += f.size();
+  outq_.push_back(std::move(f));
+  start_write();
+  return Ok{};
+}
+
+Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
   if (closed_) return Error{"stdin: the data channel is closed"};
-  if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
-  if (stdin_eof_sent_) return Error{"stdin: already at eof"};
+  bool* eof_sent = &stdin_eof_sent_;
+  if (proc == 0) {
+    if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
+  } else {
+    Exec* x = find_exec(proc);
+    if (!x) return Error{fmt::format("stdin: no process {}", proc)};
+    if (!x->started) return Error{fmt::format("stdin: process {} has not started yet", proc)};
+    if (!x->stdio.attach_stdin) return Error{fmt::format("stdin: not attached for process {}", proc)};
+    eof_sent = &x->stdin_eof_sent;
+  }
+  if (*eof_sent) return Error{"stdin: already at eof"};
   if (out_bytes_ >= cfg_.stdin_cap) {
     stdin_refused_ = true;
     return Error{fmt::format("stdin: {} bytes queued; the guest is not reading", out_bytes_)};
   }
   if (bytes.empty()) return Ok{};
   std::string f;
-  proto::append_data(f, proto::Stream::in, bytes);
-  out_bytes_ += f.size();
-  outq_.push_back(std::move(f));
-  start_write();
-  return Ok{};
+  proto::append_data(f, proto::Stream::in, bytes, proc);
+  return queue_in(std::move(f));
 }
 
-Status DataLink::send_stdin_eof() {
+Status DataLink::send_stdin_eof(std::uint16_t proc) {
   if (closed_) return Error{"stdin: the data channel is closed"};
-  if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
-  if (stdin_eof_sent_) return Ok{};
-  stdin_eof_sent_ = true;
+  bool* eof_sent = &stdin_eof_sent_;
+  if (proc == 0) {
+    if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
+  } else {
+    Exec* x = find_exec(proc);
+    if (!x) return Error{fmt::format("stdin: no process {}", proc)};
+    if (!x->started) return Error{fmt::format("stdin: process {} has not started yet", proc)};
+    eof_sent = &x->stdin_eof_sent;
+  }
+  if (*eof_sent) return Ok{};
+  *eof_sent = true;
   std::string f;
-  proto::append_eof(f, proto::Stream::in);
-  out_bytes_ += f.size();
-  outq_.push_back(std::move(f));
-  start_write();
-  return Ok{};
+  proto::append_eof(f, proto::Stream::in, proc);
+  return queue_in(std::move(f));
 }
 
-Status DataLink::send_resize(std::uint16_t rows, std::uint16_t cols) {
+Status DataLink::send_resize(std::uint16_t rows, std::uint16_t cols, std::uint16_t proc) {
   if (closed_) return Error{"resize: the data channel is closed"};
-  if (!cfg_.stdio.terminal) return Error{"resize: the workload has no terminal"};
+  if (proc == 0) {
+    if (!cfg_.stdio.terminal) return Error{"resize: the workload has no terminal"};
+  } else {
+    Exec* x = find_exec(proc);
+    if (!x || !x->started) return Error{fmt::format("resize: no process {} running", proc)};
+    if (!x->stdio.terminal) return Error{fmt::format("resize: process {} has no terminal", proc)};
+  }
   if (rows == 0 || cols == 0) return Error{fmt::format("resize: {}x{} has a zero size", rows, cols)};
   if (out_bytes_ >= cfg_.stdin_cap + 4096) return Error{"resize: the guest is not reading"};
   std::string f;
-  proto::append_resize(f, rows, cols);
-  out_bytes_ += f.size();
-  outq_.push_back(std::move(f));
-  start_write();
+  proto::append_resize(f, rows, cols, proc);
+  return queue_in(std::move(f));
+}
+
+Status DataLink::open_exec(std::uint16_t proc, const proto::Stdio& stdio) {
+  if (closed_) return Error{"exec: the data channel is closed"};
+  if (find_exec(proc)) return Error{fmt::format("exec: process {} is open already", proc)};
+  if (execs_.size() >= proto::kExecMax || !rx_.open_process(proc, stdio))
+    return Error{fmt::format("exec: {} processes started by exec are open already (the most)", proto::kExecMax)};
+  execs_.push_back(Exec{proc, stdio, false, false});
   return Ok{};
+}
+
+void DataLink::exec_started(std::uint16_t proc) {
+  if (Exec* x = find_exec(proc)) x->started = true;
+}
+
+void DataLink::close_exec(std::uint16_t proc) {
+  rx_.close_process(proc);
+  std::erase_if(execs_, [&](const Exec& x) { return x.proc == proc; });
+  if (!closed_) maybe_close_done();
 }
 
 void DataLink::start_write() {

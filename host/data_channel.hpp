@@ -60,10 +60,12 @@ std::string firecracker_data_path(std::string_view uds_path);
 /// The data channel's vsock port in production (the control channel's is 7000).
 inline constexpr std::uint32_t kDataVsockPort = 7001;
 
+/// Events of the guest -> host direction; `proc` is whose streams (0 the workload, else the
+/// process exec() started with that number).
 namespace data_ev {
-struct Output { proto::Stream stream; std::string bytes; };
-struct Eof { proto::Stream stream; };
-struct Dropped { proto::Stream stream; std::uint64_t bytes; };
+struct Output { proto::Stream stream; std::string bytes; std::uint16_t proc = 0; };
+struct Eof { proto::Stream stream; std::uint16_t proc = 0; };
+struct Dropped { proto::Stream stream; std::uint64_t bytes; std::uint16_t proc = 0; };
 struct Failed { std::string reason; };  // a framing error, or the stream ended mid-frame
 }  // namespace data_ev
 using DataEvent = std::variant<data_ev::Output, data_ev::Eof, data_ev::Dropped, data_ev::Failed>;
@@ -74,6 +76,10 @@ using DataEvent = std::variant<data_ev::Output, data_ev::Eof, data_ev::Dropped, 
 class DataReceiver {
  public:
   explicit DataReceiver(const proto::Stdio& stdio);
+  /// Frames of process `proc` (exec) are legal from now on, by its own `stdio` (false: too many).
+  bool open_process(std::uint16_t proc, const proto::Stdio& stdio);
+  /// Process `proc` is over: its late frames are skipped.
+  void close_process(std::uint16_t proc) { dec_.close_process(proc); }
   /// Bytes from the channel, any split; events appended to `out` in order.
   void received(std::string_view bytes, std::vector<DataEvent>& out);
   /// The byte stream ended (EOF or a read error): Failed if a frame was cut off.
@@ -99,17 +105,29 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
     std::size_t stdin_cap = 256u << 10;         // bytes of stdin frames queued at most
     std::function<void(std::string kind, std::string detail)> emit;  // one Event
     std::function<void()> on_closed;            // after the link is closed, once
+    /// Output, eof and dropped events of processes exec() started (proc != 0): not the
+    /// workload's hooks, not its log.
+    std::function<void(std::uint16_t proc, DataEvent& e)> exec_event;
   };
   DataLink(boost::asio::io_context& io, int fd, int family, Config cfg);
   /// Starts reading.
   void start();
-  /// Queues stdin bytes as data frames. Errors: no stdin attached, stdin already at eof, channel
-  /// closed, queue full ("stdin: N bytes queued; the guest is not reading").
-  Status send_stdin(std::string_view bytes);
-  /// Queues the stdin eof frame (once).
-  Status send_stdin_eof();
-  /// Queues a resize frame. Errors: no terminal, zero size, closed.
-  Status send_resize(std::uint16_t rows, std::uint16_t cols);
+  /// Queues stdin bytes of process `proc` (0 the workload) as data frames. Errors: no stdin
+  /// attached, stdin already at eof, channel closed, no such process or not started yet, queue
+  /// full ("stdin: N bytes queued; the guest is not reading").
+  Status send_stdin(std::string_view bytes, std::uint16_t proc = 0);
+  /// Queues the stdin eof frame of `proc` (once).
+  Status send_stdin_eof(std::uint16_t proc = 0);
+  /// Queues a resize frame for `proc`. Errors: no terminal, zero size, closed.
+  Status send_resize(std::uint16_t rows, std::uint16_t cols, std::uint16_t proc = 0);
+  /// A process exec() is about to start, with `stdio`: its frames become legal (call before the
+  /// `exec` line goes out). Errors: closed, too many at once.
+  Status open_exec(std::uint16_t proc, const proto::Stdio& stdio);
+  /// Its exec_started arrived: stdin frames may go to it now (the guest knows the number).
+  void exec_started(std::uint16_t proc);
+  /// Its end was reported: its late frames are skipped; the channel may close once the workload's
+  /// outputs are done and no process exec() started is open.
+  void close_exec(std::uint16_t proc);
   /// Bytes of stdin frames queued.
   std::size_t stdin_queued() const { return out_bytes_; }
   /// The embedder's flow control: while paused, nothing is read (the guest then holds, or drops
@@ -140,6 +158,17 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   bool paused_embedder_ = false, paused_log_ = false;
   bool stdin_eof_sent_ = false, stdin_refused_ = false;
   bool out_eof_ = false, err_eof_ = false;  // the guest's eof frames seen
+  /// Processes exec() started whose streams are open here, at most proto::kExecMax.
+  struct Exec {
+    std::uint16_t proc = 0;
+    proto::Stdio stdio;
+    bool started = false;
+    bool stdin_eof_sent = false;
+  };
+  std::vector<Exec> execs_;
+  Exec* find_exec(std::uint16_t proc);
+  Status queue_in(std::string frame);
+  void maybe_close_done();  // the receipt: the workload's outputs done, no exec open
 };
 
 }  // namespace nes::host

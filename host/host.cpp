@@ -75,6 +75,18 @@ struct Vm {
     std::shared_ptr<asio::steady_timer> deadline;
   };
   std::deque<ProcessWaiter> process_waiters;
+  // Processes exec() started and not yet ended, by process number.
+  struct ExecProc {
+    ExecHooks hooks;
+    bool has_stdio = false;
+    bool started = false;
+    bool out_eof = false, err_eof = false;
+    bool terminal = false;
+    std::optional<proto::ExecExited> exited;     // reported, its output still on its way
+    std::shared_ptr<asio::steady_timer> timer;   // the answer's bound, then the output's
+  };
+  std::map<std::uint16_t, ExecProc> execs;
+  std::uint16_t next_proc = 1;
 
   const std::string& id() const { return core.config().vm; }
   std::uint64_t generation() const { return core.config().generation; }
@@ -209,6 +221,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             finished(vm);
           } else if constexpr (std::is_same_v<T, act::Processes>) {
             answer_processes(vm, std::move(x.list));
+          } else if constexpr (std::is_same_v<T, act::ExecReport>) {
+            exec_report(vm, std::move(x.report));
           }
         },
         a);
@@ -260,6 +274,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     auto st = std::exchange(vm->stream, nullptr);
     if (!st) return;
     fail_process_waiters(vm, "list_processes: the guest's stream closed before it answered");
+    fail_execs(vm, "the guest's stream closed before the process's end was reported");
     st->closed = true;
     error_code ec;
     // Stop reading now; let queued lines (e.g. the `shutdown` ack) go out, bounded by 1 s.
@@ -344,8 +359,97 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     while (!vm->process_waiters.empty()) answer_processes(vm, Error{why});
   }
 
+  // ---- exec ----
+  void exec_report(const std::shared_ptr<Vm>& vm,
+                   std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> r) {
+    const std::uint16_t proc = std::visit([](const auto& m) { return m.proc; }, r);
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;  // not ours (late, or never asked for): nothing to tell
+    Vm::ExecProc& x = it->second;
+    if (auto* st = std::get_if<proto::ExecStarted>(&r)) {
+      if (x.started) return;
+      x.started = true;
+      if (x.timer) x.timer->cancel();
+      if (vm->data) vm->data->exec_started(proc);
+      emit(*vm, "exec_started", fmt::format("proc={} pid={}", proc, st->pid));
+      if (x.hooks.started) x.hooks.started(st->pid);
+      return;
+    }
+    if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
+      ExecEnd e;
+      e.failed = *f;
+      emit(*vm, "exec_failed", fmt::format("proc={} {}", proc, f->reason.substr(0, 256)));
+      return end_exec(vm, proc, std::move(e));
+    }
+    x.exited = std::get<proto::ExecExited>(r);
+    emit(*vm, "exec_exited", fmt::format("proc={} {}", proc,
+                                         x.exited->signal ? fmt::format("signal={}", *x.exited->signal)
+                                                          : fmt::format("exit_code={}", *x.exited->exit_code)));
+    if (exec_outputs_done(x)) return end_exec(vm, proc, ExecEnd{x.exited, std::nullopt, {}});
+    // Its last output may still be on the data channel (another connection): bounded.
+    arm_exec_timer(vm, proc, opt.data_drain);
+  }
+
+  static bool exec_outputs_done(const Vm::ExecProc& x) {
+    return !x.has_stdio || (x.out_eof && (x.err_eof || x.terminal));
+  }
+
+  void arm_exec_timer(const std::shared_ptr<Vm>& vm, std::uint16_t proc, std::chrono::milliseconds after) {
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;
+    auto t = std::make_shared<asio::steady_timer>(io, after);
+    if (it->second.timer) it->second.timer->cancel();
+    it->second.timer = t;
+    std::weak_ptr<Vm> wv = vm;
+    std::weak_ptr<Impl> w = shared_from_this();
+    t->async_wait([w, wv, proc, t](error_code ec) {
+      auto self = w.lock();
+      auto vm = wv.lock();
+      if (ec || !vm || !self) return;
+      auto it = vm->execs.find(proc);
+      if (it == vm->execs.end() || it->second.timer != t) return;
+      if (it->second.exited) return self->end_exec(vm, proc, ExecEnd{it->second.exited, std::nullopt, {}});
+      self->end_exec(vm, proc, ExecEnd{std::nullopt, std::nullopt, "no answer to exec in time (an init without exec?)"});
+    });
+  }
+
+  /// Output of process `proc` from the data channel.
+  void exec_data(const std::shared_ptr<Vm>& vm, std::uint16_t proc, DataEvent& e) {
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;
+    Vm::ExecProc& x = it->second;
+    if (auto* o = std::get_if<data_ev::Output>(&e)) {
+      if (x.hooks.data) x.hooks.data(o->stream, o->bytes);
+    } else if (auto* eo = std::get_if<data_ev::Eof>(&e)) {
+      (eo->stream == proto::Stream::err ? x.err_eof : x.out_eof) = true;
+      if (x.hooks.eof) x.hooks.eof(eo->stream);
+      if (x.exited && exec_outputs_done(x)) end_exec(vm, proc, ExecEnd{x.exited, std::nullopt, {}});
+    }
+  }
+
+  void end_exec(const std::shared_ptr<Vm>& vm, std::uint16_t proc, ExecEnd e) {
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;
+    Vm::ExecProc x = std::move(it->second);
+    vm->execs.erase(it);
+    if (x.timer) x.timer->cancel();
+    if (vm->data) vm->data->close_exec(proc);
+    if (!e.lost.empty()) emit(*vm, "exec_lost", fmt::format("proc={} {}", proc, e.lost));
+    if (x.hooks.ended) x.hooks.ended(e);
+  }
+
+  void fail_execs(const std::shared_ptr<Vm>& vm, const std::string& why) {
+    while (!vm->execs.empty()) {
+      const std::uint16_t proc = vm->execs.begin()->first;
+      auto& x = vm->execs.begin()->second;
+      if (x.exited) end_exec(vm, proc, ExecEnd{x.exited, std::nullopt, {}});
+      else end_exec(vm, proc, ExecEnd{std::nullopt, std::nullopt, why});
+    }
+  }
+
   void finished(const std::shared_ptr<Vm>& vm) {
     fail_process_waiters(vm, "list_processes: the session is over");
+    fail_execs(vm, "the session is over");
     if (vm->acceptor) {
       error_code ec;
       vm->acceptor->close(ec);
@@ -457,10 +561,23 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       auto m = kind == "data_error" ? act::Milestone::data_error : act::Milestone::other;
       self->emit(*vm, std::move(kind), std::move(detail), m);
     };
-    c.on_closed = [wv] {
+    c.on_closed = [w, wv] {
       auto vm = wv.lock();
       if (!vm) return;
+      // Processes exec() started lose their streams with it: their reports still end them.
+      for (auto& [proc, x] : vm->execs)
+        if (x.has_stdio) x.out_eof = x.err_eof = true;
+      if (auto self = w.lock())
+        for (auto it = vm->execs.begin(); it != vm->execs.end();) {
+          auto cur = it++;
+          if (cur->second.exited) self->end_exec(vm, cur->first, ExecEnd{cur->second.exited, std::nullopt, {}});
+        }
       if (auto cb = std::exchange(vm->data_finished_cb, nullptr)) cb();
+    };
+    c.exec_event = [w, wv](std::uint16_t proc, DataEvent& e) {
+      auto self = w.lock();
+      auto vm = wv.lock();
+      if (self && vm) self->exec_data(vm, proc, e);
     };
     auto link = std::make_shared<DataLink>(io, fd, family, std::move(c));
     vm->data = link;
@@ -738,23 +855,66 @@ Error no_data(const std::string& vm) {
 }
 }  // namespace
 
-Status Host::send_stdin(const std::string& id, std::string_view bytes) {
+Status Host::send_stdin(const std::string& id, std::string_view bytes, std::uint16_t proc) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
   if (!vm->data) return no_data(id);
-  return vm->data->send_stdin(bytes);
+  return vm->data->send_stdin(bytes, proc);
 }
 
-Status Host::send_stdin_eof(const std::string& id) {
+Status Host::send_stdin_eof(const std::string& id, std::uint16_t proc) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
   if (!vm->data) return no_data(id);
-  return vm->data->send_stdin_eof();
+  return vm->data->send_stdin_eof(proc);
 }
 
-Status Host::send_resize(const std::string& id, std::uint16_t rows, std::uint16_t cols) {
+int exec_exit_status(const ExecEnd& e) {
+  if (e.exited) return e.exited->signal ? 128 + *e.exited->signal : *e.exited->exit_code;
+  if (e.failed) return e.failed->cls == proto::StartFailClass::not_found ? 127 : 126;
+  return 125;
+}
+
+Result<std::uint16_t> Host::exec(const std::string& id, proto::Exec exec, std::optional<proto::Stdio> stdio,
+                                 ExecHooks hooks) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
+  if (vm->execs.size() >= proto::kExecMax)
+    return Error{fmt::format("exec: {} processes started by exec run already in VM {} (the most)", proto::kExecMax, id)};
+  if (stdio && (!vm->data || !vm->data->is_open())) return no_data(id);
+  // The next number not in use (65535 numbers: wraps only in a very long-lived session).
+  std::uint16_t proc = vm->next_proc;
+  while (proc == 0 || vm->execs.count(proc)) ++proc;
+  proto::ExecProcess x{proc, std::move(exec), stdio};
+  if (stdio)
+    if (auto s = vm->data->open_exec(proc, *stdio); !s) return s.error();
+  if (auto s = vm->core.exec(x); !s) {
+    if (stdio) vm->data->close_exec(proc);
+    return s.error();
+  }
+  vm->next_proc = static_cast<std::uint16_t>(proc + 1);
+  Vm::ExecProc& e = vm->execs[proc];
+  e.hooks = std::move(hooks);
+  e.has_stdio = stdio.has_value();
+  e.terminal = stdio && stdio->terminal;
+  impl_->arm_exec_timer(vm, proc, kExecAnswerWait);
+  impl_->drain(vm);
+  return proc;
+}
+
+Status Host::kill_exec(const std::string& id, std::uint16_t proc, int signal) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->execs.count(proc)) return Error{fmt::format("kill: no process {} running in VM {}", proc, id)};
+  auto s = vm->core.kill_exec(signal, proc);
+  impl_->drain(vm);
+  return s;
+}
+
+Status Host::send_resize(const std::string& id, std::uint16_t rows, std::uint16_t cols, std::uint16_t proc) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (proc != 0) return vm->data ? vm->data->send_resize(rows, cols, proc) : no_data(id);
   if (vm->data) return vm->data->send_resize(rows, cols);
   // Before boot: the size the workload starts with. After boot, before the data channel: sent
   // once it is up (the latest size wins).

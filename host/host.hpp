@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "host/data_channel.hpp"
@@ -64,6 +65,30 @@ struct HostOptions {
 /// The durable record, or why there is none.
 using WaitResult = Result<Record>;
 
+/// How a process Host::exec() started ended: exactly one of `exited` (the guest's exec_exited),
+/// `failed` (exec_failed: it never ran) or `lost` (non-empty: neither will come, and why: the
+/// guest's stream closed, the session ended, no answer in time).
+struct ExecEnd {
+  std::optional<proto::ExecExited> exited;
+  std::optional<proto::ExecFailed> failed;
+  std::string lost;
+};
+/// ExecEnd as an exit status, docker exec's convention: the code; 128+N for signal N (POSIX
+/// shells); exec_failed not_found 127, else 126; lost 125 (the host's side failed).
+int exec_exit_status(const ExecEnd& e);
+
+/// Callbacks for one process Host::exec() started, on the io_context thread; they must not
+/// block. `data`: its output (stdout or stderr, 1..65536 bytes per call, in order); `eof`: one of
+/// its streams ended; `started`: it runs, with its pid in the guest (stdin may be sent from now
+/// on); `ended`: once, last, after its output (or at most HostOptions::data_drain after its
+/// exec_exited, when its eofs do not come).
+struct ExecHooks {
+  std::function<void(std::int32_t pid)> started;
+  std::function<void(proto::Stream stream, std::string_view bytes)> data;
+  std::function<void(proto::Stream stream)> eof;
+  std::function<void(const ExecEnd& end)> ended;
+};
+
 /// Serves many VMs on one io_context. Every member function must be called on the io_context's
 /// thread (post to it from elsewhere). Outcome records are written on an internal thread pool;
 /// nothing here blocks on a guest or a disk.
@@ -98,12 +123,26 @@ class Host {
   /// Workload stdin (descriptor stdio.stdin true): queue bytes / the eof. Never blocks; refused
   /// when stdin_cap bytes are queued (StdioHooks::stdin_writable says when to retry), when no
   /// data channel is up, or after the eof.
-  Status send_stdin(const std::string& vm, std::string_view bytes);
-  Status send_stdin_eof(const std::string& vm);
+  /// `proc` != 0: the stdin of that process exec() started (after its `started` hook).
+  Status send_stdin(const std::string& vm, std::string_view bytes, std::uint16_t proc = 0);
+  Status send_stdin_eof(const std::string& vm, std::uint16_t proc = 0);
   /// The workload's terminal size changed (descriptor stdio.terminal set); rows, cols >= 1.
   /// Before `boot` it is the size the workload starts with; before the data channel is up it is
-  /// sent once it is (the latest wins).
-  Status send_resize(const std::string& vm, std::uint16_t rows, std::uint16_t cols);
+  /// sent once it is (the latest wins). `proc` != 0: that exec'd process's terminal (running).
+  Status send_resize(const std::string& vm, std::uint16_t rows, std::uint16_t cols, std::uint16_t proc = 0);
+
+  /// Start another process in the VM's guest beside the workload (`exec`, docs/protocol.md
+  /// "Exec": `ctr task exec`, `neshost exec`). `stdio`: its own streams on the data channel
+  /// (unset: /dev/null in the guest). Returns its process number (1..65535, this VM's next);
+  /// every later report goes to `hooks`, `ended` always once. Errors: no such VM, no booted
+  /// session, the workload ended, `stdio` without a data channel, 16 running already, a field
+  /// the guest would refuse. An init that predates `exec` never answers: kExecAnswerWait bounds
+  /// the wait for exec_started (then `ended` with `lost`).
+  Result<std::uint16_t> exec(const std::string& vm, proto::Exec exec, std::optional<proto::Stdio> stdio,
+                             ExecHooks hooks);
+  static constexpr std::chrono::milliseconds kExecAnswerWait{10000};
+  /// `kill{signal, proc}`: signal 1..64 to the group of the process exec() started as `proc`.
+  Status kill_exec(const std::string& vm, std::uint16_t proc, int signal);
   /// Flow control for StdioHooks::data: while paused the data channel is not read (the guest
   /// holds the workload, or drops in lossy mode). The lifecycle channel is never affected.
   Status pause_output(const std::string& vm, bool paused);

@@ -315,6 +315,12 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
           log_guest("guest_protocol_error", bounded(msg.reason));
         } else if constexpr (std::is_same_v<T, proto::Processes>) {
           out_.push_back(act::Processes{msg});
+        } else if constexpr (std::is_same_v<T, proto::ExecStarted> || std::is_same_v<T, proto::ExecFailed> ||
+                             std::is_same_v<T, proto::ExecExited>) {
+          if constexpr (std::is_same_v<T, proto::ExecExited>) {
+            if (msg.exit_code.has_value() == msg.signal.has_value()) return;  // the decoder refuses these
+          }
+          out_.push_back(act::ExecReport{msg});
         }
       },
       m);
@@ -631,6 +637,25 @@ Status Session::kill(int signal) {
   if (!(stream_open_ && ready_)) return Error{"kill: no booted session to signal"};
   send(proto::Kill{static_cast<std::uint8_t>(signal)});
   log("kill_sent", fmt::format("signal={}", signal));
+  return Ok{};
+}
+
+Status Session::exec(const proto::ExecProcess& x) {
+  if (finished_) return Error{"exec: the session is over"};
+  if (!(stream_open_ && ready_ && booted_)) return Error{"exec: no booted session"};
+  if (outcome_) return Error{"exec: the workload has ended"};
+  if (auto bad = proto::validate(proto::HostMessage{x})) return Error{bad->reason};
+  send(x);
+  log("exec_sent", fmt::format("proc={} argv0={}", x.proc, x.exec.argv.empty() ? "" : bounded(x.exec.argv[0])));
+  return Ok{};
+}
+
+Status Session::kill_exec(int signal, std::uint16_t proc) {
+  if (signal < 1 || signal > 64) return Error{fmt::format("signal: expected 1..64, got {}", signal)};
+  if (finished_) return Error{"kill: the session is over"};
+  if (!(stream_open_ && ready_)) return Error{"kill: no booted session to signal"};
+  send(proto::Kill{static_cast<std::uint8_t>(signal), proc});
+  log("kill_sent", fmt::format("signal={} proc={}", signal, proc));
   return Ok{};
 }
 

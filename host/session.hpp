@@ -79,11 +79,13 @@ enum class Milestone {
 struct Log { std::string kind; std::string detail; Milestone milestone = Milestone::other; };
 struct Finished {};                                     // nothing more happens for this VM
 struct Processes { proto::Processes list; };            // the guest's answer to list_processes()
+/// What the guest said of a process exec() started: exec_started, exec_failed or exec_exited.
+struct ExecReport { std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> report; };
 }  // namespace act
 
 using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
                             act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
-                            act::Finished, act::Processes>;
+                            act::Finished, act::Processes, act::ExecReport>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
 /// in order. Memory is bounded whatever the guest sends: at most line_cap bytes of one unfinished
@@ -123,6 +125,11 @@ class Session {
   /// Ask the guest for its processes (`list_processes`); the answer is act::Processes. Needs a
   /// guest that sent `ready` on an open stream.
   Status list_processes();
+  /// Start another process in the guest (`exec`, docs/protocol.md "Exec"); its reports come as
+  /// act::ExecReport. Needs a booted session on an open stream whose outcome is not in yet.
+  Status exec(const proto::ExecProcess& x);
+  /// Send `signal` (1..64) to the group of process `proc` (exec'd); needs a booted session.
+  Status kill_exec(int signal, std::uint16_t proc);
   /// End the session. A running workload first gets `stop`, then `grace` for its outcome, then
   /// `shutdown`; a `shutdown` after the guest's outcome is its ack, so it goes out only once the
   /// record is durable, and never for a record that failed (the guest then powers off after its

@@ -362,3 +362,118 @@ TEST_CASE("lossy mode: drop counts reach the embedder and appear in the log") {
 TEST_CASE("firecracker_data_path is <uds>_7001") {
   CHECK(firecracker_data_path("/run/fc/v.sock") == "/run/fc/v.sock_7001");
 }
+
+TEST_CASE("exec: its own streams by process number, stdin after started, kill to it, ended only after its output") {
+  DataHarness d;
+  proto::Stdio st;
+  auto path = d.h.add(d.config("x", st));
+  Fd g = d.attach("x");
+  auto enc = [](proto::GuestMessage m) { return proto::encode_line(m); };
+  auto c = d.h.guest(path, {step::Send{ready_line()}, step::Expect{"boot"}, step::Send{started_line(9)},
+                            step::Expect{"exec"}, step::Send{enc(proto::ExecStarted{1, 50})}, step::Expect{"kill"},
+                            step::Send{enc(proto::ExecExited{1, std::nullopt, 9}) + exited_line(0)},
+                            step::Expect{"shutdown"}, step::WaitClose{}});
+  REQUIRE(d.h.run_until([&] { return d.h.has_event("x", "started"); }));
+
+  struct ExecSeen {
+    std::optional<std::int32_t> pid;
+    std::string out, err;
+    int eofs = 0;
+    std::optional<ExecEnd> end;
+    int eofs_at_end = -1;
+  };
+  auto xs = std::make_shared<ExecSeen>();
+  ExecHooks hooks;
+  hooks.started = [xs](std::int32_t pid) { xs->pid = pid; };
+  hooks.data = [xs](proto::Stream s, std::string_view b) { (s == proto::Stream::err ? xs->err : xs->out).append(b); };
+  hooks.eof = [xs](proto::Stream) { ++xs->eofs; };
+  hooks.ended = [xs](const ExecEnd& e) {
+    xs->end = e;
+    xs->eofs_at_end = xs->eofs;
+  };
+  proto::Exec ex;
+  ex.argv = {"/bin/sh", "-c", "cat"};
+  proto::Stdio xst;
+  xst.attach_stdin = true;
+  // Before it started: no stdin for it (the guest would not know the number yet).
+  auto proc = d.h.host->exec("x", ex, xst, hooks);
+  REQUIRE(proc);
+  CHECK(*proc == 1);
+  CHECK(!d.h.host->send_stdin("x", "early", 1));
+  REQUIRE(d.h.run_until([&] { return xs->pid.has_value(); }));
+  CHECK(*xs->pid == 50);
+  REQUIRE(d.h.host->send_stdin("x", "in", 1));
+  REQUIRE(d.h.host->send_stdin_eof("x", 1));
+  // The guest side reads them framed as process 1.
+  proto::FrameDecoder in_dec(proto::FrameRules{proto::FrameSender::host, false, false, false});
+  REQUIRE(in_dec.open_process(1, proto::FrameRules{proto::FrameSender::host, false, true, false}));
+  std::vector<proto::Frame> got;
+  REQUIRE(d.h.run_until([&] {
+    char buf[256];
+    ssize_t n = ::recv(g.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      std::string_view v(buf, static_cast<std::size_t>(n));
+      while (auto f = in_dec.next(v)) got.push_back(*f);
+    }
+    return got.size() >= 2 || in_dec.failed();
+  }));
+  REQUIRE(!in_dec.failed());
+  CHECK((got[0].proc == 1 && got[0].kind == proto::FrameKind::data && got[0].data == "in"));
+  CHECK((got[1].proc == 1 && got[1].kind == proto::FrameKind::eof));
+  // kill{9, proc 1}; the guest reports it killed, but its output is not in yet: no end.
+  REQUIRE(d.h.host->kill_exec("x", 1, 9));
+  REQUIRE(d.h.run_until([&] { return d.h.has_event("x", "exec_exited"); }));
+  CHECK(!xs->end);
+  std::string f;
+  proto::append_data(f, proto::Stream::out, "hello", 1);
+  proto::append_data(f, proto::Stream::err, "oops", 1);
+  proto::append_eof(f, proto::Stream::out, 1);
+  proto::append_eof(f, proto::Stream::err, 1);
+  proto::append_data(f, proto::Stream::out, "workload");
+  write_all(g.get(), f);
+  REQUIRE(d.h.run_until([&] { return xs->end.has_value(); }));
+  CHECK(xs->out == "hello");
+  CHECK(xs->err == "oops");
+  CHECK(xs->eofs_at_end == 2);
+  REQUIRE(xs->end->exited);
+  CHECK(exec_exit_status(*xs->end) == 137);
+  // The workload's own output is not the exec's.
+  REQUIRE(d.h.run_until([&] { return d.seen->out == "workload"; }));
+  // Over: no more stdin or kills for it.
+  CHECK(!d.h.host->kill_exec("x", 1, 9));
+  CHECK(!d.h.host->send_stdin("x", "late", 1));
+  REQUIRE(d.h.run_until([&] { return d.h.durable("x"); }));
+}
+
+TEST_CASE("exec: exec_failed ends it with 127/126; an exec after the outcome is refused") {
+  ExecEnd e;
+  e.failed = proto::ExecFailed{1, "no", 2, proto::StartFailClass::not_found};
+  CHECK(exec_exit_status(e) == 127);
+  e.failed->cls = proto::StartFailClass::other;
+  CHECK(exec_exit_status(e) == 126);
+  CHECK(exec_exit_status(ExecEnd{proto::ExecExited{1, 4, std::nullopt}, std::nullopt, {}}) == 4);
+  CHECK(exec_exit_status(ExecEnd{std::nullopt, std::nullopt, "lost"}) == 125);
+
+  DataHarness d;
+  auto path = d.h.add(d.config("y"));
+  Fd g = d.attach("y");
+  auto c = d.h.guest(path, {step::Send{ready_line()}, step::Expect{"boot"}, step::Send{started_line(9)},
+                            step::Expect{"exec"},
+                            step::Send{proto::encode_line(proto::GuestMessage{
+                                proto::ExecFailed{1, "exec /nope: No such file or directory", 2, proto::StartFailClass::not_found}})}, 
+                            step::Send{exited_line(0)}, step::Expect{"shutdown"}, step::WaitClose{}});
+  REQUIRE(d.h.run_until([&] { return d.h.has_event("y", "started"); }));
+  std::optional<ExecEnd> end;
+  ExecHooks hooks;
+  hooks.ended = [&](const ExecEnd& x) { end = x; };
+  proto::Exec ex;
+  ex.argv = {"/nope"};
+  REQUIRE(d.h.host->exec("y", ex, std::nullopt, hooks));
+  REQUIRE(d.h.run_until([&] { return end.has_value(); }));
+  REQUIRE(end->failed);
+  CHECK(exec_exit_status(*end) == 127);
+  REQUIRE(d.h.run_until([&] { return d.h.durable("y"); }));
+  auto late = d.h.host->exec("y", ex, std::nullopt, {});
+  REQUIRE(!late);
+  CHECK(late.error().message == "exec: the workload has ended");
+}
