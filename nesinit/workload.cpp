@@ -2,17 +2,23 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 
 #include <fmt/format.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 namespace nes::init {
 
@@ -76,36 +82,110 @@ proto::StartFailClass classify(SpawnStep step, int err) {
 
 namespace {
 
-/// What the child writes to the pipe when a step fails.
+/// What the child leaves for the parent when a step fails (in the memory they share).
 struct ChildReport {
-  std::int32_t step;
-  std::int32_t err;
+  std::int32_t step = 0;  // 0: nothing failed (the child exec'd)
+  std::int32_t err = 0;
 };
 
-[[noreturn]] void child_fail(int fd, SpawnStep step, int err) {
-  ChildReport r{static_cast<std::int32_t>(step), err};
-  // A pipe write of this size is atomic; nothing more can be done if it fails.
-  [[maybe_unused]] auto n = ::write(fd, &r, sizeof r);
-  ::_exit(127);
-}
-
-void close_fds_from_3(int keep) {
-  // Every fd >= 3 is closed now, except `keep` (the CLOEXEC pipe that reports exec's result):
-  // the workload starts with exactly fds 0-2, whatever the init had open (the channel, signalfd,
-  // its log's reopened stderr).
-  const unsigned k = keep >= 3 ? static_cast<unsigned>(keep) : 2u;
+void close_fds_from_3() {
+  // Every fd >= 3 is closed now: the workload starts with exactly fds 0-2, whatever the init had
+  // open (the channel, signalfd, its log's reopened stderr).
 #ifdef SYS_close_range
-  bool ok = true;
-  if (k > 3) ok = ::syscall(SYS_close_range, 3u, k - 1, 0u) == 0;
-  if (ok && ::syscall(SYS_close_range, k + 1, ~0u, 0u) == 0) return;
+  if (::syscall(SYS_close_range, 3u, ~0u, 0u) == 0) return;
 #endif
   struct rlimit rl {};
   long max = (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
                  ? static_cast<long>(rl.rlim_cur) : 65536;
   if (max > 1 << 20) max = 1 << 20;
-  for (int fd = 3; fd < max; ++fd)
-    if (fd != keep) ::close(fd);
+  for (int fd = 3; fd < max; ++fd) ::close(fd);
 }
+
+/// Everything the child reads (built by the parent before the clone) and the one thing it writes.
+struct ChildArgs {
+  const proto::Exec* exec;
+  Stdio stdio;
+  const ChildFds* fds;
+  const std::vector<std::string>* candidates;
+  char* const* argvp;
+  char* const* envp;
+  const char* cwd;
+  const std::vector<gid_t>* groups;
+  ChildReport report;
+};
+
+/// The child, between clone and execve. It shares the parent's memory (CLONE_VM) while the
+/// parent waits (CLONE_VFORK), as posix_spawn's child does: it only makes system calls, writes
+/// nothing of the parent's but `report`, and ends in execve or _exit. Credentials are set by the
+/// raw system calls: libc's setuid/setgid/setgroups would act on the parent's thread list.
+int child_main(void* p) {
+  auto* a = static_cast<ChildArgs*>(p);
+  auto fail = [a](SpawnStep step, int err) {
+    a->report = {static_cast<std::int32_t>(step), err};
+    ::_exit(127);
+  };
+  // Own session and process group: signals to the workload's group reach all it starts, and
+  // nothing reaches PID 1 through a terminal.
+  if (::setsid() < 0) fail(SpawnStep::setsid, errno);
+  if (const ChildFds* fds = a->fds) {
+    // Move any of the given fds out of 0..2 first, so no dup2 below overwrites one still needed.
+    int src[3];
+    for (int i = 0; i < 3; ++i) {
+      if (fds->fd[i] < 0) fail(SpawnStep::stdio, EBADF);
+      src[i] = fds->fd[i] < 3 ? ::fcntl(fds->fd[i], F_DUPFD_CLOEXEC, 3) : fds->fd[i];
+      if (src[i] < 0) fail(SpawnStep::stdio, errno);
+    }
+    for (int i = 0; i < 3; ++i)
+      if (::dup2(src[i], i) < 0) fail(SpawnStep::stdio, errno);
+    if (fds->terminal && ::ioctl(0, TIOCSCTTY, 0) != 0) fail(SpawnStep::terminal, errno);
+  } else if (a->stdio == Stdio::console) {
+    int fd = ::open("/dev/console", O_RDWR | O_NOCTTY);
+    if (fd < 0) fd = ::open("/dev/null", O_RDWR);
+    if (fd < 0) fail(SpawnStep::console, errno);
+    for (int i = 0; i < 3; ++i)
+      if (fd != i) ::dup2(fd, i);
+    if (fd > 2) ::close(fd);
+  }
+  // Dispositions back to default (ignored ones survive exec; a handler must not run in this
+  // child, which shares the parent's memory), then an empty mask.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    ::signal(sig, SIG_DFL);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) fail(SpawnStep::sigmask, errno);
+  // The init runs at -1000; the workload is an ordinary candidate for the OOM killer. Best
+  // effort: without /proc there is nothing to reset.
+  int oom = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom >= 0) {
+    [[maybe_unused]] auto n = ::write(oom, "0", 1);
+    ::close(oom);
+  }
+  close_fds_from_3();
+  if (::chdir(a->cwd) != 0) fail(SpawnStep::chdir, errno);
+  // Groups, then gid, then uid: after setuid the others are no longer permitted.
+  if (::syscall(SYS_setgroups, a->groups->size(), a->groups->data()) != 0) fail(SpawnStep::setgroups, errno);
+  if (::syscall(SYS_setgid, a->exec->gid) != 0) fail(SpawnStep::setgid, errno);
+  if (::syscall(SYS_setuid, a->exec->uid) != 0) fail(SpawnStep::setuid, errno);
+  // PATH search as execvp does it: ENOENT/ENOTDIR try the next entry; EACCES is remembered and
+  // reported if nothing else runs; any other error stops the search.
+  int err = ENOENT;
+  bool saw_eacces = false;
+  for (auto& c : *a->candidates) {
+    ::execve(c.c_str(), a->argvp, a->envp);
+    err = errno;
+    if (err == EACCES) { saw_eacces = true; continue; }
+    if (err == ENOENT || err == ENOTDIR) continue;
+    break;
+  }
+  if ((err == ENOENT || err == ENOTDIR) && saw_eacces) err = EACCES;
+  fail(SpawnStep::exec, err);
+  return 127;
+}
+
+/// The child's stack: it runs only child_main's system calls (no formatting, no allocation).
+constexpr std::size_t kChildStack = 32 * 1024;
 
 }  // namespace
 
@@ -118,7 +198,8 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   };
   if (exec.argv.empty()) return fail(SpawnStep::exec, EINVAL, "(empty argv)");
 
-  // Everything the child needs is built before fork: after fork it only makes system calls.
+  // Everything the child needs is built before the clone: after it the child only makes system
+  // calls.
   std::vector<std::string> env = workload_env(exec, g);
   auto path_it = exec.env.find("PATH");
   std::vector<std::string> candidates =
@@ -130,117 +211,46 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   envp.push_back(nullptr);
   const std::string cwd = exec.cwd.value_or("/");
   std::vector<gid_t> groups(exec.groups.begin(), exec.groups.end());
-
-  int pfd[2];
-  if (::pipe2(pfd, O_CLOEXEC) != 0) return fail(SpawnStep::pipe, errno);
+  ChildArgs args{&exec, stdio, fds, &candidates, argvp.data(), envp.data(), cwd.c_str(), &groups, {}};
 
   // The caller (PID 1) has every catchable signal blocked, so the child starts with them blocked
-  // too: nothing can run a disposition before the child has reset it.
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    int e = errno;
-    ::close(pfd[0]);
-    ::close(pfd[1]);
-    return fail(SpawnStep::fork, e);
-  }
-  if (pid == 0) {
-    ::close(pfd[0]);
-    const int rfd = pfd[1];
-    // Own session and process group: signals to the workload's group reach all it starts, and
-    // nothing reaches PID 1 through a terminal.
-    if (::setsid() < 0) child_fail(rfd, SpawnStep::setsid, errno);
-    if (fds) {
-      // Move any of the given fds out of 0..2 first, so no dup2 below overwrites one still needed.
-      int src[3];
-      for (int i = 0; i < 3; ++i) {
-        if (fds->fd[i] < 0) child_fail(rfd, SpawnStep::stdio, EBADF);
-        src[i] = fds->fd[i] < 3 ? ::fcntl(fds->fd[i], F_DUPFD_CLOEXEC, 3) : fds->fd[i];
-        if (src[i] < 0) child_fail(rfd, SpawnStep::stdio, errno);
-      }
-      for (int i = 0; i < 3; ++i)
-        if (::dup2(src[i], i) < 0) child_fail(rfd, SpawnStep::stdio, errno);
-      if (fds->terminal && ::ioctl(0, TIOCSCTTY, 0) != 0) child_fail(rfd, SpawnStep::terminal, errno);
-    } else if (stdio == Stdio::console) {
-      int fd = ::open("/dev/console", O_RDWR | O_NOCTTY);
-      if (fd < 0) fd = ::open("/dev/null", O_RDWR);
-      if (fd < 0) child_fail(rfd, SpawnStep::console, errno);
-      for (int i = 0; i < 3; ++i)
-        if (fd != i) ::dup2(fd, i);
-      if (fd > 2) ::close(fd);
+  // too: nothing can run a disposition before the child has reset it. CLONE_VM|CLONE_VFORK (what
+  // posix_spawn does): no copy of the init's page tables, and this call returns only once the
+  // child has exec'd or exited, with its report (if any) in `args`.
+  alignas(16) std::array<char, kChildStack> stack;
+  pid_t pid = ::clone(child_main, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+#if defined(__SANITIZE_ADDRESS__)
+  // The child's frames marked their redzones in the shadow of `stack` and never returned to
+  // clear them (the child exec'd or exited): clear them here, or a later frame of ours that
+  // reuses this stack is misreported (a vfork child under ASan).
+  ASAN_UNPOISON_MEMORY_REGION(stack.data(), stack.size());
+#endif
+  if (pid < 0) return fail(SpawnStep::fork, errno);
+  if (args.report.step == 0) {
+    // Registered before the loop can reap: an instant exit is still the workload's.
+    if (role == Role::workload) {
+      reaper.watch(pid);
+      return pid;
     }
-    // Dispositions back to default (ignored ones survive exec), then an empty mask.
-    for (int sig = 1; sig < NSIG; ++sig) {
-      if (sig == SIGKILL || sig == SIGSTOP) continue;
-      ::signal(sig, SIG_DFL);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) child_fail(rfd, SpawnStep::sigmask, errno);
-    // The init runs at -1000; the workload is an ordinary candidate for the OOM killer. Best
-    // effort: without /proc there is nothing to reset.
-    int oom = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (oom >= 0) {
-      [[maybe_unused]] auto n = ::write(oom, "0", 1);
-      ::close(oom);
-    }
-    close_fds_from_3(rfd);
-    if (::chdir(cwd.c_str()) != 0) child_fail(rfd, SpawnStep::chdir, errno);
-    // Groups, then gid, then uid: after setuid the others are no longer permitted.
-    if (::setgroups(groups.size(), groups.data()) != 0) child_fail(rfd, SpawnStep::setgroups, errno);
-    if (::setgid(exec.gid) != 0) child_fail(rfd, SpawnStep::setgid, errno);
-    if (::setuid(exec.uid) != 0) child_fail(rfd, SpawnStep::setuid, errno);
-    // PATH search as execvp does it: ENOENT/ENOTDIR try the next entry; EACCES is remembered and
-    // reported if nothing else runs; any other error stops the search.
-    int err = ENOENT;
-    bool saw_eacces = false;
-    for (auto& c : candidates) {
-      ::execve(c.c_str(), argvp.data(), envp.data());
-      err = errno;
-      if (err == EACCES) { saw_eacces = true; continue; }
-      if (err == ENOENT || err == ENOTDIR) continue;
-      break;
-    }
-    if ((err == ENOENT || err == ENOTDIR) && saw_eacces) err = EACCES;
-    child_fail(rfd, SpawnStep::exec, err);
-  }
-
-  // Registered before the loop can reap: an instant exit is still the workload's.
-  if (role == Role::workload) {
-    reaper.watch(pid);
-  } else if (!reaper.watch_exec(pid)) {
+    if (reaper.watch_exec(pid)) return pid;
     // No slot (the session bounds execs to the same number, so this does not happen): the
     // child would be taken for an orphan. End it and collect it here.
     ::kill(pid, SIGKILL);
-    ::close(pfd[1]);
-    ::close(pfd[0]);
     int st;
     while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
     return fail(SpawnStep::fork, EAGAIN, "(too many processes started by exec)");
   }
-  ::close(pfd[1]);
-  ChildReport r{};
-  std::size_t got = 0;
-  while (got < sizeof r) {
-    ssize_t n = ::read(pfd[0], reinterpret_cast<char*>(&r) + got, sizeof r - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  ::close(pfd[0]);
-  if (got == 0) return pid;  // EOF: execve succeeded and closed the CLOEXEC end
-  // The child failed and exits 127 right after its report: collect it here, so the reaper never
+  // The child failed and exited 127 after its report: collect it here, so the reaper never
   // mistakes it for the workload's exit (start_failed has no workload_exited after it).
-  reaper.forget(pid);
   int st;
   while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
-  if (got < sizeof r) return fail(SpawnStep::exec, EIO, "(short report from the child)");
-  auto step = static_cast<SpawnStep>(r.step);
+  auto step = static_cast<SpawnStep>(args.report.step);
   std::string detail;
   if (step == SpawnStep::exec) detail = exec.argv[0];
   if (step == SpawnStep::chdir) detail = cwd;
-  return fail(step, r.err, detail);
+  return fail(step, args.report.err, detail);
 }
 
 }  // namespace nes::init

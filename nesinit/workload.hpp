@@ -1,6 +1,7 @@
-// Starting the workload: fork with every signal blocked, set the child up (session, stdio,
-// signals, oom_score_adj, fds, environment, cwd, credentials) and exec; success or the failing
-// step and its errno come back through a CLOEXEC pipe.
+// Starting the workload: a vfork-style clone (CLONE_VM|CLONE_VFORK, as posix_spawn) with every
+// signal blocked, set the child up (session, stdio, signals, oom_score_adj, fds, environment, cwd,
+// credentials) and exec; the failing step and its errno, if any, come back in the memory parent
+// and child share until the exec.
 #pragma once
 
 #include <sys/types.h>
@@ -60,8 +61,7 @@ enum class Role { workload, exec };
 /// Start `exec`. On success the child has exec'd and its pid is registered with `reaper` (it may
 /// already have exited: the reaper delivers its status later). On failure the child has been
 /// collected and a StartFailed says which step failed with which errno.
-/// Blocks only until the child's execve returns (the pipe's CLOEXEC end closes) or the child
-/// reports its failure.
+/// Blocks only until the child's execve succeeds or the child reports its failure and exits.
 SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio, Reaper& reaper,
                   const ChildFds* fds = nullptr, Role role = Role::workload);
 
