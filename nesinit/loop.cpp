@@ -972,7 +972,7 @@ class Pid1 {
   int sfd_;
   Reaper& reaper_;
   Session session_;
-  Shares shares_;
+  Shares shares_{mode_ != Mode::guest};  // a sandbox mounts in a namespace of its own
   int chan_ = -1;
   int data_ = -1;             // the data channel (boot.stdio), or -1
   bool data_is_port_ = false;

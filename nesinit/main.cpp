@@ -2,7 +2,6 @@
 // mode, (guest) bring the system up, configure, dial, then the event loop (loop.cpp) until the
 // final act. As PID 1 this function never returns.
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -148,15 +147,8 @@ int main(int argc, char** argv) {
     guest_mounts_and_net(log);
   }
   const host::Status log_ok = log.make_nonblocking();  // needs /proc: after the guest's mounts
-  if (mode != Mode::guest) {
-    // sandbox: our own mount namespace, private from "/" down, before any mount, so nothing we
-    // mount propagates to whoever started us (even if they did not unshare the mount namespace).
-    if (::unshare(CLONE_NEWNS) != 0) log.warn("sandbox", "unshare(CLONE_NEWNS): {}", std::strerror(errno));
-    if (auto p = make_root_private(); !p) {
-      log.error("sandbox", "make / private: {}; refusing to mount anything", p.error().message);
-      return 1;
-    }
-  }
+  // A sandbox takes a mount namespace of its own, private from "/" down, only before its first
+  // share (Shares, mounts.hpp): a boot without shares skips a namespace's creation and teardown.
 
   // 4. Orphans come to us (PID 1 gets them anyway; explicit for the sandbox); we are the last
   // process the OOM killer should pick.

@@ -1,6 +1,7 @@
 #include "mounts.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 
@@ -107,6 +108,8 @@ MountStatus Shares::mount_all(const std::vector<proto::Mount>& mounts, const Log
       }
       file = !S_ISDIR(st.st_mode);
     }
+    if (auto iso = isolate(); !iso)
+      return proto::MountFailed{m.tag, fmt::format("own mount namespace: {}", iso.error().message), iso.error().err};
     if (auto d = file ? make_file(m.at) : mkdir_p(m.at); !d)
       return proto::MountFailed{m.tag, fmt::format("mount point {}: {}", m.at, d.error().message), d.error().err};
     MountCall c = mount_call(m);
@@ -147,6 +150,14 @@ int Shares::unmount_all(const Log& log) {
     ++left;
   }
   return left;
+}
+
+host::Status Shares::isolate() {
+  if (!own_namespace_ || isolated_) return host::Ok{};
+  if (::unshare(CLONE_NEWNS) != 0) return host::errno_error(errno, "unshare(CLONE_NEWNS)");
+  if (auto p = make_root_private(); !p) return host::errno_error(p.error().err, "make / private");
+  isolated_ = true;
+  return host::Ok{};
 }
 
 host::Status make_root_private() {

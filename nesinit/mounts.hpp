@@ -48,6 +48,12 @@ unsigned long bind_remount_flags(const proto::Mount& m);
 /// The shares this init mounted, in order; unmounted in reverse.
 class Shares {
  public:
+  /// `own_namespace` (sandbox mode): before its first mount, the init moves into a mount
+  /// namespace of its own with `/` private from the root down (isolate()), so no share reaches
+  /// whoever started it, even if they did not unshare theirs; a boot without shares never pays
+  /// for the namespace. A guest's PID 1 owns the machine's tree and mounts in it.
+  explicit Shares(bool own_namespace = false) : own_namespace_(own_namespace) {}
+
   /// Mount all shares in order. On the first failure returns a MountFailed naming the tag, with
   /// the reason and errno; shares mounted before it stay listed (unmounted at shutdown).
   MountStatus mount_all(const std::vector<proto::Mount>& mounts, const Log& log);
@@ -59,11 +65,17 @@ class Shares {
   const std::vector<std::string>& mounted() const { return mounted_; }
 
  private:
+  /// unshare(CLONE_NEWNS), then make_root_private(); once. An error's err is the errno.
+  host::Status isolate();
+
+  bool own_namespace_ = false;
+  bool isolated_ = false;
   std::vector<std::string> mounted_;
 };
 
 /// Make "/" and everything under it MS_REC|MS_PRIVATE, so no mount of ours propagates to a parent
-/// namespace (sandbox mode, before any mount). An error's err is mount(2)'s errno.
+/// namespace (sandbox mode, in the init's own mount namespace, before its first mount). An
+/// error's err is mount(2)'s errno.
 host::Status make_root_private();
 
 }  // namespace nes::init

@@ -241,6 +241,51 @@ TEST_CASE("mounts: a missing bind source is mount_failed and nothing starts") {
   CHECK(sb.err().find("nesinit: unmount: " + t) != std::string::npos);  // the one that did mount
 }
 
+namespace {
+std::string link_of(const std::string& path) {
+  char buf[256];
+  ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("(" + path + ": none)");
+}
+}  // namespace
+
+TEST_CASE("mounts: a sandbox's shares go into its own private mount namespace, even when the one it was started in is shared") {
+  // The namespace the init starts in has `/` shared (its own peer group, nothing outside the
+  // test's namespace): a share mounted there, or in a copy of it that is not made private,
+  // shows up in that namespace's mountinfo. The `unshare` process stays in it.
+  SandboxOptions o;
+  o.wrapper = {"/bin/sh", "-c", "mount --make-rshared / && exec \"$@\"", "sh"};
+  for (bool with_share : {false, true}) {
+    CAPTURE(with_share);
+    Sandbox sb{o};
+    REQUIRE(sb.accept());
+    REQUIRE(sb.expect<proto::Ready>());
+    const std::string t = (sb.dir() / "m" / "scratch").string();
+    auto b = make_boot({"/bin/sh", "-c", "readlink /proc/self/ns/mnt"});
+    if (with_share) b.mounts = {proto::Mount{"scratch", t, false, proto::FsType::tmpfs}};
+    sb.send(b);
+    REQUIRE_MESSAGE(sb.expect<proto::Mounted>(), sb.last_error() << "\n" << sb.err());
+    REQUIRE(sb.expect<proto::Started>());
+    auto x = sb.expect<proto::WorkloadExited>();
+    REQUIRE(x);
+    CHECK(*x == proto::WorkloadExited::code(0));
+    // The share is still mounted (the init waits for the ack): not in the starting namespace.
+    const std::string parent = "/proc/" + std::to_string(sb.unshare_pid());
+    std::ifstream mi(parent + "/mountinfo");
+    std::stringstream ss;
+    ss << mi.rdbuf();
+    CHECK(!ss.str().empty());
+    CHECK(ss.str().find(t) == std::string::npos);
+    // Without a share the workload runs in the namespace it was started in (none was made).
+    const std::string parent_ns = link_of(parent + "/ns/mnt");
+    CHECK(parent_ns.rfind("mnt:[", 0) == 0);
+    if (with_share) CHECK(sb.out().find(parent_ns) == std::string::npos);
+    else CHECK(sb.out() == parent_ns + "\n");
+    sb.send(proto::Shutdown{});
+    CHECK(powered_off(sb.wait_exit()));
+  }
+}
+
 TEST_CASE("boot: environment with the geometry variables; cwd; exec.env wins") {
   Sandbox sb{SandboxOptions{}};
   auto b = make_boot({"sh", "-c", "echo W=$NESINIT_WIDTH H=$NESINIT_HEIGHT F=$NESINIT_FPS HDR=$NESINIT_HDR A=$A P=$(pwd)"});

@@ -56,6 +56,9 @@ class Sandbox : public host::testing::ScriptedHost {
   ~Sandbox() override;
 
   const std::filesystem::path& dir() const { return dir_; }
+  /// The `unshare` process (outside the pid namespace, inside the sandbox's mount namespace):
+  /// /proc/PID/ns/mnt and /proc/PID/mountinfo show the namespace the init was started in.
+  pid_t unshare_pid() const { return pid_; }
   /// Accept the init's connection (bounded).
   bool accept(int timeout_ms = 10000);
   /// The usual opening: accept, `ready`, send `boot`, then `mounted` and `started`. False at the
