@@ -5,6 +5,9 @@
 # by bench/p8_shares.py, P9 (a task through containerd: ours vs runc's shim) by
 # bench/p9_containerd.py. Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
+# On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
+# of them, alike): chrt -f 10 build/bench/bench --p1-only [--iterations N]; NESINIT_BASE=OTHER_INIT
+# adds a second build of the init (say, main's) to the same rotation.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
