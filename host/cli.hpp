@@ -73,6 +73,8 @@ host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std
 /// Unsigned integer in [lo, hi]; error names `flag`.
 host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v, std::uint64_t lo,
                                        std::uint64_t hi);
+/// `--user UID[:GID]` (numbers; GID defaults to UID), each 0..2^32-2. Errors name --user.
+host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v);
 
 /// Read a boot descriptor from a JSON file: a `boot` message (docs/protocol.md), with or without its
 /// `"type":"boot"` key. At most 1 MiB. Errors name the file and the field.

@@ -259,4 +259,17 @@ std::filesystem::path default_state_dir() {
   return fs::path(home && *home ? home : "/tmp") / ".local/state/neshost";
 }
 
+host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v) {
+  auto colon = v.find(':');
+  auto uid = parse_uint("user", v.substr(0, colon), 0, proto::kInvalidId - 1);
+  if (!uid) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
+  std::uint64_t gid = *uid;
+  if (colon != std::string_view::npos) {
+    auto g = parse_uint("user", v.substr(colon + 1), 0, proto::kInvalidId - 1);
+    if (!g) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
+    gid = *g;
+  }
+  return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};
+}
+
 }  // namespace nes::cli

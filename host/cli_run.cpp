@@ -30,6 +30,7 @@
 #include <fmt/format.h>
 
 #include "host/cli.hpp"
+#include "host/cli_exec.hpp"
 #include "host/cli_stdio.hpp"
 #include "host/terminal.hpp"
 #include "host/fd.hpp"
@@ -162,19 +163,6 @@ struct RunOptions {
   unsigned log_max_files = 5;
   std::vector<std::string> argv;
 };
-
-host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v) {
-  auto colon = v.find(':');
-  auto uid = parse_uint("user", v.substr(0, colon), 0, proto::kInvalidId - 1);
-  if (!uid) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
-  std::uint64_t gid = *uid;
-  if (colon != std::string_view::npos) {
-    auto g = parse_uint("user", v.substr(colon + 1), 0, proto::kInvalidId - 1);
-    if (!g) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
-    gid = *g;
-  }
-  return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};
-}
 
 /// "10m", "512k", "1g", "65536": bytes, docker's --log-opt max-size units (1024-based).
 /// At least 64 KiB, at most 1 TiB; error names `flag`.
@@ -751,8 +739,11 @@ int run_main(const Args& args) {
   host::Host* hostp = nullptr;
   FdWriter out(io, 1, 1u << 20), errw(io, 2, 1u << 20);
   bool paused = false;
-  auto update_pause = [&] {
-    bool want = out.full() || errw.full();
+  std::function<void()> update_pause;
+  // `neshost exec`: processes beside the workload, their streams on the fds their clients passed.
+  ExecAttachments execs(io, vmid, [&] { if (update_pause) update_pause(); });
+  update_pause = [&] {
+    bool want = out.full() || errw.full() || execs.any_full();
     if (want == paused || !hostp) return;
     paused = want;
     (void)hostp->pause_output(vmid, want);
@@ -788,13 +779,17 @@ int run_main(const Args& args) {
 
   ServeEmbedder emb;
   emb.io = &io;
-  emb.on_host = [&](host::Host& h) { hostp = &h; };
+  emb.on_host = [&](host::Host& h) {
+    hostp = &h;
+    execs.set_host(&h);
+  };
   emb.stdio.data = [&](const std::string&, proto::Stream st, std::string_view b) {
     (st == proto::Stream::err ? errw : out).write(b);
     update_pause();
   };
   emb.stdio.stdin_writable = [&](const std::string&) {
     if (pump) pump->resume();
+    execs.resume_stdin();
   };
   emb.workload_log.max_size = o.log_max_size;
   emb.workload_log.max_files = o.log_max_files;
@@ -812,34 +807,50 @@ int run_main(const Args& args) {
       return;
     }
     // `neshost stop`/`kill` from any process reach this VM through its control socket.
-    auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), [&h, id](std::string_view req,
-                                                                                     std::function<void(std::string)> reply) {
+    auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), [&h, &execs, id](std::string_view req,
+                                                                                     std::vector<host::Fd> fds,
+                                                                                     ControlServer::Reply reply) {
       if (req == "ps") {
         // The guest's answer, as the protocol's own JSON array (one line).
         return h.async_list_processes(id, [reply = std::move(reply)](host::Result<proto::Processes> r) {
-          if (!r) return reply("error: " + r.error().message);
+          if (!r) return reply("error: " + r.error().message, false);
           std::string line = proto::encode(proto::GuestMessage{*r});
-          reply("ok " + line);
+          reply("ok " + line, false);
         });
+      }
+      if (req.starts_with("exec ")) return execs.start(req.substr(5), std::move(fds), std::move(reply));
+      // `kill SIG [PROC]`, `resize ROWS COLS [PROC]`: PROC a process `neshost exec` started.
+      std::vector<std::string_view> words;
+      for (std::size_t at = 0; at <= req.size() && words.size() < 5;) {
+        auto sp = req.find(' ', at);
+        words.push_back(req.substr(at, sp == std::string_view::npos ? std::string_view::npos : sp - at));
+        if (sp == std::string_view::npos) break;
+        at = sp + 1;
       }
       host::Status s = host::Error{fmt::format("unknown request '{}'", req)};
       if (req == "stop") {
         s = h.shutdown(id);  // what SIGTERM to this process does: an ordered shutdown
-      } else if (req.starts_with("kill ")) {
-        auto sig = parse_uint("signal", req.substr(5), 1, 64);
-        s = sig ? h.kill(id, static_cast<int>(*sig)) : host::Status{sig.error()};
-      } else if (req.starts_with("resize ")) {
-        // `resize ROWS COLS`: the workload's terminal (containerd's ResizePty through the shim).
-        const auto rest = req.substr(7);
-        const auto sp = rest.find(' ');
-        s = host::Error{"resize: expected ROWS COLS, each 1..65535"};
-        if (sp != std::string_view::npos) {
-          auto rows = parse_uint("rows", rest.substr(0, sp), 1, 0xffff);
-          auto cols = parse_uint("cols", rest.substr(sp + 1), 1, 0xffff);
-          if (rows && cols) s = h.send_resize(id, static_cast<std::uint16_t>(*rows), static_cast<std::uint16_t>(*cols));
+      } else if (words[0] == "kill" && (words.size() == 2 || words.size() == 3)) {
+        auto sig = parse_uint("signal", words[1], 1, 64);
+        auto proc = words.size() == 3 ? parse_uint("proc", words[2], 1, 0xffff) : host::Result<std::uint64_t>(0);
+        if (!sig) s = sig.error();
+        else if (!proc) s = proc.error();
+        else if (*proc) s = h.kill_exec(id, static_cast<std::uint16_t>(*proc), static_cast<int>(*sig));
+        else s = h.kill(id, static_cast<int>(*sig));
+      } else if (words[0] == "resize") {
+        // `resize ROWS COLS [PROC]`: the workload's terminal (containerd's ResizePty through the
+        // shim), or that of process PROC.
+        s = host::Error{"resize: expected ROWS COLS [PROC], each 1..65535"};
+        if (words.size() == 3 || words.size() == 4) {
+          auto rows = parse_uint("rows", words[1], 1, 0xffff);
+          auto cols = parse_uint("cols", words[2], 1, 0xffff);
+          auto proc = words.size() == 4 ? parse_uint("proc", words[3], 1, 0xffff) : host::Result<std::uint64_t>(0);
+          if (rows && cols && proc)
+            s = h.send_resize(id, static_cast<std::uint16_t>(*rows), static_cast<std::uint16_t>(*cols),
+                              static_cast<std::uint16_t>(*proc));
         }
       }
-      reply(s ? std::string("ok") : "error: " + s.error().message);
+      reply(s ? std::string("ok") : "error: " + s.error().message, false);
     });
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);

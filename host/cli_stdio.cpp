@@ -141,6 +141,7 @@ void FdWriter::pump() {
     was_full_ = false;
     if (on_drained) on_drained();
   }
+  if (queued_ == 0 && on_empty) on_empty();
 }
 
 std::size_t FdWriter::flush(std::chrono::milliseconds stall) {

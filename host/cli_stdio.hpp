@@ -45,6 +45,9 @@ class FdWriter {
   bool broken() const { return broken_; }
   /// Called (on the io_context) when the queue falls below cap/2 after being full.
   std::function<void()> on_drained;
+  /// Called (on the io_context) whenever a write leaves the queue empty (all written, or
+  /// discarded after an error). It must not destroy the writer (post that).
+  std::function<void()> on_empty;
   /// At exit, synchronously: go on writing while the reader takes bytes; give up once it has taken
   /// nothing for `stall`. Returns the bytes left unwritten (dropped).
   std::size_t flush(std::chrono::milliseconds stall);

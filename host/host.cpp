@@ -879,6 +879,7 @@ Result<std::uint16_t> Host::exec(const std::string& id, proto::Exec exec, std::o
                                  ExecHooks hooks) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
+  if (vm->core.outcome()) return Error{"exec: the workload has ended"};
   if (vm->execs.size() >= proto::kExecMax)
     return Error{fmt::format("exec: {} processes started by exec run already in VM {} (the most)", proto::kExecMax, id)};
   if (stdio && (!vm->data || !vm->data->is_open())) return no_data(id);

@@ -15,6 +15,7 @@
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
+#include <deque>
 #include <cstring>
 #include <fmt/format.h>
 
@@ -180,6 +181,16 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
     });
   }
 
+  struct Conn {
+    Conn(local::socket s, asio::io_context& io) : sock(std::move(s)), timer(io) {}
+    local::socket sock;
+    asio::steady_timer timer;
+    std::string in;
+    std::vector<host::Fd> fds;
+    std::deque<std::string> out;
+    bool writing = false, last_queued = false, done = false;
+  };
+
   void serve(local::socket sock) {
     ucred cred{};
     socklen_t len = sizeof cred;
@@ -187,48 +198,89 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
         (cred.uid != ::geteuid() && cred.uid != 0) || live >= 8)
       return;  // closed unanswered
     ++live;
-    struct Conn {
-      Conn(local::socket s, asio::io_context& io) : sock(std::move(s)), buf(256), timer(io) {}
-      local::socket sock;
-      asio::streambuf buf;
-      asio::steady_timer timer;
-      std::string reply;
-    };
     auto c = std::make_shared<Conn>(std::move(sock), io);
-    auto self = shared_from_this();
-    c->timer.expires_after(2s);
-    c->timer.async_wait([c](boost::system::error_code ec) {
-      if (!ec) {
-        boost::system::error_code ig;
-        c->sock.close(ig);
-      }
+    bound(c, 2s);
+    read_request(c);
+  }
+
+  /// Closes `c` after `after` unless re-bounded or done first.
+  void bound(const std::shared_ptr<Conn>& c, std::chrono::milliseconds after) {
+    c->timer.expires_after(after);
+    c->timer.async_wait([self = shared_from_this(), c](boost::system::error_code ec) {
+      if (!ec) self->end(c);
     });
-    asio::async_read_until(c->sock, c->buf, '\n', [self, c](boost::system::error_code ec, std::size_t n) {
-      if (ec || self->closed) {
-        --self->live;
-        c->timer.cancel();
-        return;
-      }
-      std::string line(asio::buffers_begin(c->buf.data()), asio::buffers_begin(c->buf.data()) + n - 1);
-      // The answer may wait for the guest (`ps`): bounded anew, then written once.
-      c->timer.expires_after(5s);
-      c->timer.async_wait([c](boost::system::error_code ec) {
-        if (!ec) {
-          boost::system::error_code ig;
-          c->sock.close(ig);
+  }
+
+  void end(const std::shared_ptr<Conn>& c) {
+    if (c->done) return;
+    c->done = true;
+    --live;
+    c->timer.cancel();
+    boost::system::error_code ig;
+    c->sock.close(ig);
+  }
+
+  /// The request line, read with recvmsg(2) so the fds it carries (SCM_RIGHTS) are taken, not
+  /// dropped as read(2) would drop them.
+  void read_request(const std::shared_ptr<Conn>& c) {
+    c->sock.async_wait(local::socket::wait_read, [self = shared_from_this(), c](boost::system::error_code ec) {
+      if (ec || self->closed || c->done) return self->end(c);
+      char buf[4096];
+      alignas(cmsghdr) char ctl[CMSG_SPACE(4 * sizeof(int))];
+      iovec iov{buf, sizeof buf};
+      msghdr mh{};
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      mh.msg_control = ctl;
+      mh.msg_controllen = sizeof ctl;
+      ssize_t n = ::recvmsg(c->sock.native_handle(), &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return self->read_request(c);
+      for (cmsghdr* h = CMSG_FIRSTHDR(&mh); n >= 0 && h; h = CMSG_NXTHDR(&mh, h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < k; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
+          c->fds.emplace_back(fd);  // owned: closed with the request unless the handler keeps it
         }
-      });
-      self->handler(line, [self, c](std::string reply) {
-        if (self->closed) return;
-        c->reply = std::move(reply) + "\n";
-        asio::async_write(c->sock, asio::buffer(c->reply), [self, c](boost::system::error_code, std::size_t) {
-          --self->live;
-          c->timer.cancel();
-          boost::system::error_code ig;
-          c->sock.close(ig);
-        });
+      }
+      if (n <= 0 || (mh.msg_flags & MSG_CTRUNC) || c->fds.size() > 3) return self->end(c);
+      c->in.append(buf, static_cast<std::size_t>(n));
+      auto nl = c->in.find('\n');
+      if (nl == std::string::npos) {
+        if (c->in.size() > kControlRequestMax) return self->end(c);
+        return self->read_request(c);
+      }
+      if (nl > kControlRequestMax) return self->end(c);
+      std::string line = c->in.substr(0, nl);
+      // The answer may wait for the guest (`ps`): bounded anew, until its first line.
+      self->bound(c, 5s);
+      std::weak_ptr<Impl> w = self;
+      self->handler(line, std::move(c->fds), [w, c](std::string reply, bool more) {
+        auto self = w.lock();
+        if (!self || self->closed || c->done || c->last_queued) return;
+        if (more) c->timer.cancel();  // the sender bounds what follows
+        c->last_queued = !more;
+        c->out.push_back(std::move(reply) + "\n");
+        self->write_next(c);
       });
     });
+  }
+
+  void write_next(const std::shared_ptr<Conn>& c) {
+    if (c->writing || c->done) return;
+    if (c->out.empty()) {
+      if (c->last_queued) end(c);
+      return;
+    }
+    c->writing = true;
+    asio::async_write(c->sock, asio::buffer(c->out.front()),
+                      [self = shared_from_this(), c](boost::system::error_code ec, std::size_t) {
+                        c->writing = false;
+                        if (ec) return self->end(c);
+                        c->out.pop_front();
+                        self->write_next(c);
+                      });
   }
 };
 
@@ -293,6 +345,69 @@ host::Result<std::string> control_request(const fs::path& path, std::string_view
   if (auto nl = reply.find('\n'); nl != std::string::npos) reply.resize(nl);
   else if (reply.empty()) return host::Error{fmt::format("{}: the monitor closed without a reply", path.string())};
   return reply;
+}
+
+host::Result<ControlSession> ControlSession::open(const fs::path& path, std::string_view request,
+                                                 const std::vector<int>& fds) {
+  auto addr = unix_addr(path);
+  if (!addr) return addr.error();
+  host::Fd s{::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (!s) return host::Error{fmt::format("socket: {}", errno_text(errno))};
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr->sa), addr->len) != 0)
+    return host::Error{fmt::format("no monitor at {}: {}", path.string(), errno_text(errno))};
+  std::string line = std::string(request) + "\n";
+  if (line.size() > kControlRequestMax) return host::Error{fmt::format("request over {} bytes", kControlRequestMax)};
+  if (fds.size() > 3) return host::Error{"at most 3 fds per request"};
+  alignas(cmsghdr) char ctl[CMSG_SPACE(3 * sizeof(int))] = {};
+  std::size_t off = 0;
+  while (off < line.size()) {
+    iovec iov{line.data() + off, line.size() - off};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    if (off == 0 && !fds.empty()) {  // the fds ride with the first byte
+      mh.msg_control = ctl;
+      mh.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+      cmsghdr* h = CMSG_FIRSTHDR(&mh);
+      h->cmsg_level = SOL_SOCKET;
+      h->cmsg_type = SCM_RIGHTS;
+      h->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+      std::memcpy(CMSG_DATA(h), fds.data(), fds.size() * sizeof(int));
+    }
+    ssize_t n = ::sendmsg(s.get(), &mh, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return host::Error{fmt::format("{}: send: {}", path.string(), errno_text(errno))};
+    off += static_cast<std::size_t>(n);
+  }
+  return ControlSession(std::move(s));
+}
+
+host::Result<std::string> ControlSession::read_line(std::optional<std::chrono::milliseconds> timeout) {
+  const auto until = timeout ? std::optional(std::chrono::steady_clock::now() + *timeout) : std::nullopt;
+  for (;;) {
+    if (auto nl = buf_.find('\n'); nl != std::string::npos) {
+      std::string line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      return line;
+    }
+    if (buf_.size() > kControlReplyMax) return host::Error{"a reply line over the cap"};
+    int ms = -1;
+    if (until) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return host::Error{"no reply in time"};
+      ms = static_cast<int>(left.count());
+    }
+    pollfd p{sock_.get(), POLLIN, 0};
+    int r = ::poll(&p, 1, ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return host::Error{"no reply in time"};
+    char b[4096];
+    ssize_t n = ::recv(sock_.get(), b, sizeof b, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return host::Error{errno_text(errno)};
+    if (n == 0) return host::Error{"the monitor closed without a reply"};
+    buf_.append(b, static_cast<std::size_t>(n));
+  }
 }
 
 host::Result<proto::Processes> guest_processes(const fs::path& path) {

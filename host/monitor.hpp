@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "host/fd.hpp"
 #include "host/result.hpp"
@@ -43,16 +44,22 @@ void notify_started(host::Fd& notify);
 /// The monitor's control socket. Requests are one line each, one per connection, answered with
 /// one line ("ok" or "error: WHY"):
 ///   `stop`      ordered shutdown of the guest (as SIGTERM to `neshost run`)
-///   `kill SIG`  signal 1..64 to the workload's process group
-///   `resize ROWS COLS`  the workload's terminal size (run -t), each 1..65535
+///   `kill SIG [PROC]`  signal 1..64 to the workload's process group (or exec'd process PROC's)
+///   `resize ROWS COLS [PROC]`  the workload's terminal size (run -t), each 1..65535 (or PROC's)
 ///   `ps`        the guest's processes: "ok " and their JSON array (protocol `processes`)
-/// Only peers with our uid (or root) are served (SO_PEERCRED); requests over 256 bytes or slower
-/// than 2 s are dropped, a reply not ready 5 s after its request is never sent.
+///   `exec FLAGS JSON`  `neshost exec`: the request carries its fds 0-2 (SCM_RIGHTS); answered
+///               "ok started PID PROC", then, once it ended, "ok exit STATUS" (cli_exec.hpp)
+/// Only peers with our uid (or root) are served (SO_PEERCRED); requests over kControlRequestMax
+/// bytes, with more than 3 fds, or slower than 2 s are dropped; a reply not begun 5 s after its
+/// request is never sent (a reply that says more follows is bounded by its sender).
 class ControlServer {
  public:
-  /// Called once per request; calls `reply` once with the answer line (without '\n'), now or
-  /// later on the io_context.
-  using Handler = std::function<void(std::string_view request, std::function<void(std::string reply)> reply)>;
+  /// Answers a request with one line (without '\n'); `more`: further lines follow (the
+  /// connection stays open), else the connection closes after this one.
+  using Reply = std::function<void(std::string line, bool more)>;
+  /// Called once per request with the fds it carried (at most 3); calls `reply` at least once,
+  /// now or later on the io_context.
+  using Handler = std::function<void(std::string_view request, std::vector<host::Fd> fds, Reply reply)>;
   /// Bind `path` (0600; any stale socket there is replaced: the caller owns the VM's generation)
   /// and serve on `io`. The path may be longer than sun_path (bound through /proc/self/fd).
   static host::Result<std::unique_ptr<ControlServer>> start(boost::asio::io_context& io,
@@ -75,6 +82,25 @@ host::Result<proto::Processes> guest_processes(const std::filesystem::path& path
 
 /// The longest reply control_request() reads: bytes (a `ps` answer of 512 processes fits).
 inline constexpr std::size_t kControlReplyMax = 1u << 20;
+/// The longest request line the control socket reads: bytes (an `exec` with its environment).
+inline constexpr std::size_t kControlRequestMax = 64u << 10;
+
+/// A connected control socket for a request that lives on (`exec`): the request sent with
+/// `fds` (SCM_RIGHTS), then read_line() for each answer line. Errors: no monitor listening.
+class ControlSession {
+ public:
+  static host::Result<ControlSession> open(const std::filesystem::path& path, std::string_view request,
+                                           const std::vector<int>& fds);
+  /// The next line (without '\n'), waiting at most `timeout` (nullopt: no bound). Errors: the
+  /// monitor closed, timeout, a line over kControlReplyMax.
+  host::Result<std::string> read_line(std::optional<std::chrono::milliseconds> timeout);
+  int fd() const { return sock_.get(); }
+
+ private:
+  explicit ControlSession(host::Fd s) : sock_(std::move(s)) {}
+  host::Fd sock_;
+  std::string buf_;
+};
 
 host::Result<std::string> control_request(const std::filesystem::path& path, std::string_view request,
                                           std::chrono::milliseconds timeout = std::chrono::seconds(5));

@@ -273,6 +273,7 @@ def case_stop_races_natural_exit():
 def case_kill_group_and_rm():
     """kill -s reaches the workload's process group (a child too); rm refuses a running VM without -f."""
     c = Case("kill")
+    hold_w = None
     try:
         ready, hold, out = c.fifo("ready"), c.fifo("hold"), os.path.join(c.tmp, "out")
         script = os.path.join(c.tmp, "w.sh")
@@ -286,6 +287,9 @@ wait
         rc, _, err = c.run_d("w", "/bin/sh", script)
         check(rc == 0, "run -d: %r" % err)
         check(c.read_fifo(ready).strip() == "ready", "child armed")
+        # The background cat has exec'd once it opens `hold` (our open blocks until then); held
+        # open without data, it stays blocked in read(2) for the rest of the case.
+        hold_w = bounded(lambda: os.open(hold, os.O_WRONLY), "cat opens hold")
         # top: the guest's processes as it sees them (the init is pid 1), the workload's tree in it.
         rc, out_, err = c.nh("top", "--state", c.state, "w")
         rows = [l.split(None, 3) for l in out_.splitlines()]
@@ -321,6 +325,70 @@ wait
         check(not os.path.exists("/proc/%d" % pid) or open("/proc/%d/stat" % pid).read().split(")")[1].split()[0] == "Z",
               "monitor gone after rm -f")
     finally:
+        if hold_w is not None:
+            os.close(hold_w)
+        c.finish()
+
+
+def case_exec():
+    """docker exec: processes beside the running workload, their own streams, codes and signals."""
+    c = Case("exec")
+    try:
+        go = c.fifo("go")
+        rc, out, err = c.run_d("x", "/bin/sh", "-c", "read l < %s; exit 5" % go, extra=("-e", "FOO=bar", "-e", "PATH=/usr/bin:/bin"))
+        check(rc == 0, "run -d: %d %r" % (rc, err))
+        ex = lambda *a, **kw: c.nh("exec", "--state", c.state, *a, **kw)
+        # The workload's environment, its own stdout and stderr apart, its code.
+        rc, out, err = ex("x", "--", "/bin/sh", "-c", "echo out:$FOO; echo err >&2; exit 3")
+        check((rc, out, err) == (3, "out:bar\n", "err\n"), "exec: %d %r %r" % (rc, out, err))
+        # -i: our stdin, to its EOF.
+        r = subprocess.run([NESHOST, "exec", "-i", "--state", c.state, "x", "/bin/sh", "-c", "read a; read b; echo $a$b; cat"],
+                           input="1\n2\nrest", capture_output=True, text=True, timeout=60, env=c.env)
+        check((r.returncode, r.stdout) == (0, "12\nrest"), "exec -i: %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        # Without -i stdin is /dev/null: cat ends at once.
+        rc, out, err = ex("x", "cat")
+        check((rc, out) == (0, ""), "exec without -i: %d %r %r" % (rc, out, err))
+        # -e over the workload's, -w, -u.
+        rc, out, err = ex("-e", "FOO=baz", "-w", "/tmp", "-u", "1000:1000", "x", "/bin/sh", "-c", "echo $FOO $(pwd) $(id -u):$(id -g)")
+        check((rc, out) == (0, "baz /tmp 1000:1000\n"), "exec -e -w -u: %d %r %r" % (rc, out, err))
+        # A signal is 128+N; not found 127, with the reason.
+        rc, _, err = ex("x", "/bin/sh", "-c", "kill -9 $$")
+        check(rc == 137, "exec killed: %d %r" % (rc, err))
+        rc, _, err = ex("x", "/nonexistent/prog")
+        check(rc == 127 and "No such file" in err, "exec of a missing program: %d %r" % (rc, err))
+        # -t: a terminal of its own, sized like ours.
+        import pty
+        import fcntl
+        import struct
+        import termios
+        mfd, sfd = pty.openpty()
+        fcntl.ioctl(sfd, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+        p = subprocess.Popen([NESHOST, "exec", "-t", "--state", c.state, "x", "/bin/sh", "-c", "tty; stty size"],
+                             stdin=sfd, stdout=sfd, stderr=sfd, env=c.env)
+        os.close(sfd)
+        got = b""
+        while True:
+            try:
+                chunk = bounded(lambda: os.read(mfd, 4096), "exec -t output")
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+            if b"33 101" in got:
+                break
+        rc = bounded(lambda: p.wait(), "exec -t exit")
+        os.close(mfd)
+        check(rc == 0 and b"/dev/pts/" in got and b"33 101" in got, "exec -t: %r %r" % (rc, got))
+        # The workload was never touched: it ends as it would have.
+        c.release(go)
+        rc, out, _ = c.nh("wait", "--state", c.state, "x")
+        check(rc == 5, "the workload after the execs: %d %r" % (rc, out))
+        rc, _, err = ex("x", "true")
+        check(rc == 125 and ("not running" in err or "has ended" in err), "exec into an ended VM: %d %r" % (rc, err))
+        rc, _, err = ex("x")
+        check(rc == 2, "exec without ARGV: %d %r" % (rc, err))
+    finally:
         c.finish()
 
 
@@ -344,6 +412,7 @@ def case_usage():
 
 
 for case in (case_detached_exit_7_agree, case_monitor_killed_record_missing_or_corrupt,
-             case_generations_stale_ignored, case_stop_races_natural_exit, case_kill_group_and_rm, case_usage):
+             case_generations_stale_ignored, case_stop_races_natural_exit, case_kill_group_and_rm, case_exec,
+             case_usage):
     case()
 finish()
