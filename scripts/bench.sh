@@ -2,7 +2,8 @@
 # Benchmarks side by side with tini, catatonit, dumb-init (not part of the tests): P1-P4 by
 # bench/bench.cpp, P5 by bench/host_bench.cpp, P6 by bench/stdio_bench.cpp and, inside a VM,
 # bench/vm_stdio_bench.py, P8 (shares over virtiofs vs the packed initramfs, in real TCG microVMs)
-# by bench/p8_shares.py, P9 (a task through containerd: ours vs runc's shim) by
+# by bench/p8_shares.py, P7 (the init's share of a VM boot against a busybox /init floor) by
+# bench/p7_boot.py, P9 (a task through containerd: ours vs runc's shim) by
 # bench/p9_containerd.py. Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
@@ -21,5 +22,6 @@ build/bench/host_bench 1000 >> "$out"
 NESINIT_BIN=build/nesinit/nesinit build/bench/stdio_bench 256 3 >> "$out"
 python3 bench/vm_stdio_bench.py build/host/neshost build/host/vm/initrd.cpio .cache/kernel/vmlinuz 40 3 >> "$out"
 python3 bench/p8_shares.py build/host/neshost >> "$out"
+python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/vmlinuz 7 >> "$out"
 python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/neshost build/host/vm/initrd.cpio >> "$out"
 cat "$out"
