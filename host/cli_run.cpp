@@ -18,10 +18,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <list>
 #include <map>
-#include <sstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -365,21 +363,6 @@ std::string random_vm_id() {
   return fmt::format("vm-{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3]);
 }
 
-/// Field 22 of /proc/PID/stat (start time in clock ticks since boot): with the pid, it names one
-/// process for good (a recycled pid has another start time).
-std::optional<unsigned long long> proc_start_time(pid_t pid) {
-  std::ifstream f(fmt::format("/proc/{}/stat", pid));
-  std::string s((std::istreambuf_iterator<char>(f)), {});
-  auto rp = s.rfind(')');
-  if (rp == std::string::npos) return std::nullopt;
-  std::istringstream rest(s.substr(rp + 2));
-  std::string field;
-  for (int i = 3; i <= 22; ++i) {
-    if (!(rest >> field)) return std::nullopt;
-  }
-  return std::stoull(field);
-}
-
 fs::path pid_file(const fs::path& state, const std::string& vm) { return state / vm / "neshost-run.pid"; }
 
 /// A private directory for one run's sockets and generated initramfs, removed on every path that
@@ -649,10 +632,12 @@ int run_main(const Args& args) {
     return fail(fmt::format("--state: {}", d.error().message));
   // This process is the VM's monitor for a new generation (host/reconcile.hpp): reusing a VM id
   // starts a newer one, which nothing of an older one can change.
+  // Its identity also goes into the pid file (the pid and its start time name it for good).
+  const host::ProcessIdentity self = host::self_identity().value_or(host::ProcessIdentity{::getpid(), 0, {}});
   {
     host::MonitorInfo mi;
     mi.vm = vmid;
-    mi.monitor = host::self_identity().value_or(host::ProcessIdentity{::getpid(), 0, {}});
+    mi.monitor = self;
     mi.created_at = host::wall_now();
     mi.command = o.argv;
     auto gen = host::begin_generation(cfg.state_dir, mi);
@@ -661,7 +646,7 @@ int run_main(const Args& args) {
   }
   FileGuard pidf{pid_file(cfg.state_dir, vmid)};
   if (auto f = host::open_vm_file(cfg.state_dir, vmid, "neshost-run.pid", O_WRONLY | O_CREAT | O_TRUNC)) {
-    std::string line = fmt::format("{} {}\n", ::getpid(), proc_start_time(::getpid()).value_or(0));
+    std::string line = fmt::format("{} {}\n", self.pid, self.start_time);
     if (::write(f->get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
       return fail(fmt::format("--state: writing {}: {}", pidf.path.string(), std::strerror(errno)));
   } else {

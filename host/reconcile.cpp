@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "host/fd.hpp"
+#include "host/small_file.hpp"
 #include "protocol/status.hpp"
 
 namespace nes::host {
@@ -31,31 +32,9 @@ constexpr int kStoppedStatus = proto::kStatusSignalBase + 15;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-/// Whole file (at most `cap` bytes), never following a symlink. `missing` on ENOENT.
-Result<std::string> read_small(const fs::path& p, std::size_t cap, bool& missing) {
-  missing = false;
-  Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
-  if (!f) {
-    if (errno == ENOENT) { missing = true; return std::string(); }
-    return Error{fmt::format("open {}: {}", p.string(), errno_text(errno))};
-  }
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(f.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Error{fmt::format("read {}: {}", p.string(), errno_text(errno))};
-    if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-    if (out.size() > cap) return Error{fmt::format("{}: larger than {} bytes", p.string(), cap)};
-  }
-  return out;
-}
-
 std::optional<std::string> boot_id() {
-  bool missing = false;
-  auto s = read_small("/proc/sys/kernel/random/boot_id", 256, missing);
-  if (!s || missing) return std::nullopt;
+  auto s = read_small_file("/proc/sys/kernel/random/boot_id", 256);
+  if (!s) return std::nullopt;
   std::string id = *s;
   while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
   return id;
@@ -65,9 +44,8 @@ std::optional<std::string> boot_id() {
 /// spaces and parentheses: parse from the last ')'.
 std::optional<std::pair<char, unsigned long long>> stat_of(pid_t pid) {
   if (pid <= 0) return std::nullopt;
-  bool missing = false;
-  auto s = read_small(fmt::format("/proc/{}/stat", pid), kSmallFileCap, missing);
-  if (!s || missing) return std::nullopt;
+  auto s = read_small_file(fmt::format("/proc/{}/stat", pid).c_str(), kSmallFileCap);
+  if (!s) return std::nullopt;
   auto rp = s->rfind(')');
   if (rp == std::string::npos || rp + 2 >= s->size()) return std::nullopt;
   std::string_view rest = std::string_view(*s).substr(rp + 2);
@@ -167,10 +145,9 @@ struct Loaded {
 
 template <class T, class Parse>
 Loaded<T> load(const fs::path& p, Parse parse) {
-  bool missing = false;
-  auto text = read_small(p, 1u << 20, missing);
+  auto text = read_small_file(p.c_str(), 1u << 20);
+  if (!text && text.error().err == ENOENT) return {};
   if (!text) return {std::nullopt, text.error().message};
-  if (missing) return {};
   auto v = parse(*text);
   if (!v) return {std::nullopt, fmt::format("{}: {}", p.filename().string(), v.error().message)};
   return {std::move(*v), std::nullopt};

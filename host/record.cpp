@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "host/fd.hpp"
+#include "host/small_file.hpp"
 #include "protocol/codec.hpp"
 
 namespace nes::host {
@@ -268,24 +269,13 @@ Result<Fd> open_regular_at(int dirfd, const char* name, int flags, const fs::pat
   return f;
 }
 
-Result<std::string> read_small_at(int dirfd, const char* name, const fs::path& shown,
-                                  std::size_t cap, bool& missing) {
-  auto f = open_regular_at(dirfd, name, O_RDONLY, shown, missing);
-  if (!f) return f.error();
-  if (missing) return std::string();
-  std::string out;
-  char buf[8192];
-  for (;;) {
-    ssize_t n = ::read(f->get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error{fmt::format("read {}: {}", shown.string(), errno_text(errno))};
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-    if (out.size() > cap) return Error{fmt::format("{}: larger than {} bytes", shown.string(), cap)};
-  }
-  return out;
+/// The largest outcome.json read back: bytes (a record is a few hundred).
+constexpr std::size_t kRecordCap = 1u << 20;
+
+/// `<vm>/outcome.json` inside the VM's directory `dirfd` (`shown` names it in errors): never
+/// through a symlink or a FIFO planted there; Error::err is ENOENT when there is none.
+Result<std::string> read_outcome_at(int dirfd, const fs::path& shown) {
+  return read_small_file(dirfd, "outcome.json", kRecordCap, {.shown = shown.native()});
 }
 
 std::atomic<std::uint64_t> g_temp_counter{0};  // unique temp names within this process
@@ -450,9 +440,8 @@ std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Reco
   // Generation check under the lock: an older generation never replaces a newer record, and the
   // first record of a generation wins (outcome finality). Only a record of this VM counts: one
   // naming another VM is not ours, whatever its generation, and is replaced.
-  bool missing = false;
-  auto existing = read_small_at(p.dir_fd.get(), "outcome.json", p.dir / "outcome.json", 1u << 20, missing);
-  if (existing && !missing) {
+  auto existing = read_outcome_at(p.dir_fd.get(), p.dir / "outcome.json");
+  if (existing) {
     if (auto old = parse_record(*existing); old && old->vm == r.vm) {
       if (old->generation > r.generation)
         return Result<WriteResult>{WriteResult{WriteResult::Kind::stale, *old, 0}};
@@ -635,11 +624,10 @@ Result<std::optional<Record>> read_record(const fs::path& state_dir, std::string
   auto d = open_vm_dir(state_dir, vm, false);
   if (!d) return d.error();
   if (!*d) return std::optional<Record>{};
-  bool missing = false;
   auto path = record_path(state_dir, vm);
-  auto text = read_small_at(d->get(), "outcome.json", path, 1u << 20, missing);
+  auto text = read_outcome_at(d->get(), path);
+  if (!text && text.error().err == ENOENT) return std::optional<Record>{};
   if (!text) return text.error();
-  if (missing) return std::optional<Record>{};
   auto r = parse_record_of(*text, vm, path);
   if (!r) return r.error();
   return std::optional<Record>{std::move(*r)};

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "host/fd.hpp"
+#include "host/small_file.hpp"
 #include "mounts.hpp"
 
 namespace nes::init {
@@ -100,32 +101,22 @@ std::vector<std::string> parse_modules_list(std::string_view text) {
 }
 
 int load_modules(const Log& log, const char* list_path) {
-  int fd = ::open(list_path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    log.debug("modules", "{}: {}", list_path, std::strerror(errno));
+  // A list, not a payload: bounded at 1 MiB. A file of the user's image: a symlink is followed.
+  auto text = host::read_small_file(list_path, 1u << 20, {.longer = host::Longer::truncate, .follow_symlink = true});
+  if (!text) {
+    log.debug("modules", "{}", text.error().message);
     return 0;
   }
-  std::string text;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-    if (text.size() > (1u << 20)) break;  // a list, not a payload: bounded at 1 MiB
-  }
-  ::close(fd);
   int failed = 0, loaded = 0;
-  for (const std::string& path : parse_modules_list(text)) {
-    int mfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (mfd < 0) {
+  for (const std::string& path : parse_modules_list(*text)) {
+    host::Fd mfd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!mfd) {
       log.warn("modules", "{}: {}", path, std::strerror(errno));
       ++failed;
       continue;
     }
-    long r = ::syscall(SYS_finit_module, mfd, "", 0);
+    long r = ::syscall(SYS_finit_module, mfd.get(), "", 0);
     int e = errno;
-    ::close(mfd);
     if (r == 0) {
       ++loaded;
       log.debug("modules", "loaded {}", path);

@@ -1,32 +1,22 @@
 #include "procs.hpp"
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "host/small_file.hpp"
+
 namespace nes::init {
 
 namespace {
 
-// Up to `cap` bytes of a /proc file (they are generated on read: one read may return less).
+// Up to `cap` bytes of a /proc file; "" when it cannot be read (the process has just exited).
 std::string read_proc(const std::string& path, std::size_t cap) {
-  std::string out;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  char buf[1024];
-  while (out.size() < cap) {
-    ssize_t n = ::read(fd, buf, std::min(sizeof buf, cap - out.size()));
-    if (n <= 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return out;
+  auto r = host::read_small_file(path.c_str(), cap, {.longer = host::Longer::truncate});
+  return r ? std::move(*r) : std::string();
 }
 
 // The decimal number at the front of `s` (after spaces; a '-' makes it negative), advancing `s`

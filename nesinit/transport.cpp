@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "host/small_file.hpp"
+
 namespace nes::init {
 
 SockAddr vsock_sockaddr(const VsockAddr& a) {
@@ -39,14 +41,10 @@ std::optional<std::string> find_virtio_port(const std::string& name, const std::
   std::optional<std::string> found;
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] == '.') continue;
-    std::string file = sysfs_dir + "/" + e->d_name + "/name";
-    int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    char buf[128];
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    ::close(fd);
-    if (n <= 0) continue;
-    std::string_view v(buf, static_cast<std::size_t>(n));
+    // A port's name is short (the VMM's `name=` property): 128 bytes are enough to compare.
+    auto text = host::read_small_file((sysfs_dir + "/" + e->d_name + "/name").c_str(), 128, {.longer = host::Longer::truncate});
+    if (!text) continue;
+    std::string_view v(*text);
     while (!v.empty() && (v.back() == '\n' || v.back() == '\0')) v.remove_suffix(1);
     if (v == name) {
       found = dev_dir + "/" + e->d_name;
@@ -57,17 +55,13 @@ std::optional<std::string> find_virtio_port(const std::string& name, const std::
   return found;
 }
 
-namespace {
-host::Error errno_error(int e) { return host::Error{std::strerror(e), e}; }
-}  // namespace
-
 host::Result<host::Fd> connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
                                       const std::function<std::uint64_t()>& now_ms) {
   // Never a blocking connect(): PID 1 has every signal blocked, so nothing would cut it short
   // (a Unix listener with a full backlog blocks it until a slot frees; vsock until the kernel's
   // own connect timeout).
   host::Fd fd(::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) return errno_error(errno);
+  if (!fd) return host::errno_error(errno);
   int r;
   do r = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.len);
   while (r != 0 && errno == EINTR);
@@ -93,7 +87,7 @@ host::Result<host::Fd> connect_socket(int domain, const SockAddr& a, std::uint64
     if (soerr == 0) return fd;
     e = soerr;
   }
-  return errno_error(e);  // fd closed on the way out
+  return host::errno_error(e);  // fd closed on the way out
 }
 
 host::Result<host::Fd> dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
@@ -102,13 +96,13 @@ host::Result<host::Fd> dial_once(const Channel& c, bool guest, std::uint64_t dea
     return connect_socket(AF_UNIX, unix_sockaddr(*u), deadline_ms, wait, now_ms);
   if (auto* p = std::get_if<VirtioPortAddr>(&c)) {
     auto dev = find_virtio_port(p->name);
-    if (!dev) return errno_error(ENOENT);
+    if (!dev) return host::errno_error(ENOENT);
     host::Fd fd(::open(dev->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
-    if (!fd) return errno_error(errno);
+    if (!fd) return host::errno_error(errno);
     return fd;
   }
   // vsock: only a real guest dials it (never a test, never a sandbox).
-  if (!guest) return errno_error(EPERM);
+  if (!guest) return host::errno_error(EPERM);
   return connect_socket(AF_VSOCK, vsock_sockaddr(std::get<VsockAddr>(c)), deadline_ms, wait, now_ms);
 }
 

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "host/fd.hpp"
+#include "host/small_file.hpp"
 #include "host/vm/process.hpp"
 
 namespace nes::vm {
@@ -67,11 +68,10 @@ KvmProbe probe_kvm_boot(const std::string& qemu, const std::filesystem::path& ke
 }
 
 std::string probe_key(const std::string& qemu, const std::filesystem::path& kernel) {
-  host::Fd b(::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC));
-  char id[64] = {};
-  ssize_t n = b ? ::read(b.get(), id, sizeof id - 1) : -1;
-  if (n < 32) return "";
-  std::string boot(id, static_cast<std::size_t>(n));
+  // A UUID and a newline (random(4)): anything shorter is no boot_id.
+  auto id = host::read_small_file("/proc/sys/kernel/random/boot_id", 63, {.longer = host::Longer::truncate});
+  if (!id || id->size() < 32) return "";
+  std::string boot = std::move(*id);
   while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
   struct stat st {};
   std::error_code ec;
@@ -92,12 +92,9 @@ std::filesystem::path default_probe_cache() {
 std::optional<KvmProbe> cached_probe(const std::filesystem::path& file, const std::string& key,
                                      std::int64_t now_s) {
   if (file.empty() || key.empty()) return std::nullopt;
-  host::Fd f(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
-  if (!f) return std::nullopt;
-  char buf[4096];
-  ssize_t n = ::read(f.get(), buf, sizeof buf);
-  if (n <= 0) return std::nullopt;
-  std::string_view t(buf, static_cast<std::size_t>(n));
+  auto text = host::read_small_file(file.c_str(), 4096, {.longer = host::Longer::truncate});
+  if (!text) return std::nullopt;
+  std::string_view t(*text);
   std::string_view lines[4];
   for (auto& l : lines) {
     auto nl = t.find('\n');
