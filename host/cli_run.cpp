@@ -527,16 +527,7 @@ int run_main(const Args& args) {
   // The accelerator, decided before anything else runs (the probe boot is bounded).
   std::string why;
   vm::Accel accel = o.sandbox ? vm::Accel::tcg : vm::resolve_accel(o.accel, [&] {
-    auto dev = vm::kvm_device_usable();
-    if (!dev.usable) return dev;
-    const std::string qemu = "qemu-system-x86_64";
-    const auto cache = vm::default_probe_cache();
-    const auto key = vm::probe_key(qemu, kernel);
-    const std::int64_t now = ::time(nullptr);
-    if (auto c = vm::cached_probe(cache, key, now)) return *c;
-    auto r = vm::probe_kvm_boot(qemu, kernel);
-    vm::store_probe(cache, key, r, now);
-    return r;
+    return vm::probe_kvm_boot_cached("qemu-system-x86_64", kernel, vm::default_probe_cache(), ::time(nullptr));
   }, &why);
   if (o.console) say("neshost: accel {} ({})\n", vm::to_string(accel), why);
 

@@ -130,6 +130,18 @@ void store_probe(const std::filesystem::path& file, const std::string& key, cons
   if (!ok || ::rename(tmp.c_str(), file.c_str()) != 0) ::unlink(tmp.c_str());
 }
 
+KvmProbe probe_kvm_boot_cached(const std::string& qemu, const std::filesystem::path& kernel,
+                               const std::filesystem::path& cache, std::int64_t now_s,
+                               const std::function<KvmProbe()>& device, const std::function<KvmProbe()>& boot) {
+  KvmProbe dev = device ? device() : kvm_device_usable();
+  if (!dev.usable) return dev;  // no device: nothing to boot, nothing worth remembering
+  const std::string key = probe_key(qemu, kernel);
+  if (auto c = cached_probe(cache, key, now_s)) return *c;
+  KvmProbe r = boot ? boot() : probe_kvm_boot(qemu, kernel);
+  store_probe(cache, key, r, now_s);
+  return r;
+}
+
 Accel resolve_accel(Accel requested, const std::function<KvmProbe()>& probe, std::string* why) {
   if (requested != Accel::auto_probe) {
     if (why) *why = fmt::format("{} requested", to_string(requested));

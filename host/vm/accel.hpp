@@ -55,6 +55,17 @@ std::optional<KvmProbe> cached_probe(const std::filesystem::path& file, const st
 void store_probe(const std::filesystem::path& file, const std::string& key, const KvmProbe& r,
                  std::int64_t now_s);
 
+/// The probe behind `--accel auto`, in its one order: the device check (`device`, default
+/// kvm_device_usable()); with a usable device, the verdict cached in `cache` for
+/// probe_key(qemu, kernel) if still valid at `now_s` (seconds since the epoch); else a probe boot
+/// (`boot`, default probe_kvm_boot(qemu, kernel)), whose verdict is stored in `cache` at `now_s`.
+/// A device check that fails is returned as is and never cached (it costs nothing to redo). An
+/// empty `cache`, or a key that cannot be made, means a probe boot every time.
+KvmProbe probe_kvm_boot_cached(const std::string& qemu, const std::filesystem::path& kernel,
+                               const std::filesystem::path& cache, std::int64_t now_s,
+                               const std::function<KvmProbe()>& device = {},
+                               const std::function<KvmProbe()>& boot = {});
+
 /// tcg and kvm are returned as given; auto_probe runs `probe` (default: device check, then the
 /// probe boot) and returns kvm if usable, else tcg. `why` (optional) receives the reason.
 Accel resolve_accel(Accel requested, const std::function<KvmProbe()>& probe,

@@ -382,6 +382,55 @@ TEST_CASE("accel: the probe's verdict is kept per boot, key and age; anything el
   CHECK(std::distance(std::filesystem::directory_iterator(file.parent_path()), {}) == 1);  // no temp left
 }
 
+TEST_CASE("probe_kvm_boot_cached: device first; then the cached verdict, else one probe boot stored") {
+  nes::test::TempDir d;
+  const auto cache = d.path / "neshost" / "kvm-probe";
+  const auto kernel = d.path / "vmlinuz";
+  std::ofstream(kernel) << "kernel";
+  int devices = 0, boots = 0;
+  bool device_ok = false;
+  KvmProbe verdict{true, "a KVM probe guest booted"};
+  auto device = [&] { ++devices; return KvmProbe{device_ok, device_ok ? "dev ok" : "no /dev/kvm"}; };
+  auto boot = [&] { ++boots; return verdict; };
+  auto probe = [&](const std::filesystem::path& c, std::int64_t now) {
+    return probe_kvm_boot_cached("qemu-system-x86_64", kernel, c, now, device, boot);
+  };
+  // No usable device: its verdict as is, no boot, nothing stored.
+  auto r = probe(cache, 1000);
+  CHECK_FALSE(r.usable);
+  CHECK(r.reason == "no /dev/kvm");
+  CHECK(boots == 0);
+  CHECK_FALSE(std::filesystem::exists(cache));
+  // A usable device: one probe boot, its verdict stored, then served from the cache.
+  device_ok = true;
+  r = probe(cache, 1000);
+  CHECK(r.usable);
+  CHECK(r.reason == "a KVM probe guest booted");
+  CHECK(boots == 1);
+  r = probe(cache, 1010);
+  CHECK(r.usable);
+  CHECK(r.reason == "a KVM probe guest booted (cached from a probe 10 s ago)");
+  CHECK(boots == 1);
+  CHECK(devices == 3);  // the device is checked every time: it costs nothing
+  // An unusable verdict is served until kUnusableTtl, then the guest is booted again.
+  std::ofstream(kernel) << "kernel, rebuilt";  // a new key
+  verdict = {false, "hung"};
+  r = probe(cache, 2000);
+  CHECK_FALSE(r.usable);
+  CHECK(boots == 2);
+  r = probe(cache, 2000 + kUnusableTtl.count() - 1);
+  CHECK(r.reason.starts_with("hung (cached"));
+  CHECK(boots == 2);
+  verdict = {true, "booted now"};
+  r = probe(cache, 2000 + kUnusableTtl.count());
+  CHECK(r.usable);
+  CHECK(boots == 3);
+  // No cache: a probe boot every time.
+  probe({}, 3000);
+  probe({}, 3000);
+  CHECK(boots == 5);
+}
+
 TEST_CASE("accel: /dev/kvm checks refuse what is not a KVM device") {
   auto r = kvm_device_usable("/nonexistent/kvm");
   CHECK_FALSE(r.usable);
