@@ -559,8 +559,14 @@ int run_main(const Args& args) {
     shares.push_back({"nes.root", *o.rootfs, o.read_only});
     cfg.session.descriptor.root = proto::Root{"nes.root", o.read_only, proto::FsType::virtiofs};
   }
-  std::vector<vm::FileBind> file_binds;  // files: one staging share for all of them
-  std::vector<proto::Mount> file_mounts;
+  // File volumes: one staging share for all of them. Each entry is both the daemon's bind (the
+  // host's file onto staging file N) and the guest's bind mount (kFileShareAt/N at `guest`),
+  // both made from it below, so the two cannot disagree.
+  struct FileVolume {
+    vm::FileBind bind;
+    std::string guest;
+  };
+  std::vector<FileVolume> file_volumes;
   // Not in `rt`, which goes at `ready`: the daemon serves the staging directory until the end.
   std::optional<RuntimeDir> staging;
   for (std::size_t i = 0; i < o.volumes.size(); ++i) {
@@ -572,25 +578,25 @@ int run_main(const Args& args) {
       if (!staging) staging.emplace();
       if (staging->path.empty())
         return fail(fmt::format("mkdtemp $TMPDIR/neshost-XXXXXX: {}", std::strerror(errno)));
-      const fs::path target = staging->path / std::to_string(file_binds.size());
+      const fs::path target = staging->path / std::to_string(file_volumes.size());
       host::Fd f{::open(target.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)};
       if (!f) return fail(fmt::format("--volume {}: staging {}: {}", v.host.string(), target.string(),
                                       std::strerror(errno)));
-      file_binds.push_back({v.host, target, v.ro});
-      file_mounts.push_back(proto::Mount{fmt::format("{}/{}", kFileShareAt, file_mounts.size()), v.guest,
-                                         v.ro, proto::FsType::bind});
+      file_volumes.push_back({{v.host, target, v.ro}, v.guest});
       continue;
     }
     std::string tag = fmt::format("nes.v{}", i);
     shares.push_back({tag, v.host, v.ro});
     cfg.session.descriptor.mounts.push_back(proto::Mount{tag, v.guest, v.ro, proto::FsType::virtiofs});
   }
-  if (!file_binds.empty()) {
-    bool all_ro = std::all_of(file_binds.begin(), file_binds.end(), [](const auto& b) { return b.ro; });
+  if (!file_volumes.empty()) {
+    bool all_ro = std::all_of(file_volumes.begin(), file_volumes.end(), [](const auto& f) { return f.bind.ro; });
     shares.push_back({std::string(kFileShareTag), staging->path, all_ro});
     cfg.session.descriptor.mounts.push_back(
         proto::Mount{std::string(kFileShareTag), std::string(kFileShareAt), all_ro, proto::FsType::virtiofs});
-    for (auto& m : file_mounts) cfg.session.descriptor.mounts.push_back(std::move(m));
+    for (const auto& f : file_volumes)
+      cfg.session.descriptor.mounts.push_back(proto::Mount{
+          fmt::format("{}/{}", kFileShareAt, f.bind.target.filename().string()), f.guest, f.bind.ro, proto::FsType::bind});
   }
   ex.uid = o.uid;
   ex.gid = o.gid;
@@ -658,7 +664,8 @@ int run_main(const Args& args) {
     vo.program = virtiofsd_program();
     vo.socket = rt.path / (sh.tag + ".sock");
     vo.share = sh;
-    if (sh.tag == kFileShareTag) vo.binds = file_binds;
+    if (sh.tag == kFileShareTag)
+      for (const auto& f : file_volumes) vo.binds.push_back(f.bind);
     vo.log = cfg.state_dir / vmid / fmt::format("virtiofsd-{}.log", sh.tag);
     daemon_logs.push_back(vo.log);
     auto d = vm::Virtiofsd::start(vo, 10s);
