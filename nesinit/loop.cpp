@@ -112,7 +112,7 @@ class Pid1 {
       pending_.push_front(ev::DialFailed{fd.error().message, retryable(fd.error().err)});
       return;
     }
-    chan_ = fd->release();
+    chan_ = std::move(*fd);
     is_port_ = port;
     out_.clear();
     reader_ = proto::LineReader();
@@ -139,7 +139,7 @@ class Pid1 {
                                          retryable(e.err)});
       return;
     }
-    data_ = fd->release();
+    data_ = std::move(*fd);
     data_is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
     stdio_.emplace(d.stdio);
     log_.info("data", "connected to {}", to_string(ch));
@@ -193,7 +193,7 @@ class Pid1 {
   }
 
   void send(const proto::GuestMessage& m) {
-    if (chan_ < 0) return;
+    if (!chan_) return;
     std::string line = proto::encode_line(m);
     if (log_.enabled(Severity::debug))
       log_.debug("send", "{}", std::string_view(line).substr(0, line.size() - 1));
@@ -210,8 +210,8 @@ class Pid1 {
 
   /// Write what the socket takes now. Returns false if the channel broke.
   bool flush() {
-    while (chan_ >= 0 && !out_.empty()) {
-      ssize_t n = ::write(chan_, out_.data(), out_.size());
+    while (chan_ && !out_.empty()) {
+      ssize_t n = ::write(chan_.get(), out_.data(), out_.size());
       if (n > 0) {
         out_.erase(0, static_cast<std::size_t>(n));
         bytes_written_ += static_cast<std::uint64_t>(n);
@@ -227,9 +227,8 @@ class Pid1 {
   }
 
   void lose_channel() {
-    if (chan_ < 0) return;
-    ::close(chan_);
-    chan_ = -1;
+    if (!chan_) return;
+    chan_.reset();
     out_.clear();
     pending_.push_back(ev::Eof{});
   }
@@ -361,16 +360,15 @@ class Pid1 {
     const std::uint64_t before = bytes_written_;
     const int timeout = deadline_timeout(monotonic_ms());
     pollfd p[1 + kStdioFds];
-    p[0] = {chan_ >= 0 && !out_.empty() ? chan_ : -1, POLLOUT, 0};
+    p[0] = {chan_ && !out_.empty() ? chan_.get() : -1, POLLOUT, 0};
     stdio_poll_set(p + 1);
     // Watched for the host's close (POLLHUP) even when there is nothing to read or write.
-    if (data_ >= 0 && p[1 + kData].fd < 0 && !data_retry_at_) p[1 + kData] = {data_, 0, 0};
+    if (data_ && p[1 + kData].fd < 0 && !data_retry_at_) p[1 + kData] = {data_.get(), 0, 0};
     if (::poll(p, 1 + kStdioFds, timeout) > 0) {
-      if (data_ >= 0 && (p[1 + kData].revents & (POLLHUP | POLLERR))) data_hup_ = true;
+      if (data_ && (p[1 + kData].revents & (POLLHUP | POLLERR))) data_hup_ = true;
       if (p[0].revents & (POLLHUP | POLLERR)) {
         // hung up (a virtio port without its host): give up on it
-        if (chan_ >= 0) ::close(chan_);
-        chan_ = -1;
+        chan_.reset();
       } else if (p[0].revents & POLLOUT) {
         flush();
       }
@@ -385,8 +383,8 @@ class Pid1 {
   void report_flushing(std::uint64_t written) {
     ev::Flushing f;
     f.written = written;
-    f.control_queued = chan_ >= 0 && !out_.empty();
-    f.data_open = data_ >= 0 && stdio_;
+    f.control_queued = chan_ && !out_.empty();
+    f.data_open = data_ && stdio_;
     f.data_unsent = any_tx_pending();
     f.outputs_done = stdio_ && stdio_->outputs_done();
     f.receipt = data_rx_eof_ || data_hup_;
@@ -418,8 +416,7 @@ class Pid1 {
 
   [[noreturn]] void power_off(proto::Halt halt) {
     close_data();
-    if (chan_ >= 0) ::close(chan_);
-    chan_ = -1;
+    chan_.reset();
     log_.info("halt", "orphans reaped: {}", reaper_.orphans_total());
     final_act(mode_, shares_, halt, reaper_, log_);
   }
@@ -472,7 +469,7 @@ class Pid1 {
     int timeout = deadline_timeout(now);
     // A virtio port whose host side is not connected polls as POLLHUP without end: leave it out
     // of the poll set until its retry time, which then bounds the timeout like a timer.
-    bool watch_chan = chan_ >= 0;
+    bool watch_chan = static_cast<bool>(chan_);
     if (watch_chan && port_retry_at_) {
       if (*port_retry_at_ > now) {
         watch_chan = false;
@@ -490,7 +487,7 @@ class Pid1 {
     }
     gc_execs();
     pollfd p[2 + kStdioFds + kExecFds * proto::kExecMax] = {
-        {sfd_, POLLIN, 0}, {watch_chan ? chan_ : -1, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
+        {sfd_, POLLIN, 0}, {watch_chan ? chan_.get() : -1, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
     stdio_poll_set(p + 2);
     const std::size_t nexec = std::min(execs_.size(), proto::kExecMax);
     for (std::size_t i = 0; i < nexec; ++i) exec_poll_set(execs_[i], p + 2 + kStdioFds + kExecFds * i);
@@ -507,11 +504,11 @@ class Pid1 {
         else pending_.push_back(ev::Signal{sig});
       }
     }
-    if (chan_ >= 0 && (p[1].revents & POLLOUT)) flush();
-    if (chan_ >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) read_channel();
+    if (chan_ && (p[1].revents & POLLOUT)) flush();
+    if (chan_ && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) read_channel();
     stdio_handle(p + 2);
     for (std::size_t i = 0; i < nexec; ++i) exec_handle(execs_[i], p + 2 + kStdioFds + kExecFds * i);
-    if (data_ >= 0 && any_tx_pending()) write_data();
+    if (data_ && any_tx_pending()) write_data();
   }
 
   // ---- the workload's stdio (boot.stdio): the data channel, the pipes or the PTY ----------------
@@ -530,11 +527,11 @@ class Pid1 {
     StdioCore& c = *stdio_;
     const std::uint64_t now = monotonic_ms();
     if (data_retry_at_ && *data_retry_at_ <= now) data_retry_at_.reset();
-    if (data_ >= 0 && !data_retry_at_) {
+    if (data_ && !data_retry_at_) {
       short ev = 0;
       if (!data_rx_eof_ && rx_room() > 0) ev |= POLLIN;
       if (any_tx_pending()) ev |= POLLOUT;
-      if (ev) p[kData] = {data_, ev, 0};
+      if (ev) p[kData] = {data_.get(), ev, 0};
     }
     // Direct mode: a pipe is read only when its bytes can go to the channel at once.
     auto wanted = [&](proto::Stream s) { return c.direct_mode() ? c.direct_room(s) > 0 : c.out_room(s) > 0; };
@@ -576,9 +573,9 @@ class Pid1 {
       write_stdin(c, fds_);
     if (p[kData].revents & POLLOUT) write_data();
     if (p[kData].revents & (POLLIN | POLLHUP | POLLERR)) read_data(p[kData].revents);
-    if (data_ >= 0 && c.tx_pending()) write_data();  // new output: try at once, it rarely blocks
+    if (data_ && c.tx_pending()) write_data();  // new output: try at once, it rarely blocks
     stdin_side(c, fds_);
-    if (data_ >= 0 && !c.rx_error().empty()) {
+    if (data_ && !c.rx_error().empty()) {
       log_.warn("data", "{}; closing the data channel", c.rx_error());
       pending_.push_back(ev::DataError{c.rx_error()});
       close_data();
@@ -676,7 +673,7 @@ class Pid1 {
   /// up to kDirectBurst frames while the channel takes them.
   void move_output(proto::Stream s, host::Fd& fd) {
     StdioCore& c = *stdio_;
-    for (int i = 0; i < kDirectBurst && fd && data_ >= 0 && c.direct_room(s) > 0; ++i) {
+    for (int i = 0; i < kDirectBurst && fd && data_ && c.direct_room(s) > 0; ++i) {
       int avail = 0;
       if (::ioctl(fd.get(), FIONREAD, &avail) != 0 || avail <= 0) return;  // read_eof() looks
       if (!frame_pipe_ && !open_frame_pipe()) {
@@ -751,7 +748,7 @@ class Pid1 {
       }
     }
     if (frame_pipe_bytes_ > 0) {
-      ssize_t n = ::splice(frame_pipe_.get(), nullptr, data_, nullptr, frame_pipe_bytes_, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      ssize_t n = ::splice(frame_pipe_.get(), nullptr, data_.get(), nullptr, frame_pipe_bytes_, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
         frame_pipe_bytes_ -= static_cast<std::size_t>(n);
         bytes_written_ += static_cast<std::uint64_t>(n);
@@ -844,7 +841,7 @@ class Pid1 {
   /// batch (or direct frame) is begun finishes it, so frames of different processes never
   /// interleave inside a frame; then the next core with frames due, in turn.
   void write_data() {
-    while (data_ >= 0) {
+    while (data_) {
       StdioCore* c = tx_owner_ >= 0 ? core_of(tx_owner_) : nullptr;
       if (!c) c = next_source();
       if (!c) return;
@@ -856,7 +853,7 @@ class Pid1 {
         if (!d || !c->direct_pending()) release_tx(c);
         continue;
       }
-      ssize_t n = ::write(data_, v.data(), v.size());
+      ssize_t n = ::write(data_.get(), v.data(), v.size());
       if (n > 0) {
         c->sent(static_cast<std::size_t>(n));
         bytes_written_ += static_cast<std::uint64_t>(n);
@@ -889,7 +886,7 @@ class Pid1 {
     }
     data_hup_ = false;
     if (room == 0) return;
-    ssize_t n = ::read(data_, io_buf_, room);
+    ssize_t n = ::read(data_.get(), io_buf_, room);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n > 0) {
       c.on_rx(std::string_view(io_buf_, static_cast<std::size_t>(n)));
@@ -914,8 +911,7 @@ class Pid1 {
   }
 
   void close_data() {
-    if (data_ >= 0) ::close(data_);
-    data_ = -1;
+    data_.reset();
     frame_pipe_.reset();  // a frame half-sent dies with the channel
     frame_pipe_w_.reset();
     frame_pipe_bytes_ = 0;
@@ -935,7 +931,7 @@ class Pid1 {
 
   void read_channel() {
     char buf[65536];
-    ssize_t n = ::read(chan_, buf, sizeof buf);
+    ssize_t n = ::read(chan_.get(), buf, sizeof buf);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n == 0 && is_port_ && !host_seen_) {
       // virtio-serial has no connection events: read() == 0 means "no host connected right now".
@@ -973,8 +969,8 @@ class Pid1 {
   Reaper& reaper_;
   Session session_;
   Shares shares_{mode_ != Mode::guest};  // a sandbox mounts in a namespace of its own
-  int chan_ = -1;
-  int data_ = -1;             // the data channel (boot.stdio), or -1
+  host::Fd chan_;             // the lifecycle channel, or none
+  host::Fd data_;             // the data channel (boot.stdio), or none
   bool data_is_port_ = false;
   bool data_rx_eof_ = false;  // the host closed its sending side
   bool data_hup_ = false;     // a virtio data port's host side is not connected (last look)
