@@ -54,7 +54,8 @@ class Pid1 {
   Pid1(Mode mode, const Config& cfg, const Log& log, int sfd, Reaper& reaper)
       : mode_(mode), cfg_(cfg), log_(log), sfd_(sfd), reaper_(reaper),
         session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt,
-                                cfg.connect_timeout_ms, mode == Mode::guest, may_set_hostname(mode)}) {}
+                                cfg.connect_timeout_ms, mode == Mode::guest, may_set_hostname(mode),
+                                cfg.data_channel.has_value()}) {}
 
   [[noreturn]] void run() {
     pending_.push_back(ev::Start{to_string(*cfg_.channel)});
@@ -123,14 +124,10 @@ class Pid1 {
     pending_.push_front(ev::ChannelUp{});
   }
 
-  /// One attempt at the data channel (act::DialData). No address configured is a failure like
-  /// any other, reported as not retryable.
+  /// One attempt at the data channel (act::DialData). The session asks for one only with an
+  /// address configured (SessionOptions::has_data_channel).
   void do_dial_data(const act::DialData& d) {
-    if (!cfg_.data_channel) {
-      pending_.push_front(ev::DataFailed{
-          "data channel: no address configured (--data-channel=ADDR or nesinit.data=ADDR)", 0, false});
-      return;
-    }
+    if (!cfg_.data_channel) return;
     const Channel ch = *cfg_.data_channel;
     auto fd = attempt(ch, d.attempt_ms);
     if (!fd) {

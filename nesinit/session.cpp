@@ -243,6 +243,8 @@ void Session::on_boot(const proto::Boot& b) {
   // With stdio the data channel comes first: if it cannot be had, nothing is mounted or started.
   // Its dial is bounded and retried like the first dial's.
   if (!b.stdio) return mount();
+  if (!opt_.has_data_channel)
+    return data_gave_up("data channel: no address configured (--data-channel=ADDR or nesinit.data=ADDR)", 0);
   dialling_data_ = true;
   data_backoff_ms_ = kRedialFirstMs;
   arm(Timer::data_dial, opt_.connect_timeout_ms);

@@ -180,6 +180,9 @@ struct SessionOptions {
   /// This PID 1 may set boot.hostname: not a sandbox in the machine's own UTS namespace (it
   /// would rename the machine). Without it the hostname is skipped with a warning.
   bool may_set_hostname = true;
+  /// A data channel address is configured (--data-channel, nesinit.data=). Without one a boot
+  /// with stdio is start_failed at once: there is nothing to dial.
+  bool has_data_channel = true;
 };
 /// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. The
 /// backoff spaces the attempts; a pending signal cuts one short.

@@ -999,3 +999,26 @@ TEST_CASE("exec: kill{signal, proc} goes to that process's group only; the workl
   s.handle(ev::ExecOutputsDone{1});
   CHECK(only<act::SignalGroup>(s.handle(msg(proto::Kill{9, 1}))).empty());
 }
+
+TEST_CASE("a boot with stdio and no data channel address: start_failed at once, nothing dialled") {
+  SessionOptions o = kOpt;
+  o.has_data_channel = false;
+  Session s(o);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = make_boot();
+  b.stdio = proto::Stdio{};
+  auto a = s.handle(msg(b));
+  CHECK(only<act::DialData>(a).empty());
+  CHECK(only<act::Mount>(a).empty());
+  CHECK_FALSE(armed(a, Timer::data_dial, o.connect_timeout_ms));
+  REQUIRE(sent(a) == std::vector<std::string>{"start_failed"});
+  auto f = std::get<proto::StartFailed>(only<act::Send>(a)[0].msg);
+  CHECK(f.cls == proto::StartFailClass::other);
+  CHECK(f.err == 0);
+  CHECK(f.reason == "data channel: no address configured (--data-channel=ADDR or nesinit.data=ADDR)");
+  CHECK(s.phase() == Phase::shutting_down);
+  // Without stdio the same session options dial nothing and mount at once.
+  Session plain(o);
+  plain.handle(ev::ChannelUp{});
+  CHECK(only<act::Mount>(plain.handle(msg(make_boot()))).size() == 1);
+}
