@@ -95,6 +95,9 @@ class ControlSession {
   /// monitor closed, timeout, a line over kControlReplyMax.
   host::Result<std::string> read_line(std::optional<std::chrono::milliseconds> timeout);
   int fd() const { return sock_.get(); }
+  /// The connection itself, for a caller that reads the answers on its own loop (nothing has
+  /// been read from it yet unless read_line() was called).
+  host::Fd take() { return std::move(sock_); }
 
  private:
   explicit ControlSession(host::Fd s) : sock_(std::move(s)) {}

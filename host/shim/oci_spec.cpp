@@ -66,19 +66,9 @@ constexpr std::size_t kMaxGroups = 64;
 
 }  // namespace
 
-Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle) {
-  if (json.size() > kMaxSpecBytes)
-    return Error{fmt::format("config.json: {} bytes, more than {}", json.size(), kMaxSpecBytes)};
-  dom::parser parser;
-  simdjson::padded_string padded(json);
-  dom::element doc;
-  if (auto err = parser.parse(padded).get(doc)) return Error{fmt::format("config.json: {}", simdjson::error_message(err))};
-  dom::object top;
-  if (doc.get_object().get(top)) return Error{"config.json: expected a JSON object"};
-  TaskSpec s;
-
-  dom::object process;
-  if (top["process"].get_object().get(process)) return field_error("process", "missing (a task needs a process)");
+/// `process` (config.json's, or an Exec's spec) into `s`'s process fields; errors name
+/// "process.FIELD".
+static host::Status parse_process(dom::object process, TaskSpec& s) {
   {
     dom::element args;
     if (process["args"].get(args)) return field_error("process.args", "missing");
@@ -129,6 +119,38 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
   if (dom::element v; !process["selinuxLabel"].get(v)) {
     // A label for the guest's own LSM, which the guest kernel does not run: met trivially.
   }
+
+  return host::Ok{};
+}
+
+Result<TaskSpec> parse_oci_process(std::string_view json) {
+  if (json.size() > kMaxSpecBytes)
+    return Error{fmt::format("process: {} bytes, more than {}", json.size(), kMaxSpecBytes)};
+  dom::parser parser;
+  simdjson::padded_string padded(json);
+  dom::element doc;
+  if (auto err = parser.parse(padded).get(doc)) return Error{fmt::format("process: {}", simdjson::error_message(err))};
+  dom::object process;
+  if (doc.get_object().get(process)) return Error{"process: expected a JSON object"};
+  TaskSpec s;
+  if (auto ps = parse_process(process, s); !ps) return ps.error();
+  return s;
+}
+
+Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle) {
+  if (json.size() > kMaxSpecBytes)
+    return Error{fmt::format("config.json: {} bytes, more than {}", json.size(), kMaxSpecBytes)};
+  dom::parser parser;
+  simdjson::padded_string padded(json);
+  dom::element doc;
+  if (auto err = parser.parse(padded).get(doc)) return Error{fmt::format("config.json: {}", simdjson::error_message(err))};
+  dom::object top;
+  if (doc.get_object().get(top)) return Error{"config.json: expected a JSON object"};
+  TaskSpec s;
+
+  dom::object process;
+  if (top["process"].get_object().get(process)) return field_error("process", "missing (a task needs a process)");
+  if (auto ps = parse_process(process, s); !ps) return ps.error();
 
   dom::object root;
   if (top["root"].get_object().get(root)) return field_error("root", "missing (the task's root file system)");

@@ -44,6 +44,11 @@ struct TaskSpec {
 /// ...". Unknown fields are ignored (the spec's extension rule).
 host::Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle);
 
+/// Parse an OCI `process` object alone (the spec of containerd's Exec): the process fields of
+/// the result are set (args, env, cwd, user, terminal), the rest left at their defaults. Errors
+/// name the field as parse_oci_spec's do ("process.args: ...").
+host::Result<TaskSpec> parse_oci_process(std::string_view json);
+
 /// Read and parse `<bundle>/config.json`; a missing or unreadable file is an error naming it.
 host::Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle);
 

@@ -12,10 +12,14 @@
 #include <cerrno>
 #include <cstring>
 #include <list>
+#include <map>
 #include <thread>
 #include <vector>
 
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/streambuf.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <fmt/format.h>
@@ -25,6 +29,7 @@
 #include "host/fd.hpp"
 #include "host/monitor.hpp"
 #include "host/reconcile.hpp"
+#include "protocol/codec.hpp"
 #include "host/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
@@ -223,6 +228,202 @@ struct TaskService::Impl {
   std::chrono::steady_clock::time_point resize_deadline;
   asio::steady_timer resize_timer{io};
   asio::steady_timer kill_timer{io};  // SIGKILL's deadline for the guest
+
+  // ---- Exec: more processes in the task's VM (docs/containerd.md "Exec") ----
+  // Each runs through the VM's monitor (`neshost run`): its control socket takes an `exec`
+  // request with containerd's FIFOs for the process (SCM_RIGHTS) and answers on the same
+  // connection "ok started PID PROC", then "ok exit STATUS". The shim reads that connection on its
+  // loop; Kill and ResizePty go to the control socket naming PROC.
+  struct ExecProc {
+    explicit ExecProc(asio::io_context& io) : sock(io), buf(64u << 10) {}
+    std::string id;
+    TaskSpec spec;
+    std::string stdin_path, stdout_path, stderr_path;
+    bool terminal = false;
+    Phase phase = Phase::created;
+    std::uint32_t pid = 0;        // in the guest
+    std::uint16_t proc = 0;       // the monitor's number for it (0 until started)
+    std::uint32_t exit_status = 0;
+    std::int64_t exited_at_ns = 0;
+    Fd stdin_hold;                // as the task's: CloseIO(stdin) is the EOF
+    asio::local::stream_protocol::socket sock;
+    asio::streambuf buf;
+    std::optional<ttrpc::Respond> start_respond;
+    std::vector<ttrpc::Respond> waiters;
+    std::optional<std::pair<std::uint32_t, std::uint32_t>> pending_resize;  // height, width before it started
+  };
+  static constexpr std::size_t kMaxExecs = 16;  // as the guest's own bound (proto::kExecMax)
+  std::map<std::string, std::unique_ptr<ExecProc>> execs;
+
+  ExecProc* find_exec(const std::string& exec_id) {
+    auto it = execs.find(exec_id);
+    return it == execs.end() ? nullptr : it->second.get();
+  }
+
+  /// check_id for a call that may name an exec: the task must exist; a non-empty exec_id must be
+  /// one of its execs.
+  ttrpc::Reply check_exec(const std::string& id, const std::string& exec_id, ExecProc** out) {
+    *out = nullptr;
+    if (auto c = check_id(id, {}); !c.status.ok()) return c;
+    if (exec_id.empty()) return empty();
+    *out = find_exec(exec_id);
+    if (!*out) return fail(ttrpc::Code::not_found, fmt::format("exec {}: not found", exec_id));
+    return empty();
+  }
+
+  ttrpc::Reply exec_add(const std::string& p) {
+    auto req = parse<v2::ExecProcessRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "ExecProcessRequest: malformed");
+    if (auto c = check_id(req->id(), {}); !c.status.ok()) return c;
+    if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id));
+    if (req->exec_id().empty() || req->exec_id().size() > 256)
+      return fail(ttrpc::Code::invalid_argument, "exec_id: expected 1..256 bytes");
+    if (find_exec(req->exec_id())) return fail(ttrpc::Code::already_exists, fmt::format("exec {}: already exists", req->exec_id()));
+    if (execs.size() >= kMaxExecs)
+      return fail(ttrpc::Code::resource_exhausted, fmt::format("exec: {} execs exist already (delete ended ones)", kMaxExecs));
+    for (const auto* io : {&req->stdin(), &req->stdout(), &req->stderr()})
+      if (io->find("://") != std::string::npos && !io->starts_with("file://"))
+        return fail(ttrpc::Code::invalid_argument, fmt::format("stdio '{}': only FIFO paths and file:// are supported", *io));
+    auto sp = parse_oci_process(req->spec().value());
+    if (!sp) return fail(ttrpc::Code::invalid_argument, "spec: " + sp.error().message);
+    auto x = std::make_unique<ExecProc>(io);
+    x->id = req->exec_id();
+    x->spec = std::move(*sp);
+    x->stdin_path = req->stdin();
+    x->stdout_path = req->stdout();
+    x->stderr_path = req->stderr();
+    x->terminal = req->terminal() || x->spec.terminal;
+    execs.emplace(x->id, std::move(x));
+    ev::TaskExecAdded e;
+    e.set_container_id(cfg.id);
+    e.set_exec_id(req->exec_id());
+    events.publish("/tasks/exec-added", e);
+    return empty();
+  }
+
+  void start_any(ttrpc::Call&& c, ttrpc::Respond respond) {
+    auto req = parse<v2::StartRequest>(c.payload);
+    if (!req) return respond(fail(ttrpc::Code::invalid_argument, "StartRequest: malformed"));
+    if (req->exec_id().empty()) return respond(start(c.payload));
+    ExecProc* x = nullptr;
+    if (auto r = check_exec(req->id(), req->exec_id(), &x); !r.status.ok()) return respond(std::move(r));
+    if (x->phase != Phase::created) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: already started", x->id)));
+    if (phase != Phase::running) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id)));
+    auto in = open_stdio(x->stdin_path, true);
+    if (!in) return respond(fail(ttrpc::Code::invalid_argument, in.error().message));
+    if (!x->stdin_path.empty()) x->stdin_hold.reset(::open(x->stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+    auto out = open_stdio(x->stdout_path, false);
+    if (!out) return respond(fail(ttrpc::Code::invalid_argument, out.error().message));
+    auto err = open_stdio(x->stderr_path, false);
+    if (!err) return respond(fail(ttrpc::Code::invalid_argument, err.error().message));
+    proto::ExecProcess m;
+    m.proc = 1;  // the monitor numbers it
+    m.exec.argv = x->spec.argv;
+    for (const auto& kv : x->spec.env) {
+      auto eq = kv.find('=');
+      m.exec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    m.exec.cwd = x->spec.cwd;
+    m.exec.uid = x->spec.uid;
+    m.exec.gid = x->spec.gid;
+    m.exec.groups = x->spec.groups;
+    m.stdio = proto::Stdio{};
+    m.stdio->attach_stdin = !x->stdin_path.empty();
+    if (x->terminal) {
+      auto [h, w] = x->pending_resize.value_or(std::pair<std::uint32_t, std::uint32_t>{24, 80});
+      m.stdio->terminal = proto::Terminal{static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(w)};
+    }
+    if (auto bad = proto::validate(proto::HostMessage{m})) return respond(fail(ttrpc::Code::invalid_argument, "spec: " + bad->reason));
+    auto cs = cli::ControlSession::open(host::control_path(rec.state_dir, rec.vm),
+                                        "exec - " + proto::encode(proto::HostMessage{m}), {in->get(), out->get(), err->get()});
+    if (!cs) return respond(fail(ttrpc::Code::unavailable, fmt::format("exec {}: {}", x->id, cs.error().message)));
+    boost::system::error_code ec;
+    Fd s = cs->take();
+    x->sock.assign(asio::local::stream_protocol(), s.get(), ec);
+    if (ec) return respond(fail(ttrpc::Code::internal, fmt::format("exec {}: {}", x->id, ec.message())));
+    s.release();
+    x->start_respond = std::move(respond);
+    read_exec(x->id);
+  }
+
+  /// The monitor's next line about exec `id` (its start, then its end).
+  void read_exec(const std::string& id) {
+    ExecProc* x = find_exec(id);
+    if (!x) return;
+    asio::async_read_until(x->sock, x->buf, '\n', [this, id](boost::system::error_code ec, std::size_t n) {
+      ExecProc* x = find_exec(id);
+      if (!x || ec == asio::error::operation_aborted) return;
+      if (ec) return exec_ended(*x, 137, "the VM's monitor closed the connection");  // gone with the VM
+      std::string line(asio::buffers_begin(x->buf.data()), asio::buffers_begin(x->buf.data()) + n - 1);
+      x->buf.consume(n);
+      if (line.starts_with("ok started ")) {
+        unsigned pid = 0, proc = 0;
+        if (std::sscanf(line.c_str() + 11, "%u %u", &pid, &proc) != 2 || proc == 0 || proc > 0xffff)
+          return exec_ended(*x, 125, "unexpected answer: " + line);
+        x->pid = pid;
+        x->proc = static_cast<std::uint16_t>(proc);
+        x->phase = Phase::running;
+        ev::TaskExecStarted e;
+        e.set_container_id(cfg.id);
+        e.set_exec_id(x->id);
+        e.set_pid(pid);
+        events.publish("/tasks/exec-started", e);
+        v2::StartResponse r;
+        r.set_pid(pid);
+        if (auto rs = std::exchange(x->start_respond, std::nullopt)) (*rs)(ok(r));
+        if (auto sz = std::exchange(x->pending_resize, std::nullopt))
+          (void)cli::control_request(host::control_path(rec.state_dir, rec.vm),
+                                     fmt::format("resize {} {} {}", sz->first, sz->second, x->proc), 2s);
+        return read_exec(id);
+      }
+      if (line.starts_with("ok exit ")) {
+        unsigned st = 0;
+        const char* rest = line.c_str() + 8;
+        if (std::sscanf(rest, "%u", &st) != 1 || st > 255) return exec_ended(*x, 125, "unexpected answer: " + line);
+        const char* sp = std::strchr(rest, ' ');
+        return exec_ended(*x, st, sp ? sp + 1 : "");
+      }
+      exec_ended(*x, 125, line.starts_with("error: ") ? line.substr(7) : "unexpected answer: " + line);
+    });
+  }
+
+  /// Exec `x` is over with `status` (`why`: what went wrong, if anything). If it never started,
+  /// its Start fails with `why` instead (containerd reports that to the client), as runc's
+  /// shim fails Start for an exec whose program cannot run.
+  void exec_ended(ExecProc& x, std::uint32_t status, std::string why) {
+    boost::system::error_code ig;
+    x.sock.close(ig);
+    x.stdin_hold.reset();
+    const bool started = x.phase == Phase::running;
+    x.phase = Phase::stopped;
+    x.exit_status = status;
+    x.exited_at_ns = now_ns();
+    if (auto rs = std::exchange(x.start_respond, std::nullopt)) {
+      (*rs)(fail(ttrpc::Code::failed_precondition,
+                 fmt::format("exec {}: {}{}", x.id, why.empty() ? "did not start" : why,
+                             status == 127 ? " (not found)" : "")));
+    }
+    if (!started && x.pid == 0 && x.waiters.empty()) return;
+    ev::TaskExit e;
+    e.set_container_id(cfg.id);
+    e.set_id(x.id);
+    e.set_pid(x.pid);
+    e.set_exit_status(status);
+    set_time(e.mutable_exited_at(), x.exited_at_ns);
+    events.publish("/tasks/exit", e);
+    v2::WaitResponse w;
+    w.set_exit_status(status);
+    set_time(w.mutable_exited_at(), x.exited_at_ns);
+    for (auto& r : std::exchange(x.waiters, {})) r(ok(w));
+  }
+
+  ttrpc::Reply exec_kill(ExecProc& x, std::uint32_t signal) {
+    if (x.phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
+    if (x.phase != Phase::running || x.proc == 0) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: not started", x.id));
+    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {} {}", signal, x.proc), 2s);
+    if (reply && *reply == "ok") return empty();
+    return fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, reply ? *reply : reply.error().message));
+  }
 
   using Handler = ttrpc::Reply (Impl::*)(const std::string& payload);
 
@@ -449,8 +650,10 @@ struct TaskService::Impl {
   ttrpc::Reply kill(const std::string& p) {
     auto req = parse<v2::KillRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "KillRequest: malformed");
-    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    ExecProc* x = nullptr;
+    if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     if (req->signal() < 1 || req->signal() > 64) return fail(ttrpc::Code::invalid_argument, fmt::format("signal: {} is not 1..64", req->signal()));
+    if (x) return exec_kill(*x, req->signal());
     if (phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
     if (phase == Phase::created) {
       // Never started: nothing runs; the task ends as if the signal had killed it.
@@ -488,8 +691,25 @@ struct TaskService::Impl {
   ttrpc::Reply state(const std::string& p) {
     auto req = parse<v2::StateRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "StateRequest: malformed");
-    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    ExecProc* x = nullptr;
+    if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     v2::StateResponse r;
+    if (x) {
+      r.set_id(x->id);
+      r.set_exec_id(x->id);
+      r.set_bundle(cfg.bundle.string());
+      r.set_pid(x->pid);
+      r.set_status(x->phase == Phase::created ? types::CREATED : x->phase == Phase::running ? types::RUNNING : types::STOPPED);
+      r.set_stdin(x->stdin_path);
+      r.set_stdout(x->stdout_path);
+      r.set_stderr(x->stderr_path);
+      r.set_terminal(x->terminal);
+      if (x->phase == Phase::stopped) {
+        r.set_exit_status(x->exit_status);
+        set_time(r.mutable_exited_at(), x->exited_at_ns);
+      }
+      return ok(r);
+    }
     r.set_id(cfg.id);
     r.set_bundle(cfg.bundle.string());
     r.set_pid(static_cast<std::uint32_t>(rec.pid ? rec.pid : ::getpid()));
@@ -508,7 +728,19 @@ struct TaskService::Impl {
   ttrpc::Reply del(const std::string& p) {
     auto req = parse<v2::DeleteRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "DeleteRequest: malformed");
-    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    ExecProc* x = nullptr;
+    if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
+    if (x) {
+      if (x->phase == Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: still running", x->id));
+      v2::DeleteResponse r;
+      r.set_pid(x->pid);
+      r.set_exit_status(x->exit_status);
+      set_time(r.mutable_exited_at(), x->exited_at_ns);
+      boost::system::error_code ig;
+      x->sock.close(ig);
+      execs.erase(x->id);
+      return ok(r);
+    }
     if (phase == Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: still running", cfg.id));
     remove_task(cfg.bundle, rec);
     phase = Phase::deleted;
@@ -573,9 +805,22 @@ struct TaskService::Impl {
   ttrpc::Reply resize(const std::string& p) {
     auto req = parse<v2::ResizePtyRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "ResizePtyRequest: malformed");
-    if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
+    ExecProc* x = nullptr;
+    if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     if (req->width() < 1 || req->height() < 1 || req->width() > 0xffff || req->height() > 0xffff)
       return fail(ttrpc::Code::invalid_argument, fmt::format("width {} height {}: each must be 1..65535", req->width(), req->height()));
+    if (x) {
+      if (!x->terminal) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: no terminal", x->id));
+      if (x->phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
+      if (x->proc == 0) {  // before it started: the size it starts with
+        x->pending_resize = std::pair{req->height(), req->width()};
+        return empty();
+      }
+      auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm),
+                                        fmt::format("resize {} {} {}", req->height(), req->width(), x->proc), 2s);
+      if (reply && *reply == "ok") return empty();
+      return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", reply ? *reply : reply.error().message));
+    }
     if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, "task is not running");
     if (!spec.terminal) return fail(ttrpc::Code::failed_precondition, "the task has no terminal");
     // ctr resizes right after Start, before `neshost run` has its control socket: the latest size
@@ -613,8 +858,9 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "CloseIORequest: malformed");
     // The stdin FIFO's reader is `neshost run`: once the shim's writer is closed too, the last
     // client's close is the EOF the workload sees (ctr sends CloseIO when its stdin ends).
-    auto c = check_id(req->id(), req->exec_id());
-    if (c.status.ok() && req->stdin()) stdin_hold.reset();
+    ExecProc* x = nullptr;
+    auto c = check_exec(req->id(), req->exec_id(), &x);
+    if (c.status.ok() && req->stdin()) (x ? x->stdin_hold : stdin_hold).reset();
     return c;
   }
 
@@ -630,8 +876,20 @@ struct TaskService::Impl {
   void wait(ttrpc::Call&& c, ttrpc::Respond respond) {
     auto req = parse<v2::WaitRequest>(c.payload);
     if (!req) return respond(fail(ttrpc::Code::invalid_argument, "WaitRequest: malformed"));
+    if (!req->exec_id().empty()) {
+      ExecProc* x = nullptr;
+      if (auto r = check_exec(req->id(), req->exec_id(), &x); !r.status.ok()) return respond(std::move(r));
+      if (x->phase == Phase::stopped) {
+        v2::WaitResponse w;
+        w.set_exit_status(x->exit_status);
+        set_time(w.mutable_exited_at(), x->exited_at_ns);
+        return respond(ok(w));
+      }
+      x->waiters.push_back(std::move(respond));
+      return;
+    }
     if (phase == Phase::stopped || phase == Phase::deleted) {
-      if (req->id() != cfg.id || !req->exec_id().empty()) return respond(fail(ttrpc::Code::not_found, "not found"));
+      if (req->id() != cfg.id) return respond(fail(ttrpc::Code::not_found, "not found"));
       return respond(ok(wait_response()));
     }
     if (auto r = check_id(req->id(), req->exec_id()); !r.status.ok()) return respond(std::move(r));
@@ -649,7 +907,8 @@ void TaskService::register_on(ttrpc::Server& server) {
     server.add(std::string(kService), name, [im, h](ttrpc::Call&& c, ttrpc::Respond r) { r((im->*h)(c.payload)); });
   };
   sync("Create", &Impl::create);
-  sync("Start", &Impl::start);
+  server.add(std::string(kService), "Start", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->start_any(std::move(c), std::move(r)); });
+  sync("Exec", &Impl::exec_add);
   sync("State", &Impl::state);
   sync("Kill", &Impl::kill);
   sync("Delete", &Impl::del);
@@ -660,10 +919,8 @@ void TaskService::register_on(ttrpc::Server& server) {
   sync("Shutdown", &Impl::shutdown);
   server.add(std::string(kService), "Wait", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->wait(std::move(c), std::move(r)); });
   // Known, and answered clearly: containerd maps UNIMPLEMENTED to ErrNotImplemented.
-  for (const char* m : {"Pause", "Resume", "Checkpoint", "Update", "Stats", "Exec"}) {
-    std::string why = std::string(m) == "Exec"
-                          ? "Exec: a second process in the task's microVM is not supported yet"
-                          : fmt::format("{}: not supported by the nesinit shim", m);
+  for (const char* m : {"Pause", "Resume", "Checkpoint", "Update", "Stats"}) {
+    std::string why = fmt::format("{}: not supported by the nesinit shim", m);
     server.add(std::string(kService), m, [why](ttrpc::Call&&, ttrpc::Respond r) {
       r(ttrpc::Reply{{ttrpc::Code::unimplemented, why}, {}});
     });

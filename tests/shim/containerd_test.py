@@ -225,16 +225,34 @@ def case_parallel(d):
 
 def case_kill(d):
     """`ctr task kill` (SIGTERM) -> 143 and `-s SIGKILL` -> 137, judged by the attached ctr run's
-    own exit status; `ctr task ps` lists the task's process while it runs."""
+    own exit status; `ctr task exec` returns its own code (and 137 when killed by exec id) while
+    the task runs; `ctr task ps` lists the task's process while it runs."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
     for tid, sig, want in (("tk15", "SIGTERM", 143), ("tk9", "SIGKILL", 137)):
         p = d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--rootfs", root, tid, "/bin/sh", "-c", "echo up; exec sleep 1000")
         try:
             wait_line(p, "up")
             check(d.tasks().get(tid, ("", ""))[1] == "RUNNING", f"{tid}: {d.tasks()}")
-            # Exec reaches the shim and is refused clearly (not yet supported), the task unharmed.
-            rc, _, err = d.ctr("task", "exec", "--exec-id", "x", tid, "/bin/true", check_rc=False)
-            check(rc != 0 and "not implemented" in err, f"ctr task exec: exit {rc}: {err!r}")
+            if sig == "SIGTERM":
+                # ctr task exec: a second process in the task's VM, its own output and code.
+                rc, out, err = d.ctr("task", "exec", "--exec-id", "x1", tid, "/bin/sh", "-c",
+                                     "echo from-exec; echo to-stderr >&2; exit 5", check_rc=False)
+                check((rc, out) == (5, "from-exec\n") and "to-stderr" in err, f"ctr task exec: exit {rc}: {out!r} {err!r}{d.tail()}")
+                # Killed through ctr task kill --exec-id: 128+9, the task unharmed.
+                x = d.popen_ctr("task", "exec", "--exec-id", "x2", tid, "/bin/sh", "-c", "echo ready; exec sleep 1000")
+                try:
+                    wait_line(x, "ready")
+                    d.ctr("task", "kill", "--exec-id", "x2", "-s", "SIGKILL", tid)
+                    xrc, _, xerr = finish(x)
+                finally:
+                    if x.poll() is None:
+                        x.kill()
+                        x.wait()
+                check(xrc == 137, f"ctr task exec killed: exit {xrc}: {xerr!r}{d.tail()}")
+                # A program that does not exist: the exec fails, the task runs on.
+                rc, _, err = d.ctr("task", "exec", "--exec-id", "x3", tid, "/nonexistent", check_rc=False)
+                check(rc != 0, f"ctr task exec of a missing program: exit {rc}: {err!r}")
+                check(d.tasks().get(tid, ("", ""))[1] == "RUNNING", f"{tid} after the execs: {d.tasks()}")
             # The guest's processes, as the guest numbers them: nesinit is 1, the workload
             # (exec'd sleep) another.
             rc, out, _ = d.ctr("task", "ps", tid)

@@ -238,15 +238,21 @@ TEST_CASE("Kill before Start ends the task as that signal; a Wait left before a 
   }
 }
 
-TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec and Pause are UNIMPLEMENTED naming the call") {
+TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec needs a running task; Pause is UNIMPLEMENTED") {
   Rig r("exit 0");
   REQUIRE(r.create().status.ok());
   v2::StateRequest other;
   other.set_id("t2");
   CHECK(r.call("State", other).status.code == ttrpc::Code::not_found);
   auto ex = r.call("Exec", Rig::id_req<v2::ExecProcessRequest>());
-  CHECK(ex.status.code == ttrpc::Code::unimplemented);
-  CHECK(ex.status.message.find("Exec") != std::string::npos);
+  CHECK(ex.status.code == ttrpc::Code::failed_precondition);
+  CHECK(ex.status.message.find("not running") != std::string::npos);
+  v2::StateRequest no_exec;
+  no_exec.set_id("t1");
+  no_exec.set_exec_id("nope");
+  auto ne = r.call("State", no_exec);
+  CHECK(ne.status.code == ttrpc::Code::not_found);
+  CHECK(ne.status.message == "exec nope: not found");
   CHECK(r.call("Pause", Rig::id_req<v2::PauseRequest>()).status.code == ttrpc::Code::unimplemented);
   auto bad = r.answer([&] {
     std::uint32_t s = r.next_stream;
