@@ -101,10 +101,28 @@ void ExecAttachments::finish(std::uint16_t proc) {
   });
 }
 
+void ExecAttachments::workload_started() {
+  started_ = true;
+  for (auto& w : std::exchange(waiting_, {})) start(w.text, std::move(w.fds), std::move(w.reply));
+}
+
+void ExecAttachments::workload_ended() {
+  ended_ = true;
+  for (auto& w : std::exchange(waiting_, {})) w.reply("error: exec: the workload has ended", false);
+}
+
 void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, ControlServer::Reply reply) {
   auto fail = [&](std::string why) { reply("error: " + why, false); };
+  if (!started_ && !ended_) {
+    // docker exec into a container that is starting waits for it; so does this, bounded by the
+    // VM's own deadlines (its outcome ends the wait).
+    if (waiting_.size() >= proto::kExecMax) return fail("exec: too many requests wait for the workload to start");
+    reply("ok waiting for the workload to start", true);
+    waiting_.push_back(Waiting{std::string(text), std::move(fds), std::move(reply)});
+    return;
+  }
   const host::Session* s = host_ ? host_->session(vm_) : nullptr;
-  if (!s) return fail("exec: the VM is not up yet");
+  if (!s) return fail("exec: the VM is not up");
   auto x = parse_exec_request(text, s->config().descriptor.exec);
   if (!x) return fail(x.error().message);
   if (x->stdio && fds.size() != 3) return fail("exec: the request must carry the client's fds 0, 1 and 2");
@@ -282,6 +300,9 @@ int exec_main(const Args& args) {
   if (!cs) return exec_error(fmt::format("VM '{}' is not running ({})", vm, cs.error().message));
   // The answer to the exec itself is bounded (an init that never answers: Host::kExecAnswerWait).
   auto first = cs->read_line(host::Host::kExecAnswerWait + 5s);
+  // A VM still booting: the monitor says so and answers once the workload runs (its own
+  // deadlines bound that).
+  while (first && first->starts_with("ok waiting")) first = cs->read_line(std::nullopt);
   if (!first) return exec_error(first.error().message);
   if (first->starts_with("error: ")) return exec_error(first->substr(7));
   std::uint16_t proc = 0;

@@ -43,8 +43,14 @@ class ExecAttachments {
   ExecAttachments(boost::asio::io_context& io, std::string vm, std::function<void()> pause_changed);
   ~ExecAttachments();
   void set_host(host::Host* h) { host_ = h; }
-  /// Serves one `exec` request (`text` after "exec "), with the client's fds 0-2.
+  /// Serves one `exec` request (`text` after "exec "), with the client's fds 0-2. Before the
+  /// workload has started (the VM still booting) it waits, answering "ok waiting" first (at most
+  /// kExecMax waiting; they fail when the workload ends before it starts).
   void start(std::string_view text, std::vector<host::Fd> fds, ControlServer::Reply reply);
+  /// The workload started (Milestone::started): waiting requests go ahead.
+  void workload_started();
+  /// The workload's outcome is in: waiting requests fail.
+  void workload_ended();
   /// An output queue of a live process is full.
   bool any_full() const;
   /// The host's stdin queue has room again (StdioHooks::stdin_writable): pumps read on.
@@ -60,6 +66,13 @@ class ExecAttachments {
   std::function<void()> pause_changed_;
   host::Host* host_ = nullptr;
   std::map<std::uint16_t, std::shared_ptr<Attached>> live_;
+  struct Waiting {
+    std::string text;
+    std::vector<host::Fd> fds;
+    ControlServer::Reply reply;
+  };
+  std::vector<Waiting> waiting_;
+  bool started_ = false, ended_ = false;
 };
 
 }  // namespace nes::cli

@@ -901,7 +901,11 @@ int run_main(const Args& args) {
     // QEMU connects both chardev sockets at its start; in --sandbox the init dials the data
     // channel only after `boot`, so the runtime dir stays until then.
     if (m == (o.sandbox ? Milestone::data_connected : Milestone::ready)) rt.remove_now();
-    if (m == Milestone::started) notify_started(started_notify);
+    if (m == Milestone::started) {
+      notify_started(started_notify);
+      execs.workload_started();
+    }
+    if (m == Milestone::outcome) execs.workload_ended();
     if (o.console)
       say("neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.

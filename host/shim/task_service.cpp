@@ -356,6 +356,7 @@ struct TaskService::Impl {
       if (ec) return exec_ended(*x, 137, "the VM's monitor closed the connection");  // gone with the VM
       std::string line(asio::buffers_begin(x->buf.data()), asio::buffers_begin(x->buf.data()) + n - 1);
       x->buf.consume(n);
+      if (line.starts_with("ok waiting")) return read_exec(id);  // the VM is still booting
       if (line.starts_with("ok started ")) {
         unsigned pid = 0, proc = 0;
         if (std::sscanf(line.c_str() + 11, "%u %u", &pid, &proc) != 2 || proc == 0 || proc > 0xffff)

@@ -396,7 +396,7 @@ def all_procs():
 def case_tty(d):
     """`ctr run -t` on a real pseudo-terminal (Python's pty): the workload's stdio is a /dev/pts
     terminal in the guest, sized like ctr's (containerd's ResizePty through the shim), and its
-    exit status is ctr's."""
+    exit status is ctr's; `ctr task exec -t` gets a terminal of its own the same way."""
     import fcntl
     import pty
     import struct
@@ -425,6 +425,47 @@ def case_tty(d):
     check(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 5, f"ctr run -t: status {st:#x}; output {text!r}{d.tail()}")
     check("/dev/pts/" in text, f"tty printed {text!r}")
     check("33 101" in text, f"stty size: {text!r} (want 33 101)")
+    # `ctr task exec -t` into a running task: the exec's own terminal, sized like this ctr's.
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "tx", "/bin/sh", "-c", "exec sleep 1000")
+    until(lambda: d.tasks().get("tx", ("", ""))[1] == "RUNNING", "tx running")
+    # ctr resizes once Start answered, so the exec starts at 24x80 and learns the size from its
+    # SIGWINCH (or finds it already set).
+    w = ('trap "stty size; exit 6" WINCH; tty; [ "$(stty size)" != "24 80" ] && { stty size; exit 6; }; '
+         'while :; do sleep 1; done')
+    st, text = on_pty(d, ["task", "exec", "-t", "--exec-id", "te", "tx", "/bin/sh", "-c", w], 40, 120)
+    check(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 6, f"ctr task exec -t: status {st:#x}; output {text!r}{d.tail()}")
+    check("/dev/pts/" in text and "40 120" in text, f"ctr task exec -t: {text!r} (want a /dev/pts path and 40 120)")
+    d.ctr("task", "kill", "-s", "SIGKILL", "tx")
+    until(lambda: d.tasks().get("tx", ("", ""))[1] != "RUNNING", "tx killed", bound=30)
+    d.ctr("task", "delete", "tx", check_rc=False)
+    d.ctr("container", "delete", "tx", check_rc=False)
+
+
+def on_pty(d, ctr_args, rows, cols):
+    """ctr ARGS on a fresh pseudo-terminal sized rows x cols: (wait status, output without CRs)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    pid, master = pty.fork()
+    if pid == 0:
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        os.execvpe("ctr", ["ctr", "--address", d.sock] + ctr_args, d.env)
+    got = b""
+    deadline = time.monotonic() + BOUND
+    try:
+        while time.monotonic() < deadline:
+            try:
+                b = os.read(master, 4096)
+            except OSError:
+                break
+            if not b:
+                break
+            got += b
+        _, st = os.waitpid(pid, 0)
+    finally:
+        os.close(master)
+    return st, got.decode(errors="replace").replace("\r", "")
 
 
 def case_bad_spec(d):
