@@ -65,6 +65,15 @@ struct Parsed {
 /// `--` ends flags. `-h`/`--help` set `help`.
 host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& args);
 
+/// A short flag and the long one it stands for ("-f", "--follow"), as docker spells them.
+struct ShortFlag {
+  std::string_view short_form;
+  std::string_view long_form;
+};
+/// `args` with every argument that is one of `shorts` replaced by its long form, for
+/// parse_flags(); every other argument is kept as it is.
+Args expand_short_flags(const Args& args, std::span<const ShortFlag> shorts);
+
 /// Print "neshost CMD: MESSAGE" and a hint to stderr; returns kExitUsage.
 int usage_error(std::string_view cmd, std::string_view message);
 

@@ -37,6 +37,16 @@ std::vector<Subcommand> subcommands() {
   return t;
 }
 
+Args expand_short_flags(const Args& args, std::span<const ShortFlag> shorts) {
+  Args out;
+  out.reserve(args.size());
+  for (auto a : args) {
+    auto it = std::find_if(shorts.begin(), shorts.end(), [&](const ShortFlag& f) { return f.short_form == a; });
+    out.push_back(it == shorts.end() ? a : it->long_form);
+  }
+  return out;
+}
+
 host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& args) {
   Parsed p;
   for (std::size_t i = 0; i < args.size(); ++i) {

@@ -143,13 +143,8 @@ std::optional<Reader> open_reader(const fs::path& p) {
 
 int logs_main(const Args& raw) {
   // Short forms first (-f, -t, -n N); the rest through the shared parser.
-  Args args;
-  for (auto a : raw) {
-    if (a == "-f") args.push_back("--follow");
-    else if (a == "-t") args.push_back("--timestamps");
-    else if (a == "-n") args.push_back("--tail");
-    else args.push_back(a);
-  }
+  static constexpr ShortFlag kShort[] = {{"-f", "--follow"}, {"-t", "--timestamps"}, {"-n", "--tail"}};
+  const Args args = expand_short_flags(raw, kShort);
   static constexpr FlagSpec kFlags[] = {
       {"state"}, {"follow", false}, {"tail"}, {"since"}, {"timestamps", false}};
   auto p = parse_flags(kFlags, args);

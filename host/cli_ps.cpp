@@ -60,18 +60,9 @@ workload is killed (SIGKILL), the guest powers off, and its state goes once the 
 Prints each VM removed. Exit 1 if any could not be removed.
 )";
 
-/// Flags with short forms (-a, -t, -s, -f) rewritten to the long ones parse_flags() knows.
-Args expand_short(const Args& args) {
-  Args out;
-  for (auto a : args) {
-    if (a == "-a") out.push_back("--all");
-    else if (a == "-t") out.push_back("--time");
-    else if (a == "-s") out.push_back("--signal");
-    else if (a == "-f") out.push_back("--force");
-    else out.push_back(a);
-  }
-  return out;
-}
+/// The short forms of ps, stop, kill and rm (docker's): -a, -t, -s, -f.
+constexpr ShortFlag kShortFlags[] = {{"-a", "--all"}, {"-t", "--time"}, {"-s", "--signal"}, {"-f", "--force"}};
+Args expand_short(const Args& args) { return expand_short_flags(args, kShortFlags); }
 
 fs::path state_of(const Parsed& p) {
   auto s = p.get("state");
