@@ -195,22 +195,36 @@ std::string read_line(int fd, std::string& buf, int timeout_ms) {
   }
 }
 
-NesRun nesinit_cycle(const std::string& init, const fs::path& dir,
-                     const std::vector<std::string>& argv, bool capture) {
-  NesRun r;
-  fs::path sock = dir / "ch.sock";
-  fs::remove(sock);
+/// A listening Unix socket at `path` (replaced if present).
+Fd listen_unix(const fs::path& path) {
+  fs::remove(path);
   Fd l(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, sock.c_str(), sizeof a.sun_path - 1);
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
   if (bind(l.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(l.fd, 1) != 0)
-    throw std::runtime_error("bind/listen " + sock.string());
+    throw std::runtime_error("bind/listen " + path.string());
+  return l;
+}
+
+/// One full session of nesinit as PID 1 of a fresh pid namespace. `stdio`: the descriptor asks
+/// for the workload's stdout/stderr on the data channel (as `neshost run` without -i: stdin is
+/// /dev/null), which the host reads to both eofs and then closes, the receipt the init waits for
+/// before its power-off; otherwise the workload inherits the init's fds.
+NesRun nesinit_cycle(const std::string& init, const fs::path& dir,
+                     const std::vector<std::string>& argv, bool capture, bool stdio = false) {
+  NesRun r;
+  fs::path sock = dir / "ch.sock", dsock = dir / "data.sock";
+  Fd l = listen_unix(sock);
+  Fd dl;
+  if (stdio) dl = listen_unix(dsock);
   int p[2] = {-1, -1};
   if (capture && pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe");
   Fd pr(p[0]), pw(p[1]);
+  std::vector<std::string> cmd = {init, "--channel=unix:" + sock.string(), "--log=quiet"};
+  if (stdio) cmd.push_back("--data-channel=unix:" + dsock.string());
   auto t0 = Clock::now();
-  Proc proc = spawn(ns({init, "--channel=unix:" + sock.string(), "--log=quiet"}), pw.fd);
+  Proc proc = spawn(ns(cmd), pw.fd);
   pw.reset();
   pollfd pf{l.fd, POLLIN, 0};
   if (poll(&pf, 1, 10000) != 1) throw std::runtime_error("nesinit did not dial in");
@@ -225,11 +239,38 @@ NesRun nesinit_cycle(const std::string& init, const fs::path& dir,
   b.exec.argv = argv;
   b.exec.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}};
   b.on_exit.terminal = true;
+  if (stdio) b.stdio = proto::Stdio{};
   std::string line = proto::encode_line(proto::HostMessage{b});
   if (write(c.fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
     throw std::runtime_error("write boot");
   auto tb = Clock::now(), ts = tb;
-  while (!r.exited) {
+  Fd dc;  // the data channel, closed by us once both output streams are at eof
+  proto::FrameDecoder dec(proto::FrameRules{});
+  bool data_done = !stdio;
+  while (!r.exited || !data_done) {
+    if (ms_since(tb) > 60000) throw std::runtime_error("no workload_exited or data eofs within 60 s");
+    if (buf.find('\n') == std::string::npos || r.exited) {
+      pollfd pf2[2] = {{r.exited ? -1 : c.fd, POLLIN, 0}, {dc.fd >= 0 ? dc.fd : dl.fd, POLLIN, 0}};
+      if (::poll(pf2, data_done ? 1 : 2, 1000) <= 0) continue;
+      if (pf2[1].revents && !data_done) {
+        if (dc.fd < 0) {
+          dc = Fd(accept4(dl.fd, nullptr, nullptr, SOCK_CLOEXEC));
+        } else {
+          char db[65536];
+          ssize_t n = ::read(dc.fd, db, sizeof db);
+          if (n <= 0) throw std::runtime_error("data channel closed before both eofs");
+          std::string_view in(db, static_cast<std::size_t>(n));
+          while (dec.next(in)) {
+          }
+          if (dec.failed()) throw std::runtime_error("data channel: " + dec.error());
+          if (dec.at_eof(proto::Stream::out) && dec.at_eof(proto::Stream::err)) {
+            dc.reset();  // the receipt
+            data_done = true;
+          }
+        }
+      }
+      if (!(pf2[0].revents & (POLLIN | POLLHUP))) continue;
+    }
     auto d = proto::decode_guest(read_line(c.fd, buf, 60000));
     if (auto* m = std::get_if<proto::GuestMessage>(&d)) {
       if (std::holds_alternative<proto::Started>(*m)) {
@@ -319,8 +360,8 @@ int main(int argc, char** argv) {
   try {
     // P1: full cycle of /bin/true, contenders alternating (rotation), medians.
     std::map<std::string, std::vector<double>> t;
-    auto cycle = [&](const std::string& who, const std::string& bin) {
-      auto r = nesinit_cycle(bin, dir, {"/bin/true"}, false);
+    auto cycle = [&](const std::string& who, const std::string& bin, bool stdio = false) {
+      auto r = nesinit_cycle(bin, dir, {"/bin/true"}, false, stdio);
       if (!r.exited || r.exited->exit_code != 0) throw std::runtime_error("true did not exit 0");
       t[who].push_back(r.total_ms);
       t[who + " protocol share"].push_back(r.protocol_ms);
@@ -332,11 +373,13 @@ int main(int argc, char** argv) {
     };
     const int extra = base.empty() ? 0 : 1;
     for (int i = 0; i < iterations; ++i) {
-      int k = static_cast<int>(ps.size()) + 2 + extra;
+      int k = static_cast<int>(ps.size()) + 3 + extra;
       for (int j = 0; j < k; ++j) {
         int which = (i + j) % k;
         if (which == 0) {
           cycle("nesinit", init);
+        } else if (which == k - 1) {
+          cycle("stdio", init, true);
         } else if (which == 1) {
           t["bare"].push_back(timed(ns({"/bin/true"})));
         } else if (which - 2 < static_cast<int>(ps.size())) {
@@ -355,6 +398,13 @@ int main(int argc, char** argv) {
     rows.push_back(p1);
     rows.push_back({"P1 nesinit protocol share (accept → workload_exited → ack)", "ms",
                     median(t["nesinit protocol share"]), {{"nesinit full cycle", median(t["nesinit"])}}});
+    // The same cycle with stdout/stderr on the data channel, as `neshost run` asks for them:
+    // reported against the cycle without (the goal's row), and tini-static for scale.
+    Row p1s{"P1 full cycle `/bin/true`, stdout/stderr on the data channel (boot.stdio, the host reads both eofs "
+            "and closes it; median of " + std::to_string(iterations) + ")", "ms", median(t["stdio"]), {}};
+    p1s.peers.push_back({"nesinit without stdio", median(t["nesinit"])});
+    if (!ps.empty()) p1s.peers.push_back({ps[0].name, median(t[ps[0].name])});
+    rows.push_back(p1s);
     // Where the cycle goes, phase by phase (medians; the base's in the same rotation).
     auto phases = [&](const std::string& who) {
       return fmt::format("spawn→accept {:.3f}, accept→ready {:.3f}, boot→started {:.3f}, "
