@@ -55,7 +55,7 @@ class Pid1 {
       : mode_(mode), cfg_(cfg), log_(log), sfd_(sfd), reaper_(reaper),
         session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt,
                                 cfg.connect_timeout_ms, mode == Mode::guest, may_set_hostname(mode),
-                                cfg.data_channel.has_value()}) {}
+                                cfg.data_channel.has_value(), mode == Mode::guest}) {}
 
   [[noreturn]] void run() {
     pending_.push_back(ev::Start{to_string(*cfg_.channel)});
@@ -274,7 +274,7 @@ class Pid1 {
         cfds = ChildFds{{fds_.child_in.get(), fds_.child_out.get(), fds_.child_err.get()}, false};
       }
     }
-    auto r = spawn(b.exec, b.geometry, mode_ == Mode::guest ? Stdio::console : Stdio::inherit, reaper_,
+    auto r = spawn(b.exec, b.geometry, b.console ? Stdio::console : Stdio::inherit, reaper_,
                    b.stdio ? &cfds : nullptr);
     // The workload has its copies: the init keeps only its own ends, so EOF means the workload
     // (and whatever inherited its fds) closed them.

@@ -420,7 +420,7 @@ void Session::on(const ev::MountsDone&) {
     note(Severity::warn, "hostname", fmt::format("'{}' not set: this sandbox shares the machine's UTS namespace", *hostname));
     hostname.reset();
   }
-  out_.push_back(act::Spawn{std::move(hostname), boot_->exec, boot_->geometry, boot_->stdio});
+  out_.push_back(act::Spawn{std::move(hostname), boot_->exec, boot_->geometry, boot_->stdio, opt_.console_stdio});
 }
 
 void Session::on(const ev::MountFailed& f) {

@@ -123,12 +123,14 @@ struct Dial { std::uint32_t attempt_ms; bool need_peer; };
 /// Switch to `root` (if set), then mount `mounts` in order: MountsDone or MountFailed.
 struct Mount { std::optional<proto::Root> root; std::vector<proto::Mount> mounts; };
 /// Set `hostname` (if set), then start `exec` in its own process group with `geometry` in its
-/// environment and its stdio as `stdio` says (unset: the console): Started or StartFailed.
+/// environment and its stdio as `stdio` says (unset: /dev/console with `console`, else the init's
+/// own fds): Started or StartFailed.
 struct Spawn {
   std::optional<std::string> hostname;
   proto::Exec exec;
   proto::Geometry geometry;
   std::optional<proto::Stdio> stdio;
+  bool console = false;  // no `stdio`: fds 0-2 on /dev/console, else the init's own
 };
 struct SignalGroup { int signo; std::int32_t pgid; };  // kill(-pgid, signo): the workload's group
 struct SignalAll { int signo; };    // kill(-1, signo): everything but PID 1
@@ -183,6 +185,9 @@ struct SessionOptions {
   /// A data channel address is configured (--data-channel, nesinit.data=). Without one a boot
   /// with stdio is start_failed at once: there is nothing to dial.
   bool has_data_channel = true;
+  /// Without boot.stdio the workload's fds 0-2 are /dev/console (a guest's PID 1: the console is
+  /// all the output there is); off, they are the init's own (a sandbox's: its caller's).
+  bool console_stdio = false;
 };
 /// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. The
 /// backoff spaces the attempts; a pending signal cuts one short.

@@ -1022,3 +1022,17 @@ TEST_CASE("a boot with stdio and no data channel address: start_failed at once, 
   plain.handle(ev::ChannelUp{});
   CHECK(only<act::Mount>(plain.handle(msg(make_boot()))).size() == 1);
 }
+
+TEST_CASE("spawn: the workload's fds 0-2 without stdio are the console only where the options say so") {
+  for (bool console : {false, true}) {
+    SessionOptions o = kOpt;
+    o.console_stdio = console;
+    Session s(o);
+    s.handle(ev::ChannelUp{});
+    s.handle(msg(make_boot()));
+    auto sp = only<act::Spawn>(s.handle(ev::MountsDone{}));
+    REQUIRE(sp.size() == 1);
+    CHECK(sp[0].console == console);
+    CHECK_FALSE(sp[0].stdio);
+  }
+}
