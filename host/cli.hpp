@@ -82,6 +82,9 @@ host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std
 /// Unsigned integer in [lo, hi]; error names `flag`.
 host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v, std::uint64_t lo,
                                        std::uint64_t hi);
+/// docker's `-i`/`--interactive`, `-t`/`--tty` and the combined `-it`/`-ti`: sets what `a` names
+/// and returns true; false (nothing set) for any other argument.
+bool interactive_tty_flag(std::string_view a, bool& interactive, bool& tty);
 /// `--user UID[:GID]` (numbers; GID defaults to UID), each 0..2^32-2. Errors name --user.
 host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v);
 

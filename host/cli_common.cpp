@@ -282,4 +282,11 @@ host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_vie
   return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};
 }
 
+bool interactive_tty_flag(std::string_view a, bool& interactive, bool& tty) {
+  if (a != "-i" && a != "--interactive" && a != "-t" && a != "--tty" && a != "-it" && a != "-ti") return false;
+  if (a.find('i') != std::string_view::npos && a != "--tty") interactive = true;
+  if (a.find('t') != std::string_view::npos && a != "--interactive" && a != "-i") tty = true;
+  return true;
+}
+
 }  // namespace nes::cli

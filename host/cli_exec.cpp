@@ -227,11 +227,7 @@ int exec_main(const Args& args) {
       return 0;
     }
     if (!a.starts_with("-") || a == "-") break;
-    if (a == "-i" || a == "--interactive" || a == "-t" || a == "--tty" || a == "-it" || a == "-ti") {
-      if (a.find('i') != std::string_view::npos && a != "--tty") interactive = true;
-      if (a.find('t') != std::string_view::npos && a != "--interactive" && a != "-i") tty = true;
-      continue;
-    }
+    if (interactive_tty_flag(a, interactive, tty)) continue;
     std::string_view name = a;
     std::optional<std::string_view> value;
     if (a.starts_with("--"))

@@ -209,11 +209,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
       o.sandbox = true;
       continue;
     }
-    if (a == "-i" || a == "--interactive" || a == "-t" || a == "--tty" || a == "-it" || a == "-ti") {
-      if (a.find('i') != std::string_view::npos && a != "--tty") o.interactive = true;
-      if (a.find('t') != std::string_view::npos && a != "--interactive" && a != "-i") o.tty = true;
-      continue;
-    }
+    if (interactive_tty_flag(a, o.interactive, o.tty)) continue;
     std::string name;
     std::optional<std::string_view> value;
     if (a == "-e" || a == "-w" || a == "-v") {

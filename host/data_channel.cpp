@@ -175,18 +175,23 @@ Status DataLink::queue_in(std::string f) {
   return Ok{};
 }
 
-Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
+Result<bool*> DataLink::stdin_of(std::uint16_t proc) {
   if (closed_) return Error{"stdin: the data channel is closed"};
-  bool* eof_sent = &stdin_eof_sent_;
   if (proc == 0) {
     if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
-  } else {
-    Exec* x = find_exec(proc);
-    if (!x) return Error{fmt::format("stdin: no process {}", proc)};
-    if (!x->started) return Error{fmt::format("stdin: process {} has not started yet", proc)};
-    if (!x->stdio.attach_stdin) return Error{fmt::format("stdin: not attached for process {}", proc)};
-    eof_sent = &x->stdin_eof_sent;
+    return &stdin_eof_sent_;
   }
+  Exec* x = find_exec(proc);
+  if (!x) return Error{fmt::format("stdin: no process {}", proc)};
+  if (!x->started) return Error{fmt::format("stdin: process {} has not started yet", proc)};
+  if (!x->stdio.attach_stdin) return Error{fmt::format("stdin: not attached for process {}", proc)};
+  return &x->stdin_eof_sent;
+}
+
+Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
+  auto st = stdin_of(proc);
+  if (!st) return st.error();
+  bool* eof_sent = *st;
   if (*eof_sent) return Error{"stdin: already at eof"};
   if (out_bytes_ >= cfg_.stdin_cap) {
     stdin_refused_ = true;
@@ -199,16 +204,9 @@ Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
 }
 
 Status DataLink::send_stdin_eof(std::uint16_t proc) {
-  if (closed_) return Error{"stdin: the data channel is closed"};
-  bool* eof_sent = &stdin_eof_sent_;
-  if (proc == 0) {
-    if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
-  } else {
-    Exec* x = find_exec(proc);
-    if (!x) return Error{fmt::format("stdin: no process {}", proc)};
-    if (!x->started) return Error{fmt::format("stdin: process {} has not started yet", proc)};
-    eof_sent = &x->stdin_eof_sent;
-  }
+  auto st = stdin_of(proc);
+  if (!st) return st.error();
+  bool* eof_sent = *st;
   if (*eof_sent) return Ok{};
   *eof_sent = true;
   std::string f;

@@ -167,6 +167,8 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   };
   std::vector<Exec> execs_;
   Exec* find_exec(std::uint16_t proc);
+  /// The eof flag of `proc`'s stdin, or why no stdin may be sent to it.
+  Result<bool*> stdin_of(std::uint16_t proc);
   Status queue_in(std::string frame);
   void maybe_close_done();  // the receipt: the workload's outputs done, no exec open
 };

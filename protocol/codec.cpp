@@ -165,28 +165,36 @@ void enc(Buf& b, const Started& m) {
     put_int(b, *m.pid);
   }
 }
-void enc(Buf& b, const StartFailed& m) {
-  open(b, "start_failed");
+/// start_failed's fields (exec_failed's too): reason, errno if known, class.
+void put_failure(Buf& b, const std::string& reason, const std::optional<std::int32_t>& err, StartFailClass cls) {
   key(b, "reason");
-  put_string(b, m.reason);
-  if (m.err) {
+  put_string(b, reason);
+  if (err) {
     key(b, "errno");
-    put_int(b, *m.err);
+    put_int(b, *err);
   }
   key(b, "class");
-  put_string(b, to_string(m.cls));
+  put_string(b, to_string(cls));
+}
+/// workload_exited's fields (exec_exited's too). Faithful: whatever is set is written; a value
+/// with both or neither is refused by decode.
+void put_exit(Buf& b, const std::optional<std::uint8_t>& code, const std::optional<std::uint8_t>& sig) {
+  if (code) {
+    key(b, "exit_code");
+    put_int(b, *code);
+  }
+  if (sig) {
+    key(b, "signal");
+    put_int(b, *sig);
+  }
+}
+void enc(Buf& b, const StartFailed& m) {
+  open(b, "start_failed");
+  put_failure(b, m.reason, m.err, m.cls);
 }
 void enc(Buf& b, const WorkloadExited& m) {
-  // Faithful: whatever is set is written; a value with both or neither is refused by decode.
   open(b, "workload_exited");
-  if (m.exit_code) {
-    key(b, "exit_code");
-    put_int(b, *m.exit_code);
-  }
-  if (m.signal) {
-    key(b, "signal");
-    put_int(b, *m.signal);
-  }
+  put_exit(b, m.exit_code, m.signal);
 }
 void enc(Buf& b, const ProtocolError& m) {
   open(b, "protocol_error");
@@ -230,27 +238,13 @@ void enc(Buf& b, const ExecFailed& m) {
   open(b, "exec_failed");
   key(b, "proc");
   put_int(b, m.proc);
-  key(b, "reason");
-  put_string(b, m.reason);
-  if (m.err) {
-    key(b, "errno");
-    put_int(b, *m.err);
-  }
-  key(b, "class");
-  put_string(b, to_string(m.cls));
+  put_failure(b, m.reason, m.err, m.cls);
 }
 void enc(Buf& b, const ExecExited& m) {
   open(b, "exec_exited");
   key(b, "proc");
   put_int(b, m.proc);
-  if (m.exit_code) {
-    key(b, "exit_code");
-    put_int(b, *m.exit_code);
-  }
-  if (m.signal) {
-    key(b, "signal");
-    put_int(b, *m.signal);
-  }
+  put_exit(b, m.exit_code, m.signal);
 }
 void enc(Buf& b, const Exec& e) {
   b.push_back('{');

@@ -251,6 +251,11 @@ struct TaskService::Impl {
     std::optional<ttrpc::Respond> start_respond;
     std::vector<ttrpc::Respond> waiters;
     std::optional<std::pair<std::uint32_t, std::uint32_t>> pending_resize;  // height, width before it started
+    // Until the monitor's control socket takes the request (a VM just started has none yet).
+    std::string request;
+    Fd in, out, err;
+    std::optional<asio::steady_timer> retry;
+    std::chrono::steady_clock::time_point connect_deadline;
   };
   static constexpr std::size_t kMaxExecs = 16;  // as the guest's own bound (proto::kExecMax)
   std::map<std::string, std::unique_ptr<ExecProc>> execs;
@@ -334,16 +339,44 @@ struct TaskService::Impl {
       m.stdio->terminal = proto::Terminal{static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(w)};
     }
     if (auto bad = proto::validate(proto::HostMessage{m})) return respond(fail(ttrpc::Code::invalid_argument, "spec: " + bad->reason));
-    auto cs = cli::ControlSession::open(host::control_path(rec.state_dir, rec.vm),
-                                        "exec - " + proto::encode(proto::HostMessage{m}), {in->get(), out->get(), err->get()});
-    if (!cs) return respond(fail(ttrpc::Code::unavailable, fmt::format("exec {}: {}", x->id, cs.error().message)));
+    x->request = "exec - " + proto::encode(proto::HostMessage{m});
+    x->in = std::move(*in);
+    x->out = std::move(*out);
+    x->err = std::move(*err);
+    x->start_respond = std::move(respond);
+    x->connect_deadline = std::chrono::steady_clock::now() + 30s;
+    connect_exec(x->id);
+  }
+
+  /// Sends exec `id`'s request to the VM's monitor. A task just started may not have its control
+  /// socket yet (`neshost run` is setting up): tried again every 20 ms for up to 30 s, as
+  /// deliver_resize does.
+  void connect_exec(const std::string& id) {
+    ExecProc* x = find_exec(id);
+    if (!x || !x->start_respond) return;
+    const auto path = host::control_path(rec.state_dir, rec.vm);
+    std::error_code fe;
+    const bool there = std::filesystem::exists(path, fe);
+    auto cs = there ? cli::ControlSession::open(path, x->request, {x->in.get(), x->out.get(), x->err.get()})
+                    : host::Result<cli::ControlSession>(Error{fmt::format("no monitor at {} yet", path.string())});
+    if (!cs) {
+      if (phase == Phase::running && std::chrono::steady_clock::now() < x->connect_deadline) {
+        x->retry.emplace(io, 20ms);
+        x->retry->async_wait([this, id](boost::system::error_code e) { if (!e) connect_exec(id); });
+        return;
+      }
+      return exec_ended(*x, 125, cs.error().message);
+    }
+    // The monitor has its own copies now.
+    x->in.reset();
+    x->out.reset();
+    x->err.reset();
     boost::system::error_code ec;
     Fd s = cs->take();
     x->sock.assign(asio::local::stream_protocol(), s.get(), ec);
-    if (ec) return respond(fail(ttrpc::Code::internal, fmt::format("exec {}: {}", x->id, ec.message())));
+    if (ec) return exec_ended(*x, 125, ec.message());
     s.release();
-    x->start_respond = std::move(respond);
-    read_exec(x->id);
+    read_exec(id);
   }
 
   /// The monitor's next line about exec `id` (its start, then its end).

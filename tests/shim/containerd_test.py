@@ -397,31 +397,9 @@ def case_tty(d):
     """`ctr run -t` on a real pseudo-terminal (Python's pty): the workload's stdio is a /dev/pts
     terminal in the guest, sized like ctr's (containerd's ResizePty through the shim), and its
     exit status is ctr's; `ctr task exec -t` gets a terminal of its own the same way."""
-    import fcntl
-    import pty
-    import struct
-    import termios
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
-    pid, master = pty.fork()
-    if pid == 0:
-        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
-        os.execvpe("ctr", ["ctr", "--address", d.sock, "run", "--rm", "-t", "--runtime", RUNTIME, "--rootfs",
-                           root, "tt", "/bin/sh", "-c", "tty; stty size; exit 5"], d.env)
-    got = b""
-    deadline = time.monotonic() + BOUND
-    try:
-        while time.monotonic() < deadline:
-            try:
-                b = os.read(master, 4096)
-            except OSError:
-                break
-            if not b:
-                break
-            got += b
-        _, st = os.waitpid(pid, 0)
-    finally:
-        os.close(master)
-    text = got.decode(errors="replace").replace("\r", "")
+    st, text = on_pty(d, ["run", "--rm", "-t", "--runtime", RUNTIME, "--rootfs", root, "tt",
+                          "/bin/sh", "-c", "tty; stty size; exit 5"], 33, 101)
     check(os.WIFEXITED(st) and os.WEXITSTATUS(st) == 5, f"ctr run -t: status {st:#x}; output {text!r}{d.tail()}")
     check("/dev/pts/" in text, f"tty printed {text!r}")
     check("33 101" in text, f"stty size: {text!r} (want 33 101)")
