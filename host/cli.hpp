@@ -1,6 +1,7 @@
 // The `neshost` CLI's seams: a subcommand table filled at static-initialisation time (each
-// cli_*.cpp registers its own), a small flag parser, and serve_vm() — the one-VM loop that
-// `serve` (and a VMM runner such as `run`) builds on. Usage errors exit 2 and name the flag.
+// cli_*.cpp registers its own), the flag parser (host/cli_flags.hpp), and serve_vm(), the
+// one-VM loop that `serve` (and a VMM runner such as `run`) builds on. Usage errors exit 2 and
+// name the flag.
 #pragma once
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "host/cli_flags.hpp"
 #include "host/endpoint.hpp"
 #include "host/host.hpp"
 #include "host/result.hpp"
@@ -23,9 +25,6 @@ namespace nes::cli {
 
 /// Exit status for a usage error (bad flag, bad value), as getopt-style tools do.
 inline constexpr int kExitUsage = 2;
-
-/// Arguments after the subcommand name.
-using Args = std::vector<std::string_view>;
 
 /// One subcommand: `neshost NAME ...`. `main` returns the process exit status.
 struct Subcommand {
@@ -43,50 +42,8 @@ struct Registrar {
 /// All registered subcommands, sorted by name.
 std::vector<Subcommand> subcommands();
 
-/// A flag a subcommand accepts. `takes_value`: `--name VALUE` or `--name=VALUE`.
-struct FlagSpec {
-  std::string_view name;  // without the leading "--"
-  bool takes_value = true;
-};
-
-/// Parsed command line: flags (last one wins), positionals in order, whether --help was given.
-struct Parsed {
-  std::map<std::string, std::string, std::less<>> flags;
-  std::vector<std::string> positional;
-  bool help = false;
-  bool has(std::string_view f) const { return flags.find(f) != flags.end(); }
-  std::optional<std::string> get(std::string_view f) const {
-    auto it = flags.find(f);
-    return it == flags.end() ? std::nullopt : std::optional<std::string>(it->second);
-  }
-};
-
-/// Parse `args` against `specs`. Errors name the flag: "unknown flag --x", "--state needs a value".
-/// `--` ends flags. `-h`/`--help` set `help`.
-host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& args);
-
-/// A short flag and the long one it stands for ("-f", "--follow"), as docker spells them.
-struct ShortFlag {
-  std::string_view short_form;
-  std::string_view long_form;
-};
-/// `args` with every argument that is one of `shorts` replaced by its long form, for
-/// parse_flags(); every other argument is kept as it is.
-Args expand_short_flags(const Args& args, std::span<const ShortFlag> shorts);
-
 /// Print "neshost CMD: MESSAGE" and a hint to stderr; returns kExitUsage.
 int usage_error(std::string_view cmd, std::string_view message);
-
-/// Seconds (decimal allowed, e.g. "0.5") -> milliseconds; error names `flag`. 0 < S <= 31 days.
-host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std::string_view v);
-/// Unsigned integer in [lo, hi]; error names `flag`.
-host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v, std::uint64_t lo,
-                                       std::uint64_t hi);
-/// docker's `-i`/`--interactive`, `-t`/`--tty` and the combined `-it`/`-ti`: sets what `a` names
-/// and returns true; false (nothing set) for any other argument.
-bool interactive_tty_flag(std::string_view a, bool& interactive, bool& tty);
-/// `--user UID[:GID]` (numbers; GID defaults to UID), each 0..2^32-2. Errors name --user.
-host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v);
 
 /// Read a boot descriptor from a JSON file: a `boot` message (docs/protocol.md), with or without its
 /// `"type":"boot"` key. At most 1 MiB. Errors name the file and the field.

@@ -1,5 +1,4 @@
 // Shared pieces of the neshost CLI: subcommand table, flag parsing, descriptor loading, serve_vm().
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -7,14 +6,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <charconv>
-#include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
 #include <simdjson.h>
 
 #include "host/cli.hpp"
 #include "host/fd.hpp"
+#include "host/small_file.hpp"
 #include "protocol/codec.hpp"
 #include "protocol/status.hpp"
 
@@ -37,93 +35,16 @@ std::vector<Subcommand> subcommands() {
   return t;
 }
 
-Args expand_short_flags(const Args& args, std::span<const ShortFlag> shorts) {
-  Args out;
-  out.reserve(args.size());
-  for (auto a : args) {
-    auto it = std::find_if(shorts.begin(), shorts.end(), [&](const ShortFlag& f) { return f.short_form == a; });
-    out.push_back(it == shorts.end() ? a : it->long_form);
-  }
-  return out;
-}
-
-host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& args) {
-  Parsed p;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string_view a = args[i];
-    if (a == "--") {
-      for (++i; i < args.size(); ++i) p.positional.emplace_back(args[i]);
-      break;
-    }
-    if (a == "-h" || a == "--help") {
-      p.help = true;
-      continue;
-    }
-    if (!a.starts_with("--")) {
-      if (a.starts_with("-") && a.size() > 1) return host::Error{fmt::format("unknown flag {}", a)};
-      p.positional.emplace_back(a);
-      continue;
-    }
-    std::string_view name = a.substr(2);
-    std::optional<std::string_view> value;
-    if (auto eq = name.find('='); eq != std::string_view::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    auto spec = std::find_if(specs.begin(), specs.end(), [&](auto& s) { return s.name == name; });
-    if (spec == specs.end()) return host::Error{fmt::format("unknown flag --{}", name)};
-    if (spec->takes_value) {
-      if (!value) {
-        if (i + 1 >= args.size()) return host::Error{fmt::format("--{} needs a value", name)};
-        value = args[++i];
-      }
-      p.flags[std::string(name)] = std::string(*value);
-    } else {
-      if (value) return host::Error{fmt::format("--{} takes no value", name)};
-      p.flags[std::string(name)] = "";
-    }
-  }
-  return p;
-}
-
 int usage_error(std::string_view cmd, std::string_view message) {
   fmt::print(stderr, "neshost {}: {}\nTry 'neshost {} --help'.\n", cmd, message, cmd);
   return kExitUsage;
 }
 
-host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std::string_view v) {
-  double s = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), s);
-  if (ec != std::errc() || p != v.data() + v.size() || !std::isfinite(s) || s <= 0 ||
-      s > 31.0 * 24 * 3600)
-    return host::Error{fmt::format("--{}: expected seconds > 0 (e.g. 30 or 0.5), got '{}'", flag, v)};
-  return std::chrono::milliseconds(std::max<long long>(1, std::llround(s * 1000)));
-}
-
-host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v, std::uint64_t lo,
-                                       std::uint64_t hi) {
-  std::uint64_t x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (v.empty() || ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
-    return host::Error{fmt::format("--{}: expected an integer {}..{}, got '{}'", flag, lo, hi, v)};
-  return x;
-}
-
 host::Result<proto::Boot> load_descriptor(const std::filesystem::path& file) {
-  host::Fd f{::open(file.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (!f) return host::Error{fmt::format("--descriptor: {}: {}", file.string(), std::strerror(errno))};
-  std::string text;
-  char buf[8192];
-  for (;;) {
-    ssize_t n = ::read(f.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return host::Error{fmt::format("--descriptor: {}: {}", file.string(), std::strerror(errno))};
-    if (n == 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-    if (text.size() > proto::kDefaultLineCap)
-      return host::Error{fmt::format("--descriptor: {}: larger than {} bytes", file.string(),
-                                     proto::kDefaultLineCap)};
-  }
+  // The user names this file: a symlink to it is as good as the file.
+  auto read = host::read_small_file(file.c_str(), proto::kDefaultLineCap, {.follow_symlink = true});
+  if (!read) return host::Error{"--descriptor: " + read.error().message};
+  std::string text = std::move(*read);
   // A descriptor file may be pretty-printed: one JSON value, newlines are just whitespace.
   std::replace(text.begin(), text.end(), '\n', ' ');
   // A descriptor file may leave out `"type":"boot"`: decided by parsing it (a top-level object
@@ -267,26 +188,6 @@ std::filesystem::path default_state_dir() {
   if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return fs::path(x) / "neshost";
   const char* home = std::getenv("HOME");
   return fs::path(home && *home ? home : "/tmp") / ".local/state/neshost";
-}
-
-host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v) {
-  auto colon = v.find(':');
-  auto uid = parse_uint("user", v.substr(0, colon), 0, proto::kInvalidId - 1);
-  if (!uid) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
-  std::uint64_t gid = *uid;
-  if (colon != std::string_view::npos) {
-    auto g = parse_uint("user", v.substr(colon + 1), 0, proto::kInvalidId - 1);
-    if (!g) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
-    gid = *g;
-  }
-  return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};
-}
-
-bool interactive_tty_flag(std::string_view a, bool& interactive, bool& tty) {
-  if (a != "-i" && a != "--interactive" && a != "-t" && a != "--tty" && a != "-it" && a != "-ti") return false;
-  if (a.find('i') != std::string_view::npos && a != "--tty") interactive = true;
-  if (a.find('t') != std::string_view::npos && a != "--interactive" && a != "-i") tty = true;
-  return true;
 }
 
 }  // namespace nes::cli

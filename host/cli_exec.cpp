@@ -21,9 +21,6 @@ namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-/// Bytes of a process's output queued for the client's fd before the data channel pauses.
-constexpr std::size_t kExecOutCap = 1u << 20;
-
 host::Result<proto::ExecProcess> parse_exec_request(std::string_view text, const proto::Exec& workload) {
   const auto sp = text.find(' ');
   if (sp == std::string_view::npos) return host::Error{"exec: expected FLAGS JSON"};
@@ -136,11 +133,11 @@ void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, Co
     a->err = std::move(fds[2]);
     // Our own open file descriptions (reopened non-blocking): the client's stay as they are.
     make_own_nonblocking(a->out.get());
-    a->wout = std::make_unique<FdWriter>(io_, a->out.get(), kExecOutCap);
+    a->wout = std::make_unique<FdWriter>(io_, a->out.get(), kOutputQueueCap);
     a->wout->on_drained = pause_changed_;
     if (!terminal) {
       make_own_nonblocking(a->err.get());
-      a->werr = std::make_unique<FdWriter>(io_, a->err.get(), kExecOutCap);
+      a->werr = std::make_unique<FdWriter>(io_, a->err.get(), kOutputQueueCap);
       a->werr->on_drained = pause_changed_;
     }
   }
@@ -211,61 +208,40 @@ int exec_error(std::string_view what) {
 }  // namespace
 
 int exec_main(const Args& args) {
-  bool interactive = false, tty = false;
+  static constexpr FlagSpec kExecFlags[] = {{"interactive", false, "-i"}, {"tty", false, "-t"}, {"env", true, "-e"},
+                                            {"workdir", true, "-w"}, {"user", true, "-u"}, {"state"}};
+  auto p = parse_flags(kExecFlags, args, FlagOrder::options_first);
+  if (!p) return usage_error("exec", p.error().message);
+  if (p->help) {
+    fmt::print("{}", kExecHelp);
+    return 0;
+  }
   proto::Exec ex;
-  bool workdir = false, user = false;
-  std::optional<std::string> state;
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    std::string_view a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "-h" || a == "--help") {
-      fmt::print("{}", kExecHelp);
-      return 0;
-    }
-    if (!a.starts_with("-") || a == "-") break;
-    if (interactive_tty_flag(a, interactive, tty)) continue;
-    std::string_view name = a;
-    std::optional<std::string_view> value;
-    if (a.starts_with("--"))
-      if (auto eq = a.find('='); eq != std::string_view::npos) {
-        name = a.substr(0, eq);
-        value = a.substr(eq + 1);
-      }
-    if (name != "-e" && name != "--env" && name != "-w" && name != "--workdir" && name != "-u" && name != "--user" &&
-        name != "--state")
-      return usage_error("exec", fmt::format("unknown flag {}", a));
-    if (!value) {
-      if (i + 1 >= args.size()) return usage_error("exec", fmt::format("{} needs a value", name));
-      value = args[++i];
-    }
-    std::string v(*value);
-    if (name == "-e" || name == "--env") {
-      auto eq = v.find('=');
-      if (eq == 0 || eq == std::string::npos) return usage_error("exec", fmt::format("--env: expected K=V, got '{}'", v));
-      ex.env[v.substr(0, eq)] = v.substr(eq + 1);
-    } else if (name == "-w" || name == "--workdir") {
-      if (!v.starts_with("/")) return usage_error("exec", fmt::format("--workdir: '{}' is not an absolute path", v));
-      ex.cwd = v;
-      workdir = true;
-    } else if (name == "-u" || name == "--user") {
+  for (const auto& [name, v] : p->given) {
+    if (name == "env") {
+      auto kv = parse_env(v);
+      if (!kv) return usage_error("exec", kv.error().message);
+      ex.env[kv->first] = kv->second;
+    } else if (name == "workdir") {
+      auto w = parse_workdir(v);
+      if (!w) return usage_error("exec", w.error().message);
+      ex.cwd = std::move(*w);
+    } else if (name == "user") {
       auto u = parse_user(v);
       if (!u) return usage_error("exec", u.error().message);
       std::tie(ex.uid, ex.gid) = *u;
-      user = true;
-    } else {
-      state = v;
     }
   }
-  if (i >= args.size()) return usage_error("exec", "a VM and ARGV are required");
-  const std::string vm(args[i++]);
+  const bool interactive = p->has("interactive"), tty = p->has("tty");
+  const auto state = p->get("state");
+  auto& pos = p->positional;
+  if (pos.empty()) return usage_error("exec", "a VM and ARGV are required");
+  const std::string vm = pos[0];
   if (auto id = host::check_vm_id(vm); !id) return usage_error("exec", "VM: " + id.error().message);
-  if (i < args.size() && args[i] == "--") ++i;
-  if (i >= args.size()) return usage_error("exec", "ARGV is required");
-  for (; i < args.size(); ++i) ex.argv.emplace_back(args[i]);
+  std::size_t i = 1;
+  if (i < pos.size() && pos[i] == "--") ++i;
+  if (i >= pos.size()) return usage_error("exec", "ARGV is required");
+  ex.argv.assign(pos.begin() + static_cast<std::ptrdiff_t>(i), pos.end());
 
   proto::ExecProcess req;
   req.proc = 1;  // the monitor numbers it
@@ -279,8 +255,8 @@ int exec_main(const Args& args) {
   }
   if (auto bad = proto::validate(proto::HostMessage{req})) return usage_error("exec", bad->reason);
   std::string flags = "e";
-  if (!workdir) flags += 'c';
-  if (!user) flags += 'u';
+  if (!p->has("workdir")) flags += 'c';
+  if (!p->has("user")) flags += 'u';
 
   const fs::path ctl = host::control_path(state ? fs::path(*state) : default_state_dir(), vm);
   // SIGWINCH is read from a signalfd while we wait (-t); blocked before anything can raise it.

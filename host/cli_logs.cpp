@@ -141,12 +141,9 @@ std::optional<Reader> open_reader(const fs::path& p) {
   return r;
 }
 
-int logs_main(const Args& raw) {
-  // Short forms first (-f, -t, -n N); the rest through the shared parser.
-  static constexpr ShortFlag kShort[] = {{"-f", "--follow"}, {"-t", "--timestamps"}, {"-n", "--tail"}};
-  const Args args = expand_short_flags(raw, kShort);
+int logs_main(const Args& args) {
   static constexpr FlagSpec kFlags[] = {
-      {"state"}, {"follow", false}, {"tail"}, {"since"}, {"timestamps", false}};
+      {"state"}, {"follow", false, "-f"}, {"tail", true, "-n"}, {"since"}, {"timestamps", false, "-t"}};
   auto p = parse_flags(kFlags, args);
   if (!p) return usage_error("logs", p.error().message);
   if (p->help) {

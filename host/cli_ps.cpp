@@ -60,10 +60,6 @@ workload is killed (SIGKILL), the guest powers off, and its state goes once the 
 Prints each VM removed. Exit 1 if any could not be removed.
 )";
 
-/// The short forms of ps, stop, kill and rm (docker's): -a, -t, -s, -f.
-constexpr ShortFlag kShortFlags[] = {{"-a", "--all"}, {"-t", "--time"}, {"-s", "--signal"}, {"-f", "--force"}};
-Args expand_short(const Args& args) { return expand_short_flags(args, kShortFlags); }
-
 fs::path state_of(const Parsed& p) {
   auto s = p.get("state");
   return s ? fs::path(*s) : default_state_dir();
@@ -137,9 +133,9 @@ bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmStat
   return wait_exit(pidfd, 10s);
 }
 
-int ps_main(const Args& raw) {
-  static constexpr FlagSpec kFlags[] = {{"state"}, {"all", false}};
-  auto p = parse_flags(kFlags, expand_short(raw));
+int ps_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"all", false, "-a"}};
+  auto p = parse_flags(kFlags, args);
   if (!p) return usage_error("ps", p.error().message);
   if (p->help) { fmt::print("{}", kPsHelp); return 0; }
   if (!p->positional.empty()) return usage_error("ps", fmt::format("unexpected argument '{}'", p->positional[0]));
@@ -161,9 +157,9 @@ int ps_main(const Args& raw) {
   return 0;
 }
 
-int stop_main(const Args& raw) {
-  static constexpr FlagSpec kFlags[] = {{"state"}, {"time"}, {"timeout"}};
-  auto p = parse_flags(kFlags, expand_short(raw));
+int stop_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"time", true, "-t"}, {"timeout"}};
+  auto p = parse_flags(kFlags, args);
   if (!p) return usage_error("stop", p.error().message);
   if (p->help) { fmt::print("{}", kStopHelp); return 0; }
   if (p->positional.size() != 1) return usage_error("stop", "exactly one VM is required");
@@ -214,9 +210,9 @@ std::optional<int> parse_signal(std::string_view v) {
   return std::nullopt;
 }
 
-int kill_main(const Args& raw) {
-  static constexpr FlagSpec kFlags[] = {{"state"}, {"signal"}};
-  auto p = parse_flags(kFlags, expand_short(raw));
+int kill_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"signal", true, "-s"}};
+  auto p = parse_flags(kFlags, args);
   if (!p) return usage_error("kill", p.error().message);
   if (p->help) { fmt::print("{}", kKillHelp); return 0; }
   if (p->positional.size() != 1) return usage_error("kill", "exactly one VM is required");
@@ -241,9 +237,9 @@ int kill_main(const Args& raw) {
   return 0;
 }
 
-int top_main(const Args& raw) {
+int top_main(const Args& args) {
   static constexpr FlagSpec kFlags[] = {{"state"}};
-  auto p = parse_flags(kFlags, expand_short(raw));
+  auto p = parse_flags(kFlags, args);
   if (!p) return usage_error("top", p.error().message);
   if (p->help) { fmt::print("{}", kTopHelp); return 0; }
   if (p->positional.size() != 1) return usage_error("top", "exactly one VM is required");
@@ -266,9 +262,9 @@ int top_main(const Args& raw) {
   return 0;
 }
 
-int rm_main(const Args& raw) {
-  static constexpr FlagSpec kFlags[] = {{"state"}, {"force", false}};
-  auto p = parse_flags(kFlags, expand_short(raw));
+int rm_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"force", false, "-f"}};
+  auto p = parse_flags(kFlags, args);
   if (!p) return usage_error("rm", p.error().message);
   if (p->help) { fmt::print("{}", kRmHelp); return 0; }
   if (p->positional.empty()) return usage_error("rm", "VM is required");

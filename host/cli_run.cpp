@@ -182,61 +182,27 @@ host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v
 }
 
 /// docker-run-style parsing: options until `--` or the first non-option; the rest is ARGV.
-/// `-e` and `-w` are the short forms docker users type. Errors name the flag.
+/// Short forms as docker users type them (-d, -i, -t, -it, -e, -w, -v). Errors name the flag.
 host::Result<RunOptions> parse_run(const Args& args) {
+  static constexpr FlagSpec kRunFlags[] = {
+      {"detach", false, "-d"}, {"interactive", false, "-i"}, {"tty", false, "-t"}, {"sandbox", false},
+      {"console", false}, {"read-only", false}, {"env", true, "-e"}, {"workdir", true, "-w"},
+      {"volume", true, "-v"}, {"kernel"}, {"initrd"}, {"rootfs"}, {"mem"}, {"cpus"}, {"accel"},
+      {"user"}, {"hostname"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
+      {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"}};
+  auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
+  if (!parsed) return parsed.error();
   RunOptions o;
-  static constexpr std::string_view kValued[] = {
-      "kernel", "initrd", "rootfs", "mem", "cpus", "accel", "env", "workdir", "user", "hostname",
-      "on-exit", "state", "vm", "timeout", "ready-timeout", "grace", "log-max-size",
-      "log-max-files", "volume", "rootfs-mode", "group-add"};
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    std::string_view a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a == "-h" || a == "--help") {
-      o.help = true;
-      continue;
-    }
-    if (!a.starts_with("-") || a == "-") break;  // ARGV starts here
-    if (a == "-d" || a == "--detach") {
-      o.detach = true;
-      continue;
-    }
-    if (a == "--sandbox") {
-      o.sandbox = true;
-      continue;
-    }
-    if (interactive_tty_flag(a, o.interactive, o.tty)) continue;
-    std::string name;
-    std::optional<std::string_view> value;
-    if (a == "-e" || a == "-w" || a == "-v") {
-      name = a == "-e" ? "env" : a == "-w" ? "workdir" : "volume";
-    } else if (a.starts_with("--")) {
-      std::string_view n = a.substr(2);
-      if (auto eq = n.find('='); eq != std::string_view::npos) {
-        value = n.substr(eq + 1);
-        n = n.substr(0, eq);
-      }
-      name = std::string(n);
-    } else {
-      return host::Error{fmt::format("unknown flag {}", a)};
-    }
-    if (name == "console" || name == "read-only") {
-      if (value) return host::Error{fmt::format("--{} takes no value", name)};
-      (name == "console" ? o.console : o.read_only) = true;
-      continue;
-    }
-    if (std::find(std::begin(kValued), std::end(kValued), name) == std::end(kValued))
-      return host::Error{fmt::format("unknown flag --{}", name)};
-    if (!value) {
-      if (i + 1 >= args.size()) return host::Error{fmt::format("--{} needs a value", name)};
-      value = args[++i];
-    }
-    std::string v(*value);
-    if (name == "kernel") o.kernel = v;
+  o.help = parsed->help;
+  o.argv = std::move(parsed->positional);
+  for (const auto& [name, v] : parsed->given) {
+    if (name == "detach") o.detach = true;
+    else if (name == "interactive") o.interactive = true;
+    else if (name == "tty") o.tty = true;
+    else if (name == "sandbox") o.sandbox = true;
+    else if (name == "console") o.console = true;
+    else if (name == "read-only") o.read_only = true;
+    else if (name == "kernel") o.kernel = v;
     else if (name == "initrd") o.initrd = v;
     else if (name == "rootfs") o.rootfs = v;
     else if (name == "state") o.state = v;
@@ -254,8 +220,9 @@ host::Result<RunOptions> parse_run(const Args& args) {
     }
     else if (name == "hostname") o.hostname = v;
     else if (name == "workdir") {
-      if (!v.starts_with("/")) return host::Error{fmt::format("--workdir: '{}' is not an absolute path", v)};
-      o.workdir = v;
+      auto w = parse_workdir(v);
+      if (!w) return w.error();
+      o.workdir = std::move(*w);
     } else if (name == "vm") {
       if (auto id = host::check_vm_id(v); !id) return host::Error{"--vm: " + id.error().message};
       o.vm = v;
@@ -272,10 +239,9 @@ host::Result<RunOptions> parse_run(const Args& args) {
       if (!acc) return host::Error{fmt::format("--accel: expected tcg, kvm or auto, got '{}'", v)};
       o.accel = *acc;
     } else if (name == "env") {
-      auto eq = v.find('=');
-      if (eq == 0 || eq == std::string::npos)
-        return host::Error{fmt::format("--env: expected K=V, got '{}'", v)};
-      o.env[v.substr(0, eq)] = v.substr(eq + 1);
+      auto kv = parse_env(v);
+      if (!kv) return kv.error();
+      o.env[kv->first] = kv->second;
     } else if (name == "group-add") {
       auto g = parse_uint("group-add", v, 0, proto::kInvalidId - 1);
       if (!g) return g.error();
@@ -311,7 +277,6 @@ host::Result<RunOptions> parse_run(const Args& args) {
       o.ready_timeout = *ms;
     }
   }
-  for (; i < args.size(); ++i) o.argv.emplace_back(args[i]);
   if (o.sandbox && (!o.volumes.empty() || o.rootfs))
     return host::Error{"--sandbox runs no VM: --volume and --rootfs need one"};
   if (o.initrd && o.rootfs && o.rootfs_initramfs)
@@ -716,7 +681,7 @@ int run_main(const Args& args) {
   // Workload output to our stdout/stderr through bounded, never-blocking writers: while either is
   // over 1 MiB behind, the data channel is not read (the guest then holds the workload back).
   host::Host* hostp = nullptr;
-  FdWriter out(io, 1, 1u << 20), errw(io, 2, 1u << 20);
+  FdWriter out(io, 1, kOutputQueueCap), errw(io, 2, kOutputQueueCap);
   bool paused = false;
   std::function<void()> update_pause;
   // `neshost exec`: processes beside the workload, their streams on the fds their clients passed.

@@ -30,6 +30,10 @@ enum class FdKind { file, stream, socket, closed };
 /// the console thread included; a write that would block fails with EAGAIN instead.
 FdKind make_own_nonblocking(int fd);
 
+/// Bytes of one output stream queued for a local fd (the user's terminal, a pipe) before the
+/// data channel is paused for it: `run`'s stdout and stderr, each exec'd process's.
+inline constexpr std::size_t kOutputQueueCap = 1u << 20;
+
 /// Writes to one fd from the io_context without ever blocking: what the fd does not take now is
 /// queued and written when it becomes writable. The queue is the caller's to bound: full() says
 /// when to stop its source (e.g. Host::pause_output) and on_drained when to resume. A write

@@ -1,16 +1,12 @@
 // config.json -> TaskSpec (host/shim/oci_spec.hpp).
 #include "host/shim/oci_spec.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include "host/small_file.hpp"
 #include "host/vm/volume.hpp"
 #include "protocol/messages.hpp"
 
@@ -215,24 +211,9 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
 
 Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle) {
   const auto path = bundle / "config.json";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return Error{fmt::format("{}: {}", path.string(), std::strerror(errno))};
-  std::string text;
-  char buf[64 * 1024];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      return Error{fmt::format("{}: {}", path.string(), std::strerror(e))};
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<std::size_t>(n));
-    if (text.size() > kMaxSpecBytes) break;
-  }
-  ::close(fd);
-  return parse_oci_spec(text, bundle);
+  auto text = host::read_small_file(path.c_str(), kMaxSpecBytes);
+  if (!text) return text.error();
+  return parse_oci_spec(*text, bundle);
 }
 
 std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {

@@ -33,6 +33,7 @@
 #include "host/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
+#include "host/small_file.hpp"
 
 extern char** environ;
 
@@ -84,16 +85,12 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
 }
 
 Result<std::optional<TaskRecord>> load_task_record(const fs::path& bundle) {
-  Fd f(::open((bundle / kTaskFile).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
-  if (!f) {
-    if (errno == ENOENT) return std::optional<TaskRecord>{};
-    return Error{fmt::format("{}: {}", (bundle / kTaskFile).string(), std::strerror(errno))};
+  auto text = host::read_small_file((bundle / kTaskFile).c_str(), 64 * 1024);
+  if (!text) {
+    if (text.error().err == ENOENT) return std::optional<TaskRecord>{};
+    return text.error();
   }
-  std::string text(64 * 1024, '\0');
-  ssize_t n = ::read(f.get(), text.data(), text.size());
-  if (n < 0) return Error{fmt::format("{}: {}", (bundle / kTaskFile).string(), std::strerror(errno))};
-  text.resize(static_cast<std::size_t>(n));
-  auto r = parse_task_record(text);
+  auto r = parse_task_record(*text);
   if (!r) return r.error();
   return std::optional<TaskRecord>(std::move(*r));
 }

@@ -1,0 +1,88 @@
+// The CLI's flag parser (host/cli_flags.hpp) alone: both orders, short forms, switch clusters,
+// values inline and apart, and each error naming its flag.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "host/cli_flags.hpp"
+
+using namespace nes::cli;
+
+namespace {
+constexpr FlagSpec kRun[] = {{"detach", false, "-d"}, {"interactive", false, "-i"}, {"tty", false, "-t"},
+                             {"env", true, "-e"},      {"state"},                   {"console", false}};
+
+using Given = std::vector<std::pair<std::string, std::string>>;
+}  // namespace
+
+TEST_CASE("options first: flags stop at ARGV, whose own flags are kept as given") {
+  auto p = parse_flags(kRun, {"-it", "-e", "A=1", "--env=B=2", "--state", "/s", "sh", "-c", "--", "-x"},
+                       FlagOrder::options_first);
+  REQUIRE(p);
+  CHECK(p->given == Given{{"interactive", ""}, {"tty", ""}, {"env", "A=1"}, {"env", "B=2"}, {"state", "/s"}});
+  CHECK(p->positional == std::vector<std::string>{"sh", "-c", "--", "-x"});
+  CHECK(*p->get("env") == "B=2");  // the last one wins in the map
+  CHECK(!p->help);
+}
+
+TEST_CASE("options first: `--` and a lone '-' end the options") {
+  auto p = parse_flags(kRun, {"-d", "--", "-t", "x"}, FlagOrder::options_first);
+  REQUIRE(p);
+  CHECK(p->has("detach"));
+  CHECK(!p->has("tty"));
+  CHECK(p->positional == std::vector<std::string>{"-t", "x"});
+  auto q = parse_flags(kRun, {"-", "-d"}, FlagOrder::options_first);
+  REQUIRE(q);
+  CHECK(q->positional == std::vector<std::string>{"-", "-d"});
+  CHECK(q->given.empty());
+}
+
+TEST_CASE("anywhere: flags among the positionals") {
+  constexpr FlagSpec kLogs[] = {{"follow", false, "-f"}, {"tail", true, "-n"}, {"state"}};
+  auto p = parse_flags(kLogs, {"vm1", "-f", "-n", "5", "--state=/x", "vm2", "--", "-f"});
+  REQUIRE(p);
+  CHECK(p->given == Given{{"follow", ""}, {"tail", "5"}, {"state", "/x"}});
+  CHECK(p->positional == std::vector<std::string>{"vm1", "vm2", "-f"});
+  auto h = parse_flags(kLogs, {"-h", "vm"});
+  REQUIRE(h);
+  CHECK(h->help);
+  auto hl = parse_flags(kLogs, {"vm", "--help"});
+  REQUIRE(hl);
+  CHECK(hl->help);
+}
+
+TEST_CASE("errors name the flag") {
+  auto msg = [](std::span<const FlagSpec> specs, Args a, FlagOrder o = FlagOrder::anywhere) {
+    auto p = parse_flags(specs, a, o);
+    REQUIRE(!p);
+    return p.error().message;
+  };
+  CHECK(msg(kRun, {"--bogus"}) == "unknown flag --bogus");
+  CHECK(msg(kRun, {"--bogus=1"}) == "unknown flag --bogus");
+  CHECK(msg(kRun, {"-x"}) == "unknown flag -x");
+  CHECK(msg(kRun, {"-ix"}) == "unknown flag -ix");
+  CHECK(msg(kRun, {"-ie"}) == "unknown flag -ie");  // a valued short form is never clustered
+  CHECK(msg(kRun, {"--state"}) == "--state needs a value");
+  CHECK(msg(kRun, {"-e"}, FlagOrder::options_first) == "--env needs a value");
+  CHECK(msg(kRun, {"--tty=1"}) == "--tty takes no value");
+  CHECK(msg(kRun, {"--console=yes", "sh"}, FlagOrder::options_first) == "--console takes no value");
+}
+
+TEST_CASE("value parsers") {
+  CHECK(parse_env("K=V=W")->second == "V=W");
+  CHECK(parse_env("K=")->second == "");
+  CHECK(parse_env("=V").error().message == "--env: expected K=V, got '=V'");
+  CHECK(parse_env("K").error().message == "--env: expected K=V, got 'K'");
+  CHECK(*parse_workdir("/srv") == "/srv");
+  CHECK(parse_workdir("srv").error().message == "--workdir: 'srv' is not an absolute path");
+  CHECK(*parse_user("7") == std::pair<std::uint32_t, std::uint32_t>{7, 7});
+  CHECK(*parse_user("7:8") == std::pair<std::uint32_t, std::uint32_t>{7, 8});
+  CHECK(!parse_user("4294967295"));  // (uid_t)-1 is "no change" to setresuid: refused
+  CHECK(!parse_user("a:b"));
+  CHECK(parse_seconds("grace", "0.5")->count() == 500);
+  CHECK(parse_seconds("grace", "0.0001")->count() == 1);
+  CHECK(!parse_seconds("grace", "0"));
+  CHECK(!parse_seconds("grace", "nan"));
+  CHECK(*parse_uint("cpus", "64", 1, 64) == 64);
+  CHECK(parse_uint("cpus", "65", 1, 64).error().message == "--cpus: expected an integer 1..64, got '65'");
+  CHECK(!parse_uint("cpus", "", 1, 64));
+}
