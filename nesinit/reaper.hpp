@@ -19,6 +19,7 @@ namespace nes::init {
 struct ExecReaped {
   pid_t pid = 0;
   proto::WorkloadExited status;
+  bool operator==(const ExecReaped&) const = default;
 };
 
 /// What one reap() collected.
@@ -27,6 +28,7 @@ struct Reaped {
   std::vector<ExecReaped> execs;                   // registered exec'd pids reaped, each once
   unsigned orphans = 0;                            // other pids reaped in this call
   bool no_children = false;                        // waitpid said ECHILD: no child is left
+  bool operator==(const Reaped&) const = default;
 };
 
 /// A wait(2) status as the wire carries it: exit_code 0..255, or signal 1..64 (a kill never

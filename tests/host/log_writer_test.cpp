@@ -20,6 +20,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/// workload.log in `tmp`, rotated at the smallest size the writer takes, into `files` files.
+LogOptions rotating(const TempDir& tmp, unsigned files) {
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  o.max_size = kMinLogSize;
+  o.max_files = files;
+  return o;
+}
+
 struct Parsed {
   std::string out, err;  // reconstructed stream bytes
   std::size_t records = 0;
@@ -131,10 +140,7 @@ TEST_CASE("a last line without newline is one P record; a complete one is F") {
 
 TEST_CASE("rotation keeps at most max_files files of at most max_size bytes; the newest bytes survive") {
   TempDir tmp;
-  LogOptions o;
-  o.path = tmp.path / "workload.log";
-  o.max_size = kMinLogSize;
-  o.max_files = 3;
+  const LogOptions o = rotating(tmp, 3);
   auto w = LogWriter::open(o);
   REQUIRE(w);
   std::mt19937 rng(7);
@@ -158,10 +164,7 @@ TEST_CASE("rotation keeps at most max_files files of at most max_size bytes; the
 
 TEST_CASE("max_files 1 truncates the one file") {
   TempDir tmp;
-  LogOptions o;
-  o.path = tmp.path / "workload.log";
-  o.max_size = kMinLogSize;
-  o.max_files = 1;
+  const LogOptions o = rotating(tmp, 1);
   auto w = LogWriter::open(o);
   REQUIRE(w);
   std::string line(100, 'q');

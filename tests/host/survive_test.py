@@ -8,6 +8,7 @@ resume of another generation. No sleeps: every step waits for a line one of the 
 prints, bounded. Every process is reaped, the temp dir removed.
 usage: survive_test.py NESHOST_BIN NESINIT_BIN
 """
+import contextlib
 import json
 import os
 import queue
@@ -158,6 +159,17 @@ class Case:
             p.wait()
 
 
+@contextlib.contextmanager
+def case(reconnect):
+    """A Case in a fresh temp dir; every process it started is reaped and the dir removed."""
+    with tempfile.TemporaryDirectory(prefix="nesi-surv-") as tmp:
+        c = Case(tmp, reconnect=reconnect)
+        try:
+            yield c
+        finally:
+            c.close()
+
+
 def kill(p):
     p.send_signal(signal.SIGKILL)
     p.wait()
@@ -165,119 +177,103 @@ def kill(p):
 
 def fault(boundary, name):
     """SIGKILL the first host at `boundary`, take over with --resume; the matrix row."""
-    with tempfile.TemporaryDirectory(prefix="nesi-surv-") as tmp:
-        c = Case(tmp, reconnect=20)
-        try:
-            s1, out1 = c.serve(*(["--on-exit", "keep"] if boundary == "recorded" else []))
-            c.start_init()
-            before = None
-            if boundary == "boot":
-                check(c.log.wait(lambda l: l.startswith("nesinit: boot: ")) is not None, name + ": boot reached the init")
-            elif boundary == "started":
-                check(out1.wait(event("started")) is not None, name + ": started")
-            else:
-                check(out1.wait(event("started")) is not None, name + ": started")
-                c.release()
-                check(out1.wait(event(boundary)) is not None, name + ": " + boundary)
-            kill(s1)
-            if boundary == "recorded":
-                before = c.record_bytes()
-                check(before is not None, name + ": the record is on disk before the kill")
-            t0 = time.monotonic()
-            s2, out2 = c.serve(resume=True)
-            check(out2.wait(event("resumed")) is not None, name + ": the guest resumed")
-            figures.append((name, (time.monotonic() - t0) * 1000))
-            if boundary in ("boot", "started"):
-                c.release()
-            lines = out2.rest(60)
-            rc = s2.wait(timeout=60)
-            rec = c.record()
-            check(rc == 7, "%s: resumed serve exit %s, want 7\n%s" % (name, rc, "\n".join(lines)))
-            check(rec.get("outcome") == "exited" and rec.get("exit_code") == 7 and rec.get("generation") == 1,
-                  "%s: record %r" % (name, rec))
-            check(not c.signalled(), name + ": the workload was not signalled by the loss")
-            if before is not None:
-                check(c.record_bytes() == before, name + ": the first record stands unchanged")
-            check(any(event("shutdown_sent")(l) for l in lines), name + ": the resumed host acknowledged")
-            check(c.init.wait(timeout=30) is not None, name + ": the init powered off")
-        finally:
-            c.close()
+    with case(reconnect=20) as c:
+        s1, out1 = c.serve(*(["--on-exit", "keep"] if boundary == "recorded" else []))
+        c.start_init()
+        before = None
+        if boundary == "boot":
+            check(c.log.wait(lambda l: l.startswith("nesinit: boot: ")) is not None, name + ": boot reached the init")
+        elif boundary == "started":
+            check(out1.wait(event("started")) is not None, name + ": started")
+        else:
+            check(out1.wait(event("started")) is not None, name + ": started")
+            c.release()
+            check(out1.wait(event(boundary)) is not None, name + ": " + boundary)
+        kill(s1)
+        if boundary == "recorded":
+            before = c.record_bytes()
+            check(before is not None, name + ": the record is on disk before the kill")
+        t0 = time.monotonic()
+        s2, out2 = c.serve(resume=True)
+        check(out2.wait(event("resumed")) is not None, name + ": the guest resumed")
+        figures.append((name, (time.monotonic() - t0) * 1000))
+        if boundary in ("boot", "started"):
+            c.release()
+        lines = out2.rest(60)
+        rc = s2.wait(timeout=60)
+        rec = c.record()
+        check(rc == 7, "%s: resumed serve exit %s, want 7\n%s" % (name, rc, "\n".join(lines)))
+        check(rec.get("outcome") == "exited" and rec.get("exit_code") == 7 and rec.get("generation") == 1,
+              "%s: record %r" % (name, rec))
+        check(not c.signalled(), name + ": the workload was not signalled by the loss")
+        if before is not None:
+            check(c.record_bytes() == before, name + ": the first record stands unchanged")
+        check(any(event("shutdown_sent")(l) for l in lines), name + ": the resumed host acknowledged")
+        check(c.init.wait(timeout=30) is not None, name + ": the init powered off")
 
 
 def before_boot():
     """(a) The host is lost after `ready`, before `boot` (a scripted host that reads `ready` and
     closes): nothing was booted, so there is nothing to survive — the init powers off, and the
     host that takes over records that no session came back (125), once."""
-    with tempfile.TemporaryDirectory(prefix="nesi-surv-") as tmp:
-        c = Case(tmp, reconnect=20)
-        try:
-            os.makedirs(os.path.dirname(c.sock), mode=0o700)
-            ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            ls.bind(c.sock)
-            ls.listen(1)
-            ls.settimeout(30)
-            c.start_init()
-            conn, _ = ls.accept()
-            conn.settimeout(30)
-            got = b""
-            while b"\n" not in got:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                got += chunk
-            check(b'"ready"' in got, "(a): the guest said ready: %r" % got)
-            conn.close()
-            ls.close()
-            os.unlink(c.sock)
-            check(c.init.wait(timeout=30) is not None, "(a): the init powered off (no boot, nothing to survive)")
-            s2, out2 = c.serve("--ready-timeout", "2", resume=True)
-            lines = out2.rest(30)
-            rc = s2.wait(timeout=30)
-            rec = c.record()
-            check(rc == 125 and rec.get("exit_status") == 125 and rec.get("generation") == 1,
-                  "(a): one record, 125: rc %s %r\n%s" % (rc, rec, "\n".join(lines)))
-            check(not c.signalled(), "(a): no workload ran")
-        finally:
-            c.close()
+    with case(reconnect=20) as c:
+        os.makedirs(os.path.dirname(c.sock), mode=0o700)
+        ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ls.bind(c.sock)
+        ls.listen(1)
+        ls.settimeout(30)
+        c.start_init()
+        conn, _ = ls.accept()
+        conn.settimeout(30)
+        got = b""
+        while b"\n" not in got:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        check(b'"ready"' in got, "(a): the guest said ready: %r" % got)
+        conn.close()
+        ls.close()
+        os.unlink(c.sock)
+        check(c.init.wait(timeout=30) is not None, "(a): the init powered off (no boot, nothing to survive)")
+        s2, out2 = c.serve("--ready-timeout", "2", resume=True)
+        lines = out2.rest(30)
+        rc = s2.wait(timeout=30)
+        rec = c.record()
+        check(rc == 125 and rec.get("exit_status") == 125 and rec.get("generation") == 1,
+              "(a): one record, 125: rc %s %r\n%s" % (rc, rec, "\n".join(lines)))
+        check(not c.signalled(), "(a): no workload ran")
 
 
 def window_zero():
     """--reconnect 0: the loss is today's EOF — the workload gets its SIGTERM, the init powers off."""
-    with tempfile.TemporaryDirectory(prefix="nesi-surv-") as tmp:
-        c = Case(tmp, reconnect=0)
-        try:
-            s1, out1 = c.serve()
-            c.start_init()
-            check(out1.wait(event("started")) is not None, "window 0: started")
-            kill(s1)
-            check(c.init.wait(timeout=30) is not None, "window 0: the init shut down on EOF")
-            check(c.signalled(), "window 0: the workload got SIGTERM from the loss")
-            check(c.record_bytes() is None, "window 0: no record (the only host was killed)")
-        finally:
-            c.close()
+    with case(reconnect=0) as c:
+        s1, out1 = c.serve()
+        c.start_init()
+        check(out1.wait(event("started")) is not None, "window 0: started")
+        kill(s1)
+        check(c.init.wait(timeout=30) is not None, "window 0: the init shut down on EOF")
+        check(c.signalled(), "window 0: the workload got SIGTERM from the loss")
+        check(c.record_bytes() is None, "window 0: no record (the only host was killed)")
 
 
 def stale_generation():
     """A host of generation 2 refuses the guest's resume of generation 1; the window then ends."""
-    with tempfile.TemporaryDirectory(prefix="nesi-surv-") as tmp:
-        c = Case(tmp, reconnect=2)
-        try:
-            s1, out1 = c.serve()
-            c.start_init()
-            check(out1.wait(event("started")) is not None, "stale: started")
-            kill(s1)
-            s2, out2 = c.serve("--ready-timeout", "8", resume=True, generation=2)
-            line = out2.wait(event("resume_refused"))
-            check(line is not None and "generation 1" in line, "stale: generation 1 refused: %r" % line)
-            check(c.init.wait(timeout=30) is not None, "stale: the init shut down after its window")
-            check(c.signalled(), "stale: past the window, today's shutdown (SIGTERM)")
-            lines = out2.rest(30)
-            s2.wait(timeout=30)
-            rec = c.record()
-            check(rec.get("generation") == 2 and rec.get("exit_status") == 125,
-                  "stale: generation 2 recorded as a host failure: %r\n%s" % (rec, "\n".join(lines)))
-        finally:
-            c.close()
+    with case(reconnect=2) as c:
+        s1, out1 = c.serve()
+        c.start_init()
+        check(out1.wait(event("started")) is not None, "stale: started")
+        kill(s1)
+        s2, out2 = c.serve("--ready-timeout", "8", resume=True, generation=2)
+        line = out2.wait(event("resume_refused"))
+        check(line is not None and "generation 1" in line, "stale: generation 1 refused: %r" % line)
+        check(c.init.wait(timeout=30) is not None, "stale: the init shut down after its window")
+        check(c.signalled(), "stale: past the window, today's shutdown (SIGTERM)")
+        lines = out2.rest(30)
+        s2.wait(timeout=30)
+        rec = c.record()
+        check(rec.get("generation") == 2 and rec.get("exit_status") == 125,
+              "stale: generation 2 recorded as a host failure: %r\n%s" % (rec, "\n".join(lines)))
 
 
 def main():
