@@ -168,7 +168,8 @@ void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, Co
     auto a = wa.lock();
     if (!a) return;
     a->status = host::exec_exit_status(e);
-    a->reason = e.failed ? e.failed->reason : e.lost;
+    if (auto* f = std::get_if<proto::ExecFailed>(&e)) a->reason = f->reason;
+    else if (auto* lost = std::get_if<host::ExecLost>(&e)) a->reason = lost->reason;
     const std::uint16_t proc = a->proc;
     // The reply waits for the output to be written (or its reader to be gone).
     for (FdWriter* w : {a->wout.get(), a->werr.get()})

@@ -376,16 +376,14 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       return;
     }
     if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
-      ExecEnd e;
-      e.failed = *f;
       emit(*vm, "exec_failed", fmt::format("proc={} {}", proc, f->reason.substr(0, 256)));
-      return end_exec(vm, proc, std::move(e));
+      return end_exec(vm, proc, *f);
     }
     x.exited = std::get<proto::ExecExited>(r);
     emit(*vm, "exec_exited", fmt::format("proc={} {}", proc,
                                          x.exited->signal ? fmt::format("signal={}", *x.exited->signal)
                                                           : fmt::format("exit_code={}", *x.exited->exit_code)));
-    if (exec_outputs_done(x)) return end_exec(vm, proc, ExecEnd{x.exited, std::nullopt, {}});
+    if (exec_outputs_done(x)) return end_exec(vm, proc, *x.exited);
     // Its last output may still be on the data channel (another connection): bounded.
     arm_exec_timer(vm, proc, opt.data_drain);
   }
@@ -408,8 +406,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       if (ec || !vm || !self) return;
       auto it = vm->execs.find(proc);
       if (it == vm->execs.end() || it->second.timer != t) return;
-      if (it->second.exited) return self->end_exec(vm, proc, ExecEnd{it->second.exited, std::nullopt, {}});
-      self->end_exec(vm, proc, ExecEnd{std::nullopt, std::nullopt, "no answer to exec in time (an init without exec?)"});
+      if (it->second.exited) return self->end_exec(vm, proc, *it->second.exited);
+      self->end_exec(vm, proc, ExecLost{"no answer to exec in time (an init without exec?)"});
     });
   }
 
@@ -423,7 +421,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     } else if (auto* eo = std::get_if<data_ev::Eof>(&e)) {
       (eo->stream == proto::Stream::err ? x.err_eof : x.out_eof) = true;
       if (x.hooks.eof) x.hooks.eof(eo->stream);
-      if (x.exited && exec_outputs_done(x)) end_exec(vm, proc, ExecEnd{x.exited, std::nullopt, {}});
+      if (x.exited && exec_outputs_done(x)) end_exec(vm, proc, *x.exited);
     }
   }
 
@@ -434,7 +432,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     vm->execs.erase(it);
     if (x.timer) x.timer->cancel();
     if (vm->data) vm->data->close_exec(proc);
-    if (!e.lost.empty()) emit(*vm, "exec_lost", fmt::format("proc={} {}", proc, e.lost));
+    if (auto* lost = std::get_if<ExecLost>(&e)) emit(*vm, "exec_lost", fmt::format("proc={} {}", proc, lost->reason));
     if (x.hooks.ended) x.hooks.ended(e);
   }
 
@@ -442,8 +440,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     while (!vm->execs.empty()) {
       const std::uint16_t proc = vm->execs.begin()->first;
       auto& x = vm->execs.begin()->second;
-      if (x.exited) end_exec(vm, proc, ExecEnd{x.exited, std::nullopt, {}});
-      else end_exec(vm, proc, ExecEnd{std::nullopt, std::nullopt, why});
+      if (x.exited) end_exec(vm, proc, *x.exited);
+      else end_exec(vm, proc, ExecLost{why});
     }
   }
 
@@ -570,7 +568,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       if (auto self = w.lock())
         for (auto it = vm->execs.begin(); it != vm->execs.end();) {
           auto cur = it++;
-          if (cur->second.exited) self->end_exec(vm, cur->first, ExecEnd{cur->second.exited, std::nullopt, {}});
+          if (cur->second.exited) self->end_exec(vm, cur->first, *cur->second.exited);
         }
       if (auto cb = std::exchange(vm->data_finished_cb, nullptr)) cb();
     };
@@ -870,8 +868,8 @@ Status Host::send_stdin_eof(const std::string& id, std::uint16_t proc) {
 }
 
 int exec_exit_status(const ExecEnd& e) {
-  if (e.exited) return e.exited->signal ? 128 + *e.exited->signal : *e.exited->exit_code;
-  if (e.failed) return e.failed->cls == proto::StartFailClass::not_found ? 127 : 126;
+  if (auto* x = std::get_if<proto::ExecExited>(&e)) return x->signal ? 128 + *x->signal : *x->exit_code;
+  if (auto* f = std::get_if<proto::ExecFailed>(&e)) return f->cls == proto::StartFailClass::not_found ? 127 : 126;
   return 125;
 }
 

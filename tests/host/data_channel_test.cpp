@@ -435,7 +435,7 @@ TEST_CASE("exec: its own streams by process number, stdin after started, kill to
   CHECK(xs->out == "hello");
   CHECK(xs->err == "oops");
   CHECK(xs->eofs_at_end == 2);
-  REQUIRE(xs->end->exited);
+  REQUIRE(std::holds_alternative<proto::ExecExited>(*xs->end));
   CHECK(exec_exit_status(*xs->end) == 137);
   // The workload's own output is not the exec's.
   REQUIRE(d.h.run_until([&] { return d.seen->out == "workload"; }));
@@ -446,13 +446,13 @@ TEST_CASE("exec: its own streams by process number, stdin after started, kill to
 }
 
 TEST_CASE("exec: exec_failed ends it with 127/126; an exec after the outcome is refused") {
-  ExecEnd e;
-  e.failed = proto::ExecFailed{1, "no", 2, proto::StartFailClass::not_found};
-  CHECK(exec_exit_status(e) == 127);
-  e.failed->cls = proto::StartFailClass::other;
-  CHECK(exec_exit_status(e) == 126);
-  CHECK(exec_exit_status(ExecEnd{proto::ExecExited{1, 4, std::nullopt}, std::nullopt, {}}) == 4);
-  CHECK(exec_exit_status(ExecEnd{std::nullopt, std::nullopt, "lost"}) == 125);
+  proto::ExecFailed f{1, "no", 2, proto::StartFailClass::not_found};
+  CHECK(exec_exit_status(f) == 127);
+  f.cls = proto::StartFailClass::other;
+  CHECK(exec_exit_status(f) == 126);
+  CHECK(exec_exit_status(proto::ExecExited{1, 4, std::nullopt}) == 4);
+  CHECK(exec_exit_status(proto::ExecExited{1, std::nullopt, 9}) == 137);
+  CHECK(exec_exit_status(ExecLost{"lost"}) == 125);
 
   DataHarness d;
   auto path = d.h.add(d.config("y"));
@@ -470,7 +470,7 @@ TEST_CASE("exec: exec_failed ends it with 127/126; an exec after the outcome is 
   ex.argv = {"/nope"};
   REQUIRE(d.h.host->exec("y", ex, std::nullopt, hooks));
   REQUIRE(d.h.run_until([&] { return end.has_value(); }));
-  REQUIRE(end->failed);
+  REQUIRE(std::holds_alternative<proto::ExecFailed>(*end));
   CHECK(exec_exit_status(*end) == 127);
   REQUIRE(d.h.run_until([&] { return d.h.durable("y"); }));
   auto late = d.h.host->exec("y", ex, std::nullopt, {});
