@@ -22,6 +22,7 @@
 #include "session.hpp"
 #include "shutdown.hpp"
 #include "stdio.hpp"
+#include "stdio_mux.hpp"
 #include "transport.hpp"
 #include "workload.hpp"
 
@@ -74,13 +75,11 @@ class Pid1 {
   }
 
  private:
-  /// A process `exec` started: its stdio (none: /dev/null) until the session closes it.
-  struct ExecIo {
+  /// The fds of a process `exec` started with `exec.stdio`, until the session closes it; its
+  /// core is the mux's (StdioMux::core(proc)).
+  struct ExecFds {
     std::uint16_t proc = 0;
-    std::optional<StdioCore> core;
     StdioFds fds;
-    bool outputs_reported = false;
-    bool closing = false;  // reported: no more reads; gone once no frame of it is half-written
   };
 
   // ---- dialling ------------------------------------------------------------------------------
@@ -138,7 +137,7 @@ class Pid1 {
     }
     data_ = std::move(*fd);
     data_is_port_ = std::holds_alternative<VirtioPortAddr>(ch);
-    stdio_.emplace(d.stdio);
+    mux_.emplace(d.stdio);
     log_.info("data", "connected to {}", to_string(ch));
     pending_.push_front(ev::DataUp{});
   }
@@ -267,7 +266,7 @@ class Pid1 {
         return;
       }
       fds_ = std::move(made).value();
-      if (!fds_.pipes_hold_buffer && stdio_) stdio_->direct_unsupported();  // the init buffers instead
+      if (!fds_.pipes_hold_buffer && mux_) mux_->workload().direct_unsupported();  // the init buffers instead
       if (fds_.terminal) {
         cfds = ChildFds{{fds_.child_in.get(), fds_.child_in.get(), fds_.child_in.get()}, true};
       } else {
@@ -291,18 +290,15 @@ class Pid1 {
     auto failed = [&](host::Error e) {
       pending_.push_front(ev::ExecFailed{x.proc, proto::StartFailed{std::move(e.message), e.err, proto::StartFailClass::other}});
     };
-    ExecIo io;
+    ExecFds io;
     io.proc = x.proc;
     ChildFds cfds;
     if (x.stdio) {
       auto made = make_stdio(*x.stdio);
       if (!made) return failed(std::move(made).error());
       io.fds = std::move(made).value();
-      io.core.emplace(*x.stdio, x.proc);
-      io.core->direct_unsupported();  // copied: splice is the workload's alone
-      if (!stdio_ || !stdio_->open_process(x.proc, *x.stdio))
+      if (!mux_ || !mux_->open(x.proc, *x.stdio))
         return failed(host::Error{"exec: the data channel cannot take another process", EAGAIN});
-      if (!stdio_->channel_open()) io.core->channel_closed();
       const int in = io.fds.child_in.get();
       cfds = io.fds.terminal ? ChildFds{{in, in, in}, true}
                              : ChildFds{{in, io.fds.child_out.get(), io.fds.child_err.get()}, false};
@@ -318,36 +314,22 @@ class Pid1 {
     io.fds.child_out.reset();
     io.fds.child_err.reset();
     if (!r) {
-      if (stdio_) stdio_->close_process(x.proc);
+      if (mux_) mux_->close(x.proc);
       pending_.push_front(ev::ExecFailed{x.proc, std::move(r).error()});
       return;
     }
-    const bool no_output = !io.core;
-    execs_.push_back(std::move(io));
+    const bool no_output = !x.stdio;
+    if (x.stdio) execs_.push_back(std::move(io));
     // Started first, then (with no streams) its outputs are done at once.
     if (no_output) pending_.push_front(ev::ExecOutputsDone{x.proc});
     pending_.push_front(ev::ExecStarted{x.proc, *r});
   }
 
-  ExecIo* find_exec(std::uint16_t proc) {
-    for (ExecIo& x : execs_)
-      if (x.proc == proc) return &x;
-    return nullptr;
-  }
-
-  /// act::CloseExec: its pipes close (late output is lost with them), its late frames from the
-  /// host are skipped; the entry goes once no frame of it is half-written (gc_execs()).
+  /// act::CloseExec: its pipes close (late output is lost with them); the mux skips its late
+  /// frames from the host and drops its core once its turn on the channel is over.
   void close_exec(std::uint16_t proc) {
-    if (stdio_) stdio_->close_process(proc);
-    ExecIo* x = find_exec(proc);
-    if (!x) return;
-    x->closing = true;
-    x->fds = StdioFds{};
-    gc_execs();
-  }
-
-  void gc_execs() {
-    std::erase_if(execs_, [&](const ExecIo& x) { return x.closing && tx_owner_ != x.proc; });
+    if (mux_) mux_->close(proc);
+    std::erase_if(execs_, [&](const ExecFds& x) { return x.proc == proc; });
   }
 
   /// One round of the final flush (act::Flush): write what is queued on both channels, read the
@@ -381,11 +363,11 @@ class Pid1 {
     ev::Flushing f;
     f.written = written;
     f.control_queued = chan_ && !out_.empty();
-    f.data_open = data_ && stdio_;
-    f.data_unsent = any_tx_pending();
-    f.outputs_done = stdio_ && stdio_->outputs_done();
+    f.data_open = data_ && mux_;
+    f.data_unsent = mux_ && mux_->tx_pending();
+    f.outputs_done = mux_ && mux_->workload().outputs_done();
     f.receipt = data_rx_eof_ || data_hup_;
-    f.output_bytes = stdio_ ? stdio_->buffered() : 0;
+    f.output_bytes = mux_ ? mux_->workload().buffered() : 0;
     pending_.push_back(f);
   }
 
@@ -482,7 +464,6 @@ class Pid1 {
         if (timeout < 0 || left < static_cast<std::uint64_t>(timeout)) timeout = static_cast<int>(left);
       }
     }
-    gc_execs();
     pollfd p[2 + kStdioFds + kExecFds * proto::kExecMax] = {
         {sfd_, POLLIN, 0}, {watch_chan ? chan_.get() : -1, static_cast<short>(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0}};
     stdio_poll_set(p + 2);
@@ -505,7 +486,7 @@ class Pid1 {
     if (chan_ && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) read_channel();
     stdio_handle(p + 2);
     for (std::size_t i = 0; i < nexec; ++i) exec_handle(execs_[i], p + 2 + kStdioFds + kExecFds * i);
-    if (data_ && any_tx_pending()) write_data();
+    if (data_ && mux_ && mux_->tx_pending()) write_data();
   }
 
   // ---- the workload's stdio (boot.stdio): the data channel, the pipes or the PTY ----------------
@@ -520,14 +501,14 @@ class Pid1 {
   /// nothing, so a hung-up pipe the core is not reading cannot make poll spin).
   void stdio_poll_set(pollfd* p) {
     for (int i = 0; i < kStdioFds; ++i) p[i] = {-1, 0, 0};
-    if (!stdio_) return;
-    StdioCore& c = *stdio_;
+    if (!mux_) return;
+    StdioCore& c = mux_->workload();
     const std::uint64_t now = monotonic_ms();
     if (data_retry_at_ && *data_retry_at_ <= now) data_retry_at_.reset();
     if (data_ && !data_retry_at_) {
       short ev = 0;
-      if (!data_rx_eof_ && rx_room() > 0) ev |= POLLIN;
-      if (any_tx_pending()) ev |= POLLOUT;
+      if (!data_rx_eof_ && mux_->rx_room() > 0) ev |= POLLIN;
+      if (mux_->tx_pending()) ev |= POLLOUT;
       if (ev) p[kData] = {data_.get(), ev, 0};
     }
     // Direct mode: a pipe is read only when its bytes can go to the channel at once.
@@ -548,8 +529,8 @@ class Pid1 {
   /// Performs the I/O poll found ready, then what the core asks for (resize, closing stdin, a
   /// framing error, both outputs at EOF).
   void stdio_handle(const pollfd* p) {
-    if (!stdio_) return;
-    StdioCore& c = *stdio_;
+    if (!mux_) return;
+    StdioCore& c = mux_->workload();
     // Both ready: the core says which goes first (they take turns). In direct mode the bytes
     // waiting in either pipe go out before an EOF found in this round is framed, so output
     // written before the workload ended is not overtaken by the other stream's eof.
@@ -577,10 +558,7 @@ class Pid1 {
       pending_.push_back(ev::DataError{c.rx_error()});
       close_data();
     }
-    if (c.outputs_done() && !outputs_reported_) {
-      outputs_reported_ = true;
-      pending_.push_back(ev::OutputsDone{});
-    }
+    if (mux_->take_outputs_done(0)) pending_.push_back(ev::OutputsDone{});
   }
 
   /// What the core asks of its stdin side now: a resize, bytes to write, the close after eof.
@@ -600,10 +578,11 @@ class Pid1 {
   }
 
   /// An exec'd process's part of the poll set (copying, as the workload's without splice).
-  void exec_poll_set(ExecIo& x, pollfd* p) {
+  void exec_poll_set(ExecFds& x, pollfd* p) {
     for (int i = 0; i < kExecFds; ++i) p[i] = {-1, 0, 0};
-    if (!x.core || x.closing) return;
-    StdioCore& c = *x.core;
+    StdioCore* core = mux_ ? mux_->core(x.proc) : nullptr;
+    if (!core) return;
+    StdioCore& c = *core;
     if (x.fds.out && c.out_room(proto::Stream::out) > 0) p[kExecOut] = {x.fds.out.get(), POLLIN, 0};
     if (x.fds.err && c.out_room(proto::Stream::err) > 0) p[kExecErr] = {x.fds.err.get(), POLLIN, 0};
     if (!c.in_pending().empty()) {
@@ -612,64 +591,23 @@ class Pid1 {
     }
   }
 
-  void exec_handle(ExecIo& x, const pollfd* p) {
-    if (!x.core || x.closing) return;
-    StdioCore& c = *x.core;
+  void exec_handle(ExecFds& x, const pollfd* p) {
+    StdioCore* core = mux_ ? mux_->core(x.proc) : nullptr;
+    if (!core) return;
+    StdioCore& c = *core;
     const short ready = POLLIN | POLLHUP | POLLERR;
     if (p[kExecOut].revents & ready) read_once(c, x.fds.terminal, proto::Stream::out, x.fds.out);
     if (p[kExecErr].revents & ready) read_once(c, false, proto::Stream::err, x.fds.err);
     if ((p[kExecIn].revents | (x.fds.terminal ? p[kExecOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
       write_stdin(c, x.fds);
     stdin_side(c, x.fds);
-    if (c.outputs_done() && !x.outputs_reported) {
-      x.outputs_reported = true;
-      pending_.push_back(ev::ExecOutputsDone{x.proc});
-    }
-  }
-
-  /// Bytes the loop may read from the data channel now: the workload's core's room, none while
-  /// any exec'd process's stdin is at its cap (the host is then backpressured as a whole).
-  std::size_t rx_room() const {
-    if (!stdio_) return 0;
-    for (const ExecIo& x : execs_)
-      if (x.core && !x.closing && x.core->in_full()) return 0;
-    return stdio_->rx_room();
-  }
-
-  bool any_tx_pending() {
-    if (stdio_ && stdio_->tx_pending()) return true;
-    for (ExecIo& x : execs_)
-      if (x.core && x.core->tx_pending()) return true;
-    return false;
-  }
-
-  StdioCore* core_of(int proc) {
-    if (proc == 0) return stdio_ ? &*stdio_ : nullptr;
-    ExecIo* x = find_exec(static_cast<std::uint16_t>(proc));
-    return x && x->core ? &*x->core : nullptr;
-  }
-
-  /// The next core with frames due, taking turns after the last one served (workload first).
-  StdioCore* next_source() {
-    const std::size_t n = 1 + execs_.size();
-    std::size_t start = 0;
-    if (last_tx_ > 0)
-      for (std::size_t i = 0; i < execs_.size(); ++i)
-        if (execs_[i].proc == last_tx_) start = i + 2;
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::size_t i = (start + k) % n;
-      StdioCore* c = nullptr;
-      if (i == 0) c = stdio_ ? &*stdio_ : nullptr;
-      else if (!execs_[i - 1].closing && execs_[i - 1].core) c = &*execs_[i - 1].core;
-      if (c && c->tx_pending()) return c;
-    }
-    return nullptr;
+    if (mux_->take_outputs_done(x.proc)) pending_.push_back(ev::ExecOutputsDone{x.proc});
   }
 
   /// Direct mode: frames what waits in `s`'s pipe and moves it to the channel with splice(2),
   /// up to kDirectBurst frames while the channel takes them.
   void move_output(proto::Stream s, host::Fd& fd) {
-    StdioCore& c = *stdio_;
+    StdioCore& c = mux_->workload();
     for (int i = 0; i < kDirectBurst && fd && data_ && c.direct_room(s) > 0; ++i) {
       int avail = 0;
       if (::ioctl(fd.get(), FIONREAD, &avail) != 0 || avail <= 0) return;  // read_eof() looks
@@ -694,7 +632,7 @@ class Pid1 {
   /// bytes that came just now, which take the copying path). Not while the channel is busy
   /// (the pipe is polled again once it is not).
   void read_eof(proto::Stream s, host::Fd& fd) {
-    StdioCore& c = *stdio_;
+    StdioCore& c = mux_->workload();
     if (!fd) return;
     if (c.direct_mode()) {
       int avail = 0;
@@ -726,7 +664,7 @@ class Pid1 {
   /// pipe, then moves all of the frame pipe to the channel. Returns false when the channel
   /// takes no more now (or was closed).
   bool move_direct(const StdioCore::Direct& d) {
-    StdioCore& c = *stdio_;
+    StdioCore& c = mux_->workload();
     const int src = (d.stream == proto::Stream::err ? fds_.err : fds_.out).get();
     if (d.left > 0) {
       ssize_t n = src < 0 ? -1 : ::splice(src, nullptr, frame_pipe_w_.get(), nullptr, d.left, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
@@ -770,7 +708,7 @@ class Pid1 {
   /// The direct frame in progress goes out as copies instead: what the frame pipe holds, then
   /// the payload still in the workload's pipe (`src`), all queued in the core's tx().
   bool copy_direct(proto::Stream s, int src) {
-    StdioCore& c = *stdio_;
+    StdioCore& c = mux_->workload();
     auto take = [&](int fd, std::size_t want) -> std::size_t {
       ssize_t n;
       do n = ::read(fd, io_buf_, std::min(want, sizeof io_buf_));
@@ -834,27 +772,20 @@ class Pid1 {
     }
   }
 
-  /// Writes frames to the data channel while it takes them. One core at a time: the one whose
-  /// batch (or direct frame) is begun finishes it, so frames of different processes never
-  /// interleave inside a frame; then the next core with frames due, in turn.
+  /// Writes to the data channel what the mux says goes next (framed bytes, or the workload's
+  /// direct frame to move on) while the channel takes it.
   void write_data() {
-    while (data_) {
-      StdioCore* c = tx_owner_ >= 0 ? core_of(tx_owner_) : nullptr;
-      if (!c) c = next_source();
-      if (!c) return;
-      tx_owner_ = c->proc();
-      std::string_view v = c->tx();
-      if (v.empty()) {
-        auto d = stdio_ && c == &*stdio_ ? c->direct_pending() : std::nullopt;
-        if (d && !move_direct(*d)) return;
-        if (!d || !c->direct_pending()) release_tx(c);
+    while (data_ && mux_) {
+      auto t = mux_->tx();
+      if (!t) return;
+      if (t->direct) {
+        if (!move_direct(*t->direct)) return;
         continue;
       }
-      ssize_t n = ::write(data_.get(), v.data(), v.size());
+      ssize_t n = ::write(data_.get(), t->bytes.data(), t->bytes.size());
       if (n > 0) {
-        c->sent(static_cast<std::size_t>(n));
+        mux_->sent(static_cast<std::size_t>(n));
         bytes_written_ += static_cast<std::uint64_t>(n);
-        if (static_cast<std::size_t>(n) == v.size()) release_tx(c);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -865,15 +796,9 @@ class Pid1 {
     }
   }
 
-  /// `c`'s batch is out: another core may go next.
-  void release_tx(StdioCore* c) {
-    last_tx_ = c->proc();
-    tx_owner_ = -1;
-  }
-
   void read_data(short revents) {
-    StdioCore& c = *stdio_;
-    const std::size_t room = std::min(rx_room(), sizeof io_buf_);
+    StdioMux& m = *mux_;
+    const std::size_t room = std::min(m.rx_room(), sizeof io_buf_);
     if (data_is_port_ && !(revents & POLLIN)) {
       // A virtio port with no host connected polls as POLLHUP: not an EOF (there is none on a
       // port); look again in kPortRetryMs.
@@ -886,9 +811,7 @@ class Pid1 {
     ssize_t n = ::read(data_.get(), io_buf_, room);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n > 0) {
-      c.on_rx(std::string_view(io_buf_, static_cast<std::size_t>(n)));
-      for (const proto::Frame& f : c.take_foreign())
-        if (ExecIo* x = find_exec(f.proc); x && x->core && !x->closing) x->core->on_frame(f);
+      m.on_rx(std::string_view(io_buf_, static_cast<std::size_t>(n)));
       return;
     }
     if (data_is_port_ && n == 0) {
@@ -904,7 +827,7 @@ class Pid1 {
     // The host closed its sending side: stdin's EOF. Output may still go the other way.
     log_.info("data", "EOF from the host");
     data_rx_eof_ = true;
-    c.on_rx_eof();
+    m.on_rx_eof();
   }
 
   void close_data() {
@@ -912,17 +835,11 @@ class Pid1 {
     frame_pipe_.reset();  // a frame half-sent dies with the channel
     frame_pipe_w_.reset();
     frame_pipe_bytes_ = 0;
-    tx_owner_ = -1;
-    for (ExecIo& x : execs_)
-      if (x.core) {
-        x.core->channel_closed();
-        x.core->in_closed();
-        if (!x.fds.terminal) x.fds.in.reset();
-      }
-    if (!stdio_) return;
-    stdio_->channel_closed();
-    // Nothing more can arrive for stdin: the workload reads EOF instead of waiting for good.
-    stdio_->in_closed();
+    if (!mux_) return;
+    mux_->channel_closed();
+    // Every stdin is closed with it: each process reads EOF instead of waiting for good.
+    for (ExecFds& x : execs_)
+      if (!x.fds.terminal) x.fds.in.reset();
     if (!fds_.terminal) fds_.in.reset();
   }
 
@@ -972,14 +889,11 @@ class Pid1 {
   bool data_rx_eof_ = false;  // the host closed its sending side
   bool data_hup_ = false;     // a virtio data port's host side is not connected (last look)
   std::optional<std::uint64_t> data_retry_at_;  // a virtio data port without its host: look again then
-  std::optional<StdioCore> stdio_;
+  std::optional<StdioMux> mux_;  // the data channel's processes, from its dial on
   StdioFds fds_;
   host::Fd frame_pipe_, frame_pipe_w_;  // direct frames on their way (read and write ends)
   std::size_t frame_pipe_bytes_ = 0;    // bytes in the frame pipe, not yet on the channel
-  bool outputs_reported_ = false;
-  std::vector<ExecIo> execs_;  // at most proto::kExecMax (the session's bound)
-  int tx_owner_ = -1;          // the process whose frames are being written (-1: none)
-  std::uint16_t last_tx_ = 0;  // the process served last (turns)
+  std::vector<ExecFds> execs_;  // at most proto::kExecMax (the session's bound)
   char io_buf_[kStdioChunk];
   std::string out_;
   proto::LineReader reader_;

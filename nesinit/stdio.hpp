@@ -60,7 +60,8 @@ class OutputBuffer {
 /// process `exec` started (its number, framed in bytes 2-3). Streams: stdout and stderr (with a
 /// terminal only stdout, which carries the PTY's output) and stdin. Call order is free; every
 /// query reflects all calls so far. The workload's core decodes the whole data channel: frames
-/// of other processes are held for the loop (take_foreign()) and handed to theirs (on_frame()).
+/// of other processes are held (take_foreign()) for StdioMux, which hands them to theirs
+/// (on_frame()) and decides what the cores sharing the channel do together (stdio_mux.hpp).
 class StdioCore {
  public:
   explicit StdioCore(const proto::Stdio& s, std::uint16_t proc = 0);
@@ -81,6 +82,9 @@ class StdioCore {
   void sent(std::size_t n);
   /// True while frames are buffered or due (the loop polls for POLLOUT).
   bool tx_pending();
+  /// Framed bytes of the batch tx() began are not all written, or a direct frame is not all
+  /// moved: what no other process's bytes may interrupt on a shared channel (StdioMux).
+  bool tx_unfinished() const { return open_ && (tx_head_ != tx_.size() || direct_); }
   /// Bytes of output held (both streams and framed), for the loop's flush decisions and tests.
   std::size_t buffered() const;
 
@@ -139,8 +143,6 @@ class StdioCore {
   bool open_process(std::uint16_t proc, const proto::Stdio& s);
   /// Process `proc` was reported: its late frames are skipped.
   void close_process(std::uint16_t proc) { decoder_.close_process(proc); }
-  /// stdin bytes held are at the cap: the loop stops reading the channel until they are written.
-  bool in_full() const { return in_.size() - in_head_ + proto::kFrameDataMax > kStdinCap; }
   /// The host closed its side: stdin's eof (an EOF inside a frame is a framing error).
   void on_rx_eof();
   /// Bytes due to the workload's stdin (pipe or PTY master) now.

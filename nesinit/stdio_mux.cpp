@@ -1,0 +1,144 @@
+#include "stdio_mux.hpp"
+
+#include <algorithm>
+
+namespace nes::init {
+
+StdioMux::StdioMux(const proto::Stdio& workload) : workload_(workload, 0) {}
+
+StdioCore* StdioMux::ring(std::size_t i) {
+  if (i == 0) return &workload_;
+  Slot& s = slots_[i - 1];
+  return s.core ? &*s.core : nullptr;
+}
+
+StdioMux::Slot* StdioMux::slot_of(std::uint16_t proc) {
+  for (Slot& s : slots_)
+    if (s.core && s.proc == proc) return &s;
+  return nullptr;
+}
+
+StdioCore* StdioMux::open(std::uint16_t proc, const proto::Stdio& st) {
+  // A number still held is refused: two cores of one number would make its frames ambiguous.
+  if (proc == 0 || slot_of(proc)) return nullptr;
+  auto free = std::find_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.core; });
+  if (free == slots_.end() || !workload_.open_process(proc, st)) return nullptr;
+  free->proc = proc;
+  free->closed = false;
+  free->outputs_reported = false;
+  StdioCore& c = free->core.emplace(st, proc);
+  c.direct_unsupported();
+  if (!workload_.channel_open()) c.channel_closed();
+  return &c;
+}
+
+StdioCore* StdioMux::core(std::uint16_t proc) {
+  if (proc == 0) return &workload_;
+  Slot* s = slot_of(proc);
+  return s && !s->closed ? &*s->core : nullptr;
+}
+
+bool StdioMux::holds(std::uint16_t proc) const {
+  if (proc == 0) return true;
+  return std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.core && s.proc == proc; });
+}
+
+void StdioMux::close(std::uint16_t proc) {
+  if (proc == 0) return;
+  workload_.close_process(proc);
+  Slot* s = slot_of(proc);
+  if (!s) return;
+  const std::size_t i = static_cast<std::size_t>(s - slots_.data()) + 1;
+  if (turn_ == i) s->closed = true;  // its half-written batch goes out first, then the core
+  else s->core.reset();
+}
+
+bool StdioMux::take_outputs_done(std::uint16_t proc) {
+  bool* reported = &outputs_reported_;
+  if (proc != 0) {
+    Slot* s = slot_of(proc);
+    if (!s || s->closed) return false;
+    reported = &s->outputs_reported;
+  }
+  StdioCore* c = core(proc);
+  if (*reported || !c->outputs_done()) return false;
+  *reported = true;
+  return true;
+}
+
+void StdioMux::end_turn() {
+  const std::size_t i = *turn_;
+  turn_.reset();
+  next_ = (i + 1) % (kSlots + 1);  // the one after it goes first next time
+  if (i > 0 && slots_[i - 1].closed) slots_[i - 1].core.reset();
+}
+
+std::optional<StdioMux::Tx> StdioMux::tx() {
+  auto offer = [&](std::size_t i) -> std::optional<Tx> {
+    StdioCore& c = *ring(i);
+    Tx t;
+    t.proc = c.proc();
+    t.bytes = c.tx();
+    if (t.bytes.empty()) t.direct = c.direct_pending();
+    if (t.bytes.empty() && !t.direct) return std::nullopt;
+    return t;
+  };
+  if (turn_) {
+    // The turn under way goes on until its batch or direct frame is out in full.
+    if (ring(*turn_)->tx_unfinished())
+      if (auto t = offer(*turn_)) return t;
+    end_turn();
+  }
+  for (std::size_t k = 0; k <= kSlots; ++k) {
+    const std::size_t i = (next_ + k) % (kSlots + 1);
+    StdioCore* c = ring(i);
+    if (!c || (i > 0 && slots_[i - 1].closed) || !c->tx_pending()) continue;
+    if (auto t = offer(i)) {
+      turn_ = i;
+      return t;
+    }
+  }
+  return std::nullopt;
+}
+
+void StdioMux::sent(std::size_t n) {
+  if (!turn_) return;
+  StdioCore& c = *ring(*turn_);
+  c.sent(n);
+  if (!c.tx_unfinished()) end_turn();
+}
+
+bool StdioMux::tx_pending() {
+  for (std::size_t i = 0; i <= kSlots; ++i)
+    if (StdioCore* c = ring(i); c && c->tx_pending()) return true;
+  return false;
+}
+
+std::size_t StdioMux::rx_room() const {
+  std::size_t room = workload_.rx_room();
+  for (const Slot& s : slots_)
+    if (s.core && !s.closed) room = std::min(room, s.core->rx_room());
+  return room;
+}
+
+void StdioMux::on_rx(std::string_view bytes) {
+  workload_.on_rx(bytes);
+  // The decoder skips frames of closed processes itself; a closed core gets nothing either way.
+  for (const proto::Frame& f : workload_.take_foreign())
+    if (StdioCore* c = f.proc != 0 ? core(f.proc) : nullptr) c->on_frame(f);
+}
+
+void StdioMux::channel_closed() {
+  turn_.reset();
+  for (std::size_t i = 0; i <= kSlots; ++i) {
+    StdioCore* c = ring(i);
+    if (!c) continue;
+    c->channel_closed();
+    // Nothing more can arrive for stdin: each process reads EOF instead of waiting for good.
+    c->in_closed();
+  }
+  for (Slot& s : slots_)
+    if (s.closed) s.core.reset();
+}
+
+}  // namespace nes::init
