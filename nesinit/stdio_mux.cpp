@@ -8,25 +8,25 @@ StdioMux::StdioMux(const proto::Stdio& workload) : workload_(workload, 0) {}
 
 StdioCore* StdioMux::ring(std::size_t i) {
   if (i == 0) return &workload_;
-  Slot& s = slots_[i - 1];
-  return s.core ? &*s.core : nullptr;
+  Slot* s = slots_[i - 1].get();
+  return s ? &s->core : nullptr;
 }
 
 StdioMux::Slot* StdioMux::slot_of(std::uint16_t proc) {
-  for (Slot& s : slots_)
-    if (s.core && s.proc == proc) return &s;
+  for (auto& s : slots_)
+    if (s && s->proc == proc) return s.get();
   return nullptr;
 }
 
 StdioCore* StdioMux::open(std::uint16_t proc, const proto::Stdio& st) {
   // A number still held is refused: two cores of one number would make its frames ambiguous.
   if (proc == 0 || slot_of(proc)) return nullptr;
-  auto free = std::find_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.core; });
-  if (free == slots_.end() || !workload_.open_process(proc, st)) return nullptr;
-  free->proc = proc;
-  free->closed = false;
-  free->outputs_reported = false;
-  StdioCore& c = free->core.emplace(st, proc);
+  auto free = std::find(slots_.begin(), slots_.end(), nullptr);
+  if (free == slots_.end() && slots_.size() >= kSlots) return nullptr;
+  if (!workload_.open_process(proc, st)) return nullptr;
+  if (free == slots_.end()) free = slots_.emplace(slots_.end());
+  *free = std::make_unique<Slot>(st, proc);
+  StdioCore& c = (*free)->core;
   c.direct_unsupported();
   if (!workload_.channel_open()) c.channel_closed();
   return &c;
@@ -35,22 +35,22 @@ StdioCore* StdioMux::open(std::uint16_t proc, const proto::Stdio& st) {
 StdioCore* StdioMux::core(std::uint16_t proc) {
   if (proc == 0) return &workload_;
   Slot* s = slot_of(proc);
-  return s && !s->closed ? &*s->core : nullptr;
+  return s && !s->closed ? &s->core : nullptr;
 }
 
 bool StdioMux::holds(std::uint16_t proc) const {
   if (proc == 0) return true;
-  return std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.core && s.proc == proc; });
+  return std::any_of(slots_.begin(), slots_.end(), [&](const auto& s) { return s && s->proc == proc; });
 }
 
 void StdioMux::close(std::uint16_t proc) {
   if (proc == 0) return;
   workload_.close_process(proc);
-  Slot* s = slot_of(proc);
-  if (!s) return;
-  const std::size_t i = static_cast<std::size_t>(s - slots_.data()) + 1;
-  if (turn_ == i) s->closed = true;  // its half-written batch goes out first, then the core
-  else s->core.reset();
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i] || slots_[i]->proc != proc) continue;
+    if (turn_ == i + 1) slots_[i]->closed = true;  // its half-written batch goes out first, then the core
+    else slots_[i].reset();
+  }
 }
 
 bool StdioMux::take_outputs_done(std::uint16_t proc) {
@@ -60,8 +60,7 @@ bool StdioMux::take_outputs_done(std::uint16_t proc) {
     if (!s || s->closed) return false;
     reported = &s->outputs_reported;
   }
-  StdioCore* c = core(proc);
-  if (*reported || !c->outputs_done()) return false;
+  if (*reported || !core(proc)->outputs_done()) return false;
   *reported = true;
   return true;
 }
@@ -69,8 +68,8 @@ bool StdioMux::take_outputs_done(std::uint16_t proc) {
 void StdioMux::end_turn() {
   const std::size_t i = *turn_;
   turn_.reset();
-  next_ = (i + 1) % (kSlots + 1);  // the one after it goes first next time
-  if (i > 0 && slots_[i - 1].closed) slots_[i - 1].core.reset();
+  next_ = (i + 1) % (slots_.size() + 1);  // the one after it goes first next time
+  if (i > 0 && slots_[i - 1]->closed) slots_[i - 1].reset();
 }
 
 std::optional<StdioMux::Tx> StdioMux::tx() {
@@ -89,10 +88,11 @@ std::optional<StdioMux::Tx> StdioMux::tx() {
       if (auto t = offer(*turn_)) return t;
     end_turn();
   }
-  for (std::size_t k = 0; k <= kSlots; ++k) {
-    const std::size_t i = (next_ + k) % (kSlots + 1);
+  const std::size_t n = slots_.size() + 1;
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::size_t i = (next_ + k) % n;
     StdioCore* c = ring(i);
-    if (!c || (i > 0 && slots_[i - 1].closed) || !c->tx_pending()) continue;
+    if (!c || (i > 0 && slots_[i - 1]->closed) || !c->tx_pending()) continue;
     if (auto t = offer(i)) {
       turn_ = i;
       return t;
@@ -109,15 +109,15 @@ void StdioMux::sent(std::size_t n) {
 }
 
 bool StdioMux::tx_pending() {
-  for (std::size_t i = 0; i <= kSlots; ++i)
+  for (std::size_t i = 0; i <= slots_.size(); ++i)
     if (StdioCore* c = ring(i); c && c->tx_pending()) return true;
   return false;
 }
 
 std::size_t StdioMux::rx_room() const {
   std::size_t room = workload_.rx_room();
-  for (const Slot& s : slots_)
-    if (s.core && !s.closed) room = std::min(room, s.core->rx_room());
+  for (const auto& s : slots_)
+    if (s && !s->closed) room = std::min(room, s->core.rx_room());
   return room;
 }
 
@@ -130,15 +130,15 @@ void StdioMux::on_rx(std::string_view bytes) {
 
 void StdioMux::channel_closed() {
   turn_.reset();
-  for (std::size_t i = 0; i <= kSlots; ++i) {
+  for (std::size_t i = 0; i <= slots_.size(); ++i) {
     StdioCore* c = ring(i);
     if (!c) continue;
     c->channel_closed();
     // Nothing more can arrive for stdin: each process reads EOF instead of waiting for good.
     c->in_closed();
   }
-  for (Slot& s : slots_)
-    if (s.closed) s.core.reset();
+  for (auto& s : slots_)
+    if (s && s->closed) s.reset();
 }
 
 }  // namespace nes::init

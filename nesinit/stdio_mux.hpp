@@ -6,12 +6,13 @@
 // touches an fd, so its rules are tested by driving it directly (tests/init/stdio_mux_test.cpp).
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "protocol/frame.hpp"
 #include "protocol/messages.hpp"
@@ -64,9 +65,9 @@ class StdioMux {
   /// workload's direct frame in progress (`direct`), which the loop moves with splice(2) through
   /// StdioCore's direct_* calls. `proc`: whose turn it is.
   struct Tx {
-    std::uint16_t proc = 0;
-    std::string_view bytes;
-    std::optional<StdioCore::Direct> direct;
+    std::uint16_t proc = 0;                   // whose turn: 0 the workload, else `exec`'s proc
+    std::string_view bytes;                   // framed bytes to write now, or empty
+    std::optional<StdioCore::Direct> direct;  // with empty bytes: the direct frame to move on
   };
   /// The turn under way, or the next process in the ring with frames due (which begins its
   /// turn); nullopt when nothing is due.
@@ -93,23 +94,27 @@ class StdioMux {
   /// The data channel is gone (error, write failure, power-off): every core discards its output
   /// and its stdin from now on, no turn is under way, and closed processes' cores go.
   void channel_closed();
+  /// False once channel_closed() was called.
   bool channel_open() const { return workload_.channel_open(); }
 
  private:
   struct Slot {
-    std::uint16_t proc = 0;
+    Slot(const proto::Stdio& s, std::uint16_t p) : proc(p), core(s, p) {}
+    std::uint16_t proc;
     bool closed = false;  // reported: kept only while its turn is under way
     bool outputs_reported = false;
-    std::optional<StdioCore> core;
+    StdioCore core;
   };
-  /// The ring: 0 the workload, 1..kSlots the exec slots.
+  /// The ring: 0 the workload, 1.. the exec slots.
   StdioCore* ring(std::size_t i);
   Slot* slot_of(std::uint16_t proc);
   void end_turn();
 
   StdioCore workload_;
   bool outputs_reported_ = false;  // the workload's
-  std::array<Slot, kSlots> slots_;
+  // Grown as processes open (at most kSlots), never shrunk: a slot's ring index stays its own,
+  // and a free one (null) is reused. Each is allocated on its own, so growing moves no core.
+  std::vector<std::unique_ptr<Slot>> slots_;
   std::optional<std::size_t> turn_;  // ring index whose turn is under way
   std::size_t next_ = 0;             // ring index to look at first for the next turn
 };
