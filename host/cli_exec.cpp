@@ -254,7 +254,7 @@ int exec_main(const Args& args) {
     if (!sz) sz = terminal_size(1);
     req.stdio->terminal = proto::Terminal{sz ? sz->rows : std::uint16_t{24}, sz ? sz->cols : std::uint16_t{80}};
   }
-  if (auto bad = proto::validate(proto::HostMessage{req})) return usage_error("exec", bad->reason);
+  if (auto ok = proto::validate(proto::HostMessage{req}); !ok) return usage_error("exec", ok.error().reason);
   std::string flags = "e";
   if (!p->has("workdir")) flags += 'c';
   if (!p->has("user")) flags += 'u';
@@ -276,6 +276,10 @@ int exec_main(const Args& args) {
   // A VM still booting: the monitor says so and answers once the workload runs (its own
   // deadlines bound that).
   while (first && first->starts_with("ok waiting")) first = cs->read_line(std::nullopt);
+  // A monitor that closes before answering is ending with its VM (it had an outcome as we
+  // connected): the exec never started.
+  if (!first && first.error().err == ECONNRESET)
+    return exec_error(fmt::format("VM '{}' is not running ({})", vm, first.error().message));
   if (!first) return exec_error(first.error().message);
   if (first->starts_with("error: ")) return exec_error(first->substr(7));
   std::uint16_t proc = 0;

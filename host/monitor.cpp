@@ -394,18 +394,18 @@ host::Result<std::string> ControlSession::read_line(std::optional<std::chrono::m
     int ms = -1;
     if (until) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return host::Error{"no reply in time"};
+      if (left.count() <= 0) return host::Error{"no reply in time", ETIMEDOUT};
       ms = static_cast<int>(left.count());
     }
     pollfd p{sock_.get(), POLLIN, 0};
     int r = ::poll(&p, 1, ms);
     if (r < 0 && errno == EINTR) continue;
-    if (r == 0) return host::Error{"no reply in time"};
+    if (r == 0) return host::Error{"no reply in time", ETIMEDOUT};
     char b[4096];
     ssize_t n = ::recv(sock_.get(), b, sizeof b, 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return host::Error{errno_text(errno)};
-    if (n == 0) return host::Error{"the monitor closed without a reply"};
+    if (n < 0) return host::errno_error(errno);
+    if (n == 0) return host::Error{"the monitor closed without a reply", ECONNRESET};
     buf_.append(b, static_cast<std::size_t>(n));
   }
 }

@@ -92,7 +92,8 @@ class ControlSession {
   static host::Result<ControlSession> open(const std::filesystem::path& path, std::string_view request,
                                            const std::vector<int>& fds);
   /// The next line (without '\n'), waiting at most `timeout` (nullopt: no bound). Errors: the
-  /// monitor closed, timeout, a line over kControlReplyMax.
+  /// monitor closed or reset the connection (err ECONNRESET, or the recv(2) errno), timeout
+  /// (ETIMEDOUT), a line over kControlReplyMax.
   host::Result<std::string> read_line(std::optional<std::chrono::milliseconds> timeout);
   int fd() const { return sock_.get(); }
   /// The connection itself, for a caller that reads the answers on its own loop (nothing has

@@ -644,7 +644,7 @@ Status Session::exec(const proto::ExecProcess& x) {
   if (finished_) return Error{"exec: the session is over"};
   if (!(stream_open_ && ready_ && booted_)) return Error{"exec: no booted session"};
   if (outcome_) return Error{"exec: the workload has ended"};
-  if (auto bad = proto::validate(proto::HostMessage{x})) return Error{bad->reason};
+  if (auto ok = proto::validate(proto::HostMessage{x}); !ok) return Error{ok.error().reason};
   send(x);
   log("exec_sent", fmt::format("proc={} argv0={}", x.proc, x.exec.argv.empty() ? "" : bounded(x.exec.argv[0])));
   return Ok{};

@@ -1318,16 +1318,16 @@ std::string encode_line(const HostMessage& m) { return encode_any(m, true); }
 
 namespace {
 template <class Msg, class Decoded>
-std::optional<DecodeError> validate_any(const Msg& m, Decoded (*decode)(std::string_view)) {
+host::StatusOf<DecodeError> validate_any(const Msg& m, Decoded (*decode)(std::string_view)) {
   Decoded d = decode(encode(m));
   if (auto* e = std::get_if<DecodeError>(&d)) return std::move(*e);
-  if (auto* got = std::get_if<Msg>(&d); got && *got == m) return std::nullopt;
+  if (auto* got = std::get_if<Msg>(&d); got && *got == m) return host::Ok{};
   return DecodeError{fmt::format("{}: a string is not valid UTF-8", type_name(m))};
 }
 }  // namespace
 
-std::optional<DecodeError> validate(const GuestMessage& m) { return validate_any(m, &decode_guest); }
-std::optional<DecodeError> validate(const HostMessage& m) { return validate_any(m, &decode_host); }
+host::StatusOf<DecodeError> validate(const GuestMessage& m) { return validate_any(m, &decode_guest); }
+host::StatusOf<DecodeError> validate(const HostMessage& m) { return validate_any(m, &decode_host); }
 
 std::string_view type_name(const GuestMessage& m) {
   return std::visit([](const auto& x) { return tag_of<std::decay_t<decltype(x)>>; }, m);

@@ -6,6 +6,7 @@
 #include <string_view>
 #include <variant>
 
+#include "host/result.hpp"
 #include "messages.hpp"
 
 namespace nes::proto {
@@ -55,12 +56,12 @@ std::string encode(const HostMessage& m);
 std::string encode_line(const GuestMessage& m);
 std::string encode_line(const HostMessage& m);
 
-/// Would the peer accept `m`? nullopt if decode(encode(m)) == m; otherwise the DecodeError the
+/// Would the peer accept `m`? Ok if decode(encode(m)) == m; otherwise the DecodeError the
 /// peer would report (e.g. `boot.exec.argv: expected non-empty array of strings, got []`), or a
 /// DecodeError naming the type when a string is not valid UTF-8 (encode would alter it).
 /// Senders call it before writing a line they built from outside input.
-std::optional<DecodeError> validate(const GuestMessage& m);
-std::optional<DecodeError> validate(const HostMessage& m);
+host::StatusOf<DecodeError> validate(const GuestMessage& m);
+host::StatusOf<DecodeError> validate(const HostMessage& m);
 
 /// `s` as a JSON string literal (quotes included), escaped exactly as encode() escapes strings:
 /// valid UTF-8 kept, invalid bytes each U+FFFD. For other JSON the project writes (records).

@@ -335,7 +335,8 @@ struct TaskService::Impl {
       auto [h, w] = x->pending_resize.value_or(std::pair<std::uint32_t, std::uint32_t>{24, 80});
       m.stdio->terminal = proto::Terminal{static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(w)};
     }
-    if (auto bad = proto::validate(proto::HostMessage{m})) return respond(fail(ttrpc::Code::invalid_argument, "spec: " + bad->reason));
+    if (auto ok = proto::validate(proto::HostMessage{m}); !ok)
+      return respond(fail(ttrpc::Code::invalid_argument, "spec: " + ok.error().reason));
     x->request = "exec - " + proto::encode(proto::HostMessage{m});
     x->in = std::move(*in);
     x->out = std::move(*out);

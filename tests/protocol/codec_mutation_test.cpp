@@ -67,7 +67,7 @@ std::string mutate(std::string s, std::mt19937_64& rng, const std::vector<std::s
 
 /// True if `s` can be sent as protocol_error.reason unchanged: valid UTF-8, no NUL.
 bool sendable(std::string_view s) {
-  return !validate(GuestMessage{ProtocolError{std::string(s)}}).has_value();
+  return validate(GuestMessage{ProtocolError{std::string(s)}}).ok();
 }
 
 struct Tally {
