@@ -38,6 +38,13 @@ StdioCore* StdioMux::core(std::uint16_t proc) {
   return s && !s->closed ? &s->core : nullptr;
 }
 
+void StdioMux::on_rx_eof() {
+  workload_.on_rx_eof();
+  if (!workload_.rx_error().empty()) return;
+  for (auto& s : slots_)
+    if (s && !s->closed) s->core.on_rx_eof();
+}
+
 bool StdioMux::holds(std::uint16_t proc) const {
   if (proc == 0) return true;
   return std::any_of(slots_.begin(), slots_.end(), [&](const auto& s) { return s && s->proc == proc; });

@@ -84,9 +84,10 @@ class StdioMux {
   std::size_t rx_room() const;
   /// Bytes read from the data channel: decoded, each frame to its process's core.
   void on_rx(std::string_view bytes);
-  /// The host closed its sending side: the workload's stdin eof (exec'd processes' stdin ends
-  /// with their own eof frames or their close).
-  void on_rx_eof() { workload_.on_rx_eof(); }
+  /// The host closed its sending side: every open process's stdin ends once what it holds is
+  /// written (no frame can come for any of them any more: docker closes an exec's stdin when
+  /// its attach stream ends). A partial frame at EOF is the workload's framing error instead.
+  void on_rx_eof();
   /// The first framing error the host caused ("" if none); the loop then closes the channel.
   const std::string& rx_error() const { return workload_.rx_error(); }
 

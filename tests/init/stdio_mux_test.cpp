@@ -324,3 +324,26 @@ TEST_CASE("outputs done: reported once per process, never for a closed one") {
   CHECK(!m.take_outputs_done(2));
   CHECK(!m.take_outputs_done(7));
 }
+
+TEST_CASE("host EOF: every open process's stdin ends after what it holds; a partial frame is an error instead") {
+  StdioMux m(pipes(true));
+  REQUIRE(m.open(1, pipes(true)));
+  REQUIRE(m.open(2, pipes(true)));
+  m.on_rx(stdin_data(1, "last"));
+  m.close(2);
+  m.on_rx_eof();
+  CHECK(m.rx_error().empty());
+  CHECK(m.workload().in_close_due());
+  CHECK(m.core(1)->in_pending() == "last");
+  CHECK(!m.core(1)->in_close_due());  // its bytes first
+  m.core(1)->in_written(4);
+  CHECK(m.core(1)->in_close_due());
+
+  StdioMux p(pipes(true));
+  REQUIRE(p.open(1, pipes(true)));
+  const std::string f = stdin_data(1, "cut");
+  p.on_rx(std::string_view(f).substr(0, f.size() - 1));
+  p.on_rx_eof();
+  CHECK(!p.rx_error().empty());
+  CHECK(!p.core(1)->in_close_due());
+}
