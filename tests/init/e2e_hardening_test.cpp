@@ -9,7 +9,7 @@
 
 #include <csignal>
 
-#include "harness.hpp"
+#include "e2e_checks.hpp"
 
 using namespace nes;
 using namespace nes::init::test;
@@ -41,9 +41,8 @@ TEST_CASE("stderr is a full pipe nobody reads: PID 1 still serves stop and SIGTE
   Sandbox sb({.init_args = {"--ack-timeout-ms=60000"}, .log = "debug", .stderr_unread = true});
   REQUIRE_MESSAGE(sb.start(make_boot({"sleep", "1000"})), sb.last_error());
   sb.send(proto::Stop{});
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(x->signal == SIGTERM);
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x.signal == SIGTERM);
   // The init now waits for the ack. Drain the pipe, then ack: the next line it logs is the count
   // of the lines it dropped.
   sb.read_stderr();

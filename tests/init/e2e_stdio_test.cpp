@@ -12,7 +12,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness.hpp"
+#include "e2e_checks.hpp"
 
 using namespace nes::init::test;
 namespace proto = nes::proto;
@@ -86,9 +86,8 @@ TEST_CASE("stdout and stderr apart, all 256 byte values, a last line without new
   Sandbox sb(with_data());
   REQUIRE_MESSAGE(sb.start(stdio_boot({"/bin/sh", "-c", "printf '" + fmt_all + "'; echo err-line >&2; printf 'last line, no newline'; printf 'e2' >&2; exit 5"})),
                   sb.last_error());
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::code(5));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(5));
   CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out) && sb.data_eof(Stream::err); }));
   CHECK(sb.data_out() == want + "last line, no newline");
   CHECK(sb.data_err() == "err-line\ne2");
@@ -110,9 +109,8 @@ TEST_CASE("S12: 64 MiB to stdout then exit 7: no deadlock, exit 7, SHA-256 equal
   const auto t0 = Sandbox::clock_ms();
   CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out); }, 120000));
   const auto t1 = Sandbox::clock_ms();
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::code(7));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(7));
   REQUIRE(sb.data_out().size() == 67108864u);
   {
     std::ofstream out((sb.dir() / "received").string(), std::ios::binary);
@@ -134,9 +132,8 @@ TEST_CASE("stdout and stderr flooded at once: each arrives whole and in order") 
                                "head -c 4194304 /dev/urandom > '" + a + "'; head -c 4194304 /dev/urandom > '" + b +
                                    "'; cat '" + a + "' & cat '" + b + "' >&2; wait"})));
   CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out) && sb.data_eof(Stream::err); }, 60000));
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::code(0));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(0));
   CHECK(sb.data_out().size() == 4194304u);
   CHECK(sb.data_err().size() == 4194304u);
   CHECK((sb.data_out() == slurp(a)));
@@ -150,9 +147,8 @@ TEST_CASE("S9: a background process keeps stdout open: the exit is reported in t
   proto::Stdio st;
   st.drain_ms = 300;
   REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "nohup tail -f /dev/null & echo parent-done"}, st)));
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::code(0));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(0));
   // The outcome went out while stdout was still open (the straggler holds it); its eof came only
   // once the ordered shutdown had removed the straggler.
   CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out); }));
@@ -176,18 +172,16 @@ TEST_CASE("stdin: frames reach the workload, eof closes it; without stdin `cat` 
     sb.send_data(stdin_frames("abc\n", false));
     CHECK(sb.wait_until([&] { return sb.data_out() == "got:abc\n"; }));
     sb.send_data(stdin_frames("rest", true));
-    auto x = sb.expect<proto::WorkloadExited>();
-    REQUIRE_MESSAGE(x, sb.last_error());
-    CHECK(*x == proto::WorkloadExited::code(0));
+    const proto::WorkloadExited x = next_exit(sb);
+    CHECK(x == proto::WorkloadExited::code(0));
     CHECK(sb.data_out() == "got:abc\nrestend\n");
     CHECK(sb.shutdown_powered_off());
   }
   {
     Sandbox sb(with_data());
     REQUIRE(sb.start(stdio_boot({"cat"})));
-    auto x = sb.expect<proto::WorkloadExited>();
-    REQUIRE_MESSAGE(x, sb.last_error());
-    CHECK(*x == proto::WorkloadExited::code(0));
+    const proto::WorkloadExited x = next_exit(sb);
+    CHECK(x == proto::WorkloadExited::code(0));
     CHECK(sb.data_out().empty());
     CHECK(sb.shutdown_powered_off());
   }
@@ -207,10 +201,9 @@ TEST_CASE("terminal: a /dev/pts tty of the asked size, resize reaches it, ^C end
   sb.send_data(stdin_frames("go\n", false));
   CHECK(sb.wait_until([&] { return sb.data_out().find("40 132\r\n") != std::string::npos; }));
   sb.send_data(stdin_frames("\x03", false));  // ^C: the line discipline's SIGINT to the group
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::killed(SIGINT));
-  CHECK(proto::exit_status(*x) == 130);
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::killed(SIGINT));
+  CHECK(proto::exit_status(x) == 130);
   CHECK(sb.data_error().empty());  // nothing on stderr: with a terminal all output is stdout
   CHECK(sb.shutdown_powered_off());
 }
@@ -225,9 +218,8 @@ TEST_CASE("lossless, the host stops reading: the workload blocks, stop still rea
   // 100 MB cannot pass a 64 KiB buffer and the socket's without the host: the workload waits in
   // write(2); the init does not, so `stop` is acted on.
   sb.send(proto::Stop{});
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::killed(SIGTERM));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::killed(SIGTERM));
   sb.pause_data(false);
   CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out) || sb.data_closed(); }));
   CHECK(sb.data_out().size() < 100000000u);
@@ -243,9 +235,8 @@ TEST_CASE("lossy, the host stops reading: the workload never blocks, the drop co
   st.mode = proto::StdioMode::lossy;
   sb.pause_data(true);
   REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "head -c 20000000 /dev/zero; echo end"}, st)));
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::code(0));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(0));
   sb.pause_data(false);
   CHECK(sb.wait_until([&] { return sb.data_eof(Stream::out); }));
   CHECK(sb.dropped() > 0);
@@ -267,9 +258,8 @@ TEST_CASE("a bad frame from the host: the data channel is closed with a named er
   CHECK(pe->reason == "data channel: data frame: stream 7 unknown (frame at byte 0)");
   CHECK(sb.wait_until([&] { return sb.data_closed(); }));
   // Its stdin closed with the channel: `read` sees EOF and the shell exits 4.
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  CHECK(*x == proto::WorkloadExited::code(4));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(4));
   CHECK(sb.shutdown_powered_off());
 }
 
@@ -343,9 +333,8 @@ TEST_CASE("exec: processes beside the workload, each with its own streams, stdin
 
   // The workload still runs: its stdin's EOF ends it with its own output and code.
   sb.send_data(stdin_frames("", true));
-  auto w = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(w, sb.last_error());
-  CHECK(*w == proto::WorkloadExited::code(0));
+  const proto::WorkloadExited w = next_exit(sb);
+  CHECK(w == proto::WorkloadExited::code(0));
   CHECK(sb.data_out() == "workload-done\n");
   finish(sb);
 }

@@ -18,7 +18,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "harness.hpp"
+#include "e2e_checks.hpp"
 
 using namespace nes::init::test;
 namespace proto = nes::proto;
@@ -120,9 +120,8 @@ TEST_CASE("sandbox: a full cycle, the logged phase order, power-off ends the nam
   auto started = sb.expect<proto::Started>();
   REQUIRE(started);
   CHECK(started->pid >= 2);
-  auto exited = sb.expect<proto::WorkloadExited>();
-  REQUIRE(exited);
-  CHECK(*exited == proto::WorkloadExited::code(3));
+  const proto::WorkloadExited exited = next_exit(sb);
+  CHECK(exited == proto::WorkloadExited::code(3));
   sb.send(proto::Shutdown{});
   auto st = sb.wait_exit();
   REQUIRE(st);
@@ -188,9 +187,8 @@ TEST_CASE("mounts for real: tmpfs and bind, nosuid/nodev by statvfs, ro by EROFS
               proto::Mount{src.string(), rw, false, proto::FsType::bind},
               proto::Mount{src.string(), ro, true, proto::FsType::bind}};
   REQUIRE_MESSAGE(sb.start(b), sb.last_error());
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(*x == proto::WorkloadExited::code(0));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(0));
   CHECK(sb.shutdown_powered_off());
   const std::string& o = sb.out();
   CAPTURE(o);
@@ -266,9 +264,8 @@ TEST_CASE("mounts: a sandbox's shares go into its own private mount namespace, e
     sb.send(b);
     REQUIRE_MESSAGE(sb.expect<proto::Mounted>(), sb.last_error() << "\n" << sb.err());
     REQUIRE(sb.expect<proto::Started>());
-    auto x = sb.expect<proto::WorkloadExited>();
-    REQUIRE(x);
-    CHECK(*x == proto::WorkloadExited::code(0));
+    const proto::WorkloadExited x = next_exit(sb);
+    CHECK(x == proto::WorkloadExited::code(0));
     // The share is still mounted (the init waits for the ack): not in the starting namespace.
     const std::string parent = "/proc/" + std::to_string(sb.unshare_pid());
     std::ifstream mi(parent + "/mountinfo");
@@ -316,9 +313,8 @@ TEST_CASE("protocol: malformed lines get protocol_error, unknown types are skipp
   REQUIRE(sb.expect<proto::Mounted>());
   REQUIRE(sb.expect<proto::Started>());
   std::ofstream(gate) << "";
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(*x == proto::WorkloadExited::code(9));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(9));
   CHECK(sb.shutdown_powered_off());
   CHECK(sb.err().find("skipped unknown type 'telemetry'") != std::string::npos);
   CHECK(sb.err().find("another boot") != std::string::npos);
@@ -332,9 +328,8 @@ TEST_CASE("boot and shutdown in one write: the workload starts, gets its SIGTERM
               proto::encode_line(proto::HostMessage{proto::Shutdown{}}));
   REQUIRE(sb.expect<proto::Mounted>());
   REQUIRE(sb.expect<proto::Started>());
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(x->signal == SIGTERM);
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x.signal == SIGTERM);
   CHECK(sb.shutdown_powered_off());
 }
 
@@ -352,9 +347,8 @@ TEST_CASE("kill{signal}: the host's signal reaches the workload's group") {
   REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "trap 'echo GOT-USR2; exit 12' USR2; echo UP; while :; do sleep 0.05; done"})), sb.last_error());
   REQUIRE(sb.wait_stdout("UP\n"));
   sb.send(proto::Kill{static_cast<std::uint8_t>(SIGUSR2)});
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(*x == proto::WorkloadExited::code(12));
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x == proto::WorkloadExited::code(12));
   CHECK(sb.shutdown_powered_off());
   CHECK(sb.out().find("GOT-USR2") != std::string::npos);
 }
@@ -411,18 +405,16 @@ TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarde
     CAPTURE(sig);
     Sandbox sb{SandboxOptions{}};
     REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "kill -" + std::to_string(sig) + " 1; exec sleep 1000"})), sb.last_error());
-    auto x = sb.expect<proto::WorkloadExited>();
-    REQUIRE(x);
-    CHECK(x->signal == SIGTERM);  // the workload's one SIGTERM (shutdown step 1)
+    const proto::WorkloadExited x = next_exit(sb);
+    CHECK(x.signal == SIGTERM);  // the workload's one SIGTERM (shutdown step 1)
     CHECK(sb.shutdown_powered_off());
     CHECK(sb.err().find("shutdown: begin: signal " + std::to_string(sig)) != std::string::npos);
   }
   {
     Sandbox sb{SandboxOptions{}};
     REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "trap 'echo GOT-USR1; exit 5' USR1; kill -USR1 1; while :; do sleep 0.05; done"})), sb.last_error());
-    auto x = sb.expect<proto::WorkloadExited>();
-    REQUIRE(x);
-    CHECK(*x == proto::WorkloadExited::code(5));
+    const proto::WorkloadExited x = next_exit(sb);
+    CHECK(x == proto::WorkloadExited::code(5));
     CHECK(sb.shutdown_powered_off());
     CHECK(sb.out().find("GOT-USR1") != std::string::npos);
   }
@@ -431,9 +423,8 @@ TEST_CASE("signals to PID 1: SIGTERM from inside shuts down; SIGUSR1 is forwarde
 TEST_CASE("not terminal: the init stays up after the exit, kill is harmless, shutdown ends it") {
   Sandbox sb{SandboxOptions{}};
   REQUIRE_MESSAGE(sb.start(make_boot({"/bin/sh", "-c", "exit 4"}, false)), sb.last_error());
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(x->exit_code == 4);
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x.exit_code == 4);
   sb.send(proto::Kill{9});
   sb.send_raw("garbage\n");
   CHECK(sb.expect<proto::ProtocolError>());  // still serving the channel
@@ -535,9 +526,8 @@ TEST_CASE("S5 exec failures: not found (127), not executable (126), found throug
   auto b = make_boot({"only-here"});
   b.exec.env = {{"PATH", "/nonexistent:" + bin.string()}};
   REQUIRE_MESSAGE(sb.start(b), sb.last_error());
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(x->exit_code == 6);
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x.exit_code == 6);
   CHECK(sb.shutdown_powered_off());
   CHECK(sb.out().find("ran-through-path") != std::string::npos);
 
@@ -557,10 +547,9 @@ TEST_CASE("S6 no SIGTERM handler, grace 60 s: stop kills it with 15, never 9") {
   Sandbox sb({.init_args = {"--grace-ms=60000"}});
   REQUIRE_MESSAGE(sb.start(make_boot({"sleep", "1000"})), sb.last_error());
   sb.send(proto::Stop{});
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(x->signal == 15);
-  CHECK(!x->exit_code);
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x.signal == 15);
+  CHECK(!x.exit_code);
   CHECK(sb.shutdown_powered_off());
   CHECK(sb.err().find("signal 9 to group") == std::string::npos);
 }
@@ -575,9 +564,8 @@ TEST_CASE("S7 grandchild with a slow SIGTERM handler finishes before power-off")
   // The grandchild must have its handler before the shutdown is asked for.
   REQUIRE(sb.wait_stdout("TRAP-SET\n"));
   sb.send(proto::Shutdown{});
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(x->signal == 15);  // the workload's own status
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x.signal == 15);  // the workload's own status
   CHECK(sb.shutdown_powered_off());
   std::ifstream f(ok);
   std::string line;
@@ -605,9 +593,8 @@ TEST_CASE("S10 exactly one SIGTERM: stop then shutdown, TERM1 once, never TERM2"
   sb.send(proto::Stop{});
   REQUIRE(sb.wait_stdout("TERM1\n"));
   sb.send(proto::Shutdown{});
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE(x);
-  CHECK(x->signal == 9);  // it ignored the one SIGTERM; grace over, SIGKILL
+  const proto::WorkloadExited x = next_exit(sb);
+  CHECK(x.signal == 9);  // it ignored the one SIGTERM; grace over, SIGKILL
   CHECK(sb.shutdown_powered_off());
   CHECK(count(sb.out(), "TERM1") == 1);
   CHECK(sb.out().find("TERM2") == std::string::npos);
@@ -618,18 +605,16 @@ TEST_CASE("S11 the exit code survives the shutdown: acked by EOF, and by ack tim
   {
     Sandbox sb{SandboxOptions{}};
     REQUIRE_MESSAGE(sb.start(make_boot({"false"})), sb.last_error());
-    auto x = sb.expect<proto::WorkloadExited>();
-    REQUIRE(x);
-    CHECK(*x == proto::WorkloadExited::code(1));
+    const proto::WorkloadExited x = next_exit(sb);
+    CHECK(x == proto::WorkloadExited::code(1));
     sb.close_channel();
     CHECK(powered_off(sb.wait_exit()));
   }
   {
     Sandbox sb({.init_args = {"--ack-timeout-ms=300"}});
     REQUIRE_MESSAGE(sb.start(make_boot({"false"})), sb.last_error());
-    auto x = sb.expect<proto::WorkloadExited>();
-    REQUIRE(x);
-    CHECK(*x == proto::WorkloadExited::code(1));
+    const proto::WorkloadExited x = next_exit(sb);
+    CHECK(x == proto::WorkloadExited::code(1));
     // No ack: the init powers off after ack_timeout_ms; nothing replaces the outcome.
     CHECK(!sb.next());
     CHECK(sb.last_error() == "EOF");
