@@ -585,7 +585,9 @@ class Pid1 {
     StdioCore& c = *core;
     if (x.fds.out && c.out_room(proto::Stream::out) > 0) p[kExecOut] = {x.fds.out.get(), POLLIN, 0};
     if (x.fds.err && c.out_room(proto::Stream::err) > 0) p[kExecErr] = {x.fds.err.get(), POLLIN, 0};
-    if (!c.in_pending().empty()) {
+    // A close due wakes the loop too (an empty pipe is writable): a process started after the
+    // host's EOF has nothing else to wake it, and its stdin must still end.
+    if (!c.in_pending().empty() || c.in_close_due()) {
       if (x.fds.terminal && x.fds.out) p[kExecOut].fd = x.fds.out.get(), p[kExecOut].events |= POLLOUT;
       else if (x.fds.in) p[kExecIn] = {x.fds.in.get(), POLLOUT, 0};
     }

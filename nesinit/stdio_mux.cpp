@@ -29,6 +29,9 @@ StdioCore* StdioMux::open(std::uint16_t proc, const proto::Stdio& st) {
   StdioCore& c = (*free)->core;
   c.direct_unsupported();
   if (!workload_.channel_open()) c.channel_closed();
+  // No frame can come for it any more: its stdin ends at once (the loop closes the pipe, a
+  // terminal gets ^D), as every open stdin did when the channel ended, not never.
+  if (rx_ended_) c.on_rx_eof();
   return &c;
 }
 
@@ -39,6 +42,7 @@ StdioCore* StdioMux::core(std::uint16_t proc) {
 }
 
 void StdioMux::on_rx_eof() {
+  rx_ended_ = true;
   workload_.on_rx_eof();
   if (!workload_.rx_error().empty()) return;
   for (auto& s : slots_)
@@ -137,6 +141,7 @@ void StdioMux::on_rx(std::string_view bytes) {
 
 void StdioMux::channel_closed() {
   turn_.reset();
+  rx_ended_ = true;
   for (std::size_t i = 0; i <= slots_.size(); ++i) {
     StdioCore* c = ring(i);
     if (!c) continue;

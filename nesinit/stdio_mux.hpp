@@ -44,7 +44,8 @@ class StdioMux {
   static constexpr std::size_t kSlots = proto::kExecMax + 1;
   /// Process `proc` (1..65535) gets a core for `s` (`exec.stdio`), copying only (splice is the
   /// workload's alone: one frame pipe), and its frames become legal on the channel. With the
-  /// channel already gone the core discards output as the others do. nullptr: refused (kExecMax
+  /// channel already gone the core discards output as the others do; with the host's sending
+  /// side already ended (EOF, or the channel gone) its stdin is at eof from the start. nullptr: refused (kExecMax
   /// open already, or `proc` still held: its last turn is not over).
   StdioCore* open(std::uint16_t proc, const proto::Stdio& s);
   /// The core of open process `proc` (0: the workload's); nullptr once closed or never opened.
@@ -117,6 +118,7 @@ class StdioMux {
   // and a free one (null) is reused. Each is allocated on its own, so growing moves no core.
   std::vector<std::unique_ptr<Slot>> slots_;
   std::optional<std::size_t> turn_;  // ring index whose turn is under way
+  bool rx_ended_ = false;            // nothing more comes from the host (EOF, or the channel gone)
   std::size_t next_ = 0;             // ring index to look at first for the next turn
 };
 

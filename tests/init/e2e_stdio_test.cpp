@@ -338,3 +338,24 @@ TEST_CASE("exec: processes beside the workload, each with its own streams, stdin
   CHECK(sb.data_out() == "workload-done\n");
   finish(sb);
 }
+
+TEST_CASE("exec after the data channel was closed: its stdin reads EOF at once, not never") {
+  // The channel gone (here a framing error): no frame can come for a process started now.
+  Sandbox sb(with_data());
+  REQUIRE_MESSAGE(sb.start(stdio_boot({"/bin/sleep", "30"})), sb.last_error());
+  REQUIRE(sb.wait_until([&] { return sb.data_connected(); }));
+  sb.send_data(std::string("\x07\x00\x00\x00\x00\x00\x00\x01x", 9));
+  REQUIRE(sb.expect<proto::ProtocolError>());
+  proto::ExecProcess x;
+  x.proc = 1;
+  x.exec.argv = {"/bin/sh", "-c", "cat; exit 5"};
+  x.exec.env = {{"PATH", "/usr/bin:/bin"}};
+  x.stdio = proto::Stdio{};
+  x.stdio->attach_stdin = true;
+  REQUIRE(sb.send(x));
+  REQUIRE_MESSAGE(sb.expect<proto::ExecStarted>(), sb.last_error());
+  auto exited = sb.expect<proto::ExecExited>(5000);
+  REQUIRE_MESSAGE(exited, sb.last_error());
+  CHECK(*exited == proto::ExecExited{1, 5, std::nullopt});
+  finish(sb);
+}

@@ -347,3 +347,29 @@ TEST_CASE("host EOF: every open process's stdin ends after what it holds; a part
   CHECK(!p.rx_error().empty());
   CHECK(!p.core(1)->in_close_due());
 }
+
+TEST_CASE("a process opened after the host's sending side ended: its stdin is at eof from the start") {
+  // After the host's EOF no frame can come for anyone: a stdin left open would never end.
+  StdioMux m(pipes(true));
+  m.on_rx_eof();
+  REQUIRE(m.rx_error().empty());
+  StdioCore* one = m.open(1, pipes(true));
+  REQUIRE(one);
+  CHECK(one->in_close_due());
+  proto::Stdio tty = pipes(true);
+  tty.terminal = proto::Terminal{24, 80};
+  StdioCore* two = m.open(2, tty);
+  REQUIRE(two);
+  CHECK(two->in_pending() == "\x04");  // a PTY has no half-close: its ^D
+
+  // The channel gone (a framing error, a failed write): the same.
+  StdioMux c(pipes(true));
+  c.channel_closed();
+  StdioCore* three = c.open(3, pipes(true));
+  REQUIRE(three);
+  CHECK(three->in_close_due());
+  // Without stdin attached there is nothing to end.
+  StdioCore* four = c.open(4, pipes());
+  REQUIRE(four);
+  CHECK(!four->in_close_due());
+}
