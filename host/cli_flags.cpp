@@ -62,15 +62,27 @@ host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& ar
       spec = find_long(specs, name);
       if (!spec) return host::Error{fmt::format("unknown flag --{}", name)};
     } else if (spec = find_short(specs, a); !spec) {
-      // A cluster of switches' short forms: -it is -i -t.
-      std::vector<const FlagSpec*> cluster;
-      for (char c : a.substr(1)) {
-        const char form[2] = {'-', c};
+      // Short forms run together, as getopt and docker's pflag read them: switches (-it is
+      // -i -t), then at most one flag with a value, which is the rest of the argument (-eK=V,
+      // -e=K=V, -n5) or else the next one (-ie K=V).
+      std::string_view rest = a.substr(1);
+      while (!rest.empty()) {
+        const char form[2] = {'-', rest[0]};
         const FlagSpec* s = find_short(specs, std::string_view(form, 2));
-        if (!s || s->takes_value) return host::Error{fmt::format("unknown flag {}", a)};
-        cluster.push_back(s);
+        if (!s) return host::Error{fmt::format("unknown flag {}", a)};
+        rest.remove_prefix(1);
+        if (!s->takes_value) {
+          record(p, s->name, "");
+          continue;
+        }
+        if (rest.size() > 1 && rest[0] == '=') rest.remove_prefix(1);
+        if (rest.empty()) {
+          if (i + 1 >= args.size()) return host::Error{fmt::format("--{} needs a value", s->name)};
+          rest = args[++i];
+        }
+        record(p, s->name, std::string(rest));
+        break;
       }
-      for (const FlagSpec* s : cluster) record(p, s->name, "");
       continue;
     }
     if (!spec->takes_value) {

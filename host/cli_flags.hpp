@@ -22,8 +22,8 @@ namespace nes::cli {
 using Args = std::vector<std::string_view>;
 
 /// A flag a subcommand accepts. `takes_value`: `--name VALUE`, `--name=VALUE` or, with a short
-/// form, `-n VALUE`. A switch (no value) may be clustered with other switches' short forms
-/// (`-it` is `-i -t`, as getopt and docker read it).
+/// form, `-n VALUE`, `-nVALUE` or `-n=VALUE`. Short forms may run together, as getopt and docker
+/// read them: switches (`-it` is `-i -t`), then at most one flag with a value (`-ie K=V`).
 struct FlagSpec {
   std::string_view name;        // the long form, without the leading "--"
   bool takes_value = true;

@@ -36,6 +36,19 @@ TEST_CASE("options first: `--` and a lone '-' end the options") {
   CHECK(q->given.empty());
 }
 
+TEST_CASE("short forms with their value attached or after switches, as docker's pflag reads them") {
+  auto p = parse_flags(kRun, {"-eA=1", "-e=B=2", "-ite", "C=3", "-de-", "sh", "-eX=1"}, FlagOrder::options_first);
+  REQUIRE(p);
+  CHECK(p->given == Given{{"env", "A=1"}, {"env", "B=2"}, {"interactive", ""}, {"tty", ""}, {"env", "C=3"},
+                          {"detach", ""}, {"env", "-"}});
+  CHECK(p->positional == std::vector<std::string>{"sh", "-eX=1"});
+  constexpr FlagSpec kLogs[] = {{"follow", false, "-f"}, {"tail", true, "-n"}};
+  auto l = parse_flags(kLogs, {"vm", "-n5", "-fn", "7"});
+  REQUIRE(l);
+  CHECK(l->given == Given{{"tail", "5"}, {"follow", ""}, {"tail", "7"}});
+  CHECK(l->positional == std::vector<std::string>{"vm"});
+}
+
 TEST_CASE("anywhere: flags among the positionals") {
   constexpr FlagSpec kLogs[] = {{"follow", false, "-f"}, {"tail", true, "-n"}, {"state"}};
   auto p = parse_flags(kLogs, {"vm1", "-f", "-n", "5", "--state=/x", "vm2", "--", "-f"});
@@ -60,7 +73,8 @@ TEST_CASE("errors name the flag") {
   CHECK(msg(kRun, {"--bogus=1"}) == "unknown flag --bogus");
   CHECK(msg(kRun, {"-x"}) == "unknown flag -x");
   CHECK(msg(kRun, {"-ix"}) == "unknown flag -ix");
-  CHECK(msg(kRun, {"-ie"}) == "unknown flag -ie");  // a valued short form is never clustered
+  CHECK(msg(kRun, {"-ie"}) == "--env needs a value");
+  CHECK(msg(kRun, {"-iy"}) == "unknown flag -iy");
   CHECK(msg(kRun, {"--state"}) == "--state needs a value");
   CHECK(msg(kRun, {"-e"}, FlagOrder::options_first) == "--env needs a value");
   CHECK(msg(kRun, {"--tty=1"}) == "--tty takes no value");
