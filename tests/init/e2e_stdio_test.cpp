@@ -72,6 +72,17 @@ std::string stdin_frames(std::string data, bool eof) {
   return out;
 }
 
+/// Process `proc` for `exec`: `argv` with PATH set, pipes with its stdin attached.
+proto::ExecProcess exec_with_stdin(std::uint16_t proc, std::vector<std::string> argv) {
+  proto::ExecProcess x;
+  x.proc = proc;
+  x.exec.argv = std::move(argv);
+  x.exec.env = {{"PATH", "/usr/bin:/bin"}};
+  x.stdio = proto::Stdio{};
+  x.stdio->attach_stdin = true;
+  return x;
+}
+
 }  // namespace
 
 TEST_CASE("stdout and stderr apart, all 256 byte values, a last line without newline; eofs before the exit") {
@@ -286,12 +297,7 @@ TEST_CASE("exec: processes beside the workload, each with its own streams, stdin
   REQUIRE(sb.wait_until([&] { return sb.data_connected(); }));
 
   // 1: its own stdout, stderr and stdin; exit 7.
-  proto::ExecProcess x;
-  x.proc = 1;
-  x.exec.argv = {"/bin/sh", "-c", "echo out; echo err >&2; read l; echo got:$l; exit 7"};
-  x.exec.env = {{"PATH", "/usr/bin:/bin"}};
-  x.stdio = proto::Stdio{};
-  x.stdio->attach_stdin = true;
+  proto::ExecProcess x = exec_with_stdin(1, {"/bin/sh", "-c", "echo out; echo err >&2; read l; echo got:$l; exit 7"});
   REQUIRE(sb.send(x));
   auto started = sb.expect<proto::ExecStarted>();
   REQUIRE_MESSAGE(started, sb.last_error());
@@ -346,13 +352,7 @@ TEST_CASE("exec after the data channel was closed: its stdin reads EOF at once, 
   REQUIRE(sb.wait_until([&] { return sb.data_connected(); }));
   sb.send_data(std::string("\x07\x00\x00\x00\x00\x00\x00\x01x", 9));
   REQUIRE(sb.expect<proto::ProtocolError>());
-  proto::ExecProcess x;
-  x.proc = 1;
-  x.exec.argv = {"/bin/sh", "-c", "cat; exit 5"};
-  x.exec.env = {{"PATH", "/usr/bin:/bin"}};
-  x.stdio = proto::Stdio{};
-  x.stdio->attach_stdin = true;
-  REQUIRE(sb.send(x));
+  REQUIRE(sb.send(exec_with_stdin(1, {"/bin/sh", "-c", "cat; exit 5"})));
   REQUIRE_MESSAGE(sb.expect<proto::ExecStarted>(), sb.last_error());
   auto exited = sb.expect<proto::ExecExited>(5000);
   REQUIRE_MESSAGE(exited, sb.last_error());
