@@ -195,7 +195,7 @@ found, 126 cannot run; 125 when the VM cannot be reached.
 
   -i, --interactive   forward our stdin (else the process reads /dev/null)
   -t, --tty           a pseudo-terminal sized like ours (raw mode here with -i; SIGWINCH resizes)
-  -e, --env K=V       environment (repeatable)
+  -e, --env K=V|K     environment (repeatable; K alone: its value here, if set)
   -w, --workdir DIR   working directory (absolute)
   -u, --user UID[:GID]
       --state DIR     the state directory (default: as neshost run)
@@ -222,7 +222,7 @@ int exec_main(const Args& args) {
     if (name == "env") {
       auto kv = parse_env(v);
       if (!kv) return usage_error("exec", kv.error().message);
-      ex.env[kv->first] = kv->second;
+      if (*kv) ex.env[(*kv)->first] = (*kv)->second;
     } else if (name == "workdir") {
       auto w = parse_workdir(v);
       if (!w) return usage_error("exec", w.error().message);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -130,10 +131,14 @@ host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_vie
   return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};
 }
 
-host::Result<std::pair<std::string, std::string>> parse_env(std::string_view v) {
+host::Result<std::optional<std::pair<std::string, std::string>>> parse_env(std::string_view v) {
+  using Var = std::optional<std::pair<std::string, std::string>>;
   auto eq = v.find('=');
-  if (eq == 0 || eq == std::string_view::npos) return host::Error{fmt::format("--env: expected K=V, got '{}'", v)};
-  return std::pair{std::string(v.substr(0, eq)), std::string(v.substr(eq + 1))};
+  if (eq == 0 || v.empty()) return host::Error{fmt::format("--env: expected K=V or K, got '{}'", v)};
+  if (eq != std::string_view::npos) return Var{{std::string(v.substr(0, eq)), std::string(v.substr(eq + 1))}};
+  const std::string key(v);
+  if (const char* val = std::getenv(key.c_str())) return Var{{key, val}};
+  return Var{};
 }
 
 host::Result<std::string> parse_workdir(std::string_view v) {

@@ -62,8 +62,10 @@ host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v
                                        std::uint64_t hi);
 /// `--user UID[:GID]` (numbers; GID defaults to UID), each 0..2^32-2. Errors name --user.
 host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v);
-/// `--env K=V` -> {K, V}; K is not empty. Errors name --env.
-host::Result<std::pair<std::string, std::string>> parse_env(std::string_view v);
+/// `--env K=V` -> {K, V}; K is not empty. `--env K` alone takes K's value from our own
+/// environment and is nothing (nullopt) when K is unset there, as docker reads it. Errors
+/// name --env.
+host::Result<std::optional<std::pair<std::string, std::string>>> parse_env(std::string_view v);
 /// `--workdir DIR`: DIR must be absolute. Errors name --workdir.
 host::Result<std::string> parse_workdir(std::string_view v);
 

@@ -100,7 +100,8 @@ STATE/VM/console.log.
   --mem MiB            guest RAM (default 256)
   --cpus N             vCPUs (default 1)
   --accel tcg|kvm|auto auto (default): KVM only if a short probe boot under KVM works, else TCG
-  -e, --env K=V        workload environment (repeatable; PATH defaults to the usual one)
+  -e, --env K=V|K      workload environment (repeatable; K alone: its value here, if set;
+                       PATH defaults to the usual one)
   -w, --workdir DIR    workload working directory (default /)
   --user UID:GID       workload uid and gid (default 0:0)
   --group-add GID      a supplementary group of the workload (repeatable; default none)
@@ -241,7 +242,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
     } else if (name == "env") {
       auto kv = parse_env(v);
       if (!kv) return kv.error();
-      o.env[kv->first] = kv->second;
+      if (*kv) o.env[(*kv)->first] = (*kv)->second;
     } else if (name == "group-add") {
       auto g = parse_uint("group-add", v, 0, proto::kInvalidId - 1);
       if (!g) return g.error();

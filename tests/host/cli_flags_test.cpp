@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
 #include "host/cli_flags.hpp"
 
 using namespace nes::cli;
@@ -82,10 +84,15 @@ TEST_CASE("errors name the flag") {
 }
 
 TEST_CASE("value parsers") {
-  CHECK(parse_env("K=V=W")->second == "V=W");
-  CHECK(parse_env("K=")->second == "");
-  CHECK(parse_env("=V").error().message == "--env: expected K=V, got '=V'");
-  CHECK(parse_env("K").error().message == "--env: expected K=V, got 'K'");
+  CHECK((*parse_env("K=V=W"))->second == "V=W");
+  CHECK((*parse_env("K="))->second == "");
+  CHECK(parse_env("=V").error().message == "--env: expected K=V or K, got '=V'");
+  CHECK(parse_env("").error().message == "--env: expected K=V or K, got ''");
+  // K alone: our own value, as docker passes it; nothing when unset here.
+  REQUIRE(::setenv("NES_CLI_FLAGS_TEST_VAR", "from-here", 1) == 0);
+  CHECK(*parse_env("NES_CLI_FLAGS_TEST_VAR") == std::pair<std::string, std::string>{"NES_CLI_FLAGS_TEST_VAR", "from-here"});
+  REQUIRE(::unsetenv("NES_CLI_FLAGS_TEST_VAR") == 0);
+  CHECK(!*parse_env("NES_CLI_FLAGS_TEST_VAR"));
   CHECK(*parse_workdir("/srv") == "/srv");
   CHECK(parse_workdir("srv").error().message == "--workdir: 'srv' is not an absolute path");
   CHECK(*parse_user("7") == std::pair<std::uint32_t, std::uint32_t>{7, 7});

@@ -105,7 +105,7 @@ def test_help_and_usage():
         (["wait", "--state", "/tmp", "--timeout", "abc", "vm"], "--timeout"),
         (["inspect", "--bogus", "vm"], "--bogus"),
         (["exec", "-ix", "vm", "sh"], "unknown flag -ix"),
-        (["exec", "-e", "novalue", "vm", "sh"], "--env: expected K=V"),
+        (["exec", "-e", "=novalue", "vm", "sh"], "--env: expected K=V"),
         (["exec", "-w", "rel", "vm", "sh"], "--workdir"),
         (["exec", "vm"], "ARGV is required"),
         (["exec", "vm", "--"], "ARGV is required"),
