@@ -40,7 +40,8 @@ host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& ar
       for (++i; i < args.size(); ++i) p.positional.emplace_back(args[i]);
       break;
     }
-    if (a == "-h" || a == "--help") {
+    // -h is help unless the spec gives it to a flag (docker run's -h is --hostname).
+    if (a == "--help" || (a == "-h" && !find_short(specs, "-h"))) {
       p.help = true;
       continue;
     }

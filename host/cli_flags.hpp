@@ -50,7 +50,8 @@ struct Parsed {
   }
 };
 
-/// Parse `args` against `specs`. `--` ends the flags; `-h`/`--help` set `help`. Errors name the
+/// Parse `args` against `specs`. `--` ends the flags; `--help` sets `help`, and so does `-h`
+/// unless a spec has it as its short form (docker run's `-h` is `--hostname`). Errors name the
 /// flag: "unknown flag --x", "unknown flag -x", "--state needs a value", "--tty takes no value".
 host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& args,
                                  FlagOrder order = FlagOrder::anywhere);

@@ -106,7 +106,7 @@ STATE/VM/console.log.
   --user UID:GID       workload uid and gid (default 0:0)
   --group-add GID      a supplementary group of the workload (repeatable; default none)
   --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
-  --hostname NAME      guest hostname
+  -h, --hostname NAME  guest hostname (as docker run; --help for this text)
   --on-exit POLICY     stop (default): power off, wait for QEMU; remove: also delete the VM's
                        scratch files (console log); keep: leave the VM up after the workload
                        exits until `neshost stop --state DIR VM` (or SIGTERM)
@@ -189,7 +189,7 @@ host::Result<RunOptions> parse_run(const Args& args) {
       {"detach", false, "-d"}, {"interactive", false, "-i"}, {"tty", false, "-t"}, {"sandbox", false},
       {"console", false}, {"read-only", false}, {"env", true, "-e"}, {"workdir", true, "-w"},
       {"volume", true, "-v"}, {"kernel"}, {"initrd"}, {"rootfs"}, {"mem"}, {"cpus"}, {"accel"},
-      {"user"}, {"hostname"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
+      {"user"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
       {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"}};
   auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
   if (!parsed) return parsed.error();

@@ -65,6 +65,18 @@ TEST_CASE("anywhere: flags among the positionals") {
   CHECK(hl->help);
 }
 
+TEST_CASE("-h is help unless a spec claims it (docker run's -h is --hostname)") {
+  constexpr FlagSpec kHost[] = {{"hostname", true, "-h"}};
+  auto p = parse_flags(kHost, {"-h", "box", "sh"}, FlagOrder::options_first);
+  REQUIRE(p);
+  CHECK(!p->help);
+  CHECK(*p->get("hostname") == "box");
+  CHECK(p->positional == std::vector<std::string>{"sh"});
+  auto q = parse_flags(kHost, {"--help"}, FlagOrder::options_first);
+  REQUIRE(q);
+  CHECK(q->help);
+}
+
 TEST_CASE("errors name the flag") {
   auto msg = [](std::span<const FlagSpec> specs, Args a, FlagOrder o = FlagOrder::anywhere) {
     auto p = parse_flags(specs, a, o);

@@ -459,7 +459,7 @@ def case_usage(c):
                          (["--accel", "hvf", "--", "true"], "--accel"),
                          (["--initrd", "/x", "--rootfs", "/y", "--", "true"], "--rootfs"),
                          (["--user", "root", "--", "true"], "--user"),
-                         (["-e", "NOEQUALS", "--", "true"], "--env"),
+                         (["-e", "=NOVALUE", "--", "true"], "--env"),
                          (["--on-exit", "later", "--", "true"], "--on-exit"),
                          ([], "ARGV")]:
         rc, out, err = c.neshost("run", *args)
