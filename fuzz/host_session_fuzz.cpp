@@ -46,17 +46,14 @@ struct Model {
   std::map<std::string, int> kinds;
 };
 
-void check(Session& s, Model& m) {
+void check(Session& s, const proto::LineReader& reader, Model& m) {
   auto acts = s.take();
   bool shutdown_sent = false;
   for (auto& a : acts) {
     if (auto* x = std::get_if<act::Send>(&a)) {
       require(!m.finished, "nothing is sent after Finished");
-      require(!x->line.empty() && x->line.back() == '\n', "a sent line ends with a newline");
-      auto d = proto::decode_host(std::string_view(x->line).substr(0, x->line.size() - 1));
-      auto* hm = std::get_if<proto::HostMessage>(&d);
-      require(hm != nullptr, "every line sent decodes");
-      if (std::holds_alternative<proto::Shutdown>(*hm)) shutdown_sent = true;
+      require(!proto::validate(x->msg), "every message sent decodes as itself");
+      if (std::holds_alternative<proto::Shutdown>(x->msg)) shutdown_sent = true;
     } else if (auto* x = std::get_if<act::ArmTimer>(&a)) {
       m.armed[x->kind] = true;
     } else if (auto* x = std::get_if<act::CancelTimer>(&a)) {
@@ -80,7 +77,7 @@ void check(Session& s, Model& m) {
     require(!m.failed, "no shutdown (ack) for a record that failed");
     require(!s.outcome() || s.durable(), "no shutdown (ack) before the outcome is durable");
   }
-  require(s.buffered_bytes() <= s.config().line_cap + 1, "guest bytes held <= line_cap + 1");
+  require(reader.buffered() <= s.config().line_cap + 1, "guest bytes held <= line_cap + 1");
 }
 }  // namespace
 
@@ -97,15 +94,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (c.pick(2)) cfg.wall_timeout = std::chrono::milliseconds(2000);
   cfg.wall_from_started = c.pick(2);
   Session s(cfg);
+  proto::LineReader reader(cfg.line_cap);  // the loop's: a fresh one per accepted stream
   Model m;
   WallTime t{std::chrono::seconds(1'700'000'000)};
   for (int steps = 0; !c.empty() && steps < 400; ++steps) {
     t += std::chrono::milliseconds(c.pick(200));
     switch (c.pick(13)) {
-      case 0: case 1: case 2: s.received(kLines[c.pick(std::size(kLines))], t); break;
-      case 3: s.received(c.bytes(300), t); break;
-      case 4: s.stream_opened(t); break;
-      case 5: s.stream_closed(t); break;
+      case 0: case 1: case 2: {
+        // The loop reads a stream only while the session keeps it open.
+        auto line = kLines[c.pick(std::size(kLines))];
+        if (s.stream_open()) feed_lines(s, reader, line, t);
+        break;
+      }
+      case 3: {
+        auto bytes = c.bytes(300);
+        if (s.stream_open()) feed_lines(s, reader, bytes, t);
+        break;
+      }
+      case 4:
+        if (s.stream_opened(t)) reader = proto::LineReader(cfg.line_cap);
+        break;
+      case 5: s.stream_closed(reader.pending(), t); break;
       case 6: {
         TimerKind k = static_cast<TimerKind>(c.pick(4));
         if (m.armed[k]) {
@@ -137,7 +146,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         else (void)s.kill(static_cast<int>(c.pick(70)));
         break;
     }
-    check(s, m);
+    check(s, reader, m);
   }
   return 0;
 }

@@ -18,6 +18,8 @@
 #include <map>
 #include <mutex>
 
+#include "protocol/codec.hpp"
+
 namespace nes::host {
 
 namespace asio = boost::asio;
@@ -28,15 +30,17 @@ using generic_acceptor = asio::basic_socket_acceptor<generic_stream>;
 
 namespace detail {
 
-/// One guest byte stream (Unix, vsock, or handed-in fd).
+/// One guest byte stream (Unix, vsock, or handed-in fd), framed by its own reader.
 struct Stream {
-  Stream(asio::io_context& io, int fd, int family) : sock(io), flush_timer(io) {
+  Stream(asio::io_context& io, int fd, int family, std::size_t line_cap)
+      : sock(io), flush_timer(io), reader(line_cap) {
     error_code ec;
     sock.assign(generic_stream(family, 0), fd, ec);
     if (ec) ::close(fd);
   }
   generic_stream::socket sock;
   asio::steady_timer flush_timer;  // bounds the final flush before close
+  proto::LineReader reader;        // the guest's lines: at most line_cap + 1 bytes of one held
   std::deque<std::string> outq;
   std::size_t out_bytes = 0;
   bool writing = false;
@@ -200,7 +204,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
         [&](auto& x) {
           using T = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<T, act::Send>) {
-            send(vm, std::move(x.line));
+            send(vm, proto::encode_line(x.msg));
           } else if constexpr (std::is_same_v<T, act::CloseStream>) {
             close_stream(vm);
           } else if constexpr (std::is_same_v<T, act::ArmTimer>) {
@@ -600,7 +604,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       drain(vm);
       return;
     }
-    auto st = std::make_shared<Stream>(io, fd, family);
+    auto st = std::make_shared<Stream>(io, fd, family, vm->core.config().line_cap);
     vm->stream = st;
     drain(vm);
     if (!st->sock.is_open()) {
@@ -616,7 +620,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     hard_close(st);
     if (vm->stream == st) vm->stream.reset();
     if (!current(vm)) return;
-    vm->core.stream_closed(wall_now());
+    vm->core.stream_closed(st->reader.pending(), wall_now());
     drain(vm);
   }
 
@@ -636,7 +640,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
         co_return;
       }
       if (n > 0) {
-        vm->core.received(std::string_view(buf.data(), n), wall_now());
+        feed_lines(vm->core, st->reader, std::string_view(buf.data(), n), wall_now());
         self->drain(vm);
         if (st->closed) co_return;
       }
@@ -1081,6 +1085,11 @@ std::size_t Host::live_sessions() const {
 const Session* Host::session(const std::string& vm) const {
   auto v = impl_->find(vm);
   return v ? &v->core : nullptr;
+}
+
+std::size_t Host::buffered_bytes(const std::string& vm) const {
+  auto v = impl_->find(vm);
+  return v && v->stream ? v->stream->reader.buffered() : 0;
 }
 
 }  // namespace nes::host

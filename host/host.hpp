@@ -185,6 +185,9 @@ class Host {
   std::size_t live_sessions() const;
   /// The VM's session state machine (inspection only), or nullptr.
   const Session* session(const std::string& vm) const;
+  /// Bytes of the guest's unfinished line held for this VM now (its stream's reader: at most
+  /// line_cap + 1 whatever the guest sends); 0 with no stream or no such VM.
+  std::size_t buffered_bytes(const std::string& vm) const;
 
   struct Impl;
 

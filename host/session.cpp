@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "host/escape.hpp"
 #include "protocol/codec.hpp"
 #include "protocol/status.hpp"
@@ -17,13 +19,6 @@ constexpr std::uint64_t kLogRepeat = 10;
 std::string bounded(std::string_view s) {
   if (s.size() <= kReasonCap) return std::string(s);
   return fmt::format("{}... ({} bytes)", s.substr(0, kReasonCap), s.size());
-}
-
-std::string_view guest_type(const proto::GuestMessage& m) {
-  static constexpr std::string_view names[] = {"ready",        "mounted",         "mount_failed",
-                                               "started",      "start_failed",    "workload_exited",
-                                               "protocol_error"};
-  return names[m.index()];
 }
 }  // namespace
 
@@ -43,7 +38,7 @@ std::optional<OnExitPolicy> on_exit_from_string(std::string_view s) {
   return std::nullopt;
 }
 
-Session::Session(SessionConfig cfg) : cfg_(std::move(cfg)), reader_(cfg_.line_cap) {}
+Session::Session(SessionConfig cfg) : cfg_(std::move(cfg)) {}
 
 std::vector<Action> Session::take() {
   std::vector<Action> v;
@@ -81,7 +76,7 @@ void Session::log_limited(std::uint64_t& counter, std::string kind, std::string 
 }
 
 void Session::send(const proto::HostMessage& m) {
-  out_.push_back(act::Send{proto::encode(m) + "\n"});
+  out_.push_back(act::Send{m});
 }
 
 void Session::send_boot() {
@@ -140,45 +135,29 @@ bool Session::stream_opened(WallTime) {
   stream_open_ = true;
   ready_ = false;
   booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
-  reader_ = proto::LineReader(cfg_.line_cap);
-  pending_line_bytes_ = 0;
   lines_ = 0;
+  overflowed_ = false;
   log_guest("connected", "");
   return true;
 }
 
-void Session::received(std::string_view bytes, WallTime now) {
-  if (!stream_open_) return;
-  std::size_t before = pending_line_bytes_;
-  if (auto nl = bytes.rfind('\n'); nl != std::string_view::npos) {
-    before = 0;
-    pending_line_bytes_ = bytes.size() - nl - 1;
-  } else {
-    pending_line_bytes_ += bytes.size();
-  }
-  reader_.feed(bytes);
-  while (auto line = reader_.next()) {
-    if (!stream_open_) return;  // a violation closed the stream: act on nothing after it
-    ++lines_;
-    if (line->kind == proto::Line::Kind::too_long) {
-      protocol_violation(fmt::format("line {}: {} bytes, longer than the {}-byte cap", lines_,
-                                     line->length, cfg_.line_cap),
-                         now);
-      continue;
-    }
-    handle_line(line->text, now);
-  }
-  if (!stream_open_) return;
-  // An endless line (no '\n' ever) must not wait for a newline to be judged: the reader already
-  // drops its bytes; end the session as soon as the cap is passed (+1 for a tolerated '\r').
-  if (pending_line_bytes_ > cfg_.line_cap + 1 && before <= cfg_.line_cap + 1)
-    protocol_violation(fmt::format("line {}: more than {} bytes without a newline", lines_ + 1,
-                                   cfg_.line_cap),
-                       now);
+void feed_lines(Session& s, proto::LineReader& reader, std::string_view bytes, WallTime now) {
+  reader.feed(bytes);
+  while (auto l = reader.next()) s.line(*l, now);
+  if (reader.dropping()) s.line_overflow(now);
 }
 
-void Session::handle_line(std::string_view line, WallTime now) {
-  auto decoded = proto::decode_guest(line);
+void Session::line(const proto::Line& l, WallTime now) {
+  if (!stream_open_) return;  // a violation closed the stream: act on nothing after it
+  ++lines_;
+  overflowed_ = false;
+  if (l.kind == proto::Line::Kind::too_long) {
+    protocol_violation(fmt::format("line {}: {} bytes, longer than the {}-byte cap", lines_,
+                                   l.length, cfg_.line_cap),
+                       now);
+    return;
+  }
+  auto decoded = proto::decode_guest(l.text);
   if (auto* err = std::get_if<proto::DecodeError>(&decoded)) {
     protocol_violation(fmt::format("line {}: {}", lines_, bounded(err->reason)), now);
   } else if (auto* unk = std::get_if<proto::UnknownMessage>(&decoded)) {
@@ -186,6 +165,16 @@ void Session::handle_line(std::string_view line, WallTime now) {
   } else {
     handle_message(std::get<proto::GuestMessage>(decoded), now);
   }
+}
+
+void Session::line_overflow(WallTime now) {
+  // An endless line (no '\n' ever) must not wait for a newline to be judged: the reader already
+  // drops its bytes; the session ends as soon as the cap is passed, once per line.
+  if (!stream_open_ || overflowed_) return;
+  overflowed_ = true;
+  protocol_violation(fmt::format("line {}: more than {} bytes without a newline", lines_ + 1,
+                                 cfg_.line_cap),
+                     now);
 }
 
 void Session::protocol_violation(std::string reason, WallTime now) {
@@ -252,7 +241,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
     return;
   }
   if (!ready_) {
-    protocol_violation(fmt::format("line {}: expected `ready` first, got `{}`", lines_, guest_type(m)),
+    protocol_violation(fmt::format("line {}: expected `ready` first, got `{}`", lines_, proto::type_name(m)),
                        now);
     return;
   }
@@ -263,7 +252,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
     // The host's outcome (e.g. its wall limit) stands; the guest now waits for its ack, which the
     // durable record of that outcome allows.
     guest_reported_ = true;
-    log_limited(ignored_, "ignored_after_outcome", std::string(guest_type(m)));
+    log_limited(ignored_, "ignored_after_outcome", std::string(proto::type_name(m)));
     maybe_send_shutdown();
     return;
   }
@@ -575,10 +564,10 @@ void Session::vm_exited(WallTime now) {
   maybe_finish();
 }
 
-void Session::stream_closed(WallTime now) {
+void Session::stream_closed(std::size_t unfinished, WallTime now) {
   if (!stream_open_) return;
   stream_open_ = false;
-  bool partial = reader_.partial();
+  bool partial = unfinished > 0;
   bool had_session = ready_;
   ready_ = false;
   log_guest("disconnected", partial ? "in the middle of a line" : "");
@@ -601,7 +590,7 @@ void Session::stream_closed(WallTime now) {
   }
   if (!outcome_) {
     std::string why = partial ? fmt::format("channel closed in the middle of line {} ({} bytes)",
-                                            lines_ + 1, pending_line_bytes_)
+                                            lines_ + 1, unfinished)
                               : std::string("channel closed before an outcome");
     lost(std::move(why), now);
   }

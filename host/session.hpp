@@ -1,10 +1,10 @@
-// The host's per-VM session state machine, sans I/O: events in (guest bytes, EOF, deadlines,
-// vm_started/vm_exited, record durable, API calls), actions out (send a line, write the record,
-// close, arm a timer, call a hook, log an event). host/host.cpp is the thin Asio loop around it.
-// Why it behaves as it does: docs/host.md.
+// The host's per-VM session state machine, sans I/O: events in (a framed guest line, EOF,
+// deadlines, vm_started/vm_exited, record durable, API calls), actions out (send a message, write
+// the record, close, arm a timer, call a hook, log an event). host/host.cpp is the thin Asio loop
+// around it: it frames the guest's bytes (proto::LineReader) and encodes what it sends, as
+// nesinit's loop does around the init's session. Why it behaves as it does: docs/host.md.
 #pragma once
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -63,7 +63,7 @@ enum class TimerKind { ready, wall, stop, grace, reconnect };
 inline constexpr std::chrono::milliseconds kReconnectSlack{2000};
 
 namespace act {
-struct Send { std::string line; };                      // one encoded line, '\n' included
+struct Send { proto::HostMessage msg; };                // the loop encodes it (protocol/codec.hpp)
 struct CloseStream {};                                  // stop reading/writing the guest stream
 struct ArmTimer { TimerKind kind; std::chrono::milliseconds after; };
 struct CancelTimer { TimerKind kind; };
@@ -88,8 +88,9 @@ using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::Can
                             act::Finished, act::Processes, act::ExecReport>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
-/// in order. Memory is bounded whatever the guest sends: at most line_cap bytes of one unfinished
-/// line, plus a handful of short strings.
+/// in order. It holds no guest bytes: the owner frames them (feed_lines() below, with a
+/// proto::LineReader of config().line_cap per stream, so at most line_cap + 1 bytes of one
+/// unfinished line); memory here is a handful of short strings whatever the guest sends.
 class Session {
  public:
   explicit Session(SessionConfig cfg);
@@ -99,10 +100,15 @@ class Session {
   void vm_started(WallTime now);
   /// A guest stream was connected. false: refuse it (a live stream exists, or the session is over).
   bool stream_opened(WallTime now);
-  /// Bytes from the guest stream (any split).
-  void received(std::string_view bytes, WallTime now);
-  /// EOF or a read error on the guest stream.
-  void stream_closed(WallTime now);
+  /// One framed line of the guest stream (the owner's proto::LineReader, cap config().line_cap):
+  /// its text is decoded here; a too_long one is a protocol error naming its length.
+  void line(const proto::Line& l, WallTime now);
+  /// The guest's unfinished line passed line_cap (LineReader::dropping()): an endless line is
+  /// judged now, not at a '\n' that may never come. Repeats before its '\n' are ignored.
+  void line_overflow(WallTime now);
+  /// EOF or a read error on the guest stream. `unfinished`: bytes of a line it cut short
+  /// (LineReader::pending()), 0 if it ended between lines.
+  void stream_closed(std::size_t unfinished, WallTime now);
   /// A timer armed by ArmTimer expired.
   void timer_fired(TimerKind k, WallTime now);
   /// The VMM process exited (only the embedder knows).
@@ -147,11 +153,8 @@ class Session {
   /// The stream was lost inside the reconnect window: the guest may still resume.
   bool awaiting_redial() const { return awaiting_redial_; }
   const SessionConfig& config() const { return cfg_; }
-  /// Bytes of guest data currently held (the unfinished line). For memory-bound tests.
-  std::size_t buffered_bytes() const { return std::min(pending_line_bytes_, cfg_.line_cap + 1); }
 
  private:
-  void handle_line(std::string_view line, WallTime now);
   void handle_message(const proto::GuestMessage& m, WallTime now);
   void handle_resume(const proto::Resume& r);
   void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,
@@ -171,12 +174,11 @@ class Session {
   void log_guest(std::string kind, std::string detail);  // a guest-triggered event: rate-limited
 
   SessionConfig cfg_;
-  proto::LineReader reader_;
   std::vector<Action> out_;
   std::optional<WallTime> started_at_;
   std::optional<Record> outcome_;
-  std::size_t pending_line_bytes_ = 0;  // bytes since the last '\n' (for the endless-line check)
   std::uint64_t lines_ = 0;             // lines seen on the current stream
+  bool overflowed_ = false;             // the unfinished line was judged over the cap
   std::uint64_t unknown_ = 0;           // unknown-type lines skipped
   std::uint64_t ignored_ = 0;           // lines ignored after the outcome
   std::vector<std::pair<std::string, std::uint64_t>> guest_logs_;  // per guest-triggered kind
@@ -205,5 +207,11 @@ class Session {
   bool vm_exited_ = false;
   bool finished_ = false;
 };
+
+/// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed
+/// `bytes` (any split) to the stream's `reader`, hand `s` each framed line, then report an
+/// unfinished line past the cap. The reader is the stream's: a new one (cap
+/// config().line_cap) for every stream the session accepts.
+void feed_lines(Session& s, proto::LineReader& reader, std::string_view bytes, WallTime now);
 
 }  // namespace nes::host

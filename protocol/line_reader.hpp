@@ -39,6 +39,13 @@ class LineReader {
   std::size_t buffered() const { return cur_.size(); }
   /// The cap this reader enforces, in bytes.
   std::size_t cap() const { return cap_; }
+  /// Bytes of the unfinished line seen so far, dropped ones included (0 between lines): what an
+  /// EOF now would cut short.
+  std::size_t pending() const { return cur_len_; }
+  /// The unfinished line has passed the cap (more than cap + 1 bytes: room for a trailing '\r')
+  /// and is being dropped: a caller that must not wait for a '\n' that may never come (an endless
+  /// line) can judge it now.
+  bool dropping() const { return skipping_; }
 
  private:
   std::size_t cap_;

@@ -224,7 +224,17 @@ TEST_CASE("hostile guests, all at once, next to good ones") {
     run(id, path, {step::Send{ready_line()}, step::Expect{"boot"}, step::Send{started_line() + exited_line(100 + i)},
                    step::Expect{"shutdown"}});
   }
-  REQUIRE(h.run_until([&] { return h.host->live_sessions() == 0; }, 120s));
+  // What the host holds of a guest's unfinished line, sampled between handlers while the floods
+  // run: the stream's reader keeps at most line_cap + 1 bytes whatever a guest sends.
+  std::size_t held = 0;
+  REQUIRE(h.run_until(
+      [&] {
+        for (auto& id : ids) held = std::max(held, h.host->buffered_bytes(id));
+        return h.host->live_sessions() == 0;
+      },
+      120s));
+  CHECK(held > 0);  // the slow guests' partial lines were seen: the samples are live
+  CHECK(held <= proto::kDefaultLineCap + 1);
 
   for (std::size_t i = 0; i < cases.size(); ++i) {
     auto& c = cases[i];
@@ -235,7 +245,6 @@ TEST_CASE("hostile guests, all at once, next to good ones") {
     CHECK_MESSAGE(rec->reason.find(c.reason) != std::string::npos, rec->reason);
     CHECK(rec->exit_status == c.status.value_or(proto::exit_status(c.outcome)));
     CHECK(rec->vm == ids[i]);
-    CHECK(h.session(ids[i]).buffered_bytes() <= proto::kDefaultLineCap + 1);
   }
   for (int i = 0; i < 5; ++i) {
     auto rec = h.record(fmt::format("good{}", i));

@@ -20,6 +20,7 @@ namespace {
 
 struct Probe {
   Session s;
+  proto::LineReader reader;       // the loop's framing of the guest stream
   std::vector<std::string> sent;  // message types sent to the guest, in order
   std::vector<Record> writes;
   std::vector<std::string> logs;  // "kind detail"
@@ -27,7 +28,7 @@ struct Probe {
   int destroys = 0, finished = 0;
   WallTime t{std::chrono::seconds(1'700'000'000)};
 
-  explicit Probe(SessionConfig c) : s(std::move(c)) {}
+  explicit Probe(SessionConfig c) : s(std::move(c)), reader(s.config().line_cap) {}
   static SessionConfig cfg(OnExitPolicy p = OnExitPolicy::stop) {
     SessionConfig c;
     c.vm = "vm1";
@@ -45,7 +46,7 @@ struct Probe {
           [&](auto& x) {
             using T = std::decay_t<decltype(x)>;
             if constexpr (std::is_same_v<T, act::Send>)
-              sent.push_back(test::host_type(x.line.substr(0, x.line.size() - 1)));
+              sent.emplace_back(proto::type_name(x.msg));
             else if constexpr (std::is_same_v<T, act::ArmTimer>) armed.emplace_back(x.kind, x.after);
             else if constexpr (std::is_same_v<T, act::WriteRecord>) writes.push_back(x.record);
             else if constexpr (std::is_same_v<T, act::CallDestroy>) ++destroys;
@@ -60,7 +61,12 @@ struct Probe {
     feed(test::ready_line());
     REQUIRE(sent == std::vector<std::string>{"boot"});
   }
-  void feed(std::string_view b) { s.received(b, t); pump(); }
+  void feed(std::string_view b) { feed_lines(s, reader, b, t); pump(); }
+  /// The guest stream ends (with what its reader held); the next stream gets a fresh reader.
+  void eof() {
+    s.stream_closed(reader.pending(), t);
+    reader = proto::LineReader(s.config().line_cap);
+  }
   void fire(TimerKind k) { s.timer_fired(k, t); pump(); }
   void durable() { REQUIRE(!writes.empty()); s.record_durable(writes.back()); pump(); }
   long count(std::string_view type) const { return std::count(sent.begin(), sent.end(), type); }
@@ -156,9 +162,9 @@ TEST_CASE("the host ended the session and the guest reported nothing: outcome st
     REQUIRE(p.s.shutdown(p.t));
     p.pump();
     p.fire(TimerKind::grace);
-    if (how == 0) p.s.stream_closed(p.t);  // the reference powers off without a report
+    if (how == 0) p.eof();  // the reference powers off without a report
     p.s.vm_exited(p.t);
-    if (how == 1) p.s.stream_closed(p.t);
+    if (how == 1) p.eof();
     p.pump();
     REQUIRE(p.s.outcome());
     CHECK(p.s.outcome()->outcome == proto::Outcome::stopped);
@@ -168,7 +174,7 @@ TEST_CASE("the host ended the session and the guest reported nothing: outcome st
   // Without a host request the same end is still the host-side failure it was.
   Probe q(Probe::cfg());
   q.booted();
-  q.s.stream_closed(q.t);
+  q.eof();
   q.pump();
   CHECK(q.s.outcome()->outcome == proto::Outcome::channel_lost);
 }

@@ -16,7 +16,8 @@ namespace {
 /// A Session plus everything it asked for, split by kind.
 struct Probe {
   Session s;
-  std::vector<std::string> sent;     // lines sent to the guest
+  proto::LineReader reader;          // the loop's framing of the guest stream
+  std::vector<proto::HostMessage> sent;  // messages sent to the guest
   std::vector<Record> writes;
   std::vector<std::string> logs;     // "kind detail"
   std::vector<TimerKind> armed, cancelled;
@@ -25,7 +26,7 @@ struct Probe {
   WallTime t{std::chrono::seconds(1'700'000'000)};
 
   explicit Probe(OnExitPolicy p = OnExitPolicy::stop, std::size_t cap = proto::kDefaultLineCap)
-      : s(cfg(p, cap)) {}
+      : s(cfg(p, cap)), reader(cap) {}
   static SessionConfig cfg(OnExitPolicy p, std::size_t cap) {
     SessionConfig c;
     c.vm = "vm1";
@@ -42,7 +43,7 @@ struct Probe {
       std::visit(
           [&](auto& x) {
             using T = std::decay_t<decltype(x)>;
-            if constexpr (std::is_same_v<T, act::Send>) sent.push_back(x.line);
+            if constexpr (std::is_same_v<T, act::Send>) sent.push_back(x.msg);
             else if constexpr (std::is_same_v<T, act::CloseStream>) ++closes;
             else if constexpr (std::is_same_v<T, act::ArmTimer>) armed.push_back(x.kind);
             else if constexpr (std::is_same_v<T, act::CancelTimer>) cancelled.push_back(x.kind);
@@ -57,9 +58,14 @@ struct Probe {
     }
   }
   void start() { s.vm_started(t); CHECK(s.stream_opened(t)); pump(); }
-  void feed(std::string_view b) { s.received(b, t); pump(); }
+  void feed(std::string_view b) { feed_lines(s, reader, b, t); pump(); }
+  /// The guest stream ends (with what its reader held); the next stream gets a fresh reader.
+  void eof() {
+    s.stream_closed(reader.pending(), t);
+    reader = proto::LineReader(s.config().line_cap);
+  }
   void booted() { start(); feed(test::ready_line()); }
-  std::string last_type() const { return sent.empty() ? "" : test::host_type(sent.back().substr(0, sent.back().size() - 1)); }
+  std::string last_type() const { return sent.empty() ? "" : std::string(proto::type_name(sent.back())); }
   bool logged(std::string_view kind) const {
     for (auto& l : logs) if (l.starts_with(kind)) return true;
     return false;
@@ -69,10 +75,9 @@ struct Probe {
   const Record& outcome() const { REQUIRE(s.outcome()); return *s.outcome(); }
 };
 
-proto::Boot boot_of(const std::string& line) {
-  auto d = proto::decode_host(line.substr(0, line.size() - 1));
-  REQUIRE(std::holds_alternative<proto::HostMessage>(d));
-  return std::get<proto::Boot>(std::get<proto::HostMessage>(d));
+proto::Boot boot_of(const proto::HostMessage& m) {
+  REQUIRE(std::holds_alternative<proto::Boot>(m));
+  return std::get<proto::Boot>(m);
 }
 
 }  // namespace
@@ -102,7 +107,7 @@ TEST_CASE("ready -> boot descriptor, then exited -> record -> shutdown ack -> st
   CHECK(p.last_type() == "shutdown");
   CHECK(p.armed.back() == TimerKind::stop);
   CHECK(!p.s.finished());
-  p.s.stream_closed(p.t);  // guest powered off
+  p.eof();  // guest powered off
   p.s.vm_exited(p.t);
   p.pump();
   CHECK(p.s.finished());
@@ -318,7 +323,7 @@ TEST_CASE("EOF: mid-line, before ready, before outcome") {
     Probe p;
     p.booted();
     p.feed("{\"type\":\"workload_ex");
-    p.s.stream_closed(p.t);
+    p.eof();
     p.pump();
     CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
     CHECK(p.outcome().reason.find("middle of line 2") != std::string::npos);
@@ -327,12 +332,12 @@ TEST_CASE("EOF: mid-line, before ready, before outcome") {
     Probe p;  // a stream without `ready` carries no session: not an outcome
     p.start();
     p.feed("{\"type\":\"rea");
-    p.s.stream_closed(p.t);
+    p.eof();
     p.pump();
     CHECK(!p.s.outcome());
     CHECK(p.logged("no_session"));
     CHECK(p.s.stream_opened(p.t));  // another may come
-    p.s.stream_closed(p.t);
+    p.eof();
     p.s.vm_exited(p.t);
     p.pump();
     CHECK(p.outcome().reason == "VM exited before `ready`");
@@ -340,7 +345,7 @@ TEST_CASE("EOF: mid-line, before ready, before outcome") {
   {
     Probe p;
     p.booted();
-    p.s.stream_closed(p.t);
+    p.eof();
     p.pump();
     CHECK(p.outcome().reason == "channel closed before an outcome");
   }
@@ -353,7 +358,7 @@ TEST_CASE("second ready on the same stream starts a new session") {
   p.feed(test::ready_line());
   CHECK(p.logged("guest_restarted"));
   CHECK(p.sent.size() == 2);
-  CHECK(test::host_type(p.sent[1].substr(0, p.sent[1].size() - 1)) == "boot");
+  CHECK(std::holds_alternative<proto::Boot>(p.sent[1]));
   p.feed(test::exited_line(6));
   CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(6));
 }
@@ -363,7 +368,7 @@ TEST_CASE("a second live stream is refused; none after the outcome") {
   p.booted();
   CHECK_FALSE(p.s.stream_opened(p.t));
   p.feed(test::exited_line(0));
-  p.s.stream_closed(p.t);
+  p.eof();
   CHECK_FALSE(p.s.stream_opened(p.t));
 }
 
@@ -389,10 +394,15 @@ TEST_CASE("endless line: judged at the cap, not at a newline; memory stays bound
   p.booted();
   for (int i = 0; i < 3; ++i) p.feed(std::string(300, 'z'));
   CHECK(!p.s.outcome());
-  CHECK(p.s.buffered_bytes() <= 1001);
+  CHECK(p.reader.buffered() == 900);  // the loop's reader holds the unfinished line
   p.feed(std::string(300, 'z'));
   CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
-  CHECK(p.outcome().reason.find("without a newline") != std::string::npos);
+  CHECK(p.outcome().reason.find("line 2: more than 1000 bytes without a newline") != std::string::npos);
+  CHECK(p.reader.buffered() == 0);  // past the cap its bytes are dropped, not held
+  CHECK(p.closes == 1);
+  p.feed(std::string(5000, 'z'));   // more of it changes nothing and holds nothing
+  CHECK(p.reader.buffered() == 0);
+  CHECK(p.writes.size() == 1);
 }
 
 TEST_CASE("message before ready is a protocol error; unknown type before ready is skipped") {
@@ -403,6 +413,15 @@ TEST_CASE("message before ready is a protocol error; unknown type before ready i
   p.feed(test::started_line());
   CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
   CHECK(p.outcome().reason.find("expected `ready` first") != std::string::npos);
+}
+
+TEST_CASE("any guest message type before ready is named in the protocol error") {
+  // The types past the first seven (processes, exec_*) are named from the codec's table too.
+  Probe p;
+  p.start();
+  p.feed(R"({"type":"processes","processes":[{"pid":1,"ppid":0,"uid":0,"cmd":"/init"}]})" "\n");
+  CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
+  CHECK(p.outcome().reason == "line 1: expected `ready` first, got `processes`");
 }
 
 TEST_CASE("wall timeout -> outcome timeout (124)") {
@@ -475,7 +494,7 @@ TEST_CASE("vm_exited, then EOF of a stream that never said ready: channel_lost a
   p.s.vm_exited(p.t);
   p.pump();
   CHECK(!p.s.outcome());  // waiting for the stream to drain
-  p.s.stream_closed(p.t);
+  p.eof();
   p.pump();
   CHECK(p.outcome().reason == "VM exited before `ready`");
   p.durable();
@@ -519,7 +538,7 @@ TEST_CASE("survival: boot carries the window and the names; a loss after boot is
   CHECK(b.reconnect_ms == 5000);
   CHECK(b.vm == "vm1");
   CHECK(b.generation == 4u);
-  p.s.stream_closed(p.t);
+  p.eof();
   p.pump();
   CHECK_FALSE(p.s.outcome());
   CHECK(p.s.awaiting_redial());
@@ -543,7 +562,7 @@ TEST_CASE("survival: the window over is channel_lost; without a window a loss is
   c.reconnect = std::chrono::milliseconds(1000);
   p.s = Session(c);
   p.booted();
-  p.s.stream_closed(p.t);
+  p.eof();
   p.s.timer_fired(TimerKind::reconnect, p.t);
   p.pump();
   REQUIRE(p.s.outcome());
@@ -552,7 +571,7 @@ TEST_CASE("survival: the window over is channel_lost; without a window a loss is
 
   Probe q;
   q.booted();
-  q.s.stream_closed(q.t);
+  q.eof();
   q.pump();
   REQUIRE(q.s.outcome());
   CHECK(q.outcome().outcome == proto::Outcome::channel_lost);
@@ -618,7 +637,7 @@ TEST_CASE("survival: an outcome re-sent after the record is durable is acked, re
   p.booted();
   p.feed(exited_line(5));
   p.durable();
-  p.s.stream_closed(p.t);
+  p.eof();
   p.pump();
   CHECK(p.s.awaiting_redial());
   CHECK(p.s.stream_opened(p.t));
@@ -642,10 +661,11 @@ TEST_CASE("a terminal size set before boot is the descriptor's; once boot went o
   WallTime t{std::chrono::seconds(1'700'000'000)};
   s.vm_started(t);
   CHECK(s.stream_opened(t));
-  s.received(test::ready_line(), t);
+  proto::LineReader reader(c.line_cap);
+  feed_lines(s, reader, test::ready_line(), t);
   std::optional<proto::Boot> boot;
   for (auto& a : s.take())
-    if (auto* send = std::get_if<act::Send>(&a)) boot = boot_of(send->line);
+    if (auto* send = std::get_if<act::Send>(&a)) boot = boot_of(send->msg);
   REQUIRE(boot);
   REQUIRE(boot->stdio);
   CHECK(boot->stdio->terminal == proto::Terminal{33, 101});
