@@ -326,7 +326,7 @@ TEST_CASE("EOF: mid-line, before ready, before outcome") {
     p.eof();
     p.pump();
     CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
-    CHECK(p.outcome().reason.find("middle of line 2") != std::string::npos);
+    CHECK(p.outcome().reason == "channel closed in the middle of line 2 (20 bytes)");
   }
   {
     Probe p;  // a stream without `ready` carries no session: not an outcome
@@ -399,6 +399,7 @@ TEST_CASE("endless line: judged at the cap, not at a newline; memory stays bound
   CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
   CHECK(p.outcome().reason.find("line 2: more than 1000 bytes without a newline") != std::string::npos);
   CHECK(p.reader.buffered() == 0);  // past the cap its bytes are dropped, not held
+  CHECK(p.reader.dropping());
   CHECK(p.closes == 1);
   p.feed(std::string(5000, 'z'));   // more of it changes nothing and holds nothing
   CHECK(p.reader.buffered() == 0);

@@ -91,6 +91,8 @@ TEST_CASE("several lines per read, a line split across reads, partial() at EOF")
   r.feed("{\"type\"");
   CHECK(r.partial());  // EOF now would cut a line in half: the caller reports it
   CHECK(r.buffered() == 7);
+  CHECK(r.pending() == 7);
+  CHECK(!r.dropping());
   CHECK(!r.next());
 }
 
@@ -107,12 +109,16 @@ TEST_CASE("over-long line: bounded memory while it streams in, then resync at th
       r.feed(std::string(n, 'x'));
       fed += n;
       peak = std::max(peak, r.buffered());
+      CHECK(r.dropping() == (fed > cap + 1));  // said as soon as the cap is passed, not at a '\n'
+      CHECK(r.pending() == fed);               // dropped bytes counted
       CHECK(!r.next());  // nothing is produced before the line ends
     }
     CHECK(peak <= cap + 1);
     CHECK(r.buffered() == 0);  // the prefix was released once the cap was passed
     CHECK(r.partial());
     r.feed("\nok\n");
+    CHECK(!r.dropping());
+    CHECK(r.pending() == 0);
     auto a = r.next();
     REQUIRE(a);
     CHECK(*a == too_long(total));
