@@ -52,7 +52,7 @@ void check(Session& s, const proto::LineReader& reader, Model& m) {
   for (auto& a : acts) {
     if (auto* x = std::get_if<act::Send>(&a)) {
       require(!m.finished, "nothing is sent after Finished");
-      require(!proto::validate(x->msg), "every message sent decodes as itself");
+      require(proto::validate(x->msg).ok(), "every message sent decodes as itself");
       if (std::holds_alternative<proto::Shutdown>(x->msg)) shutdown_sent = true;
     } else if (auto* x = std::get_if<act::ArmTimer>(&a)) {
       m.armed[x->kind] = true;
