@@ -197,7 +197,7 @@ found, 126 cannot run; 125 when the VM cannot be reached.
   -t, --tty           a pseudo-terminal sized like ours (raw mode here with -i; SIGWINCH resizes)
   -e, --env K=V|K     environment (repeatable; K alone: its value here, if set)
   -w, --workdir DIR   working directory (absolute)
-  -u, --user UID[:GID]
+  -u, --user UID[:GID] uid and gid, numeric (GID alone defaults to UID)
       --state DIR     the state directory (default: as neshost run)
 )";
 

@@ -122,11 +122,11 @@ host::Result<std::uint64_t> parse_uint(std::string_view flag, std::string_view v
 host::Result<std::pair<std::uint32_t, std::uint32_t>> parse_user(std::string_view v) {
   auto colon = v.find(':');
   auto uid = parse_uint("user", v.substr(0, colon), 0, proto::kInvalidId - 1);
-  if (!uid) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
+  if (!uid) return host::Error{fmt::format("--user: expected UID[:GID] (numbers), got '{}'", v)};
   std::uint64_t gid = *uid;
   if (colon != std::string_view::npos) {
     auto g = parse_uint("user", v.substr(colon + 1), 0, proto::kInvalidId - 1);
-    if (!g) return host::Error{fmt::format("--user: expected UID:GID (numbers), got '{}'", v)};
+    if (!g) return host::Error{fmt::format("--user: expected UID[:GID] (numbers), got '{}'", v)};
     gid = *g;
   }
   return std::pair{static_cast<std::uint32_t>(*uid), static_cast<std::uint32_t>(gid)};

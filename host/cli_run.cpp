@@ -103,7 +103,7 @@ STATE/VM/console.log.
   -e, --env K=V|K      workload environment (repeatable; K alone: its value here, if set;
                        PATH defaults to the usual one)
   -w, --workdir DIR    workload working directory (default /)
-  --user UID:GID       workload uid and gid (default 0:0)
+  -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID)
   --group-add GID      a supplementary group of the workload (repeatable; default none)
   --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
   -h, --hostname NAME  guest hostname (as docker run; --help for this text)
@@ -183,13 +183,13 @@ host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v
 }
 
 /// docker-run-style parsing: options until `--` or the first non-option; the rest is ARGV.
-/// Short forms as docker users type them (-d, -i, -t, -it, -e, -w, -v). Errors name the flag.
+/// Short forms as docker users type them (-d, -i, -t, -it, -e, -w, -v, -u, -h). Errors name the flag.
 host::Result<RunOptions> parse_run(const Args& args) {
   static constexpr FlagSpec kRunFlags[] = {
       {"detach", false, "-d"}, {"interactive", false, "-i"}, {"tty", false, "-t"}, {"sandbox", false},
       {"console", false}, {"read-only", false}, {"env", true, "-e"}, {"workdir", true, "-w"},
       {"volume", true, "-v"}, {"kernel"}, {"initrd"}, {"rootfs"}, {"mem"}, {"cpus"}, {"accel"},
-      {"user"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
+      {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
       {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"}};
   auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
   if (!parsed) return parsed.error();

@@ -23,7 +23,9 @@ Wait until the VM is no longer running (of generation N or newer, if given): exi
 stopped, as `neshost ps` and `inspect` say. Print its exit status and exit with it (a failed VM
 without an outcome: 125). Returns at once if it has ended. Works from any process: it needs only
 the state dir (inotify on it, and the monitor's pidfd: a monitor that dies without recording an
-outcome ends the wait as failed, never a wait forever). DIR defaults as for `neshost run`.
+outcome ends the wait as failed, never a wait forever). A VM that does not exist yet is waited
+for until it appears and ends (unlike docker wait: give --timeout if it may never come). DIR
+defaults as for `neshost run`.
   --timeout S   give up after S seconds: exit 124 (timeout(1))
 Exit 1 if the state dir cannot be read.
 )";

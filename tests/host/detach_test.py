@@ -404,6 +404,17 @@ def case_usage():
         check(rc == 1 and "no running VM" in err, "stop unknown: %d %r" % (rc, err))
         rc, out, _ = c.nh("ps", "--state", c.state)
         check(rc == 0 and out.split() == ["VM", "GEN", "STATUS", "MONITOR", "COMMAND"], "ps of nothing: %r" % out)
+        # docker run's short forms: -u UID[:GID] (GID alone defaults to UID), -h NAME (the sandbox
+        # shares the machine's UTS namespace, so only its warning can be seen here).
+        rc, out, err = c.nh("run", "--sandbox", "--state", c.state, "--vm", "u", "-u", "1000:1001", "-h", "nes-u",
+                            "--", "/bin/sh", "-c", "echo $(id -u):$(id -g)")
+        check((rc, out) == (0, "1000:1001\n") and "'nes-u' not set" in err, "run -u UID:GID -h: %d %r %r" % (rc, out, err))
+        rc, out, err = c.nh("run", "--sandbox", "--state", c.state, "--vm", "u1", "-u", "1000", "--", "/bin/sh", "-c", "echo $(id -u):$(id -g)")
+        check((rc, out) == (0, "1000:1000\n"), "run -u UID: %d %r %r" % (rc, out, err))
+        rc, _, err = c.nh("run", "--sandbox", "--state", c.state, "-u", "root", "--", "true")
+        check(rc == 2 and "--user: expected UID[:GID]" in err, "run -u root: %d %r" % (rc, err))
+        rc, out, _ = c.nh("run", "--help")
+        check(rc == 0 and "-u, --user UID[:GID]" in out, "run --help names -u")
         # A start that fails before the workload runs: the creator says why and exits with it.
         rc, out, err = c.run_d("n", "/nonexistent")
         check(rc == 127 and out == "" and "start_failed" in err, "run -d of a missing program: %d %r %r" % (rc, out, err))
