@@ -221,6 +221,7 @@ def case_generations_stale_ignored():
         # A second run while generation 2 lives is refused, and changes nothing.
         rc, _, err = c.run_d("g", "/bin/true")
         check(rc == 125 and "is running" in err, "reuse while running refused: %d %r" % (rc, err))
+        check("monitor ended" not in err and err.count("\n") == 1, "refused in one line, by the creator: %r" % err)
         check(c.inspect("g").get("generation") == 2, "still generation 2")
         rc, _, _ = c.nh("wait", "--state", c.state, "--generation", "2", "--timeout", "0.3", "g")
         check(rc == 124, "wait --generation 2 does not take gen 1's outcome: %d" % rc)
