@@ -57,6 +57,8 @@ constexpr std::string_view kRmHelp = R"(usage: neshost rm [--state DIR] [-f|--fo
 
 Remove VMs' state (records, logs, the directory). A running VM is refused unless -f: then its
 workload is killed (SIGKILL), the guest powers off, and its state goes once the monitor exited.
+An ended VM (exited, failed, stopped) whose guest is still powering off is waited for, at most
+10 s (then refused as running: e.g. one kept up by --on-exit keep).
 Prints each VM removed. Exit 1 if any could not be removed.
 )";
 
@@ -279,6 +281,16 @@ int rm_main(const Args& args) {
       std::error_code ec;
       if (!fs::is_directory(state / vm, ec)) { rc = 1; continue; }
     } else if (s->monitor_alive) {
+      // Ended (its outcome recorded) but its monitor still powering the guest off: what `ps`
+      // shows as exited is removable, as docker's `wait X && rm X` expects; give the power-off
+      // the claim's settle time (host/reconcile.hpp) before calling it running.
+      if (s->status != host::VmStatus::running)
+        if (host::Fd pidfd = monitor_pidfd(*s); pidfd && wait_exit(pidfd, 10s)) {
+          auto again = load("rm", state, vm);
+          if (again) s = std::move(again);
+        }
+    }
+    if (s && s->monitor_alive) {
       if (!p->has("force")) {
         fmt::print(stderr, "neshost rm: VM '{}' is running; stop it first or use rm -f\n", vm);
         rc = 1;
