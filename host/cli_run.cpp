@@ -106,7 +106,7 @@ STATE/VM/console.log.
   -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID)
   --group-add GID      a supplementary group of the workload (repeatable; default none)
   --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
-  -h, --hostname NAME  guest hostname (as docker run; --help for this text)
+  -h, --hostname NAME  guest hostname (default: the VM id, as docker run; --help for this text)
   --on-exit POLICY     stop (default): power off, wait for QEMU; remove: also delete the VM's
                        scratch files (console log); keep: leave the VM up after the workload
                        exits until `neshost stop --state DIR VM` (or SIGTERM)
@@ -563,7 +563,9 @@ int run_main(const Args& args) {
   ex.uid = o.uid;
   ex.gid = o.gid;
   ex.groups = o.groups;
-  cfg.session.descriptor.hostname = o.hostname;
+  // As docker's default (the container's id): a VM without -h is named after its id. Not in the
+  // sandbox, which shares the machine's UTS namespace and would only warn about it.
+  cfg.session.descriptor.hostname = o.hostname || o.sandbox ? o.hostname : std::optional<std::string>(cfg.session.vm);
   cfg.session.descriptor.on_exit.terminal = o.on_exit != host::OnExitPolicy::keep;
   // The workload's stdio on the data channel: stdin only with -i (else /dev/null, as docker), a
   // PTY sized like our terminal with -t.

@@ -172,11 +172,13 @@ def case_detached(c):
     pid = st.get("monitor_pid")
     # docker's `wait X && rm X`: an ended VM whose monitor is still powering it off is removable.
     rc, out, _ = c.neshost("run", "-d", "--accel", "tcg", "--ready-timeout", "100", "--state", c.state,
-                           "--vm", "d2", "--", "/bin/sh", "-c", "exit 4")
+                           "--vm", "d2", "--", "/bin/sh", "-c", "echo $(hostname); exit 4")
     check(rc == 0, f"run -d d2: {rc}")
     _, out, _ = c.neshost("inspect", "--state", c.state, "d2")
     pid2 = json.loads(out).get("monitor_pid") if out else None
     rc, _, _ = c.neshost("wait", "--state", c.state, "d2")
+    _, log, _ = c.neshost("logs", "--state", c.state, "d2")
+    check(log == "d2\n", f"the default hostname is the VM id, as docker's: {log!r}")
     rc2, out, err = c.neshost("rm", "--state", c.state, "d2")
     check((rc, rc2, out) == (4, 0, "d2\n"), f"wait then rm: {rc} {rc2} {out!r} {err!r}")
     if pid2:
