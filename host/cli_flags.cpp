@@ -53,20 +53,10 @@ host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& ar
       for (; i < args.size(); ++i) p.positional.emplace_back(args[i]);
       break;
     }
-    const FlagSpec* spec = nullptr;
-    std::optional<std::string_view> value;
-    if (a.starts_with("--")) {
-      std::string_view name = a.substr(2);
-      if (auto eq = name.find('='); eq != std::string_view::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-      }
-      spec = find_long(specs, name);
-      if (!spec) return host::Error{fmt::format("unknown flag --{}", name)};
-    } else if (spec = find_short(specs, a); !spec) {
-      // Short forms run together, as getopt and docker's pflag read them: switches (-it is
-      // -i -t), then at most one flag with a value, which is the rest of the argument (-eK=V,
-      // -e=K=V, -n5) or else the next one (-ie K=V).
+    if (!a.starts_with("--")) {
+      // Short forms, alone or run together as getopt and docker's pflag read them: switches
+      // (-it is -i -t), then at most one flag with a value, which is the rest of the argument
+      // (-eK=V, -e=K=V, -n5) or else the next one (-e K=V, -ie K=V).
       std::string_view rest = a.substr(1);
       while (!rest.empty()) {
         const char form[2] = {'-', rest[0]};
@@ -87,6 +77,14 @@ host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& ar
       }
       continue;
     }
+    std::string_view name = a.substr(2);
+    std::optional<std::string_view> value;
+    if (auto eq = name.find('='); eq != std::string_view::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const FlagSpec* spec = find_long(specs, name);
+    if (!spec) return host::Error{fmt::format("unknown flag --{}", name)};
     if (!spec->takes_value) {
       if (value) return host::Error{fmt::format("--{} takes no value", spec->name)};
       record(p, spec->name, "");
