@@ -12,7 +12,7 @@ StdioCore* StdioMux::ring(std::size_t i) {
   return s ? &s->core : nullptr;
 }
 
-StdioMux::Slot* StdioMux::slot_of(std::uint16_t proc) {
+StdioMux::Slot* StdioMux::slot_of(std::uint16_t proc) const {
   for (auto& s : slots_)
     if (s && s->proc == proc) return s.get();
   return nullptr;
@@ -49,10 +49,7 @@ void StdioMux::on_rx_eof() {
     if (s && !s->closed) s->core.on_rx_eof();
 }
 
-bool StdioMux::holds(std::uint16_t proc) const {
-  if (proc == 0) return true;
-  return std::any_of(slots_.begin(), slots_.end(), [&](const auto& s) { return s && s->proc == proc; });
-}
+bool StdioMux::holds(std::uint16_t proc) const { return proc == 0 || slot_of(proc); }
 
 void StdioMux::close(std::uint16_t proc) {
   if (proc == 0) return;

@@ -29,7 +29,7 @@ namespace nes::init {
 ///
 /// Receiving: the workload's core decodes the whole channel (one FrameDecoder knows every
 /// process's rules); frames of an open exec'd process go to its core, those of a closed one are
-/// skipped, and a number never opened is a framing error (rx_error()).
+/// skipped, and a number above any ever opened is a framing error (rx_error()).
 class StdioMux {
  public:
   /// The workload's stdio (`boot.stdio`); the channel is open.
@@ -45,8 +45,8 @@ class StdioMux {
   /// Process `proc` (1..65535) gets a core for `s` (`exec.stdio`), copying only (splice is the
   /// workload's alone: one frame pipe), and its frames become legal on the channel. With the
   /// channel already gone the core discards output as the others do; with the host's sending
-  /// side already ended (EOF, or the channel gone) its stdin is at eof from the start. nullptr: refused (kExecMax
-  /// open already, or `proc` still held: its last turn is not over).
+  /// side already ended (EOF, or the channel gone) its stdin is at eof from the start.
+  /// nullptr: refused (kExecMax open already, or `proc` still held: its last turn is not over).
   StdioCore* open(std::uint16_t proc, const proto::Stdio& s);
   /// The core of open process `proc` (0: the workload's); nullptr once closed or never opened.
   StdioCore* core(std::uint16_t proc);
@@ -109,7 +109,7 @@ class StdioMux {
   };
   /// The ring: 0 the workload, 1.. the exec slots.
   StdioCore* ring(std::size_t i);
-  Slot* slot_of(std::uint16_t proc);
+  Slot* slot_of(std::uint16_t proc) const;
   void end_turn();
 
   StdioCore workload_;
