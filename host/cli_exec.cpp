@@ -270,7 +270,8 @@ int exec_main(const Args& args) {
     sfd.reset(::signalfd(-1, &winch, SFD_CLOEXEC | SFD_NONBLOCK));
   }
   auto cs = ControlSession::open(ctl, "exec " + flags + " " + proto::encode(proto::HostMessage{req}), {0, 1, 2});
-  if (!cs) return exec_error(fmt::format("VM '{}' is not running ({})", vm, cs.error().message));
+  auto not_running = [&](const host::Error& e) { return exec_error(fmt::format("VM '{}' is not running ({})", vm, e.message)); };
+  if (!cs) return not_running(cs.error());
   // The answer to the exec itself is bounded (an init that never answers: Host::kExecAnswerWait).
   auto first = cs->read_line(host::Host::kExecAnswerWait + 5s);
   // A VM still booting: the monitor says so and answers once the workload runs (its own
@@ -278,8 +279,7 @@ int exec_main(const Args& args) {
   while (first && first->starts_with("ok waiting")) first = cs->read_line(std::nullopt);
   // A monitor that closes before answering is ending with its VM (it had an outcome as we
   // connected): the exec never started.
-  if (!first && first.error().err == ECONNRESET)
-    return exec_error(fmt::format("VM '{}' is not running ({})", vm, first.error().message));
+  if (!first && first.error().err == ECONNRESET) return not_running(first.error());
   if (!first) return exec_error(first.error().message);
   if (first->starts_with("error: ")) return exec_error(first->substr(7));
   std::uint16_t proc = 0;
