@@ -246,6 +246,17 @@ void enc(Buf& b, const ExecExited& m) {
   put_int(b, m.proc);
   put_exit(b, m.exit_code, m.signal);
 }
+void enc(Buf& b, const OutputLost& m) {
+  open(b, "output_lost");
+  key(b, "proc");
+  put_int(b, m.proc);
+  key(b, "stream");
+  put_string(b, to_string(m.stream));
+  key(b, "sent");
+  put_int(b, m.sent);
+  key(b, "unsent");
+  put_int(b, m.unsent);
+}
 void enc(Buf& b, const Exec& e) {
   b.push_back('{');
   key(b, "argv", true);
@@ -1164,6 +1175,26 @@ bool dec(od::document& doc, const Path& p, ExecExited& out, Err& err) {
   return true;
 }
 
+constexpr std::array<Stream, 2> kOutputStreams = {Stream::out, Stream::err};
+constexpr std::string_view kBytes53 = "integer 0..9007199254740991";
+
+bool dec(od::document& doc, const Path& p, OutputLost& out, Err& err) {
+  bool proc = false, stream = false, sent = false, unsent = false;
+  const auto max = static_cast<std::int64_t>(kGenerationMax);  // 2^53-1: JSON's exact integers
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "proc") return proc = true, get_ranged(fv, p / k, 0, 65535, "integer 0..65535", out.proc, err);
+        if (k == "stream") return stream = true, get_enum(fv, p / k, kOutputStreams, out.stream, err);
+        if (k == "sent") return sent = true, get_ranged(fv, p / k, 0, max, kBytes53, out.sent, err);
+        if (k == "unsent") return unsent = true, get_ranged(fv, p / k, 0, max, kBytes53, out.unsent, err);
+        return true;
+      }))
+    return false;
+  if (!proc) return missing(p, "proc", "integer 0..65535", err);
+  if (!stream) return missing(p, "stream", "one of \"stdout\", \"stderr\"", err);
+  if (!sent) return missing(p, "sent", kBytes53, err);
+  return unsent || missing(p, "unsent", kBytes53, err);
+}
+
 // ---- the three passes ----
 
 constexpr std::string_view kTag(const Ready*) { return "ready"; }
@@ -1183,6 +1214,7 @@ constexpr std::string_view kTag(const ExecProcess*) { return "exec"; }
 constexpr std::string_view kTag(const ExecStarted*) { return "exec_started"; }
 constexpr std::string_view kTag(const ExecFailed*) { return "exec_failed"; }
 constexpr std::string_view kTag(const ExecExited*) { return "exec_exited"; }
+constexpr std::string_view kTag(const OutputLost*) { return "output_lost"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include "protocol/frame.hpp"
+
 namespace nes::proto {
 
 /// The protocol version this build speaks (`ready.protocol_version`).
@@ -145,9 +147,24 @@ struct ExecExited {
   bool operator==(const ExecExited&) const = default;
 };
 
+/// Output the guest gave up on (additive; docs/protocol.md "The receipt"): process `proc`'s
+/// `stream` (stdout or stderr) had `sent` payload bytes framed onto the data channel in all, and
+/// `unsent` more that never were (held by the init, or still in the pipe, when the host closed
+/// the data channel before that stream's eof). Sent at most once per stream, after the outcome
+/// (proc 0) or after exec_exited. The receiver's loss, exact: `unsent` + `sent` - bytes of that
+/// stream it received. Counts are bytes, 0..2^53-1 (JSON's exact integers).
+struct OutputLost {
+  std::uint16_t proc = 0;
+  Stream stream = Stream::out;
+  std::uint64_t sent = 0;
+  std::uint64_t unsent = 0;
+  bool operator==(const OutputLost&) const = default;
+};
+
 /// Any message the guest sends.
 using GuestMessage = std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited,
-                                  ProtocolError, Processes, ExecStarted, ExecFailed, ExecExited>;
+                                  ProtocolError, Processes, ExecStarted, ExecFailed, ExecExited,
+                                  OutputLost>;
 
 // ---- host -> guest -----------------------------------------------------------------------------
 
