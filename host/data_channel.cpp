@@ -92,6 +92,7 @@ void DataLink::start_read() {
     self->reading_ = false;
     if (self->closed_) return;
     std::vector<DataEvent> evs;
+    self->bytes_read_ += n;
     if (n > 0) self->rx_.received(std::string_view(self->buf_.data(), n), evs);
     if (ec && !self->rx_.failed()) self->rx_.closed(evs);
     self->handle(evs);

@@ -140,6 +140,10 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   /// Close now (idempotent).
   void close(std::string error = {});
   bool is_open() const { return !closed_; }
+  /// Reads are held back for a consumer that is behind (pause(), or the workload log's queue).
+  bool paused() const { return paused_embedder_ || paused_log_; }
+  /// Bytes read from the channel so far (frames and all): a measure of progress.
+  std::uint64_t bytes_read() const { return bytes_read_; }
 
  private:
   void start_read();
@@ -156,6 +160,7 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   bool bad_ = false;  // the fd could not be adopted
   bool reading_ = false, writing_ = false, closed_ = false;
   bool paused_embedder_ = false, paused_log_ = false;
+  std::uint64_t bytes_read_ = 0;
   bool stdin_eof_sent_ = false, stdin_refused_ = false;
   bool out_eof_ = false, err_eof_ = false;  // the guest's eof frames seen
   /// Processes exec() started whose streams are open here, at most proto::kExecMax.

@@ -302,6 +302,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     t.async_wait([w, vm, k, seq](error_code ec) {
       auto self = w.lock();
       if (ec || !self || vm->timer_seq[static_cast<int>(k)] != seq || !self->current(vm)) return;
+      if (k == TimerKind::stop && vm->data)
+        vm->core.output_state(vm->data->is_open(), vm->data->paused(), vm->data->bytes_read());
       vm->core.timer_fired(k, wall_now());
       self->drain(vm);
     });

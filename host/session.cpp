@@ -527,6 +527,16 @@ void Session::timer_fired(TimerKind k, WallTime now) {
         maybe_finish();
         break;
       }
+      if (stop_phase_ == 1 && outcome_ && durable_ && !end_asked_ && output_open_ &&
+          (output_paused_ || output_read_ != output_read_at_stop_)) {
+        // The acked guest is still delivering its output, held back by our own reader or still
+        // arriving: waiting costs time, destroying would cost bytes.
+        output_read_at_stop_ = output_read_;
+        if (!draining_logged_) log("output_draining", "the guest's output is still being read; the stop deadline waits for it");
+        draining_logged_ = true;
+        out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
+        break;
+      }
       if (stop_phase_ == 1) {
         stop_phase_ = 2;
         log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
@@ -540,6 +550,12 @@ void Session::timer_fired(TimerKind k, WallTime now) {
       }
       break;
   }
+}
+
+void Session::output_state(bool open, bool paused, std::uint64_t bytes_read) {
+  output_open_ = open;
+  output_paused_ = paused;
+  output_read_ = bytes_read;
 }
 
 void Session::vm_exited(WallTime now) {
@@ -658,6 +674,7 @@ Status Session::list_processes() {
 Status Session::shutdown(WallTime) {
   if (finished_) return Error{"shutdown: the session is over"};
   if (!outcome_) end_requested_ = true;
+  end_asked_ = true;
   begin_shutdown();
   return Ok{};
 }

@@ -111,6 +111,12 @@ class Session {
   void stream_closed(std::size_t unfinished, WallTime now);
   /// A timer armed by ArmTimer expired.
   void timer_fired(TimerKind k, WallTime now);
+  /// The data channel as the owner sees it, reported before each TimerKind::stop: `open`, its
+  /// reads `paused` for a consumer that is behind, `bytes_read` so far. After the ack of a
+  /// recorded outcome the guest is delivering its last output (docs/protocol.md "The receipt"):
+  /// while the channel is open and the host's own reader holds it back, or bytes still arrive,
+  /// the stop deadline does not destroy the VM (a slow reader costs time, never bytes).
+  void output_state(bool open, bool paused, std::uint64_t bytes_read);
   /// The VMM process exited (only the embedder knows).
   void vm_exited(WallTime now);
   /// The record is durable; `on_disk` is what is on disk (maybe an earlier record of this
@@ -186,6 +192,10 @@ class Session {
   bool ready_ = false;        // `ready` seen on the current stream (a session is booted)
   bool ready_ever_ = false;   // any `ready` seen (the ready deadline is met)
   int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up
+  bool end_asked_ = false;    // the embedder called shutdown(): its stop deadline is a hard one
+  bool output_open_ = false, output_paused_ = false;  // output_state(): the data channel
+  std::uint64_t output_read_ = 0, output_read_at_stop_ = 0;  // ... its progress, and at the last stop deadline
+  bool draining_logged_ = false;
   bool stop_pending_ = false; // stop() before boot
   bool stop_sent_ = false;    // `stop` went out on the current stream
   bool booted_ = false;       // `boot` went out on the current stream (or it resumed)

@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -184,6 +185,7 @@ class Pid1 {
                    [&](act::ListProcesses&) { pending_.push_front(ev::ProcessList{read_processes()}); },
                    [&](act::SpawnExec& x) { do_spawn_exec(x); },
                    [&](act::CloseExec& x) { close_exec(x.proc); },
+                   [&](act::CheckHeld& c) { pending_.push_front(ev::Held{c.proc, held_bytes(c.proc)}); },
                },
                a);
   }
@@ -325,9 +327,41 @@ class Pid1 {
     pending_.push_front(ev::ExecStarted{x.proc, *r});
   }
 
+  /// Bytes unread in `fd` (a pipe or the PTY master): FIONREAD, 0 when it cannot tell.
+  static std::uint64_t unread(const host::Fd& fd) {
+    int n = 0;
+    return fd && ::ioctl(fd.get(), FIONREAD, &n) == 0 && n > 0 ? static_cast<std::uint64_t>(n) : 0;
+  }
+
+  /// Stream `s`'s account (ev::OutputAccount): the core's counts, and what its pipe still holds.
+  static ev::OutputAccount account(const StdioCore& c, const StdioFds& f, proto::Stream s) {
+    if (s == proto::Stream::err && f.terminal) return {0, 0, true};  // one stream: the PTY's
+    const host::Fd& fd = s == proto::Stream::err ? f.err : f.out;
+    return {c.framed(s), c.discarded(s) + c.held(s) + unread(fd), c.eof_framed(s)};
+  }
+
+  /// act::CheckHeld: what process `proc` still holds of its output (its core's buffers, a frame
+  /// begun, its pipes' unread bytes).
+  std::uint64_t held_bytes(std::uint16_t proc) {
+    if (!mux_) return 0;
+    const StdioFds* f = &fds_;
+    if (proc != 0) {
+      auto x = std::find_if(execs_.begin(), execs_.end(), [&](const ExecFds& e) { return e.proc == proc; });
+      if (x == execs_.end()) return 0;
+      f = &x->fds;
+    }
+    const StdioCore* c = mux_->core(proc);
+    return (c ? c->buffered() : 0) + unread(f->out) + unread(f->err);
+  }
+
   /// act::CloseExec: its pipes close (late output is lost with them); the mux skips its late
-  /// frames from the host and drops its core once its turn on the channel is over.
+  /// frames from the host and drops its core once its turn on the channel is over. Its streams'
+  /// accounts go to the session first (ev::ExecClosed).
   void close_exec(std::uint16_t proc) {
+    auto x = std::find_if(execs_.begin(), execs_.end(), [&](const ExecFds& e) { return e.proc == proc; });
+    if (const StdioCore* c = mux_ ? mux_->core(proc) : nullptr; c && x != execs_.end())
+      pending_.push_back(ev::ExecClosed{proc, account(*c, x->fds, proto::Stream::out),
+                                        account(*c, x->fds, proto::Stream::err), c->channel_open()});
     if (mux_) mux_->close(proc);
     std::erase_if(execs_, [&](const ExecFds& x) { return x.proc == proc; });
   }
@@ -339,14 +373,16 @@ class Pid1 {
     const std::uint64_t before = bytes_written_;
     const int timeout = deadline_timeout(monotonic_ms());
     pollfd p[1 + kStdioFds];
-    p[0] = {chan_ && !out_.empty() ? chan_.get() : -1, POLLOUT, 0};
+    // The lifecycle channel is watched for the host's hang-up too: a held flush waits only for
+    // as long as the host is there.
+    p[0] = {chan_ ? chan_.get() : -1, static_cast<short>(POLLRDHUP | (out_.empty() ? 0 : POLLOUT)), 0};
     stdio_poll_set(p + 1);
     // Watched for the host's close (POLLHUP) even when there is nothing to read or write.
     if (data_ && p[1 + kData].fd < 0 && !data_retry_at_) p[1 + kData] = {data_.get(), 0, 0};
     if (::poll(p, 1 + kStdioFds, timeout) > 0) {
       if (data_ && (p[1 + kData].revents & (POLLHUP | POLLERR))) data_hup_ = true;
-      if (p[0].revents & (POLLHUP | POLLERR)) {
-        // hung up (a virtio port without its host): give up on it
+      if (p[0].revents & (POLLHUP | POLLERR | POLLRDHUP)) {
+        // hung up (the host closed it; a virtio port without its host): give up on it
         chan_.reset();
       } else if (p[0].revents & POLLOUT) {
         flush();
@@ -368,6 +404,11 @@ class Pid1 {
     f.outputs_done = mux_ && mux_->workload().outputs_done();
     f.receipt = data_rx_eof_ || data_hup_;
     f.output_bytes = mux_ ? mux_->workload().buffered() : 0;
+    f.channel_open = static_cast<bool>(chan_);
+    if (mux_) {
+      f.out = account(mux_->workload(), fds_, proto::Stream::out);
+      f.err = account(mux_->workload(), fds_, proto::Stream::err);
+    }
     pending_.push_back(f);
   }
 

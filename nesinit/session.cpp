@@ -272,6 +272,7 @@ void Session::data_gave_up(std::string reason, int err) {
 
 void Session::on(const ev::DataUp&) {
   if (!dialling_data_) return;
+  data_up_ = true;
   end_data_dial();
   if (phase_ != Phase::mounting || !boot_ || !boot_->stdio) return;
   mount();
@@ -572,26 +573,27 @@ void Session::on(const ev::TimerFired& t) {
       if (dialling_data_) out_.push_back(act::DialData{opt_.connect_timeout_ms, *boot_->stdio});
       return;
     case Timer::drain:
-      if (held_exit_) {
-        note(Severity::info, "exited", fmt::format("output not at EOF {} ms after the reap; reporting", boot_->stdio->drain_ms));
-        report_held_exit();
-      }
+      // The window counts only while nothing of the output waits for the host: ask what is held.
+      if (held_exit_) out_.push_back(act::CheckHeld{0});
       return;
     case Timer::flush_idle:
     case Timer::flush_cap:
-      if (stage_ != Stage::flush) return;
-      if (flush_data_owed_)
+      if (stage_ != Stage::flush || flush_held_) return;
+      if (flush_data_owed_ && !output_given_up_) {
         note(Severity::warn, "halt", fmt::format("{} byte(s) of the workload's output not sent before power-off",
                                                  flush_output_bytes_));
+        // One more bounded round for the output_lost lines themselves.
+        if (give_up_output(t.timer == Timer::flush_cap ? "the flush's 15 s bound is over"
+                                                       : "nothing was written for 1 s and no live host holds the flush"))
+          return arm(Timer::flush_idle, kFlushIdleMs);
+      }
       enter_final();
       return;
     case Timer::exec_drain:
-      // Every exec'd process reaped and still waiting for its output is reported now.
-      for (std::size_t i = execs_.size(); i-- > 0;)
-        if (execs_[i].held) {
-          note(Severity::info, "exec", fmt::format("process {}: output not at EOF after the drain window; reported", execs_[i].proc));
-          report_exec(i);
-        }
+      // Every exec'd process reaped and still waiting for its output: reported once it holds
+      // nothing more (CheckHeld's answer), else its window starts again.
+      for (const ExecState& x : execs_)
+        if (x.held) out_.push_back(act::CheckHeld{x.proc});
       return;
     case Timer::ack:
       ack_expired_ = true;
@@ -670,26 +672,63 @@ void Session::enter_await_ack() {
 }
 
 void Session::enter_flush() {
-  // The last lines (the outcome) and the workload's last output get a bounded chance to leave
-  // before the channels close: kFlushIdleMs without progress ends it, kFlushMaxMs in all (a slow
-  // VMM port still moving the tail of a big output gets the time it needs; a host that stopped
-  // reading costs at most kFlushIdleMs).
+  // The last lines (the outcome) and the workload's last output leave before the channels close.
+  // A host that acknowledged the outcome is alive: its receipt is awaited for as long as it stays
+  // connected, however slowly its reader takes the output (a live host is never timed out: only
+  // it knows its reader, and it ends the wait itself by closing the data channel). Without that
+  // proof the wait is bounded: kFlushIdleMs without progress, kFlushMaxMs in all.
   stage_ = Stage::flush;
   for (int i = 0; i < kTimerCount; ++i)
     if (armed_[i]) cancel(static_cast<Timer>(i));
   out_.push_back(act::Flush{});
+  flush_held_ = acked_ && channel_open_;
+  if (flush_held_) return note(Severity::info, "halt", "holding power-off for the host's receipt (it acknowledged the outcome)");
+  bound_flush();
+}
+
+void Session::bound_flush() {
+  flush_held_ = false;
   arm(Timer::flush_idle, kFlushIdleMs);
   arm(Timer::flush_cap, kFlushMaxMs);
 }
 
 void Session::on(const ev::Flushing& f) {
   if (stage_ != Stage::flush) return;
+  last_flush_ = f;
+  if (flush_held_ && !f.channel_open) {
+    note(Severity::warn, "halt", "the host hung up while its receipt was awaited; the flush is bounded from now on");
+    bound_flush();
+  }
   // Written is not received: bytes in the VMM's queues die with the VM. The host closes the data
-  // channel once it has every output stream's EOF: that close is the receipt.
-  flush_data_owed_ = f.data_open && (f.data_unsent || !f.outputs_done || !f.receipt);
+  // channel once it has every output stream's EOF: that close is the receipt. A close before it
+  // (the host ended the wait on purpose) gives up what is left, counted.
+  const bool data_pending = f.data_unsent || !f.outputs_done;
+  if (f.data_open && f.receipt && data_pending && !output_given_up_) {
+    give_up_output("the host closed the data channel before the output's end");
+    if (flush_held_) bound_flush();
+    return;  // the next report says whether the output_lost lines are out
+  }
+  flush_data_owed_ = f.data_open && !output_given_up_ && (data_pending || !f.receipt);
   flush_output_bytes_ = f.output_bytes;
   if (!f.control_queued && !flush_data_owed_) return enter_final();
-  if (f.written > 0) arm(Timer::flush_idle, kFlushIdleMs);
+  if (f.written > 0 && !flush_held_) arm(Timer::flush_idle, kFlushIdleMs);
+}
+
+bool Session::give_up_output(std::string_view why) {
+  output_given_up_ = true;
+  bool any = false;
+  if (!data_up_ || !boot_ || !boot_->stdio) return any;
+  const bool terminal = boot_->stdio->terminal.has_value();
+  for (proto::Stream s : {proto::Stream::out, proto::Stream::err}) {
+    if (s == proto::Stream::err && terminal) continue;  // one stream: the PTY's
+    const ev::OutputAccount& a = s == proto::Stream::out ? last_flush_.out : last_flush_.err;
+    if (a.eof_framed && a.unsent == 0) continue;
+    note(Severity::warn, "halt", fmt::format("{}: {} byte(s) never sent, {} sent: {}", proto::to_string(s), a.unsent,
+                                             a.sent, why));
+    send(proto::OutputLost{0, s, a.sent, a.unsent});
+    any = any || last_flush_.channel_open;
+  }
+  return any;
 }
 
 void Session::enter_final() {
@@ -755,6 +794,38 @@ void Session::on(const ev::ExecOutputsDone& d) {
       if (execs_[i].held) report_exec(i);
       return;
     }
+}
+
+void Session::on(const ev::Held& h) {
+  const std::uint32_t ms = boot_ && boot_->stdio ? boot_->stdio->drain_ms : proto::kStdioDrainDefaultMs;
+  if (h.proc == 0) {
+    if (!held_exit_) return;
+    if (h.bytes > 0) return arm(Timer::drain, ms);  // the host is behind: the window starts again
+    note(Severity::info, "exited", fmt::format("output not at EOF {} ms after the reap, nothing of it held; reporting", ms));
+    return report_held_exit();
+  }
+  for (std::size_t i = 0; i < execs_.size(); ++i) {
+    if (execs_[i].proc != h.proc || !execs_[i].held) continue;
+    if (h.bytes > 0) {
+      if (!armed_[static_cast<int>(Timer::exec_drain)]) arm(Timer::exec_drain, ms);
+      return;
+    }
+    note(Severity::info, "exec", fmt::format("process {}: output not at EOF after the drain window, nothing of it held; reported", h.proc));
+    return report_exec(i);
+  }
+}
+
+void Session::on(const ev::ExecClosed& c) {
+  // Reported process: what of its output never left is counted for the host (its streams
+  // without an eof, only if the data channel is gone: else a background holder keeps them open
+  // and nothing of them was lost).
+  for (proto::Stream s : {proto::Stream::out, proto::Stream::err}) {
+    const ev::OutputAccount& a = s == proto::Stream::out ? c.out : c.err;
+    if (a.unsent == 0 && (a.eof_framed || c.data_open)) continue;
+    note(Severity::warn, "exec", fmt::format("process {} {}: {} byte(s) never sent, {} sent", c.proc,
+                                             proto::to_string(s), a.unsent, a.sent));
+    send(proto::OutputLost{c.proc, s, a.sent, a.unsent});
+  }
 }
 
 void Session::report_exec(std::size_t i) {

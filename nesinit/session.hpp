@@ -30,14 +30,14 @@ enum class Timer {
   all_grace,        // kill(-1, SIGTERM) -> grace_ms -> kill(-1, SIGKILL)
   all_kill,         // kill(-1, SIGKILL) -> kKillWaitMs -> give up on stragglers
   ack,              // terminal outcome sent -> ack_timeout_ms -> power off without the ack
-  drain,            // workload reaped, its output not at EOF -> stdio.drain_ms -> report anyway
+  drain,            // workload reaped, its output not at EOF -> stdio.drain_ms -> CheckHeld: nothing held: report
   reconnect,        // channel lost after boot -> boot.reconnect_ms -> today's shutdown
   redial,           // a dial attempt failed -> backoff -> the next attempt (first dial or redial)
   data_dial,        // boot.stdio: the data channel's dial began -> connect_timeout_ms -> start_failed
   data_redial,      // a data channel attempt failed -> backoff -> the next attempt
-  flush_idle,       // the final flush wrote nothing for kFlushIdleMs -> power off anyway
-  flush_cap,        // the final flush began -> kFlushMaxMs -> power off anyway
-  exec_drain,       // an exec'd process reaped, its output not at EOF -> its drain_ms -> report anyway
+  flush_idle,       // an unacknowledged final flush wrote nothing for kFlushIdleMs -> power off anyway
+  flush_cap,        // an unacknowledged final flush began -> kFlushMaxMs -> power off anyway
+  exec_drain,       // an exec'd process reaped, its output not at EOF -> its drain_ms -> CheckHeld: nothing held: report
 };
 inline constexpr int kTimerCount = 15;
 /// Backoff between dial attempts (the first dial and a redial alike): ms, doubling from the first
@@ -49,8 +49,9 @@ std::string_view to_string(Timer t);
 /// How long to wait for processes to disappear after SIGKILL (they can only be stuck in the
 /// kernel, e.g. uninterruptible I/O on a dead share): ms.
 inline constexpr std::uint32_t kKillWaitMs = 5000;
-/// The final flush before power-off (docs/protocol.md "The receipt"): given up after this long
-/// without a byte written to either channel, ms ...
+/// The final flush before power-off (docs/protocol.md "The receipt"), when no live host holds it
+/// (no ack of the outcome, or the lifecycle channel hung up): given up after this long without a
+/// byte written to either channel, ms ...
 inline constexpr std::uint32_t kFlushIdleMs = 1000;
 /// ... and after this long in all, ms.
 inline constexpr std::uint32_t kFlushMaxMs = 15000;
@@ -80,11 +81,22 @@ struct OutputsDone {};                            // the workload's stdout and s
 /// says the peer is not there *yet* (transport.hpp's retryable(errno): no listener, no port yet,
 /// an attempt cut short by a signal) rather than refusing for good.
 struct DialFailed { std::string reason; bool retryable = true; };
+/// One output stream's account (docs/protocol.md "output_lost"): `sent` payload bytes framed for
+/// the data channel, `unsent` bytes never framed (thrown away, held, or still in the pipe:
+/// FIONREAD), `eof_framed` its eof frame is framed (nothing more of it can be lost here).
+struct OutputAccount {
+  std::uint64_t sent = 0;
+  std::uint64_t unsent = 0;
+  bool eof_framed = false;
+  bool operator==(const OutputAccount&) const = default;
+};
 /// During the final flush (act::Flush): what is left, reported at once and after every round of
 /// writes. `written`: bytes written to either channel in that round; `control_queued`: lines for
 /// the host not written yet; `data_open`: the data channel is open; `data_unsent`: frames not
 /// written yet; `outputs_done`: the workload's stdout and stderr are at EOF; `receipt`: the host
-/// closed the data channel (EOF, or a virtio port's hang-up); `output_bytes`: output still held.
+/// closed the data channel (EOF, or a virtio port's hang-up); `output_bytes`: output still held;
+/// `channel_open`: the lifecycle channel is connected (no hang-up seen); `out`, `err`: the
+/// workload's output streams' accounts.
 struct Flushing {
   std::uint64_t written = 0;
   bool control_queued = false;
@@ -93,7 +105,15 @@ struct Flushing {
   bool outputs_done = false;
   bool receipt = false;
   std::size_t output_bytes = 0;
+  bool channel_open = true;
+  OutputAccount out, err;
 };
+/// act::CheckHeld's answer: `bytes` of process `proc`'s output (0: the workload's) the init still
+/// holds: in its buffers, a frame begun, or unread in its pipes (FIONREAD). 0: nothing waits.
+struct Held { std::uint16_t proc; std::uint64_t bytes; };
+/// act::CloseExec closed process `proc`'s streams: their accounts then, and whether the data
+/// channel was still open (closed: what was not framed is gone with it).
+struct ExecClosed { std::uint16_t proc; OutputAccount out, err; bool data_open = true; };
 struct ProcessList { proto::Processes list; };    // act::ListProcesses's result (read from /proc)
 struct ExecStarted { std::uint16_t proc; std::int32_t pid; };          // act::SpawnExec succeeded
 struct ExecFailed { std::uint16_t proc; proto::StartFailed failure; };  // ... or failed: nothing runs
@@ -105,7 +125,7 @@ using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
                            ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed,
                            ev::Flushing, ev::ProcessList, ev::ExecStarted, ev::ExecFailed,
-                           ev::ExecReaped, ev::ExecOutputsDone>;
+                           ev::ExecReaped, ev::ExecOutputsDone, ev::Held, ev::ExecClosed>;
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
@@ -153,12 +173,14 @@ struct SpawnExec {
   std::optional<proto::Stdio> stdio;
 };
 /// Process `proc` was reported: close what is left of its streams (its late output is
-/// discarded) once the frames already begun are out.
+/// discarded) once the frames already begun are out. ev::ExecClosed follows (with stdio).
 struct CloseExec { std::uint16_t proc; };
+/// Measure what process `proc` (0: the workload) still holds of its output: ev::Held.
+struct CheckHeld { std::uint16_t proc; };
 }  // namespace act
 using Action = std::variant<act::Send, act::DialData, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff,
-                            act::ListProcesses, act::SpawnExec, act::CloseExec>;
+                            act::ListProcesses, act::SpawnExec, act::CloseExec, act::CheckHeld>;
 using Actions = std::vector<Action>;
 
 /// Where the session is.
@@ -253,6 +275,8 @@ class Session {
   void on(const ev::ExecFailed&);
   void on(const ev::ExecReaped&);
   void on(const ev::ExecOutputsDone&);
+  void on(const ev::Held&);
+  void on(const ev::ExecClosed&);
   void on_exec(const proto::ExecProcess& x);
   void on_kill_exec(int signo, std::uint16_t proc);
   void report_exec(std::size_t i);  // exec_exited for execs_[i], then CloseExec; erased
@@ -281,6 +305,8 @@ class Session {
   void enter_all_term();
   void enter_await_ack();
   void enter_flush();
+  void bound_flush();    // the flush's own deadlines: no live host holds it
+  bool give_up_output(std::string_view why);  // output_lost for the workload's incomplete streams: any sent
   void enter_final();
   void report_held_exit();  // settle the outcome held back for the workload's output
 
@@ -322,6 +348,12 @@ class Session {
   std::vector<ExecState> execs_;
   bool flush_data_owed_ = false;   // the final flush: the last report said output is still owed
   std::size_t flush_output_bytes_ = 0;  // ... and how much of it is held
+  /// The final flush waits for the receipt without a deadline: the host acknowledged the outcome
+  /// and its lifecycle channel is connected (docs/protocol.md "The receipt").
+  bool flush_held_ = false;
+  bool output_given_up_ = false;   // output_lost was sent (or logged) for the workload
+  bool data_up_ = false;           // the data channel was connected (boot.stdio)
+  ev::Flushing last_flush_;        // the flush's last report: the workload's accounts
 };
 
 }  // namespace nes::init

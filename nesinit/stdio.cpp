@@ -70,7 +70,10 @@ std::size_t StdioCore::out_room(Stream s) const {
 }
 
 void StdioCore::on_output(Stream s, std::string_view bytes) {
-  if (!open_) return;
+  if (!open_) {
+    out(s).discarded += bytes.size();
+    return;
+  }
   out(s).buf.push(bytes);
 }
 
@@ -97,6 +100,7 @@ void StdioCore::frame_more() {
         const std::size_t n = std::min(v.size(), proto::kFrameDataMax);
         proto::append_data(tx_, s, v.substr(0, n), proc_);
         o.buf.consume(n);
+        o.framed += n;
       }
       if (o.eof && !o.eof_sent && o.buf.size() == 0) {
         proto::append_eof(tx_, s, proc_);
@@ -151,7 +155,10 @@ std::optional<StdioCore::DirectFrame> StdioCore::direct_begin(Stream s, std::siz
 }
 
 void StdioCore::direct_taken(std::size_t n) {
-  if (direct_) direct_->left -= std::min(n, direct_->left);
+  if (!direct_) return;
+  n = std::min(n, direct_->left);
+  direct_->left -= n;
+  out(direct_->stream).framed += n;
 }
 
 void StdioCore::direct_fill(std::string_view framed) {
@@ -237,8 +244,10 @@ void StdioCore::in_closed() {
 void StdioCore::channel_closed() {
   open_ = false;
   direct_.reset();
-  out_.buf.consume(out_.buf.size());
-  err_.buf.consume(err_.buf.size());
+  for (Out* o : {&out_, &err_}) {
+    o->discarded += o->buf.size();
+    o->buf.consume(o->buf.size());
+  }
   tx_.clear();
   tx_head_ = 0;
 }

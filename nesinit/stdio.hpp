@@ -168,11 +168,25 @@ class StdioCore {
   bool channel_open() const { return open_; }
   bool terminal() const { return terminal_; }
 
+  // ---- the account of each output stream (docs/protocol.md "output_lost")
+  /// Payload bytes of `s` framed for the data channel so far (written or still queued): what
+  /// `output_lost.sent` reports.
+  std::uint64_t framed(proto::Stream s) const { return out(s).framed; }
+  /// Bytes of `s` the init threw away unframed: held when the channel closed, or read after it.
+  /// With the pipe's unread bytes (FIONREAD, the loop's), what `output_lost.unsent` reports.
+  std::uint64_t discarded(proto::Stream s) const { return out(s).discarded; }
+  /// Bytes of `s` read from its pipe and held, not yet framed.
+  std::size_t held(proto::Stream s) const { return out(s).buf.size(); }
+  /// `s`'s eof frame is framed: nothing of it can be lost by the init any more.
+  bool eof_framed(proto::Stream s) const { return out(s).eof_sent; }
+
  private:
   struct Out {
     OutputBuffer buf;
     bool eof = false;       // the pipe reached EOF
     bool eof_sent = false;  // its eof frame is framed
+    std::uint64_t framed = 0;     // payload bytes framed (or taken into a direct frame)
+    std::uint64_t discarded = 0;  // bytes thrown away unframed (the channel is gone)
   };
   Out& out(proto::Stream s) { return s == proto::Stream::err ? err_ : out_; }
   const Out& out(proto::Stream s) const { return s == proto::Stream::err ? err_ : out_; }

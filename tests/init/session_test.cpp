@@ -761,9 +761,57 @@ bool warned(const Actions& as, std::string_view text) {
 }
 }  // namespace
 
-TEST_CASE("final flush: timed by the session, the loop reports what is left; the receipt ends it") {
+TEST_CASE("final flush: acknowledged, it waits for the receipt with no deadline while the host is connected") {
   Actions a;
   Session s = flushing(&a);
+  CHECK(only<act::Flush>(a).size() == 1);
+  CHECK(only<act::ArmTimer>(a).empty());  // a live host is never timed out
+  ev::Flushing f;
+  f.data_open = true;
+  f.data_unsent = true;
+  f.output_bytes = 1 << 20;
+  for (int i = 0; i < 50; ++i) {  // a slow reader: no progress, many rounds
+    a = s.handle(f);
+    CHECK(only<act::ArmTimer>(a).empty());
+    CHECK(only<act::PowerOff>(a).empty());
+  }
+  f.written = 65536;  // progress re-arms nothing either
+  CHECK(only<act::ArmTimer>(s.handle(f)).empty());
+  // The receipt after every byte: power-off, nothing lost.
+  ev::Flushing done;
+  done.data_open = true;
+  done.outputs_done = true;
+  done.receipt = true;
+  done.out = {8 << 20, 0, true};
+  done.err = {0, 0, true};
+  a = s.handle(done);
+  CHECK(only<act::PowerOff>(a).size() == 1);
+  CHECK(sent(a).empty());
+}
+
+TEST_CASE("final flush: the host hangs up while its receipt is awaited: bounded from then on") {
+  Session s = flushing();
+  ev::Flushing f;
+  f.data_open = true;
+  f.data_unsent = true;
+  f.output_bytes = 4096;
+  f.channel_open = false;
+  auto a = s.handle(f);
+  CHECK(warned(a, "hung up"));
+  CHECK(armed(a, Timer::flush_idle, kFlushIdleMs));
+  CHECK(armed(a, Timer::flush_cap, kFlushMaxMs));
+  a = s.handle(ev::TimerFired{Timer::flush_idle});
+  CHECK(only<act::PowerOff>(a).size() == 1);
+  CHECK(warned(a, "4096 byte(s) of the workload's output not sent"));
+}
+
+TEST_CASE("final flush: unacknowledged, timed by the session; the receipt ends it") {
+  Actions a;
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  s.handle(ev::NoChildren{});
+  a = s.handle(ev::TimerFired{Timer::ack});  // nobody acknowledged the outcome
+  REQUIRE(s.stage() == Stage::flush);
   CHECK(only<act::Flush>(a).size() == 1);
   CHECK(only<act::PowerOff>(a).empty());
   CHECK(armed(a, Timer::flush_idle, kFlushIdleMs));
@@ -809,8 +857,18 @@ TEST_CASE("final flush: nothing left powers off at once; a closed data channel o
   CHECK(only<act::PowerOff>(s.handle(f)).size() == 1);
 }
 
+/// A session whose outcome nobody acknowledged in time: the bounded final flush.
+Session flushing_unacked() {
+  Session s = running();
+  s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  s.handle(ev::NoChildren{});
+  s.handle(ev::TimerFired{Timer::ack});
+  REQUIRE(s.stage() == Stage::flush);
+  return s;
+}
+
 TEST_CASE("final flush: kFlushIdleMs without progress powers off, naming the output not sent") {
-  Session s = flushing();
+  Session s = flushing_unacked();
   ev::Flushing f;
   f.data_open = true;
   f.data_unsent = true;
@@ -821,7 +879,7 @@ TEST_CASE("final flush: kFlushIdleMs without progress powers off, naming the out
   CHECK(warned(a, "4096 byte(s) of the workload's output not sent"));
 
   // Only a control line left (a host that stopped reading): power-off without that warning.
-  Session c = flushing();
+  Session c = flushing_unacked();
   ev::Flushing q;
   q.control_queued = true;
   c.handle(q);
@@ -831,7 +889,7 @@ TEST_CASE("final flush: kFlushIdleMs without progress powers off, naming the out
 }
 
 TEST_CASE("final flush: progress keeps it going, kFlushMaxMs ends it whatever moves") {
-  Session s = flushing();
+  Session s = flushing_unacked();
   ev::Flushing f;
   f.data_open = true;
   f.written = 65536;  // a slow port still moving a big output's tail
@@ -941,8 +999,19 @@ TEST_CASE("exec: output still open after the reap (a background child): reported
   s.handle(ev::ExecStarted{5, 90});
   s.handle(ev::ExecReaped{90, proto::WorkloadExited::code(0)});
   auto a = s.handle(ev::TimerFired{Timer::exec_drain});
+  CHECK(sent(a).empty());
+  REQUIRE(only<act::CheckHeld>(a).size() == 1);
+  CHECK(only<act::CheckHeld>(a)[0].proc == 5);
+  // Output still waiting for the host (a slow exec client): the window starts again.
+  a = s.handle(ev::Held{5, 4096});
+  CHECK(sent(a).empty());
+  CHECK(armed(a, Timer::exec_drain, 250));
+  a = s.handle(ev::TimerFired{Timer::exec_drain});
+  a = s.handle(ev::Held{5, 0});
   CHECK(sent_msg<proto::ExecExited>(a) == proto::ExecExited{5, 0, std::nullopt});
   CHECK(only<act::CloseExec>(a).front().proc == 5);
+  // Its streams closed with nothing held and the data channel open: nothing was lost.
+  CHECK(sent(s.handle(ev::ExecClosed{5, {100, 0, false}, {0, 0, false}, true})).empty());
   // Its late outputs-done changes nothing.
   CHECK(sent(s.handle(ev::ExecOutputsDone{5})).empty());
 }
@@ -1036,3 +1105,46 @@ TEST_CASE("spawn: the workload's fds 0-2 without stdio are the console only wher
     CHECK_FALSE(sp[0].stdio);
   }
 }
+
+TEST_CASE("final flush: the host closes the data channel before the output's end: output_lost, exact") {
+  Session s = running_with_stdio();
+  s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+  s.handle(ev::OutputsDone{});
+  s.handle(ev::NoChildren{});
+  auto a = s.handle(msg(proto::Shutdown{}));
+  REQUIRE(s.stage() == Stage::flush);
+  CHECK(only<act::ArmTimer>(a).empty());
+  ev::Flushing f;
+  f.data_open = true;
+  f.data_unsent = true;
+  f.receipt = true;  // closed by the host, frames still unsent: it gave up on purpose
+  f.out = {5000000, 3388608, false};
+  f.err = {12, 0, true};  // complete: not reported
+  a = s.handle(f);
+  REQUIRE(sent(a) == std::vector<std::string>{"output_lost"});
+  CHECK(sent_msg<proto::OutputLost>(a) == proto::OutputLost{0, proto::Stream::out, 5000000, 3388608});
+  CHECK(warned(a, "stdout: 3388608 byte(s) never sent, 5000000 sent"));
+  CHECK(only<act::PowerOff>(a).empty());  // the line goes out first
+  CHECK(armed(a, Timer::flush_idle, kFlushIdleMs));  // bounded now
+  f.control_queued = true;
+  CHECK(only<act::PowerOff>(s.handle(f)).empty());
+  f.control_queued = false;
+  a = s.handle(f);
+  CHECK(sent(a).empty());  // once
+  CHECK(only<act::PowerOff>(a).size() == 1);
+}
+
+
+TEST_CASE("exec: its streams closed after the data channel went: output_lost with its accounts") {
+  Session s = running_with_stdio();
+  s.handle(msg(exec_of(3, true)));
+  s.handle(ev::ExecStarted{3, 91});
+  // The data channel is gone: 700 bytes were thrown away, stderr ended before (eof framed).
+  auto a = s.handle(ev::ExecClosed{3, {1000, 700, false}, {5, 0, true}, false});
+  REQUIRE(sent(a) == std::vector<std::string>{"output_lost"});
+  CHECK(sent_msg<proto::OutputLost>(a) == proto::OutputLost{3, proto::Stream::out, 1000, 700});
+  // Channel gone, no eof, nothing discarded: still reported (the host cannot know the rest).
+  a = s.handle(ev::ExecClosed{4, {10, 0, false}, {0, 0, true}, false});
+  CHECK(sent_msg<proto::OutputLost>(a) == proto::OutputLost{4, proto::Stream::out, 10, 0});
+}
+

@@ -536,7 +536,17 @@ TEST_CASE("session: a straggler keeps stdout open: the exit goes out when the dr
   Session s = running_with_stdio(250);
   auto a = s.handle(ev::Exited{proto::WorkloadExited::killed(9)});
   CHECK(armed(a, Timer::drain, 250));
+  // The window's end asks what is held; output still waiting for the host starts it again.
   a = s.handle(ev::TimerFired{Timer::drain});
+  CHECK(sent(a).empty());
+  REQUIRE(only<act::CheckHeld>(a).size() == 1);
+  CHECK(only<act::CheckHeld>(a)[0].proc == 0);
+  a = s.handle(ev::Held{0, 65536});
+  CHECK(sent(a).empty());
+  CHECK(armed(a, Timer::drain, 250));
+  a = s.handle(ev::TimerFired{Timer::drain});
+  CHECK(only<act::CheckHeld>(a).size() == 1);
+  a = s.handle(ev::Held{0, 0});  // nothing waits: only the straggler holds the pipe open
   REQUIRE(sent(a) == std::vector<std::string>{"workload_exited"});
   CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg) == proto::WorkloadExited::killed(9));
   // Then the ordered shutdown removes the straggler.
