@@ -333,11 +333,20 @@ class Pid1 {
     return fd && ::ioctl(fd.get(), FIONREAD, &n) == 0 && n > 0 ? static_cast<std::uint64_t>(n) : 0;
   }
 
-  /// Stream `s`'s account (ev::OutputAccount): the core's counts, and what its pipe still holds.
-  static ev::OutputAccount account(const StdioCore& c, const StdioFds& f, proto::Stream s) {
-    if (s == proto::Stream::err && f.terminal) return {0, 0, true};  // one stream: the PTY's
+  /// Stream `s`'s account (ev::OutputAccount): framed, and given up (thrown away, unread in its
+  /// pipe). Bytes read and not framed yet count as sent when `at_eof` (the stream is at EOF on an
+  /// open channel: they are framed next, nothing more comes), else as given up. Either way
+  /// sent + unsent is every byte of `s` the init has seen, which is what the host's count needs.
+  static ev::OutputAccount account(const StdioCore& c, const StdioFds& f, proto::Stream s, bool at_eof = false) {
     const host::Fd& fd = s == proto::Stream::err ? f.err : f.out;
-    return {c.framed(s), c.discarded(s) + c.held(s) + unread(fd), c.eof_framed(s)};
+    const std::uint64_t held = c.held(s);
+    return {c.framed(s) + (at_eof ? held : 0), c.discarded(s) + (at_eof ? 0 : held) + unread(fd),
+            c.eof_framed(s)};
+  }
+  /// stderr's account; none with a terminal (one stream: the PTY's).
+  static std::optional<ev::OutputAccount> err_account(const StdioCore& c, const StdioFds& f, bool at_eof = false) {
+    if (f.terminal) return std::nullopt;
+    return account(c, f, proto::Stream::err, at_eof);
   }
 
   /// act::CheckHeld: what process `proc` still holds of its output (its core's buffers, a frame
@@ -360,8 +369,8 @@ class Pid1 {
   void close_exec(std::uint16_t proc) {
     auto x = std::find_if(execs_.begin(), execs_.end(), [&](const ExecFds& e) { return e.proc == proc; });
     if (const StdioCore* c = mux_ ? mux_->core(proc) : nullptr; c && x != execs_.end())
-      pending_.push_back(ev::ExecClosed{proc, account(*c, x->fds, proto::Stream::out),
-                                        account(*c, x->fds, proto::Stream::err), c->channel_open()});
+      pending_.push_back(ev::ExecClosed{proc, account(*c, x->fds, proto::Stream::out), err_account(*c, x->fds),
+                                        c->outputs_done()});
     if (mux_) mux_->close(proc);
     std::erase_if(execs_, [&](const ExecFds& x) { return x.proc == proc; });
   }
@@ -407,7 +416,7 @@ class Pid1 {
     f.channel_open = static_cast<bool>(chan_);
     if (mux_) {
       f.out = account(mux_->workload(), fds_, proto::Stream::out);
-      f.err = account(mux_->workload(), fds_, proto::Stream::err);
+      f.err = err_account(mux_->workload(), fds_);
     }
     pending_.push_back(f);
   }
@@ -599,7 +608,8 @@ class Pid1 {
       pending_.push_back(ev::DataError{c.rx_error()});
       close_data();
     }
-    if (mux_->take_outputs_done(0)) pending_.push_back(ev::OutputsDone{});
+    if (mux_->take_outputs_done(0))
+      pending_.push_back(ev::OutputsDone{account(c, fds_, proto::Stream::out, true), err_account(c, fds_, true)});
   }
 
   /// What the core asks of its stdin side now: a resize, bytes to write, the close after eof.
@@ -644,7 +654,9 @@ class Pid1 {
     if ((p[kExecIn].revents | (x.fds.terminal ? p[kExecOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
       write_stdin(c, x.fds);
     stdin_side(c, x.fds);
-    if (mux_->take_outputs_done(x.proc)) pending_.push_back(ev::ExecOutputsDone{x.proc});
+    if (mux_->take_outputs_done(x.proc))
+      pending_.push_back(ev::ExecOutputsDone{x.proc, true, account(c, x.fds, proto::Stream::out, true),
+                                             err_account(c, x.fds, true)});
   }
 
   /// Direct mode: frames what waits in `s`'s pipe and moves it to the channel with splice(2),

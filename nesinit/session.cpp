@@ -294,9 +294,10 @@ void Session::on(const ev::DataError& e) {
   send(proto::ProtocolError{fmt::format("data channel: {}", e.reason)});
 }
 
-void Session::on(const ev::OutputsDone&) {
+void Session::on(const ev::OutputsDone& d) {
   if (outputs_done_) return;
   outputs_done_ = true;
+  account_workload(d.out, d.err, "");
   if (!held_exit_) return;
   cancel(Timer::drain);
   note(Severity::info, "exited", "stdout and stderr at EOF");
@@ -579,13 +580,15 @@ void Session::on(const ev::TimerFired& t) {
     case Timer::flush_idle:
     case Timer::flush_cap:
       if (stage_ != Stage::flush || flush_held_) return;
-      if (flush_data_owed_ && !output_given_up_) {
+      if (flush_data_owed_)
         note(Severity::warn, "halt", fmt::format("{} byte(s) of the workload's output not sent before power-off",
                                                  flush_output_bytes_));
-        // One more bounded round for the output_lost lines themselves.
-        if (give_up_output(t.timer == Timer::flush_cap ? "the flush's 15 s bound is over"
-                                                       : "nothing was written for 1 s and no live host holds the flush"))
-          return arm(Timer::flush_idle, kFlushIdleMs);
+      // One more bounded round for the output_end lines themselves.
+      if (account_workload(last_flush_.out, last_flush_.err,
+                           t.timer == Timer::flush_cap ? "the flush's 15 s bound is over"
+                                                       : "nothing was written for 1 s and no live host holds the flush")) {
+        flush_data_owed_ = false;
+        return arm(Timer::flush_idle, kFlushIdleMs);
       }
       enter_final();
       return;
@@ -701,34 +704,43 @@ void Session::on(const ev::Flushing& f) {
   }
   // Written is not received: bytes in the VMM's queues die with the VM. The host closes the data
   // channel once it has every output stream's EOF: that close is the receipt. A close before it
-  // (the host ended the wait on purpose) gives up what is left, counted.
+  // (the host ended the wait on purpose) gives up what is left, counted in output_end.
   const bool data_pending = f.data_unsent || !f.outputs_done;
-  if (f.data_open && f.receipt && data_pending && !output_given_up_) {
-    give_up_output("the host closed the data channel before the output's end");
-    if (flush_held_) bound_flush();
-    return;  // the next report says whether the output_lost lines are out
-  }
-  flush_data_owed_ = f.data_open && !output_given_up_ && (data_pending || !f.receipt);
+  const bool given_up = f.data_open && f.receipt && data_pending;
+  flush_data_owed_ = f.data_open && !given_up && (data_pending || !f.receipt);
   flush_output_bytes_ = f.output_bytes;
-  if (!f.control_queued && !flush_data_owed_) return enter_final();
-  if (f.written > 0 && !flush_held_) arm(Timer::flush_idle, kFlushIdleMs);
+  if (f.control_queued || flush_data_owed_) {
+    if (f.written > 0 && !flush_held_) arm(Timer::flush_idle, kFlushIdleMs);
+    return;
+  }
+  // Nothing owed: the accounts not sent yet go first (the next report says they are out).
+  if (account_workload(f.out, f.err, given_up ? "the host closed the data channel before the output's end" : "")) {
+    if (flush_held_) bound_flush();
+    return;
+  }
+  enter_final();
 }
 
-bool Session::give_up_output(std::string_view why) {
-  output_given_up_ = true;
-  bool any = false;
-  if (!data_up_ || !boot_ || !boot_->stdio) return any;
-  const bool terminal = boot_->stdio->terminal.has_value();
+bool Session::account_workload(const ev::OutputAccount& out, const std::optional<ev::OutputAccount>& err,
+                               std::string_view why) {
+  if (workload_accounted_ || !data_up_ || !boot_ || !boot_->stdio) return false;
+  workload_accounted_ = true;
+  send_accounts(0, out, err, why);
+  return channel_open_ && (stage_ != Stage::flush || last_flush_.channel_open);
+}
+
+void Session::send_accounts(std::uint16_t proc, const ev::OutputAccount& out,
+                            const std::optional<ev::OutputAccount>& err, std::string_view why) {
   for (proto::Stream s : {proto::Stream::out, proto::Stream::err}) {
-    if (s == proto::Stream::err && terminal) continue;  // one stream: the PTY's
-    const ev::OutputAccount& a = s == proto::Stream::out ? last_flush_.out : last_flush_.err;
-    if (a.eof_framed && a.unsent == 0) continue;
-    note(Severity::warn, "halt", fmt::format("{}: {} byte(s) never sent, {} sent: {}", proto::to_string(s), a.unsent,
-                                             a.sent, why));
-    send(proto::OutputLost{0, s, a.sent, a.unsent});
-    any = any || last_flush_.channel_open;
+    if (s == proto::Stream::err && !err) continue;
+    const ev::OutputAccount& a = s == proto::Stream::out ? out : *err;
+    // At EOF (`why` empty) only bytes thrown away are given up; else also a stream not at its end.
+    if (a.unsent > 0 || (!why.empty() && !a.eof_framed))
+      note(Severity::warn, proc == 0 ? "output" : "exec",
+           fmt::format("{}{}: {} byte(s) given up, {} sent: {}", proc == 0 ? "" : fmt::format("process {} ", proc),
+                       proto::to_string(s), a.unsent, a.sent, why.empty() ? "the data channel closed before its end" : why));
+    send(proto::OutputEnd{proc, s, a.sent, a.unsent});
   }
-  return any;
 }
 
 void Session::enter_final() {
@@ -790,7 +802,9 @@ void Session::on(const ev::ExecReaped& r) {
 void Session::on(const ev::ExecOutputsDone& d) {
   for (std::size_t i = 0; i < execs_.size(); ++i)
     if (execs_[i].proc == d.proc) {
+      if (execs_[i].outputs_done) return;
       execs_[i].outputs_done = true;
+      if (d.stdio) send_accounts(d.proc, d.out, d.err, "");
       if (execs_[i].held) report_exec(i);
       return;
     }
@@ -816,16 +830,10 @@ void Session::on(const ev::Held& h) {
 }
 
 void Session::on(const ev::ExecClosed& c) {
-  // Reported process: what of its output never left is counted for the host (its streams
-  // without an eof, only if the data channel is gone: else a background holder keeps them open
-  // and nothing of them was lost).
-  for (proto::Stream s : {proto::Stream::out, proto::Stream::err}) {
-    const ev::OutputAccount& a = s == proto::Stream::out ? c.out : c.err;
-    if (a.unsent == 0 && (a.eof_framed || c.data_open)) continue;
-    note(Severity::warn, "exec", fmt::format("process {} {}: {} byte(s) never sent, {} sent", c.proc,
-                                             proto::to_string(s), a.unsent, a.sent));
-    send(proto::OutputLost{c.proc, s, a.sent, a.unsent});
-  }
+  // Reported before its streams ended (a background holder keeps them open, or the data channel
+  // went): their accounts now; what is not framed is given up with them.
+  if (c.outputs_done) return;  // accounted when its eofs were framed
+  send_accounts(c.proc, c.out, c.err, "reported before the end of its output; the rest is not read");
 }
 
 void Session::report_exec(std::size_t i) {

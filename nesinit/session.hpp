@@ -58,6 +58,16 @@ inline constexpr std::uint32_t kFlushMaxMs = 15000;
 
 // ---- events ------------------------------------------------------------------------------------
 namespace ev {
+/// One output stream's account (docs/protocol.md "output_end"): `sent` payload bytes framed for
+/// the data channel (at its EOF, with those read and framed next), `unsent` bytes given up (thrown
+/// away, or still unread in the pipe: FIONREAD); sent + unsent is every byte of the stream the
+/// init has seen. `eof_framed`: its eof frame is framed.
+struct OutputAccount {
+  std::uint64_t sent = 0;
+  std::uint64_t unsent = 0;
+  bool eof_framed = false;
+  bool operator==(const OutputAccount&) const = default;
+};
 struct Start { std::string channel; };            // PID 1 is set up: dial `channel` (its address, for the log)
 struct ChannelUp {};                              // dialled (or redialled): the session (re)begins
 struct Line { proto::Line line; };                // a framed line (the session decodes it)
@@ -76,20 +86,13 @@ struct DataUp {};                                 // the data channel is connect
 /// `err` is its errno, `retryable` as for DialFailed (false: give up, nothing starts).
 struct DataFailed { std::string reason; int err; bool retryable = false; };
 struct DataError { std::string reason; };         // the host broke the framing: channel closed
-struct OutputsDone {};                            // the workload's stdout and stderr are at EOF
+/// The workload's stdout and stderr are at EOF, their eof frames framed: their final accounts
+/// (no `err` with a terminal: one stream).
+struct OutputsDone { OutputAccount out; std::optional<OutputAccount> err = OutputAccount{}; };
 /// One dial attempt (act::Dial) failed: `reason` is the error as text (strerror); `retryable`
 /// says the peer is not there *yet* (transport.hpp's retryable(errno): no listener, no port yet,
 /// an attempt cut short by a signal) rather than refusing for good.
 struct DialFailed { std::string reason; bool retryable = true; };
-/// One output stream's account (docs/protocol.md "output_lost"): `sent` payload bytes framed for
-/// the data channel, `unsent` bytes never framed (thrown away, held, or still in the pipe:
-/// FIONREAD), `eof_framed` its eof frame is framed (nothing more of it can be lost here).
-struct OutputAccount {
-  std::uint64_t sent = 0;
-  std::uint64_t unsent = 0;
-  bool eof_framed = false;
-  bool operator==(const OutputAccount&) const = default;
-};
 /// During the final flush (act::Flush): what is left, reported at once and after every round of
 /// writes. `written`: bytes written to either channel in that round; `control_queued`: lines for
 /// the host not written yet; `data_open`: the data channel is open; `data_unsent`: frames not
@@ -106,19 +109,22 @@ struct Flushing {
   bool receipt = false;
   std::size_t output_bytes = 0;
   bool channel_open = true;
-  OutputAccount out, err;
+  OutputAccount out;
+  std::optional<OutputAccount> err = OutputAccount{};  // none with a terminal
 };
 /// act::CheckHeld's answer: `bytes` of process `proc`'s output (0: the workload's) the init still
 /// holds: in its buffers, a frame begun, or unread in its pipes (FIONREAD). 0: nothing waits.
 struct Held { std::uint16_t proc; std::uint64_t bytes; };
-/// act::CloseExec closed process `proc`'s streams: their accounts then, and whether the data
-/// channel was still open (closed: what was not framed is gone with it).
-struct ExecClosed { std::uint16_t proc; OutputAccount out, err; bool data_open = true; };
+/// act::CloseExec closed process `proc`'s streams: their accounts then, and whether both were
+/// already at EOF (their accounts went out with ExecOutputsDone).
+struct ExecClosed { std::uint16_t proc; OutputAccount out; std::optional<OutputAccount> err = OutputAccount{}; bool outputs_done = false; };
 struct ProcessList { proto::Processes list; };    // act::ListProcesses's result (read from /proc)
 struct ExecStarted { std::uint16_t proc; std::int32_t pid; };          // act::SpawnExec succeeded
 struct ExecFailed { std::uint16_t proc; proto::StartFailed failure; };  // ... or failed: nothing runs
 struct ExecReaped { std::int32_t pid; proto::WorkloadExited status; };  // an exec'd pid was reaped
-struct ExecOutputsDone { std::uint16_t proc; };   // its stdout and stderr are at EOF (or it has none)
+/// Process `proc`'s stdout and stderr are at EOF (their final accounts), or it has no streams
+/// (`stdio` false: no accounts).
+struct ExecOutputsDone { std::uint16_t proc; bool stdio = false; OutputAccount out; std::optional<OutputAccount> err = OutputAccount{}; };
 }  // namespace ev
 using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
@@ -306,7 +312,14 @@ class Session {
   void enter_await_ack();
   void enter_flush();
   void bound_flush();    // the flush's own deadlines: no live host holds it
-  bool give_up_output(std::string_view why);  // output_lost for the workload's incomplete streams: any sent
+  /// output_end for the workload's streams, once (none without a data channel); `why` is why the
+  /// init gives them up ("" for eofs framed). True if lines went to an open channel.
+  bool account_workload(const ev::OutputAccount& out, const std::optional<ev::OutputAccount>& err,
+                        std::string_view why);
+  /// output_end for process `proc`'s streams (no `err`: a terminal's one stream), a warning for
+  /// each given up (`why`).
+  void send_accounts(std::uint16_t proc, const ev::OutputAccount& out, const std::optional<ev::OutputAccount>& err,
+                     std::string_view why);
   void enter_final();
   void report_held_exit();  // settle the outcome held back for the workload's output
 
@@ -351,7 +364,7 @@ class Session {
   /// The final flush waits for the receipt without a deadline: the host acknowledged the outcome
   /// and its lifecycle channel is connected (docs/protocol.md "The receipt").
   bool flush_held_ = false;
-  bool output_given_up_ = false;   // output_lost was sent (or logged) for the workload
+  bool workload_accounted_ = false;  // the workload's output_end went out (or was logged)
   bool data_up_ = false;           // the data channel was connected (boot.stdio)
   ev::Flushing last_flush_;        // the flush's last report: the workload's accounts
 };

@@ -168,12 +168,12 @@ class StdioCore {
   bool channel_open() const { return open_; }
   bool terminal() const { return terminal_; }
 
-  // ---- the account of each output stream (docs/protocol.md "output_lost")
+  // ---- the account of each output stream (docs/protocol.md "output_end")
   /// Payload bytes of `s` framed for the data channel so far (written or still queued): what
-  /// `output_lost.sent` reports.
+  /// `output_end.sent` reports.
   std::uint64_t framed(proto::Stream s) const { return out(s).framed; }
   /// Bytes of `s` the init threw away unframed: held when the channel closed, or read after it.
-  /// With the pipe's unread bytes (FIONREAD, the loop's), what `output_lost.unsent` reports.
+  /// With the pipe's unread bytes (FIONREAD, the loop's), what `output_end.unsent` reports.
   std::uint64_t discarded(proto::Stream s) const { return out(s).discarded; }
   /// Bytes of `s` read from its pipe and held, not yet framed.
   std::size_t held(proto::Stream s) const { return out(s).buf.size(); }

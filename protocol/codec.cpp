@@ -246,8 +246,8 @@ void enc(Buf& b, const ExecExited& m) {
   put_int(b, m.proc);
   put_exit(b, m.exit_code, m.signal);
 }
-void enc(Buf& b, const OutputLost& m) {
-  open(b, "output_lost");
+void enc(Buf& b, const OutputEnd& m) {
+  open(b, "output_end");
   key(b, "proc");
   put_int(b, m.proc);
   key(b, "stream");
@@ -1178,7 +1178,7 @@ bool dec(od::document& doc, const Path& p, ExecExited& out, Err& err) {
 constexpr std::array<Stream, 2> kOutputStreams = {Stream::out, Stream::err};
 constexpr std::string_view kBytes53 = "integer 0..9007199254740991";
 
-bool dec(od::document& doc, const Path& p, OutputLost& out, Err& err) {
+bool dec(od::document& doc, const Path& p, OutputEnd& out, Err& err) {
   bool proc = false, stream = false, sent = false, unsent = false;
   const auto max = static_cast<std::int64_t>(kGenerationMax);  // 2^53-1: JSON's exact integers
   if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
@@ -1214,7 +1214,7 @@ constexpr std::string_view kTag(const ExecProcess*) { return "exec"; }
 constexpr std::string_view kTag(const ExecStarted*) { return "exec_started"; }
 constexpr std::string_view kTag(const ExecFailed*) { return "exec_failed"; }
 constexpr std::string_view kTag(const ExecExited*) { return "exec_exited"; }
-constexpr std::string_view kTag(const OutputLost*) { return "output_lost"; }
+constexpr std::string_view kTag(const OutputEnd*) { return "output_end"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

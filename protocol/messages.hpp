@@ -147,24 +147,26 @@ struct ExecExited {
   bool operator==(const ExecExited&) const = default;
 };
 
-/// Output the guest gave up on (additive; docs/protocol.md "The receipt"): process `proc`'s
-/// `stream` (stdout or stderr) had `sent` payload bytes framed onto the data channel in all, and
-/// `unsent` more that never were (held by the init, or still in the pipe, when the host closed
-/// the data channel before that stream's eof). Sent at most once per stream, after the outcome
-/// (proc 0) or after exec_exited. The receiver's loss, exact: `unsent` + `sent` - bytes of that
-/// stream it received. Counts are bytes, 0..2^53-1 (JSON's exact integers).
-struct OutputLost {
+/// The init's account of one output stream, once it is over for the init (additive;
+/// docs/protocol.md "output_end"): process `proc`'s `stream` (stdout or stderr) had `sent`
+/// payload bytes framed onto the data channel in all, and `unsent` more it gave up unframed
+/// (thrown away after the channel closed, or still held or in the pipe when it gave the stream
+/// up). Sent exactly once per output stream of each process with stdio: when its eof is framed
+/// (`unsent` 0 unless the channel closed earlier), or when the init gives the stream up. The
+/// receiver's loss, exact: `unsent` + `sent` - the bytes of that stream it received; 0 proves the
+/// stream arrived whole. Counts are bytes, 0..2^53-1 (JSON's exact integers).
+struct OutputEnd {
   std::uint16_t proc = 0;
   Stream stream = Stream::out;
   std::uint64_t sent = 0;
   std::uint64_t unsent = 0;
-  bool operator==(const OutputLost&) const = default;
+  bool operator==(const OutputEnd&) const = default;
 };
 
 /// Any message the guest sends.
 using GuestMessage = std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited,
                                   ProtocolError, Processes, ExecStarted, ExecFailed, ExecExited,
-                                  OutputLost>;
+                                  OutputEnd>;
 
 // ---- host -> guest -----------------------------------------------------------------------------
 

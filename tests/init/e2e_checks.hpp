@@ -10,10 +10,42 @@ namespace nes::init::test {
 
 /// The workload_exited the init reports next; the test stops there, naming the harness's last
 /// error (a timeout, another message, the channel closed), when it reports anything else.
+/// The streams' output_end accounts that come first (at most one per stream) are kept in
+/// sb.output_ends.
 inline proto::WorkloadExited next_exit(Sandbox& sb) {
-  auto x = sb.expect<proto::WorkloadExited>();
-  REQUIRE_MESSAGE(x, sb.last_error());
-  return *x;
+  for (;;) {
+    auto m = sb.next();
+    REQUIRE_MESSAGE(m, sb.last_error());
+    if (auto* e = std::get_if<proto::OutputEnd>(&*m)) {
+      sb.output_ends.push_back(*e);
+      continue;
+    }
+    auto* x = std::get_if<proto::WorkloadExited>(&*m);
+    REQUIRE_MESSAGE(x, "unexpected message: " << proto::encode(*m));
+    return *x;
+  }
+}
+
+/// The exec_exited the init reports next, its processes' output_end accounts kept as next_exit's.
+inline proto::ExecExited next_exec_exit(Sandbox& sb, int timeout_ms = 10000) {
+  for (;;) {
+    auto m = sb.next(timeout_ms);
+    REQUIRE_MESSAGE(m, sb.last_error());
+    if (auto* e = std::get_if<proto::OutputEnd>(&*m)) {
+      sb.output_ends.push_back(*e);
+      continue;
+    }
+    auto* x = std::get_if<proto::ExecExited>(&*m);
+    REQUIRE_MESSAGE(x, "unexpected message: " << proto::encode(*m));
+    return *x;
+  }
+}
+
+/// The account of the workload's `s` among sb.output_ends (nullopt: none arrived).
+inline std::optional<proto::OutputEnd> account_of(const Sandbox& sb, proto::Stream s, std::uint16_t proc = 0) {
+  for (const auto& e : sb.output_ends)
+    if (e.proc == proc && e.stream == s) return e;
+  return std::nullopt;
 }
 
 }  // namespace nes::init::test

@@ -130,6 +130,9 @@ TEST_CASE("S12: 64 MiB to stdout then exit 7: no deadlock, exit 7, SHA-256 equal
   const std::string a = sha256_of(sent), b = sha256_of((sb.dir() / "received").string());
   CHECK(a.size() == 64);
   CHECK(a == b);
+  // The init's own account agrees: every byte framed, none given up.
+  CHECK(account_of(sb, Stream::out) == proto::OutputEnd{0, Stream::out, 67108864, 0});
+  CHECK(account_of(sb, Stream::err) == proto::OutputEnd{0, Stream::err, 0, 0});
   MESSAGE("64 MiB stdout -> host: " << (t1 - t0) << " ms, ~" << (t1 > t0 ? 65536 / (t1 - t0) : 0) << " MiB/s (started to eof, sandbox)");
   CHECK(sb.shutdown_powered_off());
 }
@@ -307,11 +310,13 @@ TEST_CASE("exec: processes beside the workload, each with its own streams, stdin
   proto::append_data(in, Stream::in, "hello\n", 1);
   proto::append_eof(in, Stream::in, 1);
   sb.send_data(in);
-  auto exited = sb.expect<proto::ExecExited>();
-  REQUIRE_MESSAGE(exited, sb.last_error());
-  CHECK(*exited == proto::ExecExited{1, 7, std::nullopt});
+  auto exited = next_exec_exit(sb);
+  CHECK(exited == proto::ExecExited{1, 7, std::nullopt});
   CHECK(sb.proc_data(1, Stream::out) == "out\ngot:hello\n");
   CHECK(sb.proc_data(1, Stream::err) == "err\n");
+  // Its accounts came before its exit: every byte framed, none given up.
+  CHECK(account_of(sb, Stream::out, 1) == proto::OutputEnd{1, Stream::out, 14, 0});
+  CHECK(account_of(sb, Stream::err, 1) == proto::OutputEnd{1, Stream::err, 4, 0});
   // Its eofs came no later than its exit report (the same poll round at the latest).
   CHECK(sb.when("data:1:stdout:eof") <= sb.when("msg:exec_exited"));
   CHECK(sb.when("data:1:stderr:eof") <= sb.when("msg:exec_exited"));
@@ -323,9 +328,9 @@ TEST_CASE("exec: processes beside the workload, each with its own streams, stdin
   REQUIRE(sb.send(x));
   REQUIRE(sb.expect<proto::ExecStarted>());
   REQUIRE(sb.send(proto::Kill{9, 2}));
-  exited = sb.expect<proto::ExecExited>();
-  REQUIRE_MESSAGE(exited, sb.last_error());
-  CHECK(*exited == proto::ExecExited{2, std::nullopt, 9});
+  exited = next_exec_exit(sb);
+  CHECK(exited == proto::ExecExited{2, std::nullopt, 9});
+  CHECK_FALSE(account_of(sb, Stream::out, 2));  // no streams: no accounts
 
   // 3: not found: exec_failed, class not_found; nothing of it runs.
   x.proc = 3;
@@ -354,8 +359,72 @@ TEST_CASE("exec after the data channel was closed: its stdin reads EOF at once, 
   REQUIRE(sb.expect<proto::ProtocolError>());
   REQUIRE(sb.send(exec_with_stdin(1, {"/bin/sh", "-c", "cat; exit 5"})));
   REQUIRE_MESSAGE(sb.expect<proto::ExecStarted>(), sb.last_error());
-  auto exited = sb.expect<proto::ExecExited>(5000);
-  REQUIRE_MESSAGE(exited, sb.last_error());
-  CHECK(*exited == proto::ExecExited{1, 5, std::nullopt});
+  auto exited = next_exec_exit(sb, 5000);
+  CHECK(exited == proto::ExecExited{1, 5, std::nullopt});
   finish(sb);
+}
+
+// ---- issue 24: a slow host costs time, never bytes; what is given up is counted exactly --------
+
+TEST_CASE("receipt held by a live host: after the ack the init waits with no deadline of its own, then every byte is there") {
+  SandboxOptions o = with_data();
+  o.hold_receipt = true;  // every byte and eof read, but the receipt (our close) only when we say
+  Sandbox sb(o);
+  const std::string sent = (sb.dir() / "sent").string();
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "head -c 2097152 /dev/urandom | tee '" + sent + "'; exit 7"})));
+  CHECK(next_exit(sb) == proto::WorkloadExited::code(7));
+  REQUIRE(sb.send(proto::Shutdown{}));  // the ack: the host is alive
+  CHECK(sb.wait_stderr("holding power-off for the host's receipt"));
+  // Well past the 1 s that used to end the wait: still up, nothing given up.
+  CHECK_FALSE(sb.wait_exit(2500));
+  CHECK(sb.err().find("given up") == std::string::npos);
+  sb.close_data();  // the receipt
+  CHECK(powered_off(sb.wait_exit()));
+  CHECK(sb.data_out() == slurp(sent));
+  CHECK(account_of(sb, Stream::out) == proto::OutputEnd{0, Stream::out, 2097152, 0});
+}
+
+TEST_CASE("the host gives up on the data channel mid-output: output_end says exactly how much it lost") {
+  Sandbox sb(with_data());
+  proto::Stdio st;
+  st.buffer_bytes = 65536;
+  // 4 MiB cannot pass a 64 KiB buffer and the socket without the host reading it.
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "head -c 4194304 /dev/zero; exit 7"}, st)));
+  REQUIRE(sb.wait_until([&] { return sb.data_out().size() >= 65536; }));
+  sb.pause_data(true);
+  sb.close_data();  // gave up: what is in our socket buffer now is lost too
+  const std::size_t received = sb.data_out().size();
+  // The init discards from now on, so the workload finishes.
+  CHECK(next_exit(sb) == proto::WorkloadExited::code(7));
+  const auto out = account_of(sb, Stream::out);
+  REQUIRE(out);
+  CHECK(out->sent + out->unsent == 4194304u);  // every byte the workload wrote is accounted
+  CHECK(out->sent >= received);
+  CHECK(out->unsent > 0);
+  // The loss the host reports: unsent + sent - received, exactly what never reached it.
+  CHECK(out->unsent + out->sent - received == 4194304u - received);
+  CHECK(account_of(sb, Stream::err) == proto::OutputEnd{0, Stream::err, 0, 0});
+  CHECK(sb.wait_stderr("stdout: " + std::to_string(out->unsent) + " byte(s) given up, " + std::to_string(out->sent) + " sent"));
+  finish(sb);
+}
+
+TEST_CASE("the host dies mid-output: the init counts what it gave up in its log and powers off, bounded") {
+  Sandbox sb(with_data());
+  proto::Stdio st;
+  st.buffer_bytes = 65536;
+  // SIGTERM ignored (inherited by head): the ordered shutdown's grace lets it write its 4 MiB.
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "trap '' TERM; head -c 4194304 /dev/zero"}, st)));
+  REQUIRE(sb.wait_until([&] { return sb.data_out().size() >= 65536; }));
+  sb.pause_data(true);
+  sb.close_data();
+  sb.close_channel();  // the host is gone
+  CHECK(powered_off(sb.wait_exit()));
+  // "stdout: U byte(s) given up, S sent": U + S is every byte head wrote.
+  const std::string& log = sb.err();
+  const auto at = log.find("stdout: ");
+  REQUIRE(at != std::string::npos);
+  unsigned long long unsent = 0, sent = 0;
+  REQUIRE(std::sscanf(log.c_str() + at, "stdout: %llu byte(s) given up, %llu sent", &unsent, &sent) == 2);
+  CHECK(unsent + sent == 4194304u);
+  CHECK(sent >= sb.data_out().size());
 }

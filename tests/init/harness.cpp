@@ -30,7 +30,7 @@ std::string init_bin() {
   return b;
 }
 
-Sandbox::Sandbox(SandboxOptions o) {
+Sandbox::Sandbox(SandboxOptions o) : hold_receipt_(o.hold_receipt) {
   char tmpl[] = "/tmp/nesinit-e2e-XXXXXX";
   if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
   dir_ = tmpl;
@@ -235,7 +235,7 @@ bool Sandbox::pump(int timeout_ms) {
         break;
       }
       // As a host must (docs/protocol.md "Data channel"): every output stream at EOF, close.
-      if (data_dec_.at_eof(proto::Stream::out) && (data_dec_.at_eof(proto::Stream::err) || terminal_)) {
+      if (!hold_receipt_ && data_dec_.at_eof(proto::Stream::out) && (data_dec_.at_eof(proto::Stream::err) || terminal_)) {
         close_fd(data_fd_);
         data_closed_ = true;
         timeline_.push_back("data:closed");

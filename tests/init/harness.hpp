@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 
@@ -45,6 +46,8 @@ struct SandboxOptions {
   std::vector<std::string> wrapper;  // argv run before the init inside the namespace (prlimit ...)
   bool data = false;            // listen for the data channel too: --data-channel=unix:DIR/data.sock
   proto::FrameRules data_rules{proto::FrameSender::guest, false, false, false};  // what it may send
+  bool hold_receipt = false;    // do not close the data channel at the output's eofs (the
+                                // receipt): the test closes it (close_data()) when it chooses
 };
 
 /// The real init in its sandbox, with the scripted host end of its channel (ScriptedHost, the
@@ -94,6 +97,12 @@ class Sandbox : public host::testing::ScriptedHost {
   }
   /// Stop (true) or resume reading the data channel: a host that does not keep up.
   void pause_data(bool paused) { data_paused_ = paused; }
+  /// Close our end of the data channel before the output's end: a host that gives up on it.
+  void close_data() {
+    if (data_fd_ >= 0) ::close(data_fd_);
+    data_fd_ = -1;
+    data_closed_ = true;
+  }
   /// Queue bytes (frames) for the guest; written as the socket takes them.
   void send_data(std::string_view bytes) { data_tx_ += bytes; }
   /// Bytes received per stream (stdout, stderr), drop counts, and the per-stream eofs.
@@ -132,6 +141,8 @@ class Sandbox : public host::testing::ScriptedHost {
 
   const std::string& out() const { return out_; }
   const std::string& err() const { return err_; }
+  /// output_end accounts the checks took off the channel (e2e_checks.hpp's next_exit), in order.
+  std::vector<proto::OutputEnd> output_ends;
 
  protected:
   /// One poll round over listener, channel, stdout, stderr and the process; false on timeout.
@@ -151,6 +162,7 @@ class Sandbox : public host::testing::ScriptedHost {
   int data_listen_ = -1, data_fd_ = -1;
   bool data_paused_ = false, data_closed_ = false;
   bool terminal_ = false;     // the boot sent asked for a terminal: stdout is the only output
+  bool hold_receipt_ = false;  // SandboxOptions::hold_receipt
   std::string data_[3];
   std::map<std::uint16_t, std::array<std::string, 3>> proc_data_;  // exec'd processes' output
   std::string data_tx_;

@@ -1010,8 +1010,12 @@ TEST_CASE("exec: output still open after the reap (a background child): reported
   a = s.handle(ev::Held{5, 0});
   CHECK(sent_msg<proto::ExecExited>(a) == proto::ExecExited{5, 0, std::nullopt});
   CHECK(only<act::CloseExec>(a).front().proc == 5);
-  // Its streams closed with nothing held and the data channel open: nothing was lost.
-  CHECK(sent(s.handle(ev::ExecClosed{5, {100, 0, false}, {0, 0, false}, true})).empty());
+  // Its streams closed before their EOF (the background child holds them): their accounts now,
+  // nothing given up.
+  a = s.handle(ev::ExecClosed{5, {100, 0, false}, ev::OutputAccount{0, 0, false}, false});
+  REQUIRE(sent(a) == std::vector<std::string>{"output_end", "output_end"});
+  CHECK(std::get<proto::OutputEnd>(only<act::Send>(a)[0].msg) == proto::OutputEnd{5, proto::Stream::out, 100, 0});
+  CHECK(std::get<proto::OutputEnd>(only<act::Send>(a)[1].msg) == proto::OutputEnd{5, proto::Stream::err, 0, 0});
   // Its late outputs-done changes nothing.
   CHECK(sent(s.handle(ev::ExecOutputsDone{5})).empty());
 }
@@ -1106,25 +1110,52 @@ TEST_CASE("spawn: the workload's fds 0-2 without stdio are the console only wher
   }
 }
 
-TEST_CASE("final flush: the host closes the data channel before the output's end: output_lost, exact") {
+TEST_CASE("output_end: each stream's account goes out once, before the outcome, when its eof is framed") {
+  Session s = running_with_stdio();
+  CHECK(sent(s.handle(ev::Exited{proto::WorkloadExited::code(7)})).empty());
+  auto a = s.handle(ev::OutputsDone{{8388608, 0, false}, ev::OutputAccount{64, 0, true}});
+  REQUIRE(sent(a) == std::vector<std::string>{"output_end", "output_end", "workload_exited"});
+  CHECK(std::get<proto::OutputEnd>(only<act::Send>(a)[0].msg) == proto::OutputEnd{0, proto::Stream::out, 8388608, 0});
+  CHECK(std::get<proto::OutputEnd>(only<act::Send>(a)[1].msg) == proto::OutputEnd{0, proto::Stream::err, 64, 0});
+  CHECK_FALSE(warned(a, "given up"));
+  s.handle(ev::NoChildren{});
+  s.handle(msg(proto::Shutdown{}));
+  ev::Flushing done;
+  done.data_open = true;
+  done.outputs_done = true;
+  done.receipt = true;
+  a = s.handle(done);
+  CHECK(sent(a).empty());  // once per stream
+  CHECK(only<act::PowerOff>(a).size() == 1);
+  // With a terminal: one stream, one account.
+  Session t = running_with_stdio();
+  t.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  a = t.handle(ev::OutputsDone{{10, 0, true}, std::nullopt});
+  CHECK(sent(a) == std::vector<std::string>{"output_end", "workload_exited"});
+}
+
+TEST_CASE("final flush: the host closes the data channel before the output's end: output_end, exact") {
   Session s = running_with_stdio();
   s.handle(ev::Exited{proto::WorkloadExited::code(7)});
-  s.handle(ev::OutputsDone{});
+  s.handle(ev::TimerFired{Timer::drain});
+  auto a = s.handle(ev::Held{0, 0});  // a straggler holds stdout open; nothing of it waits
+  REQUIRE(sent(a) == std::vector<std::string>{"workload_exited"});
   s.handle(ev::NoChildren{});
-  auto a = s.handle(msg(proto::Shutdown{}));
+  a = s.handle(msg(proto::Shutdown{}));
   REQUIRE(s.stage() == Stage::flush);
   CHECK(only<act::ArmTimer>(a).empty());
   ev::Flushing f;
   f.data_open = true;
-  f.data_unsent = true;
-  f.receipt = true;  // closed by the host, frames still unsent: it gave up on purpose
+  f.receipt = true;  // closed by the host before stdout's end: it gave up on purpose
   f.out = {5000000, 3388608, false};
-  f.err = {12, 0, true};  // complete: not reported
+  f.err = ev::OutputAccount{12, 0, true};
   a = s.handle(f);
-  REQUIRE(sent(a) == std::vector<std::string>{"output_lost"});
-  CHECK(sent_msg<proto::OutputLost>(a) == proto::OutputLost{0, proto::Stream::out, 5000000, 3388608});
-  CHECK(warned(a, "stdout: 3388608 byte(s) never sent, 5000000 sent"));
-  CHECK(only<act::PowerOff>(a).empty());  // the line goes out first
+  REQUIRE(sent(a) == std::vector<std::string>{"output_end", "output_end"});
+  CHECK(std::get<proto::OutputEnd>(only<act::Send>(a)[0].msg) == proto::OutputEnd{0, proto::Stream::out, 5000000, 3388608});
+  CHECK(std::get<proto::OutputEnd>(only<act::Send>(a)[1].msg) == proto::OutputEnd{0, proto::Stream::err, 12, 0});
+  CHECK(warned(a, "stdout: 3388608 byte(s) given up, 5000000 sent"));
+  CHECK_FALSE(warned(a, "stderr"));
+  CHECK(only<act::PowerOff>(a).empty());  // the lines go out first
   CHECK(armed(a, Timer::flush_idle, kFlushIdleMs));  // bounded now
   f.control_queued = true;
   CHECK(only<act::PowerOff>(s.handle(f)).empty());
@@ -1134,17 +1165,15 @@ TEST_CASE("final flush: the host closes the data channel before the output's end
   CHECK(only<act::PowerOff>(a).size() == 1);
 }
 
-
-TEST_CASE("exec: its streams closed after the data channel went: output_lost with its accounts") {
+TEST_CASE("exec: its streams closed after the data channel went: output_end with its accounts") {
   Session s = running_with_stdio();
   s.handle(msg(exec_of(3, true)));
   s.handle(ev::ExecStarted{3, 91});
   // The data channel is gone: 700 bytes were thrown away, stderr ended before (eof framed).
-  auto a = s.handle(ev::ExecClosed{3, {1000, 700, false}, {5, 0, true}, false});
-  REQUIRE(sent(a) == std::vector<std::string>{"output_lost"});
-  CHECK(sent_msg<proto::OutputLost>(a) == proto::OutputLost{3, proto::Stream::out, 1000, 700});
-  // Channel gone, no eof, nothing discarded: still reported (the host cannot know the rest).
-  a = s.handle(ev::ExecClosed{4, {10, 0, false}, {0, 0, true}, false});
-  CHECK(sent_msg<proto::OutputLost>(a) == proto::OutputLost{4, proto::Stream::out, 10, 0});
+  auto a = s.handle(ev::ExecClosed{3, {1000, 700, false}, ev::OutputAccount{5, 0, true}, false});
+  REQUIRE(sent(a) == std::vector<std::string>{"output_end", "output_end"});
+  CHECK(sent_msg<proto::OutputEnd>(a) == proto::OutputEnd{3, proto::Stream::out, 1000, 700});
+  CHECK(warned(a, "process 3 stdout: 700 byte(s) given up, 1000 sent"));
+  // Both at EOF before: their accounts went with ExecOutputsDone, nothing now.
+  CHECK(sent(s.handle(ev::ExecClosed{4, {10, 0, true}, ev::OutputAccount{0, 0, true}, true})).empty());
 }
-

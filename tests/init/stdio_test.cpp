@@ -513,7 +513,8 @@ TEST_CASE("session: EOF while the data channel is dialled: nothing starts, the d
 
 TEST_CASE("session: outputs at EOF before the reap: the exit goes out at the reap") {
   Session s = running_with_stdio();
-  CHECK(s.handle(ev::OutputsDone{}).empty() == true);
+  // The streams' accounts go out at their EOF; the exit at the reap.
+  CHECK(sent(s.handle(ev::OutputsDone{})) == std::vector<std::string>{"output_end", "output_end"});
   auto a = s.handle(ev::Exited{proto::WorkloadExited::code(7)});
   CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
 }
@@ -525,8 +526,8 @@ TEST_CASE("session: reaped first: held until both outputs are at EOF") {
   CHECK(armed(a, Timer::drain, 500));
   CHECK(s.phase() == Phase::running);
   a = s.handle(ev::OutputsDone{});
-  REQUIRE(sent(a) == std::vector<std::string>{"workload_exited"});
-  CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg) == proto::WorkloadExited::code(7));
+  REQUIRE(sent(a) == std::vector<std::string>{"output_end", "output_end", "workload_exited"});
+  CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[2].msg) == proto::WorkloadExited::code(7));
   CHECK(s.phase() == Phase::shutting_down);
   // The drain timer was cancelled: firing it now does nothing.
   CHECK(sent(s.handle(ev::TimerFired{Timer::drain})).empty());
@@ -551,7 +552,8 @@ TEST_CASE("session: a straggler keeps stdout open: the exit goes out when the dr
   CHECK(std::get<proto::WorkloadExited>(only<act::Send>(a)[0].msg) == proto::WorkloadExited::killed(9));
   // Then the ordered shutdown removes the straggler.
   CHECK(!only<act::SignalAll>(a).empty());
-  CHECK(sent(s.handle(ev::OutputsDone{})).empty());  // reported once
+  // The straggler gone, the streams end: their accounts, the exit not again.
+  CHECK(sent(s.handle(ev::OutputsDone{})) == std::vector<std::string>{"output_end", "output_end"});
 }
 
 TEST_CASE("session: a shutdown while the exit is held waits for it, then reports before powering off") {
@@ -563,7 +565,7 @@ TEST_CASE("session: a shutdown while the exit is held waits for it, then reports
   a = s.handle(ev::NoChildren{});
   CHECK(only<act::Flush>(a).empty());  // the outcome is not out yet
   a = s.handle(ev::OutputsDone{});
-  CHECK(sent(a) == std::vector<std::string>{"workload_exited"});
+  CHECK(sent(a) == std::vector<std::string>{"output_end", "output_end", "workload_exited"});
   CHECK(only<act::Flush>(a).empty());  // now the host gets its chance to ack
   a = s.handle(msg(proto::Shutdown{}));
   CHECK(only<act::Flush>(a).size() == 1);  // the final flush, then power-off

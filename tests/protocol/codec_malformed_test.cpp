@@ -125,10 +125,10 @@ const std::vector<Field> kSchema = {
     {"exec_exited", {"proc"}, "exec_exited.proc", Kind::integer, true, false, {"0", "65536"}},
     {"exec_exited", {"exit_code"}, "exec_exited.exit_code", Kind::integer, true, false, {"-1", "256"},
      "exec_exited: expected exactly one of exit_code and signal, got neither"},
-    {"output_lost", {"proc"}, "output_lost.proc", Kind::integer, true, false, {"-1", "65536"}},
-    {"output_lost", {"stream"}, "output_lost.stream", Kind::enumeration, true, false, {R"("stdin")", R"("out")"}},
-    {"output_lost", {"sent"}, "output_lost.sent", Kind::integer, true, false, {"-1", "9007199254740992"}},
-    {"output_lost", {"unsent"}, "output_lost.unsent", Kind::integer, true, false, {"-1", "9007199254740992"}},
+    {"output_end", {"proc"}, "output_end.proc", Kind::integer, true, false, {"-1", "65536"}},
+    {"output_end", {"stream"}, "output_end.stream", Kind::enumeration, true, false, {R"("stdin")", R"("out")"}},
+    {"output_end", {"sent"}, "output_end.sent", Kind::integer, true, false, {"-1", "9007199254740992"}},
+    {"output_end", {"unsent"}, "output_end.unsent", Kind::integer, true, false, {"-1", "9007199254740992"}},
 };
 
 J base_tree(const std::string& name) {
@@ -156,8 +156,8 @@ J base_tree(const std::string& name) {
     return J::obj({{"type", J::s("exec_failed")}, {"proc", J::n(1)}, {"reason", J::s("r")}, {"errno", J::n(2)},
                    {"class", J::s("not_found")}});
   if (name == "exec_exited") return J::obj({{"type", J::s("exec_exited")}, {"proc", J::n(1)}, {"exit_code", J::n(3)}});
-  if (name == "output_lost")
-    return J::obj({{"type", J::s("output_lost")}, {"proc", J::n(0)}, {"stream", J::s("stdout")}, {"sent", J::n(5)},
+  if (name == "output_end")
+    return J::obj({{"type", J::s("output_end")}, {"proc", J::n(0)}, {"stream", J::s("stdout")}, {"sent", J::n(5)},
                    {"unsent", J::n(7)}});
   throw std::logic_error("base " + name);
 }

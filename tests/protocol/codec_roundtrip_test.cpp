@@ -87,8 +87,8 @@ TEST_CASE("exact wire shapes: the reference's lines, byte for byte") {
         R"({"type":"exec_failed","proc":2,"reason":"r","errno":2,"class":"not_found"})");
   CHECK(encode(GuestMessage{ExecExited{2, 7, std::nullopt}}) == R"({"type":"exec_exited","proc":2,"exit_code":7})");
   CHECK(encode(GuestMessage{ExecExited{2, std::nullopt, 9}}) == R"({"type":"exec_exited","proc":2,"signal":9})");
-  CHECK(encode(GuestMessage{OutputLost{0, Stream::err, 5, 7}}) ==
-        R"({"type":"output_lost","proc":0,"stream":"stderr","sent":5,"unsent":7})");
+  CHECK(encode(GuestMessage{OutputEnd{0, Stream::err, 5, 7}}) ==
+        R"({"type":"output_end","proc":0,"stream":"stderr","sent":5,"unsent":7})");
   // boot.stdio: absent means the console (reference shape); present, every field is written.
   Boot st = reference_boot();
   st.stdio = Stdio{};

@@ -146,8 +146,8 @@ inline std::vector<GuestMessage> guest_samples() {
   v.emplace_back(ExecFailed{3, "", std::nullopt, StartFailClass::other});
   v.emplace_back(ExecExited{1, 0, std::nullopt});
   v.emplace_back(ExecExited{65535, std::nullopt, 64});
-  v.emplace_back(OutputLost{0, Stream::out, 0, 1});
-  v.emplace_back(OutputLost{65535, Stream::err, kGenerationMax, kGenerationMax});
+  v.emplace_back(OutputEnd{0, Stream::out, 0, 1});
+  v.emplace_back(OutputEnd{65535, Stream::err, kGenerationMax, kGenerationMax});
   return v;
 }
 
