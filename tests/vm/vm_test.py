@@ -19,6 +19,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from throttled_reader import ThrottledReader  # noqa: E402
+
 PR_SET_CHILD_SUBREAPER = 36
 NESHOST = os.environ["NESHOST"]
 SRC = os.environ.get("NES_SOURCE_ROOT", ".")
@@ -37,12 +40,15 @@ def check(cond, what):
 class Proc:
     """A child process whose stdout/stderr are collected by threads, with bounded waits."""
 
-    def __init__(self, argv, env, stdin=None):
-        self.p = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    def __init__(self, argv, env, stdin=None, stdout=None):
+        """stdout: an fd of the caller's (e.g. a throttled reader's pipe) instead of collecting it."""
+        self.p = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE if stdout is None else stdout,
+                                  stderr=subprocess.PIPE, env=env)
         self.out, self.err = b"", b""
         self.cv = threading.Condition()
-        self.threads = [threading.Thread(target=self._pump, args=(self.p.stdout, "out")),
-                        threading.Thread(target=self._pump, args=(self.p.stderr, "err"))]
+        self.threads = [threading.Thread(target=self._pump, args=(self.p.stderr, "err"))]
+        if stdout is None:
+            self.threads.append(threading.Thread(target=self._pump, args=(self.p.stdout, "out")))
         for t in self.threads:
             t.start()
 
@@ -90,6 +96,8 @@ class Case:
         # XDG_RUNTIME_DIR: the KVM probe's verdict is cached there, so never on this machine's /run.
         self.env = dict(os.environ, TMPDIR=self.rt, XDG_RUNTIME_DIR=self.tmp)
         self.procs = []
+        self.readers = []  # (ThrottledReader, its pipe's read end)
+        self.detached = []  # VM ids started with run -d: removed (rm -f) by close() if still up
 
     def start(self, *args, vm="t", accel="tcg", stdin=None):
         # A generous ready deadline: CI runs these next to heavy suites on 2 cores (correctness,
@@ -98,6 +106,42 @@ class Case:
                   "--vm", vm, *args], self.env, stdin=stdin)
         self.procs.append(p)
         return p
+
+    def slow_pipe(self, rate, pause_at=None, keep=False):
+        """A pipe whose read end a ThrottledReader (started) takes at `rate` bytes/s: returns
+        (reader, write end); the caller hands the write end to a child and closes its own copy."""
+        r, w = os.pipe()
+        rd = ThrottledReader(r, rate, pause_at=pause_at, keep=keep).start()
+        self.readers.append((rd, r))
+        return rd, w
+
+    def popen_slow(self, argv, rate, pause_at=None, keep=False):
+        """`argv` (a neshost command) with its stdout read by a ThrottledReader at `rate` bytes/s;
+        its stderr collected. Returns (Proc, reader)."""
+        rd, w = self.slow_pipe(rate, pause_at=pause_at, keep=keep)
+        try:
+            p = Proc(argv, self.env, stdout=w)
+        finally:
+            os.close(w)
+        self.procs.append(p)
+        return p, rd
+
+    def start_slow(self, rate, *args, vm="t", pause_at=None, keep=False):
+        """`neshost run ARGS` with its stdout read by a ThrottledReader at `rate` bytes/s."""
+        return self.popen_slow([NESHOST, "run", "--accel", "tcg", "--ready-timeout", "100", "--state",
+                                self.state, "--vm", vm, *args], rate, pause_at=pause_at, keep=keep)
+
+    def detach(self, vm, *args):
+        """`neshost run -d --vm VM ARGS`: returns the monitor's pid (reparented to this
+        subreaper once the creator exits; the caller reaps it after stop/wait)."""
+        self.detached.append(vm)
+        rc, out, err = self.neshost("run", "-d", "--accel", "tcg", "--ready-timeout", "100", "--state",
+                                    self.state, "--vm", vm, *args)
+        check(rc == 0 and out.strip() == vm, f"run -d {vm}: {rc} {out!r} {err!r}")
+        rc, out, _ = self.neshost("inspect", "--state", self.state, vm)
+        pid = json.loads(out).get("monitor_pid") if rc == 0 else None
+        check(pid, f"inspect {vm}: no monitor pid: {out!r}")
+        return pid
 
     def run(self, *args, **kw):
         p = self.start(*args, **kw)
@@ -113,10 +157,27 @@ class Case:
             return json.load(f)
 
     def close(self, ok):
+        for vm in self.detached if not ok else []:  # what a failed case left up: monitor and QEMU end
+            if os.path.isdir(os.path.join(self.state, vm)):
+                subprocess.run([NESHOST, "rm", "-f", "--state", self.state, vm], capture_output=True,
+                               env=self.env, timeout=BOUND)
         for p in self.procs:
             if p.p.poll() is None:
                 p.p.kill()
                 p.p.wait()
+        for rd, fd in self.readers:  # every writer is gone: each reader is at EOF or stops now
+            rd.resume()
+            if not rd.join(10):
+                rd.stop()
+            os.close(fd)
+        if not ok:  # reap what the kills above ended (QEMU reparented here among them), bounded
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        time.sleep(0.05)
+                except ChildProcessError:
+                    break
         if ok:
             left = os.listdir(self.rt)
             check(left == [], f"neshost left files in its TMPDIR: {left}")
@@ -569,6 +630,252 @@ def case_bulk(c):
     check(len(p.out) == 8 << 20, f"got {len(p.out)} bytes, want {8 << 20}")
     guest = p.err.decode().split()[0]
     check(hashlib.sha256(p.out).hexdigest() == guest, f"sha256 differs: guest {guest}")
+
+
+# ---- issue 24: a slow reader costs time, never bytes (docs/protocol.md "The receipt") ----
+
+MB = 1000 * 1000
+# What each case below moves: the guest's random bytes, their SHA-256 on stderr (a line of its
+# own), then the bytes on stdout, then a status of its own.
+BULK = ("dd if=/dev/urandom of=/tmp/f bs=65536 count={count} 2>/dev/null; sha256sum /tmp/f >&2; "
+        "cat /tmp/f; exit {code}")
+
+
+def bulk(kib, code):
+    return BULK.format(count=kib // 64, code=code)
+
+
+def guest_sha(err, what):
+    """The guest's `sha256sum /tmp/f` line among a command's stderr."""
+    for l in lines(err.decode(errors="replace")):
+        f = l.split()
+        if len(f) == 2 and f[1] == "/tmp/f" and len(f[0]) == 64:
+            return f[0]
+    raise Failure(f"{what}: no sha256sum line from the guest on stderr: {err.decode(errors='replace')[-2000:]!r}")
+
+
+def check_slow(what, rd, rc, want_rc, kib, err):
+    """Every byte the guest wrote, in order (its SHA-256), at the reader's pace; the status."""
+    check(rd.join(BOUND), f"{what}: the reader is still reading {BOUND} s after the command ended")
+    check(rd.error is None, f"{what}: reading failed: {rd.error}")
+    want = kib << 10
+    sha = guest_sha(err, what)
+    check(rd.count == want and rd.hexdigest() == sha and rc == want_rc,
+          f"{what}: the reader got {rd.count} of {want} bytes (lost {want - rd.count}), sha256 "
+          f"{'equal' if rd.hexdigest() == sha else 'differs'}; exit status {rc}, want {want_rc}; "
+          f"stderr:\n{err.decode(errors='replace')[-3000:]}")
+    print(f"{what}: {rd.count} bytes in {rd.seconds():.1f} s of reading ({rd.rate / 1000:.0f} kB/s)")
+
+
+def slow_run(c, kib, rate):
+    p, rd = c.start_slow(rate, "--mem", "192", "--", "sh", "-c", bulk(kib, 7))
+    rc = p.finish()
+    check_slow(f"neshost run | {rate} B/s reader", rd, rc, 7, kib, p.err)
+    r = c.record()
+    check((r["outcome"], r["exit_code"]) == ("exited", 7), f"record {r}")
+
+
+def case_slow_reader(c):
+    """Issue 24: 8 MiB through `neshost run` into a reader that takes 1 MB/s (the issue's own
+    command line): all of it, SHA-256 equal to the guest's, exit 7. The workload is done in about
+    a second and the guest then holds the rest for ~7 s behind the reader's backpressure; before
+    the fix the init gave up after 1 s without progress (neshost pauses its reads from a full
+    1 MiB queue until half of it drained) and ~3.4 MB of the 8.4 never arrived, with exit 7."""
+    slow_run(c, 8 << 10, MB)
+
+
+def case_slow_reader_64k(c):
+    """Issue 24 at a crawl: 1.5 MiB into a reader that takes 64 KiB/s (~24 s): every byte, exit 7.
+    1.5, not 1: 1 MiB fits in what the host side buffers (neshost's 1 MiB queue for its stdout and
+    the pipe), so the guest would hold nothing and the case would pass before the fix too; with
+    1.5 MiB the guest holds the rest while neshost's queue drains at 64 KiB/s (8 s from full to
+    half, when neshost reads on), far past the old 1 s without progress."""
+    slow_run(c, 1536, 64 << 10)
+
+
+def case_slow_exec(c):
+    """Issue 24 for `neshost exec`: 4 MiB from an exec'd process into a 1 MB/s reader while the VM
+    runs detached: every byte, SHA-256 equal, exec's own status (5); then stop and rm."""
+    pid = c.detach("x", "--mem", "160", "--", "sleep", "1000")
+    p, rd = c.popen_slow([NESHOST, "exec", "--state", c.state, "x", "--", "sh", "-c", bulk(4 << 10, 5)], MB)
+    rc = p.finish()
+    check_slow("neshost exec | 1 MB/s reader", rd, rc, 5, 4 << 10, p.err)
+    rc, _, err = c.neshost("stop", "--state", c.state, "x")
+    check(rc == 0, f"stop: {rc} {err!r}")
+    os.waitpid(pid, 0)  # reparented to us; stop waited for it to exit
+    rc, out, err = c.neshost("rm", "--state", c.state, "x")
+    check(rc == 0 and out == "x\n", f"rm: {rc} {out!r} {err!r}")
+
+
+def case_slow_logs(c):
+    """Issue 24 for `neshost logs -f`: a detached VM's 8 MiB (binary, as logs prints it
+    byte-exact) followed into a 1 MB/s reader: every byte, SHA-256 equal; `neshost wait` says 7."""
+    pid = c.detach("l", "--mem", "192", "--", "sh", "-c", bulk(8 << 10, 7))
+    p, rd = c.popen_slow([NESHOST, "logs", "-f", "--state", c.state, "l"], MB)
+    rc, out, err = c.neshost("wait", "--state", c.state, "l")
+    check(rc == 7 and out.strip() == "7", f"wait: {rc} {out!r} {err!r}")
+    lrc = p.finish()
+    check_slow("neshost logs -f | 1 MB/s reader", rd, lrc, 0, 8 << 10, p.err)
+    os.waitpid(pid, 0)  # the monitor ends once the guest is off
+
+
+def seq_bytes(n):
+    """What busybox `seq 1 n` prints."""
+    return "".join(f"{i}\n" for i in range(1, n + 1)).encode()
+
+
+def common_prefix(a, b):
+    """Length of the longest common prefix of bytes a and b (by bisection of slices)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def qemu_of(p):
+    """Pids of the QEMU processes that neshost process `p` started (its children)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(st[st.rindex(")") + 2:].split()[1]) == p.p.pid and b"qemu-system" in cmd:
+            found.append(int(pid))
+    return found
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+        return st[st.rindex(")") + 2] != "Z"
+    except OSError:
+        return False
+
+
+def poll(cond, what, bound=BOUND):
+    """Polls a state (never a timing guess) until `cond()` is true, bounded; returns its value."""
+    deadline = time.monotonic() + bound
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise Failure(f"{what}: not after {bound} s")
+        time.sleep(0.1)
+
+
+def case_drain_stopped(c):
+    """A deliberate loss is counted exactly. The workload writes a known stream (`seq 1 400000`,
+    2 688 895 bytes) and exits; the reader takes 900 000 bytes and pauses, so the other ~1.8 MB
+    wait in neshost's queue for its stdout, the transport and the guest's pipe. Sized so both
+    hold: more than the host side buffers (measured ~0.65 MB; its queue's cap is 1 MiB), so the
+    guest is still draining when the stop comes, and less than the host side and the guest
+    together take (measured: more than 2.3 MB), so the workload has written it all and exited.
+    `neshost stop` while it drains ends the wait on purpose (the host closes the data channel
+    before the eofs); once the guest is off the reader reads on to EOF. Then: neshost run exits
+    125 and names stdout and a byte count N on stderr, the reader's bytes are a prefix of the
+    stream and their count + N is the stream's length, the record (inspect) carries the loss, and
+    workload.log says where its stdout has a gap and how big (what it logged + that count is the
+    stream's length)."""
+    import re
+    n = 400000
+    want = seq_bytes(n)
+    total = len(want)
+    k = 900000
+    p, rd = c.start_slow(4 * MB, "--mem", "160", "--", "sh", "-c", f"seq 1 {n} > /tmp/f; cat /tmp/f; exit 7",
+                         pause_at=k, keep=True)
+    check(rd.wait_paused(BOUND), f"the reader never got {k} bytes: {rd.count}; stderr:\n{p.err.decode()[-3000:]}")
+
+    def ended_early(what):
+        # What a host that gives up on its reader does: the run ends while the reader is paused.
+        rd.resume()
+        rc = p.finish()
+        rd.join(BOUND)
+        return Failure(f"{what}: neshost run ended with its reader paused at {k} bytes: exit {rc}; the "
+                       f"reader then got {rd.count} of {total} bytes (lost {total - rd.count}), a prefix: "
+                       f"{want.startswith(bytes(rd.data))}; stderr:\n{p.err.decode(errors='replace')[-3000:]}")
+
+    # Only the init is left in the guest: the workload wrote everything and exited; the rest of its
+    # stream is on its way, held up by the paused reader.
+    def workload_gone():
+        if p.p.poll() is not None:
+            raise ended_early("before the workload's exit was seen")
+        r = subprocess.run([NESHOST, "top", "--state", c.state, "t"], capture_output=True, env=c.env,
+                           timeout=BOUND)
+        if r.returncode != 0:
+            if b"no running VM" in r.stderr:
+                raise ended_early("the VM ended on its own")
+            return False  # not up yet (no control socket): ask again
+        pids = [l.split()[0] for l in lines(r.stdout.decode())[1:]]
+        return pids == ["1"]
+    poll(workload_gone, "the workload's exit with the reader paused")
+    qemus = qemu_of(p)
+    check(qemus, "no QEMU under neshost run")
+    # -t 3: should a host give the workload its grace before it closes the data channel, the
+    # workload is gone already; 3 s bounds that.
+    stop = Proc([NESHOST, "stop", "-t", "3", "--state", c.state, "t"], c.env)
+    c.procs.append(stop)
+    # The host ended the drain on purpose: the data channel is closed and the guest powered off
+    # (whatever neshost run still holds for its stdout is its to write or to count).
+    poll(lambda: p.p.poll() is not None or not any(alive(q) for q in qemus), "the guest off after the stop")
+    check(rd.count == k, f"the reader read while paused: {rd.count}")
+    rd.resume()
+    rc = p.finish()
+    src = stop.finish()
+    check(rd.join(BOUND) and rd.error is None, f"the reader: {rd.error}")
+    got = bytes(rd.data)
+    err = p.err.decode(errors="replace")
+    check(src == 0, f"neshost stop: {src} {stop.err.decode(errors='replace')!r}")
+    check(want.startswith(got), f"the reader's {len(got)} bytes are not a prefix of the stream")
+    check(rc == 125, f"exit status {rc}, want 125 (output lost); the reader got {len(got)} of {total}; "
+                     f"stderr:\n{err[-3000:]}")
+    # The CLI's line: names stdout and the exact count of bytes that never reached our stdout.
+    counts = [int(x) for l in err.splitlines() if "stdout" in l for x in re.findall(r"\b(\d+)\b", l)]
+    check(total - len(got) in counts,
+          f"no stderr line names stdout and {total - len(got)} (= {total} written - {len(got)} read); "
+          f"stdout lines: {[l for l in err.splitlines() if 'stdout' in l]}")
+    check(total - len(got) > 0, "nothing was lost: the stop came too late to test a loss")
+    # The record: a `lost` entry, with the count of what never reached the host's log.
+    rcode, out, ierr = c.neshost("inspect", "--state", c.state, "t")
+    check(rcode == 0, f"inspect: {rcode} {ierr!r}")
+    st = json.loads(out)
+    check("lost" in st and "stdout" in json.dumps(st["lost"]), f"inspect: no loss of stdout recorded: {st}")
+    r = subprocess.run([NESHOST, "logs", "--state", c.state, "t"], capture_output=True, env=c.env, timeout=BOUND)
+    logged = common_prefix(r.stdout, want)
+    check(logged >= len(got), f"workload.log holds less of the stream ({logged}) than the reader got ({len(got)})")
+    # What the record counts: the bytes that never reached the host (its log), or with neshost
+    # run's own stdout queue that never reached the reader; either is exact.
+    lost_ints = [int(x) for x in re.findall(r"\b(\d+)\b", json.dumps(st["lost"]))]
+    check(total - logged in lost_ints or total - len(got) in lost_ints,
+          f"the record's loss {st['lost']} counts neither {total - logged} (= {total} - {logged} logged) "
+          f"nor {total - len(got)}")
+    # workload.log's gap: a line that is not the stream's own (a CRI line of stdout whose content is
+    # digits: all `seq` prints) naming stdout and how many of its bytes are missing there.
+    with open(os.path.join(c.state, "t", "workload.log"), "rb") as f:
+        log = f.read().decode(errors="replace")
+    gap = []
+    for l in log.splitlines():
+        m = re.match(r"^\S+ (stdout|stderr) [PF]\S* ?(.*)$", l)
+        if m and m.group(1) == "stdout" and m.group(2).isdigit():
+            continue
+        if "stdout" in l:
+            gap.append(m.group(2) if m else l)
+    gap_ints = [int(x) for l in gap for x in re.findall(r"\b(\d+)\b", l)]
+    check(total - logged in gap_ints,
+          f"workload.log has no gap line counting {total - logged} bytes of stdout: {gap[:5]}")
+    print(f"drain_stopped: {total} written, {len(got)} read, {total - len(got)} counted lost by neshost run, "
+          f"{logged} logged, {total - logged} counted lost in the record and workload.log")
 
 
 def case_tty(c):
