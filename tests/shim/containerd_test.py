@@ -23,6 +23,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from throttled_reader import ThrottledReader  # noqa: E402
+
 PR_SET_CHILD_SUBREAPER = 36
 SHIM = os.environ["NESHOST_SHIM"]
 NESHOST = os.environ["NESHOST"]
@@ -453,6 +456,47 @@ def case_bad_spec(d):
     rc, out, err = d.run("--seccomp", "--rootfs", root, "tb", "/bin/true", check_rc=False)
     check(rc != 0 and "linux.seccomp" in err, f"exit {rc}; stderr {err!r}")
     check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+
+
+def case_slow_stdout(d):
+    """Issue 24 through containerd: `ctr run` (attached: the task's stdout FIFO is ctr's to read)
+    with its own stdout piped into a reader that takes 1 MB/s, so the backpressure goes reader ->
+    ctr -> the FIFO -> the shim's neshost -> the guest. 4 MiB of random bytes: every one of them
+    (SHA-256 equal to the guest's, printed on stderr), and the task's status 7."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    w = ("busybox dd if=/dev/urandom of=/tmp/f bs=65536 count=64 2>/dev/null; busybox sha256sum /tmp/f >&2; "
+         "cat /tmp/f; exit 7")
+    want = 4 << 20
+    r, wfd = os.pipe()
+    rd = ThrottledReader(r, 1000 * 1000).start()
+    try:
+        p = subprocess.Popen(["ctr", "--address", d.sock, "run", "--rm", "--runtime", RUNTIME, "--rootfs", root,
+                              "ts", "/bin/sh", "-c", w], stdin=subprocess.DEVNULL, stdout=wfd,
+                             stderr=subprocess.PIPE, env=d.env)
+    finally:
+        os.close(wfd)
+    try:
+        try:
+            _, err = p.communicate(timeout=BOUND)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise Failure(f"ctr run still running after {BOUND} s; the reader has {rd.count} bytes{d.tail()}")
+        check(rd.join(BOUND), f"the reader still reading {BOUND} s after ctr ended")
+    finally:
+        rd.resume()
+        if not rd.join(10):
+            rd.stop()
+        os.close(r)
+    err = err.decode(errors="replace")
+    sha = next((l.split()[0] for l in err.splitlines() if l.endswith("/tmp/f") and len(l.split()[0]) == 64), None)
+    check(sha, f"no sha256sum line from the guest on stderr: {err[-2000:]!r}{d.tail()}")
+    check(rd.error is None, f"reading ctr's stdout: {rd.error}")
+    check(rd.count == want and rd.hexdigest() == sha and p.returncode == 7,
+          f"the reader got {rd.count} of {want} bytes (lost {want - rd.count}), sha256 "
+          f"{'equal' if rd.hexdigest() == sha else 'differs'}; exit {p.returncode}, want 7; stderr {err[-2000:]!r}")
+    check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+    print(f"slow_stdout: {rd.count} bytes in {rd.seconds():.1f} s of reading")
 
 
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
