@@ -4,8 +4,14 @@
 //  - never two final outcomes sent (mount_failed, start_failed, workload_exited);
 //  - the final flush begins at most once, and only after the ack (`shutdown` after the outcome),
 //    EOF, the ack timeout, or with no outcome to acknowledge;
-//  - power-off at most once, only after the flush began; nothing at all after it.
+//  - power-off at most once, only after the flush began; nothing at all after it;
+//  - a flush without a deadline only for a host that acknowledged the outcome and has not hung
+//    up (a live host is never timed out; nothing else may hold the power-off for ever);
+//  - at most one output_end per stream of the workload (an exec's number may be reused by a
+//    later process, which gets accounts of its own).
 #include <csignal>
+#include <set>
+#include <utility>
 
 #include "fuzz_util.hpp"
 #include "nesinit/session.hpp"
@@ -42,7 +48,12 @@ struct Model {
   std::optional<proto::GuestMessage> final_sent;  // re-sent after a resume: always the same
   bool flushing = false;   // act::Flush came
   bool powered_off = false;
+  bool hung_up = false;    // a flush report said the lifecycle channel is gone
+  std::set<std::pair<std::uint16_t, int>> accounted;  // output_end sent: (proc, stream)
 };
+ev::OutputAccount account(fuzz::Cursor& c) {
+  return {c.pick(5000), c.pick(2) ? 0 : c.pick(5000), c.pick(2) == 1};
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -57,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int steps = 0; !c.empty() && steps < 400; ++steps) {
     Event e = ev::NoChildren{};
     bool is_shutdown_line = false;
-    switch (c.pick(16)) {
+    switch (c.pick(20)) {
       case 0: e = ev::ChannelUp{}; break;
       case 1: if (c.pick(2)) e = ev::Start{"unix:/x"}; else e = ev::DialFailed{"refused", false}; break;
       case 2: case 3: {
@@ -94,9 +105,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         f.outputs_done = c.pick(2);
         f.receipt = c.pick(2);
         f.output_bytes = c.pick(1000);
+        f.channel_open = c.pick(4) != 0;
+        f.out = account(c);
+        if (c.pick(2)) f.err = account(c);
+        else f.err.reset();
         e = f;
         break;
       }
+      case 16: e = ev::DataUp{}; break;
+      case 17: e = ev::Held{static_cast<std::uint16_t>(c.pick(3)), c.pick(2) ? 0 : c.pick(70000)}; break;
+      case 18: e = ev::OutputsDone{account(c), account(c)}; break;
+      case 19: e = ev::ExecClosed{static_cast<std::uint16_t>(1 + c.pick(3)), account(c), account(c), c.pick(2) == 1}; break;
       case 13: {
         Timer t = static_cast<Timer>(c.pick(kTimerCount));
         if (!m.armed[static_cast<int>(t)]) continue;
@@ -110,6 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const bool channel_was_open = s.channel_open();
     if (std::holds_alternative<ev::Eof>(e) && channel_was_open) m.eof = true;
     if (is_shutdown_line && m.outcome_sent && channel_was_open) m.acked = true;
+    if (auto* f = std::get_if<ev::Flushing>(&e); f && m.flushing && !f->channel_open) m.hung_up = true;
     Actions acts = s.handle(e);
     if (m.powered_off) require(acts.empty(), "nothing happens after power-off");
     for (auto& a : acts) {
@@ -117,6 +137,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (x->signo == SIGTERM) require(++m.sigterms <= 1, "never two SIGTERMs to the workload");
       } else if (auto* x = std::get_if<act::Send>(&a)) {
         const auto& g = x->msg;
+        if (auto* oe = std::get_if<proto::OutputEnd>(&g); oe && oe->proc == 0)
+          require(m.accounted.insert({oe->proc, static_cast<int>(oe->stream)}).second, "one output_end per stream");
         if (std::holds_alternative<proto::MountFailed>(g) || std::holds_alternative<proto::StartFailed>(g) ||
             std::holds_alternative<proto::WorkloadExited>(g)) {
           if (m.final_sent) require(*m.final_sent == g, "never two different final outcomes");
@@ -138,6 +160,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         m.powered_off = true;
       }
     }
+    if (m.flushing && !m.powered_off && !m.armed[static_cast<int>(Timer::flush_idle)] &&
+        !m.armed[static_cast<int>(Timer::flush_cap)])
+      require(m.acked && !m.hung_up, "a flush without a deadline only for a host that acknowledged and is connected");
   }
   return 0;
 }
