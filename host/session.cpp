@@ -527,10 +527,11 @@ void Session::timer_fired(TimerKind k, WallTime now) {
         maybe_finish();
         break;
       }
-      if (stop_phase_ == 1 && outcome_ && durable_ && !end_asked_ && output_open_ &&
+      if (stop_phase_ == 1 && outcome_ && durable_ && !end_asked_ && !stop_sent_ && output_open_ &&
           (output_paused_ || output_read_ != output_read_at_stop_)) {
-        // The acked guest is still delivering its output, held back by our own reader or still
-        // arriving: waiting costs time, destroying would cost bytes.
+        // The workload ended on its own (nobody asked for an end: no `stop`, no shutdown(), no
+        // wall limit) and the acked guest is still delivering its output, held back by our own
+        // reader or still arriving: waiting costs time, destroying would cost bytes.
         output_read_at_stop_ = output_read_;
         if (!draining_logged_) log("output_draining", "the guest's output is still being read; the stop deadline waits for it");
         draining_logged_ = true;

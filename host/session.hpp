@@ -115,7 +115,8 @@ class Session {
   /// reads `paused` for a consumer that is behind, `bytes_read` so far. After the ack of a
   /// recorded outcome the guest is delivering its last output (docs/protocol.md "The receipt"):
   /// while the channel is open and the host's own reader holds it back, or bytes still arrive,
-  /// the stop deadline does not destroy the VM (a slow reader costs time, never bytes).
+  /// the stop deadline does not destroy the VM (a slow reader costs time, never bytes) — unless
+  /// the host asked for the end (stop(), shutdown(), the wall limit): then it is a hard deadline.
   void output_state(bool open, bool paused, std::uint64_t bytes_read);
   /// The VMM process exited (only the embedder knows).
   void vm_exited(WallTime now);

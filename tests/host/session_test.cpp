@@ -311,6 +311,26 @@ TEST_CASE("stop deadline after the ack: output still being read (a slow reader) 
   CHECK(p.destroys == 1);
 }
 
+TEST_CASE("stop deadline: the wall limit's end is a hard deadline even while output is held back") {
+  Probe p(OnExitPolicy::stop);
+  p.s = Session([] {
+    auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+    c.wall_timeout = std::chrono::milliseconds(4000);
+    return c;
+  }());
+  p.booted();
+  p.feed(test::started_line(42));
+  p.s.timer_fired(TimerKind::wall, p.t);  // `stop`, grace, shutdown: the host ends it
+  p.pump();
+  p.durable();
+  p.s.timer_fired(TimerKind::grace, p.t);
+  p.pump();
+  p.s.output_state(true, true, 1000);  // a stdout nobody reads
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(p.destroys == 1);
+}
+
 TEST_CASE("stop deadline: the embedder's own shutdown() is a hard deadline even while output is read") {
   Probe p(OnExitPolicy::keep);
   p.booted();
