@@ -310,6 +310,8 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
             if (msg.exit_code.has_value() == msg.signal.has_value()) return;  // the decoder refuses these
           }
           out_.push_back(act::ExecReport{msg});
+        } else if constexpr (std::is_same_v<T, proto::OutputLost>) {
+          out_.push_back(act::OutputLost{msg});
         }
       },
       m);
@@ -404,6 +406,13 @@ void Session::record_failed(std::string error) {
   }
   begin_shutdown();
 }
+
+void Session::record_amended(const Record& on_disk) {
+  if (!durable_ || !outcome_ || on_disk.vm != cfg_.vm || on_disk.generation != cfg_.generation) return;
+  outcome_ = on_disk;
+}
+
+void Session::expect_output_reports() { await_reports_ = true; }
 
 void Session::begin_shutdown() {
   shutdown_requested_ = true;
@@ -552,15 +561,14 @@ void Session::vm_exited(WallTime now) {
     awaiting_redial_ = false;  // nobody is left to redial
     out_.push_back(act::CancelTimer{TimerKind::reconnect});
   }
-  if (!outcome_) {
-    if (stream_open_) {
-      // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
-      // them first (bounded by the stop deadline) so a reported outcome is never lost.
-      out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
-      return;
-    }
-    lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
+  if (stream_open_ && (!outcome_ || await_reports_)) {
+    // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
+    // them first (bounded by the stop deadline) so a reported outcome, or its count of the
+    // output it could not deliver, is never lost.
+    out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
+    return;
   }
+  if (!outcome_) lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
   maybe_finish();
 }
 

@@ -81,11 +81,14 @@ struct Finished {};                                     // nothing more happens 
 struct Processes { proto::Processes list; };            // the guest's answer to list_processes()
 /// What the guest said of a process exec() started: exec_started, exec_failed or exec_exited.
 struct ExecReport { std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> report; };
+/// The guest's count of output it could not deliver on one stream (protocol `output_lost`); the
+/// owner, which knows the bytes it received, computes the exact loss.
+struct OutputLost { proto::OutputLost report; };
 }  // namespace act
 
 using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
                             act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
-                            act::Finished, act::Processes, act::ExecReport>;
+                            act::Finished, act::Processes, act::ExecReport, act::OutputLost>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
 /// in order. It holds no guest bytes: the owner frames them (feed_lines() below, with a
@@ -118,6 +121,14 @@ class Session {
   void record_durable(const Record& on_disk);
   /// The record could not be made durable (after bounded retries), or a newer generation is on disk.
   void record_failed(std::string error);
+  /// The durable record was amended after the outcome (amend_record(): what was lost of the
+  /// output); `on_disk` replaces outcome() if it is of this generation and the record is durable.
+  void record_amended(const Record& on_disk);
+  /// The data channel closed before the workload's output ended (the host closed it early, or it
+  /// failed): the guest reports what it could not deliver (`output_lost`) on this stream, so a
+  /// vm_exited from now on reads the stream to its EOF first (bounded by stop_timeout) instead of
+  /// finishing at once.
+  void expect_output_reports();
 
   // ---- API ----
   /// The workload's terminal size, rows x cols (each >= 1), before `boot` went out: the
@@ -150,6 +161,8 @@ class Session {
   bool durable() const { return durable_; }
   bool finished() const { return finished_; }
   bool stream_open() const { return stream_open_; }
+  /// The embedder reported vm_exited.
+  bool vm_gone() const { return vm_exited_; }
   /// The stream was lost inside the reconnect window: the guest may still resume.
   bool awaiting_redial() const { return awaiting_redial_; }
   const SessionConfig& config() const { return cfg_; }
@@ -206,6 +219,7 @@ class Session {
   bool ack_sent_ = false;       // a `shutdown` went out after the guest's report, record durable
   bool vm_exited_ = false;
   bool finished_ = false;
+  bool await_reports_ = false;  // expect_output_reports(): read the stream to EOF after vm_exited
 };
 
 /// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed
