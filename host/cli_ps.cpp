@@ -26,7 +26,8 @@ constexpr std::string_view kPsHelp = R"(usage: neshost ps [--state DIR] [-a|--al
 
 List the VMs of DIR (default: as `neshost run`): VM, generation, status, the monitor's pid,
 the workload's command. Only running ones unless -a. STATUS is the reconciled status every
-command agrees on: running, exited (CODE), failed (125), stopped (STATUS).
+command agrees on: running, exited (CODE), failed (125), stopped (STATUS); 125 with "output
+lost" after it when workload output was lost (see `neshost inspect`).
 )";
 
 constexpr std::string_view kStopHelp = R"(usage: neshost stop [--state DIR] [-t S] VM
@@ -69,7 +70,8 @@ fs::path state_of(const Parsed& p) {
 
 std::string status_cell(const host::VmState& s) {
   if (s.status == host::VmStatus::running) return s.stop_requested ? "stopping" : "running";
-  return fmt::format("{} ({})", host::to_string(s.status), s.exit_status.value_or(125));
+  const bool lost = s.record && host::reported_status(*s.record) != s.record->exit_status;
+  return fmt::format("{} ({}{})", host::to_string(s.status), s.exit_status.value_or(125), lost ? ", output lost" : "");
 }
 
 /// A pidfd for the VM's live monitor, opened and then checked again (the identity must still

@@ -144,21 +144,29 @@ void FdWriter::pump() {
   if (queued_ == 0 && on_empty) on_empty();
 }
 
-std::size_t FdWriter::flush(std::chrono::milliseconds stall) {
+FdWriter::Flushed FdWriter::flush(int stop_fd) {
   if (waiter_) {
     error_code ec;
     waiter_->cancel(ec);  // from here on, synchronously
   }
+  Flushed f;
   while (write_now()) {
-    pollfd p{fd_, POLLOUT, 0};
-    int r;
-    do r = ::poll(&p, 1, static_cast<int>(stall.count())); while (r < 0 && errno == EINTR);
-    if (r == 0) break;  // the reader took nothing for `stall`: give up
+    // No deadline: only the reader's going away (the write then fails) or `stop_fd` ends this.
+    pollfd p[2] = {{fd_, POLLOUT, 0}, {stop_fd, POLLIN, 0}};
+    int r = ::poll(p, stop_fd >= 0 ? 2 : 1, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    if (stop_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      f.interrupted = true;
+      break;
+    }
   }
-  std::size_t left = queued_;
+  f.broken = broken_;
+  f.left = queued_;
   q_.clear();
   queued_ = 0;
-  return left;
+  front_off_ = 0;
+  return f;
 }
 
 // ---- StdinPump ----
