@@ -328,12 +328,14 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   /// The stop deadline fired while the data channel is open. Output that still moves (reads
   /// paused for a slow consumer, bytes unread in the socket, bytes read since it was armed) is a
   /// live guest delivering to a live consumer: the deadline restarts (the mirror of the init's
-  /// drain window). A channel at rest after the outcome is closed early instead, on purpose, and
-  /// the guest gets HostOptions::data_drain to count what it could not deliver and power off
-  /// before the deadline runs its course (destroy). true: handled here, the session not told.
+  /// drain window) — unless the host ends this VM on purpose (shutdown(), the wall limit), whose
+  /// deadline is kept. A channel at rest, or one the host ends, is closed early once the outcome
+  /// is in, and the guest gets HostOptions::data_drain to count what it could not deliver and
+  /// power off before the deadline runs its course (destroy). true: handled here, the session
+  /// not told.
   bool defer_stop(const std::shared_ptr<Vm>& vm, std::chrono::milliseconds after) {
     if (!vm->data || !vm->data->is_open()) return false;
-    if (vm->data->moving(vm->stop_mark)) {
+    if (!vm->core.ended_by_host() && vm->data->moving(vm->stop_mark)) {
       if (!std::exchange(vm->stop_deferred_said, true))
         emit(*vm, "stop_deferred", fmt::format("the workload's output is still being read; the stop deadline "
                                                "restarts ({} ms) while it moves", after.count()));
@@ -341,7 +343,11 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       return true;
     }
     if (!vm->core.outcome() || vm->core.vm_gone()) return false;
-    cut_output(vm, fmt::format("the guest did not power off within the stop deadline ({} ms)", after.count()));
+    cut_output(vm, !vm->core.ended_by_host()
+                       ? fmt::format("the guest did not power off within the stop deadline ({} ms)", after.count())
+                   : vm->core.outcome()->outcome == proto::Outcome::timeout
+                       ? std::string("the VM reached its time limit while its output was still being read")
+                       : std::string("the VM was stopped while its output was still being read"));
     arm(vm, TimerKind::stop, opt.data_drain);
     return true;
   }

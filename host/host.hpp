@@ -173,7 +173,9 @@ class Host {
   /// After the outcome, while output is owed, the host ends the wait for it on purpose: the data
   /// channel is closed before its eofs, the guest counts what it could not deliver
   /// (`output_lost`: an `output_lost` event, a gap in workload.log, `lost` in the record) and
-  /// powers off. Before the outcome the workload is stopped and its output drained as usual.
+  /// powers off. Before the outcome the workload is stopped (`stop`, grace) and its output is
+  /// read until the stop deadline; what is still owed then is cut the same way (the wall limit
+  /// does likewise).
   Status shutdown(const std::string& vm);
   /// The outcome is in and the data channel is still open: the guest holds output (and its
   /// power-off) for the host, which reads it as fast as its consumer takes it; shutdown() now

@@ -511,6 +511,7 @@ void Session::timer_fired(TimerKind k, WallTime now) {
                fmt::format("still running at the host's {} ms limit", cfg_.wall_timeout->count()),
                now);
       // The limit ends the workload whatever the policy: `stop`, grace, `shutdown`.
+      ended_by_host_ = true;
       begin_shutdown();
       break;
     case TimerKind::grace:
@@ -666,6 +667,7 @@ Status Session::list_processes() {
 Status Session::shutdown(WallTime) {
   if (finished_) return Error{"shutdown: the session is over"};
   if (!outcome_) end_requested_ = true;
+  ended_by_host_ = true;
   begin_shutdown();
   return Ok{};
 }

@@ -163,6 +163,10 @@ class Session {
   bool stream_open() const { return stream_open_; }
   /// The embedder reported vm_exited.
   bool vm_gone() const { return vm_exited_; }
+  /// The host ends this VM on purpose: shutdown() was called, or the wall limit fired (not the
+  /// on_exit policy after the workload's own end). Its stop deadline then cuts output still owed
+  /// instead of waiting for a slow consumer (docs/host.md "Output lost").
+  bool ended_by_host() const { return ended_by_host_; }
   /// The stream was lost inside the reconnect window: the guest may still resume.
   bool awaiting_redial() const { return awaiting_redial_; }
   const SessionConfig& config() const { return cfg_; }
@@ -220,6 +224,7 @@ class Session {
   bool vm_exited_ = false;
   bool finished_ = false;
   bool await_reports_ = false;  // expect_output_reports(): read the stream to EOF after vm_exited
+  bool ended_by_host_ = false;  // shutdown() or the wall limit
 };
 
 /// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed

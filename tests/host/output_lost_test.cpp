@@ -291,6 +291,27 @@ TEST_CASE("shutdown() before the outcome cuts nothing: the stopped workload's ou
   CHECK(reported_status(*v.h.record("o")) == 15);
 }
 
+TEST_CASE("the host ends the VM on purpose before the outcome: its stop deadline is kept, then what is owed is cut") {
+  Vm v({}, 300ms);
+  v.boot();
+  REQUIRE(v.h.host->pause_output("o", true));
+  write_all(v.data.get(), frames(proto::Stream::out, std::string(1000, 'g')));  // the read in flight
+  REQUIRE(v.h.run_until([&] { return v.seen->out.size() == 1000; }));
+  write_all(v.data.get(), frames(proto::Stream::out, std::string(9000, 'g')));
+  REQUIRE(v.h.host->shutdown("o"));  // SIGINT to `neshost run`, `neshost stop`
+  REQUIRE(v.next() == "stop");
+  v.exit_acked(0);
+  // A consumer that never catches up does not hold an end the host asked for: at the deadline
+  // the channel is cut (not restarted), and the guest counts.
+  REQUIRE(v.h.run_until([&] { return v.seen->closed.has_value(); }));
+  CHECK(!v.h.has_event("o", "stop_deferred"));
+  CHECK(v.detail("output_cut") == "the VM was stopped while its output was still being read");
+  v.say(line(proto::OutputLost{0, proto::Stream::out, 10000, 0}) + line(proto::OutputLost{0, proto::Stream::err, 0, 0}));
+  v.power_off();
+  CHECK(v.h.destroyed["o"] == 0);  // it powered off within data_drain
+  CHECK(v.h.record("o")->lost.out == 9000u);
+}
+
 TEST_CASE("an exec'd process's window restarts while its output is held back; then all of it, no loss") {
   Vm v([](HostOptions& o) { o.data_drain = 100ms; });
   v.boot();
