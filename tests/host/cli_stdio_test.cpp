@@ -16,6 +16,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -83,87 +84,91 @@ struct StopSignals {
   }
 };
 
-}  // namespace
-
-TEST_CASE("flush waits for a slow reader, however long it stops between reads: every byte, in order") {
+/// An FdWriter on a Pipe with `n` bytes of a pattern queued (the pipe takes at most 4 KiB of
+/// them), SIGINT/SIGTERM on a signalfd: `neshost run` at its last writes.
+struct Rig {
   boost::asio::io_context io;
   Pipe p;
   StopSignals stop;
-  const std::string all = pattern(256u << 10);
-  auto w = std::make_unique<cli::FdWriter>(io, p.w.get(), cli::kOutputQueueCap);
-  w->write(all);
-  REQUIRE(w->queued() > 0);  // the pipe took at most its 4 KiB
+  std::string all;
+  std::unique_ptr<cli::FdWriter> w;
+  explicit Rig(std::size_t n)
+      : all(pattern(n)), w(std::make_unique<cli::FdWriter>(io, p.w.get(), cli::kOutputQueueCap)) {
+    w->write(all);
+  }
+  cli::FdWriter::Flushed flush() { return w->flush(stop.fd.get()); }
+  /// The writer (its own duplicate of the write end too) and our write end closed: EOF for the
+  /// reader once it has taken everything.
+  void close_writer() {
+    w.reset();
+    p.w.reset();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("flush waits for a slow reader, however long it stops between reads: every byte, in order") {
+  Rig r(256u << 10);
+  REQUIRE(r.w->queued() > 0);
   // A throttled reader, as `| python3 slow_reader.py` or a pager: 4 KiB per step, a step every
   // 2 ms, and once a stop of 3 s (`sleep 3` between reads: longer than the 2 s the last flush
   // used to give a reader that took nothing before it dropped the rest).
   std::string got;
   std::thread reader([&] {
-    for (int step = 0; read_some(p.r.get(), got, 4096); ++step)
+    for (int step = 0; read_some(r.p.r.get(), got, 4096); ++step)
       std::this_thread::sleep_for(step == 8 ? 3000ms : 2ms);
   });
-  auto f = w->flush(stop.fd.get());
-  w.reset();    // its own duplicate of the write end goes too:
-  p.w.reset();  // EOF for the reader once it has taken everything
+  auto f = r.flush();
+  r.close_writer();
   reader.join();
   CHECK(f.left == 0);
   CHECK(!f.interrupted);
   CHECK(!f.broken);
-  CHECK(got.size() == all.size());
-  CHECK(got == all);
+  CHECK(got.size() == r.all.size());
+  CHECK(got == r.all);
 }
 
 TEST_CASE("flush ends on a signal while the reader takes nothing: the bytes left are counted exactly") {
-  boost::asio::io_context io;
-  Pipe p;
-  StopSignals stop;
-  const std::string all = pattern(200u << 10);
-  auto w = std::make_unique<cli::FdWriter>(io, p.w.get(), cli::kOutputQueueCap);
-  w->write(all);
+  Rig r(200u << 10);
   // The reader takes 40 KiB in steps, then stops reading and sends SIGINT (a user giving up on a
   // paused pager); it reads the rest only once the writer has counted what it left.
   std::string got;
   std::promise<void> counted;
   std::thread reader([&, done = counted.get_future()]() mutable {
-    while (got.size() < (40u << 10) && read_some(p.r.get(), got, (40u << 10) - got.size())) {
+    while (got.size() < (40u << 10) && read_some(r.p.r.get(), got, (40u << 10) - got.size())) {
     }
     ::kill(::getpid(), SIGINT);
     done.wait();
-    while (read_some(p.r.get(), got, 4096)) {
+    while (read_some(r.p.r.get(), got, 4096)) {
     }
   });
-  auto f = w->flush(stop.fd.get());
-  const std::size_t in_pipe = p.unread();  // written, not read yet: not lost
-  const std::size_t still_queued = w->queued();
-  w.reset();
-  p.w.reset();
+  auto f = r.flush();
+  const std::size_t in_pipe = r.p.unread();  // written, not read yet: not lost
+  const std::size_t still_queued = r.w->queued();
+  r.close_writer();
   counted.set_value();
   reader.join();
   CHECK(f.interrupted);
   CHECK(!f.broken);
   CHECK(f.left > 0);
-  CHECK(f.left == all.size() - (40u << 10) - in_pipe);
-  CHECK(got.size() + f.left == all.size());
-  CHECK(got == all.substr(0, got.size()));
+  CHECK(f.left == r.all.size() - (40u << 10) - in_pipe);
+  CHECK(got.size() + f.left == r.all.size());
+  CHECK(got == r.all.substr(0, got.size()));
   CHECK(still_queued == 0);
 }
 
 TEST_CASE("flush ends when the reader goes away (EPIPE): what is left is counted, not an interruption") {
-  boost::asio::io_context io;
-  Pipe p;
-  StopSignals stop;
   ::signal(SIGPIPE, SIG_IGN);  // as `neshost run`
-  const std::string all = pattern(64u << 10);
-  cli::FdWriter w(io, p.w.get(), cli::kOutputQueueCap);
-  w.write(all);
+  Rig r(64u << 10);
   std::string got;
   std::thread reader([&] {
-    read_some(p.r.get(), got, 1000);
-    p.r.reset();  // `| head -c 1000`: the reader is gone
+    read_some(r.p.r.get(), got, 1000);
+    r.p.r.reset();  // `| head -c 1000`: the reader is gone
   });
-  auto f = w.flush(stop.fd.get());
+  auto f = r.flush();
   reader.join();
   CHECK(f.broken);
   CHECK(!f.interrupted);
   CHECK(f.left > 0);
-  CHECK(f.left < all.size());
+  CHECK(f.left < r.all.size());
 }

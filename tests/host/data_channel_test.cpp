@@ -70,15 +70,6 @@ struct DataHarness {
   }
 };
 
-void write_all(int fd, std::string_view b) {
-  while (!b.empty()) {
-    ssize_t n = ::write(fd, b.data(), b.size());
-    if (n < 0 && errno == EINTR) continue;
-    REQUIRE(n > 0);
-    b.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
-
 std::string frames_out(std::string_view out, std::string_view err) {
   std::string f;
   proto::append_data(f, proto::Stream::out, out);

@@ -18,27 +18,19 @@
 #include "host/data_channel.hpp"
 #include "support.hpp"
 
-using namespace nes;
-using namespace nes::host;
-using namespace nes::test;
-using namespace std::chrono_literals;
-
+// The cases live in the library's namespace: its types unqualified, the test support as test::.
+namespace nes::host {
 namespace {
 
-/// What the embedder saw through StdioHooks.
+using namespace std::chrono_literals;
+using test::write_all;
+
+/// The embedder's view through StdioHooks: each stream's bytes, and the closed hook's error
+/// ("" = a clean close).
 struct Seen {
   std::string out, err;
-  std::optional<std::string> closed;  // the closed hook's error ("" = clean)
+  std::optional<std::string> closed;
 };
-
-void write_all(int fd, std::string_view b) {
-  while (!b.empty()) {
-    ssize_t n = ::write(fd, b.data(), b.size());
-    if (n < 0 && errno == EINTR) continue;
-    REQUIRE(n > 0);
-    b.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
 
 /// Data frames of `bytes` on `stream` of process `proc` (split at the frame cap).
 std::string frames(proto::Stream stream, std::string_view bytes, std::uint16_t proc = 0) {
@@ -56,7 +48,7 @@ std::string line(const proto::GuestMessage& m) { return proto::encode_line(m); }
 /// One VM with both channels' guest ends held by the test.
 struct Vm {
   std::shared_ptr<Seen> seen = std::make_shared<Seen>();
-  Harness h;
+  test::Harness h;
   Fd life, data;  // the guest's ends
   std::string in;  // host lines read, not yet taken
 
@@ -119,6 +111,13 @@ struct Vm {
     for (auto& e : h.events)
       if (e.vm == "o" && e.kind == kind) return e.detail;
     return "(no " + kind + " event)";
+  }
+  /// The eof frames of the workload's stdout and stderr.
+  void send_eofs() {
+    std::string eofs;
+    proto::append_eof(eofs, proto::Stream::out);
+    proto::append_eof(eofs, proto::Stream::err);
+    write_all(data.get(), eofs);
   }
   std::string log() const {
     std::ifstream f(h.state / "o" / "workload.log", std::ios::binary);
@@ -219,10 +218,7 @@ TEST_CASE("the stop deadline restarts while a slow consumer holds the output: no
   CHECK(!v.h.has_event("o", "output_cut"));
   // The consumer catches up; the eofs come; the host closes the channel (the receipt).
   REQUIRE(v.h.host->pause_output("o", false));
-  std::string eofs;
-  proto::append_eof(eofs, proto::Stream::out);
-  proto::append_eof(eofs, proto::Stream::err);
-  write_all(v.data.get(), eofs);
+  v.send_eofs();
   REQUIRE(v.h.run_until([&] { return v.seen->closed.has_value(); }));
   CHECK(*v.seen->closed == "");
   v.power_off();
@@ -281,10 +277,7 @@ TEST_CASE("shutdown() before the outcome cuts nothing: the stopped workload's ou
   v.exit_acked(15);
   CHECK(v.h.host->output_owed("o"));
   REQUIRE(v.h.host->pause_output("o", false));
-  std::string eofs;
-  proto::append_eof(eofs, proto::Stream::out);
-  proto::append_eof(eofs, proto::Stream::err);
-  write_all(v.data.get(), eofs);
+  v.send_eofs();
   REQUIRE(v.h.run_until([&] { return v.seen->closed.has_value(); }));
   v.power_off();
   CHECK(v.seen->out == std::string(20000, 'f'));
@@ -387,3 +380,5 @@ TEST_CASE("an exec'd process whose streams end without their eofs: its lost hook
   CHECK(xs->lost == std::vector<std::string>{"stdout 993 7", "stderr ? 0"});
   CHECK(v.detail("output_lost") == fmt::format("proc={} stdout 993 bytes", *proc));
 }
+
+}  // namespace nes::host
