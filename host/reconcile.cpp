@@ -458,7 +458,8 @@ std::string encode_state(const VmState& s) {
   std::string head;
   if (s.record) {
     head = encode_record(*s.record);
-    while (!head.empty() && (head.back() == '\n' || head.back() == '}')) head.pop_back();
+    // Without its final "}\n" (exactly: an object field such as "lost" ends in '}' too).
+    if (head.ends_with("}\n")) head.resize(head.size() - 2);
   } else {
     head = fmt::format(R"({{"vm":{},"generation":{},"outcome":null,"exit_status":{})", json_string(s.vm),
                        s.generation, s.exit_status ? std::to_string(*s.exit_status) : "null");

@@ -284,6 +284,18 @@ def test_output_lost_in_the_record():
               "inspect's status_reason says it: %s" % got["status_reason"])
         r = run(["ps", "--state", state, "-a"])
         check("exited (125, output lost)" in r.stdout, "ps -a: %r" % r.stdout)
+        # Only truncated (an init that never counts): the record's last field is an object.
+        os.makedirs(os.path.join(state, "vmT"), mode=0o700)
+        for k in ("lost", "lost_reason"):
+            del rec[k]
+        rec["vm"] = "vmT"
+        with open(os.path.join(state, "vmT", "outcome.json"), "w") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        r = run(["inspect", "--state", state, "vmT"])
+        got = json.loads(r.stdout)
+        check(got["truncated"] == {"stderr": 12} and got["status"] == "exited", "inspect, truncated only: %s" % got)
+        r = run(["wait", "--state", state, "vmT"])
+        check(r.returncode == 125 and "stderr truncated" in r.stderr, "wait, truncated only: %d %r" % (r.returncode, r.stderr))
 
 
 for t in [test_output_lost_in_the_record, test_logs, test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
