@@ -36,7 +36,10 @@ Stop a running VM: the stop is persisted first (a natural exit that comes later 
 VM's status from stopped into exited), then its monitor shuts the guest down in order (SIGTERM
 to the workload, the init's grace, SIGKILL, power-off) as SIGTERM to `neshost run` does. Waits
 for the monitor to exit; after S seconds (default 30) the workload is sent SIGKILL, 30 s later
-the monitor is killed (its VMM dies with it). Exit 0 once stopped, 1 if no such VM is running.
+the monitor is killed (its VMM dies with it). A VM whose workload has ended but whose output its
+monitor is still delivering (a slow reader) is ended at once: what it could not deliver is
+counted and recorded (`neshost run` then exits 125 saying so). Exit 0 once stopped, 1 if no such
+VM is running.
 )";
 
 constexpr std::string_view kKillHelp = R"(usage: neshost kill [--state DIR] [-s SIG] VM
