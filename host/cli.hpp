@@ -83,8 +83,9 @@ struct ServeEmbedder {
 };
 
 /// Serve one VM until its session finishes; prints one line per event to stdout; SIGINT/SIGTERM
-/// ask the guest to shut down (a second one gives up). Returns the outcome's exit status (the
-/// protocol/status.hpp table), or 125 when there is no durable outcome.
+/// ask the guest to shut down (after the outcome, while output is owed: cut it, Host::shutdown;
+/// a further one gives up). Returns the outcome's exit status (the protocol/status.hpp table),
+/// 125 when its output was lost (host::reported_status) or there is no durable outcome.
 int serve_vm(const ServeConfig& cfg, ServeEmbedder embedder = {});
 
 /// `neshost run`'s default state directory: $NESHOST_STATE, else /var/lib/neshost as root, else

@@ -149,7 +149,10 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
   std::function<void()> arm_signals = [&] {
     signals.async_wait([&](boost::system::error_code ec, int sig) {
       if (ec) return;
-      if (++signals_seen == 1) {
+      // The first signal is an ordered shutdown. A later one that finds the outcome in and its
+      // output still owed ends the wait for that output (counted, never silent) instead of
+      // giving up at once; any other gives up.
+      if (++signals_seen == 1 || host.output_owed(vm)) {
         if (emb.print_events) {
           fmt::print("{} signal {}: shutting down\n", vm, sig);
           std::fflush(stdout);
@@ -176,7 +179,8 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
     fmt::print(stderr, "neshost: no durable outcome for {}\n", vm);
     return proto::kStatusHostFailure;
   }
-  return sess->outcome()->exit_status;
+  // Output lost or truncated overrides the workload's status (host::reported_status).
+  return host::reported_status(*sess->outcome());
 }
 
 // ---- the state dir of `neshost run` ----

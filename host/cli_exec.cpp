@@ -57,6 +57,7 @@ struct ExecAttachments::Attached {
   ControlServer::Reply reply;
   std::optional<int> status;                  // ended: the exit status to report
   std::string reason;
+  std::vector<std::string> lost;              // its output the host could not deliver, one line each
   bool replied = false;
   bool empty() const { return (!wout || wout->queued() == 0) && (!werr || werr->queued() == 0); }
 };
@@ -80,13 +81,32 @@ void ExecAttachments::resume_stdin() {
     if (a->pump) a->pump->resume();
 }
 
+std::size_t ExecAttachments::queued() const {
+  std::size_t n = 0;
+  for (auto& [proc, a] : live_)
+    for (const FdWriter* w : {a->wout.get(), a->werr.get()})
+      if (w) n += w->queued();
+  return n;
+}
+
+void ExecAttachments::host_gone() {
+  host_ = nullptr;
+  for (auto& [proc, a] : live_)
+    if (a->pump) a->pump->stop();
+}
+
 void ExecAttachments::finish(std::uint16_t proc) {
   auto it = live_.find(proc);
   if (it == live_.end()) return;
   auto a = it->second;
   if (!a->status || a->replied || !a->empty()) return;
   a->replied = true;
-  std::string why = a->reason;
+  // Output lost overrides the process's status as it does the workload's (docker's 125: the
+  // host side failed), so the client can never take a cut output for a complete one.
+  std::string why;
+  for (const auto& l : a->lost) why += (why.empty() ? "" : "; ") + l;
+  if (!a->lost.empty()) a->status = 125;
+  if (!a->reason.empty()) why += (why.empty() ? "" : "; ") + a->reason;
   for (char& c : why)
     if (c == '\n' || c == '\r') c = ' ';
   a->reply(fmt::format("ok exit {}{}{}", *a->status, why.empty() ? "" : " ", why.substr(0, 1024)), false);
@@ -163,6 +183,13 @@ void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, Co
     FdWriter* w = st == proto::Stream::err && a->werr ? a->werr.get() : a->wout.get();
     if (w) w->write(b);
     pause_changed_();
+  };
+  hooks.lost = [wa](proto::Stream st, std::optional<std::uint64_t> bytes, std::uint64_t received) {
+    auto a = wa.lock();
+    if (!a) return;
+    const std::string_view name = proto::to_string(st);
+    a->lost.push_back(bytes ? fmt::format("{} bytes of {} lost: the data channel closed before its end", *bytes, name)
+                            : fmt::format("{} truncated: its eof never arrived ({} bytes received)", name, received));
   };
   hooks.ended = [this, wa](const host::ExecEnd& e) {
     auto a = wa.lock();

@@ -36,7 +36,8 @@ host::Result<proto::ExecProcess> parse_exec_request(std::string_view text, const
 /// the data channel is paused (the guest then holds the process back, lossless), as for the
 /// workload's own output. stdin comes from the passed fd 0 through a StdinPump. The final reply
 /// ("ok exit STATUS[ REASON]") goes once the output is written (or its reader gone), so a
-/// client that exits on it has all of it.
+/// client that exits on it has all of it; output the host could not deliver to it (a stream that
+/// ended without its eof, ExecHooks::lost) makes it "ok exit 125 N bytes of stdout lost: ...".
 class ExecAttachments {
  public:
   /// `pause_changed`: any_full() may have changed (the caller re-decides Host::pause_output).
@@ -55,6 +56,13 @@ class ExecAttachments {
   bool any_full() const;
   /// The host's stdin queue has room again (StdioHooks::stdin_writable): pumps read on.
   void resume_stdin();
+  /// Every process's output is written and its final reply sent. After the session the monitor
+  /// runs its loop until then (or a signal), so a slow exec client costs time, never bytes.
+  bool idle() const { return live_.empty(); }
+  /// Bytes still queued for the clients' fds: what a monitor that gives up leaves undelivered.
+  std::size_t queued() const;
+  /// The Host is gone (the session is over): no more stdin for it; output goes on being written.
+  void host_gone();
 
   struct Attached;
 

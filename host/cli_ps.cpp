@@ -26,7 +26,8 @@ constexpr std::string_view kPsHelp = R"(usage: neshost ps [--state DIR] [-a|--al
 
 List the VMs of DIR (default: as `neshost run`): VM, generation, status, the monitor's pid,
 the workload's command. Only running ones unless -a. STATUS is the reconciled status every
-command agrees on: running, exited (CODE), failed (125), stopped (STATUS).
+command agrees on: running, exited (CODE), failed (125), stopped (STATUS); 125 with "output
+lost" after it when workload output was lost (see `neshost inspect`).
 )";
 
 constexpr std::string_view kStopHelp = R"(usage: neshost stop [--state DIR] [-t S] VM
@@ -35,7 +36,10 @@ Stop a running VM: the stop is persisted first (a natural exit that comes later 
 VM's status from stopped into exited), then its monitor shuts the guest down in order (SIGTERM
 to the workload, the init's grace, SIGKILL, power-off) as SIGTERM to `neshost run` does. Waits
 for the monitor to exit; after S seconds (default 30) the workload is sent SIGKILL, 30 s later
-the monitor is killed (its VMM dies with it). Exit 0 once stopped, 1 if no such VM is running.
+the monitor is killed (its VMM dies with it). A VM whose workload has ended but whose output its
+monitor is still delivering (a slow reader) is ended at once: what it could not deliver is
+counted and recorded (`neshost run` then exits 125 saying so). Exit 0 once stopped, 1 if no such
+VM is running.
 )";
 
 constexpr std::string_view kKillHelp = R"(usage: neshost kill [--state DIR] [-s SIG] VM
@@ -69,7 +73,8 @@ fs::path state_of(const Parsed& p) {
 
 std::string status_cell(const host::VmState& s) {
   if (s.status == host::VmStatus::running) return s.stop_requested ? "stopping" : "running";
-  return fmt::format("{} ({})", host::to_string(s.status), s.exit_status.value_or(125));
+  const bool lost = s.record && host::reported_status(*s.record) != s.record->exit_status;
+  return fmt::format("{} ({}{})", host::to_string(s.status), s.exit_status.value_or(125), lost ? ", output lost" : "");
 }
 
 /// A pidfd for the VM's live monitor, opened and then checked again (the identity must still

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -72,7 +73,11 @@ constexpr std::string_view kRunHelp = R"(usage: neshost run [OPTIONS] [--] ARGV.
 
 Boot a QEMU microVM (q35) with nesinit as PID 1, run ARGV in it and exit with its exit status:
 the workload's code, 128+N if killed by signal N, 127/126 if it could not start, 124 on
---timeout, 125 for host-side failures (QEMU or the kernel missing, no `ready` in time, ...).
+--timeout, 125 for host-side failures (QEMU or the kernel missing, no `ready` in time, ...)
+and whenever workload output was lost (one line on stderr names each stream and its bytes;
+it overrides the workload's status). A slow reader of our stdout only slows the VM down (the
+guest holds the workload's output, and its power-off, until we have read it): nothing is lost
+unless the VM is ended on purpose while its output is still owed (SIGINT/SIGTERM, neshost stop).
 The workload's stdout and stderr are neshost's stdout and stderr, byte-exact (a data channel of
 their own, never the serial console), and are also logged to STATE/VM/workload.log (CRI format,
 see `neshost logs`). Its stdin is /dev/null unless -i. The outcome record is written to
@@ -127,7 +132,9 @@ STATE/VM/console.log.
                        host (unshare; needs root), the workload in the host's filesystem. For
                        development and tests of everything around the VM; no isolation
 SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
-at once).
+at once). Once the workload has ended, a signal ends the wait for the output still owed (what
+it cuts is counted and reported, exit 125); the last writes to our stdout/stderr wait for
+their readers however slow, until a signal (then the bytes left are counted, exit 125).
 )";
 
 // ---- options ----
@@ -743,6 +750,11 @@ int run_main(const Args& args) {
   emb.print_events = false;
   emb.channel_is_vm = false;
   std::unique_ptr<ControlServer> control;
+  std::optional<host::Record> final_record;
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
   emb.on_listening = [&](host::Host& h, const std::string& id) {
     host::UnixListenOptions dl;
     dl.path = data_sock.string();
@@ -870,6 +882,12 @@ int run_main(const Args& args) {
       execs.workload_started();
     }
     if (m == Milestone::outcome) execs.workload_ended();
+    if (m == Milestone::finished) {
+      // The record as it ends (with what was lost of the output), for our last words; and from
+      // here on SIGINT/SIGTERM are read from a signalfd by the last writes below.
+      if (auto* sess = hostp ? hostp->session(vmid) : nullptr; sess && sess->outcome()) final_record = *sess->outcome();
+      ::sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
+    }
     if (o.console)
       say("neshost: {} {}{}{}\n", ev.vm, ev.kind, ev.detail.empty() ? "" : " ", ev.detail);
     // A workload that ran speaks for itself; anything else gets one line saying why.
@@ -883,6 +901,12 @@ int run_main(const Args& args) {
   };
 
   int status = serve_vm(cfg, std::move(emb));
+  // The Host is gone with serve_vm(): nothing may reach it any more.
+  hostp = nullptr;
+  execs.host_gone();
+  // SIGINT/SIGTERM end the waits below (blocked at `finished`; here too after a give-up).
+  ::sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
+  host::Fd stop_fd{::signalfd(-1, &stop_signals, SFD_CLOEXEC | SFD_NONBLOCK)};
 
   // Whatever happened (a second signal, a library error): QEMU is gone before we return, and its
   // console drained.
@@ -890,7 +914,7 @@ int run_main(const Args& args) {
     if (!qemu->exit_status()) qemu->terminate(1s);
     qemu->finish_output(2s);
   }
-  control.reset();
+  if (control) control->stop_accepting();  // its handler needs the Host; replies still go out
   exit_watch.reset();
   daemon_watch.clear();
   qemu.reset();
@@ -899,11 +923,35 @@ int run_main(const Args& args) {
     boost::system::error_code bec;
     winch.clear(bec);
   }
-  // Output the reader has not taken yet: written while it makes progress, dropped once it has
-  // taken nothing for 2 s (a stdout nobody reads never keeps us here longer).
-  std::size_t lost = out.flush(2s) + errw.flush(2s);
-  raw.reset();  // the terminal as it was, before our last words
-  if (lost) say("neshost run: {} bytes of workload output not delivered (stdout/stderr not read)\n", lost);
+  raw.reset();  // the terminal as it was (^C is a signal again), before the last writes
+  // `neshost exec` clients still taking their output: the loop goes on until each has it all
+  // and its final reply (a slow client costs time, never bytes), or until a signal.
+  if (!execs.idle()) {
+    io.restart();
+    bool stop = false;
+    asio::posix::stream_descriptor sig(io, ::fcntl(stop_fd.get(), F_DUPFD_CLOEXEC, 3));
+    sig.async_wait(asio::posix::stream_descriptor::wait_read, [&](boost::system::error_code ec) { stop = !ec; });
+    while (!execs.idle() && !stop && io.run_one()) {
+    }
+    if (!execs.idle())
+      say("neshost run: {} bytes of `neshost exec` output not delivered: interrupted while its readers were still "
+          "taking them\n", execs.queued());
+  }
+  control.reset();
+  // The workload's output our readers have not taken yet: written for as long as they live,
+  // however slowly they read, until a signal says to give up (counted and said, exit 125).
+  for (auto [w, name] : {std::pair{&out, "stdout"}, std::pair{&errw, "stderr"}}) {
+    auto f = w->flush(stop_fd.get());
+    if (!f.left) continue;
+    if (f.interrupted) {
+      say("neshost run: {} bytes of {} lost: interrupted while its reader was still taking them\n", f.left, name);
+      status = host::kStatusOutputLost;
+    } else {
+      say("neshost run: {} bytes of {} not delivered: its reader went away\n", f.left, name);
+    }
+  }
+  if (final_record)
+    for (const auto& line : host::describe_loss(*final_record)) say("neshost run: {}\n", line);
   // QEMU is gone, so each virtiofsd has lost its client and is exiting; reap it (bounded).
   for (auto& d : daemons) {
     auto e = d->stop(2s);

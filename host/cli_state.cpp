@@ -21,7 +21,8 @@ constexpr std::string_view kWaitHelp = R"(usage: neshost wait [--state DIR] [--g
 
 Wait until the VM is no longer running (of generation N or newer, if given): exited, failed or
 stopped, as `neshost ps` and `inspect` say. Print its exit status and exit with it (a failed VM
-without an outcome: 125). Returns at once if it has ended. Works from any process: it needs only
+without an outcome: 125; 125 too when the record says workload output was lost, with one line on
+stderr per stream naming its bytes). Returns at once if it has ended. Works from any process: it needs only
 the state dir (inotify on it, and the monitor's pidfd: a monitor that dies without recording an
 outcome ends the wait as failed, never a wait forever). A VM that does not exist yet is waited
 for until it appears and ends (unlike docker wait: give --timeout if it may never come). DIR
@@ -34,7 +35,8 @@ constexpr std::string_view kInspectHelp = R"(usage: neshost inspect [--state DIR
 
 Print the VM's reconciled state as one JSON object: the current generation's outcome record
 (schema_version, vm, generation, outcome, exit_code, signal, exit_status, reason, started_at,
-finished_at; without one: vm, generation, outcome null, exit_status), then status (running,
+finished_at, and lost, truncated, lost_reason when output was lost; without one: vm, generation,
+outcome null, exit_status), then status (running,
 exited, failed, stopped), status_reason, monitor_pid, monitor_alive, stop_requested.
 Exit 1 if there is no such VM.
 )";
@@ -119,6 +121,9 @@ int wait_main(const Args& args) {
         fmt::print("{}\n", st);
         if ((*r)->status == host::VmStatus::failed && !(*r)->record)
           fmt::print(stderr, "neshost wait: VM '{}' failed: {}\n", t->vm, (*r)->reason);
+        // Output lost: 125 instead of the workload's status, and one line per stream.
+        if ((*r)->record)
+          for (const auto& l : host::describe_loss(*(*r)->record)) fmt::print(stderr, "neshost wait: {}\n", l);
         return st;
       }
       // Running: its monitor's exit wakes us too (it may die without writing anything). The

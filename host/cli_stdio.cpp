@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -144,21 +145,56 @@ void FdWriter::pump() {
   if (queued_ == 0 && on_empty) on_empty();
 }
 
-std::size_t FdWriter::flush(std::chrono::milliseconds stall) {
+FdWriter::Flushed FdWriter::flush(int stop_fd) {
   if (waiter_) {
     error_code ec;
     waiter_->cancel(ec);  // from here on, synchronously
   }
+  Flushed f;
   while (write_now()) {
-    pollfd p{fd_, POLLOUT, 0};
-    int r;
-    do r = ::poll(&p, 1, static_cast<int>(stall.count())); while (r < 0 && errno == EINTR);
-    if (r == 0) break;  // the reader took nothing for `stall`: give up
+    // No deadline: only the reader's going away (the write then fails) or `stop_fd` ends this.
+    pollfd p[2] = {{fd_, POLLOUT, 0}, {stop_fd, POLLIN, 0}};
+    int r = ::poll(p, stop_fd >= 0 ? 2 : 1, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    if (stop_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      f.interrupted = true;
+      break;
+    }
   }
-  std::size_t left = queued_;
+  // Written is not read: a pipe's reader may stop once we are gone (containerd's ctr cancels
+  // its copy from the task's FIFO as soon as the task's exit is reported), and what is still in
+  // the pipe dies with it. So a pipe or FIFO is waited on until its reader took every byte
+  // (FIONREAD 0), went away (POLLERR) or `stop_fd` fires. Nothing signals "drained": looked at
+  // every 10 ms while the reader lives.
+  struct stat st {};
+  std::size_t unread_left = 0;  // in the pipe when its reader went away or we were stopped
+  if (queued_ == 0 && !broken_ && !f.interrupted && ::fstat(fd_, &st) == 0 && S_ISFIFO(st.st_mode)) {
+    for (;;) {
+      int unread = 0;
+      if (::ioctl(fd_, FIONREAD, &unread) != 0 || unread <= 0) break;
+      pollfd p[2] = {{fd_, 0, 0}, {stop_fd, POLLIN, 0}};
+      int r = ::poll(p, stop_fd >= 0 ? 2 : 1, 10);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) break;
+      if (p[0].revents & (POLLERR | POLLHUP)) {
+        unread_left = static_cast<std::size_t>(unread);
+        f.broken = true;
+        break;
+      }
+      if (stop_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+        unread_left = static_cast<std::size_t>(unread);
+        f.interrupted = true;
+        break;
+      }
+    }
+  }
+  f.broken = f.broken || broken_;
+  f.left = queued_ + unread_left;
   q_.clear();
   queued_ = 0;
-  return left;
+  front_off_ = 0;
+  return f;
 }
 
 // ---- StdinPump ----

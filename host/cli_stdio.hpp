@@ -52,9 +52,18 @@ class FdWriter {
   /// Called (on the io_context) whenever a write leaves the queue empty (all written, or
   /// discarded after an error). It must not destroy the writer (post that).
   std::function<void()> on_empty;
-  /// At exit, synchronously: go on writing while the reader takes bytes; give up once it has taken
-  /// nothing for `stall`. Returns the bytes left unwritten (dropped).
-  std::size_t flush(std::chrono::milliseconds stall);
+  /// What flush() did with the queue.
+  struct Flushed {
+    std::size_t left = 0;      // bytes not written (dropped), 0 when all went out
+    bool interrupted = false;  // `stop_fd` became readable while bytes were left
+    bool broken = false;       // the reader is gone (EPIPE, EIO): it takes nothing more
+  };
+  /// At exit, synchronously: write everything while the reader lives, however slowly it takes it
+  /// (a paused pager, a reader that sleeps between reads: no deadline, a slow consumer costs time,
+  /// never bytes). Ends when the queue is written, when the fd breaks (the reader went away), or
+  /// when `stop_fd` (>= 0; e.g. a signalfd of SIGINT/SIGTERM, nothing is read from it) becomes
+  /// readable: the caller's way to give up, after which it must say how many bytes were left.
+  Flushed flush(int stop_fd);
 
  private:
   void pump();

@@ -1,5 +1,7 @@
 #include "host/data_channel.hpp"
 
+#include <sys/ioctl.h>
+
 #include <boost/asio/write.hpp>
 #include <fmt/format.h>
 
@@ -92,7 +94,7 @@ void DataLink::start_read() {
     self->reading_ = false;
     if (self->closed_) return;
     std::vector<DataEvent> evs;
-    self->bytes_read_ += n;
+    self->bytes_in_ += n;
     if (n > 0) self->rx_.received(std::string_view(self->buf_.data(), n), evs);
     if (ec && !self->rx_.failed()) self->rx_.closed(evs);
     self->handle(evs);
@@ -116,6 +118,8 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
           else return 0;
         },
         e);
+    if (auto* o = std::get_if<data_ev::Output>(&e)) tallies_[{proc, o->stream}].received += o->bytes.size();
+    if (auto* eo = std::get_if<data_ev::Eof>(&e)) tallies_[{proc, eo->stream}].eof = true;
     if (proc != 0) {
       if (cfg_.exec_event) cfg_.exec_event(proc, e);
       continue;
@@ -142,6 +146,18 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
       return;
     }
   }
+}
+
+DataLink::Tally DataLink::tally(std::uint16_t proc, proto::Stream stream) const {
+  auto it = tallies_.find({proc, stream});
+  return it == tallies_.end() ? Tally{} : it->second;
+}
+
+std::size_t DataLink::unread() const {
+  if (closed_) return 0;
+  int n = 0;
+  if (::ioctl(const_cast<DataLink*>(this)->sock_.native_handle(), FIONREAD, &n) != 0 || n < 0) return 0;
+  return static_cast<std::size_t>(n);
 }
 
 void DataLink::pause(bool paused) {
@@ -282,9 +298,15 @@ void DataLink::drain_then_close(std::chrono::milliseconds bound) {
   paused_log_ = false;
   start_read();
   drain_timer_.expires_after(bound);
-  drain_timer_.async_wait([w = weak_from_this()](error_code ec) {
+  drain_timer_.async_wait([w = weak_from_this(), bound](error_code ec) {
     auto self = w.lock();
-    if (!ec && self && !self->closed_) self->close();
+    if (ec || !self || self->closed_) return;
+    // The guest is gone: what it wrote is finite, so the bound only meets a stuck read. What
+    // is left in the socket is named, never dropped in silence (its streams then lack their eofs).
+    const std::size_t left = self->unread();
+    self->close(left ? fmt::format("data channel: {} bytes still unread {} ms after the VM was finished", left,
+                                   bound.count())
+                     : std::string());
   });
 }
 
@@ -299,7 +321,7 @@ void DataLink::close(std::string error) {
   if (!error.empty()) cfg_.emit("data_error", error);
   cfg_.emit("data_closed", error.empty() ? "clean" : "error");
   if (cfg_.hooks && cfg_.hooks->closed) cfg_.hooks->closed(cfg_.vm, error);
-  if (cfg_.on_closed) cfg_.on_closed();
+  if (cfg_.on_closed) cfg_.on_closed(error);
 }
 
 }  // namespace nes::host

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -104,7 +105,8 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
     std::size_t read_chunk = 256u << 10;        // bytes per read (four full data frames)
     std::size_t stdin_cap = 256u << 10;         // bytes of stdin frames queued at most
     std::function<void(std::string kind, std::string detail)> emit;  // one Event
-    std::function<void()> on_closed;            // after the link is closed, once
+    /// After the link is closed, once; `error` as StdioHooks::closed's.
+    std::function<void(const std::string& error)> on_closed;
     /// Output, eof and dropped events of processes exec() started (proc != 0): not the
     /// workload's hooks, not its log.
     std::function<void(std::uint16_t proc, DataEvent& e)> exec_event;
@@ -135,15 +137,32 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   void pause(bool paused);
   /// The log thread caught up (posted by Host from AsyncLog's on_drained).
   void log_drained();
-  /// Read what remains up to EOF, at most `bound`, then close (the VM is finished).
+  /// Read what remains up to EOF, at most `bound`, then close (the VM is finished). What is
+  /// still unread in the socket then is reported: the close's error names its bytes.
   void drain_then_close(std::chrono::milliseconds bound);
   /// Close now (idempotent).
   void close(std::string error = {});
   bool is_open() const { return !closed_; }
-  /// Reads are held back for a consumer that is behind (pause(), or the workload log's queue).
+
+  /// What the host received of one output stream: payload bytes handed on (to the hooks and the
+  /// log, or to the exec's hooks), and whether its eof frame came. Kept after the close.
+  struct Tally {
+    std::uint64_t received = 0;  // bytes
+    bool eof = false;
+  };
+  Tally tally(std::uint16_t proc, proto::Stream stream) const;
+  /// Every output stream of the workload had its eof frame.
+  bool outputs_done() const { return out_eof_ && (err_eof_ || cfg_.stdio.terminal.has_value()); }
+  /// Reads are held back (the embedder's pause_output, or the log is behind).
   bool paused() const { return paused_embedder_ || paused_log_; }
-  /// Bytes read from the channel so far (frames and all): a measure of progress.
-  std::uint64_t bytes_read() const { return bytes_read_; }
+  /// Bytes waiting in the socket, not read yet (FIONREAD); 0 once closed.
+  std::size_t unread() const;
+  /// Bytes read from the channel so far, frames included (a progress counter).
+  std::uint64_t bytes_in() const { return bytes_in_; }
+  /// Output still moves here: reads are paused, bytes wait unread in the socket, or bytes were
+  /// read since bytes_in() was `mark`. A deadline that meets a live but slow consumer (or a slow
+  /// guest still sending) restarts instead of cutting the output (docs/host.md "Output lost").
+  bool moving(std::uint64_t mark) const { return !closed_ && (paused() || unread() > 0 || bytes_in_ != mark); }
 
  private:
   void start_read();
@@ -160,9 +179,11 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   bool bad_ = false;  // the fd could not be adopted
   bool reading_ = false, writing_ = false, closed_ = false;
   bool paused_embedder_ = false, paused_log_ = false;
-  std::uint64_t bytes_read_ = 0;
   bool stdin_eof_sent_ = false, stdin_refused_ = false;
   bool out_eof_ = false, err_eof_ = false;  // the guest's eof frames seen
+  std::uint64_t bytes_in_ = 0;
+  /// Per (process, stream): at most the workload's two and two per process exec() opened.
+  std::map<std::pair<std::uint16_t, proto::Stream>, Tally> tallies_;
   /// Processes exec() started whose streams are open here, at most proto::kExecMax.
   struct Exec {
     std::uint16_t proc = 0;

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "protocol/codec.hpp"
 
@@ -72,6 +73,16 @@ struct Vm {
   std::shared_ptr<AsyncLog> log;
   bool finishing = false;  // "finished" is held until the data channel and the log are closed
   std::function<void()> data_finished_cb;  // run once the data channel has closed
+  bool workload_started = false;  // `started` seen: the workload's streams were live
+  std::uint64_t stop_mark = 0;    // DataLink::bytes_in() when the stop deadline was last armed
+  bool stop_deferred_said = false;
+  // Output the host did not deliver (docs/host.md "Output lost"). The guest's output_lost
+  // reports, by (proc, stream): once each; kept here until that stream's data has ended on this
+  // side (the data channel closed, or the exec'd process ended), when `received` is final.
+  std::map<std::pair<std::uint16_t, proto::Stream>, proto::OutputEnd> loss_pending;
+  std::set<std::pair<std::uint16_t, proto::Stream>> loss_reported;
+  Record loss;             // the workload's lost, truncated and lost_reason, for the amendment
+  std::string cut_reason;  // why the data channel closed before the workload's output ended
   // Host::async_list_processes requests waiting for the guest's `processes`, oldest first; each
   // with its deadline's timer.
   struct ProcessWaiter {
@@ -88,6 +99,8 @@ struct Vm {
     bool terminal = false;
     std::optional<proto::ExecExited> exited;     // reported, its output still on its way
     std::shared_ptr<asio::steady_timer> timer;   // the answer's bound, then the output's
+    std::uint64_t mark = 0;                      // DataLink::bytes_in() when `timer` was armed
+    bool deferred_said = false;                  // exec_output_wait emitted
   };
   std::map<std::uint16_t, ExecProc> execs;
   std::uint16_t next_proc = 1;
@@ -220,6 +233,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             if (opt.hooks.remove) opt.hooks.remove(vm->id(), vm->generation());
           } else if constexpr (std::is_same_v<T, act::Log>) {
             if (x.milestone == act::Milestone::finished) return finish_data(vm, std::move(x.detail));
+            if (x.milestone == act::Milestone::started) vm->workload_started = true;
             emit(*vm, std::move(x.kind), std::move(x.detail), x.milestone);
           } else if constexpr (std::is_same_v<T, act::Finished>) {
             finished(vm);
@@ -227,6 +241,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             answer_processes(vm, std::move(x.list));
           } else if constexpr (std::is_same_v<T, act::ExecReport>) {
             exec_report(vm, std::move(x.report));
+          } else if constexpr (std::is_same_v<T, act::OutputEnd>) {
+            output_end(vm, x.report);
           }
         },
         a);
@@ -298,14 +314,152 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     auto seq = ++vm->timer_seq[static_cast<int>(k)];
     auto& t = vm->timer(k);
     t.expires_after(after);
+    if (k == TimerKind::stop) vm->stop_mark = vm->data ? vm->data->bytes_in() : 0;
     std::weak_ptr<Impl> w = shared_from_this();
-    t.async_wait([w, vm, k, seq](error_code ec) {
+    t.async_wait([w, vm, k, seq, after](error_code ec) {
       auto self = w.lock();
       if (ec || !self || vm->timer_seq[static_cast<int>(k)] != seq || !self->current(vm)) return;
-      if (k == TimerKind::stop && vm->data)
-        vm->core.output_state(vm->data->is_open(), vm->data->paused(), vm->data->bytes_read());
+      if (k == TimerKind::stop && self->defer_stop(vm, after)) return;
       vm->core.timer_fired(k, wall_now());
       self->drain(vm);
+    });
+  }
+
+  /// The stop deadline fired while the data channel is open. Output that still moves (reads
+  /// paused for a slow consumer, bytes unread in the socket, bytes read since it was armed) is a
+  /// live guest delivering to a live consumer: the deadline restarts (the mirror of the init's
+  /// drain window) — unless the host ends this VM on purpose (shutdown(), the wall limit), whose
+  /// deadline is kept. A channel at rest, or one the host ends, is closed early once the outcome
+  /// is in, and the guest gets HostOptions::data_drain to count what it could not deliver and
+  /// power off before the deadline runs its course (destroy). true: handled here, the session
+  /// not told.
+  bool defer_stop(const std::shared_ptr<Vm>& vm, std::chrono::milliseconds after) {
+    if (!vm->data || !vm->data->is_open()) return false;
+    if (!vm->core.ended_by_host() && vm->data->moving(vm->stop_mark)) {
+      if (!std::exchange(vm->stop_deferred_said, true))
+        emit(*vm, "stop_deferred", fmt::format("the workload's output is still being read; the stop deadline "
+                                               "restarts ({} ms) while it moves", after.count()));
+      arm(vm, TimerKind::stop, after);
+      return true;
+    }
+    if (!vm->core.outcome() || vm->core.vm_gone()) return false;
+    cut_output(vm, !vm->core.ended_by_host()
+                       ? fmt::format("the guest did not power off within the stop deadline ({} ms)", after.count())
+                   : vm->core.outcome()->outcome == proto::Outcome::timeout
+                       ? std::string("the VM reached its time limit while its output was still being read")
+                       : std::string("the VM was stopped while its output was still being read"));
+    arm(vm, TimerKind::stop, opt.data_drain);
+    return true;
+  }
+
+  /// The host ends the wait for the workload's output on purpose (after the outcome, while the
+  /// data channel is open): it closes the channel before the eofs; the guest counts what it
+  /// could not deliver (output_lost) and powers off. `why` goes into the record's lost_reason.
+  void cut_output(const std::shared_ptr<Vm>& vm, std::string why) {
+    if (!vm->core.outcome() || !vm->data || !vm->data->is_open()) return;
+    vm->cut_reason = std::move(why);
+    emit(*vm, "output_cut", vm->cut_reason);
+    vm->data->close();
+    drain(vm);
+  }
+
+  // ---- output the host did not deliver (docs/host.md "Output lost") ----
+
+  /// The guest's output_end account: counted once per stream, settled once that stream's data has
+  /// ended here (received is final then).
+  void output_end(const std::shared_ptr<Vm>& vm, const proto::OutputEnd& r) {
+    if (r.proc != 0 && r.proc >= vm->next_proc) return;  // a number never opened: nothing of ours
+    if (!vm->loss_reported.insert({r.proc, r.stream}).second) return;  // once per stream
+    const bool ended = r.proc == 0 ? !(vm->data && vm->data->is_open()) : !vm->execs.count(r.proc);
+    if (ended) settle_loss(vm, r, nullptr);
+    else vm->loss_pending[{r.proc, r.stream}] = r;
+  }
+
+  /// The exact loss of one stream: unsent + sent - bytes of it received. Reported when not 0:
+  /// an event, and for the workload a gap in its log and the record's `lost`; for an exec'd
+  /// process its `lost` hook, when it is still there.
+  void settle_loss(const std::shared_ptr<Vm>& vm, const proto::OutputEnd& r, const ExecHooks* hooks) {
+    const std::uint64_t received = vm->data ? vm->data->tally(r.proc, r.stream).received : 0;
+    const std::uint64_t owed = r.sent + r.unsent;  // each at most 2^53 (the decoder's bound)
+    const std::uint64_t lost = owed > received ? owed - received : 0;
+    if (lost == 0) return;  // all of it arrived
+    const std::string_view name = proto::to_string(r.stream);
+    if (r.proc != 0) {
+      emit(*vm, "output_lost", fmt::format("proc={} {} {} bytes", r.proc, name, lost));
+      if (hooks && hooks->lost) hooks->lost(r.stream, lost, received);
+      return;
+    }
+    (r.stream == proto::Stream::err ? vm->loss.lost.err : vm->loss.lost.out) = lost;
+    if (vm->loss.lost_reason.empty())
+      vm->loss.lost_reason = vm->cut_reason.empty() ? "the data channel closed before its end" : vm->cut_reason;
+    emit(*vm, "output_lost", fmt::format("{} {} bytes", name, lost));
+    if (vm->log)
+      vm->log->push_gap(static_cast<OutputStream>(r.stream), fmt::format("{} bytes of {} lost", lost, name), wall_now());
+  }
+
+  /// The data channel ended (closed by either side, or failed). Before the workload's eofs: the
+  /// guest counts what it could not deliver (output_lost), which the session then waits for.
+  void data_ended(const std::shared_ptr<Vm>& vm, const std::string& error) {
+    if (!vm->data->outputs_done()) {
+      if (vm->cut_reason.empty() && !error.empty()) vm->cut_reason = "the data channel failed: " + error;
+      vm->core.expect_output_reports();
+    }
+    for (auto it = vm->loss_pending.begin(); it != vm->loss_pending.end();) {
+      if (it->first.first != 0) { ++it; continue; }
+      auto r = it->second;
+      it = vm->loss_pending.erase(it);
+      settle_loss(vm, r, nullptr);
+    }
+  }
+
+  /// The session is finished and the data channel closed: reports still waiting are settled; a
+  /// workload stream that ended without its eof and that nothing counted is truncated.
+  void settle_output(const std::shared_ptr<Vm>& vm) {
+    for (auto& [key, r] : std::exchange(vm->loss_pending, {})) settle_loss(vm, r, nullptr);
+    if (!vm->data || !vm->workload_started) return;
+    const bool terminal = vm->core.config().descriptor.stdio && vm->core.config().descriptor.stdio->terminal;
+    for (auto st : {proto::Stream::out, proto::Stream::err}) {
+      if (st == proto::Stream::err && terminal) continue;  // a terminal has one stream
+      const auto t = vm->data->tally(0, st);
+      if (t.eof || vm->loss_reported.count({0, st})) continue;
+      const std::string_view name = proto::to_string(st);
+      (st == proto::Stream::err ? vm->loss.truncated.err : vm->loss.truncated.out) = t.received;
+      emit(*vm, "output_truncated", fmt::format("{}: its eof never arrived ({} bytes received)", name, t.received));
+      if (vm->log)
+        vm->log->push_gap(static_cast<OutputStream>(st),
+                          fmt::format("{} truncated: its eof never arrived ({} bytes received)", name, t.received),
+                          wall_now());
+    }
+  }
+
+  /// What was lost of the output goes into the durable record (amend_record, on the worker
+  /// pool), then `then` runs on the io_context. Nothing to write: `then` at once.
+  void amend_then(const std::shared_ptr<Vm>& vm, std::function<void()> then) {
+    const auto& rec = vm->core.outcome();
+    if ((vm->loss.lost.empty() && vm->loss.truncated.empty()) || !vm->core.durable() || !rec) return then();
+    Record r = *rec;
+    r.lost = vm->loss.lost;
+    r.truncated = vm->loss.truncated;
+    r.lost_reason = vm->loss.lost_reason;
+    std::weak_ptr<Impl> w = shared_from_this();
+    asio::post(pool, [w, vm, r, then, dir = opt.state_dir, wopt = opt.write, &io = io] {
+      auto res = amend_record(dir, r, wopt);
+      asio::post(io, [w, vm, res = std::move(res), then] {
+        auto self = w.lock();
+        if (!self) return;
+        if (res && res->kind == WriteResult::Kind::written) {
+          vm->core.record_amended(res->on_disk);
+          vm->result = WaitResult{res->on_disk};
+          std::string said;
+          for (const auto& l : describe_loss(res->on_disk)) said += (said.empty() ? "" : "; ") + l;
+          self->emit(*vm, "record_amended", said);
+        } else {
+          self->emit(*vm, "record_error",
+                     res ? std::string("amending the record: a newer generation is on disk")
+                         : "amending the record: " + res.error().message);
+        }
+        then();
+      });
     });
   }
 
@@ -404,14 +558,23 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     auto t = std::make_shared<asio::steady_timer>(io, after);
     if (it->second.timer) it->second.timer->cancel();
     it->second.timer = t;
+    it->second.mark = vm->data ? vm->data->bytes_in() : 0;
     std::weak_ptr<Vm> wv = vm;
     std::weak_ptr<Impl> w = shared_from_this();
-    t->async_wait([w, wv, proc, t](error_code ec) {
+    t->async_wait([w, wv, proc, t, after](error_code ec) {
       auto self = w.lock();
       auto vm = wv.lock();
       if (ec || !vm || !self) return;
       auto it = vm->execs.find(proc);
       if (it == vm->execs.end() || it->second.timer != t) return;
+      // Its last output may be behind a slow consumer (reads paused) or still on its way (bytes
+      // unread in the socket, or read since): the window restarts rather than dropping it.
+      if (it->second.exited && vm->data && vm->data->moving(it->second.mark)) {
+        if (!std::exchange(it->second.deferred_said, true))
+          self->emit(*vm, "exec_output_wait",
+                     fmt::format("proc={}: its output still moves; its {} ms window restarts", proc, after.count()));
+        return self->arm_exec_timer(vm, proc, after);
+      }
       if (it->second.exited) return self->end_exec(vm, proc, *it->second.exited);
       self->end_exec(vm, proc, ExecLost{"no answer to exec in time (an init without exec?)"});
     });
@@ -438,6 +601,22 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     vm->execs.erase(it);
     if (x.timer) x.timer->cancel();
     if (vm->data) vm->data->close_exec(proc);
+    // Its streams have ended here: what the guest counted is settled now; a stream without its
+    // eof that nothing counted (yet) is said to be truncated, before `ended`.
+    for (auto st : {proto::Stream::out, proto::Stream::err}) {
+      if (!x.has_stdio || !x.started || (st == proto::Stream::err && x.terminal)) continue;
+      if (auto r = vm->loss_pending.find({proc, st}); r != vm->loss_pending.end()) {
+        auto report = r->second;
+        vm->loss_pending.erase(r);
+        settle_loss(vm, report, &x.hooks);
+        continue;
+      }
+      const auto t = vm->data ? vm->data->tally(proc, st) : DataLink::Tally{};
+      if (t.eof || vm->loss_reported.count({proc, st})) continue;
+      emit(*vm, "output_truncated", fmt::format("proc={} {}: its eof never arrived ({} bytes received)", proc,
+                                                proto::to_string(st), t.received));
+      if (x.hooks.lost) x.hooks.lost(st, std::nullopt, t.received);
+    }
     if (auto* lost = std::get_if<ExecLost>(&e)) emit(*vm, "exec_lost", fmt::format("proc={} {}", proc, lost->reason));
     if (x.hooks.ended) x.hooks.ended(e);
   }
@@ -504,11 +683,19 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
         });
       });
     };
+    // Once the data channel is closed: settle what was lost of the output (gaps into the log
+    // before it closes), make it durable in the record, then close the log.
+    auto settle = [w, vm, close_log] {
+      auto self = w.lock();
+      if (!self) return;
+      self->settle_output(vm);
+      self->amend_then(vm, close_log);
+    };
     if (vm->data && vm->data->is_open()) {
-      vm->data_finished_cb = close_log;
+      vm->data_finished_cb = settle;
       vm->data->drain_then_close(opt.data_drain);
     } else {
-      asio::post(io, close_log);
+      asio::post(io, settle);
     }
   }
 
@@ -565,9 +752,10 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       auto m = kind == "data_error" ? act::Milestone::data_error : act::Milestone::other;
       self->emit(*vm, std::move(kind), std::move(detail), m);
     };
-    c.on_closed = [w, wv] {
+    c.on_closed = [w, wv](const std::string& error) {
       auto vm = wv.lock();
       if (!vm) return;
+      if (auto self = w.lock()) self->data_ended(vm, error);
       // Processes exec() started lose their streams with it: their reports still end them.
       for (auto& [proc, x] : vm->execs)
         if (x.has_stdio) x.out_eof = x.err_eof = true;
@@ -955,6 +1143,9 @@ Status Host::vm_started(const std::string& id) {
 Status Host::vm_exited(const std::string& id) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
+  // Output the guest did not finish sending is reported (output_lost) on the lifecycle stream,
+  // maybe just ahead of its EOF: the session reads it to the end first.
+  if (vm->data && !vm->data->outputs_done()) vm->core.expect_output_reports();
   vm->core.vm_exited(wall_now());
   impl_->drain(vm);
   return Ok{};
@@ -973,6 +1164,7 @@ Status Host::kill(const std::string& id, int signal) {
   if (!vm) return no_vm(id);
   auto s = vm->core.kill(signal);
   impl_->drain(vm);
+  if (s) impl_->cut_output(vm, fmt::format("the VM was killed (signal {}) while its output was still being read", signal));
   return s;
 }
 
@@ -981,7 +1173,13 @@ Status Host::shutdown(const std::string& id) {
   if (!vm) return no_vm(id);
   auto s = vm->core.shutdown(wall_now());
   impl_->drain(vm);
+  if (s) impl_->cut_output(vm, "the VM was stopped while its output was still being read");
   return s;
+}
+
+bool Host::output_owed(const std::string& id) const {
+  auto vm = impl_->find(id);
+  return vm && vm->core.outcome() && vm->data && vm->data->is_open();
 }
 
 void Host::async_list_processes(const std::string& id, std::function<void(Result<proto::Processes>)> handler) {

@@ -25,7 +25,13 @@
 namespace nes::host {
 
 /// One line's worth of what happened to a VM (for logs and the CLI). `kind` is a snake_case tag
-/// (connected, ready, boot_sent, started, outcome, recorded, shutdown_sent, destroy, ...).
+/// (connected, ready, boot_sent, started, outcome, recorded, shutdown_sent, destroy, ...). Output
+/// the host did not deliver (docs/host.md "Output lost"): `output_cut` (the host closed the data
+/// channel before the output's end, detail: why), `output_lost` (exact, detail e.g. "stdout 1234
+/// bytes" or "proc=2 stderr 5 bytes"), `output_truncated` (a stream ended without its eof and
+/// nothing counted the rest), `record_amended` (the record now carries it), `stop_deferred` (the
+/// stop deadline restarts while output still moves), `exec_output_wait` (so does an exec'd
+/// process's window after its exec_exited).
 struct Event {
   std::string vm;
   std::uint64_t generation = 0;
@@ -58,8 +64,11 @@ struct HostOptions {
   StdioHooks stdio;
   WorkloadLogOptions workload_log;
   std::size_t stdin_cap = 256 * 1024;  // bytes of stdin frames queued per VM (send_stdin refuses above)
-  std::chrono::milliseconds data_drain{2000};  // once a VM is finished: read its data channel to
-                                               // EOF for at most this long, then close it
+  /// Once a VM is finished: read its data channel to EOF for at most this long, then close it.
+  /// Also the short bound the guest gets to power off (and count what it could not deliver)
+  /// after the host closed the data channel early at its stop deadline, and the window after an
+  /// exec'd process's exec_exited for its last output (restarted while output still moves). ms.
+  std::chrono::milliseconds data_drain{2000};
 };
 
 /// The durable record, or why there is none.
@@ -80,12 +89,15 @@ int exec_exit_status(const ExecEnd& e);
 /// Callbacks for one process Host::exec() started, on the io_context thread; they must not
 /// block. `data`: its output (stdout or stderr, 1..65536 bytes per call, in order); `eof`: one of
 /// its streams ended; `started`: it runs, with its pid in the guest (stdin may be sent from now
-/// on); `ended`: once, last, after its output (or at most HostOptions::data_drain after its
-/// exec_exited, when its eofs do not come).
+/// on); `ended`: once, last, after its output (or HostOptions::data_drain after its exec_exited
+/// while no output moves on the data channel, when its eofs do not come). `lost`: before `ended`,
+/// for each stream that ended without its eof: `bytes` lost exactly (the guest's count against
+/// the bytes received), or unset when nothing has counted them yet (`received`: bytes that came).
 struct ExecHooks {
   std::function<void(std::int32_t pid)> started;
   std::function<void(proto::Stream stream, std::string_view bytes)> data;
   std::function<void(proto::Stream stream)> eof;
+  std::function<void(proto::Stream stream, std::optional<std::uint64_t> bytes, std::uint64_t received)> lost;
   std::function<void(const ExecEnd& end)> ended;
 };
 
@@ -154,10 +166,21 @@ class Host {
 
   /// `stop` to the guest (SIGTERM to the workload), now or right after boot.
   Status stop(const std::string& vm);
-  /// `kill{signal}` to the guest; signal 1..64; needs a booted session.
+  /// `kill{signal}` to the guest; signal 1..64; needs a booted session. After the outcome, while
+  /// output is owed (output_owed()), it also ends the wait for that output as shutdown() does.
   Status kill(const std::string& vm, int signal);
   /// `shutdown` to the guest; then wait for vm_exited (destroy hook past the stop deadline).
+  /// After the outcome, while output is owed, the host ends the wait for it on purpose: the data
+  /// channel is closed before its eofs, the guest counts what it could not deliver
+  /// (`output_lost`: an `output_lost` event, a gap in workload.log, `lost` in the record) and
+  /// powers off. Before the outcome the workload is stopped (`stop`, grace) and its output is
+  /// read until the stop deadline; what is still owed then is cut the same way (the wall limit
+  /// does likewise).
   Status shutdown(const std::string& vm);
+  /// The outcome is in and the data channel is still open: the guest holds output (and its
+  /// power-off) for the host, which reads it as fast as its consumer takes it; shutdown() now
+  /// cuts it. false for an unknown VM.
+  bool output_owed(const std::string& vm) const;
 
   /// The guest's processes (`list_processes`, `ctr task ps`, `neshost top`), at most
   /// kListProcessesWait from now; the handler runs on the io_context, once. Answers carry no

@@ -299,19 +299,23 @@ void LogWriter::flush_partial(WallTime t) {
 }
 
 void LogWriter::dropped(OutputStream s, std::uint64_t n, WallTime t) {
+  gap(s, fmt::format("{} bytes of {} dropped", n, to_string(s)), t);
+}
+
+void LogWriter::gap(OutputStream s, std::string_view what, WallTime t) {
   eof(s, t);
-  record(s, false, fmt::format("[neshost: {} bytes of {} dropped]", n, to_string(s)), t, false);
+  record(s, false, fmt::format("[neshost: {}]", what), t, false);
   flush();
 }
 
 // ---- AsyncLog ----
 
 struct AsyncLog::State {
-  enum class Kind { data, eof, dropped };
+  enum class Kind { data, eof, gap };
   struct Item {
     Kind kind;
     OutputStream stream;
-    std::string bytes;
+    std::string bytes;  // data: the output; gap: what the record says
     std::uint64_t n = 0;
     WallTime t;
   };
@@ -349,10 +353,14 @@ struct AsyncLog::State {
       std::size_t n = 0;
       // One writev(2) for the whole batch where it fits: the items live until the flush below.
       for (auto& it : batch) {
-        n += it.bytes.size();
-        if (it.kind == Kind::data) w->append(it.stream, it.bytes, it.t);
-        else if (it.kind == Kind::eof) w->eof(it.stream, it.t);
-        else w->dropped(it.stream, it.n, it.t);
+        if (it.kind == Kind::data) {
+          n += it.bytes.size();
+          w->append(it.stream, it.bytes, it.t);
+        } else if (it.kind == Kind::eof) {
+          w->eof(it.stream, it.t);
+        } else {
+          w->gap(it.stream, it.bytes, it.t);
+        }
       }
       w->flush();
       held = true;
@@ -432,10 +440,14 @@ void AsyncLog::push_eof(OutputStream s, WallTime t) {
 }
 
 void AsyncLog::push_dropped(OutputStream s, std::uint64_t n, WallTime t) {
+  push_gap(s, fmt::format("{} bytes of {} dropped", n, to_string(s)), t);
+}
+
+void AsyncLog::push_gap(OutputStream s, std::string what, WallTime t) {
   {
     std::lock_guard lk(st_->mu);
     if (st_->stop) return;
-    st_->q.push_back({State::Kind::dropped, s, {}, n, t});
+    st_->q.push_back({State::Kind::gap, s, std::move(what), 0, t});
   }
   st_->cv.notify_one();
 }

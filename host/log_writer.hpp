@@ -88,6 +88,10 @@ class LogWriter {
   /// `n` bytes of `stream` were dropped by the guest (lossy mode): any held partial line is
   /// written, then one F record on that stream: "[neshost: N bytes of stdout dropped]".
   void dropped(OutputStream stream, std::uint64_t n, WallTime t);
+  /// A gap in `stream` the log must show (dropped, lost, truncated output): any held partial
+  /// line is written, then one F record "[neshost: WHAT]", e.g. "[neshost: 12 bytes of stdout
+  /// lost]".
+  void gap(OutputStream stream, std::string_view what, WallTime t);
   /// Writes held partial lines as P records (end of stream, or output idle), then flush().
   void flush_partial(WallTime t);
   /// Writes the pending records to the file (write() and eof() do so before they return).
@@ -145,6 +149,8 @@ class AsyncLog {
   void push(OutputStream s, std::string&& bytes, WallTime t);
   void push_eof(OutputStream s, WallTime t);
   void push_dropped(OutputStream s, std::uint64_t n, WallTime t);
+  /// As LogWriter::gap(): one "[neshost: WHAT]" record on `s`.
+  void push_gap(OutputStream s, std::string what, WallTime t);
   /// Bytes queued and not yet written.
   std::size_t queued_bytes() const;
   /// Over the cap: the caller should stop feeding until on_drained.

@@ -178,11 +178,12 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
   Handler handler;
   int live = 0;  // connections being served (bounded)
   bool closed = false;
+  bool accepting = true;  // false: replies only (stop_accepting)
 
   void accept() {
     auto self = shared_from_this();
     acceptor.async_accept([self](boost::system::error_code ec, local::socket sock) {
-      if (self->closed || ec == asio::error::operation_aborted) return;
+      if (self->closed || !self->accepting || ec == asio::error::operation_aborted) return;
       if (!ec) self->serve(std::move(sock));
       self->accept();
     });
@@ -231,7 +232,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
   /// dropped as read(2) would drop them.
   void read_request(const std::shared_ptr<Conn>& c) {
     c->sock.async_wait(local::socket::wait_read, [self = shared_from_this(), c](boost::system::error_code ec) {
-      if (ec || self->closed || c->done) return self->end(c);
+      if (ec || self->closed || !self->accepting || c->done) return self->end(c);
       char buf[4096];
       alignas(cmsghdr) char ctl[CMSG_SPACE(4 * sizeof(int))];
       iovec iov{buf, sizeof buf};
@@ -313,6 +314,13 @@ host::Result<std::unique_ptr<ControlServer>> ControlServer::start(asio::io_conte
   if (ec) return host::Error{fmt::format("{}: {}", path.string(), ec.message())};
   impl->accept();
   return std::unique_ptr<ControlServer>(new ControlServer(std::move(impl)));
+}
+
+void ControlServer::stop_accepting() {
+  impl_->accepting = false;
+  boost::system::error_code ec;
+  impl_->acceptor.close(ec);
+  if (auto addr = unix_addr(impl_->path)) ::unlink(addr->sa.sun_path);
 }
 
 ControlServer::~ControlServer() {

@@ -67,6 +67,10 @@ class ControlServer {
                                                             Handler handler);
   /// Stops serving and unlinks the socket.
   ~ControlServer();
+  /// No new connection or request from now on (the socket is unlinked; the handler is never
+  /// called again); replies to requests already handed out still go out. For a monitor whose VM
+  /// is over while `neshost exec` clients still take their output and wait for the last reply.
+  void stop_accepting();
   struct Impl;
 
  private:

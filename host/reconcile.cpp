@@ -194,12 +194,14 @@ bool is_natural(proto::Outcome o) {
 }
 
 std::string describe(const Record& r) {
-  if (r.outcome == proto::Outcome::exited && r.exit_code)
-    return fmt::format("exited with code {}", *r.exit_code);
-  if (r.outcome == proto::Outcome::signalled && r.signal)
-    return fmt::format("killed by signal {}", *r.signal);
-  return r.reason.empty() ? std::string(proto::to_string(r.outcome))
-                          : fmt::format("{}: {}", proto::to_string(r.outcome), r.reason);
+  std::string s;
+  if (r.outcome == proto::Outcome::exited && r.exit_code) s = fmt::format("exited with code {}", *r.exit_code);
+  else if (r.outcome == proto::Outcome::signalled && r.signal) s = fmt::format("killed by signal {}", *r.signal);
+  else s = r.reason.empty() ? std::string(proto::to_string(r.outcome))
+                            : fmt::format("{}: {}", proto::to_string(r.outcome), r.reason);
+  // Output lost overrides the status (reported_status); the reason says so.
+  for (const auto& l : describe_loss(r)) s += "; " + l;
+  return s;
 }
 
 }  // namespace
@@ -410,7 +412,7 @@ Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view
 
   if (s.stop_requested && (rec_same || !alive)) {
     s.status = VmStatus::stopped;
-    s.exit_status = rec_same ? rec.value->exit_status : kStoppedStatus;
+    s.exit_status = rec_same ? reported_status(*rec.value) : kStoppedStatus;
     s.reason = rec_same ? fmt::format("stopped on request at {}; then {}",
                                       format_rfc3339(stop.value->requested_at), describe(*rec.value))
                         : fmt::format("stopped on request at {}; the monitor exited without "
@@ -420,7 +422,7 @@ Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view
   }
   if (rec_same) {
     const Record& r = *rec.value;
-    s.exit_status = r.exit_status;
+    s.exit_status = reported_status(r);
     s.reason = describe(r);
     s.status = is_natural(r.outcome) ? VmStatus::exited
                : proto::to_string(r.outcome) == "stopped" ? VmStatus::stopped
@@ -456,7 +458,8 @@ std::string encode_state(const VmState& s) {
   std::string head;
   if (s.record) {
     head = encode_record(*s.record);
-    while (!head.empty() && (head.back() == '\n' || head.back() == '}')) head.pop_back();
+    // Without its final "}\n" (exactly: an object field such as "lost" ends in '}' too).
+    if (head.ends_with("}\n")) head.resize(head.size() - 2);
   } else {
     head = fmt::format(R"({{"vm":{},"generation":{},"outcome":null,"exit_status":{})", json_string(s.vm),
                        s.generation, s.exit_status ? std::to_string(*s.exit_status) : "null");

@@ -90,7 +90,8 @@ struct VmState {
   std::string vm;
   std::uint64_t generation = 0;    // the current generation
   VmStatus status = VmStatus::failed;
-  std::optional<int> exit_status;  // set unless running: the record's, 125 failed, 143 stopped
+  std::optional<int> exit_status;  // set unless running: the record's (reported_status: 125
+                                   // when its output was lost), 125 failed, 143 stopped
   std::string reason;              // one line saying why this status (always set)
   std::optional<Record> record;    // the current generation's valid record, if any
   std::optional<MonitorInfo> monitor;

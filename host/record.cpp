@@ -15,6 +15,7 @@
 #include <simdjson.h>
 #include <system_error>
 #include <thread>
+#include <tuple>
 
 #include "host/fd.hpp"
 #include "host/small_file.hpp"
@@ -89,16 +90,42 @@ namespace {
 std::string opt_u8(const std::optional<std::uint8_t>& v) {
   return v ? fmt::format("{}", *v) : std::string("null");
 }
+
+/// `,"name":{"stdout":N,"stderr":M}` with the streams that are set; nothing when none is.
+std::string counts_field(std::string_view name, const StreamCounts& c) {
+  if (c.empty()) return {};
+  std::string s = fmt::format(R"(,"{}":{{)", name);
+  if (c.out) s += fmt::format(R"("stdout":{})", *c.out);
+  if (c.err) s += fmt::format(R"({}"stderr":{})", c.out ? "," : "", *c.err);
+  return s + "}";
+}
 }  // namespace
 
 std::string encode_record(const Record& r) {
+  std::string output = counts_field("lost", r.lost) + counts_field("truncated", r.truncated);
+  if (!r.lost_reason.empty()) output += R"(,"lost_reason":)" + json_string(r.lost_reason);
   return fmt::format(
       R"({{"schema_version":{},"vm":{},"generation":{},"outcome":"{}","exit_code":{},"signal":{},)"
-      R"("exit_status":{},"reason":{},"started_at":"{}","finished_at":"{}"}})"
+      R"("exit_status":{},"reason":{},"started_at":"{}","finished_at":"{}"{}}})"
       "\n",
       Record::kSchemaVersion, json_string(r.vm), r.generation, proto::to_string(r.outcome),
       opt_u8(r.exit_code), opt_u8(r.signal), r.exit_status, json_string(r.reason),
-      format_rfc3339(r.started_at), format_rfc3339(r.finished_at));
+      format_rfc3339(r.started_at), format_rfc3339(r.finished_at), output);
+}
+
+int reported_status(const Record& r) {
+  return r.lost.empty() && r.truncated.empty() ? r.exit_status : kStatusOutputLost;
+}
+
+std::vector<std::string> describe_loss(const Record& r) {
+  std::vector<std::string> out;
+  const std::string why = r.lost_reason.empty() ? "" : ": " + r.lost_reason;
+  for (auto [name, lost, cut] : {std::tuple{"stdout", r.lost.out, r.truncated.out},
+                                 std::tuple{"stderr", r.lost.err, r.truncated.err}}) {
+    if (lost) out.push_back(fmt::format("{} bytes of {} lost{}", *lost, name, why));
+    if (cut) out.push_back(fmt::format("{} truncated: its eof never arrived ({} bytes received)", name, *cut));
+  }
+  return out;
 }
 
 Result<Record> parse_record(std::string_view json) {
@@ -178,6 +205,21 @@ Result<Record> parse_record(std::string_view json) {
       if (!t) return t.error();
       r.finished_at = *t;
       seen_finish = true;
+    } else if (key == "lost" || key == "truncated") {
+      StreamCounts& c = key == "lost" ? r.lost : r.truncated;
+      simdjson::dom::object counts;
+      if (v.get(counts)) return Error{fmt::format("{}: expected an object of byte counts", key)};
+      for (auto [stream, n] : counts) {
+        std::uint64_t x;
+        if (n.get_uint64().get(x))
+          return Error{fmt::format("{}.{}: expected an unsigned 64-bit integer", key, stream)};
+        if (stream == "stdout") c.out = x;
+        else if (stream == "stderr") c.err = x;
+      }
+    } else if (key == "lost_reason") {
+      std::string_view s;
+      if (v.get_string().get(s)) return Error{"lost_reason: expected a string"};
+      r.lost_reason = std::string(s);
     }
   }
   const char* missing = !seen_schema ? "schema_version" : !seen_vm ? "vm" : !seen_gen ? "generation"
@@ -375,6 +417,7 @@ struct Pending {
   std::string bytes;      // the encoded record
   std::string tmp;        // this attempt's temp name ("" once renamed or removed)
   Fd tmp_fd;
+  Record amended;         // amend_record(): the record on disk with the new output fields
 };
 
 /// fsync(2), or the test hook in its place; 0 or the errno. Nothing at all with `sync` off.
@@ -412,8 +455,10 @@ void sync_all(const WriteOptions& opt, const std::vector<int>& fds, std::vector<
 /// Steps 1-2 of the protocol for one record: its VM dir (made without the parent fsync, which the
 /// round does once for all), the per-VM flock, the generation check, leftover temps removed.
 /// Returns the settled result (stale, already recorded, an error), or nullopt with `p` ready.
+/// `amend`: the record of r's generation must be on disk already; `p.amended` becomes it with
+/// r's output fields, and is what gets written.
 std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Record& r,
-                                           const WriteOptions& opt, Pending& p) {
+                                           const WriteOptions& opt, Pending& p, bool amend) {
   auto dres = open_vm_dir_impl(state_dir, r.vm, true, &p.created);
   if (!dres) return Result<WriteResult>{dres.error()};
   p.dir_fd = std::move(*dres);
@@ -445,11 +490,21 @@ std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Reco
     if (auto old = parse_record(*existing); old && old->vm == r.vm) {
       if (old->generation > r.generation)
         return Result<WriteResult>{WriteResult{WriteResult::Kind::stale, *old, 0}};
-      if (old->generation == r.generation)
+      if (old->generation == r.generation && !amend)
         return Result<WriteResult>{WriteResult{WriteResult::Kind::already_recorded, *old, 0}};
+      if (old->generation == r.generation) {
+        // The first outcome stays; only what is known of its output now is added.
+        p.amended = std::move(*old);
+        if (!r.lost.empty()) p.amended.lost = r.lost;
+        if (!r.truncated.empty()) p.amended.truncated = r.truncated;
+        if (!r.lost_reason.empty()) p.amended.lost_reason = r.lost_reason;
+      }
     }
     // An unparsable record cannot be a torn write of ours (rename is atomic); replace it.
   }
+  if (amend && p.amended.vm.empty())
+    return Result<WriteResult>{Error{fmt::format("amending {}: no record of generation {} on disk",
+                                                 (p.dir / "outcome.json").string(), r.generation)}};
   // Not a regular file (a FIFO, a directory, a symlink): renameat replaces a FIFO or symlink;
   // a directory there makes every attempt fail with a clear error.
 
@@ -463,7 +518,7 @@ std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Reco
       ::close(dup_fd);
     }
   }
-  p.rec = &r;
+  p.rec = amend ? &p.amended : &r;
   return std::nullopt;
 }
 
@@ -541,19 +596,19 @@ Status attempt_round(int state_fd, const fs::path& state_dir, const std::vector<
 /// One round of write_records(): each VM at most once, within the batch bounds.
 void write_round(const fs::path& state_dir, std::span<const Record> batch,
                  std::vector<std::string>& encoded, const std::vector<std::size_t>& round,
-                 const WriteOptions& opt, std::vector<Result<WriteResult>>& out) {
+                 const WriteOptions& opt, std::vector<Result<WriteResult>>& out, bool amend) {
   std::vector<Pending> ps(round.size());
   std::vector<Pending*> live;
   bool created = false;
   for (std::size_t k = 0; k < round.size(); ++k) {
     std::size_t i = round[k];
-    if (auto settled = prepare(state_dir, batch[i], opt, ps[k])) {
+    if (auto settled = prepare(state_dir, batch[i], opt, ps[k], amend)) {
       out[i] = std::move(*settled);
       ps[k] = Pending{};  // its lock is released at once
       continue;
     }
     ps[k].index = i;
-    ps[k].bytes = std::move(encoded[i]);
+    ps[k].bytes = amend ? encode_record(*ps[k].rec) : std::move(encoded[i]);
     created = created || ps[k].created;
     live.push_back(&ps[k]);
   }
@@ -584,9 +639,10 @@ void write_round(const fs::path& state_dir, std::span<const Record> batch,
 
 }  // namespace
 
-std::vector<Result<WriteResult>> write_records(const fs::path& state_dir,
-                                               std::span<const Record> batch,
-                                               const WriteOptions& opt) {
+namespace {
+/// write_records(), or with `amend` amend_record() of each record.
+std::vector<Result<WriteResult>> write_records_as(const fs::path& state_dir, std::span<const Record> batch,
+                                                  const WriteOptions& opt, bool amend) {
   std::vector<Result<WriteResult>> out(batch.size(), Result<WriteResult>{Error{"not written"}});
   std::vector<std::string> encoded;
   encoded.reserve(batch.size());
@@ -609,10 +665,21 @@ std::vector<Result<WriteResult>> write_records(const fs::path& state_dir,
       vms.push_back(batch[i].vm);
       bytes += encoded[i].size();
     }
-    write_round(state_dir, batch, encoded, round, opt, out);
+    write_round(state_dir, batch, encoded, round, opt, out, amend);
     todo = std::move(later);
   }
   return out;
+}
+}  // namespace
+
+std::vector<Result<WriteResult>> write_records(const fs::path& state_dir,
+                                               std::span<const Record> batch,
+                                               const WriteOptions& opt) {
+  return write_records_as(state_dir, batch, opt, false);
+}
+
+Result<WriteResult> amend_record(const fs::path& state_dir, const Record& r, const WriteOptions& opt) {
+  return std::move(write_records_as(state_dir, std::span<const Record>(&r, 1), opt, true).front());
 }
 
 Result<WriteResult> write_record(const fs::path& state_dir, const Record& r,

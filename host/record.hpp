@@ -37,8 +37,17 @@ Status check_vm_id(std::string_view id);
 /// byte U+FFFD).
 std::string json_string(std::string_view s);
 
+/// A byte count per workload output stream (stdout, stderr); unset: none for that stream.
+struct StreamCounts {
+  std::optional<std::uint64_t> out, err;  // bytes
+  bool empty() const { return !out && !err; }
+  bool operator==(const StreamCounts&) const = default;
+};
+
 /// One recorded outcome (schema_version 1). `exit_code` is set only for `exited`, `signal` only for
-/// `signalled`; `exit_status` comes from protocol/status.hpp's table.
+/// `signalled`; `exit_status` comes from protocol/status.hpp's table. The output fields are
+/// additive (written only when set, docs/host.md "Output lost") and come after the outcome, by
+/// amend_record().
 struct Record {
   static constexpr int kSchemaVersion = 1;
   std::string vm;
@@ -50,8 +59,28 @@ struct Record {
   std::string reason;
   WallTime started_at{};
   WallTime finished_at{};
+  /// Exact bytes of workload output lost per stream (the guest's `output_lost`: unsent + sent -
+  /// bytes the host received): `"lost":{"stdout":N,"stderr":M}`.
+  StreamCounts lost;
+  /// Streams cut short by an amount nobody counted (their eof never arrived and no
+  /// `output_lost` came): bytes the host received of each. `"truncated":{"stdout":N}`.
+  StreamCounts truncated;
+  /// Why `lost`, one line (e.g. "the VM was stopped while its output was still being read").
+  std::string lost_reason;
   bool operator==(const Record&) const = default;
 };
+
+/// Exit status 125 (the host side failed, docker run's): what `neshost run`, `wait` and the shim
+/// report instead of the workload's status when its output was lost or truncated.
+inline constexpr int kStatusOutputLost = proto::kStatusHostFailure;
+/// The exit status to report for `r`: kStatusOutputLost when any output was lost or truncated
+/// (it overrides the workload's, which a caller could not tell from a complete run), else
+/// r.exit_status.
+int reported_status(const Record& r);
+/// One line per stream lost or truncated, e.g. "1234567 bytes of stdout lost: the VM was stopped
+/// while its output was still being read", "stderr truncated: its eof never arrived (12 bytes
+/// received)". Empty when all output was delivered.
+std::vector<std::string> describe_loss(const Record& r);
 
 /// The record as one compact JSON object plus '\n'. Absent exit_code/signal are written as null.
 std::string encode_record(const Record& r);
@@ -113,6 +142,15 @@ Result<WriteResult> write_record(const std::filesystem::path& state_dir, const R
 std::vector<Result<WriteResult>> write_records(const std::filesystem::path& state_dir,
                                                std::span<const Record> batch,
                                                const WriteOptions& opt = {});
+
+/// Add what became known of the workload's output after the outcome: under the VM's lock, the
+/// record of `r.vm` generation `r.generation` on disk is rewritten with r's `lost`, `truncated`
+/// and `lost_reason` (each replacing the one on disk when set), everything else as first recorded
+/// (the first outcome wins), by the same protocol as write_record() (fresh temp, fsync, rename,
+/// fsync dir, retried from a fresh temp). Returns `written` with the amended record, or `stale`
+/// (a newer generation is on disk). Errors: no record of that generation on disk, I/O. Blocking.
+Result<WriteResult> amend_record(const std::filesystem::path& state_dir, const Record& r,
+                                 const WriteOptions& opt = {});
 
 /// Read `<state_dir>/<vm>/outcome.json` (at most 1 MiB). nullopt if there is none; an error if it
 /// cannot be read or parsed, if the VM dir or the record is a symlink or not what it should be

@@ -310,6 +310,8 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
             if (msg.exit_code.has_value() == msg.signal.has_value()) return;  // the decoder refuses these
           }
           out_.push_back(act::ExecReport{msg});
+        } else if constexpr (std::is_same_v<T, proto::OutputEnd>) {
+          out_.push_back(act::OutputEnd{msg});
         }
       },
       m);
@@ -404,6 +406,13 @@ void Session::record_failed(std::string error) {
   }
   begin_shutdown();
 }
+
+void Session::record_amended(const Record& on_disk) {
+  if (!durable_ || !outcome_ || on_disk.vm != cfg_.vm || on_disk.generation != cfg_.generation) return;
+  outcome_ = on_disk;
+}
+
+void Session::expect_output_reports() { await_reports_ = true; }
 
 void Session::begin_shutdown() {
   shutdown_requested_ = true;
@@ -502,6 +511,7 @@ void Session::timer_fired(TimerKind k, WallTime now) {
                fmt::format("still running at the host's {} ms limit", cfg_.wall_timeout->count()),
                now);
       // The limit ends the workload whatever the policy: `stop`, grace, `shutdown`.
+      ended_by_host_ = true;
       begin_shutdown();
       break;
     case TimerKind::grace:
@@ -527,17 +537,6 @@ void Session::timer_fired(TimerKind k, WallTime now) {
         maybe_finish();
         break;
       }
-      if (stop_phase_ == 1 && outcome_ && durable_ && !end_asked_ && !stop_sent_ && output_open_ &&
-          (output_paused_ || output_read_ != output_read_at_stop_)) {
-        // The workload ended on its own (nobody asked for an end: no `stop`, no shutdown(), no
-        // wall limit) and the acked guest is still delivering its output, held back by our own
-        // reader or still arriving: waiting costs time, destroying would cost bytes.
-        output_read_at_stop_ = output_read_;
-        if (!draining_logged_) log("output_draining", "the guest's output is still being read; the stop deadline waits for it");
-        draining_logged_ = true;
-        out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
-        break;
-      }
       if (stop_phase_ == 1) {
         stop_phase_ = 2;
         log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
@@ -553,12 +552,6 @@ void Session::timer_fired(TimerKind k, WallTime now) {
   }
 }
 
-void Session::output_state(bool open, bool paused, std::uint64_t bytes_read) {
-  output_open_ = open;
-  output_paused_ = paused;
-  output_read_ = bytes_read;
-}
-
 void Session::vm_exited(WallTime now) {
   if (vm_exited_) return;
   vm_exited_ = true;
@@ -569,15 +562,14 @@ void Session::vm_exited(WallTime now) {
     awaiting_redial_ = false;  // nobody is left to redial
     out_.push_back(act::CancelTimer{TimerKind::reconnect});
   }
-  if (!outcome_) {
-    if (stream_open_) {
-      // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
-      // them first (bounded by the stop deadline) so a reported outcome is never lost.
-      out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
-      return;
-    }
-    lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
+  if (stream_open_ && (!outcome_ || await_reports_)) {
+    // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
+    // them first (bounded by the stop deadline) so a reported outcome, or its count of the
+    // output it could not deliver, is never lost.
+    out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
+    return;
   }
+  if (!outcome_) lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
   maybe_finish();
 }
 
@@ -675,7 +667,7 @@ Status Session::list_processes() {
 Status Session::shutdown(WallTime) {
   if (finished_) return Error{"shutdown: the session is over"};
   if (!outcome_) end_requested_ = true;
-  end_asked_ = true;
+  ended_by_host_ = true;
   begin_shutdown();
   return Ok{};
 }

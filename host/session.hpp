@@ -81,11 +81,14 @@ struct Finished {};                                     // nothing more happens 
 struct Processes { proto::Processes list; };            // the guest's answer to list_processes()
 /// What the guest said of a process exec() started: exec_started, exec_failed or exec_exited.
 struct ExecReport { std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> report; };
+/// The guest's account of one output stream (protocol `output_end`: sent, unsent); the owner,
+/// which knows the bytes it received, computes the exact loss (0: the stream arrived whole).
+struct OutputEnd { proto::OutputEnd report; };
 }  // namespace act
 
 using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
                             act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
-                            act::Finished, act::Processes, act::ExecReport>;
+                            act::Finished, act::Processes, act::ExecReport, act::OutputEnd>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
 /// in order. It holds no guest bytes: the owner frames them (feed_lines() below, with a
@@ -111,13 +114,6 @@ class Session {
   void stream_closed(std::size_t unfinished, WallTime now);
   /// A timer armed by ArmTimer expired.
   void timer_fired(TimerKind k, WallTime now);
-  /// The data channel as the owner sees it, reported before each TimerKind::stop: `open`, its
-  /// reads `paused` for a consumer that is behind, `bytes_read` so far. After the ack of a
-  /// recorded outcome the guest is delivering its last output (docs/protocol.md "The receipt"):
-  /// while the channel is open and the host's own reader holds it back, or bytes still arrive,
-  /// the stop deadline does not destroy the VM (a slow reader costs time, never bytes) — unless
-  /// the host asked for the end (stop(), shutdown(), the wall limit): then it is a hard deadline.
-  void output_state(bool open, bool paused, std::uint64_t bytes_read);
   /// The VMM process exited (only the embedder knows).
   void vm_exited(WallTime now);
   /// The record is durable; `on_disk` is what is on disk (maybe an earlier record of this
@@ -125,6 +121,14 @@ class Session {
   void record_durable(const Record& on_disk);
   /// The record could not be made durable (after bounded retries), or a newer generation is on disk.
   void record_failed(std::string error);
+  /// The durable record was amended after the outcome (amend_record(): what was lost of the
+  /// output); `on_disk` replaces outcome() if it is of this generation and the record is durable.
+  void record_amended(const Record& on_disk);
+  /// The data channel closed before the workload's output ended (the host closed it early, or it
+  /// failed): the guest reports what it could not deliver (`output_lost`) on this stream, so a
+  /// vm_exited from now on reads the stream to its EOF first (bounded by stop_timeout) instead of
+  /// finishing at once.
+  void expect_output_reports();
 
   // ---- API ----
   /// The workload's terminal size, rows x cols (each >= 1), before `boot` went out: the
@@ -157,6 +161,12 @@ class Session {
   bool durable() const { return durable_; }
   bool finished() const { return finished_; }
   bool stream_open() const { return stream_open_; }
+  /// The embedder reported vm_exited.
+  bool vm_gone() const { return vm_exited_; }
+  /// The host ends this VM on purpose: shutdown() was called, or the wall limit fired (not the
+  /// on_exit policy after the workload's own end). Its stop deadline then cuts output still owed
+  /// instead of waiting for a slow consumer (docs/host.md "Output lost").
+  bool ended_by_host() const { return ended_by_host_; }
   /// The stream was lost inside the reconnect window: the guest may still resume.
   bool awaiting_redial() const { return awaiting_redial_; }
   const SessionConfig& config() const { return cfg_; }
@@ -193,10 +203,6 @@ class Session {
   bool ready_ = false;        // `ready` seen on the current stream (a session is booted)
   bool ready_ever_ = false;   // any `ready` seen (the ready deadline is met)
   int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up
-  bool end_asked_ = false;    // the embedder called shutdown(): its stop deadline is a hard one
-  bool output_open_ = false, output_paused_ = false;  // output_state(): the data channel
-  std::uint64_t output_read_ = 0, output_read_at_stop_ = 0;  // ... its progress, and at the last stop deadline
-  bool draining_logged_ = false;
   bool stop_pending_ = false; // stop() before boot
   bool stop_sent_ = false;    // `stop` went out on the current stream
   bool booted_ = false;       // `boot` went out on the current stream (or it resumed)
@@ -217,6 +223,8 @@ class Session {
   bool ack_sent_ = false;       // a `shutdown` went out after the guest's report, record durable
   bool vm_exited_ = false;
   bool finished_ = false;
+  bool await_reports_ = false;  // expect_output_reports(): read the stream to EOF after vm_exited
+  bool ended_by_host_ = false;  // shutdown() or the wall limit
 };
 
 /// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed

@@ -164,11 +164,16 @@ void remove_task(const fs::path& bundle, const TaskRecord& r) {
   fs::remove(bundle / kTaskFile, ec);
 }
 
-// The VM's durable outcome, when it recorded one, is the task's exit status and time.
+// The VM's durable outcome, when it recorded one, is the task's exit status and time: the
+// status `neshost run` exits with (host::reported_status: 125 when the workload's output was lost
+// on its way to containerd's FIFOs), and each loss is a warning in the shim's log naming the task.
 void apply_recorded_exit(const TaskRecord& r, std::uint32_t& status, std::int64_t& at_ns) {
   if (auto o = host::read_record(r.state_dir, r.vm); o && *o) {
-    status = static_cast<std::uint32_t>((*o)->exit_status);
+    status = static_cast<std::uint32_t>(host::reported_status(**o));
     at_ns = (*o)->finished_at.time_since_epoch().count();
+    for (const auto& l : host::describe_loss(**o))
+      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {} (exit status {} instead of {})\n", r.id, l,
+                 status, (*o)->exit_status);
   }
 }
 
@@ -427,6 +432,11 @@ struct TaskService::Impl {
     x.sock.close(ig);
     x.stdin_hold.reset();
     const bool started = x.phase == Phase::running;
+    // What went wrong after it ran (e.g. its output lost on the way to its FIFOs: 125) goes to
+    // the shim's log, naming the task and the exec.
+    if (started && !why.empty())
+      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {} exec {}: {} (exit status {})\n", cfg.id, x.id,
+                 why, status);
     x.phase = Phase::stopped;
     x.exit_status = status;
     x.exited_at_ns = now_ns();

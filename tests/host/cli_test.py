@@ -259,7 +259,46 @@ def test_logs():
         check(r.returncode == 2 and "--since" in r.stderr, "bad --since: %d %r" % (r.returncode, r.stderr))
 
 
-for t in [test_logs, test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
+def test_output_lost_in_the_record():
+    """A record whose output was lost: wait exits 125 and names each stream; inspect and ps show it."""
+    with tempfile.TemporaryDirectory(prefix="nesh-") as tmp:
+        state = os.path.join(tmp, "state")
+        os.makedirs(os.path.join(state, "vmL"), mode=0o700)
+        rec = {"schema_version": 1, "vm": "vmL", "generation": 1, "outcome": "exited", "exit_code": 7,
+               "signal": None, "exit_status": 7, "reason": "workload exited with code 7",
+               "started_at": "2026-12-02T10:00:00.000000000Z", "finished_at": "2026-12-02T10:00:01.000000000Z",
+               "lost": {"stdout": 1234567}, "truncated": {"stderr": 12},
+               "lost_reason": "the VM was stopped while its output was still being read"}
+        with open(os.path.join(state, "vmL", "outcome.json"), "w") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        r = run(["wait", "--state", state, "vmL"])
+        check(r.returncode == 125 and r.stdout.strip() == "125", "wait: 125 when output was lost: %d %r" % (r.returncode, r.stdout))
+        check(r.stderr == "neshost wait: 1234567 bytes of stdout lost: the VM was stopped while its output was still being read\n"
+                          "neshost wait: stderr truncated: its eof never arrived (12 bytes received)\n",
+              "wait names each stream: %r" % r.stderr)
+        r = run(["inspect", "--state", state, "vmL"])
+        got = json.loads(r.stdout)
+        check(got["exit_status"] == 7 and got["lost"] == {"stdout": 1234567} and got["truncated"] == {"stderr": 12}
+              and got["lost_reason"].startswith("the VM was stopped"), "inspect shows the record as written: %s" % got)
+        check(got["status"] == "exited" and "1234567 bytes of stdout lost" in got["status_reason"],
+              "inspect's status_reason says it: %s" % got["status_reason"])
+        r = run(["ps", "--state", state, "-a"])
+        check("exited (125, output lost)" in r.stdout, "ps -a: %r" % r.stdout)
+        # Only truncated (an init that never counts): the record's last field is an object.
+        os.makedirs(os.path.join(state, "vmT"), mode=0o700)
+        for k in ("lost", "lost_reason"):
+            del rec[k]
+        rec["vm"] = "vmT"
+        with open(os.path.join(state, "vmT", "outcome.json"), "w") as f:
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        r = run(["inspect", "--state", state, "vmT"])
+        got = json.loads(r.stdout)
+        check(got["truncated"] == {"stderr": 12} and got["status"] == "exited", "inspect, truncated only: %s" % got)
+        r = run(["wait", "--state", state, "vmT"])
+        check(r.returncode == 125 and "stderr truncated" in r.stderr, "wait, truncated only: %d %r" % (r.returncode, r.stderr))
+
+
+for t in [test_output_lost_in_the_record, test_logs, test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
           test_keep_until_sigterm, test_in_use_is_refused]:
     print("--", t.__name__, flush=True)
     t()

@@ -70,15 +70,6 @@ struct DataHarness {
   }
 };
 
-void write_all(int fd, std::string_view b) {
-  while (!b.empty()) {
-    ssize_t n = ::write(fd, b.data(), b.size());
-    if (n < 0 && errno == EINTR) continue;
-    REQUIRE(n > 0);
-    b.remove_prefix(static_cast<std::size_t>(n));
-  }
-}
-
 std::string frames_out(std::string_view out, std::string_view err) {
   std::string f;
   proto::append_data(f, proto::Stream::out, out);
@@ -192,7 +183,16 @@ TEST_CASE("framing errors end the data channel with a named error; the outcome i
     REQUIRE(d.h.run_until([&] { return d.h.has_event("v", "finished"); }));
     auto lb = read_log(d.h.state / "v" / "workload.log");
     CHECK(lb.all_valid);
-    CHECK(lb.out == "before\n");  // nothing already written to the log is lost
+    // Nothing already written to the log is lost; a stream the error cut short (no eof, and no
+    // output_lost from this guest) is said to be truncated, in the log and in the record.
+    const bool out_ended = std::string_view(b.name) == "data after eof";
+    CHECK(lb.out == (out_ended ? "before\n" : "before\n[neshost: stdout truncated: its eof never arrived (7 bytes received)]\n"));
+    CHECK(lb.err == "[neshost: stderr truncated: its eof never arrived (0 bytes received)]\n");
+    auto rec = d.h.record("v");
+    CHECK(rec->exit_status == 3);
+    CHECK(rec->truncated.err == 0u);
+    CHECK(rec->truncated.out == (out_ended ? std::nullopt : std::optional<std::uint64_t>(7)));
+    CHECK(reported_status(*rec) == 125);
   }
 }
 

@@ -423,8 +423,91 @@ def case_usage():
         c.finish()
 
 
+def case_slow_reader_stopped():
+    """A reader of `neshost run`'s stdout that stops taking it; the workload ends with its last
+    output still held for the host, and neshost is stopped then: what was not delivered is counted
+    exactly and said (125), never dropped in silence — in the VM (the guest's count, or a stream
+    truncated) or in neshost's own last writes if the VM was gone already; every byte the host
+    received still reaches the reader once it reads again (the last writes wait for it)."""
+    import re
+    import threading
+    c = Case("slow-reader")
+    try:
+        line = b"0123456789abcdef\n"
+        # More than neshost holds while its reader takes nothing (its 1 MiB queue, a read, the
+        # socket), less than that and what the guest holds besides: the workload can end.
+        total = 1500000
+        p = subprocess.Popen([NESHOST, "run", "--sandbox", "--console", "--state", c.state, "--vm", "r", "--grace", "2",
+                              "--ready-timeout", "20", "--", "/bin/sh", "-c", "yes 0123456789abcdef | head -c %d; exit 7" % total],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env)
+        stalled, resume, finished = threading.Event(), threading.Event(), threading.Event()
+        got = bytearray()
+        err_lines = []
+
+        def read_out():  # 100 KiB, then nothing until told, then to EOF
+            while len(got) < 100 << 10:
+                b = p.stdout.read1(min(65536, (100 << 10) - len(got)))
+                if not b:
+                    break
+                got.extend(b)
+            stalled.set()
+            resume.wait(120)
+            while True:
+                b = p.stdout.read1(65536)
+                if not b:
+                    break
+                got.extend(b)
+
+        def read_err():  # neshost's events (--console): `finished` (after any amendment) is the cue
+            for l in p.stderr:
+                err_lines.append(l.decode(errors="replace"))
+                if err_lines[-1].startswith("neshost: r finished"):
+                    finished.set()
+            finished.set()
+
+        threads = [threading.Thread(target=read_out), threading.Thread(target=read_err)]
+        for t in threads:
+            t.start()
+        check(stalled.wait(60), "the reader got its first 100 KiB")
+        rc, out, err = c.nh("wait", "--state", c.state, "--timeout", "60", "r")  # the outcome is in
+        check(rc == 7, "the workload ended: %d %r" % (rc, err))
+        p.send_signal(signal.SIGTERM)  # neshost stop / ^C while the reader takes nothing
+        check(finished.wait(60), "the session finished (the VM gone, the record as it ends)")
+        resume.set()
+        rc = bounded(lambda: p.wait(), "neshost run's exit", 60)
+        for t in threads:
+            t.join(60)
+        said = [l for l in err_lines if l.startswith("neshost run: ")]
+        check(bytes(got) == (line * (len(got) // len(line) + 1))[:len(got)], "what arrived is the workload's, in order")
+        rec = c.inspect("r")
+        check(rec.get("exit_status") == 7, "the record keeps the workload's status: %s" % rec)
+        if rc == 7:
+            # Everything was with neshost already when it was stopped (a machine with larger socket
+            # buffers): all of it reached the reader, and nothing is said lost.
+            check(len(got) == total and said == [] and "lost" not in rec and "truncated" not in rec,
+                  "rc 7 only with every byte: read %d of %d, %r" % (len(got), total, said))
+            return
+        check(rc == 125, "exit 125 when output was lost: %r %r" % (rc, said))
+        # Exact: an init without output_lost leaves the stream truncated, and the host's count of
+        # what it received is what the reader got; an exact loss and what was read make the whole.
+        cut = [re.search(r"stdout truncated: its eof never arrived \((\d+) bytes received\)", l) for l in said]
+        cut = [int(m.group(1)) for m in cut if m]
+        lost = [int(m.group(1)) for m in (re.search(r"^neshost run: (\d+) bytes of stdout lost: ", l) for l in said) if m]
+        check(len(cut) + len(lost) == 1, "one line names stdout: %r" % said)
+        if cut:
+            check(cut[0] == len(got), "received %d == read %d" % (cut[0], len(got)))
+        if lost:
+            check(len(got) + lost[0] == total, "lost %d + read %d == written %d" % (lost[0], len(got), total))
+        # Cut in the VM (the signal came while the guest still held output): the record says it.
+        # Cut in neshost's own last writes (the signal came after the VM was gone): only neshost.
+        in_vm = not any("interrupted while its reader" in l for l in said)
+        check(("lost" in rec or "truncated" in rec) == in_vm, "the record says it (%s): %s" % (in_vm, rec))
+    finally:
+        c.finish()
+
+
 for case in (case_detached_exit_7_agree, case_monitor_killed_record_missing_or_corrupt,
              case_generations_stale_ignored, case_stop_races_natural_exit, case_kill_group_and_rm, case_exec,
-             case_usage):
+             case_usage, case_slow_reader_stopped):
     case()
 finish()

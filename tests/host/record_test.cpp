@@ -136,6 +136,75 @@ TEST_CASE("generations: newer replaces, same keeps the first, older is stale") {
   CHECK((*read_record(t.path, "vm-a"))->exit_code == std::optional<std::uint8_t>(7));
 }
 
+TEST_CASE("output lost: additive fields, written only when set, round-trip; the status to report is 125") {
+  auto r = sample(1, 7);
+  CHECK(encode_record(r).find("lost") == std::string::npos);
+  CHECK(reported_status(r) == 7);
+  CHECK(describe_loss(r).empty());
+  r.lost.out = 1234567;
+  r.truncated.err = 12;
+  r.lost_reason = "the VM was stopped while its output was still being read";
+  auto j = encode_record(r);
+  CHECK(j.find(R"(,"finished_at":"2025-11-30T10:40:01.000000001Z","lost":{"stdout":1234567},)"
+               R"("truncated":{"stderr":12},"lost_reason":"the VM was stopped while its output was still being read"})") !=
+        std::string::npos);
+  auto back = parse_record(j);
+  REQUIRE(back);
+  CHECK(*back == r);
+  CHECK(back->exit_status == 7);  // the workload's own status stays in the record
+  CHECK(reported_status(*back) == 125);
+  CHECK(describe_loss(*back) ==
+        std::vector<std::string>{"1234567 bytes of stdout lost: the VM was stopped while its output was still being read",
+                                 "stderr truncated: its eof never arrived (12 bytes received)"});
+  auto bad = j;
+  bad.replace(bad.find(":1234567}"), 9, ":-1}");
+  auto bad_parsed = parse_record(bad);
+  REQUIRE(!bad_parsed);
+  CAPTURE(bad_parsed.error().message);
+  CHECK(bad_parsed.error().message.starts_with("lost.stdout"));
+}
+
+TEST_CASE("amend_record: the first outcome stays, what was lost of its output is added durably") {
+  test::TempDir t;
+  REQUIRE(write_record(t.path, sample(5, 1))->kind == WriteResult::Kind::written);
+  Record late = sample(5, 9);  // another outcome of the same generation: must not win
+  late.lost.out = 100;
+  late.lost_reason = "why";
+  std::vector<WriteStep> steps;
+  WriteOptions opt;
+  opt.at_step = [&](WriteStep s) {
+    steps.push_back(s);
+    return 0;
+  };
+  auto a = amend_record(t.path, late, opt);
+  REQUIRE(a);
+  CHECK(a->kind == WriteResult::Kind::written);
+  CHECK(steps == std::vector<WriteStep>{WriteStep::temp_written, WriteStep::temp_fsynced, WriteStep::renamed,
+                                        WriteStep::dir_fsynced});
+  auto on_disk = *read_record(t.path, "vm-a");
+  REQUIRE(on_disk);
+  CHECK(on_disk->exit_code == std::optional<std::uint8_t>(1));
+  CHECK(on_disk->lost.out == 100u);
+  CHECK(on_disk->lost_reason == "why");
+  CHECK(*on_disk == a->on_disk);
+  CHECK(temps(t.path / "vm-a").empty());
+  // A second amendment adds to it (a stream counted later); the earlier field stays.
+  Record more = sample(5, 1);
+  more.truncated.err = 3;
+  REQUIRE(amend_record(t.path, more)->kind == WriteResult::Kind::written);
+  on_disk = *read_record(t.path, "vm-a");
+  CHECK(on_disk->lost.out == 100u);
+  CHECK(on_disk->truncated.err == 3u);
+  // A write of the same generation still keeps what is there (first wins).
+  CHECK(write_record(t.path, sample(5, 2))->kind == WriteResult::Kind::already_recorded);
+  // Another generation: a newer one on disk makes it stale; none at all is an error.
+  CHECK(amend_record(t.path, sample(4, 1))->kind == WriteResult::Kind::stale);
+  auto none = amend_record(t.path, sample(6, 1));
+  REQUIRE(!none);
+  CHECK(none.error().message.find("no record of generation 6") != std::string::npos);
+  CHECK(!amend_record(t.path / "nothing-here", sample(1, 1)));
+}
+
 TEST_CASE("a failing step restarts from a fresh temp file; bounded attempts surface the error") {
   test::TempDir t;
   for (auto failing : {WriteStep::temp_written, WriteStep::temp_fsynced, WriteStep::renamed,

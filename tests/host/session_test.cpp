@@ -285,65 +285,6 @@ TEST_CASE("on_exit stop: destroy past the stop deadline, then give up") {
   CHECK(p.logged("gave_up"));
 }
 
-TEST_CASE("stop deadline after the ack: output still being read (a slow reader) waits; a stalled guest is destroyed") {
-  Probe p(OnExitPolicy::stop);
-  p.booted();
-  p.feed(test::exited_line(7));
-  p.durable();  // the ack goes out; the guest now delivers its last output
-  // Our own reader holds the channel back: no destroy, however many deadlines pass.
-  for (int i = 0; i < 5; ++i) {
-    p.s.output_state(true, true, 1000);
-    p.s.timer_fired(TimerKind::stop, p.t);
-    p.pump();
-    CHECK(p.destroys == 0);
-    CHECK(p.armed.back() == TimerKind::stop);
-  }
-  CHECK(p.logged("output_draining"));
-  // Not paused, but bytes still arrive: still waiting.
-  p.s.output_state(true, false, 5000);
-  p.s.timer_fired(TimerKind::stop, p.t);
-  p.pump();
-  CHECK(p.destroys == 0);
-  // Open, not paused, nothing arrived since the last deadline: the guest is stuck.
-  p.s.output_state(true, false, 5000);
-  p.s.timer_fired(TimerKind::stop, p.t);
-  p.pump();
-  CHECK(p.destroys == 1);
-}
-
-TEST_CASE("stop deadline: the wall limit's end is a hard deadline even while output is held back") {
-  Probe p(OnExitPolicy::stop);
-  p.s = Session([] {
-    auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
-    c.wall_timeout = std::chrono::milliseconds(4000);
-    return c;
-  }());
-  p.booted();
-  p.feed(test::started_line(42));
-  p.s.timer_fired(TimerKind::wall, p.t);  // `stop`, grace, shutdown: the host ends it
-  p.pump();
-  p.durable();
-  p.s.timer_fired(TimerKind::grace, p.t);
-  p.pump();
-  p.s.output_state(true, true, 1000);  // a stdout nobody reads
-  p.s.timer_fired(TimerKind::stop, p.t);
-  p.pump();
-  CHECK(p.destroys == 1);
-}
-
-TEST_CASE("stop deadline: the embedder's own shutdown() is a hard deadline even while output is read") {
-  Probe p(OnExitPolicy::keep);
-  p.booted();
-  p.feed(test::exited_line(7));
-  p.durable();
-  REQUIRE(p.s.shutdown(p.t).ok());
-  p.pump();
-  p.s.output_state(true, true, 1000);
-  p.s.timer_fired(TimerKind::stop, p.t);
-  p.pump();
-  CHECK(p.destroys == 1);
-}
-
 TEST_CASE("remove: record failure never removes") {
   Probe p(OnExitPolicy::remove);
   p.booted();

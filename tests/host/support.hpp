@@ -19,8 +19,10 @@
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -85,6 +87,17 @@ inline rlim_t raise_nofile() {
   ::setrlimit(RLIMIT_NOFILE, &r);
   ::getrlimit(RLIMIT_NOFILE, &r);
   return r.rlim_cur;
+}
+
+/// Write all of `b` to `fd` (a socket or pipe end a test plays the guest on); throws on an error
+/// (a test failure).
+inline void write_all(int fd, std::string_view b) {
+  while (!b.empty()) {
+    ssize_t n = ::write(fd, b.data(), b.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw std::runtime_error("write_all: " + std::string(std::strerror(errno)));
+    b.remove_prefix(static_cast<std::size_t>(n));
+  }
 }
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -163,6 +163,34 @@ TEST_CASE("Create, Wait before Start, Start, exit 7: the waiter and State get 7;
   CHECK(r.shut_down);
 }
 
+TEST_CASE("output lost on the way to the task's FIFOs: the task exits as neshost run does (125), with a warning") {
+  // A `neshost run` that recorded exit 7 with 99 bytes of stdout lost (the record's additive
+  // `lost`), and exited 125 as run does then.
+  Rig r(R"(while [ $# -gt 0 ]; do case "$1" in --state) s="$2"; shift;; --vm) v="$2"; shift;; esac; shift; done
+mkdir -p "$s/$v" && printf '%s\n' '{"schema_version":1,"vm":"'"$v"'","generation":1,"outcome":"exited","exit_code":7,"signal":null,"exit_status":7,"reason":"workload exited with code 7","started_at":"2026-12-02T10:00:00.000000000Z","finished_at":"2026-12-02T10:00:01.000000000Z","lost":{"stdout":99},"lost_reason":"the VM was stopped while its output was still being read"}' > "$s/$v/outcome.json"
+exit 125)");
+  REQUIRE(r.create().status.ok());
+  // The shim's log is its stderr: caught in a file for the length of the task.
+  fs::path log = r.tmp.path / "shim.log";
+  host::Fd saved(::dup(2));
+  {
+    host::Fd f(::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    REQUIRE(f);
+    ::dup2(f.get(), 2);
+  }
+  auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+  REQUIRE(r.call("Start", Rig::id_req<v2::StartRequest>()).status.ok());
+  auto wr = parse<v2::WaitResponse>(r.answer(w));
+  ::dup2(saved.get(), 2);
+  CHECK(wr.exit_status() == 125);
+  std::ifstream in(log);
+  std::string said((std::istreambuf_iterator<char>(in)), {});
+  CHECK(said == "containerd-shim-nesinit-v2: warning: task t1: 99 bytes of stdout lost: the VM was stopped while its "
+                "output was still being read (exit status 125 instead of 7)\n");
+  auto d = parse<v2::DeleteResponse>(r.call("Delete", Rig::id_req<v2::DeleteRequest>()));
+  CHECK(d.exit_status() == 125);
+}
+
 // Open write ends of `fifo` held by this process (the shim runs in it).
 static int writers_of(const fs::path& fifo) {
   int n = 0;
