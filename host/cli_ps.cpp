@@ -26,8 +26,8 @@ constexpr std::string_view kPsHelp = R"(usage: neshost ps [--state DIR] [-a|--al
 
 List the VMs of DIR (default: as `neshost run`): VM, generation, status, the monitor's pid,
 the workload's command. Only running ones unless -a. STATUS is the reconciled status every
-command agrees on: running, exited (CODE), failed (125), stopped (STATUS); 125 with "output
-lost" after it when workload output was lost (see `neshost inspect`).
+command agrees on: running, exited (CODE), failed (125), stopped (STATUS); "output lost" after
+the status when workload output was lost (125 then, unless a timeout's 124; `neshost inspect`).
 )";
 
 constexpr std::string_view kStopHelp = R"(usage: neshost stop [--state DIR] [-t S] VM
@@ -73,7 +73,7 @@ fs::path state_of(const Parsed& p) {
 
 std::string status_cell(const host::VmState& s) {
   if (s.status == host::VmStatus::running) return s.stop_requested ? "stopping" : "running";
-  const bool lost = s.record && host::reported_status(*s.record) != s.record->exit_status;
+  const bool lost = s.record && host::output_lost(*s.record);
   return fmt::format("{} ({}{})", host::to_string(s.status), s.exit_status.value_or(125), lost ? ", output lost" : "");
 }
 

@@ -75,7 +75,7 @@ Boot a QEMU microVM (q35) with nesinit as PID 1, run ARGV in it and exit with it
 the workload's code, 128+N if killed by signal N, 127/126 if it could not start, 124 on
 --timeout, 125 for host-side failures (QEMU or the kernel missing, no `ready` in time, ...)
 and whenever workload output was lost (one line on stderr names each stream and its bytes;
-it overrides the workload's status). A slow reader of our stdout only slows the VM down (the
+it overrides the workload's own status, not 124). A slow reader of our stdout only slows the VM down (the
 guest holds the workload's output, and its power-off, until we have read it): nothing is lost
 unless the VM is ended on purpose while its output is still owed (SIGINT/SIGTERM, neshost stop).
 The workload's stdout and stderr are neshost's stdout and stderr, byte-exact (a data channel of
@@ -134,7 +134,8 @@ STATE/VM/console.log.
 SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
 at once). Once the workload has ended, a signal ends the wait for the output still owed (what
 it cuts is counted and reported, exit 125); the last writes to our stdout/stderr wait for
-their readers however slow, until a signal (then the bytes left are counted, exit 125).
+their readers however slow, until a signal (then the bytes left are counted, exit 125) or, after
+--timeout, for --grace at most (counted too; the exit stays 124).
 )";
 
 // ---- options ----
@@ -939,13 +940,20 @@ int run_main(const Args& args) {
   }
   control.reset();
   // The workload's output our readers have not taken yet: written for as long as they live,
-  // however slowly they read, until a signal says to give up (counted and said, exit 125).
+  // however slowly they read, until a signal says to give up (counted and said, exit 125). An
+  // end the user asked for up front, --timeout, bounds this too (by --grace), keeping its 124.
+  const bool timed_out = final_record && final_record->outcome == proto::Outcome::timeout;
+  const auto limit = timed_out ? std::optional(o.grace) : std::nullopt;
   for (auto [w, name] : {std::pair{&out, "stdout"}, std::pair{&errw, "stderr"}}) {
-    auto f = w->flush(stop_fd.get());
+    auto f = w->flush(stop_fd.get(), limit);
     if (!f.left) continue;
     if (f.interrupted) {
-      say("neshost run: {} bytes of {} lost: interrupted while its reader was still taking them\n", f.left, name);
-      status = host::kStatusOutputLost;
+      say("neshost run: {} bytes of {} lost: {} while its reader was still taking them\n", f.left, name,
+          timed_out ? fmt::format("the --timeout ended neshost {} ms later", o.grace.count()) : "interrupted");
+      // As host::reported_status(): it overrides the workload's own status, not a host verdict.
+      if (!final_record || final_record->outcome == proto::Outcome::exited ||
+          final_record->outcome == proto::Outcome::signalled)
+        status = host::kStatusOutputLost;
     } else {
       say("neshost run: {} bytes of {} not delivered: its reader went away\n", f.left, name);
     }

@@ -145,16 +145,27 @@ void FdWriter::pump() {
   if (queued_ == 0 && on_empty) on_empty();
 }
 
-FdWriter::Flushed FdWriter::flush(int stop_fd) {
+FdWriter::Flushed FdWriter::flush(int stop_fd, std::optional<std::chrono::milliseconds> limit) {
   if (waiter_) {
     error_code ec;
     waiter_->cancel(ec);  // from here on, synchronously
   }
   Flushed f;
+  const auto end = std::chrono::steady_clock::now() + limit.value_or(std::chrono::milliseconds(0));
   while (write_now()) {
-    // No deadline: only the reader's going away (the write then fails) or `stop_fd` ends this.
+    // No deadline of our own: the reader's going away (the write then fails), `stop_fd` or the
+    // caller's `limit` ends this.
+    int wait_ms = -1;
+    if (limit) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        f.interrupted = true;
+        break;
+      }
+      wait_ms = static_cast<int>(std::min<long long>(left.count(), 1 << 30));
+    }
     pollfd p[2] = {{fd_, POLLOUT, 0}, {stop_fd, POLLIN, 0}};
-    int r = ::poll(p, stop_fd >= 0 ? 2 : 1, -1);
+    int r = ::poll(p, stop_fd >= 0 ? 2 : 1, wait_ms);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) break;
     if (stop_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {

@@ -55,15 +55,17 @@ class FdWriter {
   /// What flush() did with the queue.
   struct Flushed {
     std::size_t left = 0;      // bytes not written (dropped), 0 when all went out
-    bool interrupted = false;  // `stop_fd` became readable while bytes were left
+    bool interrupted = false;  // `stop_fd` became readable, or `limit` passed, with bytes left
     bool broken = false;       // the reader is gone (EPIPE, EIO): it takes nothing more
   };
   /// At exit, synchronously: write everything while the reader lives, however slowly it takes it
   /// (a paused pager, a reader that sleeps between reads: no deadline, a slow consumer costs time,
-  /// never bytes). Ends when the queue is written, when the fd breaks (the reader went away), or
-  /// when `stop_fd` (>= 0; e.g. a signalfd of SIGINT/SIGTERM, nothing is read from it) becomes
-  /// readable: the caller's way to give up, after which it must say how many bytes were left.
-  Flushed flush(int stop_fd);
+  /// never bytes). Ends when the queue is written, when the fd breaks (the reader went away), when
+  /// `stop_fd` (>= 0; e.g. a signalfd of SIGINT/SIGTERM, nothing is read from it) becomes
+  /// readable, or once `limit` has passed if one is given (an end the caller was asked for, such
+  /// as a time limit): the caller's ways to give up, after which it must say how many bytes were
+  /// left.
+  Flushed flush(int stop_fd, std::optional<std::chrono::milliseconds> limit = std::nullopt);
 
  private:
   void pump();

@@ -114,7 +114,8 @@ std::string encode_record(const Record& r) {
 }
 
 int reported_status(const Record& r) {
-  return r.lost.empty() && r.truncated.empty() ? r.exit_status : kStatusOutputLost;
+  const bool workloads = r.outcome == proto::Outcome::exited || r.outcome == proto::Outcome::signalled;
+  return output_lost(r) && workloads ? kStatusOutputLost : r.exit_status;
 }
 
 std::vector<std::string> describe_loss(const Record& r) {

@@ -73,10 +73,13 @@ struct Record {
 /// Exit status 125 (the host side failed, docker run's): what `neshost run`, `wait` and the shim
 /// report instead of the workload's status when its output was lost or truncated.
 inline constexpr int kStatusOutputLost = proto::kStatusHostFailure;
-/// The exit status to report for `r`: kStatusOutputLost when any output was lost or truncated
-/// (it overrides the workload's, which a caller could not tell from a complete run), else
-/// r.exit_status.
+/// The exit status to report for `r`: kStatusOutputLost when any output was lost or truncated and
+/// the outcome is the workload's own (exited, signalled: a caller could not tell that status from
+/// a complete run), else r.exit_status (a host verdict such as timeout's 124 already says the run
+/// was cut short; the loss is still said, describe_loss()).
 int reported_status(const Record& r);
+/// Some of the workload's output was lost or truncated.
+inline bool output_lost(const Record& r) { return !r.lost.empty() || !r.truncated.empty(); }
 /// One line per stream lost or truncated, e.g. "1234567 bytes of stdout lost: the VM was stopped
 /// while its output was still being read", "stderr truncated: its eof never arrived (12 bytes
 /// received)". Empty when all output was delivered.

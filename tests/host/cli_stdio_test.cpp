@@ -172,3 +172,11 @@ TEST_CASE("flush ends when the reader goes away (EPIPE): what is left is counted
   CHECK(f.left > 0);
   CHECK(f.left < r.all.size());
 }
+
+TEST_CASE("a limit the caller gives (neshost run after --timeout) ends the flush too, the count exact") {
+  Rig r(128u << 10);
+  auto f = r.w->flush(r.stop.fd.get(), 100ms);  // the reader takes nothing at all
+  CHECK(f.interrupted);
+  CHECK(!f.broken);
+  CHECK(f.left == r.all.size() - r.p.unread());
+}

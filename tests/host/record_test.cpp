@@ -156,6 +156,13 @@ TEST_CASE("output lost: additive fields, written only when set, round-trip; the 
   CHECK(describe_loss(*back) ==
         std::vector<std::string>{"1234567 bytes of stdout lost: the VM was stopped while its output was still being read",
                                  "stderr truncated: its eof never arrived (12 bytes received)"});
+  // A host verdict already says the run was cut short: a timeout's 124 stays (the loss is said).
+  Record t = *back;
+  t.outcome = proto::Outcome::timeout;
+  t.exit_code.reset();
+  t.exit_status = 124;
+  CHECK(reported_status(t) == 124);
+  CHECK(describe_loss(t).size() == 2);
   auto bad = j;
   bad.replace(bad.find(":1234567}"), 9, ":-1}");
   auto bad_parsed = parse_record(bad);
