@@ -176,7 +176,7 @@ FdWriter::Flushed FdWriter::flush(int stop_fd, std::optional<std::chrono::millis
   // Written is not read: a pipe's reader may stop once we are gone (containerd's ctr cancels
   // its copy from the task's FIFO as soon as the task's exit is reported), and what is still in
   // the pipe dies with it. So a pipe or FIFO is waited on until its reader took every byte
-  // (FIONREAD 0), went away (POLLERR) or `stop_fd` fires. Nothing signals "drained": looked at
+  // (FIONREAD 0), went away (POLLERR), `stop_fd` fires or `limit` passes. Nothing signals "drained": looked at
   // every 10 ms while the reader lives.
   struct stat st {};
   std::size_t unread_left = 0;  // in the pipe when its reader went away or we were stopped
@@ -193,7 +193,8 @@ FdWriter::Flushed FdWriter::flush(int stop_fd, std::optional<std::chrono::millis
         f.broken = true;
         break;
       }
-      if (stop_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      if ((stop_fd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) ||
+          (limit && std::chrono::steady_clock::now() >= end)) {
         unread_left = static_cast<std::size_t>(unread);
         f.interrupted = true;
         break;
