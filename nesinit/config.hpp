@@ -11,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-#include "host/result.hpp"
+#include "base/result.hpp"
 #include "log.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/status.hpp"
@@ -42,7 +42,7 @@ inline constexpr VsockAddr kDefaultVsock{2, 7000};
 /// Parse `vsock:CID:PORT` (u32 decimal each), `virtio-port:NAME` (1..64 bytes, no '/'), or
 /// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; docs/facts.md). An error names
 /// the field (`channel: ...`) and what was expected.
-host::Result<Channel> parse_channel(std::string_view s);
+base::Result<Channel> parse_channel(std::string_view s);
 /// The canonical spelling of a channel (inverse of parse_channel).
 std::string to_string(const Channel& c);
 
@@ -62,7 +62,7 @@ struct Config {
 /// Set one key (`channel`, `data_channel` (alias `data`, as in `nesinit.data=`), `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
 /// `halt`, `log`; '-' and '_' are the same). An error names the key and what was expected; then
 /// `c` is unchanged. Times: decimal u32 milliseconds.
-host::Status apply_key(Config& c, std::string_view key, std::string_view value);
+base::Status apply_key(Config& c, std::string_view key, std::string_view value);
 
 /// Split a kernel command line into words the way the kernel does: whitespace separates, double
 /// quotes group (and are removed).
@@ -117,7 +117,7 @@ std::optional<std::uint64_t> ns_inode(const char* which);
 
 /// Final checks for a mode: sandbox needs an explicit non-vsock channel; guest defaults to
 /// kDefaultVsock. An error names the field (`channel: ...`).
-host::Status finalize_for_mode(Config& c, Mode m);
+base::Status finalize_for_mode(Config& c, Mode m);
 
 /// Usage text for --help and errors.
 std::string_view usage();
