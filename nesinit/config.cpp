@@ -216,9 +216,9 @@ base::Status finalize_for_mode(Config& c, Mode m) {
 
 std::optional<Channel> default_data_channel(const Channel& control, Mode m) {
   if (m != Mode::guest) return std::nullopt;
-  if (auto* v = std::get_if<VsockAddr>(&control)) return Channel{VsockAddr{v->cid, kDataVsockPort}};
-  if (auto* p = std::get_if<VirtioPortAddr>(&control); p && p->name == "nes.0")
-    return Channel{VirtioPortAddr{"nes.1"}};
+  if (auto* v = std::get_if<VsockAddr>(&control)) return Channel{VsockAddr{v->cid, proto::kDataVsockPort}};
+  if (auto* p = std::get_if<VirtioPortAddr>(&control); p && p->name == proto::kLifecyclePortName)
+    return Channel{VirtioPortAddr{proto::kDataPortName}};
   return std::nullopt;
 }
 

@@ -13,6 +13,7 @@
 
 #include "base/result.hpp"
 #include "log.hpp"
+#include "protocol/channels.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/status.hpp"
 
@@ -21,7 +22,7 @@ namespace nes::init {
 /// `vsock:CID:PORT`: dial out to the host over AF_VSOCK (guest mode only).
 struct VsockAddr {
   std::uint32_t cid = 2;
-  std::uint32_t port = 7000;
+  std::uint32_t port = proto::kLifecycleVsockPort;
   bool operator==(const VsockAddr&) const = default;
 };
 /// `virtio-port:NAME`: a virtio-serial port found by name in /sys/class/virtio-ports/*/name.
@@ -36,8 +37,9 @@ struct UnixAddr {
 };
 using Channel = std::variant<VsockAddr, VirtioPortAddr, UnixAddr>;
 
-/// The production default (docs/protocol.md "Transport"): the host is CID 2, port 7000.
-inline constexpr VsockAddr kDefaultVsock{2, 7000};
+/// The production default (docs/protocol.md "Transport"): the host is CID 2, port 7000
+/// (proto::kLifecycleVsockPort).
+inline constexpr VsockAddr kDefaultVsock{2, proto::kLifecycleVsockPort};
 
 /// Parse `vsock:CID:PORT` (u32 decimal each), `virtio-port:NAME` (1..64 bytes, no '/'), or
 /// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; docs/facts.md). An error names
@@ -95,11 +97,10 @@ enum class Mode { guest, sandbox, not_pid1 };
 std::string_view to_string(Mode m);
 
 /// The data channel's address when none is configured (docs/protocol.md "Data channel"): in guest
-/// mode `vsock:CID:7001` beside a vsock channel and `virtio-port:nes.1` beside `virtio-port:nes.0`;
-/// otherwise (sandbox mode, other names) none: a stdio descriptor then fails to start.
+/// mode `vsock:CID:7001` beside a vsock channel and `virtio-port:nes.1` beside `virtio-port:nes.0`
+/// (protocol/channels.hpp); otherwise (sandbox mode, other names) none: a stdio descriptor then
+/// fails to start.
 std::optional<Channel> default_data_channel(const Channel& control, Mode m);
-/// The vsock port of the data channel beside a vsock lifecycle channel.
-inline constexpr std::uint32_t kDataVsockPort = 7001;
 
 /// The initial pid namespace's inode number (PROC_PID_INIT_INO in include/linux/proc_ns.h).
 inline constexpr std::uint64_t kInitialPidNsInode = 4026531836u;
