@@ -1,36 +1,12 @@
-// RAII owner of one file descriptor.
+// Forwarding header: the owned fd (Fd) lives in base/fd.hpp, namespace nes::base, shared by the
+// init and the host. This alias keeps nes::host::Fd and <nes/host/fd.hpp> working for host/ code
+// and embedders; new code includes "base/fd.hpp" and writes base::Fd.
 #pragma once
 
-#include <unistd.h>
-
-#include <utility>
+#include "base/fd.hpp"
 
 namespace nes::host {
 
-/// Owns one fd (closed on destruction). -1 = none. Move-only.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) { reset(); fd_ = std::exchange(o.fd_, -1); }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  /// Give up ownership.
-  int release() { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+using ::nes::base::Fd;
 
 }  // namespace nes::host

@@ -32,33 +32,33 @@ std::string normalise_key(std::string_view k) {
 
 }  // namespace
 
-host::Result<Channel> parse_channel(std::string_view s) {
+base::Result<Channel> parse_channel(std::string_view s) {
   if (starts_with(s, "vsock:")) {
     std::string_view rest = s.substr(6);
     auto colon = rest.find(':');
     if (colon == std::string_view::npos)
-      return host::Error{fmt::format("channel: expected vsock:CID:PORT, got '{}'", s)};
+      return base::Error{fmt::format("channel: expected vsock:CID:PORT, got '{}'", s)};
     auto cid = parse_u32(rest.substr(0, colon));
     auto port = parse_u32(rest.substr(colon + 1));
-    if (!cid) return host::Error{fmt::format("channel: vsock CID is not a u32 in '{}'", s)};
-    if (!port) return host::Error{fmt::format("channel: vsock port is not a u32 in '{}'", s)};
+    if (!cid) return base::Error{fmt::format("channel: vsock CID is not a u32 in '{}'", s)};
+    if (!port) return base::Error{fmt::format("channel: vsock port is not a u32 in '{}'", s)};
     return Channel{VsockAddr{*cid, *port}};
   }
   if (starts_with(s, "virtio-port:")) {
     std::string_view name = s.substr(12);
     if (name.empty() || name.size() > 64 || name.find('/') != std::string_view::npos ||
         name.find('\0') != std::string_view::npos)
-      return host::Error{fmt::format("channel: virtio-port NAME must be 1..64 bytes without '/', got '{}'", name)};
+      return base::Error{fmt::format("channel: virtio-port NAME must be 1..64 bytes without '/', got '{}'", name)};
     return Channel{VirtioPortAddr{std::string(name)}};
   }
   if (starts_with(s, "unix:")) {
     std::string_view path = s.substr(5);
     if (path.empty() || path.size() > proto::kUnixPathMax || path.find('\0') != std::string_view::npos)
-      return host::Error{fmt::format("channel: unix PATH must be 1..{} bytes (sun_path), got {} bytes",
+      return base::Error{fmt::format("channel: unix PATH must be 1..{} bytes (sun_path), got {} bytes",
                                      proto::kUnixPathMax, path.size())};
     return Channel{UnixAddr{std::string(path)}};
   }
-  return host::Error{fmt::format("channel: expected vsock:CID:PORT, virtio-port:NAME or "
+  return base::Error{fmt::format("channel: expected vsock:CID:PORT, virtio-port:NAME or "
                                  "unix:PATH, got '{}'", s)};
 }
 
@@ -68,25 +68,25 @@ std::string to_string(const Channel& c) {
   return "unix:" + std::get<UnixAddr>(c).path;
 }
 
-host::Status apply_key(Config& c, std::string_view key_in, std::string_view value) {
+base::Status apply_key(Config& c, std::string_view key_in, std::string_view value) {
   const std::string key = normalise_key(key_in);
-  auto ms = [&](std::uint32_t& field) -> host::Status {
+  auto ms = [&](std::uint32_t& field) -> base::Status {
     auto v = parse_u32(value);
-    if (!v) return host::Error{fmt::format("{}: expected milliseconds as a u32, got '{}'", key, value)};
+    if (!v) return base::Error{fmt::format("{}: expected milliseconds as a u32, got '{}'", key, value)};
     field = *v;
-    return host::Ok{};
+    return base::Ok{};
   };
   if (key == "channel") {
     auto p = parse_channel(value);
     if (!p) return p.error();
     c.channel = *p;
-    return host::Ok{};
+    return base::Ok{};
   }
   if (key == "data_channel" || key == "data") {
     auto p = parse_channel(value);
-    if (!p) return host::Error{"data_" + p.error().message};
+    if (!p) return base::Error{"data_" + p.error().message};
     c.data_channel = *p;
-    return host::Ok{};
+    return base::Ok{};
   }
   if (key == "grace_ms") return ms(c.grace_ms);
   if (key == "ack_timeout_ms") return ms(c.ack_timeout_ms);
@@ -95,17 +95,17 @@ host::Status apply_key(Config& c, std::string_view key_in, std::string_view valu
   if (key == "halt") {
     if (value == "poweroff") c.halt = proto::Halt::poweroff;
     else if (value == "reboot") c.halt = proto::Halt::reboot;
-    else return host::Error{fmt::format("halt: expected poweroff or reboot, got '{}'", value)};
-    return host::Ok{};
+    else return base::Error{fmt::format("halt: expected poweroff or reboot, got '{}'", value)};
+    return base::Ok{};
   }
   if (key == "log") {
     if (value == "quiet") c.log = LogLevel::quiet;
     else if (value == "info") c.log = LogLevel::info;
     else if (value == "debug") c.log = LogLevel::debug;
-    else return host::Error{fmt::format("log: expected quiet, info or debug, got '{}'", value)};
-    return host::Ok{};
+    else return base::Error{fmt::format("log: expected quiet, info or debug, got '{}'", value)};
+    return base::Ok{};
   }
-  return host::Error{fmt::format("unknown key '{}'", key_in)};
+  return base::Error{fmt::format("unknown key '{}'", key_in)};
 }
 
 std::vector<std::string> split_cmdline(std::string_view s) {
@@ -200,25 +200,25 @@ std::optional<std::uint64_t> ns_inode(const char* which) {
   return static_cast<std::uint64_t>(st.st_ino);
 }
 
-host::Status finalize_for_mode(Config& c, Mode m) {
+base::Status finalize_for_mode(Config& c, Mode m) {
   if (m == Mode::guest) {
     if (!c.channel) c.channel = kDefaultVsock;
     if (!c.data_channel) c.data_channel = default_data_channel(*c.channel, m);
-    return host::Ok{};
+    return base::Ok{};
   }
-  if (!c.channel) return host::Error{"channel: required outside a real guest (e.g. --channel=unix:PATH)"};
+  if (!c.channel) return base::Error{"channel: required outside a real guest (e.g. --channel=unix:PATH)"};
   if (std::holds_alternative<VsockAddr>(*c.channel))
-    return host::Error{"channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)"};
+    return base::Error{"channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)"};
   if (c.data_channel && std::holds_alternative<VsockAddr>(*c.data_channel))
-    return host::Error{"data_channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)"};
-  return host::Ok{};
+    return base::Error{"data_channel: vsock is dialled only by a real guest (PID 1 of the initial pid namespace)"};
+  return base::Ok{};
 }
 
 std::optional<Channel> default_data_channel(const Channel& control, Mode m) {
   if (m != Mode::guest) return std::nullopt;
-  if (auto* v = std::get_if<VsockAddr>(&control)) return Channel{VsockAddr{v->cid, kDataVsockPort}};
-  if (auto* p = std::get_if<VirtioPortAddr>(&control); p && p->name == "nes.0")
-    return Channel{VirtioPortAddr{"nes.1"}};
+  if (auto* v = std::get_if<VsockAddr>(&control)) return Channel{VsockAddr{v->cid, proto::kDataVsockPort}};
+  if (auto* p = std::get_if<VirtioPortAddr>(&control); p && p->name == proto::kLifecyclePortName)
+    return Channel{VirtioPortAddr{proto::kDataPortName}};
   return std::nullopt;
 }
 

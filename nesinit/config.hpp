@@ -11,8 +11,9 @@
 #include <variant>
 #include <vector>
 
-#include "host/result.hpp"
+#include "base/result.hpp"
 #include "log.hpp"
+#include "protocol/channels.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/status.hpp"
 
@@ -21,7 +22,7 @@ namespace nes::init {
 /// `vsock:CID:PORT`: dial out to the host over AF_VSOCK (guest mode only).
 struct VsockAddr {
   std::uint32_t cid = 2;
-  std::uint32_t port = 7000;
+  std::uint32_t port = proto::kLifecycleVsockPort;
   bool operator==(const VsockAddr&) const = default;
 };
 /// `virtio-port:NAME`: a virtio-serial port found by name in /sys/class/virtio-ports/*/name.
@@ -36,13 +37,14 @@ struct UnixAddr {
 };
 using Channel = std::variant<VsockAddr, VirtioPortAddr, UnixAddr>;
 
-/// The production default (docs/protocol.md "Transport"): the host is CID 2, port 7000.
-inline constexpr VsockAddr kDefaultVsock{2, 7000};
+/// The production default (docs/protocol.md "Transport"): the host is CID 2, port 7000
+/// (proto::kLifecycleVsockPort).
+inline constexpr VsockAddr kDefaultVsock{2, proto::kLifecycleVsockPort};
 
 /// Parse `vsock:CID:PORT` (u32 decimal each), `virtio-port:NAME` (1..64 bytes, no '/'), or
 /// `unix:PATH` (1..107 bytes: sun_path is 108 bytes with its NUL; docs/facts.md). An error names
 /// the field (`channel: ...`) and what was expected.
-host::Result<Channel> parse_channel(std::string_view s);
+base::Result<Channel> parse_channel(std::string_view s);
 /// The canonical spelling of a channel (inverse of parse_channel).
 std::string to_string(const Channel& c);
 
@@ -62,7 +64,7 @@ struct Config {
 /// Set one key (`channel`, `data_channel` (alias `data`, as in `nesinit.data=`), `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
 /// `halt`, `log`; '-' and '_' are the same). An error names the key and what was expected; then
 /// `c` is unchanged. Times: decimal u32 milliseconds.
-host::Status apply_key(Config& c, std::string_view key, std::string_view value);
+base::Status apply_key(Config& c, std::string_view key, std::string_view value);
 
 /// Split a kernel command line into words the way the kernel does: whitespace separates, double
 /// quotes group (and are removed).
@@ -95,11 +97,10 @@ enum class Mode { guest, sandbox, not_pid1 };
 std::string_view to_string(Mode m);
 
 /// The data channel's address when none is configured (docs/protocol.md "Data channel"): in guest
-/// mode `vsock:CID:7001` beside a vsock channel and `virtio-port:nes.1` beside `virtio-port:nes.0`;
-/// otherwise (sandbox mode, other names) none: a stdio descriptor then fails to start.
+/// mode `vsock:CID:7001` beside a vsock channel and `virtio-port:nes.1` beside `virtio-port:nes.0`
+/// (protocol/channels.hpp); otherwise (sandbox mode, other names) none: a stdio descriptor then
+/// fails to start.
 std::optional<Channel> default_data_channel(const Channel& control, Mode m);
-/// The vsock port of the data channel beside a vsock lifecycle channel.
-inline constexpr std::uint32_t kDataVsockPort = 7001;
 
 /// The initial pid namespace's inode number (PROC_PID_INIT_INO in include/linux/proc_ns.h).
 inline constexpr std::uint64_t kInitialPidNsInode = 4026531836u;
@@ -117,7 +118,7 @@ std::optional<std::uint64_t> ns_inode(const char* which);
 
 /// Final checks for a mode: sandbox needs an explicit non-vsock channel; guest defaults to
 /// kDefaultVsock. An error names the field (`channel: ...`).
-host::Status finalize_for_mode(Config& c, Mode m);
+base::Status finalize_for_mode(Config& c, Mode m);
 
 /// Usage text for --help and errors.
 std::string_view usage();

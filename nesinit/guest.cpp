@@ -13,8 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "host/fd.hpp"
-#include "host/small_file.hpp"
+#include "base/fd.hpp"
+#include "base/small_file.hpp"
 #include "mounts.hpp"
 
 namespace nes::init {
@@ -73,15 +73,15 @@ void guest_mounts_and_net(const Log& log) {
   log.debug("bringup", "file systems and lo ready");  // before nesinit.log is read: debug
 }
 
-host::Status loopback_up() {
-  host::Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!s) return host::errno_error(errno, "socket");
+base::Status loopback_up() {
+  base::Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) return base::errno_error(errno, "socket");
   ifreq ifr {};
   std::strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
-  if (::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) return host::errno_error(errno, "SIOCGIFFLAGS");
+  if (::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) return base::errno_error(errno, "SIOCGIFFLAGS");
   ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP | IFF_RUNNING);
-  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return host::errno_error(errno, "SIOCSIFFLAGS");
-  return host::Ok{};
+  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return base::errno_error(errno, "SIOCSIFFLAGS");
+  return base::Ok{};
 }
 
 std::vector<std::string> parse_modules_list(std::string_view text) {
@@ -102,14 +102,14 @@ std::vector<std::string> parse_modules_list(std::string_view text) {
 
 int load_modules(const Log& log, const char* list_path) {
   // A list, not a payload: bounded at 1 MiB. A file of the user's image: a symlink is followed.
-  auto text = host::read_small_file(list_path, 1u << 20, {.longer = host::Longer::truncate, .follow_symlink = true});
+  auto text = base::read_small_file(list_path, 1u << 20, {.longer = base::Longer::truncate, .follow_symlink = true});
   if (!text) {
     log.debug("modules", "{}", text.error().message);
     return 0;
   }
   int failed = 0, loaded = 0;
   for (const std::string& path : parse_modules_list(*text)) {
-    host::Fd mfd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    base::Fd mfd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!mfd) {
       log.warn("modules", "{}: {}", path, std::strerror(errno));
       ++failed;

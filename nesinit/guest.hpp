@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "host/result.hpp"
+#include "base/result.hpp"
 #include "log.hpp"
 
 namespace nes::init {
@@ -30,6 +30,6 @@ int load_modules(const Log& log, const char* list_path = "/etc/nesinit/modules")
 
 /// Bring `lo` up (SIOCSIFFLAGS IFF_UP); the kernel assigns 127.0.0.1/8. An error names the
 /// call that failed, with its errno.
-host::Status loopback_up();
+base::Status loopback_up();
 
 }  // namespace nes::init

@@ -68,24 +68,24 @@ bool Log::write_now(std::string_view rest) const {
   return rest.empty();
 }
 
-host::Status Log::make_nonblocking() {
+base::Status Log::make_nonblocking() {
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) return host::errno_error(errno, "fstat");
-  if (S_ISREG(st.st_mode)) return host::Ok{};
+  if (::fstat(fd_, &st) != 0) return base::errno_error(errno, "fstat");
+  if (S_ISREG(st.st_mode)) return base::Ok{};
   if (S_ISSOCK(st.st_mode)) {
     is_socket_ = true;
-    return host::Ok{};
+    return base::Ok{};
   }
   char path[32];
   std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
   int fd = ::open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     poll_first_ = true;
-    return host::errno_error(errno, path);
+    return base::errno_error(errno, path);
   }
   if (own_fd_ >= 0) ::close(own_fd_);
   own_fd_ = fd;
-  return host::Ok{};
+  return base::Ok{};
 }
 
 Log::~Log() {

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "host/result.hpp"
+#include "base/result.hpp"
 
 namespace nes::init {
 
@@ -32,7 +32,7 @@ class Log {
   /// reopened through /proc/self/fd (its own O_NONBLOCK, so the workload that shares the fd is
   /// unaffected); a socket is written with MSG_DONTWAIT; a regular file never blocks. On an error
   /// (its err the errno) every write is preceded by a zero-timeout poll for POLLOUT instead.
-  host::Status make_nonblocking();
+  base::Status make_nonblocking();
   /// Lines dropped so far because the fd could not take them.
   unsigned long dropped() const { return dropped_; }
   void set_level(LogLevel l) { level_ = l; }

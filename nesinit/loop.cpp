@@ -87,7 +87,7 @@ class Pid1 {
   /// One attempt at `ch` that holds the loop at most `attempt_ms` and never past the next armed
   /// timer (a connect in progress: vsock); a pending signal ends it at once (-ECANCELED; the loop
   /// reads the signal next: ECANCELED).
-  host::Result<host::Fd> attempt(const Channel& ch, std::uint32_t attempt_ms) {
+  base::Result<base::Fd> attempt(const Channel& ch, std::uint32_t attempt_ms) {
     auto wait = [&](std::uint32_t ms, int fd) -> bool {
       pollfd p[2] = {{sfd_, POLLIN, 0}, {fd, POLLOUT, 0}};
       int r = ::poll(p, fd >= 0 ? 2 : 1, static_cast<int>(ms));
@@ -107,7 +107,7 @@ class Pid1 {
     auto fd = attempt(ch, d.attempt_ms);
     if (fd && port && d.need_peer) {
       pollfd p{fd->get(), POLLIN, 0};
-      if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) fd = host::Error{std::strerror(ENOTCONN), ENOTCONN};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) fd = base::Error{std::strerror(ENOTCONN), ENOTCONN};
     }
     if (!fd) {
       pending_.push_front(ev::DialFailed{fd.error().message, retryable(fd.error().err)});
@@ -131,7 +131,7 @@ class Pid1 {
     const Channel ch = *cfg_.data_channel;
     auto fd = attempt(ch, d.attempt_ms);
     if (!fd) {
-      const host::Error& e = fd.error();
+      const base::Error& e = fd.error();
       pending_.push_front(ev::DataFailed{fmt::format("data channel {}: {}", to_string(ch), e.message), e.err,
                                          retryable(e.err)});
       return;
@@ -289,7 +289,7 @@ class Pid1 {
   /// act::SpawnExec: its fds (pipes, a PTY, or /dev/null for all three), then spawn. Its frames
   /// become legal on the data channel before it runs, so the host's first stdin is not refused.
   void do_spawn_exec(const act::SpawnExec& x) {
-    auto failed = [&](host::Error e) {
+    auto failed = [&](base::Error e) {
       pending_.push_front(ev::ExecFailed{x.proc, proto::StartFailed{std::move(e.message), e.err, proto::StartFailClass::other}});
     };
     ExecFds io;
@@ -300,13 +300,13 @@ class Pid1 {
       if (!made) return failed(std::move(made).error());
       io.fds = std::move(made).value();
       if (!mux_ || !mux_->open(x.proc, *x.stdio))
-        return failed(host::Error{"exec: the data channel cannot take another process", EAGAIN});
+        return failed(base::Error{"exec: the data channel cannot take another process", EAGAIN});
       const int in = io.fds.child_in.get();
       cfds = io.fds.terminal ? ChildFds{{in, in, in}, true}
                              : ChildFds{{in, io.fds.child_out.get(), io.fds.child_err.get()}, false};
     } else {
       io.fds.child_in.reset(::open("/dev/null", O_RDWR | O_CLOEXEC));
-      if (!io.fds.child_in) return failed(host::errno_error(errno, "exec: open /dev/null"));
+      if (!io.fds.child_in) return failed(base::errno_error(errno, "exec: open /dev/null"));
       const int n = io.fds.child_in.get();
       cfds = ChildFds{{n, n, n}, false};
     }
@@ -328,7 +328,7 @@ class Pid1 {
   }
 
   /// Bytes unread in `fd` (a pipe or the PTY master): FIONREAD, 0 when it cannot tell.
-  static std::uint64_t unread(const host::Fd& fd) {
+  static std::uint64_t unread(const base::Fd& fd) {
     int n = 0;
     return fd && ::ioctl(fd.get(), FIONREAD, &n) == 0 && n > 0 ? static_cast<std::uint64_t>(n) : 0;
   }
@@ -338,7 +338,7 @@ class Pid1 {
   /// open channel: they are framed next, nothing more comes), else as given up. Either way
   /// sent + unsent is every byte of `s` the init has seen, which is what the host's count needs.
   static ev::OutputAccount account(const StdioCore& c, const StdioFds& f, proto::Stream s, bool at_eof = false) {
-    const host::Fd& fd = s == proto::Stream::err ? f.err : f.out;
+    const base::Fd& fd = s == proto::Stream::err ? f.err : f.out;
     const std::uint64_t held = c.held(s);
     return {c.framed(s) + (at_eof ? held : 0), c.discarded(s) + (at_eof ? 0 : held) + unread(fd),
             c.eof_framed(s)};
@@ -661,7 +661,7 @@ class Pid1 {
 
   /// Direct mode: frames what waits in `s`'s pipe and moves it to the channel with splice(2),
   /// up to kDirectBurst frames while the channel takes them.
-  void move_output(proto::Stream s, host::Fd& fd) {
+  void move_output(proto::Stream s, base::Fd& fd) {
     StdioCore& c = mux_->workload();
     for (int i = 0; i < kDirectBurst && fd && data_ && c.direct_room(s) > 0; ++i) {
       int avail = 0;
@@ -686,7 +686,7 @@ class Pid1 {
   /// After move_output(): `s`'s pipe polled ready and is empty now: a read finds its EOF (or
   /// bytes that came just now, which take the copying path). Not while the channel is busy
   /// (the pipe is polled again once it is not).
-  void read_eof(proto::Stream s, host::Fd& fd) {
+  void read_eof(proto::Stream s, base::Fd& fd) {
     StdioCore& c = mux_->workload();
     if (!fd) return;
     if (c.direct_mode()) {
@@ -792,7 +792,7 @@ class Pid1 {
   }
 
   /// One read of `s`'s pipe or PTY into the core's buffer (or EOF).
-  void read_once(StdioCore& c, bool terminal, proto::Stream s, host::Fd& fd) {
+  void read_once(StdioCore& c, bool terminal, proto::Stream s, base::Fd& fd) {
     const std::size_t room = std::min(c.out_room(s), sizeof io_buf_);
     if (room == 0 || !fd) return;
     ssize_t n = ::read(fd.get(), io_buf_, room);
@@ -938,15 +938,15 @@ class Pid1 {
   Reaper& reaper_;
   Session session_;
   Shares shares_{mode_ != Mode::guest};  // a sandbox mounts in a namespace of its own
-  host::Fd chan_;             // the lifecycle channel, or none
-  host::Fd data_;             // the data channel (boot.stdio), or none
+  base::Fd chan_;             // the lifecycle channel, or none
+  base::Fd data_;             // the data channel (boot.stdio), or none
   bool data_is_port_ = false;
   bool data_rx_eof_ = false;  // the host closed its sending side
   bool data_hup_ = false;     // a virtio data port's host side is not connected (last look)
   std::optional<std::uint64_t> data_retry_at_;  // a virtio data port without its host: look again then
   std::optional<StdioMux> mux_;  // the data channel's processes, from its dial on
   StdioFds fds_;
-  host::Fd frame_pipe_, frame_pipe_w_;  // direct frames on their way (read and write ends)
+  base::Fd frame_pipe_, frame_pipe_w_;  // direct frames on their way (read and write ends)
   std::size_t frame_pipe_bytes_ = 0;    // bytes in the frame pipe, not yet on the channel
   std::vector<ExecFds> execs_;  // at most proto::kExecMax (the session's bound)
   char io_buf_[kStdioChunk];

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "base/fd.hpp"
+#include "base/small_file.hpp"
 #include "config.hpp"
 #include "guest.hpp"
-#include "host/fd.hpp"
-#include "host/small_file.hpp"
 #include "log.hpp"
 #include "loop.hpp"
 #include "mounts.hpp"
@@ -29,7 +29,7 @@
 #endif
 
 using namespace nes::init;
-namespace host = nes::host;
+namespace base = nes::base;
 
 namespace {
 
@@ -59,7 +59,7 @@ sigset_t blocked_set() {
 /// The kernel's command line (COMMAND_LINE_SIZE is 2048 bytes on x86; bounded generously for
 /// other architectures); "" when /proc/cmdline cannot be read.
 std::string kernel_cmdline() {
-  auto r = host::read_small_file("/proc/cmdline", 64 * 1024, {.longer = host::Longer::truncate});
+  auto r = base::read_small_file("/proc/cmdline", 64 * 1024, {.longer = base::Longer::truncate});
   return r ? std::move(*r) : std::string();
 }
 
@@ -109,10 +109,10 @@ int self_check(const Config& c, const Log& log) {
 
 /// Write `v` to /proc/self/oom_score_adj. An error carries the errno (lowering needs
 /// CAP_SYS_RESOURCE: EACCES).
-host::Status write_oom_score_adj(const char* v) {
-  host::Fd fd(::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC));
-  if (!fd || ::write(fd.get(), v, std::strlen(v)) < 0) return host::errno_error(errno);
-  return host::Ok{};
+base::Status write_oom_score_adj(const char* v) {
+  base::Fd fd(::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC));
+  if (!fd || ::write(fd.get(), v, std::strlen(v)) < 0) return base::errno_error(errno);
+  return base::Ok{};
 }
 
 }  // namespace
@@ -153,14 +153,14 @@ int main(int argc, char** argv) {
     guest_early(log);
     guest_mounts_and_net(log);
   }
-  const host::Status log_ok = log.make_nonblocking();  // needs /proc: after the guest's mounts
+  const base::Status log_ok = log.make_nonblocking();  // needs /proc: after the guest's mounts
   // A sandbox takes a mount namespace of its own, private from "/" down, only before its first
   // share (Shares, mounts.hpp): a boot without shares skips a namespace's creation and teardown.
 
   // 4. Orphans come to us (PID 1 gets them anyway; explicit for the sandbox); we are the last
   // process the OOM killer should pick.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  const host::Status oom = write_oom_score_adj("-1000");
+  const base::Status oom = write_oom_score_adj("-1000");
 
   // 5. Configuration: the kernel command line first (guest only: a sandbox's /proc/cmdline is the
   // machine's), then argv, which wins.

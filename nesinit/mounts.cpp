@@ -12,8 +12,8 @@
 
 namespace nes::init {
 
-host::Status mkdir_p(const std::string& path) {
-  if (path.empty()) return host::errno_error(EINVAL);
+base::Status mkdir_p(const std::string& path) {
+  if (path.empty()) return base::errno_error(EINVAL);
   std::string cur;
   std::size_t i = 0;
   while (i < path.size()) {
@@ -21,17 +21,17 @@ host::Status mkdir_p(const std::string& path) {
     cur = path.substr(0, slash);
     i = slash == std::string::npos ? path.size() : slash;
     if (cur.empty() || cur == "/") continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return host::errno_error(errno);
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return base::errno_error(errno);
   }
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return host::errno_error(errno);
-  if (!S_ISDIR(st.st_mode)) return host::errno_error(ENOTDIR);
-  return host::Ok{};
+  if (::stat(path.c_str(), &st) != 0) return base::errno_error(errno);
+  if (!S_ISDIR(st.st_mode)) return base::errno_error(ENOTDIR);
+  return base::Ok{};
 }
 
-host::Status make_file(const std::string& path) {
+base::Status make_file(const std::string& path) {
   const std::size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return host::errno_error(EINVAL);
+  if (slash == std::string::npos) return base::errno_error(EINVAL);
   if (slash > 0)
     if (auto d = mkdir_p(path.substr(0, slash)); !d) return d;
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
@@ -39,11 +39,11 @@ host::Status make_file(const std::string& path) {
     const int e = errno;
     // An existing file, directory or device is the mount point as it is (mount(2) decides).
     struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0 && !S_ISLNK(st.st_mode)) return host::Ok{};
-    return host::errno_error(e);
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISLNK(st.st_mode)) return base::Ok{};
+    return base::errno_error(e);
   }
   ::close(fd);
-  return host::Ok{};
+  return base::Ok{};
 }
 
 bool is_mount_point(const std::string& path) {
@@ -54,7 +54,7 @@ bool is_mount_point(const std::string& path) {
   return a.st_dev != b.st_dev || a.st_ino == b.st_ino;
 }
 
-host::Status validate_mount(const proto::Mount& m, std::size_t i) {
+base::Status validate_mount(const proto::Mount& m, std::size_t i) {
   auto bad_path = [](const std::string& p) {
     if (p.empty() || p[0] != '/') return "must be an absolute path";
     std::size_t s = 0;
@@ -67,7 +67,7 @@ host::Status validate_mount(const proto::Mount& m, std::size_t i) {
     }
     return "";
   };
-  auto invalid = [](std::string why) { return host::Error{std::move(why), EINVAL}; };
+  auto invalid = [](std::string why) { return base::Error{std::move(why), EINVAL}; };
   if (const char* why = bad_path(m.at); *why) return invalid(fmt::format("mounts[{}].at: {}", i, why));
   if (m.at.find_first_not_of('/') == std::string::npos)
     return invalid(fmt::format("mounts[{}].at: must not be /", i));
@@ -75,7 +75,7 @@ host::Status validate_mount(const proto::Mount& m, std::size_t i) {
   if (m.fs == proto::FsType::bind)
     if (const char* why = bad_path(m.tag); *why)
       return invalid(fmt::format("mounts[{}].tag: bind source {}", i, why));
-  return host::Ok{};
+  return base::Ok{};
 }
 
 MountCall mount_call(const proto::Mount& m) {
@@ -129,7 +129,7 @@ MountStatus Shares::mount_all(const std::vector<proto::Mount>& mounts, const Log
     log.info("mount", "{} {} on {} ({},nosuid,nodev)", proto::to_string(m.fs), m.tag, m.at,
              m.ro ? "ro" : "rw");
   }
-  return host::Ok{};
+  return base::Ok{};
 }
 
 int Shares::unmount_all(const Log& log) {
@@ -152,17 +152,17 @@ int Shares::unmount_all(const Log& log) {
   return left;
 }
 
-host::Status Shares::isolate() {
-  if (!own_namespace_ || isolated_) return host::Ok{};
-  if (::unshare(CLONE_NEWNS) != 0) return host::errno_error(errno, "unshare(CLONE_NEWNS)");
-  if (auto p = make_root_private(); !p) return host::errno_error(p.error().err, "make / private");
+base::Status Shares::isolate() {
+  if (!own_namespace_ || isolated_) return base::Ok{};
+  if (::unshare(CLONE_NEWNS) != 0) return base::errno_error(errno, "unshare(CLONE_NEWNS)");
+  if (auto p = make_root_private(); !p) return base::errno_error(p.error().err, "make / private");
   isolated_ = true;
-  return host::Ok{};
+  return base::Ok{};
 }
 
-host::Status make_root_private() {
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return host::errno_error(errno);
-  return host::Ok{};
+base::Status make_root_private() {
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return base::errno_error(errno);
+  return base::Ok{};
 }
 
 }  // namespace nes::init

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "host/result.hpp"
+#include "base/result.hpp"
 #include "log.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/status.hpp"
@@ -13,23 +13,23 @@
 namespace nes::init {
 
 /// A share's mount (or the root switch): done, or the mount_failed to report (tag, reason, errno).
-using MountStatus = host::StatusOf<proto::MountFailed>;
+using MountStatus = base::StatusOf<proto::MountFailed>;
 
 /// mkdir -p with mode 0755 for each missing component. An error's err is the errno (ENOTDIR:
 /// `path` or a component exists and is not a directory); its message is strerror.
-host::Status mkdir_p(const std::string& path);
+base::Status mkdir_p(const std::string& path);
 
 /// The mount point of a single file's bind: its parent directories (mkdir_p) and an empty file
 /// (mode 0644) if nothing is there; an existing non-symlink is kept as it is. An error's err is
 /// the errno (ELOOP: a symlink is there; EINVAL: not an absolute path).
-host::Status make_file(const std::string& path);
+base::Status make_file(const std::string& path);
 
 /// True if `path` is a mount point (its device differs from its parent's, or it is "/").
 bool is_mount_point(const std::string& path);
 
 /// Check a share before touching anything: `at` absolute, not "/", no "." or ".." components;
 /// bind `tag` absolute. An error names the field (`mounts[i].at: ...`; err EINVAL).
-host::Status validate_mount(const proto::Mount& m, std::size_t index);
+base::Status validate_mount(const proto::Mount& m, std::size_t index);
 
 /// The mount(2) arguments for a share: source, fstype (empty for bind), flags, data.
 struct MountCall {
@@ -66,7 +66,7 @@ class Shares {
 
  private:
   /// unshare(CLONE_NEWNS), then make_root_private(); once. An error's err is the errno.
-  host::Status isolate();
+  base::Status isolate();
 
   bool own_namespace_ = false;
   bool isolated_ = false;
@@ -76,6 +76,6 @@ class Shares {
 /// Make "/" and everything under it MS_REC|MS_PRIVATE, so no mount of ours propagates to a parent
 /// namespace (sandbox mode, in the init's own mount namespace, before its first mount). An
 /// error's err is mount(2)'s errno.
-host::Status make_root_private();
+base::Status make_root_private();
 
 }  // namespace nes::init

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "host/small_file.hpp"
+#include "base/small_file.hpp"
 
 namespace nes::init {
 
@@ -15,7 +15,7 @@ namespace {
 
 // Up to `cap` bytes of a /proc file; "" when it cannot be read (the process has just exited).
 std::string read_proc(const std::string& path, std::size_t cap) {
-  auto r = host::read_small_file(path.c_str(), cap, {.longer = host::Longer::truncate});
+  auto r = base::read_small_file(path.c_str(), cap, {.longer = base::Longer::truncate});
   return r ? std::move(*r) : std::string();
 }
 

@@ -60,7 +60,7 @@ MountStatus switch_root(const proto::Root& r, const Log& log) {
   if (::chroot(".") != 0) return fail("chroot", errno);
   if (::chdir("/") != 0) return fail("chdir /", errno);
   log.info("root", "{} {} is / ({})", fstype, r.tag, r.ro ? "ro" : "rw");
-  return host::Ok{};
+  return base::Ok{};
 }
 
 }  // namespace nes::init

@@ -10,16 +10,16 @@
 
 namespace nes::init {
 
-host::Status signal_group(pid_t pgid, int signo) {
-  if (pgid <= 1) return host::errno_error(EINVAL);  // never kill(0) or kill(-1) by accident
-  if (::kill(-pgid, signo) != 0) return host::errno_error(errno);
-  return host::Ok{};
+base::Status signal_group(pid_t pgid, int signo) {
+  if (pgid <= 1) return base::errno_error(EINVAL);  // never kill(0) or kill(-1) by accident
+  if (::kill(-pgid, signo) != 0) return base::errno_error(errno);
+  return base::Ok{};
 }
 
-host::Status signal_all(int signo) {
-  if (::getpid() != 1) return host::errno_error(EPERM);
-  if (::kill(-1, signo) != 0) return host::errno_error(errno);
-  return host::Ok{};
+base::Status signal_all(int signo) {
+  if (::getpid() != 1) return base::errno_error(EPERM);
+  if (::kill(-1, signo) != 0) return base::errno_error(errno);
+  return base::Ok{};
 }
 
 int reboot_cmd(proto::Halt h) { return h == proto::Halt::reboot ? RB_AUTOBOOT : RB_POWER_OFF; }

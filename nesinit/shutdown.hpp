@@ -6,8 +6,8 @@
 
 #include <sys/types.h>
 
+#include "base/result.hpp"
 #include "config.hpp"
-#include "host/result.hpp"
 #include "log.hpp"
 #include "mounts.hpp"
 #include "protocol/messages.hpp"
@@ -17,11 +17,11 @@ namespace nes::init {
 
 /// kill(-pgid, signo) for the workload's process group. An error carries kill(2)'s errno (ESRCH
 /// when the group is gone is normal); a pgid <= 1 is EINVAL, nothing sent.
-host::Status signal_group(pid_t pgid, int signo);
+base::Status signal_group(pid_t pgid, int signo);
 
 /// kill(-1, signo): every process but the caller. Refused (EPERM, nothing sent) unless the caller
 /// is PID 1 of its namespace: from anywhere else kill(-1) would reach the whole machine.
-host::Status signal_all(int signo);
+base::Status signal_all(int signo);
 
 /// The reboot(2) command for a halt: RB_POWER_OFF or RB_AUTOBOOT.
 int reboot_cmd(proto::Halt h);

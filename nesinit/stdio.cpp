@@ -255,12 +255,12 @@ void StdioCore::channel_closed() {
 // ---- fds -----------------------------------------------------------------------------------------
 
 namespace {
-host::Error sys_error(std::string_view what) { return host::errno_error(errno, what); }
+base::Error sys_error(std::string_view what) { return base::errno_error(errno, what); }
 
 void set_nonblock(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 }  // namespace
 
-host::Result<StdioFds> make_stdio(const proto::Stdio& s) {
+base::Result<StdioFds> make_stdio(const proto::Stdio& s) {
   StdioFds f;
   if (s.terminal) {
     f.terminal = true;

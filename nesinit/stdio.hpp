@@ -15,8 +15,8 @@
 #include <variant>
 #include <vector>
 
-#include "host/fd.hpp"
-#include "host/result.hpp"
+#include "base/fd.hpp"
+#include "base/result.hpp"
 #include "protocol/frame.hpp"
 #include "protocol/messages.hpp"
 
@@ -217,10 +217,10 @@ class StdioCore {
 /// The fds of a workload's stdio. `child[i]` become the workload's fds 0..2 (the PTY slave for
 /// all three with a terminal); the init keeps the others, all O_CLOEXEC|O_NONBLOCK.
 struct StdioFds {
-  host::Fd child_in, child_out, child_err;  // closed by the loop right after the spawn
-  host::Fd in;    // write end of the stdin pipe (pipes with stdin attached), or none
-  host::Fd out;   // read end of the stdout pipe, or the PTY master (read and write)
-  host::Fd err;   // read end of the stderr pipe (pipes only)
+  base::Fd child_in, child_out, child_err;  // closed by the loop right after the spawn
+  base::Fd in;    // write end of the stdin pipe (pipes with stdin attached), or none
+  base::Fd out;   // read end of the stdout pipe, or the PTY master (read and write)
+  base::Fd err;   // read end of the stderr pipe (pipes only)
   bool terminal = false;
   /// Lossless pipes each hold the stream's buffer_bytes (F_SETPIPE_SZ): output may wait in them
   /// and move to the channel with splice(2) (StdioCore's direct frames).
@@ -229,6 +229,6 @@ struct StdioFds {
 
 /// Opens the fds `s` asks for: pipes (stdin from /dev/null unless attached), or a PTY from
 /// /dev/ptmx sized rows x cols. Returns the fds, or an error naming the step, with its errno.
-host::Result<StdioFds> make_stdio(const proto::Stdio& s);
+base::Result<StdioFds> make_stdio(const proto::Stdio& s);
 
 }  // namespace nes::init

@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "host/small_file.hpp"
+#include "base/small_file.hpp"
 
 namespace nes::init {
 
@@ -42,7 +42,7 @@ std::optional<std::string> find_virtio_port(const std::string& name, const std::
   while (dirent* e = ::readdir(d)) {
     if (e->d_name[0] == '.') continue;
     // A port's name is short (the VMM's `name=` property): 128 bytes are enough to compare.
-    auto text = host::read_small_file((sysfs_dir + "/" + e->d_name + "/name").c_str(), 128, {.longer = host::Longer::truncate});
+    auto text = base::read_small_file((sysfs_dir + "/" + e->d_name + "/name").c_str(), 128, {.longer = base::Longer::truncate});
     if (!text) continue;
     std::string_view v(*text);
     while (!v.empty() && (v.back() == '\n' || v.back() == '\0')) v.remove_suffix(1);
@@ -55,13 +55,13 @@ std::optional<std::string> find_virtio_port(const std::string& name, const std::
   return found;
 }
 
-host::Result<host::Fd> connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
+base::Result<base::Fd> connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
                                       const std::function<std::uint64_t()>& now_ms) {
   // Never a blocking connect(): PID 1 has every signal blocked, so nothing would cut it short
   // (a Unix listener with a full backlog blocks it until a slot frees; vsock until the kernel's
   // own connect timeout).
-  host::Fd fd(::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) return host::errno_error(errno);
+  base::Fd fd(::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return base::errno_error(errno);
   int r;
   do r = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.len);
   while (r != 0 && errno == EINTR);
@@ -87,26 +87,26 @@ host::Result<host::Fd> connect_socket(int domain, const SockAddr& a, std::uint64
     if (soerr == 0) return fd;
     e = soerr;
   }
-  return host::errno_error(e);  // fd closed on the way out
+  return base::errno_error(e);  // fd closed on the way out
 }
 
-host::Result<host::Fd> dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
+base::Result<base::Fd> dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
                                  const std::function<std::uint64_t()>& now_ms) {
   if (auto* u = std::get_if<UnixAddr>(&c))
     return connect_socket(AF_UNIX, unix_sockaddr(*u), deadline_ms, wait, now_ms);
   if (auto* p = std::get_if<VirtioPortAddr>(&c)) {
     auto dev = find_virtio_port(p->name);
-    if (!dev) return host::errno_error(ENOENT);
-    host::Fd fd(::open(dev->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
-    if (!fd) return host::errno_error(errno);
+    if (!dev) return base::errno_error(ENOENT);
+    base::Fd fd(::open(dev->c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    if (!fd) return base::errno_error(errno);
     return fd;
   }
   // vsock: only a real guest dials it (never a test, never a sandbox).
-  if (!guest) return host::errno_error(EPERM);
+  if (!guest) return base::errno_error(EPERM);
   return connect_socket(AF_VSOCK, vsock_sockaddr(std::get<VsockAddr>(c)), deadline_ms, wait, now_ms);
 }
 
-host::Result<host::Fd> dial_once(const Channel& c, bool guest) {
+base::Result<base::Fd> dial_once(const Channel& c, bool guest) {
   return dial_once(c, guest, 0, [](std::uint32_t, int) { return true; }, [] { return std::uint64_t{0}; });
 }
 

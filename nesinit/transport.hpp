@@ -12,9 +12,9 @@
 #include <optional>
 #include <string>
 
+#include "base/fd.hpp"
+#include "base/result.hpp"
 #include "config.hpp"
-#include "host/fd.hpp"
-#include "host/result.hpp"
 
 namespace nes::init {
 
@@ -44,17 +44,17 @@ using DialWait = std::function<bool(std::uint32_t ms, int fd)>;
 /// `deadline_ms` on `now_ms`'s clock. The error's `err`: ETIMEDOUT past the deadline, ECANCELED
 /// when `wait` said abandon, EAGAIN for a Unix listener whose backlog is full; its message is
 /// strerror(err).
-host::Result<host::Fd> connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
+base::Result<base::Fd> connect_socket(int domain, const SockAddr& a, std::uint64_t deadline_ms, const DialWait& wait,
                    const std::function<std::uint64_t()>& now_ms);
 
 /// One attempt: a connected/opened fd (O_CLOEXEC, non-blocking), or the error (err = errno,
 /// message = strerror). `guest` must be true for vsock, else EPERM without creating any socket.
 /// An in-progress connect is bounded by `deadline_ms` and cut short by `wait` (see
 /// connect_socket).
-host::Result<host::Fd> dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
+base::Result<base::Fd> dial_once(const Channel& c, bool guest, std::uint64_t deadline_ms, const DialWait& wait,
               const std::function<std::uint64_t()>& now_ms);
 /// dial_once without waiting: an in-progress connect fails at once with ETIMEDOUT.
-host::Result<host::Fd> dial_once(const Channel& c, bool guest);
+base::Result<base::Fd> dial_once(const Channel& c, bool guest);
 
 /// Whether a failed attempt's errno is worth retrying: the peer is not there *yet* (no listener,
 /// no port, its host side not connected) or the attempt was cut short (ECANCELED: a signal).

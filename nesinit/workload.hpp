@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "host/result.hpp"
+#include "base/result.hpp"
 #include "protocol/limits.hpp"
 #include "protocol/messages.hpp"
 #include "reaper.hpp"
@@ -52,7 +52,7 @@ struct ChildFds {
 };
 
 /// The workload's pid, or the start_failed to report (the failing step, its errno, the class).
-using SpawnResult = host::Result<pid_t, proto::StartFailed>;
+using SpawnResult = base::Result<pid_t, proto::StartFailed>;
 
 /// Whose pid the reaper is to watch: the workload's (Reaper::watch) or one `exec` started
 /// (Reaper::watch_exec).

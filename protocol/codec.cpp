@@ -1350,16 +1350,16 @@ std::string encode_line(const HostMessage& m) { return encode_any(m, true); }
 
 namespace {
 template <class Msg, class Decoded>
-host::StatusOf<DecodeError> validate_any(const Msg& m, Decoded (*decode)(std::string_view)) {
+base::StatusOf<DecodeError> validate_any(const Msg& m, Decoded (*decode)(std::string_view)) {
   Decoded d = decode(encode(m));
   if (auto* e = std::get_if<DecodeError>(&d)) return std::move(*e);
-  if (auto* got = std::get_if<Msg>(&d); got && *got == m) return host::Ok{};
+  if (auto* got = std::get_if<Msg>(&d); got && *got == m) return base::Ok{};
   return DecodeError{fmt::format("{}: a string is not valid UTF-8", type_name(m))};
 }
 }  // namespace
 
-host::StatusOf<DecodeError> validate(const GuestMessage& m) { return validate_any(m, &decode_guest); }
-host::StatusOf<DecodeError> validate(const HostMessage& m) { return validate_any(m, &decode_host); }
+base::StatusOf<DecodeError> validate(const GuestMessage& m) { return validate_any(m, &decode_guest); }
+base::StatusOf<DecodeError> validate(const HostMessage& m) { return validate_any(m, &decode_host); }
 
 std::string_view type_name(const GuestMessage& m) {
   return std::visit([](const auto& x) { return tag_of<std::decay_t<decltype(x)>>; }, m);

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <variant>
 
-#include "host/result.hpp"
+#include "base/result.hpp"
 #include "messages.hpp"
 
 namespace nes::proto {
@@ -60,8 +60,8 @@ std::string encode_line(const HostMessage& m);
 /// peer would report (e.g. `boot.exec.argv: expected non-empty array of strings, got []`), or a
 /// DecodeError naming the type when a string is not valid UTF-8 (encode would alter it).
 /// Senders call it before writing a line they built from outside input.
-host::StatusOf<DecodeError> validate(const GuestMessage& m);
-host::StatusOf<DecodeError> validate(const HostMessage& m);
+base::StatusOf<DecodeError> validate(const GuestMessage& m);
+base::StatusOf<DecodeError> validate(const HostMessage& m);
 
 /// `s` as a JSON string literal (quotes included), escaped exactly as encode() escapes strings:
 /// valid UTF-8 kept, invalid bytes each U+FFFD. For other JSON the project writes (records).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "host/result.hpp"
+#include "protocol/channels.hpp"
 
 namespace nes::vm {
 
@@ -28,7 +29,8 @@ enum class ConsoleLevel { quiet, full };
 /// What goes on the kernel command line (`-append`).
 struct KernelCmdline {
   ConsoleLevel console = ConsoleLevel::quiet;
-  std::string channel = "virtio-port:nes.0";  // nesinit.channel=…
+  /// nesinit.channel=…: the lifecycle channel's virtio-serial port (protocol/channels.hpp).
+  std::string channel = std::string("virtio-port:") + proto::kLifecyclePortName;
   std::vector<std::string> extra;             // appended verbatim, in order (e.g. nesinit.log=debug)
 };
 /// `console=ttyS0 quiet loglevel=0 panic=-1 nesinit.channel=virtio-port:nes.0 …`.
@@ -52,11 +54,13 @@ struct QemuSpec {
   std::uint32_t cpus = 1;                   // vCPUs (1..64)
   Accel accel = Accel::tcg;                 // tcg or kvm (never auto_probe here)
   std::optional<std::filesystem::path> channel_socket;  // a *listening* Unix socket: QEMU connects
-  std::string port_name = "nes.0";          // the virtio-serial port's name as the guest sees it
+  /// The virtio-serial port's name as the guest sees it (protocol/channels.hpp).
+  std::string port_name = proto::kLifecyclePortName;
   /// The data channel (workload stdio): a second virtserialport on the same virtio-serial bus,
   /// its own chardev dialling this *listening* Unix socket (needs channel_socket).
   std::optional<std::filesystem::path> data_socket;
-  std::string data_port_name = "nes.1";     // the guest's default when its channel is nes.0
+  /// The data port's name: the guest's default when its channel is nes.0.
+  std::string data_port_name = proto::kDataPortName;
   /// Channel survival: QEMU redials a listener that went away every this many seconds
   /// (`reconnect=` on the chardevs, QEMU 7.2's spelling), so a guest booted with
   /// boot.reconnect_ms reaches a restarted host. 0: QEMU never redials (the default).

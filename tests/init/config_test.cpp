@@ -139,6 +139,17 @@ TEST_CASE("data channel: --data-channel / nesinit.data=, defaults only beside vs
   CHECK(finalize_for_mode(s, Mode::sandbox).error().message.find("data_channel: vsock") == 0);
 }
 
+TEST_CASE("usage: the default channels it names are protocol/channels.hpp's") {
+  namespace proto = nes::proto;
+  const std::string u(usage());
+  for (const std::string& want :
+       {"vsock:2:" + std::to_string(proto::kLifecycleVsockPort), "vsock:CID:" + std::to_string(proto::kDataVsockPort),
+        std::string("virtio-port:") + proto::kDataPortName + " beside virtio-port:" + proto::kLifecyclePortName}) {
+    CAPTURE(want);
+    CHECK(u.find(want) != std::string::npos);
+  }
+}
+
 TEST_CASE("modules list: one path per line, comments and blanks skipped") {
   CHECK(parse_modules_list("# virtio\n/lib/a.ko\n\n  /lib/b.ko  # dep\r\n\t\n/lib/c.ko") ==
         std::vector<std::string>{"/lib/a.ko", "/lib/b.ko", "/lib/c.ko"});

@@ -16,7 +16,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "host/fd.hpp"
+#include "base/fd.hpp"
 #include "nesinit/mounts.hpp"
 #include "nesinit/transport.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 using TempDir = nes::test::TempDir;
-using nes::host::Fd;
+using nes::base::Fd;
 int lowest_free_fd() {
   int fd = ::open("/dev/null", O_RDONLY);
   ::close(fd);

@@ -3,7 +3,8 @@
 #  1. a native host-side-only configuration (-Dguest=false) `meson install`ed with DESTDIR into a
 #     temp root, the init from the cross build `meson install`ed likewise; the file list checked
 #     (public headers only, SONAME, neshost.pc, nesinit and nesinit-mkinitrd), and every header of
-#     host/ and protocol/ either installed or on host/meson.build's internal list;
+#     host/, protocol/ and base/ either installed or on host/meson.build's or base/meson.build's
+#     internal list;
 #  2. every installed header compiles alone (one TU each) with `pkg-config --cflags neshost`;
 #  3. examples/embed built against that root (PKG_CONFIG_PATH + PKG_CONFIG_SYSROOT_DIR; no include
 #     path into the source tree), its harness test run, then the daemon run against the real
@@ -16,7 +17,7 @@
 # waited for and its temp dir removed, whatever fails.
 # NES_HOST_BUILD: the host-side-only build directory, kept and reused if given (tests/install/
 # meson.build passes build/install-host), else a temp one. NES_INTERNAL_HEADERS: the headers not
-# installed on purpose, relative to host/ ("vm/" for a directory).
+# installed on purpose, relative to host/ ("vm/" for a directory; base/'s as "base/NAME").
 set -euo pipefail
 src=$(cd "$1" && pwd) cross=$(cd "$2" && pwd) packages=${3:-}
 tmp=$(mktemp -d /tmp/nes-install-XXXXXX)
@@ -58,13 +59,13 @@ echo "installed (host side):"; sed 's/^/  /' "$tmp/files"
 lib=usr/lib/$multiarch
 for f in usr/bin/neshost "$lib/libneshost.a" "$lib/libneshost.so" "$lib/libneshost.so.0" \
          "$lib/pkgconfig/neshost.pc" usr/include/nes/host/host.hpp usr/include/nes/host/testing.hpp \
-         usr/include/nes/protocol/messages.hpp; do
+         usr/include/nes/protocol/messages.hpp usr/include/nes/host/result.hpp usr/include/nes/base/result.hpp; do
   grep -qx "./$f" "$tmp/files" || fail "not installed: /$f"
 done
 ! grep -E 'cli\.hpp|/vm/|support\.hpp|harness\.hpp|nesproto' "$tmp/files" || fail "internals installed"
-# Each header of host/ and protocol/ is public (installed) or deliberately internal, never both.
+# Each header of host/, protocol/ and base/ is public (installed) or deliberately internal, never both.
 internal=" ${NES_INTERNAL_HEADERS:-} "
-for h in $(cd "$src" && ls host/*.hpp host/*/*.hpp protocol/*.hpp); do
+for h in $(cd "$src" && ls host/*.hpp host/*/*.hpp protocol/*.hpp base/*.hpp); do
   rel=${h#host/} inst=./usr/include/nes/$h is_int=0
   [[ $internal == *" $rel "* || $internal == *" ${rel%%/*}/ "* ]] && is_int=1
   if grep -qx "$inst" "$tmp/files"; then
