@@ -655,7 +655,7 @@ int run_main(const Args& args) {
   kc.extra = {"edd=off",  // the boot stub's "Probing EDD" line, before any log level applies
               fmt::format("nesinit.grace_ms={}", o.grace.count())};
   // The data channel's port, named (it is also the init's default next to virtio-port:nes.0).
-  kc.extra.push_back("nesinit.data=virtio-port:nes.1");
+  kc.extra.push_back(std::string("nesinit.data=virtio-port:") + proto::kDataPortName);
   // Extra kernel arguments for debugging (e.g. nesinit.log=debug), appended last.
   if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) kc.extra.emplace_back(a);
   vm::QemuSpec spec;

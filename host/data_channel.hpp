@@ -25,6 +25,7 @@
 
 #include "host/log_writer.hpp"
 #include "host/result.hpp"
+#include "protocol/channels.hpp"
 #include "protocol/frame.hpp"
 #include "protocol/messages.hpp"
 
@@ -59,7 +60,7 @@ struct WorkloadLogOptions {
 /// arrives (their hybrid-vsock convention, as firecracker_vsock_path()).
 std::string firecracker_data_path(std::string_view uds_path);
 /// The data channel's vsock port in production (the control channel's is 7000).
-inline constexpr std::uint32_t kDataVsockPort = 7001;
+inline constexpr std::uint32_t kDataVsockPort = proto::kDataVsockPort;
 
 /// Events of the guest -> host direction; `proc` is whose streams (0 the workload, else the
 /// process exec() started with that number).
