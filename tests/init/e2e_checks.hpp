@@ -8,26 +8,11 @@
 
 namespace nes::init::test {
 
-/// The workload_exited the init reports next; the test stops there, naming the harness's last
-/// error (a timeout, another message, the channel closed), when it reports anything else.
-/// The streams' output_end accounts that come first (at most one per stream) are kept in
-/// sb.output_ends.
-inline proto::WorkloadExited next_exit(Sandbox& sb) {
-  for (;;) {
-    auto m = sb.next();
-    REQUIRE_MESSAGE(m, sb.last_error());
-    if (auto* e = std::get_if<proto::OutputEnd>(&*m)) {
-      sb.output_ends.push_back(*e);
-      continue;
-    }
-    auto* x = std::get_if<proto::WorkloadExited>(&*m);
-    REQUIRE_MESSAGE(x, "unexpected message: " << proto::encode(*m));
-    return *x;
-  }
-}
-
-/// The exec_exited the init reports next, its processes' output_end accounts kept as next_exit's.
-inline proto::ExecExited next_exec_exit(Sandbox& sb, int timeout_ms = 10000) {
+/// The next message of type T the init sends, the output_end accounts that come first kept in
+/// sb.output_ends; the test stops there, naming the harness's last error (a timeout, another
+/// message, the channel closed), when anything else comes.
+template <class T>
+T next_after_accounts(Sandbox& sb, int timeout_ms = 10000) {
   for (;;) {
     auto m = sb.next(timeout_ms);
     REQUIRE_MESSAGE(m, sb.last_error());
@@ -35,10 +20,18 @@ inline proto::ExecExited next_exec_exit(Sandbox& sb, int timeout_ms = 10000) {
       sb.output_ends.push_back(*e);
       continue;
     }
-    auto* x = std::get_if<proto::ExecExited>(&*m);
+    auto* x = std::get_if<T>(&*m);
     REQUIRE_MESSAGE(x, "unexpected message: " << proto::encode(*m));
     return *x;
   }
+}
+
+/// The workload_exited the init reports next (its streams' accounts kept).
+inline proto::WorkloadExited next_exit(Sandbox& sb) { return next_after_accounts<proto::WorkloadExited>(sb); }
+
+/// The exec_exited the init reports next (its process's accounts kept).
+inline proto::ExecExited next_exec_exit(Sandbox& sb, int timeout_ms = 10000) {
+  return next_after_accounts<proto::ExecExited>(sb, timeout_ms);
 }
 
 /// The account of the workload's `s` among sb.output_ends (nullopt: none arrived).
