@@ -342,12 +342,15 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       arm(vm, TimerKind::stop, after);
       return true;
     }
-    if (!vm->core.outcome() || vm->core.vm_gone()) return false;
+    // Also before an outcome: a workload blocked on output the host no longer reads is let go
+    // (the guest discards the rest, counted), so it can end and be reported before the destroy.
+    if (vm->core.vm_gone() || (!vm->core.outcome() && !vm->core.ended_by_host())) return false;
     cut_output(vm, !vm->core.ended_by_host()
                        ? fmt::format("the guest did not power off within the stop deadline ({} ms)", after.count())
-                   : vm->core.outcome()->outcome == proto::Outcome::timeout
+                   : vm->core.outcome() && vm->core.outcome()->outcome == proto::Outcome::timeout
                        ? std::string("the VM reached its time limit while its output was still being read")
-                       : std::string("the VM was stopped while its output was still being read"));
+                       : std::string("the VM was stopped while its output was still being read"),
+               true);
     arm(vm, TimerKind::stop, opt.data_drain);
     return true;
   }
@@ -355,8 +358,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   /// The host ends the wait for the workload's output on purpose (after the outcome, while the
   /// data channel is open): it closes the channel before the eofs; the guest counts what it
   /// could not deliver (output_lost) and powers off. `why` goes into the record's lost_reason.
-  void cut_output(const std::shared_ptr<Vm>& vm, std::string why) {
-    if (!vm->core.outcome() || !vm->data || !vm->data->is_open()) return;
+  void cut_output(const std::shared_ptr<Vm>& vm, std::string why, bool before_outcome = false) {
+    if (!vm->data || !vm->data->is_open() || (!vm->core.outcome() && !before_outcome)) return;
     vm->cut_reason = std::move(why);
     emit(*vm, "output_cut", vm->cut_reason);
     vm->data->close();

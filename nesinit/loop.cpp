@@ -740,6 +740,7 @@ class Pid1 {
     if (frame_pipe_bytes_ > 0) {
       ssize_t n = ::splice(frame_pipe_.get(), nullptr, data_.get(), nullptr, frame_pipe_bytes_, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
+        data_seen_ = true;
         frame_pipe_bytes_ -= static_cast<std::size_t>(n);
         bytes_written_ += static_cast<std::uint64_t>(n);
       } else if (n < 0 && errno == EINTR) {
@@ -839,6 +840,7 @@ class Pid1 {
       }
       ssize_t n = ::write(data_.get(), t->bytes.data(), t->bytes.size());
       if (n > 0) {
+        data_seen_ = true;
         mux_->sent(static_cast<std::size_t>(n));
         bytes_written_ += static_cast<std::uint64_t>(n);
         continue;
@@ -857,6 +859,7 @@ class Pid1 {
     if (data_is_port_ && !(revents & POLLIN)) {
       // A virtio port with no host connected polls as POLLHUP: not an EOF (there is none on a
       // port); look again in kPortRetryMs.
+      if (port_closed_by_host()) return;
       data_retry_at_ = monotonic_ms() + kPortRetryMs;
       data_hup_ = true;
       return;
@@ -866,10 +869,12 @@ class Pid1 {
     ssize_t n = ::read(data_.get(), io_buf_, room);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (n > 0) {
+      data_seen_ = true;
       m.on_rx(std::string_view(io_buf_, static_cast<std::size_t>(n)));
       return;
     }
     if (data_is_port_ && n == 0) {
+      if (port_closed_by_host()) return;
       data_retry_at_ = monotonic_ms() + kPortRetryMs;
       data_hup_ = true;
       return;
@@ -883,6 +888,17 @@ class Pid1 {
     log_.info("data", "EOF from the host");
     data_rx_eof_ = true;
     m.on_rx_eof();
+  }
+
+  /// A virtio data port hung up after its host took or sent bytes on it: the host closed the data
+  /// channel (a port has no EOF of its own), e.g. it gave up on the output on purpose. Outside
+  /// the final flush (where that close is the receipt) the channel is closed here, so the
+  /// workload's output is discarded and counted (output_end) instead of held for good.
+  bool port_closed_by_host() {
+    if (!data_seen_ || flushing_) return false;
+    log_.info("data", "the host closed the data channel (port hang-up); output from now on is discarded");
+    close_data();
+    return true;
   }
 
   void close_data() {
@@ -943,6 +959,7 @@ class Pid1 {
   bool data_is_port_ = false;
   bool data_rx_eof_ = false;  // the host closed its sending side
   bool data_hup_ = false;     // a virtio data port's host side is not connected (last look)
+  bool data_seen_ = false;    // bytes moved on the data channel: its host was there
   std::optional<std::uint64_t> data_retry_at_;  // a virtio data port without its host: look again then
   std::optional<StdioMux> mux_;  // the data channel's processes, from its dial on
   StdioFds fds_;
