@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <fmt/format.h>
 #include <cerrno>
 #include <string>
 
@@ -145,6 +146,17 @@ void FdWriter::pump() {
   if (queued_ == 0 && on_empty) on_empty();
 }
 
+namespace {
+/// `fd` is a FIFO with a name (containerd's task FIFOs), not an anonymous pipe: only a named one
+/// is waited on until drained. A caller that reads an anonymous pipe only after we exit
+/// (`Popen(stdout=PIPE).wait()`, then read) would otherwise wait for us while we wait for it.
+bool named_fifo(int fd) {
+  char link[64];
+  ssize_t n = ::readlink(fmt::format("/proc/self/fd/{}", fd).c_str(), link, sizeof link - 1);
+  return n > 0 && std::string_view(link, static_cast<std::size_t>(n)).substr(0, 5) != "pipe:";
+}
+}  // namespace
+
 FdWriter::Flushed FdWriter::flush(int stop_fd, std::optional<std::chrono::milliseconds> limit) {
   if (waiter_) {
     error_code ec;
@@ -175,12 +187,13 @@ FdWriter::Flushed FdWriter::flush(int stop_fd, std::optional<std::chrono::millis
   }
   // Written is not read: a pipe's reader may stop once we are gone (containerd's ctr cancels
   // its copy from the task's FIFO as soon as the task's exit is reported), and what is still in
-  // the pipe dies with it. So a pipe or FIFO is waited on until its reader took every byte
+  // the pipe dies with it. So a named FIFO is waited on until its reader took every byte
   // (FIONREAD 0), went away (POLLERR), `stop_fd` fires or `limit` passes. Nothing signals "drained": looked at
   // every 10 ms while the reader lives.
   struct stat st {};
   std::size_t unread_left = 0;  // in the pipe when its reader went away or we were stopped
-  if (queued_ == 0 && !broken_ && !f.interrupted && ::fstat(fd_, &st) == 0 && S_ISFIFO(st.st_mode)) {
+  if (queued_ == 0 && !broken_ && !f.interrupted && ::fstat(fd_, &st) == 0 && S_ISFIFO(st.st_mode) &&
+      named_fifo(fd_)) {
     for (;;) {
       int unread = 0;
       if (::ioctl(fd_, FIONREAD, &unread) != 0 || unread <= 0) break;
