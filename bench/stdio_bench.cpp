@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "host/host.hpp"
+#include "host/lib/host.hpp"
 
 extern char** environ;
 namespace fs = std::filesystem;

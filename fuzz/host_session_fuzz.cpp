@@ -10,7 +10,7 @@
 #include <map>
 
 #include "fuzz_util.hpp"
-#include "host/session.hpp"
+#include "host/lib/session.hpp"
 #include "protocol/codec.hpp"
 
 using namespace nes;

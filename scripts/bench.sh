@@ -13,15 +13,15 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 scripts/setup.sh build
-ninja -C build bench/bench bench/storm bench/host_bench bench/stdio_bench nesinit/nesinit host/neshost host/vm/initrd.cpio \
+ninja -C build bench/bench bench/storm bench/host_bench bench/stdio_bench nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
   host/shim/containerd-shim-nesinit-v2
 out=bench/results/latest.md
 mkdir -p bench/results
 NESINIT_BIN=build/nesinit/nesinit NES_STORM_BIN=build/bench/storm build/bench/bench "$@" --out "$out" >/dev/null
 build/bench/host_bench 1000 >> "$out"
 NESINIT_BIN=build/nesinit/nesinit build/bench/stdio_bench 256 3 >> "$out"
-python3 bench/vm_stdio_bench.py build/host/neshost build/host/vm/initrd.cpio .cache/kernel/vmlinuz 40 3 >> "$out"
-python3 bench/p8_shares.py build/host/neshost >> "$out"
+python3 bench/vm_stdio_bench.py build/host/cli/neshost build/host/vm/initrd.cpio .cache/kernel/vmlinuz 40 3 >> "$out"
+python3 bench/p8_shares.py build/host/cli/neshost >> "$out"
 python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/vmlinuz 7 >> "$out"
-python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/neshost build/host/vm/initrd.cpio >> "$out"
+python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost build/host/vm/initrd.cpio >> "$out"
 cat "$out"

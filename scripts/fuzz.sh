@@ -23,7 +23,7 @@ out=build-fuzz
 mkdir -p "$out/obj" "$out/corpus"
 
 # Everything the harnesses link: protocol/, the host Session and what it needs, the init Session.
-lib_srcs=(protocol/*.cpp host/session.cpp host/escape.cpp host/record.cpp nesinit/session.cpp nesinit/log.cpp
+lib_srcs=(protocol/*.cpp host/lib/session.cpp host/lib/escape.cpp host/lib/record.cpp nesinit/session.cpp nesinit/log.cpp
           host/shim/ttrpc_frame.cpp)
 harnesses=()
 for f in fuzz/*_fuzz.cpp; do harnesses+=("$(basename "$f" .cpp)"); done
@@ -31,7 +31,7 @@ for f in fuzz/*_fuzz.cpp; do harnesses+=("$(basename "$f" .cpp)"); done
 flags=(-std=c++20 -O1 -g -I. -DNES_NATIVE=1 -fno-omit-frame-pointer -fsanitize=address,undefined
        -fno-sanitize-recover=all)
 # Rebuild everything when any source, header or this script changed (cheap: a few TUs).
-stamp=$( { cat "$0"; cat base/* protocol/* host/*.hpp host/session.cpp host/escape.cpp host/record.cpp \
+stamp=$( { cat "$0"; cat base/* protocol/* host/lib/*.hpp host/lib/session.cpp host/lib/escape.cpp host/lib/record.cpp \
            nesinit/session.* nesinit/log.* host/shim/ttrpc_frame.* fuzz/*.cpp fuzz/*.hpp; echo "$CXX"; } | sha256sum | cut -d' ' -f1)
 if [[ "$(cat "$out/stamp" 2>/dev/null)" != "$stamp" ]]; then
   echo "fuzz: building ${#harnesses[@]} harnesses in $out/ with $CXX"

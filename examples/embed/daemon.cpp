@@ -2,7 +2,7 @@
 
 #include <boost/asio/post.hpp>
 
-#include <nes/host/endpoint.hpp>
+#include <nes/host/lib/endpoint.hpp>
 #include <nes/protocol/status.hpp>
 
 namespace embed {

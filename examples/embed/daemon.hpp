@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <nes/host/host.hpp>
+#include <nes/host/lib/host.hpp>
 
 namespace embed {
 

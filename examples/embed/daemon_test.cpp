@@ -1,4 +1,4 @@
-// The daemon against scripted guests (the installed harness, <nes/host/testing.hpp>): no VM, no
+// The daemon against scripted guests (the installed harness, <nes/host/lib/testing.hpp>): no VM, no
 // init. Four VMs on their Firecracker-style sockets: exit 3, killed by SIGKILL, a hostile first
 // line, a guest that never speaks. Each outcome must be printed once, with its exit status, and
 // each good guest must get its boot descriptor and the `shutdown` ack.
@@ -13,7 +13,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include <nes/host/testing.hpp>
+#include <nes/host/lib/testing.hpp>
 
 #include "daemon.hpp"
 

@@ -30,7 +30,7 @@
 #include <fmt/format.h>
 
 #include "containerd_pb.h"
-#include "host/reconcile.hpp"
+#include "host/monitor/reconcile.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/task_service.hpp"
 #include "host/shim/ttrpc.hpp"

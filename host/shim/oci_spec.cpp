@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
-#include "host/small_file.hpp"
+#include "base/small_file.hpp"
 #include "host/vm/volume.hpp"
 #include "protocol/messages.hpp"
 
@@ -211,7 +211,7 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
 
 Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle) {
   const auto path = bundle / "config.json";
-  auto text = host::read_small_file(path.c_str(), kMaxSpecBytes);
+  auto text = base::read_small_file(path.c_str(), kMaxSpecBytes);
   if (!text) return text.error();
   return parse_oci_spec(*text, bundle);
 }

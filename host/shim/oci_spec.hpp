@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "host/result.hpp"
+#include "host/lib/base.hpp"
 
 namespace nes::shim {
 

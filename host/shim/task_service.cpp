@@ -26,14 +26,14 @@
 #include <simdjson.h>
 
 #include "containerd_pb.h"
-#include "host/fd.hpp"
-#include "host/monitor.hpp"
-#include "host/reconcile.hpp"
+#include "host/lib/base.hpp"
+#include "host/monitor/monitor.hpp"
+#include "host/monitor/reconcile.hpp"
 #include "protocol/codec.hpp"
-#include "host/record.hpp"
+#include "host/lib/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
-#include "host/small_file.hpp"
+#include "base/small_file.hpp"
 
 extern char** environ;
 
@@ -85,7 +85,7 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
 }
 
 Result<std::optional<TaskRecord>> load_task_record(const fs::path& bundle) {
-  auto text = host::read_small_file((bundle / kTaskFile).c_str(), 64 * 1024);
+  auto text = base::read_small_file((bundle / kTaskFile).c_str(), 64 * 1024);
   if (!text) {
     if (text.error().err == ENOENT) return std::optional<TaskRecord>{};
     return text.error();

@@ -19,7 +19,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "host/result.hpp"
+#include "host/lib/base.hpp"
 #include "host/shim/events.hpp"
 #include "host/shim/ttrpc.hpp"
 

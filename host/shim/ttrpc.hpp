@@ -21,9 +21,8 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "host/fd.hpp"
+#include "host/lib/base.hpp"
 #include "host/shim/ttrpc_frame.hpp"
-#include "host/result.hpp"
 
 namespace nes::ttrpc {
 

@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 
-#include "host/fd.hpp"
-#include "host/small_file.hpp"
+#include "host/lib/base.hpp"
+#include "base/small_file.hpp"
 #include "host/vm/process.hpp"
 
 namespace nes::vm {
@@ -69,7 +69,7 @@ KvmProbe probe_kvm_boot(const std::string& qemu, const std::filesystem::path& ke
 
 std::string probe_key(const std::string& qemu, const std::filesystem::path& kernel) {
   // A UUID and a newline (random(4)): anything shorter is no boot_id.
-  auto id = host::read_small_file("/proc/sys/kernel/random/boot_id", 63, {.longer = host::Longer::truncate});
+  auto id = base::read_small_file("/proc/sys/kernel/random/boot_id", 63, {.longer = base::Longer::truncate});
   if (!id || id->size() < 32) return "";
   std::string boot = std::move(*id);
   while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
@@ -92,7 +92,7 @@ std::filesystem::path default_probe_cache() {
 std::optional<KvmProbe> cached_probe(const std::filesystem::path& file, const std::string& key,
                                      std::int64_t now_s) {
   if (file.empty() || key.empty()) return std::nullopt;
-  auto text = host::read_small_file(file.c_str(), 4096, {.longer = host::Longer::truncate});
+  auto text = base::read_small_file(file.c_str(), 4096, {.longer = base::Longer::truncate});
   if (!text) return std::nullopt;
   std::string_view t(*text);
   std::string_view lines[4];

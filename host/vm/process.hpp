@@ -16,8 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "host/fd.hpp"
-#include "host/result.hpp"
+#include "host/lib/base.hpp"
 
 namespace nes::vm {
 

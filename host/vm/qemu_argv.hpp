@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "host/result.hpp"
+#include "host/lib/base.hpp"
 #include "protocol/channels.hpp"
 
 namespace nes::vm {

@@ -13,8 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "host/fd.hpp"
-#include "host/result.hpp"
+#include "host/lib/base.hpp"
 #include "host/vm/process.hpp"
 
 namespace nes::vm {

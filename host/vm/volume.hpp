@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "host/result.hpp"
+#include "host/lib/base.hpp"
 
 namespace nes::vm {
 

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "host/cli_flags.hpp"
+#include "host/cli/flags.hpp"
 
 using namespace nes::cli;
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <thread>
 
-#include "host/cli_stdio.hpp"
-#include "host/fd.hpp"
+#include "host/cli/stdio.hpp"
+#include "host/lib/base.hpp"
 
 using namespace nes;
 using namespace std::chrono_literals;

@@ -14,7 +14,7 @@
 #include <regex>
 #include <thread>
 
-#include "host/data_channel.hpp"
+#include "host/lib/data_channel.hpp"
 #include "support.hpp"
 
 using namespace nes;

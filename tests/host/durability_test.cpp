@@ -10,7 +10,7 @@
 
 #include <cstdlib>
 
-#include "host/record.hpp"
+#include "host/lib/record.hpp"
 #include "support.hpp"
 #include "tests/support/host_record.hpp"
 

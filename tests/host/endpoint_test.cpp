@@ -8,7 +8,7 @@
 #include <sys/un.h>
 #include <linux/vm_sockets.h>
 
-#include "host/endpoint.hpp"
+#include "host/lib/endpoint.hpp"
 #include "support.hpp"
 
 using namespace nes::host;

@@ -8,7 +8,7 @@
 #include <random>
 #include <regex>
 
-#include "host/log_writer.hpp"
+#include "host/lib/log_writer.hpp"
 #include <fmt/format.h>
 
 #include "support.hpp"

@@ -15,7 +15,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "host/data_channel.hpp"
+#include "host/lib/data_channel.hpp"
 #include "support.hpp"
 
 // The cases live in the library's namespace: its types unqualified, the test support as test::.

@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "host/reconcile.hpp"
+#include "host/monitor/reconcile.hpp"
 #include "protocol/status.hpp"
 #include "tests/support/temp_dir.hpp"
 

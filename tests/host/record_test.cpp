@@ -14,7 +14,7 @@
 #include <mutex>
 #include <thread>
 
-#include "host/record.hpp"
+#include "host/lib/record.hpp"
 #include "support.hpp"
 #include "tests/support/host_record.hpp"
 

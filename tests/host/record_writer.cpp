@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "host/record.hpp"
+#include "host/lib/record.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 5) {

@@ -8,8 +8,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "host/escape.hpp"
-#include "host/session.hpp"
+#include "host/lib/escape.hpp"
+#include "host/lib/session.hpp"
 #include "protocol/codec.hpp"
 #include "support.hpp"
 

@@ -3,7 +3,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "host/session.hpp"
+#include "host/lib/session.hpp"
 #include "protocol/codec.hpp"
 #include "support.hpp"
 

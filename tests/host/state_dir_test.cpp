@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "host/record.hpp"
+#include "host/lib/record.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/host_record.hpp"
 

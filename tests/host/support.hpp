@@ -32,8 +32,8 @@
 #include <variant>
 #include <vector>
 
-#include "host/host.hpp"
-#include "host/testing.hpp"
+#include "host/lib/host.hpp"
+#include "host/lib/testing.hpp"
 #include "protocol/codec.hpp"
 #include "tests/support/temp_dir.hpp"
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "host/testing.hpp"
+#include "host/lib/testing.hpp"
 #include "protocol/protocol.hpp"
 
 namespace nes::init::test {

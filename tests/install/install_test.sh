@@ -58,7 +58,7 @@ file -b "$init" | grep -q "statically linked" || fail "installed init is not sta
 echo "installed (host side):"; sed 's/^/  /' "$tmp/files"
 lib=usr/lib/$multiarch
 for f in usr/bin/neshost "$lib/libneshost.a" "$lib/libneshost.so" "$lib/libneshost.so.0" \
-         "$lib/pkgconfig/neshost.pc" usr/include/nes/host/host.hpp usr/include/nes/host/testing.hpp \
+         "$lib/pkgconfig/neshost.pc" usr/include/nes/host/lib/host.hpp usr/include/nes/host/testing.hpp \
          usr/include/nes/protocol/messages.hpp usr/include/nes/host/result.hpp usr/include/nes/base/result.hpp; do
   grep -qx "./$f" "$tmp/files" || fail "not installed: /$f"
 done
@@ -73,6 +73,10 @@ for h in $(cd "$src" && ls host/*.hpp host/*/*.hpp protocol/*.hpp base/*.hpp); d
   else
     ((is_int == 1)) || fail "$h is neither installed nor on host/meson.build's internal list"
   fi
+done
+# The old <nes/host/NAME.hpp> paths, forwarding headers for one release (host/lib/compat/).
+for h in $(cd "$src" && ls host/lib/compat/*.hpp); do
+  grep -qx "./usr/include/nes/host/${h##*/}" "$tmp/files" || fail "forwarding header not installed: nes/host/${h##*/}"
 done
 soname=$(readelf -d "$root/$lib/libneshost.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [[ $soname == libneshost.so.0 ]] || fail "SONAME is '$soname', want libneshost.so.0"

@@ -6,7 +6,7 @@
 
 #include <fstream>
 
-#include "host/record.hpp"
+#include "host/lib/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
 #include "tests/support/temp_dir.hpp"

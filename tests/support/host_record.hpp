@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "host/record.hpp"
+#include "host/lib/record.hpp"
 
 namespace nes::test {
 

@@ -1,0 +1,360 @@
+#include "host/cli/exec.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <fmt/format.h>
+
+#include "host/cli/cli.hpp"
+#include "host/cli/stdio.hpp"
+#include "host/monitor/reconcile.hpp"
+#include "host/cli/terminal.hpp"
+#include "protocol/codec.hpp"
+
+namespace nes::cli {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+host::Result<proto::ExecProcess> parse_exec_request(std::string_view text, const proto::Exec& workload) {
+  const auto sp = text.find(' ');
+  if (sp == std::string_view::npos) return host::Error{"exec: expected FLAGS JSON"};
+  const std::string_view flags = text.substr(0, sp);
+  if (flags != "-" && flags.find_first_not_of("ecu") != std::string_view::npos)
+    return host::Error{fmt::format("exec: FLAGS: expected '-' or letters of 'ecu', got '{}'", flags)};
+  auto d = proto::decode_host(text.substr(sp + 1));
+  if (auto* e = std::get_if<proto::DecodeError>(&d)) return host::Error{e->reason};
+  auto* m = std::get_if<proto::HostMessage>(&d);
+  auto* x = m ? std::get_if<proto::ExecProcess>(m) : nullptr;
+  if (!x) return host::Error{"exec: JSON: expected an `exec` message"};
+  proto::ExecProcess out = std::move(*x);
+  if (flags.find('e') != std::string_view::npos) {
+    auto env = workload.env;  // docker exec: the container's environment, then -e on top
+    for (auto& [k, v] : out.exec.env) env[k] = v;
+    out.exec.env = std::move(env);
+  }
+  if (flags.find('c') != std::string_view::npos && !out.exec.cwd) out.exec.cwd = workload.cwd;
+  if (flags.find('u') != std::string_view::npos) {
+    out.exec.uid = workload.uid;
+    out.exec.gid = workload.gid;
+    out.exec.groups = workload.groups;
+  }
+  return out;
+}
+
+// ---- the monitor's side ----------------------------------------------------------------------------
+
+struct ExecAttachments::Attached {
+  std::uint16_t proc = 0;
+  host::Fd in, out, err;                      // the client's fds 0-2 (owned here)
+  std::unique_ptr<FdWriter> wout, werr;       // declared after the fds: destroyed first
+  std::unique_ptr<StdinPump> pump;
+  ControlServer::Reply reply;
+  std::optional<int> status;                  // ended: the exit status to report
+  std::string reason;
+  std::vector<std::string> lost;              // its output the host could not deliver, one line each
+  bool replied = false;
+  bool empty() const { return (!wout || wout->queued() == 0) && (!werr || werr->queued() == 0); }
+};
+
+ExecAttachments::ExecAttachments(asio::io_context& io, std::string vm, std::function<void()> pause_changed)
+    : io_(io), vm_(std::move(vm)), pause_changed_(std::move(pause_changed)) {}
+
+ExecAttachments::~ExecAttachments() {
+  for (auto& [proc, a] : live_)
+    if (a->pump) a->pump->stop();
+}
+
+bool ExecAttachments::any_full() const {
+  for (auto& [proc, a] : live_)
+    if ((a->wout && a->wout->full()) || (a->werr && a->werr->full())) return true;
+  return false;
+}
+
+void ExecAttachments::resume_stdin() {
+  for (auto& [proc, a] : live_)
+    if (a->pump) a->pump->resume();
+}
+
+std::size_t ExecAttachments::queued() const {
+  std::size_t n = 0;
+  for (auto& [proc, a] : live_)
+    for (const FdWriter* w : {a->wout.get(), a->werr.get()})
+      if (w) n += w->queued();
+  return n;
+}
+
+void ExecAttachments::host_gone() {
+  host_ = nullptr;
+  for (auto& [proc, a] : live_)
+    if (a->pump) a->pump->stop();
+}
+
+void ExecAttachments::finish(std::uint16_t proc) {
+  auto it = live_.find(proc);
+  if (it == live_.end()) return;
+  auto a = it->second;
+  if (!a->status || a->replied || !a->empty()) return;
+  a->replied = true;
+  // Output lost overrides the process's status as it does the workload's (docker's 125: the
+  // host side failed), so the client can never take a cut output for a complete one.
+  std::string why;
+  for (const auto& l : a->lost) why += (why.empty() ? "" : "; ") + l;
+  if (!a->lost.empty()) a->status = 125;
+  if (!a->reason.empty()) why += (why.empty() ? "" : "; ") + a->reason;
+  for (char& c : why)
+    if (c == '\n' || c == '\r') c = ' ';
+  a->reply(fmt::format("ok exit {}{}{}", *a->status, why.empty() ? "" : " ", why.substr(0, 1024)), false);
+  if (a->pump) a->pump->stop();
+  // Not from inside a writer's callback: the entry goes on the next turn of the loop.
+  asio::post(io_, [this, proc, a] {
+    live_.erase(proc);
+    pause_changed_();
+  });
+}
+
+void ExecAttachments::workload_started() {
+  started_ = true;
+  for (auto& w : std::exchange(waiting_, {})) start(w.text, std::move(w.fds), std::move(w.reply));
+}
+
+void ExecAttachments::workload_ended() {
+  ended_ = true;
+  for (auto& w : std::exchange(waiting_, {})) w.reply("error: exec: the workload has ended", false);
+}
+
+void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, ControlServer::Reply reply) {
+  auto fail = [&](std::string why) { reply("error: " + why, false); };
+  if (!started_ && !ended_) {
+    // docker exec into a container that is starting waits for it; so does this, bounded by the
+    // VM's own deadlines (its outcome ends the wait).
+    if (waiting_.size() >= proto::kExecMax) return fail("exec: too many requests wait for the workload to start");
+    reply("ok waiting for the workload to start", true);
+    waiting_.push_back(Waiting{std::string(text), std::move(fds), std::move(reply)});
+    return;
+  }
+  const host::Session* s = host_ ? host_->session(vm_) : nullptr;
+  if (!s) return fail("exec: the VM is not up");
+  auto x = parse_exec_request(text, s->config().descriptor.exec);
+  if (!x) return fail(x.error().message);
+  if (x->stdio && fds.size() != 3) return fail("exec: the request must carry the client's fds 0, 1 and 2");
+  auto a = std::make_shared<Attached>();
+  a->reply = std::move(reply);
+  const bool terminal = x->stdio && x->stdio->terminal;
+  const bool input = x->stdio && x->stdio->attach_stdin;
+  if (x->stdio) {
+    a->in = std::move(fds[0]);
+    a->out = std::move(fds[1]);
+    a->err = std::move(fds[2]);
+    // Our own open file descriptions (reopened non-blocking): the client's stay as they are.
+    make_own_nonblocking(a->out.get());
+    a->wout = std::make_unique<FdWriter>(io_, a->out.get(), kOutputQueueCap);
+    a->wout->on_drained = pause_changed_;
+    if (!terminal) {
+      make_own_nonblocking(a->err.get());
+      a->werr = std::make_unique<FdWriter>(io_, a->err.get(), kOutputQueueCap);
+      a->werr->on_drained = pause_changed_;
+    }
+  }
+  std::weak_ptr<Attached> wa = a;
+  host::ExecHooks hooks;
+  hooks.started = [this, wa, input](std::int32_t pid) {
+    auto a = wa.lock();
+    if (!a) return;
+    a->reply(fmt::format("ok started {} {}", pid, a->proc), true);
+    if (!input) return;
+    make_own_nonblocking(a->in.get());
+    const std::uint16_t proc = a->proc;
+    a->pump = std::make_unique<StdinPump>(
+        io_, a->in.get(), [this, proc](std::string_view b) { return host_ && host_->send_stdin(vm_, b, proc).ok(); },
+        [this, proc] {
+          if (host_) (void)host_->send_stdin_eof(vm_, proc);
+        });
+    a->pump->start();
+  };
+  hooks.data = [this, wa](proto::Stream st, std::string_view b) {
+    auto a = wa.lock();
+    if (!a) return;
+    FdWriter* w = st == proto::Stream::err && a->werr ? a->werr.get() : a->wout.get();
+    if (w) w->write(b);
+    pause_changed_();
+  };
+  hooks.lost = [wa](proto::Stream st, std::optional<std::uint64_t> bytes, std::uint64_t received) {
+    auto a = wa.lock();
+    if (!a) return;
+    const std::string_view name = proto::to_string(st);
+    a->lost.push_back(bytes ? fmt::format("{} bytes of {} lost: the data channel closed before its end", *bytes, name)
+                            : fmt::format("{} truncated: its eof never arrived ({} bytes received)", name, received));
+  };
+  hooks.ended = [this, wa](const host::ExecEnd& e) {
+    auto a = wa.lock();
+    if (!a) return;
+    a->status = host::exec_exit_status(e);
+    if (auto* f = std::get_if<proto::ExecFailed>(&e)) a->reason = f->reason;
+    else if (auto* lost = std::get_if<host::ExecLost>(&e)) a->reason = lost->reason;
+    const std::uint16_t proc = a->proc;
+    // The reply waits for the output to be written (or its reader to be gone).
+    for (FdWriter* w : {a->wout.get(), a->werr.get()})
+      if (w) w->on_empty = [this, proc] { finish(proc); };
+    finish(proc);
+  };
+  auto proc = host_->exec(vm_, std::move(x->exec), x->stdio, std::move(hooks));
+  if (!proc) return a->reply("error: " + proc.error().message, false);
+  a->proc = *proc;
+  live_[*proc] = a;
+}
+
+// ---- the client ----------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::string_view kExecHelp = R"(usage: neshost exec [-i] [-t] [-e K=V]... [-w DIR] [-u UID[:GID]] [--state DIR] VM [--] ARGV...
+
+Runs ARGV in the running VM's guest beside its workload, as `docker exec`: the workload's
+environment with -e on top, its working directory and user unless -w/-u say otherwise; its own
+stdout and stderr (here), and stdin with -i. Exit status: ARGV's; 128+N for signal N; 127 not
+found, 126 cannot run; 125 when the VM cannot be reached.
+
+  -i, --interactive   forward our stdin (else the process reads /dev/null)
+  -t, --tty           a pseudo-terminal sized like ours (raw mode here with -i; SIGWINCH resizes)
+  -e, --env K=V|K     environment (repeatable; K alone: its value here, if set)
+  -w, --workdir DIR   working directory (absolute)
+  -u, --user UID[:GID] uid and gid, numeric (GID alone defaults to UID)
+      --state DIR     the state directory (default: as neshost run)
+)";
+
+int exec_error(std::string_view what) {
+  fmt::print(stderr, "neshost exec: {}\n", what);
+  return 125;
+}
+
+}  // namespace
+
+int exec_main(const Args& args) {
+  static constexpr FlagSpec kExecFlags[] = {{"interactive", false, "-i"}, {"tty", false, "-t"}, {"env", true, "-e"},
+                                            {"workdir", true, "-w"}, {"user", true, "-u"}, {"state"}};
+  auto p = parse_flags(kExecFlags, args, FlagOrder::options_first);
+  if (!p) return usage_error("exec", p.error().message);
+  if (p->help) {
+    fmt::print("{}", kExecHelp);
+    return 0;
+  }
+  proto::Exec ex;
+  for (const auto& [name, v] : p->given) {
+    if (name == "env") {
+      auto kv = parse_env(v);
+      if (!kv) return usage_error("exec", kv.error().message);
+      if (*kv) ex.env[(*kv)->first] = (*kv)->second;
+    } else if (name == "workdir") {
+      auto w = parse_workdir(v);
+      if (!w) return usage_error("exec", w.error().message);
+      ex.cwd = std::move(*w);
+    } else if (name == "user") {
+      auto u = parse_user(v);
+      if (!u) return usage_error("exec", u.error().message);
+      std::tie(ex.uid, ex.gid) = *u;
+    }
+  }
+  const bool interactive = p->has("interactive"), tty = p->has("tty");
+  const auto state = p->get("state");
+  auto& pos = p->positional;
+  if (pos.empty()) return usage_error("exec", "a VM and ARGV are required");
+  const std::string vm = pos[0];
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("exec", "VM: " + id.error().message);
+  std::size_t i = 1;
+  if (i < pos.size() && pos[i] == "--") ++i;
+  if (i >= pos.size()) return usage_error("exec", "ARGV is required");
+  ex.argv.assign(pos.begin() + static_cast<std::ptrdiff_t>(i), pos.end());
+
+  proto::ExecProcess req;
+  req.proc = 1;  // the monitor numbers it
+  req.exec = std::move(ex);
+  req.stdio = proto::Stdio{};
+  req.stdio->attach_stdin = interactive;
+  if (tty) {
+    auto sz = terminal_size(0);
+    if (!sz) sz = terminal_size(1);
+    req.stdio->terminal = proto::Terminal{sz ? sz->rows : std::uint16_t{24}, sz ? sz->cols : std::uint16_t{80}};
+  }
+  if (auto ok = proto::validate(proto::HostMessage{req}); !ok) return usage_error("exec", ok.error().reason);
+  std::string flags = "e";
+  if (!p->has("workdir")) flags += 'c';
+  if (!p->has("user")) flags += 'u';
+
+  const fs::path ctl = host::control_path(state ? fs::path(*state) : default_state_dir(), vm);
+  // SIGWINCH is read from a signalfd while we wait (-t); blocked before anything can raise it.
+  sigset_t winch;
+  sigemptyset(&winch);
+  sigaddset(&winch, SIGWINCH);
+  host::Fd sfd;
+  if (tty) {
+    ::sigprocmask(SIG_BLOCK, &winch, nullptr);
+    sfd.reset(::signalfd(-1, &winch, SFD_CLOEXEC | SFD_NONBLOCK));
+  }
+  auto cs = ControlSession::open(ctl, "exec " + flags + " " + proto::encode(proto::HostMessage{req}), {0, 1, 2});
+  auto not_running = [&](const host::Error& e) { return exec_error(fmt::format("VM '{}' is not running ({})", vm, e.message)); };
+  if (!cs) return not_running(cs.error());
+  // The answer to the exec itself is bounded (an init that never answers: Host::kExecAnswerWait).
+  auto first = cs->read_line(host::Host::kExecAnswerWait + 5s);
+  // A VM still booting: the monitor says so and answers once the workload runs (its own
+  // deadlines bound that).
+  while (first && first->starts_with("ok waiting")) first = cs->read_line(std::nullopt);
+  // A monitor that closes before answering is ending with its VM (it had an outcome as we
+  // connected): the exec never started.
+  if (!first && first.error().err == ECONNRESET) return not_running(first.error());
+  if (!first) return exec_error(first.error().message);
+  if (first->starts_with("error: ")) return exec_error(first->substr(7));
+  std::uint16_t proc = 0;
+  std::unique_ptr<RawMode> raw;  // restored on every return below
+  if (first->starts_with("ok started ")) {
+    auto sp = first->rfind(' ');
+    auto n = parse_uint("proc", std::string_view(*first).substr(sp + 1), 1, 65535);
+    if (n) proc = static_cast<std::uint16_t>(*n);
+    if (tty && interactive && ::isatty(0)) {
+      auto r = RawMode::enter(0);
+      if (r) raw = std::move(*r);
+    }
+  }
+  std::string last = *first;
+  while (!last.starts_with("ok exit ") && !last.starts_with("error: ")) {
+    pollfd p[2] = {{cs->fd(), POLLIN, 0}, {sfd.get(), POLLIN, 0}};
+    int r = ::poll(p, sfd ? 2 : 1, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return exec_error(fmt::format("poll: {}", std::strerror(errno)));
+    if (sfd && (p[1].revents & POLLIN)) {
+      signalfd_siginfo si;
+      while (::read(sfd.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+      }
+      auto sz = terminal_size(0);
+      if (!sz) sz = terminal_size(1);
+      if (sz && proc) (void)control_request(ctl, fmt::format("resize {} {} {}", sz->rows, sz->cols, proc), 2s);
+    }
+    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      auto l = cs->read_line(2s);
+      if (!l) {
+        if (raw) raw->restore();
+        return exec_error(fmt::format("VM '{}': {}", vm, l.error().message));
+      }
+      last = *l;
+    }
+  }
+  if (raw) raw->restore();
+  if (last.starts_with("error: ")) return exec_error(last.substr(7));
+  const std::string_view rest = std::string_view(last).substr(8);
+  const auto sp = rest.find(' ');
+  auto status = parse_uint("status", rest.substr(0, sp), 0, 255);
+  if (!status) return exec_error(fmt::format("unexpected answer '{}'", last));
+  if (sp != std::string_view::npos) fmt::print(stderr, "neshost exec: {}\n", rest.substr(sp + 1));
+  return static_cast<int>(*status);
+}
+
+namespace {
+const Registrar exec_reg{{"exec", "run another process in a running VM (as docker exec)", exec_main}};
+}  // namespace
+
+}  // namespace nes::cli

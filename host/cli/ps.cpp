@@ -1,0 +1,327 @@
+// `neshost ps`, `stop`, `kill`, `rm`: the VMs of a state dir, from any process, each through the
+// one reconcile rule (host/reconcile.hpp) and the monitor's control socket (host/monitor.hpp).
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fmt/format.h>
+
+#include "host/cli/cli.hpp"
+#include "host/lib/escape.hpp"
+#include "host/lib/base.hpp"
+#include "host/monitor/monitor.hpp"
+#include "host/monitor/reconcile.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr std::string_view kPsHelp = R"(usage: neshost ps [--state DIR] [-a|--all]
+
+List the VMs of DIR (default: as `neshost run`): VM, generation, status, the monitor's pid,
+the workload's command. Only running ones unless -a. STATUS is the reconciled status every
+command agrees on: running, exited (CODE), failed (125), stopped (STATUS); "output lost" after
+the status when workload output was lost (125 then, unless a timeout's 124; `neshost inspect`).
+)";
+
+constexpr std::string_view kStopHelp = R"(usage: neshost stop [--state DIR] [-t S] VM
+
+Stop a running VM: the stop is persisted first (a natural exit that comes later does not turn the
+VM's status from stopped into exited), then its monitor shuts the guest down in order (SIGTERM
+to the workload, the init's grace, SIGKILL, power-off) as SIGTERM to `neshost run` does. Waits
+for the monitor to exit; after S seconds (default 30) the workload is sent SIGKILL, 30 s later
+the monitor is killed (its VMM dies with it). A VM whose workload has ended but whose output its
+monitor is still delivering (a slow reader) is ended at once: what it could not deliver is
+counted and recorded (`neshost run` then exits 125 saying so). Exit 0 once stopped, 1 if no such
+VM is running.
+)";
+
+constexpr std::string_view kKillHelp = R"(usage: neshost kill [--state DIR] [-s SIG] VM
+
+Send SIG (a name such as TERM or SIGUSR1, or a number 1..64; default KILL, as docker) to the
+workload's process group in a running VM, through its monitor. Exit 1 if no such VM is running
+or the guest cannot take it (e.g. the workload has exited).
+)";
+
+constexpr std::string_view kTopHelp = R"(usage: neshost top [--state DIR] VM
+
+List the processes running in a VM's guest, as `docker top` does: PID, PPID, UID and the
+command, pids as the guest sees them (1 is nesinit), kernel threads left out. Asked of the guest
+through the VM's monitor; at most 512 are listed (the rest counted). Exit 1 if no such VM is
+running or its guest does not answer within 2 s (an init that predates the request).
+)";
+
+constexpr std::string_view kRmHelp = R"(usage: neshost rm [--state DIR] [-f|--force] VM...
+
+Remove VMs' state (records, logs, the directory). A running VM is refused unless -f: then its
+workload is killed (SIGKILL), the guest powers off, and its state goes once the monitor exited.
+An ended VM (exited, failed, stopped) whose guest is still powering off is waited for, at most
+10 s (then refused as running: e.g. one kept up by --on-exit keep).
+Prints each VM removed. Exit 1 if any could not be removed.
+)";
+
+fs::path state_of(const Parsed& p) {
+  auto s = p.get("state");
+  return s ? fs::path(*s) : default_state_dir();
+}
+
+std::string status_cell(const host::VmState& s) {
+  if (s.status == host::VmStatus::running) return s.stop_requested ? "stopping" : "running";
+  const bool lost = s.record && host::output_lost(*s.record);
+  return fmt::format("{} ({}{})", host::to_string(s.status), s.exit_status.value_or(125), lost ? ", output lost" : "");
+}
+
+/// A pidfd for the VM's live monitor, opened and then checked again (the identity must still
+/// match), so a recycled pid can never be signalled or waited on.
+host::Fd monitor_pidfd(const host::VmState& s) {
+  if (!s.monitor || !s.monitor_alive) return {};
+  host::Fd fd{static_cast<int>(::syscall(SYS_pidfd_open, s.monitor->monitor.pid, 0))};
+  if (!fd || !host::is_alive(s.monitor->monitor)) return {};
+  return fd;
+}
+
+/// Wait up to `bound` for the process behind `pidfd` to exit. true if it did.
+bool wait_exit(const host::Fd& pidfd, std::chrono::milliseconds bound) {
+  pollfd pf{pidfd.get(), POLLIN, 0};
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() < 0) left = 0ms;
+    int r = ::poll(&pf, 1, static_cast<int>(left.count()));
+    if (r > 0) return true;
+    if (r == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+/// The VM's reconciled state, or a message (exit 1) saying there is none.
+std::optional<host::VmState> load(std::string_view cmd, const fs::path& state, const std::string& vm) {
+  auto s = host::reconcile(state, vm);
+  if (!s) {
+    fmt::print(stderr, "neshost {}: {}\n", cmd, s.error().message);
+    return std::nullopt;
+  }
+  if (!*s) {
+    fmt::print(stderr, "neshost {}: no {}VM '{}' in {}\n", cmd, cmd == "rm" ? "" : "running ", vm,
+               state.string());
+    return std::nullopt;
+  }
+  return **s;
+}
+
+/// End a live monitor's VM: `stop` (ordered) or `kill 9` through its control socket; if the
+/// monitor does not exit within `grace`, SIGKILL to the workload, then after 30 s SIGKILL to
+/// the monitor itself (its VMM has PR_SET_PDEATHSIG and dies with it). Returns false only if
+/// it is still alive after all of that.
+bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmState& s, bool ordered,
+                 std::chrono::milliseconds grace) {
+  host::Fd pidfd = monitor_pidfd(s);
+  if (!pidfd) return true;  // already gone
+  auto ctl = host::control_path(state, s.vm);
+  auto r = control_request(ctl, ordered ? "stop" : "kill 9");
+  if (!r || *r != "ok") {
+    // No control socket (or the guest cannot take the request now): SIGTERM asks the monitor
+    // for the same ordered shutdown.
+    if (!r) fmt::print(stderr, "neshost {}: {}; sending SIGTERM to the monitor\n", cmd, r.error().message);
+    ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
+  }
+  if (wait_exit(pidfd, grace)) return true;
+  (void)control_request(ctl, "kill 9");
+  if (wait_exit(pidfd, 30s)) return true;
+  fmt::print(stderr, "neshost {}: VM '{}' did not stop; killing its monitor (pid {})\n", cmd, s.vm,
+             s.monitor->monitor.pid);
+  ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+  return wait_exit(pidfd, 10s);
+}
+
+int ps_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"all", false, "-a"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("ps", p.error().message);
+  if (p->help) { fmt::print("{}", kPsHelp); return 0; }
+  if (!p->positional.empty()) return usage_error("ps", fmt::format("unexpected argument '{}'", p->positional[0]));
+  fs::path state = state_of(*p);
+  std::string out = fmt::format("{:<20} {:>4}  {:<14} {:>8}  {}\n", "VM", "GEN", "STATUS", "MONITOR", "COMMAND");
+  for (const auto& vm : host::list_vms(state)) {
+    auto s = host::reconcile(state, vm);
+    if (!s || !*s) continue;
+    const host::VmState& v = **s;
+    if (v.status != host::VmStatus::running && !p->has("all")) continue;
+    std::string cmd;
+    if (v.monitor)
+      for (const auto& a : v.monitor->command) cmd += (cmd.empty() ? "" : " ") + a;
+    if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
+    out += fmt::format("{:<20} {:>4}  {:<14} {:>8}  {}\n", vm, v.generation, status_cell(v),
+                       v.monitor_alive ? std::to_string(v.monitor->monitor.pid) : "-", cmd);
+  }
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+int stop_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"time", true, "-t"}, {"timeout"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("stop", p.error().message);
+  if (p->help) { fmt::print("{}", kStopHelp); return 0; }
+  if (p->positional.size() != 1) return usage_error("stop", "exactly one VM is required");
+  const std::string vm = p->positional[0];
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("stop", "VM: " + id.error().message);
+  std::chrono::milliseconds grace = 30s;
+  for (auto f : {"time", "timeout"})
+    if (auto v = p->get(f)) {
+      auto ms = parse_seconds(f, *v);
+      if (!ms) return usage_error("stop", ms.error().message);
+      grace = *ms;
+    }
+  fs::path state = state_of(*p);
+  auto s = load("stop", state, vm);
+  if (!s) return 1;
+  if (!s->monitor_alive) {
+    fmt::print(stderr, "neshost stop: no running VM '{}' in {} ({})\n", vm, state.string(),
+               status_cell(*s));
+    return 1;
+  }
+  if (s->status == host::VmStatus::running) {
+    // Persist first: from here on the status is stopped, whatever the workload does meanwhile.
+    auto st = host::persist_stop(state, vm, s->generation);
+    if (!st) {
+      fmt::print(stderr, "neshost stop: {}\n", st.error().message);
+      return 1;
+    }
+  }
+  // A VM kept up after its outcome (--on-exit keep) is stopped too: its monitor powers it off.
+  if (!end_monitor("stop", state, *s, true, grace)) return 1;
+  return 0;
+}
+
+/// "TERM", "SIGTERM", "15" -> 15. nullopt if unknown.
+std::optional<int> parse_signal(std::string_view v) {
+  if (!v.empty() && v[0] >= '0' && v[0] <= '9') {
+    auto n = parse_uint("signal", v, 1, 64);
+    return n ? std::optional<int>(static_cast<int>(*n)) : std::nullopt;
+  }
+  if (v.starts_with("SIG")) v.remove_prefix(3);
+  static constexpr std::pair<std::string_view, int> kNames[] = {
+      {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
+      {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"PIPE", SIGPIPE}, {"ALRM", SIGALRM},
+      {"TERM", SIGTERM}, {"CONT", SIGCONT}, {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
+      {"WINCH", SIGWINCH}};
+  for (auto [n, s] : kNames)
+    if (n == v) return s;
+  return std::nullopt;
+}
+
+int kill_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"signal", true, "-s"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("kill", p.error().message);
+  if (p->help) { fmt::print("{}", kKillHelp); return 0; }
+  if (p->positional.size() != 1) return usage_error("kill", "exactly one VM is required");
+  const std::string vm = p->positional[0];
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("kill", "VM: " + id.error().message);
+  int sig = SIGKILL;
+  if (auto v = p->get("signal")) {
+    auto s = parse_signal(*v);
+    if (!s) return usage_error("kill", fmt::format("--signal: expected a name (TERM, SIGUSR1, ...) or 1..64, got '{}'", *v));
+    sig = *s;
+  }
+  fs::path state = state_of(*p);
+  auto s = load("kill", state, vm);
+  if (!s) return 1;
+  if (s->status != host::VmStatus::running || !monitor_pidfd(*s)) {
+    fmt::print(stderr, "neshost kill: no running VM '{}' in {} ({})\n", vm, state.string(), status_cell(*s));
+    return 1;
+  }
+  auto r = control_request(host::control_path(state, vm), fmt::format("kill {}", sig));
+  if (!r) { fmt::print(stderr, "neshost kill: {}\n", r.error().message); return 1; }
+  if (*r != "ok") { fmt::print(stderr, "neshost kill: VM '{}': {}\n", vm, *r); return 1; }
+  return 0;
+}
+
+int top_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("top", p.error().message);
+  if (p->help) { fmt::print("{}", kTopHelp); return 0; }
+  if (p->positional.size() != 1) return usage_error("top", "exactly one VM is required");
+  const std::string vm = p->positional[0];
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("top", "VM: " + id.error().message);
+  fs::path state = state_of(*p);
+  auto s = load("top", state, vm);
+  if (!s) return 1;
+  if (s->status != host::VmStatus::running || !monitor_pidfd(*s)) {
+    fmt::print(stderr, "neshost top: no running VM '{}' in {} ({})\n", vm, state.string(), status_cell(*s));
+    return 1;
+  }
+  auto list = guest_processes(host::control_path(state, vm));
+  if (!list) { fmt::print(stderr, "neshost top: VM '{}': {}\n", vm, list.error().message); return 1; }
+  std::string out = fmt::format("{:<8} {:<8} {:<8} {}\n", "PID", "PPID", "UID", "CMD");
+  for (const auto& pi : list->processes)
+    out += fmt::format("{:<8} {:<8} {:<8} {}\n", pi.pid, pi.ppid, pi.uid, host::escape_text(pi.cmd));
+  if (list->truncated) out += fmt::format("({} more not listed)\n", list->truncated);
+  fmt::print("{}", out);
+  return 0;
+}
+
+int rm_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"force", false, "-f"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("rm", p.error().message);
+  if (p->help) { fmt::print("{}", kRmHelp); return 0; }
+  if (p->positional.empty()) return usage_error("rm", "VM is required");
+  for (const auto& vm : p->positional)
+    if (auto id = host::check_vm_id(vm); !id) return usage_error("rm", "VM: " + id.error().message);
+  fs::path state = state_of(*p);
+  int rc = 0;
+  for (const auto& vm : p->positional) {
+    auto s = load("rm", state, vm);
+    if (!s) {
+      // A directory with neither a record nor a monitor file is still removable debris.
+      std::error_code ec;
+      if (!fs::is_directory(state / vm, ec)) { rc = 1; continue; }
+    } else if (s->monitor_alive) {
+      // Ended (its outcome recorded) but its monitor still powering the guest off: what `ps`
+      // shows as exited is removable, as docker's `wait X && rm X` expects; give the power-off
+      // the claim's settle time (host/reconcile.hpp) before calling it running.
+      if (s->status != host::VmStatus::running)
+        if (host::Fd pidfd = monitor_pidfd(*s); pidfd && wait_exit(pidfd, 10s)) {
+          auto again = load("rm", state, vm);
+          if (again) s = std::move(again);
+        }
+    }
+    if (s && s->monitor_alive) {
+      if (!p->has("force")) {
+        fmt::print(stderr, "neshost rm: VM '{}' is running; stop it first or use rm -f\n", vm);
+        rc = 1;
+        continue;
+      }
+      if (!end_monitor("rm", state, *s, false, 10s)) {
+        fmt::print(stderr, "neshost rm: VM '{}' is still running\n", vm);
+        rc = 1;
+        continue;
+      }
+    }
+    if (auto r = host::remove_vm(state, vm); !r) {
+      fmt::print(stderr, "neshost rm: {}\n", r.error().message);
+      rc = 1;
+      continue;
+    }
+    std::fputs((vm + "\n").c_str(), stdout);
+  }
+  return rc;
+}
+
+const Registrar ps_reg{{"ps", "list VMs and their reconciled status", ps_main}};
+const Registrar stop_reg{{"stop", "stop a running VM (ordered shutdown, persisted as stopped)", stop_main}};
+const Registrar kill_reg{{"kill", "send a signal to a running VM's workload", kill_main}};
+const Registrar top_reg{{"top", "list the processes in a running VM's guest", top_main}};
+const Registrar rm_reg{{"rm", "remove a VM's state (-f: a running one too)", rm_main}};
+
+}  // namespace
+}  // namespace nes::cli

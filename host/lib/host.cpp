@@ -1,0 +1,1298 @@
+#include "host/lib/host.hpp"
+
+#include <sys/socket.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <deque>
+#include <filesystem>
+#include <fmt/format.h>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "protocol/codec.hpp"
+
+namespace nes::host {
+
+namespace asio = boost::asio;
+using boost::system::error_code;
+using generic_stream = asio::generic::stream_protocol;
+using unix_acceptor = asio::local::stream_protocol::acceptor;
+using generic_acceptor = asio::basic_socket_acceptor<generic_stream>;
+
+namespace detail {
+
+/// One guest byte stream (Unix, vsock, or handed-in fd), framed by its own reader.
+struct Stream {
+  Stream(asio::io_context& io, int fd, int family, std::size_t line_cap)
+      : sock(io), flush_timer(io), reader(line_cap) {
+    error_code ec;
+    sock.assign(generic_stream(family, 0), fd, ec);
+    if (ec) ::close(fd);
+  }
+  generic_stream::socket sock;
+  asio::steady_timer flush_timer;  // bounds the final flush before close
+  proto::LineReader reader;        // the guest's lines: at most line_cap + 1 bytes of one held
+  std::deque<std::string> outq;
+  std::size_t out_bytes = 0;
+  bool writing = false;
+  bool closed = false;          // the session is done with it (no more events from it)
+  bool close_after_flush = false;
+};
+
+/// One registered VM generation and its I/O objects.
+struct Vm {
+  Vm(asio::io_context& io, SessionConfig cfg)
+      : core(std::move(cfg)), ready_timer(io), wall_timer(io), stop_timer(io), grace_timer(io),
+        reconnect_timer(io) {}
+  Session core;
+  std::shared_ptr<Stream> stream;
+  std::shared_ptr<unix_acceptor> acceptor;
+  std::string socket_path;  // unlinked when the session finishes
+  asio::steady_timer ready_timer, wall_timer, stop_timer, grace_timer, reconnect_timer;
+  std::uint64_t timer_seq[5] = {0, 0, 0, 0, 0};  // one per TimerKind
+  std::vector<std::function<void(WaitResult)>> waiters;
+  std::optional<WaitResult> result;  // settled: durable record, or why not
+  bool draining = false;
+  // The data channel (workload stdio) and the built-in log.
+  std::shared_ptr<unix_acceptor> data_acceptor;
+  std::string data_socket_path;
+  std::shared_ptr<DataLink> data;
+  bool data_ever = false;
+  bool output_paused = false;
+  std::optional<std::pair<std::uint16_t, std::uint16_t>> pending_resize;  // rows, cols for the data channel
+  std::shared_ptr<AsyncLog> log;
+  bool finishing = false;  // "finished" is held until the data channel and the log are closed
+  std::function<void()> data_finished_cb;  // run once the data channel has closed
+  bool workload_started = false;  // `started` seen: the workload's streams were live
+  std::uint64_t stop_mark = 0;    // DataLink::bytes_in() when the stop deadline was last armed
+  bool stop_deferred_said = false;
+  // Output the host did not deliver (docs/host.md "Output lost"). The guest's output_lost
+  // reports, by (proc, stream): once each; kept here until that stream's data has ended on this
+  // side (the data channel closed, or the exec'd process ended), when `received` is final.
+  std::map<std::pair<std::uint16_t, proto::Stream>, proto::OutputEnd> loss_pending;
+  std::set<std::pair<std::uint16_t, proto::Stream>> loss_reported;
+  Record loss;             // the workload's lost, truncated and lost_reason, for the amendment
+  std::string cut_reason;  // why the data channel closed before the workload's output ended
+  // Host::async_list_processes requests waiting for the guest's `processes`, oldest first; each
+  // with its deadline's timer.
+  struct ProcessWaiter {
+    std::function<void(Result<proto::Processes>)> handler;
+    std::shared_ptr<asio::steady_timer> deadline;
+  };
+  std::deque<ProcessWaiter> process_waiters;
+  // Processes exec() started and not yet ended, by process number.
+  struct ExecProc {
+    ExecHooks hooks;
+    bool has_stdio = false;
+    bool started = false;
+    bool out_eof = false, err_eof = false;
+    bool terminal = false;
+    std::optional<proto::ExecExited> exited;     // reported, its output still on its way
+    std::shared_ptr<asio::steady_timer> timer;   // the answer's bound, then the output's
+    std::uint64_t mark = 0;                      // DataLink::bytes_in() when `timer` was armed
+    bool deferred_said = false;                  // exec_output_wait emitted
+  };
+  std::map<std::uint16_t, ExecProc> execs;
+  std::uint16_t next_proc = 1;
+
+  const std::string& id() const { return core.config().vm; }
+  std::uint64_t generation() const { return core.config().generation; }
+  asio::steady_timer& timer(TimerKind k) {
+    switch (k) {
+      case TimerKind::ready: return ready_timer;
+      case TimerKind::wall: return wall_timer;
+      case TimerKind::stop: return stop_timer;
+      case TimerKind::grace: return grace_timer;
+      case TimerKind::reconnect: return reconnect_timer;
+    }
+    return stop_timer;
+  }
+};
+
+/// The group commit of the host's state dir: outcomes that become final while a batch is being
+/// written queue here and are written together as a next batch (write_records), sharing its
+/// journal commits and cache flushes. Up to `writers` batches are in flight on the worker pool, so
+/// one batch is prepared and written while another waits for its fsyncs; a lone record goes at once.
+struct RecordQueue {
+  using Done = std::function<void(Result<WriteResult>)>;
+  std::mutex mu;
+  std::deque<std::pair<Record, Done>> pending;  // bounded by the registered VMs (one each)
+  std::size_t running = 0;                      // drain jobs taking batches from `pending`
+  std::size_t writers = 2;                      // at most this many
+
+  /// Queue a record; true if the caller must start a drain job for it.
+  bool push(Record r, Done done) {
+    std::lock_guard<std::mutex> l(mu);
+    pending.emplace_back(std::move(r), std::move(done));
+    if (running >= writers) return false;
+    ++running;
+    return true;
+  }
+
+  /// Write batches until the queue is empty. On a worker thread; `done` runs there too.
+  static void drain(const std::shared_ptr<RecordQueue>& q, const std::filesystem::path& dir,
+                    const WriteOptions& opt) {
+    for (;;) {
+      std::vector<Record> batch;
+      std::vector<Done> dones;
+      {
+        std::lock_guard<std::mutex> l(q->mu);
+        if (q->pending.empty()) {
+          --q->running;
+          return;
+        }
+        while (!q->pending.empty() && batch.size() < std::max<std::size_t>(1, opt.batch_records)) {
+          batch.push_back(std::move(q->pending.front().first));
+          dones.push_back(std::move(q->pending.front().second));
+          q->pending.pop_front();
+        }
+      }
+      auto res = write_records(dir, batch, opt);
+      for (std::size_t i = 0; i < dones.size(); ++i) dones[i](std::move(res[i]));
+    }
+  }
+};
+
+}  // namespace detail
+
+using detail::RecordQueue;
+using detail::Stream;
+using detail::Vm;
+
+struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
+  Impl(asio::io_context& io_, HostOptions opt_)
+      : io(io_), opt(std::move(opt_)), pool(std::max<std::size_t>(1, opt.writer_threads) + 1) {
+    records->writers = std::max<std::size_t>(1, opt.writer_threads);
+  }
+
+  asio::io_context& io;
+  HostOptions opt;
+  asio::thread_pool pool;
+  std::shared_ptr<RecordQueue> records = std::make_shared<RecordQueue>();
+  std::map<std::string, std::shared_ptr<Vm>> vms;
+  CidRegistry cids;
+  std::shared_ptr<generic_acceptor> vsock;
+  std::shared_ptr<generic_acceptor> vsock_data;
+
+  std::shared_ptr<Vm> find(const std::string& vm) const {
+    auto it = vms.find(vm);
+    return it == vms.end() ? nullptr : it->second;
+  }
+  bool current(const std::shared_ptr<Vm>& vm) const { return find(vm->id()) == vm; }
+
+  void emit(const Vm& vm, std::string kind, std::string detail,
+            act::Milestone m = act::Milestone::other) {
+    if (!opt.on_event) return;
+    std::optional<proto::Outcome> o;
+    if (vm.core.outcome() && (m == act::Milestone::outcome || m == act::Milestone::recorded))
+      o = vm.core.outcome()->outcome;
+    opt.on_event(Event{vm.id(), vm.generation(), std::move(kind), std::move(detail), m, o});
+  }
+
+  // ---- actions ----
+
+  void drain(const std::shared_ptr<Vm>& vm) {
+    if (vm->draining) return;  // a hook re-entered: the outer loop picks up the new actions
+    vm->draining = true;
+    for (;;) {
+      auto acts = vm->core.take();
+      if (acts.empty()) break;
+      for (auto& a : acts) execute(vm, a);
+    }
+    vm->draining = false;
+  }
+
+  void execute(const std::shared_ptr<Vm>& vm, Action& a) {
+    std::visit(
+        [&](auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, act::Send>) {
+            send(vm, proto::encode_line(x.msg));
+          } else if constexpr (std::is_same_v<T, act::CloseStream>) {
+            close_stream(vm);
+          } else if constexpr (std::is_same_v<T, act::ArmTimer>) {
+            arm(vm, x.kind, x.after);
+          } else if constexpr (std::is_same_v<T, act::CancelTimer>) {
+            ++vm->timer_seq[static_cast<int>(x.kind)];
+            vm->timer(x.kind).cancel();
+          } else if constexpr (std::is_same_v<T, act::WriteRecord>) {
+            write(vm, std::move(x.record));
+          } else if constexpr (std::is_same_v<T, act::CallDestroy>) {
+            if (opt.hooks.destroy) opt.hooks.destroy(vm->id(), vm->generation());
+          } else if constexpr (std::is_same_v<T, act::CallRemove>) {
+            if (opt.hooks.remove) opt.hooks.remove(vm->id(), vm->generation());
+          } else if constexpr (std::is_same_v<T, act::Log>) {
+            if (x.milestone == act::Milestone::finished) return finish_data(vm, std::move(x.detail));
+            if (x.milestone == act::Milestone::started) vm->workload_started = true;
+            emit(*vm, std::move(x.kind), std::move(x.detail), x.milestone);
+          } else if constexpr (std::is_same_v<T, act::Finished>) {
+            finished(vm);
+          } else if constexpr (std::is_same_v<T, act::Processes>) {
+            answer_processes(vm, std::move(x.list));
+          } else if constexpr (std::is_same_v<T, act::ExecReport>) {
+            exec_report(vm, std::move(x.report));
+          } else if constexpr (std::is_same_v<T, act::OutputEnd>) {
+            output_end(vm, x.report);
+          }
+        },
+        a);
+  }
+
+  void send(const std::shared_ptr<Vm>& vm, std::string line) {
+    auto st = vm->stream;
+    if (!st || st->closed) return;
+    if (st->out_bytes + line.size() > opt.send_cap) {
+      emit(*vm, "send_dropped", "the guest is not reading");
+      return;
+    }
+    st->out_bytes += line.size();
+    st->outq.push_back(std::move(line));
+    start_write(st);
+  }
+
+  static void hard_close(const std::shared_ptr<Stream>& st) {
+    error_code ec;
+    st->flush_timer.cancel();
+    st->sock.close(ec);
+    st->outq.clear();
+    st->out_bytes = 0;
+  }
+
+  static void start_write(const std::shared_ptr<Stream>& st) {
+    if (st->writing || st->outq.empty() || !st->sock.is_open()) return;
+    st->writing = true;
+    asio::async_write(st->sock, asio::buffer(st->outq.front()), [st](error_code ec, std::size_t) {
+      st->writing = false;
+      if (ec) {
+        // The guest went away; the read side reports it. Nothing more can be sent.
+        st->outq.clear();
+        st->out_bytes = 0;
+        if (st->close_after_flush) hard_close(st);
+        return;
+      }
+      st->out_bytes -= st->outq.front().size();
+      st->outq.pop_front();
+      if (st->outq.empty() && st->close_after_flush) {
+        hard_close(st);
+        return;
+      }
+      start_write(st);
+    });
+  }
+
+  void close_stream(const std::shared_ptr<Vm>& vm) {
+    auto st = std::exchange(vm->stream, nullptr);
+    if (!st) return;
+    fail_process_waiters(vm, "list_processes: the guest's stream closed before it answered");
+    fail_execs(vm, "the guest's stream closed before the process's end was reported");
+    st->closed = true;
+    error_code ec;
+    // Stop reading now; let queued lines (e.g. the `shutdown` ack) go out, bounded by 1 s.
+    st->sock.shutdown(asio::socket_base::shutdown_receive, ec);
+    if (st->outq.empty()) {
+      hard_close(st);
+      return;
+    }
+    st->close_after_flush = true;
+    st->flush_timer.expires_after(std::chrono::seconds(1));
+    st->flush_timer.async_wait([st](error_code e) {
+      if (!e) hard_close(st);
+    });
+  }
+
+  void arm(const std::shared_ptr<Vm>& vm, TimerKind k, std::chrono::milliseconds after) {
+    auto seq = ++vm->timer_seq[static_cast<int>(k)];
+    auto& t = vm->timer(k);
+    t.expires_after(after);
+    if (k == TimerKind::stop) vm->stop_mark = vm->data ? vm->data->bytes_in() : 0;
+    std::weak_ptr<Impl> w = shared_from_this();
+    t.async_wait([w, vm, k, seq, after](error_code ec) {
+      auto self = w.lock();
+      if (ec || !self || vm->timer_seq[static_cast<int>(k)] != seq || !self->current(vm)) return;
+      if (k == TimerKind::stop && self->defer_stop(vm, after)) return;
+      vm->core.timer_fired(k, wall_now());
+      self->drain(vm);
+    });
+  }
+
+  /// The stop deadline fired while the data channel is open. Output that still moves (reads
+  /// paused for a slow consumer, bytes unread in the socket, bytes read since it was armed) is a
+  /// live guest delivering to a live consumer: the deadline restarts (the mirror of the init's
+  /// drain window) — unless the host ends this VM on purpose (shutdown(), the wall limit), whose
+  /// deadline is kept. A channel at rest, or one the host ends, is closed early once the outcome
+  /// is in, and the guest gets HostOptions::data_drain to count what it could not deliver and
+  /// power off before the deadline runs its course (destroy). true: handled here, the session
+  /// not told.
+  bool defer_stop(const std::shared_ptr<Vm>& vm, std::chrono::milliseconds after) {
+    if (!vm->data || !vm->data->is_open()) return false;
+    if (!vm->core.ended_by_host() && vm->data->moving(vm->stop_mark)) {
+      if (!std::exchange(vm->stop_deferred_said, true))
+        emit(*vm, "stop_deferred", fmt::format("the workload's output is still being read; the stop deadline "
+                                               "restarts ({} ms) while it moves", after.count()));
+      arm(vm, TimerKind::stop, after);
+      return true;
+    }
+    // Also before an outcome: a workload blocked on output the host no longer reads is let go
+    // (the guest discards the rest, counted), so it can end and be reported before the destroy.
+    if (vm->core.vm_gone() || (!vm->core.outcome() && !vm->core.ended_by_host())) return false;
+    cut_output(vm, !vm->core.ended_by_host()
+                       ? fmt::format("the guest did not power off within the stop deadline ({} ms)", after.count())
+                   : vm->core.outcome() && vm->core.outcome()->outcome == proto::Outcome::timeout
+                       ? std::string("the VM reached its time limit while its output was still being read")
+                       : std::string("the VM was stopped while its output was still being read"),
+               true);
+    arm(vm, TimerKind::stop, opt.data_drain);
+    return true;
+  }
+
+  /// The host ends the wait for the workload's output on purpose (after the outcome, while the
+  /// data channel is open): it closes the channel before the eofs; the guest counts what it
+  /// could not deliver (output_lost) and powers off. `why` goes into the record's lost_reason.
+  void cut_output(const std::shared_ptr<Vm>& vm, std::string why, bool before_outcome = false) {
+    if (!vm->data || !vm->data->is_open() || (!vm->core.outcome() && !before_outcome)) return;
+    vm->cut_reason = std::move(why);
+    emit(*vm, "output_cut", vm->cut_reason);
+    vm->data->close();
+    drain(vm);
+  }
+
+  // ---- output the host did not deliver (docs/host.md "Output lost") ----
+
+  /// The guest's output_end account: counted once per stream, settled once that stream's data has
+  /// ended here (received is final then).
+  void output_end(const std::shared_ptr<Vm>& vm, const proto::OutputEnd& r) {
+    if (r.proc != 0 && r.proc >= vm->next_proc) return;  // a number never opened: nothing of ours
+    if (!vm->loss_reported.insert({r.proc, r.stream}).second) return;  // once per stream
+    const bool ended = r.proc == 0 ? !(vm->data && vm->data->is_open()) : !vm->execs.count(r.proc);
+    if (ended) settle_loss(vm, r, nullptr);
+    else vm->loss_pending[{r.proc, r.stream}] = r;
+  }
+
+  /// The exact loss of one stream: unsent + sent - bytes of it received. Reported when not 0:
+  /// an event, and for the workload a gap in its log and the record's `lost`; for an exec'd
+  /// process its `lost` hook, when it is still there.
+  void settle_loss(const std::shared_ptr<Vm>& vm, const proto::OutputEnd& r, const ExecHooks* hooks) {
+    const std::uint64_t received = vm->data ? vm->data->tally(r.proc, r.stream).received : 0;
+    const std::uint64_t owed = r.sent + r.unsent;  // each at most 2^53 (the decoder's bound)
+    const std::uint64_t lost = owed > received ? owed - received : 0;
+    if (lost == 0) return;  // all of it arrived
+    const std::string_view name = proto::to_string(r.stream);
+    if (r.proc != 0) {
+      emit(*vm, "output_lost", fmt::format("proc={} {} {} bytes", r.proc, name, lost));
+      if (hooks && hooks->lost) hooks->lost(r.stream, lost, received);
+      return;
+    }
+    (r.stream == proto::Stream::err ? vm->loss.lost.err : vm->loss.lost.out) = lost;
+    if (vm->loss.lost_reason.empty())
+      vm->loss.lost_reason = vm->cut_reason.empty() ? "the data channel closed before its end" : vm->cut_reason;
+    emit(*vm, "output_lost", fmt::format("{} {} bytes", name, lost));
+    if (vm->log)
+      vm->log->push_gap(static_cast<OutputStream>(r.stream), fmt::format("{} bytes of {} lost", lost, name), wall_now());
+  }
+
+  /// The data channel ended (closed by either side, or failed). Before the workload's eofs: the
+  /// guest counts what it could not deliver (output_lost), which the session then waits for.
+  void data_ended(const std::shared_ptr<Vm>& vm, const std::string& error) {
+    if (!vm->data->outputs_done()) {
+      if (vm->cut_reason.empty() && !error.empty()) vm->cut_reason = "the data channel failed: " + error;
+      vm->core.expect_output_reports();
+    }
+    for (auto it = vm->loss_pending.begin(); it != vm->loss_pending.end();) {
+      if (it->first.first != 0) { ++it; continue; }
+      auto r = it->second;
+      it = vm->loss_pending.erase(it);
+      settle_loss(vm, r, nullptr);
+    }
+  }
+
+  /// The session is finished and the data channel closed: reports still waiting are settled; a
+  /// workload stream that ended without its eof and that nothing counted is truncated.
+  void settle_output(const std::shared_ptr<Vm>& vm) {
+    for (auto& [key, r] : std::exchange(vm->loss_pending, {})) settle_loss(vm, r, nullptr);
+    if (!vm->data || !vm->workload_started) return;
+    const bool terminal = vm->core.config().descriptor.stdio && vm->core.config().descriptor.stdio->terminal;
+    for (auto st : {proto::Stream::out, proto::Stream::err}) {
+      if (st == proto::Stream::err && terminal) continue;  // a terminal has one stream
+      const auto t = vm->data->tally(0, st);
+      if (t.eof || vm->loss_reported.count({0, st})) continue;
+      const std::string_view name = proto::to_string(st);
+      (st == proto::Stream::err ? vm->loss.truncated.err : vm->loss.truncated.out) = t.received;
+      emit(*vm, "output_truncated", fmt::format("{}: its eof never arrived ({} bytes received)", name, t.received));
+      if (vm->log)
+        vm->log->push_gap(static_cast<OutputStream>(st),
+                          fmt::format("{} truncated: its eof never arrived ({} bytes received)", name, t.received),
+                          wall_now());
+    }
+  }
+
+  /// What was lost of the output goes into the durable record (amend_record, on the worker
+  /// pool), then `then` runs on the io_context. Nothing to write: `then` at once.
+  void amend_then(const std::shared_ptr<Vm>& vm, std::function<void()> then) {
+    const auto& rec = vm->core.outcome();
+    if ((vm->loss.lost.empty() && vm->loss.truncated.empty()) || !vm->core.durable() || !rec) return then();
+    Record r = *rec;
+    r.lost = vm->loss.lost;
+    r.truncated = vm->loss.truncated;
+    r.lost_reason = vm->loss.lost_reason;
+    std::weak_ptr<Impl> w = shared_from_this();
+    asio::post(pool, [w, vm, r, then, dir = opt.state_dir, wopt = opt.write, &io = io] {
+      auto res = amend_record(dir, r, wopt);
+      asio::post(io, [w, vm, res = std::move(res), then] {
+        auto self = w.lock();
+        if (!self) return;
+        if (res && res->kind == WriteResult::Kind::written) {
+          vm->core.record_amended(res->on_disk);
+          vm->result = WaitResult{res->on_disk};
+          std::string said;
+          for (const auto& l : describe_loss(res->on_disk)) said += (said.empty() ? "" : "; ") + l;
+          self->emit(*vm, "record_amended", said);
+        } else {
+          self->emit(*vm, "record_error",
+                     res ? std::string("amending the record: a newer generation is on disk")
+                         : "amending the record: " + res.error().message);
+        }
+        then();
+      });
+    });
+  }
+
+  /// Queue the record for the next group commit; record_done() runs on the io_context once it
+  /// is durable (or failed).
+  void write(const std::shared_ptr<Vm>& vm, Record rec) {
+    std::weak_ptr<Impl> w = shared_from_this();
+    auto done = [w, vm, rec, &io = io](Result<WriteResult> res) mutable {
+      asio::post(io, [w, vm, res = std::move(res), rec = std::move(rec)]() mutable {
+        auto self = w.lock();
+        if (!self) return;
+        self->record_done(vm, rec, res);
+      });
+    };
+    if (records->push(std::move(rec), std::move(done)))
+      asio::post(pool, [q = records, dir = opt.state_dir, wopt = opt.write] {
+        RecordQueue::drain(q, dir, wopt);
+      });
+  }
+
+  void record_done(const std::shared_ptr<Vm>& vm, const Record& rec, Result<WriteResult>& res) {
+    bool cur = current(vm);
+    if (!res) {
+      vm->core.record_failed(res.error().message);
+      settle(vm, Error{res.error().message});
+    } else if (res->kind == WriteResult::Kind::stale) {
+      std::string why = fmt::format(
+          "stale generation: {} generation {} is not recorded; the state dir holds generation {}",
+          rec.vm, rec.generation, res->on_disk.generation);
+      vm->core.record_failed(why);
+      settle(vm, Error{why});
+    } else {
+      vm->core.record_durable(res->on_disk);
+      settle(vm, res->on_disk);
+    }
+    if (cur) drain(vm);
+    else vm->core.take();  // superseded generation: its late actions are ignored
+  }
+
+  void settle(const std::shared_ptr<Vm>& vm, WaitResult r) {
+    if (vm->result) return;
+    vm->result = r;
+    auto ws = std::move(vm->waiters);
+    vm->waiters.clear();
+    for (auto& h : ws) asio::post(io, [h = std::move(h), r]() { h(r); });
+  }
+
+  /// The oldest waiting async_list_processes request gets `r` (posted: never re-entrant).
+  void answer_processes(const std::shared_ptr<Vm>& vm, Result<proto::Processes> r) {
+    if (vm->process_waiters.empty()) return;  // late: its request already timed out
+    auto w = std::move(vm->process_waiters.front());
+    vm->process_waiters.pop_front();
+    w.deadline->cancel();
+    asio::post(io, [h = std::move(w.handler), r = std::move(r)]() mutable { h(std::move(r)); });
+  }
+  void fail_process_waiters(const std::shared_ptr<Vm>& vm, const std::string& why) {
+    while (!vm->process_waiters.empty()) answer_processes(vm, Error{why});
+  }
+
+  // ---- exec ----
+  void exec_report(const std::shared_ptr<Vm>& vm,
+                   std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> r) {
+    const std::uint16_t proc = std::visit([](const auto& m) { return m.proc; }, r);
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;  // not ours (late, or never asked for): nothing to tell
+    Vm::ExecProc& x = it->second;
+    if (auto* st = std::get_if<proto::ExecStarted>(&r)) {
+      if (x.started) return;
+      x.started = true;
+      if (x.timer) x.timer->cancel();
+      if (vm->data) vm->data->exec_started(proc);
+      emit(*vm, "exec_started", fmt::format("proc={} pid={}", proc, st->pid));
+      if (x.hooks.started) x.hooks.started(st->pid);
+      return;
+    }
+    if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
+      emit(*vm, "exec_failed", fmt::format("proc={} {}", proc, f->reason.substr(0, 256)));
+      return end_exec(vm, proc, *f);
+    }
+    x.exited = std::get<proto::ExecExited>(r);
+    emit(*vm, "exec_exited", fmt::format("proc={} {}", proc,
+                                         x.exited->signal ? fmt::format("signal={}", *x.exited->signal)
+                                                          : fmt::format("exit_code={}", *x.exited->exit_code)));
+    if (exec_outputs_done(x)) return end_exec(vm, proc, *x.exited);
+    // Its last output may still be on the data channel (another connection): bounded.
+    arm_exec_timer(vm, proc, opt.data_drain);
+  }
+
+  static bool exec_outputs_done(const Vm::ExecProc& x) {
+    return !x.has_stdio || (x.out_eof && (x.err_eof || x.terminal));
+  }
+
+  void arm_exec_timer(const std::shared_ptr<Vm>& vm, std::uint16_t proc, std::chrono::milliseconds after) {
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;
+    auto t = std::make_shared<asio::steady_timer>(io, after);
+    if (it->second.timer) it->second.timer->cancel();
+    it->second.timer = t;
+    it->second.mark = vm->data ? vm->data->bytes_in() : 0;
+    std::weak_ptr<Vm> wv = vm;
+    std::weak_ptr<Impl> w = shared_from_this();
+    t->async_wait([w, wv, proc, t, after](error_code ec) {
+      auto self = w.lock();
+      auto vm = wv.lock();
+      if (ec || !vm || !self) return;
+      auto it = vm->execs.find(proc);
+      if (it == vm->execs.end() || it->second.timer != t) return;
+      // Its last output may be behind a slow consumer (reads paused) or still on its way (bytes
+      // unread in the socket, or read since): the window restarts rather than dropping it.
+      if (it->second.exited && vm->data && vm->data->moving(it->second.mark)) {
+        if (!std::exchange(it->second.deferred_said, true))
+          self->emit(*vm, "exec_output_wait",
+                     fmt::format("proc={}: its output still moves; its {} ms window restarts", proc, after.count()));
+        return self->arm_exec_timer(vm, proc, after);
+      }
+      if (it->second.exited) return self->end_exec(vm, proc, *it->second.exited);
+      self->end_exec(vm, proc, ExecLost{"no answer to exec in time (an init without exec?)"});
+    });
+  }
+
+  /// Output of process `proc` from the data channel.
+  void exec_data(const std::shared_ptr<Vm>& vm, std::uint16_t proc, DataEvent& e) {
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;
+    Vm::ExecProc& x = it->second;
+    if (auto* o = std::get_if<data_ev::Output>(&e)) {
+      if (x.hooks.data) x.hooks.data(o->stream, o->bytes);
+    } else if (auto* eo = std::get_if<data_ev::Eof>(&e)) {
+      (eo->stream == proto::Stream::err ? x.err_eof : x.out_eof) = true;
+      if (x.hooks.eof) x.hooks.eof(eo->stream);
+      if (x.exited && exec_outputs_done(x)) end_exec(vm, proc, *x.exited);
+    }
+  }
+
+  void end_exec(const std::shared_ptr<Vm>& vm, std::uint16_t proc, ExecEnd e) {
+    auto it = vm->execs.find(proc);
+    if (it == vm->execs.end()) return;
+    Vm::ExecProc x = std::move(it->second);
+    vm->execs.erase(it);
+    if (x.timer) x.timer->cancel();
+    if (vm->data) vm->data->close_exec(proc);
+    // Its streams have ended here: what the guest counted is settled now; a stream without its
+    // eof that nothing counted (yet) is said to be truncated, before `ended`.
+    for (auto st : {proto::Stream::out, proto::Stream::err}) {
+      if (!x.has_stdio || !x.started || (st == proto::Stream::err && x.terminal)) continue;
+      if (auto r = vm->loss_pending.find({proc, st}); r != vm->loss_pending.end()) {
+        auto report = r->second;
+        vm->loss_pending.erase(r);
+        settle_loss(vm, report, &x.hooks);
+        continue;
+      }
+      const auto t = vm->data ? vm->data->tally(proc, st) : DataLink::Tally{};
+      if (t.eof || vm->loss_reported.count({proc, st})) continue;
+      emit(*vm, "output_truncated", fmt::format("proc={} {}: its eof never arrived ({} bytes received)", proc,
+                                                proto::to_string(st), t.received));
+      if (x.hooks.lost) x.hooks.lost(st, std::nullopt, t.received);
+    }
+    if (auto* lost = std::get_if<ExecLost>(&e)) emit(*vm, "exec_lost", fmt::format("proc={} {}", proc, lost->reason));
+    if (x.hooks.ended) x.hooks.ended(e);
+  }
+
+  void fail_execs(const std::shared_ptr<Vm>& vm, const std::string& why) {
+    while (!vm->execs.empty()) {
+      const std::uint16_t proc = vm->execs.begin()->first;
+      auto& x = vm->execs.begin()->second;
+      if (x.exited) end_exec(vm, proc, *x.exited);
+      else end_exec(vm, proc, ExecLost{why});
+    }
+  }
+
+  void finished(const std::shared_ptr<Vm>& vm) {
+    fail_process_waiters(vm, "list_processes: the session is over");
+    fail_execs(vm, "the session is over");
+    if (vm->acceptor) {
+      error_code ec;
+      vm->acceptor->close(ec);
+      vm->acceptor.reset();
+    }
+    if (!vm->socket_path.empty()) {
+      ::unlink(vm->socket_path.c_str());
+      vm->socket_path.clear();
+    }
+    if (vm->data_acceptor) {
+      error_code ec;
+      vm->data_acceptor->close(ec);
+      vm->data_acceptor.reset();
+    }
+    if (!vm->data_socket_path.empty()) {
+      ::unlink(vm->data_socket_path.c_str());
+      vm->data_socket_path.clear();
+    }
+  }
+
+  // ---- the data channel and the workload log ----
+
+  /// The session is finished: read the data channel to its end (bounded), close the log on the
+  /// worker pool (a slow disk never stalls this loop), then report "finished".
+  void finish_data(const std::shared_ptr<Vm>& vm, std::string detail) {
+    if (vm->finishing) return;
+    vm->finishing = true;
+    if (!vm->data && !vm->log) return emit(*vm, "finished", detail, act::Milestone::finished);  // no stdio: as before
+    std::weak_ptr<Impl> w = shared_from_this();
+    auto after_log = [w, vm, detail] {
+      auto self = w.lock();
+      if (!self) return;
+      self->emit(*vm, "finished", detail, act::Milestone::finished);
+    };
+    auto close_log = [w, vm, after_log] {
+      auto self = w.lock();
+      if (!self) return;
+      auto log = std::exchange(vm->log, nullptr);
+      if (!log) return after_log();
+      asio::post(self->pool, [w, vm, log, after_log, &io = self->io] {
+        bool all = log->close(std::chrono::milliseconds(2000));
+        auto err = log->error();
+        if (!err && !all) err = "the log did not catch up within 2 s; the rest is written late";
+        asio::post(io, [w, vm, err, after_log] {
+          auto self = w.lock();
+          if (self && err) self->emit(*vm, "log_error", *err);
+          after_log();
+        });
+      });
+    };
+    // Once the data channel is closed: settle what was lost of the output (gaps into the log
+    // before it closes), make it durable in the record, then close the log.
+    auto settle = [w, vm, close_log] {
+      auto self = w.lock();
+      if (!self) return;
+      self->settle_output(vm);
+      self->amend_then(vm, close_log);
+    };
+    if (vm->data && vm->data->is_open()) {
+      vm->data_finished_cb = settle;
+      vm->data->drain_then_close(opt.data_drain);
+    } else {
+      asio::post(io, settle);
+    }
+  }
+
+  void open_log(const std::shared_ptr<Vm>& vm) {
+    auto& d = vm->core.config().descriptor;
+    if (!d.stdio || !opt.workload_log.enabled || opt.state_dir.empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(opt.state_dir / vm->id(), ec);
+    LogOptions lo;
+    lo.path = opt.state_dir / vm->id() / "workload.log";
+    lo.max_size = opt.workload_log.max_size;
+    lo.max_files = opt.workload_log.max_files;
+    std::weak_ptr<Impl> w = shared_from_this();
+    std::weak_ptr<Vm> wv = vm;
+    auto drained = [w, wv, &io = io] {
+      asio::post(io, [w, wv] {
+        auto self = w.lock();
+        auto vm = wv.lock();
+        if (self && vm && vm->data) vm->data->log_drained();
+      });
+    };
+    auto log = AsyncLog::start(lo, opt.workload_log.queue_cap, drained);
+    if (!log) {
+      emit(*vm, "log_error", log.error().message);
+      return;
+    }
+    vm->log = std::shared_ptr<AsyncLog>(std::move(*log));
+  }
+
+  void adopt_data(const std::shared_ptr<Vm>& vm, int fd, int family) {
+    auto& d = vm->core.config().descriptor;
+    const char* why = nullptr;
+    if (!d.stdio) why = "the descriptor has no stdio";
+    else if (vm->data_ever) why = "a data channel was already connected for this generation";
+    else if (vm->finishing || vm->core.finished()) why = "the session is finished";
+    if (why) {
+      ::close(fd);
+      emit(*vm, "data_refused", why);
+      return;
+    }
+    vm->data_ever = true;
+    DataLink::Config c;
+    c.vm = vm->id();
+    c.stdio = *d.stdio;
+    c.hooks = &opt.stdio;
+    c.log = vm->log;
+    c.stdin_cap = opt.stdin_cap;
+    std::weak_ptr<Impl> w = shared_from_this();
+    std::weak_ptr<Vm> wv = vm;
+    c.emit = [w, wv](std::string kind, std::string detail) {
+      auto self = w.lock();
+      auto vm = wv.lock();
+      if (!self || !vm) return;
+      auto m = kind == "data_error" ? act::Milestone::data_error : act::Milestone::other;
+      self->emit(*vm, std::move(kind), std::move(detail), m);
+    };
+    c.on_closed = [w, wv](const std::string& error) {
+      auto vm = wv.lock();
+      if (!vm) return;
+      if (auto self = w.lock()) self->data_ended(vm, error);
+      // Processes exec() started lose their streams with it: their reports still end them.
+      for (auto& [proc, x] : vm->execs)
+        if (x.has_stdio) x.out_eof = x.err_eof = true;
+      if (auto self = w.lock())
+        for (auto it = vm->execs.begin(); it != vm->execs.end();) {
+          auto cur = it++;
+          if (cur->second.exited) self->end_exec(vm, cur->first, *cur->second.exited);
+        }
+      if (auto cb = std::exchange(vm->data_finished_cb, nullptr)) cb();
+    };
+    c.exec_event = [w, wv](std::uint16_t proc, DataEvent& e) {
+      auto self = w.lock();
+      auto vm = wv.lock();
+      if (self && vm) self->exec_data(vm, proc, e);
+    };
+    auto link = std::make_shared<DataLink>(io, fd, family, std::move(c));
+    vm->data = link;
+    emit(*vm, "data_connected", "", act::Milestone::data_connected);
+    if (vm->output_paused) link->pause(true);
+    link->start();
+    if (auto r = std::exchange(vm->pending_resize, std::nullopt)) (void)link->send_resize(r->first, r->second);
+  }
+
+  static void close_data(const std::shared_ptr<Vm>& vm) {
+    if (vm->data) vm->data->close();
+    vm->data_finished_cb = nullptr;
+    if (vm->log) vm->log->close(std::chrono::milliseconds(2000));
+    vm->log.reset();
+  }
+
+  // ---- streams ----
+
+  void adopt(const std::shared_ptr<Vm>& vm, int fd, int family) {
+    if (!vm->core.stream_opened(wall_now())) {
+      ::close(fd);
+      drain(vm);
+      return;
+    }
+    auto st = std::make_shared<Stream>(io, fd, family, vm->core.config().line_cap);
+    vm->stream = st;
+    drain(vm);
+    if (!st->sock.is_open()) {
+      stream_gone(vm, st);
+      return;
+    }
+    asio::co_spawn(io, read_loop(weak_from_this(), vm, st, opt.read_chunk), asio::detached);
+  }
+
+  void stream_gone(const std::shared_ptr<Vm>& vm, const std::shared_ptr<Stream>& st) {
+    if (st->closed) return;
+    st->closed = true;
+    hard_close(st);
+    if (vm->stream == st) vm->stream.reset();
+    if (!current(vm)) return;
+    vm->core.stream_closed(st->reader.pending(), wall_now());
+    drain(vm);
+  }
+
+  static asio::awaitable<void> read_loop(std::weak_ptr<Impl> w, std::shared_ptr<Vm> vm,
+                                         std::shared_ptr<Stream> st, std::size_t chunk) {
+    std::vector<char> buf(chunk);
+    for (;;) {
+      error_code ec;
+      std::size_t n = co_await st->sock.async_read_some(
+          asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
+      auto self = w.lock();
+      if (!self || st->closed) co_return;
+      if (!self->current(vm)) {
+        // Superseded generation: its stream is closed without reporting.
+        st->closed = true;
+        hard_close(st);
+        co_return;
+      }
+      if (n > 0) {
+        feed_lines(vm->core, st->reader, std::string_view(buf.data(), n), wall_now());
+        self->drain(vm);
+        if (st->closed) co_return;
+      }
+      if (ec) {
+        self->stream_gone(vm, st);
+        co_return;
+      }
+    }
+  }
+
+  /// Host::listen_unix (`data` false) and Host::listen_data_unix: open the VM's listener on
+  /// opt.path and accept on it. Defined below, beside open_unix_acceptor.
+  static Status listen_vm_unix(const std::shared_ptr<Impl>& self, const std::string& id,
+                               const UnixListenOptions& opt, bool data);
+  /// Host::listen_vsock (`data` false) and Host::listen_vsock_data: the one vsock listener of each.
+  static Status listen_any_vsock(const std::shared_ptr<Impl>& self, std::uint32_t port, bool data);
+  /// Host::attach_stream (`data` false) and Host::attach_data_stream: an already connected fd.
+  Status attach_vm_stream(const std::string& id, Fd fd, bool data);
+
+  /// One VM's Unix listener: the lifecycle channel, or (`data`) its data channel.
+  static asio::awaitable<void> accept_loop(std::weak_ptr<Impl> w, std::shared_ptr<Vm> vm,
+                                           std::shared_ptr<unix_acceptor> acc, bool data) {
+    for (;;) {
+      error_code ec;
+      asio::local::stream_protocol::socket s =
+          co_await acc->async_accept(asio::redirect_error(asio::use_awaitable, ec));
+      auto self = w.lock();
+      if (!self || !acc->is_open() || ec == asio::error::operation_aborted) co_return;
+      if (ec) {
+        // EMFILE and friends: report, pause briefly (bounded), go on accepting.
+        self->emit(*vm, "accept_error", ec.message());
+        asio::steady_timer t(self->io, std::chrono::milliseconds(100));
+        self.reset();
+        co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      if (!self->current(vm)) co_return;
+      if (data) self->adopt_data(vm, s.release(), AF_UNIX);
+      else self->adopt(vm, s.release(), AF_UNIX);
+    }
+  }
+
+  static asio::awaitable<void> vsock_accept_loop(std::weak_ptr<Impl> w,
+                                                 std::shared_ptr<generic_acceptor> acc, bool data) {
+    for (;;) {
+      error_code ec;
+      generic_stream::endpoint peer;
+      generic_stream::socket s(acc->get_executor());
+      co_await acc->async_accept(s, peer, asio::redirect_error(asio::use_awaitable, ec));
+      auto self = w.lock();
+      if (!self || !acc->is_open() || ec == asio::error::operation_aborted) co_return;
+      if (ec) continue;
+      auto cid = vsock_peer_cid(peer.data(), peer.size());
+      auto vmid = cid ? self->cids.lookup(*cid) : std::nullopt;
+      auto vm = vmid ? self->find(*vmid) : nullptr;
+      if (!vm) {
+        // Identity comes only from the endpoint: an unknown CID gets nothing.
+        if (self->opt.on_event)
+          self->opt.on_event(Event{"", 0, "refused", fmt::format("unknown vsock CID {}", cid.value_or(0))});
+        continue;
+      }
+      if (data) self->adopt_data(vm, s.release(), AF_VSOCK);
+      else self->adopt(vm, s.release(), AF_VSOCK);
+    }
+  }
+
+  void teardown() {
+    for (auto& [id, vm] : vms) {
+      error_code ec;
+      if (vm->acceptor) vm->acceptor->close(ec);
+      if (vm->stream) {
+        vm->stream->closed = true;
+        hard_close(vm->stream);
+      }
+      vm->ready_timer.cancel();
+      vm->wall_timer.cancel();
+      vm->stop_timer.cancel();
+      vm->grace_timer.cancel();
+      if (!vm->socket_path.empty()) ::unlink(vm->socket_path.c_str());
+      if (vm->data_acceptor) vm->data_acceptor->close(ec);
+      if (!vm->data_socket_path.empty()) ::unlink(vm->data_socket_path.c_str());
+      close_data(vm);
+    }
+    if (vsock) {
+      error_code ec;
+      vsock->close(ec);
+    }
+    if (vsock_data) {
+      error_code ec;
+      vsock_data->close(ec);
+    }
+    pool.join();
+  }
+};
+
+Host::Host(asio::io_context& io, HostOptions opt)
+    : impl_(std::make_shared<Impl>(io, std::move(opt))) {}
+
+Host::~Host() { impl_->teardown(); }
+
+Status Host::add_vm(SessionConfig cfg) {
+  if (auto id = check_vm_id(cfg.vm); !id) return Error{"vm: " + id.error().message};
+  if (cfg.descriptor.exec.argv.empty() && !cfg.resume) return Error{"descriptor: exec.argv is empty"};
+  if (auto old = impl_->find(cfg.vm)) {
+    if (old->generation() >= cfg.generation)
+      return Error{fmt::format("vm '{}': generation {} is registered; a new one must be newer than "
+                               "that, got {}",
+                               cfg.vm, old->generation(), cfg.generation)};
+    // Superseded: close its I/O; its late completions see !current() and are dropped.
+    impl_->close_stream(old);
+    impl_->finished(old);
+    Impl::close_data(old);
+    old->ready_timer.cancel();
+    old->wall_timer.cancel();
+    old->stop_timer.cancel();
+    old->grace_timer.cancel();
+    impl_->settle(old, Error{fmt::format("vm '{}': generation {} superseded by {}", cfg.vm,
+                                         old->generation(), cfg.generation)});
+  }
+  auto vm = std::make_shared<Vm>(impl_->io, std::move(cfg));
+  impl_->vms[vm->id()] = vm;
+  impl_->open_log(vm);
+  impl_->emit(*vm, "registered", fmt::format("generation={} on_exit={}", vm->generation(),
+                                             to_string(vm->core.config().on_exit)));
+  return Ok{};
+}
+
+namespace {
+Error no_vm(const std::string& vm) { return Error{fmt::format("vm '{}' is not registered", vm)}; }
+
+/// A listening Unix socket at opt.path, handed to Asio (unlinked again if that fails).
+Result<std::shared_ptr<unix_acceptor>> open_unix_acceptor(asio::io_context& io, const UnixListenOptions& opt) {
+  auto fd = nes::host::listen_unix(opt);
+  if (!fd) return fd.error();
+  auto acc = std::make_shared<unix_acceptor>(io);
+  error_code ec;
+  acc->assign(asio::local::stream_protocol(), fd->get(), ec);
+  if (ec) {
+    ::unlink(opt.path.c_str());
+    return Error{fmt::format("listen {}: {}", opt.path, ec.message())};
+  }
+  fd->release();
+  return acc;
+}
+
+/// A listening AF_VSOCK socket on VMADDR_CID_ANY:port, handed to Asio.
+Result<std::shared_ptr<generic_acceptor>> open_vsock_acceptor(asio::io_context& io, std::uint32_t port) {
+  auto fd = nes::host::listen_vsock(port);
+  if (!fd) return fd.error();
+  auto acc = std::make_shared<generic_acceptor>(io);
+  error_code ec;
+  acc->assign(generic_stream(AF_VSOCK, 0), fd->get(), ec);
+  if (ec) return Error{fmt::format("vsock:{}: {}", port, ec.message())};
+  fd->release();
+  return acc;
+}
+}  // namespace
+
+Status Host::Impl::listen_vm_unix(const std::shared_ptr<Impl>& self, const std::string& id,
+                                  const UnixListenOptions& opt, bool data) {
+  auto vm = self->find(id);
+  if (!vm) return no_vm(id);
+  std::shared_ptr<unix_acceptor>& acceptor = data ? vm->data_acceptor : vm->acceptor;
+  if (acceptor) return Error{fmt::format("vm '{}' already has a {}listener", id, data ? "data " : "")};
+  auto acc = open_unix_acceptor(self->io, opt);
+  if (!acc) return acc.error();
+  acceptor = *acc;
+  (data ? vm->data_socket_path : vm->socket_path) = opt.path;
+  self->emit(*vm, data ? "data_listening" : "listening", "unix:" + opt.path);
+  asio::co_spawn(self->io, accept_loop(self, vm, *acc, data), asio::detached);
+  return Ok{};
+}
+
+Status Host::Impl::listen_any_vsock(const std::shared_ptr<Impl>& self, std::uint32_t port, bool data) {
+  std::shared_ptr<generic_acceptor>& listener = data ? self->vsock_data : self->vsock;
+  if (listener) return Error{fmt::format("a vsock {}listener is already open", data ? "data " : "")};
+  auto acc = open_vsock_acceptor(self->io, port);
+  if (!acc) return acc.error();
+  listener = *acc;
+  asio::co_spawn(self->io, vsock_accept_loop(self, *acc, data), asio::detached);
+  return Ok{};
+}
+
+Status Host::listen_unix(const std::string& id, const UnixListenOptions& opt) {
+  return Impl::listen_vm_unix(impl_, id, opt, false);
+}
+
+Status Host::Impl::attach_vm_stream(const std::string& id, Fd fd, bool data) {
+  auto vm = find(id);
+  if (!vm) return no_vm(id);
+  if (!fd) return Error{fmt::format("attach_{}stream: invalid fd", data ? "data_" : "")};
+  if (data) adopt_data(vm, fd.release(), AF_UNIX);
+  else adopt(vm, fd.release(), AF_UNIX);
+  return Ok{};
+}
+
+Status Host::attach_stream(const std::string& id, Fd fd) { return impl_->attach_vm_stream(id, std::move(fd), false); }
+
+Status Host::listen_vsock(std::uint32_t port) { return Impl::listen_any_vsock(impl_, port, false); }
+
+Status Host::listen_data_unix(const std::string& id, const UnixListenOptions& opt) {
+  return Impl::listen_vm_unix(impl_, id, opt, true);
+}
+
+Status Host::attach_data_stream(const std::string& id, Fd fd) {
+  return impl_->attach_vm_stream(id, std::move(fd), true);
+}
+
+Status Host::listen_vsock_data(std::uint32_t port) { return Impl::listen_any_vsock(impl_, port, true); }
+
+namespace {
+Error no_data(const std::string& vm) {
+  return Error{fmt::format("vm '{}' has no data channel connected", vm)};
+}
+}  // namespace
+
+Status Host::send_stdin(const std::string& id, std::string_view bytes, std::uint16_t proc) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->data) return no_data(id);
+  return vm->data->send_stdin(bytes, proc);
+}
+
+Status Host::send_stdin_eof(const std::string& id, std::uint16_t proc) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->data) return no_data(id);
+  return vm->data->send_stdin_eof(proc);
+}
+
+int exec_exit_status(const ExecEnd& e) {
+  if (auto* x = std::get_if<proto::ExecExited>(&e)) return x->signal ? 128 + *x->signal : *x->exit_code;
+  if (auto* f = std::get_if<proto::ExecFailed>(&e)) return f->cls == proto::StartFailClass::not_found ? 127 : 126;
+  return 125;
+}
+
+Result<std::uint16_t> Host::exec(const std::string& id, proto::Exec exec, std::optional<proto::Stdio> stdio,
+                                 ExecHooks hooks) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (vm->core.outcome()) return Error{"exec: the workload has ended"};
+  if (vm->execs.size() >= proto::kExecMax)
+    return Error{fmt::format("exec: {} processes started by exec run already in VM {} (the most)", proto::kExecMax, id)};
+  if (stdio && (!vm->data || !vm->data->is_open())) return no_data(id);
+  // The next number not in use (65535 numbers: wraps only in a very long-lived session).
+  std::uint16_t proc = vm->next_proc;
+  while (proc == 0 || vm->execs.count(proc)) ++proc;
+  proto::ExecProcess x{proc, std::move(exec), stdio};
+  if (stdio)
+    if (auto s = vm->data->open_exec(proc, *stdio); !s) return s.error();
+  if (auto s = vm->core.exec(x); !s) {
+    if (stdio) vm->data->close_exec(proc);
+    return s.error();
+  }
+  vm->next_proc = static_cast<std::uint16_t>(proc + 1);
+  Vm::ExecProc& e = vm->execs[proc];
+  e.hooks = std::move(hooks);
+  e.has_stdio = stdio.has_value();
+  e.terminal = stdio && stdio->terminal;
+  impl_->arm_exec_timer(vm, proc, kExecAnswerWait);
+  impl_->drain(vm);
+  return proc;
+}
+
+Status Host::kill_exec(const std::string& id, std::uint16_t proc, int signal) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->execs.count(proc)) return Error{fmt::format("kill: no process {} running in VM {}", proc, id)};
+  auto s = vm->core.kill_exec(signal, proc);
+  impl_->drain(vm);
+  return s;
+}
+
+Status Host::send_resize(const std::string& id, std::uint16_t rows, std::uint16_t cols, std::uint16_t proc) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (proc != 0) return vm->data ? vm->data->send_resize(rows, cols, proc) : no_data(id);
+  if (vm->data) return vm->data->send_resize(rows, cols);
+  // Before boot: the size the workload starts with. After boot, before the data channel: sent
+  // once it is up (the latest size wins).
+  if (vm->core.set_terminal_size(rows, cols)) return Ok{};
+  const auto& st = vm->core.config().descriptor.stdio;
+  if (!st || !st->terminal) return no_data(id);
+  if (rows < 1 || cols < 1) return Error{"resize: rows and cols must be at least 1"};
+  vm->pending_resize = std::pair{rows, cols};
+  return Ok{};
+}
+
+Status Host::pause_output(const std::string& id, bool paused) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  vm->output_paused = paused;
+  if (vm->data) vm->data->pause(paused);
+  return Ok{};
+}
+
+Status Host::map_cid(std::uint32_t cid, const std::string& vm) {
+  if (!impl_->find(vm)) return no_vm(vm);
+  return impl_->cids.add(cid, vm);
+}
+
+Status Host::vm_started(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  vm->core.vm_started(wall_now());
+  impl_->drain(vm);
+  return Ok{};
+}
+
+Status Host::vm_exited(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  // Output the guest did not finish sending is reported (output_lost) on the lifecycle stream,
+  // maybe just ahead of its EOF: the session reads it to the end first.
+  if (vm->data && !vm->data->outputs_done()) vm->core.expect_output_reports();
+  vm->core.vm_exited(wall_now());
+  impl_->drain(vm);
+  return Ok{};
+}
+
+Status Host::stop(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  auto s = vm->core.stop();
+  impl_->drain(vm);
+  return s;
+}
+
+Status Host::kill(const std::string& id, int signal) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  auto s = vm->core.kill(signal);
+  impl_->drain(vm);
+  if (s) impl_->cut_output(vm, fmt::format("the VM was killed (signal {}) while its output was still being read", signal));
+  return s;
+}
+
+Status Host::shutdown(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  auto s = vm->core.shutdown(wall_now());
+  impl_->drain(vm);
+  if (s) impl_->cut_output(vm, "the VM was stopped while its output was still being read");
+  return s;
+}
+
+bool Host::output_owed(const std::string& id) const {
+  auto vm = impl_->find(id);
+  return vm && vm->core.outcome() && vm->data && vm->data->is_open();
+}
+
+void Host::async_list_processes(const std::string& id, std::function<void(Result<proto::Processes>)> handler) {
+  auto fail = [&](Error e) { asio::post(impl_->io, [h = std::move(handler), e = std::move(e)]() { h(e); }); };
+  auto vm = impl_->find(id);
+  if (!vm) return fail(no_vm(id));
+  if (vm->process_waiters.size() >= kListProcessesInFlight)
+    return fail(Error{fmt::format("list_processes: {} requests already wait for VM {}", kListProcessesInFlight, id)});
+  if (auto s = vm->core.list_processes(); !s) return fail(s.error());
+  auto t = std::make_shared<asio::steady_timer>(impl_->io, kListProcessesWait);
+  vm->process_waiters.push_back({std::move(handler), t});
+  std::weak_ptr<Vm> weak = vm;
+  t->async_wait([weak, t](error_code ec) {
+    auto v = weak.lock();
+    if (ec || !v) return;
+    for (auto it = v->process_waiters.begin(); it != v->process_waiters.end(); ++it) {
+      if (it->deadline != t) continue;
+      auto h = std::move(it->handler);
+      v->process_waiters.erase(it);
+      // A timer's completion: not inside any caller of ours, so the handler runs right here.
+      h(Error{fmt::format("list_processes: no answer within {} ms (an init that predates it does not answer)",
+                          kListProcessesWait.count())});
+      return;
+    }
+  });
+  impl_->drain(vm);
+}
+
+void Host::async_wait(const std::string& id, std::function<void(WaitResult)> handler) {
+  auto vm = impl_->find(id);
+  if (vm && vm->result) {
+    asio::post(impl_->io, [h = std::move(handler), r = *vm->result]() { h(r); });
+    return;
+  }
+  // Not settled in memory: the state dir may already hold this generation (an earlier process
+  // recorded it). Look on the worker pool, never on the io_context.
+  std::weak_ptr<Impl> w = impl_;
+  std::optional<std::uint64_t> gen;
+  if (vm) gen = vm->generation();
+  asio::post(impl_->pool, [w, id, gen, h = std::move(handler), dir = impl_->opt.state_dir,
+                           &io = impl_->io]() mutable {
+    auto rec = read_record(dir, id);
+    asio::post(io, [w, id, gen, h = std::move(h), rec = std::move(rec)]() mutable {
+      auto self = w.lock();
+      if (!self) return;
+      auto vm = self->find(id);
+      // A record of this generation (or newer) on disk is the answer, also when the session
+      // settled meanwhile: a write refused as stale settles it with an error, but the newer
+      // record found here is what wait() promises (independent of which finished first). With
+      // no VM registered, whatever is recorded is the answer.
+      if (rec && *rec && (!gen || (*rec)->generation >= *gen)) return h(**rec);
+      if (vm && vm->result) return h(*vm->result);
+      if (vm && vm->generation() == gen.value_or(vm->generation())) {
+        vm->waiters.push_back(std::move(h));
+        return;
+      }
+      if (!rec) return h(Error{rec.error().message});
+      h(Error{fmt::format("vm '{}' is not registered and has no recorded outcome in {}", id,
+                          self->opt.state_dir.string())});
+    });
+  });
+}
+
+asio::awaitable<WaitResult> Host::wait(std::string vm) {
+  // A timer that never expires on its own is the coroutine's event: async_wait's handler stores
+  // the result and cancels it.
+  auto ev = std::make_shared<asio::steady_timer>(impl_->io, asio::steady_timer::time_point::max());
+  auto result = std::make_shared<std::optional<WaitResult>>();
+  async_wait(vm, [ev, result](WaitResult r) {
+    *result = std::move(r);
+    ev->cancel();
+  });
+  while (!*result) {
+    error_code ec;
+    co_await ev->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+  co_return std::move(**result);
+}
+
+Status Host::forget_vm(const std::string& id) {
+  auto vm = impl_->find(id);
+  if (!vm) return no_vm(id);
+  if (!vm->core.finished())
+    return Error{fmt::format("vm '{}': its session is still live; shutdown() it first", id)};
+  impl_->close_stream(vm);
+  impl_->finished(vm);
+  vm->ready_timer.cancel();
+  vm->wall_timer.cancel();
+  vm->stop_timer.cancel();
+  vm->grace_timer.cancel();
+  impl_->cids.remove_vm(id);
+  impl_->vms.erase(id);  // late completions hold their own shared_ptr and see !current()
+  return Ok{};
+}
+
+std::size_t Host::live_sessions() const {
+  std::size_t n = 0;
+  for (auto& [id, vm] : impl_->vms)
+    if (!vm->core.finished()) ++n;
+  return n;
+}
+
+const Session* Host::session(const std::string& vm) const {
+  auto v = impl_->find(vm);
+  return v ? &v->core : nullptr;
+}
+
+std::size_t Host::buffered_bytes(const std::string& vm) const {
+  auto v = impl_->find(vm);
+  return v && v->stream ? v->stream->reader.buffered() : 0;
+}
+
+}  // namespace nes::host

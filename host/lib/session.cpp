@@ -1,0 +1,675 @@
+#include "host/lib/session.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "host/lib/escape.hpp"
+#include "protocol/codec.hpp"
+#include "protocol/status.hpp"
+
+namespace nes::host {
+
+namespace {
+/// Guest-provided text kept in a record's reason: bounded so a record stays small.
+constexpr std::size_t kReasonCap = 1024;
+/// Repeated events of one kind (unknown types, lines after the outcome) are logged this often.
+constexpr std::uint64_t kLogRepeat = 10;
+
+std::string bounded(std::string_view s) {
+  if (s.size() <= kReasonCap) return std::string(s);
+  return fmt::format("{}... ({} bytes)", s.substr(0, kReasonCap), s.size());
+}
+}  // namespace
+
+std::string_view to_string(OnExitPolicy p) {
+  switch (p) {
+    case OnExitPolicy::stop: return "stop";
+    case OnExitPolicy::keep: return "keep";
+    case OnExitPolicy::remove: return "remove";
+  }
+  return "stop";
+}
+
+std::optional<OnExitPolicy> on_exit_from_string(std::string_view s) {
+  if (s == "stop") return OnExitPolicy::stop;
+  if (s == "keep") return OnExitPolicy::keep;
+  if (s == "remove") return OnExitPolicy::remove;
+  return std::nullopt;
+}
+
+Session::Session(SessionConfig cfg) : cfg_(std::move(cfg)) {}
+
+std::vector<Action> Session::take() {
+  std::vector<Action> v;
+  v.swap(out_);
+  return v;
+}
+
+void Session::log(std::string kind, std::string detail) {
+  // Details carry guest text (reasons, types): escaped here, so no consumer of the event (a
+  // terminal, a log file) ever sees a guest's control bytes or a forged line break.
+  // Typed once, here, from our own literals: consumers switch on the milestone, not on text.
+  act::Milestone m = act::Milestone::other;
+  if (kind == "connected") m = act::Milestone::connected;
+  else if (kind == "ready") m = act::Milestone::ready;
+  else if (kind == "started") m = act::Milestone::started;
+  else if (kind == "outcome") m = act::Milestone::outcome;
+  else if (kind == "recorded") m = act::Milestone::recorded;
+  else if (kind == "finished") m = act::Milestone::finished;
+  out_.push_back(act::Log{std::move(kind), escape_text(detail), m});
+}
+
+void Session::log_guest(std::string kind, std::string detail) {
+  // One counter per kind (kinds are a fixed set of literals): a guest repeating one message
+  // cannot make the host log more than kLogRepeat lines of it.
+  for (auto& [k, n] : guest_logs_)
+    if (k == kind) return log_limited(n, std::move(kind), std::move(detail));
+  guest_logs_.emplace_back(kind, 0);
+  log_limited(guest_logs_.back().second, std::move(kind), std::move(detail));
+}
+
+void Session::log_limited(std::uint64_t& counter, std::string kind, std::string detail) {
+  ++counter;
+  if (counter <= kLogRepeat) log(std::move(kind), std::move(detail));
+  else if (counter == kLogRepeat + 1) log(std::move(kind), "further ones are not logged");
+}
+
+void Session::send(const proto::HostMessage& m) {
+  out_.push_back(act::Send{m});
+}
+
+void Session::send_boot() {
+  booted_ = booted_ever_ = true;
+  proto::Boot b = cfg_.descriptor;
+  if (cfg_.reconnect.count() > 0) {
+    b.reconnect_ms = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(cfg_.reconnect.count(), proto::kReconnectMaxMs));
+    b.vm = cfg_.vm;
+    b.generation = cfg_.generation;
+  }
+  // The host's policy always wins over what the descriptor said: under `keep` the workload's
+  // exit must not power the VM off, so the guest waits for our `shutdown`.
+  b.on_exit.terminal = cfg_.on_exit != OnExitPolicy::keep;
+  send(b);
+  log("boot_sent", fmt::format("terminal={}", b.on_exit.terminal));
+  // The workload's limit starts with the one boot (a restarted guest gets no second arming):
+  // an earlier v2 guest never sends `started`, and the mounts must be bounded too.
+  if (cfg_.wall_timeout && cfg_.wall_from_started && !wall_armed_ && !outcome_) {
+    wall_armed_ = true;
+    out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+  }
+}
+
+void Session::close_stream() {
+  if (!stream_open_) return;
+  stream_open_ = false;
+  ready_ = false;
+  out_.push_back(act::CloseStream{});
+}
+
+void Session::vm_started(WallTime now) {
+  if (started_at_) return;
+  started_at_ = now;
+  log("vm_started", "");
+  if (outcome_) return;
+  if (!ready_ever_) out_.push_back(act::ArmTimer{TimerKind::ready, cfg_.ready_timeout});
+  if (cfg_.wall_timeout && !cfg_.wall_from_started)
+    out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+}
+
+bool Session::stream_opened(WallTime) {
+  if (stream_open_) {
+    log_guest("refused", "a session for this VM is already live");
+    return false;
+  }
+  if (finished_) {
+    log_guest("refused", "this VM generation is finished");
+    return false;
+  }
+  // A stream after the outcome can only be the guest redialling to deliver or hear the ack of it.
+  if (outcome_ && !awaiting_redial_) {
+    log_guest("refused", "this VM generation already has its outcome");
+    return false;
+  }
+  stream_open_ = true;
+  ready_ = false;
+  booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
+  lines_ = 0;
+  overflowed_ = false;
+  log_guest("connected", "");
+  return true;
+}
+
+void feed_lines(Session& s, proto::LineReader& reader, std::string_view bytes, WallTime now) {
+  reader.feed(bytes);
+  while (auto l = reader.next()) s.line(*l, now);
+  if (reader.dropping()) s.line_overflow(now);
+}
+
+void Session::line(const proto::Line& l, WallTime now) {
+  if (!stream_open_) return;  // a violation closed the stream: act on nothing after it
+  ++lines_;
+  overflowed_ = false;
+  if (l.kind == proto::Line::Kind::too_long) {
+    protocol_violation(fmt::format("line {}: {} bytes, longer than the {}-byte cap", lines_,
+                                   l.length, cfg_.line_cap),
+                       now);
+    return;
+  }
+  auto decoded = proto::decode_guest(l.text);
+  if (auto* err = std::get_if<proto::DecodeError>(&decoded)) {
+    protocol_violation(fmt::format("line {}: {}", lines_, bounded(err->reason)), now);
+  } else if (auto* unk = std::get_if<proto::UnknownMessage>(&decoded)) {
+    log_limited(unknown_, "skipped", fmt::format("unknown type '{}'", bounded(unk->type)));
+  } else {
+    handle_message(std::get<proto::GuestMessage>(decoded), now);
+  }
+}
+
+void Session::line_overflow(WallTime now) {
+  // An endless line (no '\n' ever) must not wait for a newline to be judged: the reader already
+  // drops its bytes; the session ends as soon as the cap is passed, once per line.
+  if (!stream_open_ || overflowed_) return;
+  overflowed_ = true;
+  protocol_violation(fmt::format("line {}: more than {} bytes without a newline", lines_ + 1,
+                                 cfg_.line_cap),
+                     now);
+}
+
+void Session::protocol_violation(std::string reason, WallTime now) {
+  if (outcome_) {
+    // The outcome is final: a misbehaving stream after it is only worth a log line.
+    log_limited(ignored_, "protocol_error_after_outcome", std::move(reason));
+    return;
+  }
+  finalize(proto::Outcome::protocol_error, std::nullopt, std::nullopt, std::nullopt,
+           std::move(reason), now);
+  close_stream();
+}
+
+void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
+  if (auto* r = std::get_if<proto::Ready>(&m)) {
+    if (r->resume && !ready_) return handle_resume(*r->resume);
+    if (!ready_ && (cfg_.resume || awaiting_redial_)) {
+      // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
+      // dialled); the workload this generation booted is gone with it.
+      log_guest("resume_expected", "a fresh `ready` instead of a resumed one");
+      if (!outcome_)
+        finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
+                 "the guest came back without resuming its session (restarted?)", now);
+      close_stream();
+      return;
+    }
+    if (ready_) {
+      // virtio-serial has no connection events: a second `ready` is a restarted guest.
+      booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
+      if (outcome_) {
+        log_guest("guest_restarted", "after the outcome: not booted again");
+        maybe_send_shutdown();  // before boot, and only once the outcome is durable
+        return;
+      }
+      log_guest("guest_restarted", "second ready on this stream: new session");
+    } else if (outcome_) {
+      log_limited(ignored_, "ignored_after_outcome", "ready");
+      return;
+    }
+    ready_ = true;
+    ready_ever_ = true;
+    out_.push_back(act::CancelTimer{TimerKind::ready});
+    if (r->protocol_version != proto::kProtocolVersion) {
+      finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt,
+               fmt::format("guest speaks protocol version {}; this host speaks version {}",
+                           r->protocol_version, proto::kProtocolVersion),
+               now);
+      close_stream();
+      return;
+    }
+    log_guest("ready", fmt::format("protocol_version={}", r->protocol_version));
+    if (shutdown_requested_) {
+      // Shut down before anything ran: no boot descriptor.
+      maybe_send_shutdown();
+      return;
+    }
+    send_boot();
+    if (stop_pending_) {
+      send(proto::Stop{});
+      stop_pending_ = false;
+      stop_sent_ = true;
+      log("stop_sent", "requested before boot");
+    }
+    return;
+  }
+  if (!ready_) {
+    protocol_violation(fmt::format("line {}: expected `ready` first, got `{}`", lines_, proto::type_name(m)),
+                       now);
+    return;
+  }
+  bool final_kind = std::holds_alternative<proto::MountFailed>(m) ||
+                    std::holds_alternative<proto::StartFailed>(m) ||
+                    std::holds_alternative<proto::WorkloadExited>(m);
+  if (final_kind && outcome_) {
+    // The host's outcome (e.g. its wall limit) stands; the guest now waits for its ack, which the
+    // durable record of that outcome allows.
+    guest_reported_ = true;
+    log_limited(ignored_, "ignored_after_outcome", std::string(proto::type_name(m)));
+    maybe_send_shutdown();
+    return;
+  }
+  std::visit(
+      [&](const auto& msg) {
+        using T = std::decay_t<decltype(msg)>;
+        if constexpr (std::is_same_v<T, proto::Mounted>) {
+          log_guest("mounted", "");
+        } else if constexpr (std::is_same_v<T, proto::Started>) {
+          log_guest("started", msg.pid ? fmt::format("pid={}", *msg.pid) : std::string());
+          // From the first `started` on, the limit is the workload's; later ones never move it.
+          if (cfg_.wall_timeout && cfg_.wall_from_started && !outcome_ && !wall_rearmed_) {
+            wall_rearmed_ = true;
+            out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+          }
+        } else if constexpr (std::is_same_v<T, proto::MountFailed>) {
+          guest_reported_ = true;
+          finalize(proto::Outcome::mount_failed, std::nullopt, std::nullopt, std::nullopt,
+                   fmt::format("share {} failed to mount{}: {}",
+                               msg.tag ? fmt::format("'{}'", bounded(*msg.tag)) : "(unnamed)",
+                               msg.err ? fmt::format(" (errno {})", *msg.err) : "",
+                               bounded(msg.reason)),
+                   now);
+        } else if constexpr (std::is_same_v<T, proto::StartFailed>) {
+          guest_reported_ = true;
+          finalize(proto::Outcome::start_failed, std::nullopt, std::nullopt, msg.cls,
+                   fmt::format("workload failed to start ({}{}): {}", proto::to_string(msg.cls),
+                               msg.err ? fmt::format(", errno {}", *msg.err) : "",
+                               bounded(msg.reason)),
+                   now);
+        } else if constexpr (std::is_same_v<T, proto::WorkloadExited>) {
+          if (msg.exit_code.has_value() == msg.signal.has_value() ||
+              (msg.signal && (*msg.signal < 1 || *msg.signal > 64))) {
+            protocol_violation(
+                fmt::format("line {}: workload_exited: expected exactly one of exit_code 0..255 "
+                            "and signal 1..64",
+                            lines_),
+                now);
+          } else if (msg.exit_code) {
+            guest_reported_ = true;
+            finalize(proto::Outcome::exited, msg.exit_code, std::nullopt, std::nullopt,
+                     fmt::format("workload exited with code {}", *msg.exit_code), now);
+          } else {
+            guest_reported_ = true;
+            finalize(proto::Outcome::signalled, std::nullopt, msg.signal, std::nullopt,
+                     fmt::format("workload killed by signal {}", *msg.signal), now);
+          }
+        } else if constexpr (std::is_same_v<T, proto::ProtocolError>) {
+          log_guest("guest_protocol_error", bounded(msg.reason));
+        } else if constexpr (std::is_same_v<T, proto::Processes>) {
+          out_.push_back(act::Processes{msg});
+        } else if constexpr (std::is_same_v<T, proto::ExecStarted> || std::is_same_v<T, proto::ExecFailed> ||
+                             std::is_same_v<T, proto::ExecExited>) {
+          if constexpr (std::is_same_v<T, proto::ExecExited>) {
+            if (msg.exit_code.has_value() == msg.signal.has_value()) return;  // the decoder refuses these
+          }
+          out_.push_back(act::ExecReport{msg});
+        } else if constexpr (std::is_same_v<T, proto::OutputEnd>) {
+          out_.push_back(act::OutputEnd{msg});
+        }
+      },
+      m);
+}
+
+void Session::handle_resume(const proto::Resume& r) {
+  // Who the peer is was decided by the endpoint; the names in `resume` must only agree with it.
+  const bool resumable = cfg_.resume || (cfg_.reconnect.count() > 0 && booted_ever_);
+  if (!resumable || r.vm != cfg_.vm || r.generation != cfg_.generation) {
+    log_guest("resume_refused",
+              !resumable ? fmt::format("no session of VM {} to resume here", cfg_.vm)
+                         : fmt::format("the guest resumes VM {} generation {}; this is VM {} generation {}",
+                                       bounded(r.vm), r.generation, cfg_.vm, cfg_.generation));
+    close_stream();
+    return;
+  }
+  ready_ = ready_ever_ = true;
+  booted_ = booted_ever_ = true;
+  awaiting_redial_ = false;
+  out_.push_back(act::CancelTimer{TimerKind::ready});
+  out_.push_back(act::CancelTimer{TimerKind::reconnect});
+  log_guest("resumed", fmt::format("started={} outcome_pending={}", r.started, r.outcome_pending));
+  if (stop_pending_) {
+    send(proto::Stop{});
+    stop_pending_ = false;
+    stop_sent_ = true;
+    log("stop_sent", "requested while the channel was down");
+  }
+  if (shutdown_requested_) {
+    request_end();
+    maybe_send_shutdown();
+  }
+}
+
+void Session::finalize(proto::Outcome o, std::optional<std::uint8_t> code,
+                       std::optional<std::uint8_t> sig, std::optional<proto::StartFailClass> cls,
+                       std::string reason, WallTime now) {
+  if (outcome_) return;  // the first final event is the outcome
+  Record r;
+  r.vm = cfg_.vm;
+  r.generation = cfg_.generation;
+  r.outcome = o;
+  r.exit_code = code;
+  r.signal = sig;
+  r.exit_status = proto::exit_status(o, code, sig, cls);
+  r.reason = std::move(reason);
+  r.started_at = started_at_.value_or(now);
+  r.finished_at = now;
+  outcome_ = r;
+  out_.push_back(act::CancelTimer{TimerKind::ready});
+  out_.push_back(act::CancelTimer{TimerKind::wall});
+  log("outcome", fmt::format("{} exit_status={} reason={}", proto::to_string(o), r.exit_status,
+                             r.reason));
+  recording_ = true;
+  out_.push_back(act::WriteRecord{std::move(r)});
+}
+
+void Session::record_durable(const Record& on_disk) {
+  if (!recording_) return;
+  recording_ = false;
+  durable_ = true;
+  if (outcome_ && on_disk != *outcome_)
+    log("already_recorded", fmt::format("generation {} was recorded first: {}", on_disk.generation,
+                                        proto::to_string(on_disk.outcome)));
+  outcome_ = on_disk;
+  log("recorded", fmt::format("{} exit_status={}", proto::to_string(on_disk.outcome),
+                              on_disk.exit_status));
+  if (stop_phase_ == 3) {  // already gave up waiting for the VM
+    finish(false);
+    return;
+  }
+  if (cfg_.on_exit == OnExitPolicy::keep && !shutdown_requested_) {
+    log("kept", "the VM stays up until shutdown()");
+    maybe_finish();
+    return;
+  }
+  begin_shutdown();
+}
+
+void Session::record_failed(std::string error) {
+  if (!recording_) return;
+  recording_ = false;
+  record_failed_ = true;
+  log("record_failed", std::move(error));
+  if (stop_phase_ == 3) {
+    finish(false);
+    return;
+  }
+  if (cfg_.on_exit == OnExitPolicy::keep && !shutdown_requested_) {
+    maybe_finish();
+    return;
+  }
+  begin_shutdown();
+}
+
+void Session::record_amended(const Record& on_disk) {
+  if (!durable_ || !outcome_ || on_disk.vm != cfg_.vm || on_disk.generation != cfg_.generation) return;
+  outcome_ = on_disk;
+}
+
+void Session::expect_output_reports() { await_reports_ = true; }
+
+void Session::begin_shutdown() {
+  shutdown_requested_ = true;
+  request_end();
+  maybe_send_shutdown();
+  if (!vm_exited_ && stop_phase_ == 0) {
+    // The stop deadline covers the grace a running workload gets before `shutdown` goes out.
+    stop_phase_ = 1;
+    auto after = cfg_.stop_timeout + (grace_armed_ && !grace_over_ ? cfg_.grace : std::chrono::milliseconds(0));
+    out_.push_back(act::ArmTimer{TimerKind::stop, after});
+  }
+  maybe_finish();
+}
+
+void Session::request_end() {
+  // A workload still running gets `stop` (its one SIGTERM) first: the guest then reports how it
+  // ended before any `shutdown` exists that it could take for the ack.
+  if (!(stream_open_ && ready_ && booted_) || guest_reported_) return;
+  if (!stop_sent_) {
+    send(proto::Stop{});
+    stop_sent_ = true;
+    log("stop_sent", fmt::format("ending the workload; shutdown follows within {} ms",
+                                 cfg_.grace.count()));
+  }
+  if (!grace_armed_) {
+    grace_armed_ = true;
+    out_.push_back(act::ArmTimer{TimerKind::grace, cfg_.grace});
+  }
+}
+
+void Session::maybe_send_shutdown() {
+  if (!shutdown_requested_ || !stream_open_ || !ready_) return;
+  // The guest takes any `shutdown` after its final report as the ack that the outcome is durable
+  // (docs/protocol.md "Outcome finality"). So while an outcome exists that is not durable, nothing
+  // goes out; a record that failed is never acknowledged (the guest powers off after its own
+  // ack_timeout_ms and the stop deadline bounds the wait for that).
+  if (outcome_ && !durable_) return;
+  if (guest_reported_) {
+    if (ack_sent_) return;
+    send(proto::Shutdown{});
+    shutdown_sent_ = ack_sent_ = true;
+    log("shutdown_sent", "ack of the recorded outcome");
+    return;
+  }
+  if (shutdown_sent_) return;
+  // A booted guest that has not reported: `stop` went out; the `shutdown` follows the grace.
+  if (booted_ && !grace_over_) return;
+  send(proto::Shutdown{});
+  shutdown_sent_ = true;
+  log("shutdown_sent", booted_ ? "requested: the grace after stop is over" : "before boot");
+}
+
+void Session::lost(std::string reason, WallTime now) {
+  if (end_requested_)
+    finalize(proto::Outcome::stopped, std::nullopt, std::nullopt, std::nullopt,
+             fmt::format("the host ended the session and the guest reported no outcome ({})", reason),
+             now);
+  else
+    finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
+             std::move(reason), now);
+}
+
+void Session::maybe_finish() {
+  if (finished_ || !vm_exited_ || !(durable_ || record_failed_)) return;
+  finish(true);
+}
+
+void Session::finish(bool allow_remove) {
+  if (finished_) return;
+  // The remove hook deletes the VM's resources: only once the record is durable and the VM is
+  // known (from the embedder) to be gone.
+  if (allow_remove && cfg_.on_exit == OnExitPolicy::remove && durable_ && vm_exited_) {
+    out_.push_back(act::CallRemove{});
+    log("remove", "");
+  }
+  close_stream();
+  out_.push_back(act::CancelTimer{TimerKind::stop});
+  finished_ = true;
+  out_.push_back(act::Finished{});
+  log("finished", "");
+}
+
+void Session::timer_fired(TimerKind k, WallTime now) {
+  switch (k) {
+    case TimerKind::ready:
+      if (!ready_ever_ && !outcome_) {
+        finalize(proto::Outcome::no_ready, std::nullopt, std::nullopt, std::nullopt,
+                 fmt::format("no `ready` within {} ms of vm_started", cfg_.ready_timeout.count()),
+                 now);
+        close_stream();
+      }
+      break;
+    case TimerKind::wall:
+      if (outcome_) break;
+      finalize(proto::Outcome::timeout, std::nullopt, std::nullopt, std::nullopt,
+               fmt::format("still running at the host's {} ms limit", cfg_.wall_timeout->count()),
+               now);
+      // The limit ends the workload whatever the policy: `stop`, grace, `shutdown`.
+      ended_by_host_ = true;
+      begin_shutdown();
+      break;
+    case TimerKind::grace:
+      if (!grace_armed_ || grace_over_) break;
+      grace_over_ = true;
+      if (!guest_reported_) log("grace_over", fmt::format("no outcome {} ms after stop", cfg_.grace.count()));
+      maybe_send_shutdown();
+      break;
+    case TimerKind::reconnect:
+      if (!awaiting_redial_ || ready_) break;
+      awaiting_redial_ = false;
+      if (!outcome_)
+        lost(fmt::format("channel lost; the guest did not resume within {} ms",
+                         (cfg_.reconnect + kReconnectSlack).count()),
+             now);
+      maybe_finish();
+      break;
+    case TimerKind::stop:
+      if (vm_exited_) {
+        // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
+        if (!outcome_) lost("VM exited; its channel stayed open and no outcome arrived", now);
+        close_stream();
+        maybe_finish();
+        break;
+      }
+      if (stop_phase_ == 1) {
+        stop_phase_ = 2;
+        log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
+        out_.push_back(act::CallDestroy{});
+        out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
+      } else if (stop_phase_ == 2) {
+        stop_phase_ = 3;
+        log("gave_up", fmt::format("no vm_exited {} ms after destroy", cfg_.stop_timeout.count()));
+        if (!outcome_) lost("VM did not exit and no outcome arrived", now);
+        if (durable_ || record_failed_) finish(false);
+      }
+      break;
+  }
+}
+
+void Session::vm_exited(WallTime now) {
+  if (vm_exited_) return;
+  vm_exited_ = true;
+  log("vm_exited", "");
+  out_.push_back(act::CancelTimer{TimerKind::ready});
+  out_.push_back(act::CancelTimer{TimerKind::stop});
+  if (awaiting_redial_) {
+    awaiting_redial_ = false;  // nobody is left to redial
+    out_.push_back(act::CancelTimer{TimerKind::reconnect});
+  }
+  if (stream_open_ && (!outcome_ || await_reports_)) {
+    // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
+    // them first (bounded by the stop deadline) so a reported outcome, or its count of the
+    // output it could not deliver, is never lost.
+    out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
+    return;
+  }
+  if (!outcome_) lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
+  maybe_finish();
+}
+
+void Session::stream_closed(std::size_t unfinished, WallTime now) {
+  if (!stream_open_) return;
+  stream_open_ = false;
+  bool partial = unfinished > 0;
+  bool had_session = ready_;
+  ready_ = false;
+  log_guest("disconnected", partial ? "in the middle of a line" : "");
+  if (!had_session && !outcome_) {
+    // No `ready` on this stream: it carried no session (a stale-path probe, a peer that gave up).
+    // The ready deadline and vm_exited still bound the wait; another stream may come.
+    log_guest("no_session", "stream closed before `ready`");
+    if (vm_exited_) {
+      lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
+      maybe_finish();
+    }
+    return;
+  }
+  if (cfg_.reconnect.count() > 0 && booted_ && !ack_sent_ && !vm_exited_ && !finished_) {
+    // Channel survival: the guest redials and resumes; nothing is decided until the window ends.
+    awaiting_redial_ = true;
+    log_guest("awaiting_redial", fmt::format("up to {} ms", (cfg_.reconnect + kReconnectSlack).count()));
+    out_.push_back(act::ArmTimer{TimerKind::reconnect, cfg_.reconnect + kReconnectSlack});
+    return;
+  }
+  if (!outcome_) {
+    std::string why = partial ? fmt::format("channel closed in the middle of line {} ({} bytes)",
+                                            lines_ + 1, unfinished)
+                              : std::string("channel closed before an outcome");
+    lost(std::move(why), now);
+  }
+  maybe_finish();
+}
+
+bool Session::set_terminal_size(std::uint16_t rows, std::uint16_t cols) {
+  auto& st = cfg_.descriptor.stdio;
+  if (booted_ever_ || rows < 1 || cols < 1 || !st || !st->terminal) return false;
+  st->terminal->rows = rows;
+  st->terminal->cols = cols;
+  return true;
+}
+
+Status Session::stop() {
+  if (finished_) return Error{"stop: the session is over"};
+  if (outcome_) return Error{fmt::format("stop: the workload already ended ({})",
+                                         proto::to_string(outcome_->outcome))};
+  if (stream_open_ && ready_) {
+    send(proto::Stop{});
+    stop_sent_ = true;
+    log("stop_sent", "");
+  } else {
+    stop_pending_ = true;
+    log("stop_pending", "sent right after the boot descriptor");
+  }
+  return Ok{};
+}
+
+Status Session::kill(int signal) {
+  if (signal < 1 || signal > 64) return Error{fmt::format("signal: expected 1..64, got {}", signal)};
+  if (finished_) return Error{"kill: the session is over"};
+  if (!(stream_open_ && ready_)) return Error{"kill: no booted session to signal"};
+  send(proto::Kill{static_cast<std::uint8_t>(signal)});
+  log("kill_sent", fmt::format("signal={}", signal));
+  return Ok{};
+}
+
+Status Session::exec(const proto::ExecProcess& x) {
+  if (finished_) return Error{"exec: the session is over"};
+  if (!(stream_open_ && ready_ && booted_)) return Error{"exec: no booted session"};
+  if (outcome_) return Error{"exec: the workload has ended"};
+  if (auto ok = proto::validate(proto::HostMessage{x}); !ok) return Error{ok.error().reason};
+  send(x);
+  log("exec_sent", fmt::format("proc={} argv0={}", x.proc, x.exec.argv.empty() ? "" : bounded(x.exec.argv[0])));
+  return Ok{};
+}
+
+Status Session::kill_exec(int signal, std::uint16_t proc) {
+  if (signal < 1 || signal > 64) return Error{fmt::format("signal: expected 1..64, got {}", signal)};
+  if (finished_) return Error{"kill: the session is over"};
+  if (!(stream_open_ && ready_)) return Error{"kill: no booted session to signal"};
+  send(proto::Kill{static_cast<std::uint8_t>(signal), proc});
+  log("kill_sent", fmt::format("signal={} proc={}", signal, proc));
+  return Ok{};
+}
+
+Status Session::list_processes() {
+  if (finished_) return Error{"list_processes: the session is over"};
+  if (!(stream_open_ && ready_)) return Error{"list_processes: no guest connected"};
+  send(proto::ListProcesses{});
+  return Ok{};
+}
+
+Status Session::shutdown(WallTime) {
+  if (finished_) return Error{"shutdown: the session is over"};
+  if (!outcome_) end_requested_ = true;
+  ended_by_host_ = true;
+  begin_shutdown();
+  return Ok{};
+}
+
+}  // namespace nes::host

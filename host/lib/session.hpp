@@ -1,0 +1,236 @@
+// The host's per-VM session state machine, sans I/O: events in (a framed guest line, EOF,
+// deadlines, vm_started/vm_exited, record durable, API calls), actions out (send a message, write
+// the record, close, arm a timer, call a hook, log an event). host/host.cpp is the thin Asio loop
+// around it: it frames the guest's bytes (proto::LineReader) and encodes what it sends, as
+// nesinit's loop does around the init's session. Why it behaves as it does: docs/host.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "host/lib/record.hpp"
+#include "host/lib/base.hpp"
+#include "protocol/line_reader.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::host {
+
+/// What happens to the VM once its outcome is durable (docs/host.md "on_exit").
+/// stop: send `shutdown`, wait for vm_exited, past the stop deadline call destroy.
+/// keep: nothing; the VM stays up until shutdown() (the guest is booted with terminal=false).
+/// remove: as stop, then the remove hook once the record is durable and the VM has exited.
+enum class OnExitPolicy { stop, keep, remove };
+std::string_view to_string(OnExitPolicy p);
+std::optional<OnExitPolicy> on_exit_from_string(std::string_view s);
+
+/// One VM generation as the embedder registers it.
+struct SessionConfig {
+  std::string vm;                    // identity (from the endpoint, never from guest data)
+  std::uint64_t generation = 1;      // the embedder's restart counter; newer wins on disk
+  proto::Boot descriptor;            // sent after `ready`; on_exit.terminal is overridden
+  OnExitPolicy on_exit = OnExitPolicy::stop;
+  std::chrono::milliseconds ready_timeout{30000};  // from vm_started to `ready`
+  std::chrono::milliseconds stop_timeout{10000};   // shutdown sent -> vm_exited, else destroy
+  /// Ending a running workload (shutdown(), the wall limit): `stop` (its SIGTERM), then this long
+  /// for its outcome, then `shutdown` (the guest escalates to SIGKILL). As `docker stop -t`.
+  std::chrono::milliseconds grace{10000};
+  std::optional<std::chrono::milliseconds> wall_timeout;  // host's limit -> outcome `timeout`
+  /// The limit runs from the workload's first `started` (an earlier v2 revision never sends one:
+  /// then from `boot`, which also bounds the mounts) instead of from vm_started (the whole VM's);
+  /// `neshost run --timeout`. Armed at most twice (boot, first `started`), never re-armed later.
+  bool wall_from_started = false;
+  /// Channel survival (docs/protocol.md "Channel survival"): sent as boot.reconnect_ms (with the
+  /// VM and generation). A stream lost after `boot` is then no outcome yet: the guest has this
+  /// long to redial with a resumed `ready` (plus kReconnectSlack), else `channel_lost`. 0: off.
+  std::chrono::milliseconds reconnect{0};
+  /// Take over a generation an earlier host process booted (its state dir): send no `boot`;
+  /// accept only a resumed `ready` naming this VM and generation; ready_timeout bounds the wait.
+  bool resume = false;
+  std::size_t line_cap = proto::kDefaultLineCap;          // bytes per guest line
+};
+
+/// The session's timers. `stop` runs twice at most: destroy, then give up waiting. `grace`: from
+/// the host's `stop` of a running workload to the `shutdown` that follows it. `reconnect`: from a
+/// lost stream (SessionConfig::reconnect > 0) to giving up on the guest's redial.
+enum class TimerKind { ready, wall, stop, grace, reconnect };
+/// Added to the guest's reconnect window before the host gives up: its backoff and a dial
+/// through the VMM may take a little longer than the window itself. ms.
+inline constexpr std::chrono::milliseconds kReconnectSlack{2000};
+
+namespace act {
+struct Send { proto::HostMessage msg; };                // the loop encodes it (protocol/codec.hpp)
+struct CloseStream {};                                  // stop reading/writing the guest stream
+struct ArmTimer { TimerKind kind; std::chrono::milliseconds after; };
+struct CancelTimer { TimerKind kind; };
+struct WriteRecord { Record record; };                  // make durable (worker pool)
+struct CallDestroy {};                                  // embedder: kill the VMM
+struct CallRemove {};                                   // embedder: delete the VM's resources
+/// The events an embedder acts on, typed (never by matching log text); the rest are `other`.
+enum class Milestone {
+  other, connected, ready, started, outcome, recorded, finished,
+  data_connected, data_error,  // the data channel (Host emits these, never the Session)
+};
+/// One event for humans/CLI: `kind` a snake_case tag, `detail` escaped text, `milestone` typed.
+struct Log { std::string kind; std::string detail; Milestone milestone = Milestone::other; };
+struct Finished {};                                     // nothing more happens for this VM
+struct Processes { proto::Processes list; };            // the guest's answer to list_processes()
+/// What the guest said of a process exec() started: exec_started, exec_failed or exec_exited.
+struct ExecReport { std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> report; };
+/// The guest's account of one output stream (protocol `output_end`: sent, unsent); the owner,
+/// which knows the bytes it received, computes the exact loss (0: the stream arrived whole).
+struct OutputEnd { proto::OutputEnd report; };
+}  // namespace act
+
+using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
+                            act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
+                            act::Finished, act::Processes, act::ExecReport, act::OutputEnd>;
+
+/// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
+/// in order. It holds no guest bytes: the owner frames them (feed_lines() below, with a
+/// proto::LineReader of config().line_cap per stream, so at most line_cap + 1 bytes of one
+/// unfinished line); memory here is a handful of short strings whatever the guest sends.
+class Session {
+ public:
+  explicit Session(SessionConfig cfg);
+
+  // ---- events ----
+  /// The VMM process started: the ready deadline starts now.
+  void vm_started(WallTime now);
+  /// A guest stream was connected. false: refuse it (a live stream exists, or the session is over).
+  bool stream_opened(WallTime now);
+  /// One framed line of the guest stream (the owner's proto::LineReader, cap config().line_cap):
+  /// its text is decoded here; a too_long one is a protocol error naming its length.
+  void line(const proto::Line& l, WallTime now);
+  /// The guest's unfinished line passed line_cap (LineReader::dropping()): an endless line is
+  /// judged now, not at a '\n' that may never come. Repeats before its '\n' are ignored.
+  void line_overflow(WallTime now);
+  /// EOF or a read error on the guest stream. `unfinished`: bytes of a line it cut short
+  /// (LineReader::pending()), 0 if it ended between lines.
+  void stream_closed(std::size_t unfinished, WallTime now);
+  /// A timer armed by ArmTimer expired.
+  void timer_fired(TimerKind k, WallTime now);
+  /// The VMM process exited (only the embedder knows).
+  void vm_exited(WallTime now);
+  /// The record is durable; `on_disk` is what is on disk (maybe an earlier record of this
+  /// generation, which wins).
+  void record_durable(const Record& on_disk);
+  /// The record could not be made durable (after bounded retries), or a newer generation is on disk.
+  void record_failed(std::string error);
+  /// The durable record was amended after the outcome (amend_record(): what was lost of the
+  /// output); `on_disk` replaces outcome() if it is of this generation and the record is durable.
+  void record_amended(const Record& on_disk);
+  /// The data channel closed before the workload's output ended (the host closed it early, or it
+  /// failed): the guest reports what it could not deliver (`output_lost`) on this stream, so a
+  /// vm_exited from now on reads the stream to its EOF first (bounded by stop_timeout) instead of
+  /// finishing at once.
+  void expect_output_reports();
+
+  // ---- API ----
+  /// The workload's terminal size, rows x cols (each >= 1), before `boot` went out: the
+  /// descriptor's stdio.terminal takes it, so the workload starts at that size. false (nothing
+  /// changed) once boot was sent, or when the descriptor asks for no terminal.
+  bool set_terminal_size(std::uint16_t rows, std::uint16_t cols);
+  /// Ask the guest to SIGTERM the workload (sent at once, or right after the boot descriptor).
+  Status stop();
+  /// Send `signal` (1..64) to the workload's process group; needs a booted session.
+  Status kill(int signal);
+  /// Ask the guest for its processes (`list_processes`); the answer is act::Processes. Needs a
+  /// guest that sent `ready` on an open stream.
+  Status list_processes();
+  /// Start another process in the guest (`exec`, docs/protocol.md "Exec"); its reports come as
+  /// act::ExecReport. Needs a booted session on an open stream whose outcome is not in yet.
+  Status exec(const proto::ExecProcess& x);
+  /// Send `signal` (1..64) to the group of process `proc` (exec'd); needs a booted session.
+  Status kill_exec(int signal, std::uint16_t proc);
+  /// End the session. A running workload first gets `stop`, then `grace` for its outcome, then
+  /// `shutdown`; a `shutdown` after the guest's outcome is its ack, so it goes out only once the
+  /// record is durable, and never for a record that failed (the guest then powers off after its
+  /// own ack_timeout_ms; past the stop deadline the VM is destroyed). Waits for vm_exited.
+  Status shutdown(WallTime now);
+
+  // ---- state ----
+  /// Actions produced so far, in order; clears the queue.
+  std::vector<Action> take();
+  /// The final outcome, once there is one (not necessarily durable yet).
+  const std::optional<Record>& outcome() const { return outcome_; }
+  bool durable() const { return durable_; }
+  bool finished() const { return finished_; }
+  bool stream_open() const { return stream_open_; }
+  /// The embedder reported vm_exited.
+  bool vm_gone() const { return vm_exited_; }
+  /// The host ends this VM on purpose: shutdown() was called, or the wall limit fired (not the
+  /// on_exit policy after the workload's own end). Its stop deadline then cuts output still owed
+  /// instead of waiting for a slow consumer (docs/host.md "Output lost").
+  bool ended_by_host() const { return ended_by_host_; }
+  /// The stream was lost inside the reconnect window: the guest may still resume.
+  bool awaiting_redial() const { return awaiting_redial_; }
+  const SessionConfig& config() const { return cfg_; }
+
+ private:
+  void handle_message(const proto::GuestMessage& m, WallTime now);
+  void handle_resume(const proto::Resume& r);
+  void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,
+                std::optional<proto::StartFailClass> cls, std::string reason, WallTime now);
+  void protocol_violation(std::string reason, WallTime now);
+  void send(const proto::HostMessage& m);
+  void send_boot();
+  void close_stream();
+  void begin_shutdown();
+  void request_end();
+  void maybe_send_shutdown();
+  void lost(std::string reason, WallTime now);
+  void maybe_finish();
+  void finish(bool allow_remove);
+  void log_limited(std::uint64_t& counter, std::string kind, std::string detail);
+  void log(std::string kind, std::string detail);
+  void log_guest(std::string kind, std::string detail);  // a guest-triggered event: rate-limited
+
+  SessionConfig cfg_;
+  std::vector<Action> out_;
+  std::optional<WallTime> started_at_;
+  std::optional<Record> outcome_;
+  std::uint64_t lines_ = 0;             // lines seen on the current stream
+  bool overflowed_ = false;             // the unfinished line was judged over the cap
+  std::uint64_t unknown_ = 0;           // unknown-type lines skipped
+  std::uint64_t ignored_ = 0;           // lines ignored after the outcome
+  std::vector<std::pair<std::string, std::uint64_t>> guest_logs_;  // per guest-triggered kind
+  bool stream_open_ = false;
+  bool ready_ = false;        // `ready` seen on the current stream (a session is booted)
+  bool ready_ever_ = false;   // any `ready` seen (the ready deadline is met)
+  int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up
+  bool stop_pending_ = false; // stop() before boot
+  bool stop_sent_ = false;    // `stop` went out on the current stream
+  bool booted_ = false;       // `boot` went out on the current stream (or it resumed)
+  bool booted_ever_ = false;  // a boot went out (or a session resumed) in this process
+  bool awaiting_redial_ = false;  // the stream was lost inside the reconnect window
+  bool guest_reported_ = false;  // the guest sent its final report on the current stream: any
+                                 // `shutdown` it receives from now on is its ack
+  bool grace_armed_ = false;
+  bool grace_over_ = false;
+  bool wall_armed_ = false;   // the wall limit was armed at the first `boot`
+  bool wall_rearmed_ = false; // the wall limit moved to the first `started` once
+  bool recording_ = false;
+  bool durable_ = false;
+  bool record_failed_ = false;
+  bool shutdown_requested_ = false;  // API shutdown(), the wall limit, or policy after durable
+  bool end_requested_ = false;       // the API asked for the end before any outcome
+  bool shutdown_sent_ = false;
+  bool ack_sent_ = false;       // a `shutdown` went out after the guest's report, record durable
+  bool vm_exited_ = false;
+  bool finished_ = false;
+  bool await_reports_ = false;  // expect_output_reports(): read the stream to EOF after vm_exited
+  bool ended_by_host_ = false;  // shutdown() or the wall limit
+};
+
+/// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed
+/// `bytes` (any split) to the stream's `reader`, hand `s` each framed line, then report an
+/// unfinished line past the cap. The reader is the stream's: a new one (cap
+/// config().line_cap) for every stream the session accepts.
+void feed_lines(Session& s, proto::LineReader& reader, std::string_view bytes, WallTime now);
+
+}  // namespace nes::host

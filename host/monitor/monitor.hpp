@@ -1,0 +1,115 @@
+// The per-VM monitor's pieces that are not the VM itself (docs/host.md "Detached VMs"): turning
+// `neshost run -d` into a monitor in its own session that outlives the CLI, and the control
+// socket `<state>/<vm>/control.sock` through which any fresh process asks the monitor to stop
+// the VM or signal its workload. The monitor is the ordinary `neshost run` process; only its
+// start and its stdio differ when detached.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "host/lib/base.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::cli {
+
+/// What detach() left the calling process as.
+struct Detached {
+  /// true: this is the CLI (the creator); it should exit with `exit_status`.
+  bool creator = false;
+  int exit_status = 0;
+  /// In the monitor: the write end of the creator's pipe; notify_started() writes to it.
+  host::Fd notify;
+};
+
+/// `run -d`: fork; the child becomes the monitor (setsid: its own session, no controlling
+/// terminal, so closing the terminal or the creator's exit does not touch it; stdin and stdout
+/// /dev/null, stderr appended to `<state>/<vm>/monitor.log`) and returns to run the VM. The
+/// creator waits until the monitor reports the workload started (prints the VM id on stdout,
+/// exits 0), or until the monitor ends without that (prints why: the reconciled state and the
+/// log's tail; exits with the outcome's status, 125 if there is none). Bounded by `bound`.
+/// Call before any thread exists. Errors (pipe, fork, the log) are returned in the creator.
+host::Result<Detached> detach(const std::filesystem::path& state, const std::string& vm,
+                              std::chrono::milliseconds bound);
+/// In the monitor: tell the creator the workload started (once; later calls do nothing).
+void notify_started(host::Fd& notify);
+
+/// The monitor's control socket. Requests are one line each, one per connection, answered with
+/// one line ("ok" or "error: WHY"):
+///   `stop`      ordered shutdown of the guest (as SIGTERM to `neshost run`)
+///   `kill SIG [PROC]`  signal 1..64 to the workload's process group (or exec'd process PROC's)
+///   `resize ROWS COLS [PROC]`  the workload's terminal size (run -t), each 1..65535 (or PROC's)
+///   `ps`        the guest's processes: "ok " and their JSON array (protocol `processes`)
+///   `exec FLAGS JSON`  `neshost exec`: the request carries its fds 0-2 (SCM_RIGHTS); answered
+///               "ok started PID PROC", then, once it ended, "ok exit STATUS" (cli_exec.hpp)
+/// Only peers with our uid (or root) are served (SO_PEERCRED); requests over kControlRequestMax
+/// bytes, with more than 3 fds, or slower than 2 s are dropped; a reply not begun 5 s after its
+/// request is never sent (a reply that says more follows is bounded by its sender).
+class ControlServer {
+ public:
+  /// Answers a request with one line (without '\n'); `more`: further lines follow (the
+  /// connection stays open), else the connection closes after this one.
+  using Reply = std::function<void(std::string line, bool more)>;
+  /// Called once per request with the fds it carried (at most 3); calls `reply` at least once,
+  /// now or later on the io_context.
+  using Handler = std::function<void(std::string_view request, std::vector<host::Fd> fds, Reply reply)>;
+  /// Bind `path` (0600; any stale socket there is replaced: the caller owns the VM's generation)
+  /// and serve on `io`. The path may be longer than sun_path (bound through /proc/self/fd).
+  static host::Result<std::unique_ptr<ControlServer>> start(boost::asio::io_context& io,
+                                                            const std::filesystem::path& path,
+                                                            Handler handler);
+  /// Stops serving and unlinks the socket.
+  ~ControlServer();
+  /// No new connection or request from now on (the socket is unlinked; the handler is never
+  /// called again); replies to requests already handed out still go out. For a monitor whose VM
+  /// is over while `neshost exec` clients still take their output and wait for the last reply.
+  void stop_accepting();
+  struct Impl;
+
+ private:
+  explicit ControlServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
+};
+
+/// Send one request to the control socket at `path` and return the monitor's reply line (without
+/// '\n'). Bounded by `timeout`. Errors: no monitor listening (ECONNREFUSED/ENOENT), timeout.
+/// The guest's processes through the control socket at `path` (request `ps`), decoded. Errors:
+/// no monitor, its error line (e.g. the guest did not answer), a reply that is not `processes`.
+host::Result<proto::Processes> guest_processes(const std::filesystem::path& path);
+
+/// The longest reply control_request() reads: bytes (a `ps` answer of 512 processes fits).
+inline constexpr std::size_t kControlReplyMax = 1u << 20;
+/// The longest request line the control socket reads: bytes (an `exec` with its environment).
+inline constexpr std::size_t kControlRequestMax = 64u << 10;
+
+/// A connected control socket for a request that lives on (`exec`): the request sent with
+/// `fds` (SCM_RIGHTS), then read_line() for each answer line. Errors: no monitor listening.
+class ControlSession {
+ public:
+  static host::Result<ControlSession> open(const std::filesystem::path& path, std::string_view request,
+                                           const std::vector<int>& fds);
+  /// The next line (without '\n'), waiting at most `timeout` (nullopt: no bound). Errors: the
+  /// monitor closed or reset the connection (err ECONNRESET, or the recv(2) errno), timeout
+  /// (ETIMEDOUT), a line over kControlReplyMax.
+  host::Result<std::string> read_line(std::optional<std::chrono::milliseconds> timeout);
+  int fd() const { return sock_.get(); }
+  /// The connection itself, for a caller that reads the answers on its own loop (nothing has
+  /// been read from it yet unless read_line() was called).
+  host::Fd take() { return std::move(sock_); }
+
+ private:
+  explicit ControlSession(host::Fd s) : sock_(std::move(s)) {}
+  host::Fd sock_;
+  std::string buf_;
+};
+
+host::Result<std::string> control_request(const std::filesystem::path& path, std::string_view request,
+                                          std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+}  // namespace nes::cli

@@ -1,0 +1,136 @@
+// What a VM is doing, from its state dir alone: the monitor that serves a generation
+// (`<state_dir>/<vm>/monitor.json`), an explicit stop (`stop.json`), the outcome record
+// (`outcome.json`, host/record.hpp), and the one reconcile rule every reader uses (ps, inspect,
+// wait, rm, stop). The rules and why: docs/host.md "Detached VMs and reconcile".
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "host/lib/record.hpp"
+#include "host/lib/base.hpp"
+
+namespace nes::host {
+
+/// One process for good: its pid, its start time (field 22 of /proc/PID/stat, clock ticks since
+/// boot) and the kernel's boot id (/proc/sys/kernel/random/boot_id). A recycled pid has another
+/// start time; after a reboot the boot id differs. A bare pid never names a monitor.
+struct ProcessIdentity {
+  pid_t pid = 0;
+  unsigned long long start_time = 0;
+  std::string boot_id;
+  bool operator==(const ProcessIdentity&) const = default;
+};
+
+/// The identity of process `pid` now, or nullopt if there is none (or /proc is unreadable).
+std::optional<ProcessIdentity> identity_of(pid_t pid);
+/// The calling process's identity (nullopt only without /proc).
+std::optional<ProcessIdentity> self_identity();
+/// true iff the process `id` names still runs: same pid, same start time, same boot, and not a
+/// zombie (a zombie has exited; only its parent has not reaped it yet).
+bool is_alive(const ProcessIdentity& id);
+
+/// `<state_dir>/<vm>/monitor.json` (schema_version 1): the process serving one generation of a VM
+/// (the `neshost run` process, detached or not). Written before the VMM starts; left behind when
+/// the monitor exits (it still names the generation and the command for `ps -a`).
+struct MonitorInfo {
+  static constexpr int kSchemaVersion = 1;
+  std::string vm;
+  std::uint64_t generation = 0;
+  ProcessIdentity monitor;
+  WallTime created_at{};
+  std::vector<std::string> command;  // the workload's argv, for humans (ps)
+  bool operator==(const MonitorInfo&) const = default;
+};
+/// One compact JSON object plus '\n'.
+std::string encode_monitor(const MonitorInfo& m);
+/// Parse and validate; the error names the field. Unknown fields are ignored.
+Result<MonitorInfo> parse_monitor(std::string_view json);
+
+/// Start a new generation of `m.vm` with `m.monitor` as its monitor: under the VM's lock
+/// (`<vm>/.lock`, the one write_record() takes), refuse if the monitor of the current generation
+/// is alive; else the new generation is one more than any on disk (monitor.json or outcome.json;
+/// 1 for a new VM), a stop request of an older generation is dropped, and monitor.json is written
+/// durably (temp, fsync, rename, fsync dir). Returns the generation; `m.generation` is ignored.
+/// A monitor whose generation is already recorded is only powering its VM off: it is waited for
+/// first, at most `settle` (then refused like a live one: e.g. a VM kept up by --on-exit keep).
+/// Blocking (bounded: `settle`, then the lock is tried for at most 5 s).
+Result<std::uint64_t> begin_generation(const std::filesystem::path& state_dir, MonitorInfo m,
+                                       std::chrono::milliseconds settle = std::chrono::seconds(10));
+
+/// What persist_stop() did.
+struct StopResult {
+  enum class Kind {
+    persisted,          // stop.json now holds this generation: the VM reconciles as stopped
+    already_requested,  // it held it already
+    already_final       // an outcome of this generation was recorded first: nothing written
+  };
+  Kind kind = Kind::persisted;
+  std::optional<Record> record;  // already_final: that outcome
+};
+/// Persist an explicit stop of `generation` (compare-and-set under the VM's lock): written only if
+/// no outcome of that generation is recorded yet, so whichever of the stop and the natural exit
+/// takes the lock first decides the status, and a later exit never turns `stopped` into `exited`.
+Result<StopResult> persist_stop(const std::filesystem::path& state_dir, std::string_view vm,
+                                std::uint64_t generation);
+
+/// A VM's status as every reader reports it.
+enum class VmStatus { running, exited, failed, stopped };
+std::string_view to_string(VmStatus s);
+
+/// The reconciled view of one VM.
+struct VmState {
+  std::string vm;
+  std::uint64_t generation = 0;    // the current generation
+  VmStatus status = VmStatus::failed;
+  std::optional<int> exit_status;  // set unless running: the record's (reported_status: 125
+                                   // when its output was lost), 125 failed, 143 stopped
+  std::string reason;              // one line saying why this status (always set)
+  std::optional<Record> record;    // the current generation's valid record, if any
+  std::optional<MonitorInfo> monitor;
+  bool monitor_alive = false;
+  bool stop_requested = false;     // a stop of the current generation is persisted
+};
+
+/// The one reconcile rule, from the state dir alone (no lock; liveness is read before the record
+/// so a monitor that records and exits in between is never taken for a lost one):
+///   stop persisted for G, and (a record of G or the monitor gone) -> stopped
+///   a valid record of G (vm matches)   -> exited (exited/signalled) or failed (its reason);
+///                                         a host-ended `stopped` outcome -> stopped
+///   the monitor of G alive, no record  -> running
+///   the monitor gone, no valid record  -> failed, saying why (missing, unreadable, stale)
+/// G is the newest generation on disk (monitor.json or outcome.json); older ones are ignored.
+/// nullopt: no such VM (no directory, or neither file). Error: the state dir cannot be read.
+Result<std::optional<VmState>> reconcile(const std::filesystem::path& state_dir, std::string_view vm);
+
+/// One JSON object plus '\n' (what `neshost inspect` prints): the current generation's record
+/// fields when there is a valid record (schema_version .. finished_at, as encode_record), else
+/// vm, generation, outcome null, exit_status; then status, status_reason, monitor_pid (null
+/// without a monitor file), monitor_alive, stop_requested.
+std::string encode_state(const VmState& s);
+
+/// VM ids with a directory in `state_dir` (sorted; other entries ignored). Empty if none.
+std::vector<std::string> list_vms(const std::filesystem::path& state_dir);
+
+/// Delete `<state_dir>/<vm>/` and everything in it, under the VM's lock; refused while the
+/// current generation's monitor is alive.
+Status remove_vm(const std::filesystem::path& state_dir, std::string_view vm);
+
+/// Durable replace of `dir/name` with `bytes` (the protocol of monitor.json and stop.json, and of
+/// the containerd shim's task state): a fresh temp file beside it (0600), write, fsync, rename
+/// over the name, fsync the directory. On error the temp is gone and the old file untouched.
+Status write_durable(const std::filesystem::path& dir, std::string_view name, std::string_view bytes);
+
+/// Path of a VM's monitor file, stop request and control socket.
+std::filesystem::path monitor_path(const std::filesystem::path& state_dir, std::string_view vm);
+std::filesystem::path stop_path(const std::filesystem::path& state_dir, std::string_view vm);
+std::filesystem::path control_path(const std::filesystem::path& state_dir, std::string_view vm);
+
+}  // namespace nes::host
