@@ -1,5 +1,5 @@
 // `neshost logs`: print a VM's workload log (STATE/VM/workload.log and its rotated files, CRI
-// format, host/log_writer.hpp) as `docker logs` does: stdout records to stdout, stderr records to
+// format, host/lib/log_writer.hpp) as `docker logs` does: stdout records to stdout, stderr records to
 // stderr, byte-exact; also after the VM is gone; -f follows a running VM until its `neshost run`
 // exits.
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // `neshost ps`, `stop`, `kill`, `rm`: the VMs of a state dir, from any process, each through the
-// one reconcile rule (host/reconcile.hpp) and the monitor's control socket (host/monitor.hpp).
+// one reconcile rule (host/monitor/reconcile.hpp) and the monitor's control socket (host/monitor/monitor.hpp).
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -288,7 +288,7 @@ int rm_main(const Args& args) {
     } else if (s->monitor_alive) {
       // Ended (its outcome recorded) but its monitor still powering the guest off: what `ps`
       // shows as exited is removable, as docker's `wait X && rm X` expects; give the power-off
-      // the claim's settle time (host/reconcile.hpp) before calling it running.
+      // the claim's settle time (host/monitor/reconcile.hpp) before calling it running.
       if (s->status != host::VmStatus::running)
         if (host::Fd pidfd = monitor_pidfd(*s); pidfd && wait_exit(pidfd, 10s)) {
           auto again = load("rm", state, vm);

@@ -1,7 +1,7 @@
 // `neshost run`: boot a QEMU microVM with nesinit as PID 1, run one workload in it, show its
 // output (the VM console) live and exit with its exit status — `docker run --rm`, behind a VM
-// boundary; with -d, in the background (host/monitor.hpp). Built on serve_vm()
-// (host/cli.hpp) and the launcher in host/vm/. Why it works this way: docs/vm.md.
+// boundary; with -d, in the background (host/monitor/monitor.hpp). Built on serve_vm()
+// (host/cli/cli.hpp) and the launcher in host/vm/. Why it works this way: docs/vm.md.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -459,7 +459,7 @@ int run_main(const Args& args) {
     return proto::kStatusHostFailure;
   };
   // -d: this process is the creator and returns here; its child is the monitor and runs the VM
-  // below, the same way a foreground run does (host/monitor.hpp).
+  // below, the same way a foreground run does (host/monitor/monitor.hpp).
   host::Fd started_notify;
   if (o.detach) {
     if (!o.vm) o.vm = random_vm_id();
@@ -599,7 +599,7 @@ int run_main(const Args& args) {
   // 0700 like serve's (records and console logs are private), and never through a symlink.
   if (auto d = host::open_vm_dir(cfg.state_dir, vmid, true); !d)
     return fail(fmt::format("--state: {}", d.error().message));
-  // This process is the VM's monitor for a new generation (host/reconcile.hpp): reusing a VM id
+  // This process is the VM's monitor for a new generation (host/monitor/reconcile.hpp): reusing a VM id
   // starts a newer one, which nothing of an older one can change.
   // Its identity also goes into the pid file (the pid and its start time name it for good).
   const host::ProcessIdentity self = host::self_identity().value_or(host::ProcessIdentity{::getpid(), 0, {}});

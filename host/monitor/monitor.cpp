@@ -79,7 +79,7 @@ host::Result<UnixAddr> unix_addr(const fs::path& path) {
 host::Result<Detached> detach(const fs::path& state, const std::string& vm, std::chrono::milliseconds bound) {
   // A VM already running under this id is refused here, in the creator's words, rather than by a
   // monitor that was forked only to fail its claim (docker run: "name already in use"). The claim
-  // (host/reconcile.hpp) still decides a race between two creators.
+  // (host/monitor/reconcile.hpp) still decides a race between two creators.
   if (auto s = host::reconcile(state, vm); s && *s && (*s)->status == host::VmStatus::running && (*s)->monitor)
     return host::Error{fmt::format("VM '{}' is running in {} (monitor pid {}, generation {}): stop it or rm -f it first, "
                                    "or give another --vm",

@@ -1,6 +1,6 @@
 // What a VM is doing, from its state dir alone: the monitor that serves a generation
 // (`<state_dir>/<vm>/monitor.json`), an explicit stop (`stop.json`), the outcome record
-// (`outcome.json`, host/record.hpp), and the one reconcile rule every reader uses (ps, inspect,
+// (`outcome.json`, host/lib/record.hpp), and the one reconcile rule every reader uses (ps, inspect,
 // wait, rm, stop). The rules and why: docs/host.md "Detached VMs and reconcile".
 #pragma once
 

@@ -1,4 +1,4 @@
-// Sans-I/O tests of host/session.hpp: every guest message path, each on_exit policy, deadlines,
+// Sans-I/O tests of host/lib/session.hpp: every guest message path, each on_exit policy, deadlines,
 // version mismatch, policy overriding `terminal`, finality, bounded memory. No sockets, no clock.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
