@@ -34,9 +34,10 @@ proto::ExecProcess resolve_exec(control::Exec request, const proto::Exec& worklo
 /// Output goes to the fds the client passed through FdWriters of 1 MiB each: while one is full
 /// the data channel is paused (the guest then holds the process back, lossless), as for the
 /// workload's own output. stdin comes from the passed fd 0 through a StdinPump. The final reply
-/// (control::Exited, "ok exit STATUS[ REASON]") goes once the output is written (or its reader gone), so a
-/// client that exits on it has all of it; output the host could not deliver to it (a stream that
-/// ended without its eof, ExecHooks::lost) makes it "ok exit 125 N bytes of stdout lost: ...".
+/// (control::Exited, "ok exit STATUS[ REASON]") goes once the output is written (or its reader
+/// gone), so a client that exits on it has all of it; output the host could not deliver to it (a
+/// stream that ended without its eof, ExecHooks::lost) makes it "ok exit 125 N bytes of stdout
+/// lost: ...".
 class ExecAttachments {
  public:
   /// `pause_changed`: any_full() may have changed (the caller re-decides Host::pause_output).

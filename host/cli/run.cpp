@@ -770,7 +770,9 @@ int run_main(const Args& args) {
     // (host/monitor/control.hpp): each request on this VM's Host.
     ControlHandlers ch;
     ch.stop = [&h, id] { return h.shutdown(id); };  // what SIGTERM to this process does
-    ch.kill = [&h, id](const control::Kill& k) { return k.proc ? h.kill_exec(id, *k.proc, k.signal) : h.kill(id, k.signal); };
+    ch.kill = [&h, id](const control::Kill& k) {
+      return k.proc ? h.kill_exec(id, *k.proc, k.signal) : h.kill(id, k.signal);
+    };
     ch.resize = [&h, id](const control::Resize& r) { return h.send_resize(id, r.rows, r.cols, r.proc.value_or(0)); };
     ch.ps = [&h, id](auto done) { h.async_list_processes(id, std::move(done)); };
     ch.exec = [&execs](control::Exec x, std::vector<host::Fd> fds, ControlRespond respond) {

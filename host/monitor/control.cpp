@@ -171,7 +171,8 @@ std::string encode(const Request& r) {
       return k.proc ? fmt::format("kill {} {}", k.signal, *k.proc) : fmt::format("kill {}", k.signal);
     }
     std::string operator()(const Resize& z) const {
-      return z.proc ? fmt::format("resize {} {} {}", z.rows, z.cols, *z.proc) : fmt::format("resize {} {}", z.rows, z.cols);
+      return z.proc ? fmt::format("resize {} {} {}", z.rows, z.cols, *z.proc)
+                    : fmt::format("resize {} {}", z.rows, z.cols);
     }
     std::string operator()(const Ps&) const { return "ps"; }
     std::string operator()(const Exec& x) const {
@@ -197,7 +198,9 @@ std::string encode(const Reply& r) {
       return x.why.empty() ? fmt::format("ok exit {}", x.status)
                            : fmt::format("ok exit {} {}", x.status, one_line(x.why, kExitWhyMax));
     }
-    std::string operator()(const ProcessList& p) const { return "ok " + proto::encode(proto::GuestMessage{p.processes}); }
+    std::string operator()(const ProcessList& p) const {
+      return "ok " + proto::encode(proto::GuestMessage{p.processes});
+    }
   };
   return std::visit(V{}, r);
 }
@@ -213,7 +216,8 @@ host::Result<Request> parse_request(std::string_view line) {
     return verb == "stop" ? Request{Stop{}} : Request{Ps{}};
   }
   if (verb == "kill") return bare ? host::Error{"kill: expected SIGNAL [PROC]"} : parse_kill(args);
-  if (verb == "resize") return bare ? host::Error{"resize: expected ROWS COLS [PROC], each 1..65535"} : parse_resize(args);
+  if (verb == "resize")
+    return bare ? host::Error{"resize: expected ROWS COLS [PROC], each 1..65535"} : parse_resize(args);
   if (verb == "exec") return bare ? host::Error{"exec: expected FLAGS JSON"} : parse_exec(args);
   return host::Error{fmt::format("unknown request {}", quoted(line))};
 }
@@ -240,7 +244,9 @@ namespace {
 template <class T>
 host::Status round_trips(const T& v, const host::Result<T>& back, std::string_view what) {
   if (!back) return back.error();
-  if (!(*back == v)) return host::Error{fmt::format("{}: a field cannot be written as it is (over its bound, a newline, or not UTF-8)", what)};
+  if (!(*back == v))
+    return host::Error{
+        fmt::format("{}: a field cannot be written as it is (over its bound, a newline, or not UTF-8)", what)};
   return host::Ok{};
 }
 }  // namespace

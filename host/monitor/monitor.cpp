@@ -1,6 +1,5 @@
 #include "host/monitor/monitor.hpp"
 
-
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -350,7 +349,8 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
     if (std::holds_alternative<control::Ps>(*req)) {
       if (!hs->ps) return unserved("ps");
       return hs->ps([respond](host::Result<proto::Processes> r) {
-        respond(r ? control::Reply{control::ProcessList{std::move(*r)}} : control::Reply{control::Error{r.error().message}});
+        respond(r ? control::Reply{control::ProcessList{std::move(*r)}}
+                  : control::Reply{control::Error{r.error().message}});
       });
     }
     auto& x = std::get<control::Exec>(*req);
@@ -411,7 +411,8 @@ host::Result<ControlSession> ControlSession::open(const fs::path& path, const co
   if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr->sa), addr->len) != 0)
     return host::Error{fmt::format("no monitor at {}: {}", path.string(), errno_text(errno))};
   std::string line = control::encode(request) + "\n";
-  if (line.size() > kControlRequestMax + 1) return host::Error{fmt::format("request over {} bytes", kControlRequestMax)};
+  if (line.size() > kControlRequestMax + 1)
+    return host::Error{fmt::format("request over {} bytes", kControlRequestMax)};
   if (fds.size() > 3) return host::Error{"at most 3 fds per request"};
   alignas(cmsghdr) char ctl[CMSG_SPACE(3 * sizeof(int))] = {};
   std::size_t off = 0;

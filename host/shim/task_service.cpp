@@ -234,8 +234,8 @@ struct TaskService::Impl {
   // ---- Exec: more processes in the task's VM (docs/containerd.md "Exec") ----
   // Each runs through the VM's monitor (`neshost run`): its control socket takes an `exec`
   // request with containerd's FIFOs for the process (SCM_RIGHTS) and answers on the same
-  // connection "ok started PID PROC", then "ok exit STATUS". The shim reads that connection on its
-  // loop; Kill and ResizePty go to the control socket naming PROC.
+  // connection "ok started PID PROC", then "ok exit STATUS" (host/monitor/control.hpp). The shim
+  // reads that connection on its loop; Kill and ResizePty go to the control socket naming PROC.
   struct ExecProc {
     explicit ExecProc(asio::io_context& io) : sock(io), buf(64u << 10) {}
     std::string id;

@@ -177,12 +177,13 @@ TEST_CASE("malformed requests: each field refused, named") {
   const std::string json(kSampleExecJson);
   CHECK(request_error("exec") == "exec: expected FLAGS JSON");
   CHECK(request_error("exec -") == "exec: expected FLAGS JSON");
-  CHECK(request_error("exec x " + json) == "exec: FLAGS: expected '-' or letters of 'ecu' (each at most once), got 'x'");
-  CHECK(request_error("exec ee " + json) == "exec: FLAGS: expected '-' or letters of 'ecu' (each at most once), got 'ee'");
-  CHECK(request_error("exec -e " + json) == "exec: FLAGS: expected '-' or letters of 'ecu' (each at most once), got '-e'");
-  CHECK(request_error("exec  " + json) == "exec: FLAGS: expected '-' or letters of 'ecu' (each at most once), got ''");
+  const std::string flags_error = "exec: FLAGS: expected '-' or letters of 'ecu' (each at most once), got ";
+  CHECK(request_error("exec x " + json) == flags_error + "'x'");
+  CHECK(request_error("exec ee " + json) == flags_error + "'ee'");
+  CHECK(request_error("exec -e " + json) == flags_error + "'-e'");
+  CHECK(request_error("exec  " + json) == flags_error + "''");
   CHECK(request_error("exec - {").starts_with("exec: JSON: "));
-  CHECK(request_error("exec - ") .starts_with("exec: JSON: "));
+  CHECK(request_error("exec - ").starts_with("exec: JSON: "));
   CHECK(request_error(R"(exec - {"type":"kill","signal":9})") == "exec: JSON: expected an `exec` message");
   CHECK(request_error(R"(exec - {"type":"frob"})") == "exec: JSON: expected an `exec` message");
   // The protocol's own checks name the field inside the JSON.
@@ -200,7 +201,8 @@ TEST_CASE("malformed replies: each field refused, named") {
   CHECK(reply_error("error:x") == "unknown reply 'error:x'");
   CHECK(reply_error("ok waitingroom") == "unknown reply 'ok waitingroom'");
 
-  CHECK(reply_error("error: " + std::string(ctl::kErrorMessageMax + 1, 'e')) == "error: MESSAGE: over 4096 bytes (4097)");
+  CHECK(reply_error("error: " + std::string(ctl::kErrorMessageMax + 1, 'e')) ==
+        "error: MESSAGE: over 4096 bytes (4097)");
   CHECK(reply_error("error: " + std::string(ctl::kErrorMessageMax, 'e')).empty());
 
   CHECK(reply_error("ok started") == "started: expected PID PROC");
@@ -240,12 +242,15 @@ TEST_CASE("encode keeps one line within the bounds; validate says what cannot be
   CHECK(ctl::validate(ctl::Resize{0, 80, std::nullopt}).error().message ==
         "resize: ROWS: expected an integer 1..65535, got '0'");
   CHECK(ctl::validate(ctl::Kill{9, 0}).error().message == "kill: PROC: expected an integer 1..65535, got '0'");
-  CHECK(ctl::validate(ctl::Started{0, 1}).error().message == "started: PID: expected an integer 1..2147483647, got '0'");
+  CHECK(ctl::validate(ctl::Started{0, 1}).error().message ==
+        "started: PID: expected an integer 1..2147483647, got '0'");
   CHECK(ctl::validate(ctl::Exited{256, ""}).error().message == "exit: STATUS: expected an integer 0..255, got '256'");
   // An exec the protocol refuses, or too big for one request line.
   proto::ExecProcess empty_argv = sample_exec();
   empty_argv.exec.argv.clear();
-  CHECK(ctl::validate(ctl::Exec{false, false, false, empty_argv}).error().message.starts_with("exec: JSON: exec.exec.argv: expected non-empty array"));
+  CHECK(ctl::validate(ctl::Exec{false, false, false, empty_argv})
+            .error()
+            .message.starts_with("exec: JSON: exec.exec.argv: expected non-empty array"));
   proto::ExecProcess big = sample_exec();
   big.exec.env["BIG"] = std::string(ctl::kRequestMax, 'x');
   CHECK(ctl::validate(ctl::Exec{false, false, false, big}).error().message == "request: over 65536 bytes (65646)");
@@ -404,6 +409,6 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
   CHECK(bad.error().message == "kill: SIGNAL: expected an integer 1..64, got '0'");
 
   std::lock_guard lock(mu);
-  CHECK(calls == std::vector<std::string>{"stop", "kill 9 0", "kill 15 0", "kill 15 0", "ps", "exec sh fds 3", "kill 9 8",
-                                          "kill 9 7", "exec /missing fds 0", "kill 9 0", "ps"});
+  CHECK(calls == std::vector<std::string>{"stop", "kill 9 0", "kill 15 0", "kill 15 0", "ps", "exec sh fds 3",
+                                          "kill 9 8", "kill 9 7", "exec /missing fds 0", "kill 9 0", "ps"});
 }
