@@ -766,52 +766,19 @@ int run_main(const Args& args) {
       (void)h.vm_exited(id);
       return;
     }
-    // `neshost stop`/`kill` from any process reach this VM through its control socket.
-    auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), [&h, &execs, id](std::string_view req,
-                                                                                     std::vector<host::Fd> fds,
-                                                                                     ControlServer::Reply reply) {
-      if (req == "ps") {
-        // The guest's answer, as the protocol's own JSON array (one line).
-        return h.async_list_processes(id, [reply = std::move(reply)](host::Result<proto::Processes> r) {
-          if (!r) return reply("error: " + r.error().message, false);
-          std::string line = proto::encode(proto::GuestMessage{*r});
-          reply("ok " + line, false);
-        });
-      }
-      if (req.starts_with("exec ")) return execs.start(req.substr(5), std::move(fds), std::move(reply));
-      // `kill SIG [PROC]`, `resize ROWS COLS [PROC]`: PROC a process `neshost exec` started.
-      std::vector<std::string_view> words;
-      for (std::size_t at = 0; at <= req.size() && words.size() < 5;) {
-        auto sp = req.find(' ', at);
-        words.push_back(req.substr(at, sp == std::string_view::npos ? std::string_view::npos : sp - at));
-        if (sp == std::string_view::npos) break;
-        at = sp + 1;
-      }
-      host::Status s = host::Error{fmt::format("unknown request '{}'", req)};
-      if (req == "stop") {
-        s = h.shutdown(id);  // what SIGTERM to this process does: an ordered shutdown
-      } else if (words[0] == "kill" && (words.size() == 2 || words.size() == 3)) {
-        auto sig = parse_uint("signal", words[1], 1, 64);
-        auto proc = words.size() == 3 ? parse_uint("proc", words[2], 1, 0xffff) : host::Result<std::uint64_t>(0);
-        if (!sig) s = sig.error();
-        else if (!proc) s = proc.error();
-        else if (*proc) s = h.kill_exec(id, static_cast<std::uint16_t>(*proc), static_cast<int>(*sig));
-        else s = h.kill(id, static_cast<int>(*sig));
-      } else if (words[0] == "resize") {
-        // `resize ROWS COLS [PROC]`: the workload's terminal (containerd's ResizePty through the
-        // shim), or that of process PROC.
-        s = host::Error{"resize: expected ROWS COLS [PROC], each 1..65535"};
-        if (words.size() == 3 || words.size() == 4) {
-          auto rows = parse_uint("rows", words[1], 1, 0xffff);
-          auto cols = parse_uint("cols", words[2], 1, 0xffff);
-          auto proc = words.size() == 4 ? parse_uint("proc", words[3], 1, 0xffff) : host::Result<std::uint64_t>(0);
-          if (rows && cols && proc)
-            s = h.send_resize(id, static_cast<std::uint16_t>(*rows), static_cast<std::uint16_t>(*cols),
-                              static_cast<std::uint16_t>(*proc));
-        }
-      }
-      reply(s ? std::string("ok") : "error: " + s.error().message, false);
-    });
+    // `neshost stop`/`kill`/`top`/`exec` and the shim reach this VM through its control socket
+    // (host/monitor/control.hpp): each request on this VM's Host.
+    ControlHandlers ch;
+    ch.stop = [&h, id] { return h.shutdown(id); };  // what SIGTERM to this process does
+    ch.kill = [&h, id](const control::Kill& k) {
+      return k.proc ? h.kill_exec(id, *k.proc, k.signal) : h.kill(id, k.signal);
+    };
+    ch.resize = [&h, id](const control::Resize& r) { return h.send_resize(id, r.rows, r.cols, r.proc.value_or(0)); };
+    ch.ps = [&h, id](auto done) { h.async_list_processes(id, std::move(done)); };
+    ch.exec = [&execs](control::Exec x, std::vector<host::Fd> fds, ControlRespond respond) {
+      execs.start(std::move(x), std::move(fds), std::move(respond));
+    };
+    auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
     vm::LaunchOptions lo;

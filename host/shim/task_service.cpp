@@ -226,7 +226,7 @@ struct TaskService::Impl {
   }
   std::optional<asio::posix::stream_descriptor> exit_watch;
   std::vector<ttrpc::Respond> waiters;
-  std::optional<std::string> pending_resize;  // "resize ROWS COLS" not yet taken by neshost run
+  std::optional<cli::control::Resize> pending_resize;  // not yet taken by neshost run
   std::chrono::steady_clock::time_point resize_deadline;
   asio::steady_timer resize_timer{io};
   asio::steady_timer kill_timer{io};  // SIGKILL's deadline for the guest
@@ -234,8 +234,8 @@ struct TaskService::Impl {
   // ---- Exec: more processes in the task's VM (docs/containerd.md "Exec") ----
   // Each runs through the VM's monitor (`neshost run`): its control socket takes an `exec`
   // request with containerd's FIFOs for the process (SCM_RIGHTS) and answers on the same
-  // connection "ok started PID PROC", then "ok exit STATUS". The shim reads that connection on its
-  // loop; Kill and ResizePty go to the control socket naming PROC.
+  // connection "ok started PID PROC", then "ok exit STATUS" (host/monitor/control.hpp). The shim
+  // reads that connection on its loop; Kill and ResizePty go to the control socket naming PROC.
   struct ExecProc {
     explicit ExecProc(asio::io_context& io) : sock(io), buf(64u << 10) {}
     std::string id;
@@ -254,7 +254,7 @@ struct TaskService::Impl {
     std::vector<ttrpc::Respond> waiters;
     std::optional<std::pair<std::uint32_t, std::uint32_t>> pending_resize;  // height, width before it started
     // Until the monitor's control socket takes the request (a VM just started has none yet).
-    std::string request;
+    cli::control::Exec request;
     Fd in, out, err;
     std::optional<asio::steady_timer> retry;
     std::chrono::steady_clock::time_point connect_deadline;
@@ -342,7 +342,7 @@ struct TaskService::Impl {
     }
     if (auto ok = proto::validate(proto::HostMessage{m}); !ok)
       return respond(fail(ttrpc::Code::invalid_argument, "spec: " + ok.error().reason));
-    x->request = "exec - " + proto::encode(proto::HostMessage{m});
+    x->request = cli::control::Exec{false, false, false, std::move(m)};  // `exec - JSON`
     x->in = std::move(*in);
     x->out = std::move(*out);
     x->err = std::move(*err);
@@ -392,13 +392,13 @@ struct TaskService::Impl {
       if (ec) return exec_ended(*x, 137, "the VM's monitor closed the connection");  // gone with the VM
       std::string line(asio::buffers_begin(x->buf.data()), asio::buffers_begin(x->buf.data()) + n - 1);
       x->buf.consume(n);
-      if (line.starts_with("ok waiting")) return read_exec(id);  // the VM is still booting
-      if (line.starts_with("ok started ")) {
-        unsigned pid = 0, proc = 0;
-        if (std::sscanf(line.c_str() + 11, "%u %u", &pid, &proc) != 2 || proc == 0 || proc > 0xffff)
-          return exec_ended(*x, 125, "unexpected answer: " + line);
+      auto reply = cli::control::parse_reply(line);
+      if (!reply) return exec_ended(*x, 125, "unexpected answer: " + line);
+      if (std::holds_alternative<cli::control::Waiting>(*reply)) return read_exec(id);  // the VM is still booting
+      if (auto* started = std::get_if<cli::control::Started>(&*reply)) {
+        const auto pid = static_cast<std::uint32_t>(started->pid);
         x->pid = pid;
-        x->proc = static_cast<std::uint16_t>(proc);
+        x->proc = started->proc;
         x->phase = Phase::running;
         ev::TaskExecStarted e;
         e.set_container_id(cfg.id);
@@ -410,17 +410,15 @@ struct TaskService::Impl {
         if (auto rs = std::exchange(x->start_respond, std::nullopt)) (*rs)(ok(r));
         if (auto sz = std::exchange(x->pending_resize, std::nullopt))
           (void)cli::control_request(host::control_path(rec.state_dir, rec.vm),
-                                     fmt::format("resize {} {} {}", sz->first, sz->second, x->proc), 2s);
+                                     cli::control::Resize{static_cast<std::uint16_t>(sz->first),
+                                                          static_cast<std::uint16_t>(sz->second), x->proc},
+                                     2s);
         return read_exec(id);
       }
-      if (line.starts_with("ok exit ")) {
-        unsigned st = 0;
-        const char* rest = line.c_str() + 8;
-        if (std::sscanf(rest, "%u", &st) != 1 || st > 255) return exec_ended(*x, 125, "unexpected answer: " + line);
-        const char* sp = std::strchr(rest, ' ');
-        return exec_ended(*x, st, sp ? sp + 1 : "");
-      }
-      exec_ended(*x, 125, line.starts_with("error: ") ? line.substr(7) : "unexpected answer: " + line);
+      if (auto* exited = std::get_if<cli::control::Exited>(&*reply))
+        return exec_ended(*x, static_cast<std::uint32_t>(exited->status), exited->why);
+      if (auto* e = std::get_if<cli::control::Error>(&*reply)) return exec_ended(*x, 125, e->message);
+      exec_ended(*x, 125, "unexpected answer: " + line);
     });
   }
 
@@ -462,9 +460,10 @@ struct TaskService::Impl {
   ttrpc::Reply exec_kill(ExecProc& x, std::uint32_t signal) {
     if (x.phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
     if (x.phase != Phase::running || x.proc == 0) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: not started", x.id));
-    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {} {}", signal, x.proc), 2s);
-    if (reply && *reply == "ok") return empty();
-    return fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, reply ? *reply : reply.error().message));
+    auto done = cli::control_call(host::control_path(rec.state_dir, rec.vm),
+                                  cli::control::Kill{static_cast<int>(signal), x.proc}, 2s);
+    if (done) return empty();
+    return fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, done.error().message));
   }
 
   using Handler = ttrpc::Reply (Impl::*)(const std::string& payload);
@@ -706,12 +705,13 @@ struct TaskService::Impl {
     }
     if (!same_process_alive(rec.pid, rec.pid_start))  // exited, its exit not yet seen here
       return fail(ttrpc::Code::not_found, "process already finished");
-    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {}", req->signal()), 2s);
+    host::Status reply = cli::control_call(host::control_path(rec.state_dir, rec.vm),
+                                           cli::control::Kill{static_cast<int>(req->signal()), std::nullopt}, 2s);
     if (req->signal() == SIGKILL) {
       // SIGKILL must end the task whatever the guest does: if the VM has not exited 10 s after
       // the guest was told (or at once when it cannot be told), its whole session is killed
       // (exit 137: 128+SIGKILL).
-      if (!reply || *reply != "ok") {
+      if (!reply) {
         kill_session();
         return empty();
       }
@@ -719,7 +719,7 @@ struct TaskService::Impl {
       kill_timer.async_wait([this](boost::system::error_code e) { if (!e) kill_session(); });
       return empty();
     }
-    if (reply && *reply == "ok") return empty();
+    if (reply) return empty();
     // No control socket yet (the VM is still booting): SIGTERM still ends the task, as an
     // ordered shutdown of the VM (exit 143).
     if (req->signal() == SIGTERM) {
@@ -727,7 +727,7 @@ struct TaskService::Impl {
       return empty();
     }
     return fail(ttrpc::Code::unavailable,
-                fmt::format("kill {}: {}", req->signal(), reply ? *reply : reply.error().message));
+                fmt::format("kill {}: {}", req->signal(), reply.error().message));
   }
 
   ttrpc::Reply state(const std::string& p) {
@@ -858,17 +858,20 @@ struct TaskService::Impl {
         x->pending_resize = std::pair{req->height(), req->width()};
         return empty();
       }
-      auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm),
-                                        fmt::format("resize {} {} {}", req->height(), req->width(), x->proc), 2s);
-      if (reply && *reply == "ok") return empty();
-      return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", reply ? *reply : reply.error().message));
+      auto done = cli::control_call(host::control_path(rec.state_dir, rec.vm),
+                                    cli::control::Resize{static_cast<std::uint16_t>(req->height()),
+                                                         static_cast<std::uint16_t>(req->width()), x->proc},
+                                    2s);
+      if (done) return empty();
+      return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", done.error().message));
     }
     if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, "task is not running");
     if (!spec.terminal) return fail(ttrpc::Code::failed_precondition, "the task has no terminal");
     // ctr resizes right after Start, before `neshost run` has its control socket: the latest size
     // is kept and delivered as soon as the socket answers (neshost makes it the size the workload
     // starts with when the guest has not booted yet).
-    pending_resize = fmt::format("resize {} {}", req->height(), req->width());
+    pending_resize = cli::control::Resize{static_cast<std::uint16_t>(req->height()),
+                                          static_cast<std::uint16_t>(req->width()), std::nullopt};
     resize_deadline = std::chrono::steady_clock::now() + 30s;
     deliver_resize();
     return empty();
@@ -881,13 +884,15 @@ struct TaskService::Impl {
     if (std::filesystem::exists(path, ec)) {
       auto reply = cli::control_request(path, *pending_resize, 2s);
       if (reply) {  // "ok", or neshost's final word on it
-        if (*reply != "ok") fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {}\n", cfg.id, *reply);
+        if (!std::holds_alternative<cli::control::Ok>(*reply))
+          fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {}\n", cfg.id, cli::control::encode(*reply));
         pending_resize.reset();
         return;
       }
     }
     if (std::chrono::steady_clock::now() > resize_deadline) {
-      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {} not delivered in 30 s\n", cfg.id, *pending_resize);
+      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {} not delivered in 30 s\n", cfg.id,
+                 cli::control::encode(cli::control::Request{*pending_resize}));
       pending_resize.reset();
       return;
     }
