@@ -19,6 +19,7 @@
 #include <mutex>
 #include <set>
 
+#include "host/lib/signals_blocked.hpp"
 #include "protocol/codec.hpp"
 
 namespace nes::host {
@@ -930,7 +931,10 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
 };
 
 Host::Host(asio::io_context& io, HostOptions opt)
-    : impl_(std::make_shared<Impl>(io, std::move(opt))) {}
+    : impl_([&] {
+        SignalsBlocked quiet;  // the worker pool's threads never take a process signal
+        return std::make_shared<Impl>(io, std::move(opt));
+      }()) {}
 
 Host::~Host() { impl_->teardown(); }
 

@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "host/lib/base.hpp"
+#include "host/lib/signals_blocked.hpp"
 #include "base/small_file.hpp"
 #include "protocol/codec.hpp"
 
@@ -445,6 +446,7 @@ void sync_all(const WriteOptions& opt, const std::vector<int>& fds, std::vector<
   std::vector<std::thread> helpers;
   const std::size_t extra = std::min(fds.size(), kSyncFanout) - 1;
   try {
+    SignalsBlocked quiet;  // helpers never take a process signal
     for (std::size_t t = 0; t < extra; ++t) helpers.emplace_back(work);
   } catch (const std::system_error&) {
     // No more threads now: the ones running and this one share the rest.
