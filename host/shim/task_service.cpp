@@ -43,7 +43,6 @@ namespace asio = boost::asio;
 namespace fs = std::filesystem;
 namespace v2 = containerd::task::v2;
 namespace ev = containerd::events;
-namespace types = containerd::v1::types;
 using host::Error;
 using host::Fd;
 using host::Result;
@@ -188,6 +187,66 @@ Cleanup cleanup_task(const fs::path& bundle) {
   return c;
 }
 
+namespace {
+
+/// Spawns `prog` with `args` (argv[1..]) in a session of its own (a signal to the shim's group
+/// never reaches it; its group ends with it), `s` as its fds 0-2 and nothing else of the shim's
+/// (containerd's connections above all), every signal unblocked and default. Returns its pid;
+/// the error names `prog` and posix_spawn's errno.
+Result<pid_t> spawn_session(std::string prog, std::vector<std::string> args, const Streams& s) {
+  std::vector<char*> argv;
+  argv.push_back(prog.data());
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, s.in.get(), 0);
+  posix_spawn_file_actions_adddup2(&fa, s.out.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa, s.err.get(), 2);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setsigdefault(&at, &all);
+  pid_t pid = 0;
+  int rc = ::posix_spawnp(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (rc != 0) return Error{fmt::format("spawn {}: {}", prog, std::strerror(rc))};
+  return pid;
+}
+
+/// The `exec` request for an exec's process `spec` (its number is the monitor's to give): its
+/// stdin attached when it has one; with a `terminal`, a PTY of `size` (height, width; 24x80
+/// unless a ResizePty came before it started).
+proto::ExecProcess exec_message(const TaskSpec& spec, bool attach_stdin, bool terminal,
+                                std::optional<std::pair<std::uint32_t, std::uint32_t>> size) {
+  proto::ExecProcess m;
+  m.proc = 1;  // the monitor numbers it
+  m.exec.argv = spec.argv;
+  for (const auto& kv : spec.env) {
+    auto eq = kv.find('=');
+    m.exec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  m.exec.cwd = spec.cwd;
+  m.exec.uid = spec.uid;
+  m.exec.gid = spec.gid;
+  m.exec.groups = spec.groups;
+  m.stdio = proto::Stdio{};
+  m.stdio->attach_stdin = attach_stdin;
+  if (terminal) {
+    auto [h, w] = size.value_or(std::pair<std::uint32_t, std::uint32_t>{24, 80});
+    m.stdio->terminal = proto::Terminal{static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(w)};
+  }
+  return m;
+}
+
+}  // namespace
+
 // ---- the service ----
 
 struct TaskService::Impl {
@@ -300,23 +359,7 @@ struct TaskService::Impl {
     if (task.phase != Phase::running) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id)));
     auto streams = x->open_streams();
     if (!streams) return respond(fail(ttrpc::Code::invalid_argument, streams.error().message));
-    proto::ExecProcess m;
-    m.proc = 1;  // the monitor numbers it
-    m.exec.argv = x->spec.argv;
-    for (const auto& kv : x->spec.env) {
-      auto eq = kv.find('=');
-      m.exec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    m.exec.cwd = x->spec.cwd;
-    m.exec.uid = x->spec.uid;
-    m.exec.gid = x->spec.gid;
-    m.exec.groups = x->spec.groups;
-    m.stdio = proto::Stdio{};
-    m.stdio->attach_stdin = !x->stdin_path.empty();
-    if (x->terminal) {
-      auto [h, w] = x->pending_resize.value_or(std::pair<std::uint32_t, std::uint32_t>{24, 80});
-      m.stdio->terminal = proto::Terminal{static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(w)};
-    }
+    proto::ExecProcess m = exec_message(x->spec, !x->stdin_path.empty(), x->terminal, x->pending_resize);
     if (auto ok = proto::validate(proto::HostMessage{m}); !ok)
       return respond(fail(ttrpc::Code::invalid_argument, "spec: " + ok.error().reason));
     x->request = "exec - " + proto::encode(proto::HostMessage{m});
@@ -522,34 +565,9 @@ struct TaskService::Impl {
     auto streams = task.open_streams();
     if (!streams) return fail(ttrpc::Code::invalid_argument, streams.error().message);
     RunPlan plan{rec.vm, rec.state_dir, !task.stdin_path.empty()};
-    std::vector<std::string> args = run_args(spec, plan);
-    std::vector<char*> argv;
-    std::string prog = cfg.neshost.string();
-    argv.push_back(prog.data());
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, streams->in.get(), 0);
-    posix_spawn_file_actions_adddup2(&fa, streams->out.get(), 1);
-    posix_spawn_file_actions_adddup2(&fa, streams->err.get(), 2);
-    // Nothing else of the shim's (containerd's connections above all) is inherited.
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    // Its own session: a signal to the shim's group never reaches the VM, and `shim delete` ends
-    // neshost, QEMU and virtiofsd together through the group.
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    pid_t pid = 0;
-    int rc = ::posix_spawnp(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    if (rc != 0) return fail(ttrpc::Code::internal, fmt::format("spawn {}: {}", prog, std::strerror(rc)));
+    auto spawned = spawn_session(cfg.neshost.string(), run_args(spec, plan), *streams);
+    if (!spawned) return fail(ttrpc::Code::internal, spawned.error().message);
+    const pid_t pid = *spawned;
     pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     int watch_fd = pidfd ? ::fcntl(pidfd.get(), F_DUPFD_CLOEXEC, 3) : -1;
     rec.pid = pid;
