@@ -16,6 +16,7 @@
 #include "host/cli/cli.hpp"
 #include "host/lib/base.hpp"
 #include "host/lib/log_writer.hpp"
+#include "host/lib/state_dir.hpp"
 #include "host/monitor/reconcile.hpp"
 
 namespace nes::cli {
@@ -170,7 +171,7 @@ int logs_main(const Args& args) {
     }
   }
   const bool follow = p->has("follow");
-  const fs::path log = state / vmid / "workload.log";
+  const fs::path log = host::vm_path(state, vmid, host::kWorkloadLog);
 
   // inotify on the VM's directory before the first read: nothing written in between is missed.
   host::Fd in(follow ? ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK) : -1);

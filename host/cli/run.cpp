@@ -36,6 +36,7 @@
 #include "host/monitor/monitor.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "host/lib/record.hpp"
+#include "host/lib/state_dir.hpp"
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
 #include "host/vm/process.hpp"
@@ -333,8 +334,6 @@ std::string random_vm_id() {
   return fmt::format("vm-{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3]);
 }
 
-fs::path pid_file(const fs::path& state, const std::string& vm) { return state / vm / "neshost-run.pid"; }
-
 /// A private directory for one run's sockets and generated initramfs, removed on every path that
 /// unwinds. Under $TMPDIR (default /tmp), not the state dir: the socket path must fit sun_path.
 struct RuntimeDir {
@@ -354,15 +353,6 @@ struct RuntimeDir {
   RuntimeDir& operator=(const RuntimeDir&) = delete;
 };
 
-/// Removes a file on scope exit.
-struct FileGuard {
-  fs::path path;
-  ~FileGuard() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove(path, ec);
-  }
-};
-
 /// One line on stderr, never blocking for long (stderr is our own non-blocking description,
 /// make_own_nonblocking): a stderr nobody reads loses the line, it never holds up neshost.
 template <class... A>
@@ -378,7 +368,8 @@ class ConsoleOut {
  public:
   bool show = false;
   static constexpr std::size_t kLogCap = 4u << 20;  // bytes of console.log
-  void open_log(const fs::path& p) { log_.reset(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600)); }
+  /// Log to `f` (console.log, opened by host::open_vm_file); an empty Fd: no log.
+  void open_log(host::Fd f) { log_ = std::move(f); }
   void write(std::string_view b) { emit(crlf_.feed(b)); }
   /// At the end of the console stream (QEMU has exited and its output is drained).
   void finish() { emit(crlf_.finish()); }
@@ -595,13 +586,14 @@ int run_main(const Args& args) {
   cfg.listen.kind = host::ListenSpec::Kind::unix_path;
   cfg.listen.path = channel.string();
 
-  // STATE/VM/: the record (the library), this run's pid (for `neshost stop`), the console log.
-  // 0700 like serve's (records and console logs are private), and never through a symlink.
+  // STATE/VM/: the record (the library), monitor.json (this run's identity, for `neshost stop`),
+  // the console log. 0700 like serve's (records and console logs are private), never through a
+  // symlink.
   if (auto d = host::open_vm_dir(cfg.state_dir, vmid, true); !d)
     return fail(fmt::format("--state: {}", d.error().message));
   // This process is the VM's monitor for a new generation (host/monitor/reconcile.hpp): reusing a VM id
-  // starts a newer one, which nothing of an older one can change.
-  // Its identity also goes into the pid file (the pid and its start time name it for good).
+  // starts a newer one, which nothing of an older one can change. monitor.json names this process
+  // for good (pid, start time, boot id): what `neshost stop` and `kill` find it by.
   const host::ProcessIdentity self = host::self_identity().value_or(host::ProcessIdentity{::getpid(), 0, {}});
   {
     host::MonitorInfo mi;
@@ -613,17 +605,10 @@ int run_main(const Args& args) {
     if (!gen) return fail(gen.error().message);
     cfg.session.generation = *gen;
   }
-  FileGuard pidf{pid_file(cfg.state_dir, vmid)};
-  if (auto f = host::open_vm_file(cfg.state_dir, vmid, "neshost-run.pid", O_WRONLY | O_CREAT | O_TRUNC)) {
-    std::string line = fmt::format("{} {}\n", self.pid, self.start_time);
-    if (::write(f->get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
-      return fail(fmt::format("--state: writing {}: {}", pidf.path.string(), std::strerror(errno)));
-  } else {
-    return fail(fmt::format("--state: {}", f.error().message));
-  }
   auto console = std::make_shared<ConsoleOut>();
-  const fs::path console_log = cfg.state_dir / vmid / "console.log";
-  console->open_log(console_log);
+  const fs::path console_log = host::vm_path(cfg.state_dir, vmid, host::kConsoleLog);
+  if (auto f = host::open_vm_file(cfg.state_dir, vmid, host::kConsoleLog, O_WRONLY | O_CREAT | O_TRUNC))
+    console->open_log(std::move(*f));
   console->show = o.console;
 
   // The daemons first: each creates the socket its QEMU device connects to. Their logs sit next to
@@ -638,7 +623,7 @@ int run_main(const Args& args) {
     vo.share = sh;
     if (sh.tag == kFileShareTag)
       for (const auto& f : file_volumes) vo.binds.push_back(f.bind);
-    vo.log = cfg.state_dir / vmid / fmt::format("virtiofsd-{}.log", sh.tag);
+    vo.log = host::vm_path(cfg.state_dir, vmid, host::virtiofsd_log_name(sh.tag));
     daemon_logs.push_back(vo.log);
     auto d = vm::Virtiofsd::start(vo, 10s);
     if (!d) return fail(d.error().message);
@@ -936,7 +921,7 @@ int run_main(const Args& args) {
   if (remove_scratch) {
     fs::remove(console_log, ec);
     for (const auto& l : daemon_logs) fs::remove(l, ec);
-    const fs::path wl = cfg.state_dir / vmid / "workload.log";
+    const fs::path wl = host::vm_path(cfg.state_dir, vmid, host::kWorkloadLog);
     for (auto& r : host::rotated_logs(wl)) fs::remove(r, ec);
     fs::remove(wl, ec);
   }

@@ -20,6 +20,7 @@
 #include <set>
 
 #include "host/lib/signals_blocked.hpp"
+#include "host/lib/state_dir.hpp"
 #include "protocol/codec.hpp"
 
 namespace nes::host {
@@ -709,7 +710,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     std::error_code ec;
     std::filesystem::create_directories(opt.state_dir / vm->id(), ec);
     LogOptions lo;
-    lo.path = opt.state_dir / vm->id() / "workload.log";
+    lo.path = vm_path(opt.state_dir, vm->id(), kWorkloadLog);
     lo.max_size = opt.workload_log.max_size;
     lo.max_files = opt.workload_log.max_files;
     std::weak_ptr<Impl> w = shared_from_this();

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "host/lib/state_dir.hpp"
 #include "host/monitor/reconcile.hpp"
 
 namespace nes::cli {
@@ -87,7 +88,7 @@ host::Result<Detached> detach(const fs::path& state, const std::string& vm, std:
   fs::create_directories(dir, ec);
   if (ec) return host::Error{fmt::format("--state: cannot create {}: {}", dir.string(), ec.message())};
   ::chmod(dir.c_str(), 0700);
-  const fs::path log_path = dir / "monitor.log";
+  const fs::path log_path = dir / host::kMonitorLog;
   // Appended across generations, restarted once it passes 1 MiB (bounded).
   int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW;
   struct stat st{};
