@@ -424,6 +424,71 @@ host::Result<std::vector<std::string>> launch_argv(const RunPlan& plan) {
   return argv;
 }
 
+/// `neshost exec` clients still taking their output once the VM is gone: the loop goes on until
+/// each has it all and its final reply (a slow client costs time, never bytes), or until a signal
+/// (`stop_fd`, a signalfd, readable); what is then left is said on stderr.
+void drain_exec_clients(asio::io_context& io, ExecAttachments& execs, int stop_fd) {
+  if (execs.idle()) return;
+  io.restart();
+  bool stop = false;
+  asio::posix::stream_descriptor sig(io, ::fcntl(stop_fd, F_DUPFD_CLOEXEC, 3));
+  sig.async_wait(asio::posix::stream_descriptor::wait_read, [&](boost::system::error_code ec) { stop = !ec; });
+  while (!execs.idle() && !stop && io.run_one()) {
+  }
+  if (!execs.idle())
+    say("neshost run: {} bytes of `neshost exec` output not delivered: interrupted while its readers were still "
+        "taking them\n", execs.queued());
+}
+
+/// The workload's output our readers have not taken yet: written for as long as they live,
+/// however slowly they read, until a signal (`stop_fd` readable) says to give up (counted and said,
+/// exit 125). An end the user asked for up front, --timeout, bounds this too (by `grace`), keeping
+/// its 124. Then the record's own losses, said. Returns `status`, or 125 if output was lost.
+int deliver_owed_output(FdWriter& out, FdWriter& errw, int stop_fd, const std::optional<host::Record>& final_record,
+                        std::chrono::milliseconds grace, int status) {
+  const bool timed_out = final_record && final_record->outcome == proto::Outcome::timeout;
+  const auto limit = timed_out ? std::optional(grace) : std::nullopt;
+  for (auto [w, name] : {std::pair{&out, "stdout"}, std::pair{&errw, "stderr"}}) {
+    auto f = w->flush(stop_fd, limit);
+    if (!f.left) continue;
+    if (f.interrupted) {
+      say("neshost run: {} bytes of {} lost: {} while its reader was still taking them\n", f.left, name,
+          timed_out ? fmt::format("the --timeout ended neshost {} ms later", grace.count()) : "interrupted");
+      // As host::reported_status(): it overrides the workload's own status, not a host verdict.
+      if (!final_record || final_record->outcome == proto::Outcome::exited ||
+          final_record->outcome == proto::Outcome::signalled)
+        status = host::kStatusOutputLost;
+    } else {
+      say("neshost run: {} bytes of {} not delivered: its reader went away\n", f.left, name);
+    }
+  }
+  if (final_record)
+    for (const auto& line : host::describe_loss(*final_record)) say("neshost run: {}\n", line);
+  return status;
+}
+
+/// QEMU is gone, so each virtiofsd has lost its client and is exiting; reap it (bounded).
+void reap_daemons(const RunPlan& plan, Running& run) {
+  for (auto& d : run.daemons) {
+    auto e = d->stop(2s);
+    if (plan.console) say("neshost: virtiofsd {} {}\n", d->share().tag, vm::describe(e));
+  }
+  run.daemons.clear();
+}
+
+/// --on-exit remove: the VM's scratch files go (the console log, the daemons' logs, workload.log
+/// and its rotations); the record stays.
+void remove_scratch_files(const RunPlan& plan, const Running& run) {
+  const ServeConfig& cfg = plan.serve;
+  const std::string& vmid = plan.vm;
+  std::error_code ec;
+  fs::remove(run.console_log, ec);
+  for (const auto& l : run.daemon_logs) fs::remove(l, ec);
+  const fs::path wl = cfg.state_dir / vmid / "workload.log";
+  for (auto& r : host::rotated_logs(wl)) fs::remove(r, ec);
+  fs::remove(wl, ec);
+}
+
 /// Serves the VM until its session is over (serve_vm() with QEMU as the VMM, the workload's
 /// stdio on ours, the control socket), then delivers the output still owed and cleans up.
 /// Returns the exit status.
@@ -644,55 +709,11 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     winch.clear(bec);
   }
   raw.reset();  // the terminal as it was (^C is a signal again), before the last writes
-  // `neshost exec` clients still taking their output: the loop goes on until each has it all
-  // and its final reply (a slow client costs time, never bytes), or until a signal.
-  if (!execs.idle()) {
-    io.restart();
-    bool stop = false;
-    asio::posix::stream_descriptor sig(io, ::fcntl(stop_fd.get(), F_DUPFD_CLOEXEC, 3));
-    sig.async_wait(asio::posix::stream_descriptor::wait_read, [&](boost::system::error_code ec) { stop = !ec; });
-    while (!execs.idle() && !stop && io.run_one()) {
-    }
-    if (!execs.idle())
-      say("neshost run: {} bytes of `neshost exec` output not delivered: interrupted while its readers were still "
-          "taking them\n", execs.queued());
-  }
+  drain_exec_clients(io, execs, stop_fd.get());
   control.reset();
-  // The workload's output our readers have not taken yet: written for as long as they live,
-  // however slowly they read, until a signal says to give up (counted and said, exit 125). An
-  // end the user asked for up front, --timeout, bounds this too (by --grace), keeping its 124.
-  const bool timed_out = final_record && final_record->outcome == proto::Outcome::timeout;
-  const auto limit = timed_out ? std::optional(plan.grace) : std::nullopt;
-  for (auto [w, name] : {std::pair{&out, "stdout"}, std::pair{&errw, "stderr"}}) {
-    auto f = w->flush(stop_fd.get(), limit);
-    if (!f.left) continue;
-    if (f.interrupted) {
-      say("neshost run: {} bytes of {} lost: {} while its reader was still taking them\n", f.left, name,
-          timed_out ? fmt::format("the --timeout ended neshost {} ms later", plan.grace.count()) : "interrupted");
-      // As host::reported_status(): it overrides the workload's own status, not a host verdict.
-      if (!final_record || final_record->outcome == proto::Outcome::exited ||
-          final_record->outcome == proto::Outcome::signalled)
-        status = host::kStatusOutputLost;
-    } else {
-      say("neshost run: {} bytes of {} not delivered: its reader went away\n", f.left, name);
-    }
-  }
-  if (final_record)
-    for (const auto& line : host::describe_loss(*final_record)) say("neshost run: {}\n", line);
-  // QEMU is gone, so each virtiofsd has lost its client and is exiting; reap it (bounded).
-  for (auto& d : daemons) {
-    auto e = d->stop(2s);
-    if (plan.console) say("neshost: virtiofsd {} {}\n", d->share().tag, vm::describe(e));
-  }
-  daemons.clear();
-  if (remove_scratch) {
-    std::error_code ec;
-    fs::remove(run.console_log, ec);
-    for (const auto& l : run.daemon_logs) fs::remove(l, ec);
-    const fs::path wl = cfg.state_dir / vmid / "workload.log";
-    for (auto& r : host::rotated_logs(wl)) fs::remove(r, ec);
-    fs::remove(wl, ec);
-  }
+  status = deliver_owed_output(out, errw, stop_fd.get(), final_record, plan.grace, status);
+  reap_daemons(plan, run);
+  if (remove_scratch) remove_scratch_files(plan, run);
   return status;
 }
 
