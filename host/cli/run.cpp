@@ -20,7 +20,6 @@
 #include <cstring>
 #include <filesystem>
 #include <list>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
