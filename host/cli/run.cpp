@@ -488,6 +488,84 @@ void remove_scratch_files(const RunPlan& plan, const Running& run) {
   fs::remove(wl, ec);
 }
 
+/// The VMM side of a run: QEMU (or --sandbox's unshare) as our child, watched on the run's
+/// io_context together with the share daemons; its exit is the Host's vm_exited.
+class VmmProcess {
+ public:
+  explicit VmmProcess(asio::io_context& io) : io_(io) {}
+
+  /// Starts `argv` (its output to `console`) and tells the Host vm_started. If it cannot start:
+  /// says why and ends the session (vm_started, vm_exited: no `ready`, 125). Then watches its exit
+  /// (reap, drain the console, vm_exited; `show`: said on stderr) and each daemon's: a virtiofsd
+  /// that dies while QEMU runs leaves the guest's requests on that share unanswered (QEMU's
+  /// vhost-user-fs does not reconnect), so the VM is shut down in order, the outcome recorded.
+  void start(host::Host& h, const std::string& id, const std::vector<std::string>& argv,
+             std::shared_ptr<ConsoleOut> console, std::vector<std::unique_ptr<vm::Virtiofsd>>& daemons, bool show) {
+    vm::LaunchOptions lo;
+    lo.argv = argv;
+    lo.console = [console](std::string_view b) { console->write(b); };
+    lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
+    auto p = vm::VmProcess::launch(std::move(lo));
+    if (!p) {
+      say("neshost run: cannot start QEMU: {}\n", p.error().message);
+      (void)h.vm_started(id);  // the session then ends as no_ready (125) through vm_exited
+      (void)h.vm_exited(id);
+      return;
+    }
+    qemu_ = std::move(*p);
+    (void)h.vm_started(id);
+    for (auto& d : daemons) {
+      auto& w = daemon_watch_.emplace_back(io_, ::fcntl(d->pidfd(), F_DUPFD_CLOEXEC, 3));
+      w.async_wait(asio::posix::stream_descriptor::wait_read,
+                   [this, &h, id, dp = d.get()](boost::system::error_code ec) {
+                     // Its exit after QEMU's, or once the outcome is in, is the normal end.
+                     if (ec || !qemu_ || qemu_->wait_for(0ms)) return;
+                     if (auto* sess = h.session(id); sess && sess->outcome()) return;
+                     auto e = dp->exited();
+                     say("neshost run: share '{}' ({}): virtiofsd {} while the guest runs; "
+                         "shutting the VM down\n", dp->share().tag, dp->share().dir.string(),
+                         e ? vm::describe(*e) : "exited");
+                     (void)h.shutdown(id);
+                   });
+    }
+    // QEMU's exit, seen through its pidfd on this io_context: reap, drain the console to EOF
+    // (so every line precedes our exit), then tell the library.
+    exit_watch_.emplace(io_, ::fcntl(qemu_->pidfd(), F_DUPFD_CLOEXEC, 3));
+    exit_watch_->async_wait(asio::posix::stream_descriptor::wait_read,
+                            [this, &h, id, console, show](boost::system::error_code) {
+                              if (!qemu_) return;
+                              if (auto e = qemu_->wait_for(0ms); e && show)
+                                say("neshost: qemu {}\n", vm::describe(*e));
+                              qemu_->finish_output(2s);
+                              console->finish();
+                              (void)h.vm_exited(id);
+                            });
+  }
+  /// SIGKILL (the library's destroy hook); the exit watch reaps it and reports vm_exited.
+  void kill() {
+    if (qemu_) qemu_->signal(SIGKILL);
+  }
+  /// Whatever happened (a second signal, a library error): QEMU is gone (terminated if it still
+  /// runs) and its console drained.
+  void stop() {
+    if (!qemu_) return;
+    if (!qemu_->exit_status()) qemu_->terminate(1s);
+    qemu_->finish_output(2s);
+  }
+  /// Drops the watches and the process (after stop()).
+  void reset() {
+    exit_watch_.reset();
+    daemon_watch_.clear();
+    qemu_.reset();
+  }
+
+ private:
+  asio::io_context& io_;
+  std::unique_ptr<vm::VmProcess> qemu_;
+  std::optional<asio::posix::stream_descriptor> exit_watch_;
+  std::list<asio::posix::stream_descriptor> daemon_watch_;  // one per virtiofsd (stable addresses)
+};
+
 /// Serves the VM until its session is over (serve_vm() with QEMU as the VMM, the workload's
 /// stdio on ours, the control socket), then delivers the output still owed and cleans up.
 /// Returns the exit status.
@@ -500,11 +578,8 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   const auto& console = run.console;
   auto& daemons = run.daemons;
   asio::io_context io;
-  std::unique_ptr<vm::VmProcess> qemu;
-  std::optional<asio::posix::stream_descriptor> exit_watch;
-  std::list<asio::posix::stream_descriptor> daemon_watch;  // one per virtiofsd (stable addresses)
+  VmmProcess vmm(io);
   bool remove_scratch = false;
-  std::string launch_error;
 
   // Workload output to our stdout/stderr through bounded, never-blocking writers: while either is
   // over 1 MiB behind, the data channel is not read (the guest then holds the workload back).
@@ -576,8 +651,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     host::UnixListenOptions dl;
     dl.path = data_sock.string();
     if (auto s = h.listen_data_unix(id, dl); !s) {
-      launch_error = s.error().message;
-      say("neshost run: data channel: {}\n", launch_error);
+      say("neshost run: data channel: {}\n", s.error().message);
       (void)h.vm_started(id);
       (void)h.vm_exited(id);
       return;
@@ -597,52 +671,10 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
-    vm::LaunchOptions lo;
-    lo.argv = argv;
-    lo.console = [console](std::string_view b) { console->write(b); };
-    lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
-    auto p = vm::VmProcess::launch(std::move(lo));
-    if (!p) {
-      launch_error = p.error().message;
-      say("neshost run: cannot start QEMU: {}\n", launch_error);
-      (void)h.vm_started(id);  // the session then ends as no_ready (125) through vm_exited
-      (void)h.vm_exited(id);
-      return;
-    }
-    qemu = std::move(*p);
-    (void)h.vm_started(id);
-    // A virtiofsd that dies while QEMU runs leaves the guest's requests on that share unanswered
-    // (QEMU's vhost-user-fs does not reconnect): shut the VM down in order, so the outcome is
-    // recorded and nothing waits forever.
-    for (auto& d : daemons) {
-      auto& w = daemon_watch.emplace_back(io, ::fcntl(d->pidfd(), F_DUPFD_CLOEXEC, 3));
-      w.async_wait(asio::posix::stream_descriptor::wait_read,
-                   [&, id, dp = d.get()](boost::system::error_code ec) {
-                     // Its exit after QEMU's, or once the outcome is in, is the normal end.
-                     if (ec || !qemu || qemu->wait_for(0ms)) return;
-                     if (auto* sess = h.session(id); sess && sess->outcome()) return;
-                     auto e = dp->exited();
-                     say("neshost run: share '{}' ({}): virtiofsd {} while the guest runs; "
-                         "shutting the VM down\n", dp->share().tag, dp->share().dir.string(),
-                         e ? vm::describe(*e) : "exited");
-                     (void)h.shutdown(id);
-                   });
-    }
-    // QEMU's exit, seen through its pidfd on this io_context: reap, drain the console to EOF
-    // (so every line precedes our exit), then tell the library.
-    exit_watch.emplace(io, ::fcntl(qemu->pidfd(), F_DUPFD_CLOEXEC, 3));
-    exit_watch->async_wait(asio::posix::stream_descriptor::wait_read,
-                           [&, id](boost::system::error_code) {
-                             if (!qemu) return;
-                             if (auto e = qemu->wait_for(0ms); e && plan.console)
-                               say("neshost: qemu {}\n", vm::describe(*e));
-                             qemu->finish_output(2s);
-                             console->finish();
-                             (void)h.vm_exited(id);
-                           });
+    vmm.start(h, id, argv, console, daemons, plan.console);
   };
   emb.hooks.destroy = [&](const std::string&, std::uint64_t) {
-    if (qemu) qemu->signal(SIGKILL);  // the exit watch reaps it and reports vm_exited
+    vmm.kill();  // the exit watch reaps it and reports vm_exited
   };
   emb.hooks.remove = [&](const std::string&, std::uint64_t) { remove_scratch = true; };
   emb.on_event = [&](host::Host&, const host::Event& ev) {
@@ -694,14 +726,9 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
 
   // Whatever happened (a second signal, a library error): QEMU is gone before we return, and its
   // console drained.
-  if (qemu) {
-    if (!qemu->exit_status()) qemu->terminate(1s);
-    qemu->finish_output(2s);
-  }
+  vmm.stop();
   if (control) control->stop_accepting();  // its handler needs the Host; replies still go out
-  exit_watch.reset();
-  daemon_watch.clear();
-  qemu.reset();
+  vmm.reset();
   if (pump) pump->stop();
   {
     boost::system::error_code bec;
