@@ -16,6 +16,7 @@
 
 #include "data_io.hpp"
 #include "mounts.hpp"
+#include "network.hpp"
 #include "procs.hpp"
 #include "rootfs.hpp"
 #include "protocol/codec.hpp"
@@ -56,7 +57,8 @@ class Pid1 final : private DataEvents {
       : mode_(mode), cfg_(cfg), log_(log), sfd_(sfd), reaper_(reaper),
         session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt,
                                 cfg.connect_timeout_ms, mode == Mode::guest, may_set_hostname(mode),
-                                cfg.data_channel.has_value(), mode == Mode::guest}) {}
+                                cfg.data_channel.has_value(), mode == Mode::guest,
+                                mode == Mode::guest || cfg.own_netns}) {}
 
   [[noreturn]] void run() {
     pending_.push_back(ev::Start{to_string(*cfg_.channel)});
@@ -242,6 +244,18 @@ class Pid1 final : private DataEvents {
       return;
     }
     log_.info("mounted", "all shares mounted");
+    if (b.network) {
+      // Its files are bound over /etc: in a sandbox, never in the namespace it was started in.
+      if (auto iso = shares_.isolate(); !iso) {
+        pending_.push_front(ev::NetworkFailed{proto::NetworkFailed{
+            "files", "namespace", fmt::format("own mount namespace: {}", iso.error().message), iso.error().err}});
+        return;
+      }
+      if (auto r = configure_network(*b.network, b.hostname, log_); !r) {
+        pending_.push_front(ev::NetworkFailed{std::move(r).error()});
+        return;
+      }
+    }
     pending_.push_front(ev::MountsDone{});
   }
 
