@@ -1025,7 +1025,7 @@ constexpr std::string_view kCidrText = "address/prefix (CIDR)";
 constexpr std::string_view kMacText = "MAC address \"xx:xx:xx:xx:xx:xx\"";
 
 /// `text` as an IPv4 (dotted quad) or IPv6 address (inet_pton(3)); false if it is neither.
-bool parse_ip(std::string_view text, IpAddr& out) {
+[[gnu::noinline]] bool parse_ip(std::string_view text, IpAddr& out) {
   if (text.size() >= INET6_ADDRSTRLEN) return false;
   char t[INET6_ADDRSTRLEN] = {};
   std::memcpy(t, text.data(), text.size());
@@ -1034,7 +1034,7 @@ bool parse_ip(std::string_view text, IpAddr& out) {
   return false;
 }
 
-bool get_ip(od::value v, const Path& p, IpAddr& out, Err& err) {
+[[gnu::noinline]] bool get_ip(od::value v, const Path& p, IpAddr& out, Err& err) {
   std::string s;
   if (!get_str(v, p, s, err)) return false;
   if (!parse_ip(s, out)) return err.expected(p, kIpText, excerpt_json(s));
@@ -1042,7 +1042,7 @@ bool get_ip(od::value v, const Path& p, IpAddr& out, Err& err) {
 }
 
 /// "ADDR/LEN", LEN 0..32 (IPv4) or 0..128 (IPv6), decimal without sign or leading zeros.
-bool get_prefix(od::value v, const Path& p, IpPrefix& out, Err& err) {
+[[gnu::noinline]] bool get_prefix(od::value v, const Path& p, IpPrefix& out, Err& err) {
   std::string s;
   if (!get_str(v, p, s, err)) return false;
   auto slash = s.find('/');
@@ -1062,7 +1062,7 @@ bool get_prefix(od::value v, const Path& p, IpPrefix& out, Err& err) {
   return true;
 }
 
-bool get_mac(od::value v, const Path& p, MacAddr& out, Err& err) {
+[[gnu::noinline]] bool get_mac(od::value v, const Path& p, MacAddr& out, Err& err) {
   std::string s;
   if (!get_str(v, p, s, err)) return false;
   auto hex = [](char c) -> int {
@@ -1092,7 +1092,7 @@ bool get_list(od::value v, const Path& p, std::size_t max, std::string_view expe
 
 /// A hostname or search domain: 1..253 bytes of letters, digits, '-', '.', '_' (what
 /// resolv.conf(5) and hosts(5) can hold without quoting).
-bool get_dns_name(od::value v, const Path& p, std::string& out, Err& err) {
+[[gnu::noinline]] bool get_dns_name(od::value v, const Path& p, std::string& out, Err& err) {
   if (!get_str(v, p, out, err)) return false;
   bool ok = !out.empty() && out.size() <= 253;
   for (char c : out)
@@ -1101,7 +1101,7 @@ bool get_dns_name(od::value v, const Path& p, std::string& out, Err& err) {
   return ok || err.expected(p, "name of 1..253 letters, digits, '-', '.', '_'", excerpt_json(out));
 }
 
-bool dec_interface(od::value v, const Path& p, NetInterface& out, Err& err) {
+[[gnu::noinline]] bool dec_interface(od::value v, const Path& p, NetInterface& out, Err& err) {
   bool mac = false;
   bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
     const Path fp = p / k;
@@ -1121,7 +1121,7 @@ bool dec_interface(od::value v, const Path& p, NetInterface& out, Err& err) {
   return mac || missing(p, "mac", kMacText, err);
 }
 
-bool dec_route(od::value v, const Path& p, NetRoute& out, Err& err) {
+[[gnu::noinline]] bool dec_route(od::value v, const Path& p, NetRoute& out, Err& err) {
   bool to = false;
   bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
     const Path fp = p / k;
@@ -1137,7 +1137,7 @@ bool dec_route(od::value v, const Path& p, NetRoute& out, Err& err) {
   return true;
 }
 
-bool dec_dns(od::value v, const Path& p, Dns& out, Err& err) {
+[[gnu::noinline]] bool dec_dns(od::value v, const Path& p, Dns& out, Err& err) {
   return each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
     const Path fp = p / k;
     if (k == "nameservers")
@@ -1159,7 +1159,19 @@ bool dec_dns(od::value v, const Path& p, Dns& out, Err& err) {
   });
 }
 
-bool dec_network(od::value v, const Path& p, Network& out, Err& err) {
+[[gnu::noinline]] bool dec_host_entry(od::value v, const Path& p, HostEntry& h, Err& err) {
+  bool name = false, ip = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    if (k == "name") return name = true, get_dns_name(fv, p / k, h.name, err);
+    if (k == "ip") return ip = true, get_ip(fv, p / k, h.ip, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!name) return missing(p, "name", "string", err);
+  return ip || missing(p, "ip", kIpText, err);
+}
+
+[[gnu::noinline]] bool dec_network(od::value v, const Path& p, Network& out, Err& err) {
   bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
     const Path fp = p / k;
     if (k == "interfaces")
@@ -1174,17 +1186,7 @@ bool dec_network(od::value v, const Path& p, Network& out, Err& err) {
     }
     if (k == "hosts")
       return get_list(fv, fp, kNetMaxHosts, "array of objects", out.hosts, err,
-                      [&](od::value el, const Path& ep, HostEntry& h) {
-                        bool name = false, ip = false;
-                        bool ok = each_field(el, ep, "object", err, [&](std::string_view hk, od::value hv) {
-                          if (hk == "name") return name = true, get_dns_name(hv, ep / hk, h.name, err);
-                          if (hk == "ip") return ip = true, get_ip(hv, ep / hk, h.ip, err);
-                          return true;
-                        });
-                        if (!ok) return false;
-                        if (!name) return missing(ep, "name", "string", err);
-                        return ip || missing(ep, "ip", kIpText, err);
-                      });
+                      [&](od::value el, const Path& ep, HostEntry& h) { return dec_host_entry(el, ep, h, err); });
     return true;
   });
   if (!ok) return false;
