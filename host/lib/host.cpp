@@ -51,15 +51,24 @@ struct Stream {
 
 /// One registered VM generation and its I/O objects.
 struct Vm {
-  Vm(asio::io_context& io, SessionConfig cfg)
-      : core(std::move(cfg)), ready_timer(io), wall_timer(io), stop_timer(io), grace_timer(io),
-        reconnect_timer(io) {}
+  Vm(asio::io_context& io, SessionConfig cfg) : core(std::move(cfg)) {
+    timers.reserve(kTimerKinds);
+    for (std::size_t i = 0; i < kTimerKinds; ++i) timers.emplace_back(io);
+  }
   Session core;
   std::shared_ptr<Stream> stream;
   std::shared_ptr<unix_acceptor> acceptor;
   std::string socket_path;  // unlinked when the session finishes
-  asio::steady_timer ready_timer, wall_timer, stop_timer, grace_timer, reconnect_timer;
-  std::uint64_t timer_seq[5] = {0, 0, 0, 0, 0};  // one per TimerKind
+  /// The session's timers, one slot per TimerKind (indexed by it): every timer the session can
+  /// arm is here, so cancel_all() cannot forget one. `seq` tells a stale completion from the
+  /// current arming; `mark` is DataLink::bytes_in() when it was armed (output moving since).
+  struct TimerSlot {
+    explicit TimerSlot(asio::io_context& io) : timer(io) {}
+    asio::steady_timer timer;
+    std::uint64_t seq = 0;
+    std::uint64_t mark = 0;
+  };
+  std::vector<TimerSlot> timers;
   std::vector<std::function<void(WaitResult)>> waiters;
   std::optional<WaitResult> result;  // settled: durable record, or why not
   bool draining = false;
@@ -74,7 +83,6 @@ struct Vm {
   bool finishing = false;  // "finished" is held until the data channel and the log are closed
   std::function<void()> data_finished_cb;  // run once the data channel has closed
   bool workload_started = false;  // `started` seen: the workload's streams were live
-  std::uint64_t stop_mark = 0;    // DataLink::bytes_in() when the stop deadline was last armed
   bool stop_deferred_said = false;
   // Output the host did not deliver (docs/host.md "Output lost"). The guest's output_lost
   // reports, by (proc, stream): once each; kept here until that stream's data has ended on this
@@ -107,15 +115,18 @@ struct Vm {
 
   const std::string& id() const { return core.config().vm; }
   std::uint64_t generation() const { return core.config().generation; }
-  asio::steady_timer& timer(TimerKind k) {
-    switch (k) {
-      case TimerKind::ready: return ready_timer;
-      case TimerKind::wall: return wall_timer;
-      case TimerKind::stop: return stop_timer;
-      case TimerKind::grace: return grace_timer;
-      case TimerKind::reconnect: return reconnect_timer;
+  TimerSlot& timer(TimerKind k) { return timers.at(static_cast<std::size_t>(k)); }
+  /// Cancel every timer this VM has armed: the session's (each TimerKind), each exec'd process's
+  /// and each async_list_processes deadline. Their completions then see a stale seq (or an
+  /// aborted wait) and do nothing; none is left holding the VM.
+  void cancel_all() {
+    for (auto& t : timers) {
+      ++t.seq;
+      t.timer.cancel();
     }
-    return stop_timer;
+    for (auto& [proc, x] : execs)
+      if (x.timer) x.timer->cancel();
+    for (auto& w : process_waiters) w.deadline->cancel();
   }
 };
 
@@ -223,8 +234,9 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
           } else if constexpr (std::is_same_v<T, act::ArmTimer>) {
             arm(vm, x.kind, x.after);
           } else if constexpr (std::is_same_v<T, act::CancelTimer>) {
-            ++vm->timer_seq[static_cast<int>(x.kind)];
-            vm->timer(x.kind).cancel();
+            auto& t = vm->timer(x.kind);
+            ++t.seq;
+            t.timer.cancel();
           } else if constexpr (std::is_same_v<T, act::WriteRecord>) {
             write(vm, std::move(x.record));
           } else if constexpr (std::is_same_v<T, act::CallDestroy>) {
@@ -311,14 +323,15 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   }
 
   void arm(const std::shared_ptr<Vm>& vm, TimerKind k, std::chrono::milliseconds after) {
-    auto seq = ++vm->timer_seq[static_cast<int>(k)];
-    auto& t = vm->timer(k);
+    auto& slot = vm->timer(k);
+    auto seq = ++slot.seq;
+    slot.mark = vm->data ? vm->data->bytes_in() : 0;
+    auto& t = slot.timer;
     t.expires_after(after);
-    if (k == TimerKind::stop) vm->stop_mark = vm->data ? vm->data->bytes_in() : 0;
     std::weak_ptr<Impl> w = shared_from_this();
     t.async_wait([w, vm, k, seq, after](error_code ec) {
       auto self = w.lock();
-      if (ec || !self || vm->timer_seq[static_cast<int>(k)] != seq || !self->current(vm)) return;
+      if (ec || !self || vm->timer(k).seq != seq || !self->current(vm)) return;
       if (k == TimerKind::stop && self->defer_stop(vm, after)) return;
       vm->core.timer_fired(k, wall_now());
       self->drain(vm);
@@ -335,7 +348,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   /// not told.
   bool defer_stop(const std::shared_ptr<Vm>& vm, std::chrono::milliseconds after) {
     if (!vm->data || !vm->data->is_open()) return false;
-    if (!vm->core.ended_by_host() && vm->data->moving(vm->stop_mark)) {
+    if (!vm->core.ended_by_host() && vm->data->moving(vm->timer(TimerKind::stop).mark)) {
       if (!std::exchange(vm->stop_deferred_said, true))
         emit(*vm, "stop_deferred", fmt::format("the workload's output is still being read; the stop deadline "
                                                "restarts ({} ms) while it moves", after.count()));
@@ -908,10 +921,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
         vm->stream->closed = true;
         hard_close(vm->stream);
       }
-      vm->ready_timer.cancel();
-      vm->wall_timer.cancel();
-      vm->stop_timer.cancel();
-      vm->grace_timer.cancel();
+      vm->cancel_all();
       if (!vm->socket_path.empty()) ::unlink(vm->socket_path.c_str());
       if (vm->data_acceptor) vm->data_acceptor->close(ec);
       if (!vm->data_socket_path.empty()) ::unlink(vm->data_socket_path.c_str());
@@ -946,10 +956,7 @@ Status Host::add_vm(SessionConfig cfg) {
     impl_->close_stream(old);
     impl_->finished(old);
     Impl::close_data(old);
-    old->ready_timer.cancel();
-    old->wall_timer.cancel();
-    old->stop_timer.cancel();
-    old->grace_timer.cancel();
+    old->cancel_all();
     impl_->settle(old, Error{fmt::format("vm '{}': generation {} superseded by {}", cfg.vm,
                                          old->generation(), cfg.generation)});
   }
@@ -1269,10 +1276,7 @@ Status Host::forget_vm(const std::string& id) {
     return Error{fmt::format("vm '{}': its session is still live; shutdown() it first", id)};
   impl_->close_stream(vm);
   impl_->finished(vm);
-  vm->ready_timer.cancel();
-  vm->wall_timer.cancel();
-  vm->stop_timer.cancel();
-  vm->grace_timer.cancel();
+  vm->cancel_all();
   impl_->cids.remove_vm(id);
   impl_->vms.erase(id);  // late completions hold their own shared_ptr and see !current()
   return Ok{};

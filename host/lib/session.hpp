@@ -58,6 +58,8 @@ struct SessionConfig {
 /// the host's `stop` of a running workload to the `shutdown` that follows it. `reconnect`: from a
 /// lost stream (SessionConfig::reconnect > 0) to giving up on the guest's redial.
 enum class TimerKind { ready, wall, stop, grace, reconnect };
+/// How many TimerKinds there are: the loop keeps one timer per kind in a table of this size.
+inline constexpr std::size_t kTimerKinds = static_cast<std::size_t>(TimerKind::reconnect) + 1;
 /// Added to the guest's reconnect window before the host gives up: its backoff and a dial
 /// through the VMM may take a little longer than the window itself. ms.
 inline constexpr std::chrono::milliseconds kReconnectSlack{2000};
