@@ -83,7 +83,6 @@ struct Vm {
   bool finishing = false;  // "finished" is held until the data channel and the log are closed
   std::function<void()> data_finished_cb;  // run once the data channel has closed
   bool workload_started = false;  // `started` seen: the workload's streams were live
-  bool stop_deferred_said = false;
   // Output the host did not deliver (docs/host.md "Output lost"). The guest's output_lost
   // reports, by (proc, stream): once each; kept here until that stream's data has ended on this
   // side (the data channel closed, or the exec'd process ended), when `received` is final.
@@ -255,6 +254,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             exec_report(vm, std::move(x.report));
           } else if constexpr (std::is_same_v<T, act::OutputEnd>) {
             output_end(vm, x.report);
+          } else if constexpr (std::is_same_v<T, act::CutOutput>) {
+            cut_output(vm, std::move(x.reason));
           }
         },
         a);
@@ -329,54 +330,24 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     auto& t = slot.timer;
     t.expires_after(after);
     std::weak_ptr<Impl> w = shared_from_this();
-    t.async_wait([w, vm, k, seq, after](error_code ec) {
+    t.async_wait([w, vm, k, seq](error_code ec) {
       auto self = w.lock();
       if (ec || !self || vm->timer(k).seq != seq || !self->current(vm)) return;
-      if (k == TimerKind::stop && self->defer_stop(vm, after)) return;
-      vm->core.timer_fired(k, wall_now());
+      // The data link's state is data for the session's decision (the stop deadline's).
+      DataLinkState d;
+      if (vm->data && vm->data->is_open()) d = {true, vm->data->moving(vm->timer(k).mark)};
+      vm->core.timer_fired(k, wall_now(), d);
       self->drain(vm);
     });
   }
 
-  /// The stop deadline fired while the data channel is open. Output that still moves (reads
-  /// paused for a slow consumer, bytes unread in the socket, bytes read since it was armed) is a
-  /// live guest delivering to a live consumer: the deadline restarts (the mirror of the init's
-  /// drain window) — unless the host ends this VM on purpose (shutdown(), the wall limit), whose
-  /// deadline is kept. A channel at rest, or one the host ends, is closed early once the outcome
-  /// is in, and the guest gets HostOptions::data_drain to count what it could not deliver and
-  /// power off before the deadline runs its course (destroy). true: handled here, the session
-  /// not told.
-  bool defer_stop(const std::shared_ptr<Vm>& vm, std::chrono::milliseconds after) {
-    if (!vm->data || !vm->data->is_open()) return false;
-    if (!vm->core.ended_by_host() && vm->data->moving(vm->timer(TimerKind::stop).mark)) {
-      if (!std::exchange(vm->stop_deferred_said, true))
-        emit(*vm, "stop_deferred", fmt::format("the workload's output is still being read; the stop deadline "
-                                               "restarts ({} ms) while it moves", after.count()));
-      arm(vm, TimerKind::stop, after);
-      return true;
-    }
-    // Also before an outcome: a workload blocked on output the host no longer reads is let go
-    // (the guest discards the rest, counted), so it can end and be reported before the destroy.
-    if (vm->core.vm_gone() || (!vm->core.outcome() && !vm->core.ended_by_host())) return false;
-    cut_output(vm, !vm->core.ended_by_host()
-                       ? fmt::format("the guest did not power off within the stop deadline ({} ms)", after.count())
-                   : vm->core.outcome() && vm->core.outcome()->outcome == proto::Outcome::timeout
-                       ? std::string("the VM reached its time limit while its output was still being read")
-                       : std::string("the VM was stopped while its output was still being read"),
-               true);
-    arm(vm, TimerKind::stop, opt.data_drain);
-    return true;
-  }
-
-  /// The host ends the wait for the workload's output on purpose (after the outcome, while the
-  /// data channel is open): it closes the channel before the eofs; the guest counts what it
+  /// act::CutOutput: close the data channel before the workload's eofs; the guest counts what it
   /// could not deliver (output_lost) and powers off. `why` goes into the record's lost_reason.
-  void cut_output(const std::shared_ptr<Vm>& vm, std::string why, bool before_outcome = false) {
-    if (!vm->data || !vm->data->is_open() || (!vm->core.outcome() && !before_outcome)) return;
+  void cut_output(const std::shared_ptr<Vm>& vm, std::string why) {
+    if (!vm->data || !vm->data->is_open()) return;
     vm->cut_reason = std::move(why);
     emit(*vm, "output_cut", vm->cut_reason);
     vm->data->close();
-    drain(vm);
   }
 
   // ---- output the host did not deliver (docs/host.md "Output lost") ----
@@ -416,10 +387,9 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   /// The data channel ended (closed by either side, or failed). Before the workload's eofs: the
   /// guest counts what it could not deliver (output_lost), which the session then waits for.
   void data_ended(const std::shared_ptr<Vm>& vm, const std::string& error) {
-    if (!vm->data->outputs_done()) {
-      if (vm->cut_reason.empty() && !error.empty()) vm->cut_reason = "the data channel failed: " + error;
-      vm->core.expect_output_reports();
-    }
+    const bool done = vm->data->outputs_done();
+    if (!done && vm->cut_reason.empty() && !error.empty()) vm->cut_reason = "the data channel failed: " + error;
+    vm->core.data_closed(done);
     for (auto it = vm->loss_pending.begin(); it != vm->loss_pending.end();) {
       if (it->first.first != 0) { ++it; continue; }
       auto r = it->second;
@@ -789,6 +759,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     };
     auto link = std::make_shared<DataLink>(io, fd, family, std::move(c));
     vm->data = link;
+    vm->core.data_opened();
     emit(*vm, "data_connected", "", act::Milestone::data_connected);
     if (vm->output_paused) link->pause(true);
     link->start();
@@ -960,6 +931,7 @@ Status Host::add_vm(SessionConfig cfg) {
     impl_->settle(old, Error{fmt::format("vm '{}': generation {} superseded by {}", cfg.vm,
                                          old->generation(), cfg.generation)});
   }
+  cfg.data_drain = impl_->opt.data_drain;
   auto vm = std::make_shared<Vm>(impl_->io, std::move(cfg));
   impl_->vms[vm->id()] = vm;
   impl_->open_log(vm);
@@ -1174,7 +1146,6 @@ Status Host::kill(const std::string& id, int signal) {
   if (!vm) return no_vm(id);
   auto s = vm->core.kill(signal);
   impl_->drain(vm);
-  if (s) impl_->cut_output(vm, fmt::format("the VM was killed (signal {}) while its output was still being read", signal));
   return s;
 }
 
@@ -1183,7 +1154,6 @@ Status Host::shutdown(const std::string& id) {
   if (!vm) return no_vm(id);
   auto s = vm->core.shutdown(wall_now());
   impl_->drain(vm);
-  if (s) impl_->cut_output(vm, "the VM was stopped while its output was still being read");
   return s;
 }
 

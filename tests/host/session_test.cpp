@@ -23,6 +23,8 @@ struct Probe {
   std::vector<TimerKind> armed, cancelled;
   int closes = 0, destroys = 0, removes = 0, finished = 0;
   std::vector<proto::Processes> lists;  // act::Processes, in order
+  std::vector<std::string> cuts;        // act::CutOutput reasons, in order
+  std::vector<std::chrono::milliseconds> stop_arms;  // each ArmTimer{stop}'s duration
   WallTime t{std::chrono::seconds(1'700'000'000)};
 
   explicit Probe(OnExitPolicy p = OnExitPolicy::stop, std::size_t cap = proto::kDefaultLineCap)
@@ -45,7 +47,10 @@ struct Probe {
             using T = std::decay_t<decltype(x)>;
             if constexpr (std::is_same_v<T, act::Send>) sent.push_back(x.msg);
             else if constexpr (std::is_same_v<T, act::CloseStream>) ++closes;
-            else if constexpr (std::is_same_v<T, act::ArmTimer>) armed.push_back(x.kind);
+            else if constexpr (std::is_same_v<T, act::ArmTimer>) {
+              armed.push_back(x.kind);
+              if (x.kind == TimerKind::stop) stop_arms.push_back(x.after);
+            }
             else if constexpr (std::is_same_v<T, act::CancelTimer>) cancelled.push_back(x.kind);
             else if constexpr (std::is_same_v<T, act::WriteRecord>) writes.push_back(x.record);
             else if constexpr (std::is_same_v<T, act::CallDestroy>) ++destroys;
@@ -53,6 +58,7 @@ struct Probe {
             else if constexpr (std::is_same_v<T, act::Log>) logs.push_back(x.kind + " " + x.detail);
             else if constexpr (std::is_same_v<T, act::Finished>) ++finished;
             else if constexpr (std::is_same_v<T, act::Processes>) lists.push_back(x.list);
+            else if constexpr (std::is_same_v<T, act::CutOutput>) cuts.push_back(x.reason);
           },
           a);
     }
@@ -688,4 +694,129 @@ TEST_CASE("API: list_processes needs a guest that sent ready; its processes line
   // A malformed list is a protocol error like any other line, not a list.
   p.feed(R"({"type":"processes","processes":[{"pid":0,"ppid":0,"uid":0,"cmd":"x"}]})" "\n");
   CHECK(p.lists.size() == 1);
+}
+
+// ---- the stop deadline and the data channel: one decision, event by event ----
+
+TEST_CASE("stop deadline with output moving: restarts as armed (once said), never cuts, until at rest") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.feed(test::exited_line(0));
+  p.durable();  // stop policy: the ack, the stop deadline (700 ms)
+  REQUIRE(p.stop_arms.size() == 1);
+  CHECK(p.stop_arms.back() == std::chrono::milliseconds(700));
+  for (int i = 0; i < 3; ++i) {
+    p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, true});
+    p.pump();
+    CHECK(p.stop_arms.back() == std::chrono::milliseconds(700));  // restarted, the same length
+  }
+  CHECK(p.stop_arms.size() == 4);
+  CHECK(std::count_if(p.logs.begin(), p.logs.end(), [](auto& l) { return l.starts_with("stop_deferred"); }) == 1);
+  CHECK(p.cuts.empty());
+  CHECK(p.destroys == 0);
+  // At rest now, the outcome in: the output still owed is cut; the guest gets data_drain (2 s).
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, false});
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the guest did not power off within the stop deadline (700 ms)");
+  CHECK(p.stop_arms.back() == std::chrono::milliseconds(2000));
+  CHECK(p.destroys == 0);
+  // The loop closed it (the guest's eofs missing): then the deadline runs its course.
+  p.s.data_closed(false);
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{});
+  p.pump();
+  CHECK(p.destroys == 1);
+}
+
+TEST_CASE("stop deadline, the host ending the VM: moving output does not restart it; cut, then destroy") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.feed(test::exited_line(0));
+  p.durable();
+  CHECK(p.s.shutdown(p.t));  // after the outcome, the data channel open: cut at once
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the VM was stopped while its output was still being read");
+  CHECK(p.s.ended_by_host());
+  p.s.data_closed(false);
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{});
+  p.pump();
+  CHECK(p.destroys == 1);
+}
+
+TEST_CASE("stop deadline before the outcome: at rest and not ended by the host, the deadline runs its course") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.s.vm_exited(p.t);  // the stream stays open: the stop deadline bounds the wait for its EOF
+  p.pump();
+  REQUIRE(p.stop_arms.size() == 1);
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, false});
+  p.pump();
+  CHECK(p.cuts.empty());
+  REQUIRE(p.s.outcome());
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+}
+
+TEST_CASE("the wall limit ends the VM on purpose: its deadline is kept while output moves, and what is owed is cut") {
+  Probe p;
+  auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.wall_timeout = std::chrono::milliseconds(5000);
+  p.s = Session(c);
+  p.booted();
+  p.s.data_opened();
+  p.s.timer_fired(TimerKind::wall, p.t);
+  p.pump();
+  REQUIRE(p.s.outcome());
+  CHECK(p.outcome().outcome == proto::Outcome::timeout);
+  CHECK(p.cuts.empty());  // the workload gets `stop` and its grace first
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, true});
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the VM reached its time limit while its output was still being read");
+  CHECK(p.stop_arms.back() == std::chrono::milliseconds(2000));
+}
+
+TEST_CASE("kill after the outcome with the data channel open cuts the output; with it closed, nothing") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.feed(test::exited_line(0));
+  CHECK(p.s.kill(9));
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the VM was killed (signal 9) while its output was still being read");
+  p.s.data_closed(true);
+  CHECK(p.s.kill(9));
+  p.pump();
+  CHECK(p.cuts.size() == 1);
+}
+
+TEST_CASE("phases: awaiting_ready -> ready -> booted -> finished; the stop phase and the record by enum") {
+  Probe p;
+  CHECK(p.s.phase() == Phase::awaiting_ready);
+  p.start();
+  CHECK(p.s.stream().link == Link::connected);
+  p.feed(test::ready_line());
+  CHECK(p.s.phase() == Phase::booted);
+  CHECK(p.s.stream().link == Link::booted);
+  p.feed(test::exited_line(0));
+  CHECK(p.s.record_state() == RecordState::writing);
+  CHECK(p.s.stream().reported);
+  p.durable();
+  CHECK(p.s.record_state() == RecordState::durable);
+  CHECK(p.s.stream().shutdown == ShutdownSent::ack);
+  CHECK(p.s.stop_phase() == StopPhase::awaiting_exit);
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(p.s.stop_phase() == StopPhase::destroyed);
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(p.s.stop_phase() == StopPhase::gave_up);
+  CHECK(p.s.phase() == Phase::finished);
+  // Finished: every timer kind cancelled, none left armed.
+  for (std::size_t k = 0; k < kTimerKinds; ++k)
+    CHECK(std::count(p.cancelled.begin(), p.cancelled.end(), static_cast<TimerKind>(k)) >= 1);
 }
