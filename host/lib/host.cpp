@@ -102,12 +102,10 @@ struct Vm {
     ExecHooks hooks;
     bool has_stdio = false;
     bool started = false;
-    bool out_eof = false, err_eof = false;
     bool terminal = false;
-    std::optional<proto::ExecExited> exited;     // reported, its output still on its way
-    std::shared_ptr<asio::steady_timer> timer;   // the answer's bound, then the output's
+    std::optional<proto::ExecExited> exited;     // reported (ends it if it is superseded first)
+    std::shared_ptr<asio::steady_timer> timer;   // act::ArmExecTimer's: the answer's bound, then the output's
     std::uint64_t mark = 0;                      // DataLink::bytes_in() when `timer` was armed
-    bool deferred_said = false;                  // exec_output_wait emitted
   };
   std::map<std::uint16_t, ExecProc> execs;
   std::uint16_t next_proc = 1;
@@ -256,6 +254,12 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             output_end(vm, x.report);
           } else if constexpr (std::is_same_v<T, act::CutOutput>) {
             cut_output(vm, std::move(x.reason));
+          } else if constexpr (std::is_same_v<T, act::ArmExecTimer>) {
+            arm_exec_timer(vm, x.proc, x.after);
+          } else if constexpr (std::is_same_v<T, act::CancelExecTimer>) {
+            if (auto it = vm->execs.find(x.proc); it != vm->execs.end() && it->second.timer) it->second.timer->cancel();
+          } else if constexpr (std::is_same_v<T, act::ExecEnded>) {
+            end_exec(vm, x.proc, std::move(x.end));
           }
         },
         a);
@@ -307,7 +311,6 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     auto st = std::exchange(vm->stream, nullptr);
     if (!st) return;
     fail_process_waiters(vm, "list_processes: the guest's stream closed before it answered");
-    fail_execs(vm, "the guest's stream closed before the process's end was reported");
     st->closed = true;
     error_code ec;
     // Stop reading now; let queued lines (e.g. the `shutdown` ack) go out, bounded by 1 s.
@@ -390,6 +393,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     const bool done = vm->data->outputs_done();
     if (!done && vm->cut_reason.empty() && !error.empty()) vm->cut_reason = "the data channel failed: " + error;
     vm->core.data_closed(done);
+    if (current(vm)) drain(vm);
+    else vm->core.take();  // superseded: its late actions are ignored
     for (auto it = vm->loss_pending.begin(); it != vm->loss_pending.end();) {
       if (it->first.first != 0) { ++it; continue; }
       auto r = it->second;
@@ -505,39 +510,30 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     while (!vm->process_waiters.empty()) answer_processes(vm, Error{why});
   }
 
-  // ---- exec ----
+  // ---- exec: the session decides each process's end (act::ExecEnded); here only its effects ----
   void exec_report(const std::shared_ptr<Vm>& vm,
                    std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> r) {
     const std::uint16_t proc = std::visit([](const auto& m) { return m.proc; }, r);
     auto it = vm->execs.find(proc);
-    if (it == vm->execs.end()) return;  // not ours (late, or never asked for): nothing to tell
+    if (it == vm->execs.end()) return;
     Vm::ExecProc& x = it->second;
     if (auto* st = std::get_if<proto::ExecStarted>(&r)) {
-      if (x.started) return;
       x.started = true;
-      if (x.timer) x.timer->cancel();
       if (vm->data) vm->data->exec_started(proc);
       emit(*vm, "exec_started", fmt::format("proc={} pid={}", proc, st->pid));
       if (x.hooks.started) x.hooks.started(st->pid);
-      return;
-    }
-    if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
+    } else if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
       emit(*vm, "exec_failed", fmt::format("proc={} {}", proc, f->reason.substr(0, 256)));
-      return end_exec(vm, proc, *f);
+    } else {
+      x.exited = std::get<proto::ExecExited>(r);
+      emit(*vm, "exec_exited", fmt::format("proc={} {}", proc,
+                                           x.exited->signal ? fmt::format("signal={}", *x.exited->signal)
+                                                            : fmt::format("exit_code={}", *x.exited->exit_code)));
     }
-    x.exited = std::get<proto::ExecExited>(r);
-    emit(*vm, "exec_exited", fmt::format("proc={} {}", proc,
-                                         x.exited->signal ? fmt::format("signal={}", *x.exited->signal)
-                                                          : fmt::format("exit_code={}", *x.exited->exit_code)));
-    if (exec_outputs_done(x)) return end_exec(vm, proc, *x.exited);
-    // Its last output may still be on the data channel (another connection): bounded.
-    arm_exec_timer(vm, proc, opt.data_drain);
   }
 
-  static bool exec_outputs_done(const Vm::ExecProc& x) {
-    return !x.has_stdio || (x.out_eof && (x.err_eof || x.terminal));
-  }
-
+  /// act::ArmExecTimer: (re)arm process `proc`'s timer; its expiry goes to the session with the
+  /// data link's state (output moving since it was armed).
   void arm_exec_timer(const std::shared_ptr<Vm>& vm, std::uint16_t proc, std::chrono::milliseconds after) {
     auto it = vm->execs.find(proc);
     if (it == vm->execs.end()) return;
@@ -547,22 +543,16 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     it->second.mark = vm->data ? vm->data->bytes_in() : 0;
     std::weak_ptr<Vm> wv = vm;
     std::weak_ptr<Impl> w = shared_from_this();
-    t->async_wait([w, wv, proc, t, after](error_code ec) {
+    t->async_wait([w, wv, proc, t](error_code ec) {
       auto self = w.lock();
       auto vm = wv.lock();
-      if (ec || !vm || !self) return;
+      if (ec || !vm || !self || !self->current(vm)) return;
       auto it = vm->execs.find(proc);
       if (it == vm->execs.end() || it->second.timer != t) return;
-      // Its last output may be behind a slow consumer (reads paused) or still on its way (bytes
-      // unread in the socket, or read since): the window restarts rather than dropping it.
-      if (it->second.exited && vm->data && vm->data->moving(it->second.mark)) {
-        if (!std::exchange(it->second.deferred_said, true))
-          self->emit(*vm, "exec_output_wait",
-                     fmt::format("proc={}: its output still moves; its {} ms window restarts", proc, after.count()));
-        return self->arm_exec_timer(vm, proc, after);
-      }
-      if (it->second.exited) return self->end_exec(vm, proc, *it->second.exited);
-      self->end_exec(vm, proc, ExecLost{"no answer to exec in time (an init without exec?)"});
+      DataLinkState d;
+      if (vm->data && vm->data->is_open()) d = {true, vm->data->moving(it->second.mark)};
+      vm->core.exec_timer_fired(proc, d);
+      self->drain(vm);
     });
   }
 
@@ -574,9 +564,10 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     if (auto* o = std::get_if<data_ev::Output>(&e)) {
       if (x.hooks.data) x.hooks.data(o->stream, o->bytes);
     } else if (auto* eo = std::get_if<data_ev::Eof>(&e)) {
-      (eo->stream == proto::Stream::err ? x.err_eof : x.out_eof) = true;
       if (x.hooks.eof) x.hooks.eof(eo->stream);
-      if (x.exited && exec_outputs_done(x)) end_exec(vm, proc, *x.exited);
+      if (!current(vm)) return;
+      vm->core.exec_eof(proc, eo->stream);
+      drain(vm);
     }
   }
 
@@ -618,7 +609,6 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
 
   void finished(const std::shared_ptr<Vm>& vm) {
     fail_process_waiters(vm, "list_processes: the session is over");
-    fail_execs(vm, "the session is over");
     if (vm->acceptor) {
       error_code ec;
       vm->acceptor->close(ec);
@@ -741,15 +731,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     c.on_closed = [w, wv](const std::string& error) {
       auto vm = wv.lock();
       if (!vm) return;
+      // The session hears it (processes exec() started lose their streams: those exited end).
       if (auto self = w.lock()) self->data_ended(vm, error);
-      // Processes exec() started lose their streams with it: their reports still end them.
-      for (auto& [proc, x] : vm->execs)
-        if (x.has_stdio) x.out_eof = x.err_eof = true;
-      if (auto self = w.lock())
-        for (auto it = vm->execs.begin(); it != vm->execs.end();) {
-          auto cur = it++;
-          if (cur->second.exited) self->end_exec(vm, cur->first, *cur->second.exited);
-        }
       if (auto cb = std::exchange(vm->data_finished_cb, nullptr)) cb();
     };
     c.exec_event = [w, wv](std::uint16_t proc, DataEvent& e) {
@@ -925,6 +908,7 @@ Status Host::add_vm(SessionConfig cfg) {
                                cfg.vm, old->generation(), cfg.generation)};
     // Superseded: close its I/O; its late completions see !current() and are dropped.
     impl_->close_stream(old);
+    impl_->fail_execs(old, "the session is over");
     impl_->finished(old);
     Impl::close_data(old);
     old->cancel_all();
@@ -932,6 +916,7 @@ Status Host::add_vm(SessionConfig cfg) {
                                          old->generation(), cfg.generation)});
   }
   cfg.data_drain = impl_->opt.data_drain;
+  cfg.exec_answer_wait = kExecAnswerWait;
   auto vm = std::make_shared<Vm>(impl_->io, std::move(cfg));
   impl_->vms[vm->id()] = vm;
   impl_->open_log(vm);
@@ -1072,8 +1057,7 @@ Result<std::uint16_t> Host::exec(const std::string& id, proto::Exec exec, std::o
   e.hooks = std::move(hooks);
   e.has_stdio = stdio.has_value();
   e.terminal = stdio && stdio->terminal;
-  impl_->arm_exec_timer(vm, proc, kExecAnswerWait);
-  impl_->drain(vm);
+  impl_->drain(vm);  // its answer's bound (act::ArmExecTimer)
   return proc;
 }
 

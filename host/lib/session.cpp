@@ -106,6 +106,7 @@ void Session::close_stream() {
   if (!stream_open()) return;
   stream_.link = Link::closed;
   out_.push_back(act::CloseStream{});
+  end_all_execs("the guest's stream closed before the process's end was reported");
 }
 
 void Session::vm_started(WallTime now) {
@@ -305,10 +306,25 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
           out_.push_back(act::Processes{msg});
         } else if constexpr (std::is_same_v<T, proto::ExecStarted> || std::is_same_v<T, proto::ExecFailed> ||
                              std::is_same_v<T, proto::ExecExited>) {
-          if constexpr (std::is_same_v<T, proto::ExecExited>) {
+          auto it = execs_.find(msg.proc);
+          if (it == execs_.end()) return;  // not ours (late, or never asked for): nothing to tell
+          ExecState& x = it->second;
+          if constexpr (std::is_same_v<T, proto::ExecStarted>) {
+            if (x.started) return;
+            x.started = true;
+            out_.push_back(act::CancelExecTimer{msg.proc});
+            out_.push_back(act::ExecReport{msg});
+          } else if constexpr (std::is_same_v<T, proto::ExecFailed>) {
+            out_.push_back(act::ExecReport{msg});
+            end_exec(msg.proc, msg);
+          } else {
             if (msg.exit_code.has_value() == msg.signal.has_value()) return;  // the decoder refuses these
+            x.exited = msg;
+            out_.push_back(act::ExecReport{msg});
+            // Its last output may still be on the data channel (another connection): bounded.
+            if (x.outputs_done()) end_exec(msg.proc, msg);
+            else arm_exec(msg.proc, cfg_.data_drain);
           }
-          out_.push_back(act::ExecReport{msg});
         } else if constexpr (std::is_same_v<T, proto::OutputEnd>) {
           out_.push_back(act::OutputEnd{msg});
         }
@@ -416,6 +432,59 @@ void Session::data_opened() { data_open_ = true; }
 void Session::data_closed(bool outputs_done) {
   data_open_ = false;
   if (!outputs_done) await_reports_ = true;
+  // Processes exec() started lose their streams with it: their reports still end them.
+  for (auto& [proc, x] : execs_)
+    if (x.has_stdio) x.out_eof = x.err_eof = true;
+  for (auto it = execs_.begin(); it != execs_.end();) {
+    auto cur = it++;
+    if (cur->second.exited) end_exec(cur->first, *cur->second.exited);
+  }
+}
+
+void Session::exec_eof(std::uint16_t proc, proto::Stream stream) {
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;
+  (stream == proto::Stream::err ? it->second.err_eof : it->second.out_eof) = true;
+  if (it->second.exited && it->second.outputs_done()) end_exec(proc, *it->second.exited);
+}
+
+void Session::exec_timer_fired(std::uint16_t proc, DataLinkState data) {
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;
+  ExecState& x = it->second;
+  if (!x.exited) {
+    if (x.started) return;  // a completion that raced its cancel: it runs, its end is reported
+    return end_exec(proc, ExecLost{"no answer to exec in time (an init without exec?)"});
+  }
+  // Its last output may be behind a slow consumer (reads paused) or still on its way (bytes
+  // unread in the socket, or read since): the window restarts rather than dropping it.
+  if (data.open && data.moving) {
+    if (!std::exchange(x.wait_said, true))
+      log("exec_output_wait",
+          fmt::format("proc={}: its output still moves; its {} ms window restarts", proc, x.window.count()));
+    return arm_exec(proc, x.window);
+  }
+  end_exec(proc, *x.exited);
+}
+
+void Session::arm_exec(std::uint16_t proc, std::chrono::milliseconds after) {
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;
+  it->second.window = after;
+  out_.push_back(act::ArmExecTimer{proc, after});
+}
+
+void Session::end_exec(std::uint16_t proc, ExecEnd end) {
+  if (execs_.erase(proc) == 0) return;
+  out_.push_back(act::ExecEnded{proc, std::move(end)});
+}
+
+void Session::end_all_execs(const std::string& why) {
+  while (!execs_.empty()) {
+    auto it = execs_.begin();
+    if (it->second.exited) end_exec(it->first, *it->second.exited);
+    else end_exec(it->first, ExecLost{why});
+  }
 }
 
 void Session::arm(TimerKind k, std::chrono::milliseconds after) {
@@ -501,6 +570,7 @@ void Session::finish(bool allow_remove) {
   // Nothing can happen any more: no timer of this session stays armed (the reconnect window's
   // included, e.g. after giving up on a VM that never exited).
   for (std::size_t k = 0; k < kTimerKinds; ++k) out_.push_back(act::CancelTimer{static_cast<TimerKind>(k)});
+  end_all_execs("the session is over");
   phase_ = Phase::finished;
   out_.push_back(act::Finished{});
   log("finished", "");
@@ -688,6 +758,8 @@ Status Session::exec(const proto::ExecProcess& x) {
   if (outcome_) return Error{"exec: the workload has ended"};
   if (auto ok = proto::validate(proto::HostMessage{x}); !ok) return Error{ok.error().reason};
   send(x);
+  execs_[x.proc] = ExecState{x.stdio.has_value(), x.stdio && x.stdio->terminal};
+  arm_exec(x.proc, cfg_.exec_answer_wait);
   log("exec_sent", fmt::format("proc={} argv0={}", x.proc, x.exec.argv.empty() ? "" : bounded(x.exec.argv[0])));
   return Ok{};
 }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -56,7 +57,19 @@ struct SessionConfig {
   /// closed the data channel early at the stop deadline (act::CutOutput). Host::add_vm sets it
   /// from HostOptions::data_drain. ms.
   std::chrono::milliseconds data_drain{2000};
+  /// How long a process exec() started may go without its exec_started (an init that predates
+  /// `exec` never answers): then it ends `lost`. Host::add_vm sets it (Host::kExecAnswerWait). ms.
+  std::chrono::milliseconds exec_answer_wait{10000};
 };
+
+/// A process Session::exec() started whose end will never be reported: the guest's stream closed,
+/// the session ended, or no answer came in time. `reason` says which.
+struct ExecLost {
+  std::string reason;
+};
+/// How a process exec() started ended: the guest's exec_exited, its exec_failed (the process
+/// never ran), or lost.
+using ExecEnd = std::variant<proto::ExecExited, proto::ExecFailed, ExecLost>;
 
 /// The session's lifecycle, in order (docs/host.md "The session's phases"). Never goes back.
 /// awaiting_ready: no `ready` yet (the ready deadline runs from vm_started). ready: a `ready`
@@ -133,12 +146,22 @@ struct OutputEnd { proto::OutputEnd report; };
 /// (the guest counts what it could not deliver, `output_lost`). `reason` goes into the record's
 /// lost_reason and the `output_cut` event. A no-op when the data channel is already closed.
 struct CutOutput { std::string reason; };
+/// Arm (again) the timer of process `proc` exec() started: first its answer's bound
+/// (exec_answer_wait), after its exec_exited the window for its last output (data_drain). The
+/// loop reports it with exec_timer_fired(); arming replaces the one before.
+struct ArmExecTimer { std::uint16_t proc; std::chrono::milliseconds after; };
+/// Process `proc` has ended: the loop settles its output, calls its `ended` hook, forgets it.
+/// Always last of its actions, once.
+struct ExecEnded { std::uint16_t proc; ExecEnd end; };
+/// The answer came (exec_started): the timer of process `proc` stops until its exec_exited.
+struct CancelExecTimer { std::uint16_t proc; };
 }  // namespace act
 
 using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
                             act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
                             act::Finished, act::Processes, act::ExecReport, act::OutputEnd,
-                            act::CutOutput>;
+                            act::CutOutput, act::ArmExecTimer, act::CancelExecTimer,
+                            act::ExecEnded>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
 /// in order. It holds no guest bytes: the owner frames them (feed_lines() below, with a
@@ -182,10 +205,17 @@ class Session {
   /// vm_exited from now on reads the stream to its EOF first (bounded by stop_timeout) instead of
   /// finishing at once.
   void expect_output_reports();
+  /// One of the streams of process `proc` (exec'd) reached its eof on the data channel.
+  void exec_eof(std::uint16_t proc, proto::Stream stream);
+  /// The timer of process `proc` (act::ArmExecTimer) expired; `data` as for timer_fired(). After
+  /// its exec_exited, output still moving restarts the window; else it ends (exited, or lost
+  /// when no answer came).
+  void exec_timer_fired(std::uint16_t proc, DataLinkState data);
   /// The data channel (workload stdio) connected.
   void data_opened();
   /// The data channel closed (either side, or failed). `outputs_done`: the workload's eofs had
   /// all arrived; if not, the guest reports what it could not deliver (expect_output_reports()).
+  /// Processes exec() started lose their streams with it: those already exited end now.
   void data_closed(bool outputs_done);
 
   // ---- API ----
@@ -202,7 +232,9 @@ class Session {
   /// guest that sent `ready` on an open stream.
   Status list_processes();
   /// Start another process in the guest (`exec`, docs/protocol.md "Exec"); its reports come as
-  /// act::ExecReport. Needs a booted session on an open stream whose outcome is not in yet.
+  /// act::ExecReport, its end as act::ExecEnded (after its output: its eofs, or data_drain after
+  /// its exec_exited while no output moves). Needs a booted session on an open stream whose
+  /// outcome is not in yet.
   Status exec(const proto::ExecProcess& x);
   /// Send `signal` (1..64) to the group of process `proc` (exec'd); needs a booted session.
   Status kill_exec(int signal, std::uint16_t proc);
@@ -251,6 +283,9 @@ class Session {
   void maybe_finish();
   void finish(bool allow_remove);
   void arm(TimerKind k, std::chrono::milliseconds after);
+  void arm_exec(std::uint16_t proc, std::chrono::milliseconds after);
+  void end_exec(std::uint16_t proc, ExecEnd end);
+  void end_all_execs(const std::string& why);
   bool stop_deadline_on_output(DataLinkState data);
   void reach(Phase p) { if (phase_ < p) phase_ = p; }
   void raise(Ending e) { if (ending_ < e) ending_ = e; }
@@ -287,6 +322,18 @@ class Session {
   bool await_reports_ = false;    // read the stream to EOF after vm_exited (output reports owed)
   bool data_open_ = false;        // the data channel is connected (data_opened/data_closed)
   bool stop_deferred_said_ = false;  // the stop deadline's restart was logged (once)
+  /// A process exec() started, until its end (act::ExecEnded).
+  struct ExecState {
+    bool has_stdio = false;  // its own streams on the data channel
+    bool terminal = false;   // one stream (stdout) only
+    bool started = false;    // exec_started came
+    bool out_eof = false, err_eof = false;
+    std::optional<proto::ExecExited> exited;  // reported; its output may still be on its way
+    std::chrono::milliseconds window{0};      // its timer's last arming (restarted as is)
+    bool wait_said = false;                   // exec_output_wait logged (once)
+    bool outputs_done() const { return !has_stdio || (out_eof && (err_eof || terminal)); }
+  };
+  std::map<std::uint16_t, ExecState> execs_;
 };
 
 /// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed

@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include "host/lib/session.hpp"
 #include "protocol/codec.hpp"
 #include "support.hpp"
@@ -24,6 +26,10 @@ struct Probe {
   int closes = 0, destroys = 0, removes = 0, finished = 0;
   std::vector<proto::Processes> lists;  // act::Processes, in order
   std::vector<std::string> cuts;        // act::CutOutput reasons, in order
+  std::vector<std::pair<std::uint16_t, std::chrono::milliseconds>> exec_arms;  // act::ArmExecTimer
+  std::vector<std::uint16_t> exec_cancels;                                    // act::CancelExecTimer
+  std::vector<std::pair<std::uint16_t, ExecEnd>> exec_ends;                   // act::ExecEnded
+  std::vector<std::string> order;       // "report"/"end" per exec action, in order
   std::vector<std::chrono::milliseconds> stop_arms;  // each ArmTimer{stop}'s duration
   WallTime t{std::chrono::seconds(1'700'000'000)};
 
@@ -59,6 +65,13 @@ struct Probe {
             else if constexpr (std::is_same_v<T, act::Finished>) ++finished;
             else if constexpr (std::is_same_v<T, act::Processes>) lists.push_back(x.list);
             else if constexpr (std::is_same_v<T, act::CutOutput>) cuts.push_back(x.reason);
+            else if constexpr (std::is_same_v<T, act::ArmExecTimer>) exec_arms.emplace_back(x.proc, x.after);
+            else if constexpr (std::is_same_v<T, act::CancelExecTimer>) exec_cancels.push_back(x.proc);
+            else if constexpr (std::is_same_v<T, act::ExecReport>) order.push_back("report");
+            else if constexpr (std::is_same_v<T, act::ExecEnded>) {
+              exec_ends.emplace_back(x.proc, x.end);
+              order.push_back("end");
+            }
           },
           a);
     }
@@ -819,4 +832,106 @@ TEST_CASE("phases: awaiting_ready -> ready -> booted -> finished; the stop phase
   // Finished: every timer kind cancelled, none left armed.
   for (std::size_t k = 0; k < kTimerKinds; ++k)
     CHECK(std::count(p.cancelled.begin(), p.cancelled.end(), static_cast<TimerKind>(k)) >= 1);
+}
+
+// ---- processes exec() started: their end decided here, event by event ----
+
+namespace {
+proto::ExecProcess exec_of(std::uint16_t proc, bool with_stdio) {
+  proto::ExecProcess x;
+  x.proc = proc;
+  x.exec.argv = {"/bin/sh"};
+  if (with_stdio) x.stdio = proto::Stdio{};
+  return x;
+}
+std::string exec_line(std::string_view type, std::uint16_t proc, std::string_view rest) {
+  return fmt::format("{{\"type\":\"{}\",\"proc\":{}{}}}\n", type, proc, rest);
+}
+}  // namespace
+
+TEST_CASE("exec with stdio: started cancels the answer's bound; exited waits for both eofs, then ends") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  REQUIRE(p.s.exec(exec_of(1, true)));
+  p.pump();
+  REQUIRE(p.exec_arms.size() == 1);
+  CHECK(p.exec_arms[0] == std::pair<std::uint16_t, std::chrono::milliseconds>{1, std::chrono::milliseconds(10000)});
+  p.feed(exec_line("exec_started", 1, ",\"pid\":5"));
+  CHECK(p.exec_cancels == std::vector<std::uint16_t>{1});
+  p.feed(exec_line("exec_started", 1, ",\"pid\":5"));  // a repeat tells nothing
+  CHECK(std::count(p.order.begin(), p.order.end(), "report") == 1);
+  p.feed(exec_line("exec_exited", 1, ",\"exit_code\":4"));
+  CHECK(p.exec_ends.empty());  // its output is still owed: the window (data_drain)
+  REQUIRE(p.exec_arms.size() == 2);
+  CHECK(p.exec_arms[1].second == std::chrono::milliseconds(2000));
+  p.s.exec_eof(1, proto::Stream::out);
+  p.pump();
+  CHECK(p.exec_ends.empty());
+  p.s.exec_eof(1, proto::Stream::err);
+  p.pump();
+  REQUIRE(p.exec_ends.size() == 1);
+  auto* x = std::get_if<proto::ExecExited>(&p.exec_ends[0].second);
+  REQUIRE(x);
+  CHECK(x->exit_code == std::optional<std::uint8_t>(4));
+  CHECK(p.order == std::vector<std::string>{"report", "report", "end"});  // exited reported, then the end
+  p.s.exec_eof(1, proto::Stream::err);  // late: nothing more
+  p.s.exec_timer_fired(1, {});
+  p.pump();
+  CHECK(p.exec_ends.size() == 1);
+}
+
+TEST_CASE("exec window after exec_exited: restarts while output moves (said once), ends at rest") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  REQUIRE(p.s.exec(exec_of(2, true)));
+  p.feed(exec_line("exec_started", 2, ",\"pid\":5") + exec_line("exec_exited", 2, ",\"signal\":9"));
+  for (int i = 0; i < 2; ++i) {
+    p.s.exec_timer_fired(2, DataLinkState{true, true});
+    p.pump();
+  }
+  CHECK(p.exec_ends.empty());
+  CHECK(p.exec_arms.back().second == std::chrono::milliseconds(2000));
+  CHECK(std::count_if(p.logs.begin(), p.logs.end(), [](auto& l) { return l.starts_with("exec_output_wait"); }) == 1);
+  p.s.exec_timer_fired(2, DataLinkState{true, false});
+  p.pump();
+  REQUIRE(p.exec_ends.size() == 1);
+  CHECK(std::holds_alternative<proto::ExecExited>(p.exec_ends[0].second));
+}
+
+TEST_CASE("exec ends: no answer in time is lost; exec_failed at once; without stdio exited ends at once") {
+  Probe p;
+  p.booted();
+  REQUIRE(p.s.exec(exec_of(1, false)));
+  REQUIRE(p.s.exec(exec_of(2, false)));
+  REQUIRE(p.s.exec(exec_of(3, false)));
+  p.pump();
+  p.s.exec_timer_fired(1, {});
+  p.feed(exec_line("exec_failed", 2, ",\"reason\":\"no such file\",\"class\":\"not_found\""));
+  p.feed(exec_line("exec_started", 3, ",\"pid\":5") + exec_line("exec_exited", 3, ",\"exit_code\":0"));
+  p.feed(exec_line("exec_exited", 9, ",\"exit_code\":0"));  // never asked for: nothing
+  REQUIRE(p.exec_ends.size() == 3);
+  CHECK(std::get<ExecLost>(p.exec_ends[0].second).reason == "no answer to exec in time (an init without exec?)");
+  CHECK(std::holds_alternative<proto::ExecFailed>(p.exec_ends[1].second));
+  CHECK(std::holds_alternative<proto::ExecExited>(p.exec_ends[2].second));
+}
+
+TEST_CASE("exec and the end of the VM: the data channel closing ends those exited; the stream closing, the rest") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  REQUIRE(p.s.exec(exec_of(1, true)));
+  REQUIRE(p.s.exec(exec_of(2, true)));
+  p.feed(exec_line("exec_started", 1, ",\"pid\":5") + exec_line("exec_exited", 1, ",\"exit_code\":0"));
+  p.feed(exec_line("exec_started", 2, ",\"pid\":6"));
+  p.s.data_closed(true);  // its streams are gone: 1 (exited) ends, 2 runs on
+  p.pump();
+  REQUIRE(p.exec_ends.size() == 1);
+  CHECK(p.exec_ends[0].first == 1);
+  p.feed("not json\n");  // a protocol violation closes the stream
+  REQUIRE(p.exec_ends.size() == 2);
+  CHECK(p.exec_ends[1].first == 2);
+  CHECK(std::get<ExecLost>(p.exec_ends[1].second).reason ==
+        "the guest's stream closed before the process's end was reported");
 }
