@@ -187,59 +187,60 @@ void Session::protocol_violation(std::string reason, WallTime now) {
   close_stream();
 }
 
-void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
-  if (auto* r = std::get_if<proto::Ready>(&m)) {
-    if (r->resume && !link_at_least(Link::ready)) return handle_resume(*r->resume);
-    if (!link_at_least(Link::ready) && (cfg_.resume || awaiting_redial_)) {
-      // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
-      // dialled); the workload this generation booted is gone with it.
-      log_guest("resume_expected", "a fresh `ready` instead of a resumed one");
-      if (!outcome_)
-        finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
-                 "the guest came back without resuming its session (restarted?)", now);
-      close_stream();
-      return;
-    }
-    if (link_at_least(Link::ready)) {
-      // virtio-serial has no connection events: a second `ready` is a restarted guest.
-      stream_ = StreamState{};
-      stream_.link = Link::ready;
-      if (outcome_) {
-        log_guest("guest_restarted", "after the outcome: not booted again");
-        maybe_send_shutdown();  // before boot, and only once the outcome is durable
-        return;
-      }
-      log_guest("guest_restarted", "second ready on this stream: new session");
-    } else if (outcome_) {
-      log_limited(ignored_, "ignored_after_outcome", "ready");
-      return;
-    }
-    stream_.link = Link::ready;
-    reach(Phase::ready);
-    out_.push_back(act::CancelTimer{TimerKind::ready});
-    if (r->protocol_version != proto::kProtocolVersion) {
-      finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt,
-               fmt::format("guest speaks protocol version {}; this host speaks version {}",
-                           r->protocol_version, proto::kProtocolVersion),
-               now);
-      close_stream();
-      return;
-    }
-    log_guest("ready", fmt::format("protocol_version={}", r->protocol_version));
-    if (ending_ != Ending::none) {
-      // Shut down before anything ran: no boot descriptor.
-      maybe_send_shutdown();
-      return;
-    }
-    send_boot();
-    if (stop_pending_) {
-      send(proto::Stop{});
-      stop_pending_ = false;
-      stream_.stop_sent = true;
-      log("stop_sent", "requested before boot");
-    }
+void Session::handle_ready(const proto::Ready& r, WallTime now) {
+  if (r.resume && !link_at_least(Link::ready)) return handle_resume(*r.resume);
+  if (!link_at_least(Link::ready) && (cfg_.resume || awaiting_redial_)) {
+    // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
+    // dialled); the workload this generation booted is gone with it.
+    log_guest("resume_expected", "a fresh `ready` instead of a resumed one");
+    if (!outcome_)
+      finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
+               "the guest came back without resuming its session (restarted?)", now);
+    close_stream();
     return;
   }
+  if (link_at_least(Link::ready)) {
+    // virtio-serial has no connection events: a second `ready` is a restarted guest.
+    stream_ = StreamState{};
+    stream_.link = Link::ready;
+    if (outcome_) {
+      log_guest("guest_restarted", "after the outcome: not booted again");
+      maybe_send_shutdown();  // before boot, and only once the outcome is durable
+      return;
+    }
+    log_guest("guest_restarted", "second ready on this stream: new session");
+  } else if (outcome_) {
+    log_limited(ignored_, "ignored_after_outcome", "ready");
+    return;
+  }
+  stream_.link = Link::ready;
+  reach(Phase::ready);
+  out_.push_back(act::CancelTimer{TimerKind::ready});
+  if (r.protocol_version != proto::kProtocolVersion) {
+    finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt,
+             fmt::format("guest speaks protocol version {}; this host speaks version {}",
+                         r.protocol_version, proto::kProtocolVersion),
+             now);
+    close_stream();
+    return;
+  }
+  log_guest("ready", fmt::format("protocol_version={}", r.protocol_version));
+  if (ending_ != Ending::none) {
+    // Shut down before anything ran: no boot descriptor.
+    maybe_send_shutdown();
+    return;
+  }
+  send_boot();
+  if (stop_pending_) {
+    send(proto::Stop{});
+    stop_pending_ = false;
+    stream_.stop_sent = true;
+    log("stop_sent", "requested before boot");
+  }
+}
+
+void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
+  if (auto* r = std::get_if<proto::Ready>(&m)) return handle_ready(*r, now);
   if (!link_at_least(Link::ready)) {
     protocol_violation(fmt::format("line {}: expected `ready` first, got `{}`", lines_, proto::type_name(m)),
                        now);
@@ -306,25 +307,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
           out_.push_back(act::Processes{msg});
         } else if constexpr (std::is_same_v<T, proto::ExecStarted> || std::is_same_v<T, proto::ExecFailed> ||
                              std::is_same_v<T, proto::ExecExited>) {
-          auto it = execs_.find(msg.proc);
-          if (it == execs_.end()) return;  // not ours (late, or never asked for): nothing to tell
-          ExecState& x = it->second;
-          if constexpr (std::is_same_v<T, proto::ExecStarted>) {
-            if (x.started) return;
-            x.started = true;
-            out_.push_back(act::CancelExecTimer{msg.proc});
-            out_.push_back(act::ExecReport{msg});
-          } else if constexpr (std::is_same_v<T, proto::ExecFailed>) {
-            out_.push_back(act::ExecReport{msg});
-            end_exec(msg.proc, msg);
-          } else {
-            if (msg.exit_code.has_value() == msg.signal.has_value()) return;  // the decoder refuses these
-            x.exited = msg;
-            out_.push_back(act::ExecReport{msg});
-            // Its last output may still be on the data channel (another connection): bounded.
-            if (x.outputs_done()) end_exec(msg.proc, msg);
-            else arm_exec(msg.proc, cfg_.data_drain);
-          }
+          exec_report(msg);
         } else if constexpr (std::is_same_v<T, proto::OutputEnd>) {
           out_.push_back(act::OutputEnd{msg});
         }
@@ -426,6 +409,30 @@ void Session::record_amended(const Record& on_disk) {
 }
 
 void Session::expect_output_reports() { await_reports_ = true; }
+
+void Session::exec_report(const std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited>& r) {
+  const std::uint16_t proc = std::visit([](const auto& m) { return m.proc; }, r);
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;  // not ours (late, or never asked for): nothing to tell
+  ExecState& x = it->second;
+  if (std::holds_alternative<proto::ExecStarted>(r)) {
+    if (x.started) return;
+    x.started = true;
+    out_.push_back(act::CancelExecTimer{proc});
+    out_.push_back(act::ExecReport{r});
+  } else if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
+    out_.push_back(act::ExecReport{r});
+    end_exec(proc, *f);
+  } else {
+    const auto& e = std::get<proto::ExecExited>(r);
+    if (e.exit_code.has_value() == e.signal.has_value()) return;  // the decoder refuses these
+    x.exited = e;
+    out_.push_back(act::ExecReport{r});
+    // Its last output may still be on the data channel (another connection): bounded.
+    if (x.outputs_done()) end_exec(proc, e);
+    else arm_exec(proc, cfg_.data_drain);
+  }
+}
 
 void Session::data_opened() { data_open_ = true; }
 
@@ -639,26 +646,30 @@ void Session::timer_fired(TimerKind k, WallTime now, DataLinkState data) {
       maybe_finish();
       break;
     case TimerKind::stop:
-      if (stop_deadline_on_output(data)) break;
-      if (vm_exited_) {
-        // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
-        if (!outcome_) lost("VM exited; its channel stayed open and no outcome arrived", now);
-        close_stream();
-        maybe_finish();
-        break;
-      }
-      if (stop_phase_ == StopPhase::awaiting_exit) {
-        stop_phase_ = StopPhase::destroyed;
-        log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
-        out_.push_back(act::CallDestroy{});
-        arm(TimerKind::stop, cfg_.stop_timeout);
-      } else if (stop_phase_ == StopPhase::destroyed) {
-        stop_phase_ = StopPhase::gave_up;
-        log("gave_up", fmt::format("no vm_exited {} ms after destroy", cfg_.stop_timeout.count()));
-        if (!outcome_) lost("VM did not exit and no outcome arrived", now);
-        if (record_settled()) finish(false);
-      }
+      stop_deadline(now, data);
       break;
+  }
+}
+
+void Session::stop_deadline(WallTime now, DataLinkState data) {
+  if (stop_deadline_on_output(data)) return;
+  if (vm_exited_) {
+    // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
+    if (!outcome_) lost("VM exited; its channel stayed open and no outcome arrived", now);
+    close_stream();
+    maybe_finish();
+    return;
+  }
+  if (stop_phase_ == StopPhase::awaiting_exit) {
+    stop_phase_ = StopPhase::destroyed;
+    log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
+    out_.push_back(act::CallDestroy{});
+    arm(TimerKind::stop, cfg_.stop_timeout);
+  } else if (stop_phase_ == StopPhase::destroyed) {
+    stop_phase_ = StopPhase::gave_up;
+    log("gave_up", fmt::format("no vm_exited {} ms after destroy", cfg_.stop_timeout.count()));
+    if (!outcome_) lost("VM did not exit and no outcome arrived", now);
+    if (record_settled()) finish(false);
   }
 }
 

@@ -270,6 +270,8 @@ class Session {
  private:
   void handle_message(const proto::GuestMessage& m, WallTime now);
   void handle_resume(const proto::Resume& r);
+  void handle_ready(const proto::Ready& r, WallTime now);
+  void exec_report(const std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited>& r);
   void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,
                 std::optional<proto::StartFailClass> cls, std::string reason, WallTime now);
   void protocol_violation(std::string reason, WallTime now);
@@ -286,6 +288,7 @@ class Session {
   void arm_exec(std::uint16_t proc, std::chrono::milliseconds after);
   void end_exec(std::uint16_t proc, ExecEnd end);
   void end_all_execs(const std::string& why);
+  void stop_deadline(WallTime now, DataLinkState data);
   bool stop_deadline_on_output(DataLinkState data);
   void reach(Phase p) { if (phase_ < p) phase_ = p; }
   void raise(Ending e) { if (ending_ < e) ending_ = e; }
