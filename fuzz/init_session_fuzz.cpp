@@ -1,7 +1,7 @@
 // The init's Session fed arbitrary host lines and events in any order (timers fire only while
 // armed, as loop.cpp does). Asserted after every event:
 //  - never two SIGTERMs to the workload's group;
-//  - never two final outcomes sent (mount_failed, start_failed, workload_exited);
+//  - never two final outcomes sent (mount_failed, network_failed, start_failed, workload_exited);
 //  - the final flush begins at most once, and only after the ack (`shutdown` after the outcome),
 //    EOF, the ack timeout, or with no outcome to acknowledge;
 //  - power-off at most once, only after the flush began; nothing at all after it;
@@ -87,7 +87,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 5: e = ev::Line{proto::Line{proto::Line::Kind::too_long, "", 1u << 21}}; break;
       case 6: e = ev::Eof{}; break;
       case 7: e = ev::MountsDone{}; break;
-      case 8: e = ev::MountFailed{proto::MountFailed{"w", "x", 19}}; break;
+      case 8:
+        e = c.pick(2) ? Event{ev::MountFailed{proto::MountFailed{"w", "x", 19}}}
+                      : Event{ev::NetworkFailed{proto::NetworkFailed{"52:54:00:12:34:56", "find", "x", 19}}};
+        break;
       case 9: e = ev::Started{static_cast<std::int32_t>(2 + c.pick(100))}; break;
       case 10: e = ev::StartFailed{proto::StartFailed{"x", 2, proto::StartFailClass::not_found}}; break;
       case 11:
@@ -139,7 +142,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const auto& g = x->msg;
         if (auto* oe = std::get_if<proto::OutputEnd>(&g); oe && oe->proc == 0)
           require(m.accounted.insert({oe->proc, static_cast<int>(oe->stream)}).second, "one output_end per stream");
-        if (std::holds_alternative<proto::MountFailed>(g) || std::holds_alternative<proto::StartFailed>(g) ||
+        if (std::holds_alternative<proto::MountFailed>(g) || std::holds_alternative<proto::NetworkFailed>(g) ||
+            std::holds_alternative<proto::StartFailed>(g) ||
             std::holds_alternative<proto::WorkloadExited>(g)) {
           if (m.final_sent) require(*m.final_sent == g, "never two different final outcomes");
           m.final_sent = g;

@@ -92,6 +92,12 @@ base::Status apply_key(Config& c, std::string_view key_in, std::string_view valu
   if (key == "ack_timeout_ms") return ms(c.ack_timeout_ms);
   if (key == "boot_timeout_ms") return ms(c.boot_timeout_ms);
   if (key == "connect_timeout_ms") return ms(c.connect_timeout_ms);
+  if (key == "own_netns") {
+    if (value == "1" || value == "yes" || value == "true") c.own_netns = true;
+    else if (value == "0" || value == "no" || value == "false") c.own_netns = false;
+    else return base::Error{fmt::format("own_netns: expected 1 or 0, got '{}'", value)};
+    return base::Ok{};
+  }
   if (key == "halt") {
     if (value == "poweroff") c.halt = proto::Halt::poweroff;
     else if (value == "reboot") c.halt = proto::Halt::reboot;

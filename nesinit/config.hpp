@@ -58,11 +58,14 @@ struct Config {
   std::uint32_t connect_timeout_ms = 10000;  // dialling the channel, all retries together
   proto::Halt halt = proto::Halt::poweroff;  // final act; the descriptor's on_exit.halt wins
   LogLevel log = LogLevel::info;
+  /// A sandbox's attestation that its network namespace is its own (`unshare --net`), so it may
+  /// configure boot.network there; a guest's is always its own. Key `own_netns` (1/0).
+  bool own_netns = false;
   bool operator==(const Config&) const = default;
 };
 
 /// Set one key (`channel`, `data_channel` (alias `data`, as in `nesinit.data=`), `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
-/// `halt`, `log`; '-' and '_' are the same). An error names the key and what was expected; then
+/// `halt`, `log`, `own_netns`; '-' and '_' are the same). An error names the key and what was expected; then
 /// `c` is unchanged. Times: decimal u32 milliseconds.
 base::Status apply_key(Config& c, std::string_view key, std::string_view value);
 

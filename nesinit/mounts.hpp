@@ -64,10 +64,12 @@ class Shares {
 
   const std::vector<std::string>& mounted() const { return mounted_; }
 
- private:
-  /// unshare(CLONE_NEWNS), then make_root_private(); once. An error's err is the errno.
+  /// In sandbox mode (own_namespace), move into the init's own mount namespace with `/` private:
+  /// unshare(CLONE_NEWNS), then make_root_private(); once; a no-op for a guest. Called before the
+  /// first share, and before boot.network binds its files over /etc. An error's err is the errno.
   base::Status isolate();
 
+ private:
   bool own_namespace_ = false;
   bool isolated_ = false;
   std::vector<std::string> mounted_;

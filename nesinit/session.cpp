@@ -186,7 +186,7 @@ void Session::on(const ev::ChannelUp&) {
   channel_open_ = true;
   phase_ = Phase::awaiting_boot;
   // The guest speaks first and sends its version before reading anything.
-  send(proto::Ready{});
+  send(proto::Ready{proto::kProtocolVersion, std::nullopt, proto::all_features()});
   arm(Timer::boot, opt_.boot_timeout_ms);
 }
 
@@ -254,7 +254,10 @@ void Session::on_boot(const proto::Boot& b) {
 void Session::mount() {
   if (boot_->root && !opt_.may_switch_root)
     return on(ev::MountFailed{proto::MountFailed{boot_->root->tag, "root: only a guest's PID 1 switches root", EPERM}});
-  out_.push_back(act::Mount{boot_->root, boot_->mounts});
+  if (boot_->network && !opt_.may_configure_network)
+    return on(ev::NetworkFailed{proto::NetworkFailed{
+        "-", "namespace", "this sandbox shares the machine's network namespace (own_netns=1 if it does not)", EPERM}});
+  out_.push_back(act::Mount{boot_->root, boot_->mounts, boot_->network, boot_->hostname});
 }
 
 void Session::end_data_dial() {
@@ -372,7 +375,8 @@ void Session::resume_channel() {
   note(Severity::info, "channel", fmt::format("redialled; resuming (outcome pending: {})", pending));
   send(proto::Ready{proto::kProtocolVersion,
                     proto::Resume{boot_->vm.value_or(""), boot_->generation.value_or(1),
-                                  started_ever_, pending}});
+                                  started_ever_, pending},
+                    proto::all_features()});
   if (!pending) return;
   send(*outcome_);  // the final event again, until acknowledged
   if (phase_ == Phase::shutting_down && !ack_armed_) {
@@ -428,6 +432,12 @@ void Session::on(const ev::MountsDone&) {
 void Session::on(const ev::MountFailed& f) {
   if (phase_ != Phase::mounting) return;
   note(Severity::error, "mount", fmt::format("{}: {}", f.failure.tag.value_or(""), f.failure.reason));
+  settle(f.failure);  // nothing is started
+}
+
+void Session::on(const ev::NetworkFailed& f) {
+  if (phase_ != Phase::mounting) return;
+  note(Severity::error, "network", fmt::format("{} {}: {}", f.failure.interface, f.failure.step, f.failure.reason));
   settle(f.failure);  // nothing is started
 }
 

@@ -75,6 +75,8 @@ struct Message { proto::HostDecoded msg; };       // an already-decoded line
 struct Eof {};                                    // the host closed the channel (or it broke)
 struct MountsDone {};
 struct MountFailed { proto::MountFailed failure; };
+/// boot.network could not be configured (nothing started).
+struct NetworkFailed { proto::NetworkFailed failure; };
 struct Started { std::int32_t pid; };
 struct StartFailed { proto::StartFailed failure; };
 struct Exited { proto::WorkloadExited status; };  // the workload was reaped
@@ -127,7 +129,7 @@ struct ExecReaped { std::int32_t pid; proto::WorkloadExited status; };  // an ex
 struct ExecOutputsDone { std::uint16_t proc; bool stdio = false; OutputAccount out; std::optional<OutputAccount> err = OutputAccount{}; };
 }  // namespace ev
 using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::Eof,
-                           ev::MountsDone, ev::MountFailed, ev::Started, ev::StartFailed,
+                           ev::MountsDone, ev::MountFailed, ev::NetworkFailed, ev::Started, ev::StartFailed,
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
                            ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed,
                            ev::Flushing, ev::ProcessList, ev::ExecStarted, ev::ExecFailed,
@@ -147,7 +149,13 @@ struct DialData { std::uint32_t attempt_ms; proto::Stdio stdio; };
 /// is taken as soon as it opens and a hang-up before the host's first byte means "not yet".
 struct Dial { std::uint32_t attempt_ms; bool need_peer; };
 /// Switch to `root` (if set), then mount `mounts` in order: MountsDone or MountFailed.
-struct Mount { std::optional<proto::Root> root; std::vector<proto::Mount> mounts; };
+/// Then configure `network` (if set; /etc/hostname from `hostname`): MountsDone, or NetworkFailed.
+struct Mount {
+  std::optional<proto::Root> root;
+  std::vector<proto::Mount> mounts;
+  std::optional<proto::Network> network;
+  std::optional<std::string> hostname;
+};
 /// Set `hostname` (if set), then start `exec` in its own process group with `geometry` in its
 /// environment and its stdio as `stdio` says (unset: /dev/console with `console`, else the init's
 /// own fds): Started or StartFailed.
@@ -216,6 +224,9 @@ struct SessionOptions {
   /// Without boot.stdio the workload's fds 0-2 are /dev/console (a guest's PID 1: the console is
   /// all the output there is); off, they are the init's own (a sandbox's: its caller's).
   bool console_stdio = false;
+  /// This PID 1 may configure boot.network: a guest, or a sandbox in a network namespace of its
+  /// own (Config::own_netns). Without it boot.network is network_failed (EPERM), nothing starts.
+  bool may_configure_network = true;
 };
 /// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. The
 /// backoff spaces the attempts; a pending signal cuts one short.
@@ -264,6 +275,7 @@ class Session {
   void on(const ev::Eof&);
   void on(const ev::MountsDone&);
   void on(const ev::MountFailed&);
+  void on(const ev::NetworkFailed&);
   void on(const ev::Started&);
   void on(const ev::StartFailed&);
   void on(const ev::Exited&);

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include <arpa/inet.h>
+
 #include <fmt/format.h>
 #include <simdjson.h>
 
@@ -124,6 +126,81 @@ void open(Buf& b, std::string_view type) {
   put_string(b, type);
 }
 
+/// inet_ntop(3)'s text of `a`.
+std::string ip_text(const IpAddr& a) {
+  char t[INET6_ADDRSTRLEN] = {};
+  ::inet_ntop(a.family == 6 ? AF_INET6 : AF_INET, a.bytes.data(), t, sizeof t);
+  return t;
+}
+void put_ip(Buf& b, const IpAddr& a) { put_string(b, ip_text(a)); }
+void put_prefix(Buf& b, const IpPrefix& p) { put_string(b, fmt::format("{}/{}", ip_text(p.addr), p.len)); }
+void put_mac(Buf& b, const MacAddr& m) {
+  put_string(b, fmt::format("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]));
+}
+/// `[f(x0),f(x1),...]`.
+template <class T, class F>
+void put_array(Buf& b, const std::vector<T>& xs, F&& f) {
+  b.push_back('[');
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (i) b.push_back(',');
+    f(xs[i]);
+  }
+  b.push_back(']');
+}
+
+void enc(Buf& b, const Network& n) {
+  b.push_back('{');
+  key(b, "interfaces", true);
+  put_array(b, n.interfaces, [&](const NetInterface& i) {
+    b.push_back('{');
+    key(b, "mac", true);
+    put_mac(b, i.mac);
+    if (i.mtu) {
+      key(b, "mtu");
+      put_int(b, i.mtu);
+    }
+    key(b, "addresses");
+    put_array(b, i.addresses, [&](const IpPrefix& a) { put_prefix(b, a); });
+    b.push_back('}');
+  });
+  key(b, "routes");
+  put_array(b, n.routes, [&](const NetRoute& r) {
+    b.push_back('{');
+    key(b, "to", true);
+    put_prefix(b, r.to);
+    if (r.via) {
+      key(b, "via");
+      put_ip(b, *r.via);
+    }
+    if (r.mac) {
+      key(b, "mac");
+      put_mac(b, *r.mac);
+    }
+    b.push_back('}');
+  });
+  if (n.dns) {
+    key(b, "dns");
+    b.push_back('{');
+    key(b, "nameservers", true);
+    put_array(b, n.dns->nameservers, [&](const IpAddr& a) { put_ip(b, a); });
+    key(b, "search");
+    put_array(b, n.dns->search, [&](const std::string& x) { put_string(b, x); });
+    key(b, "options");
+    put_array(b, n.dns->options, [&](const std::string& x) { put_string(b, x); });
+    b.push_back('}');
+  }
+  key(b, "hosts");
+  put_array(b, n.hosts, [&](const HostEntry& h) {
+    b.push_back('{');
+    key(b, "name", true);
+    put_string(b, h.name);
+    key(b, "ip");
+    put_ip(b, h.ip);
+    b.push_back('}');
+  });
+  b.push_back('}');
+}
+
 // ---- one function per message: field order is the reference's, optional/additive fields last.
 
 void enc(Buf& b, const Ready& m) {
@@ -143,8 +220,23 @@ void enc(Buf& b, const Ready& m) {
     put_bool(b, m.resume->outcome_pending);
     b.push_back('}');
   }
+  if (m.features) {
+    key(b, "features");
+    put_array(b, *m.features, [&](const std::string& f) { put_string(b, f); });
+  }
 }
 void enc(Buf& b, const Mounted&) { open(b, "mounted"); }
+void enc(Buf& b, const NetworkFailed& m) {
+  open(b, "network_failed");
+  key(b, "interface");
+  put_string(b, m.interface);
+  key(b, "step");
+  put_string(b, m.step);
+  key(b, "reason");
+  put_string(b, m.reason);
+  key(b, "errno");
+  put_int(b, m.err);
+}
 void enc(Buf& b, const MountFailed& m) {
   open(b, "mount_failed");
   if (m.tag) {
@@ -396,6 +488,10 @@ void enc(Buf& b, const Boot& m) {
   if (m.generation) {
     key(b, "generation");
     put_int(b, *m.generation);
+  }
+  if (m.network) {
+    key(b, "network");
+    enc(b, *m.network);
   }
 }
 void enc(Buf& b, const Stop&) { open(b, "stop"); }
@@ -922,6 +1018,193 @@ bool each_top_field(od::document& doc, const Path& p, Err& err, F&& f) {
   return true;
 }
 
+// ---- boot.network ----
+
+constexpr std::string_view kIpText = "IPv4 or IPv6 address";
+constexpr std::string_view kCidrText = "address/prefix (CIDR)";
+constexpr std::string_view kMacText = "MAC address \"xx:xx:xx:xx:xx:xx\"";
+
+/// `text` as an IPv4 (dotted quad) or IPv6 address (inet_pton(3)); false if it is neither.
+[[gnu::noinline]] bool parse_ip(std::string_view text, IpAddr& out) {
+  if (text.size() >= INET6_ADDRSTRLEN) return false;
+  char t[INET6_ADDRSTRLEN] = {};
+  std::memcpy(t, text.data(), text.size());
+  if (::inet_pton(AF_INET, t, out.bytes.data()) == 1) return out.family = 4, true;
+  if (::inet_pton(AF_INET6, t, out.bytes.data()) == 1) return out.family = 6, true;
+  return false;
+}
+
+[[gnu::noinline]] bool get_ip(od::value v, const Path& p, IpAddr& out, Err& err) {
+  std::string s;
+  if (!get_str(v, p, s, err)) return false;
+  if (!parse_ip(s, out)) return err.expected(p, kIpText, excerpt_json(s));
+  return true;
+}
+
+/// "ADDR/LEN", LEN 0..32 (IPv4) or 0..128 (IPv6), decimal without sign or leading zeros.
+[[gnu::noinline]] bool get_prefix(od::value v, const Path& p, IpPrefix& out, Err& err) {
+  std::string s;
+  if (!get_str(v, p, s, err)) return false;
+  auto slash = s.find('/');
+  if (slash == std::string::npos || !parse_ip(std::string_view(s).substr(0, slash), out.addr))
+    return err.expected(p, kCidrText, excerpt_json(s));
+  std::string_view len = std::string_view(s).substr(slash + 1);
+  unsigned n = 0;
+  const unsigned max = out.addr.family == 6 ? 128 : 32;
+  if (len.empty() || len.size() > 3 || (len.size() > 1 && len[0] == '0'))
+    return err.expected(p, kCidrText, excerpt_json(s));
+  for (char c : len) {
+    if (c < '0' || c > '9') return err.expected(p, kCidrText, excerpt_json(s));
+    n = n * 10 + static_cast<unsigned>(c - '0');
+  }
+  if (n > max) return err.expected(p, fmt::format("prefix length 0..{}", max), excerpt_json(s));
+  out.len = static_cast<std::uint8_t>(n);
+  return true;
+}
+
+[[gnu::noinline]] bool get_mac(od::value v, const Path& p, MacAddr& out, Err& err) {
+  std::string s;
+  if (!get_str(v, p, s, err)) return false;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (s.size() != 17) return err.expected(p, kMacText, excerpt_json(s));
+  for (std::size_t i = 0; i < 6; ++i) {
+    int hi = hex(s[3 * i]), lo = hex(s[3 * i + 1]);
+    if (hi < 0 || lo < 0 || (i < 5 && s[3 * i + 2] != ':')) return err.expected(p, kMacText, excerpt_json(s));
+    out[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return true;
+}
+
+/// Each element of the array `v` through `f(path, element, out)`, at most `max` of them.
+template <class T, class F>
+bool get_list(od::value v, const Path& p, std::size_t max, std::string_view expect, std::vector<T>& out,
+              Err& err, F&& f) {
+  return each_element(v, p, expect, err, [&](std::size_t i, od::value el) {
+    if (i >= max) return err.fail(p, fmt::format("more than {} elements", max));
+    return f(el, p[i], out.emplace_back());
+  });
+}
+
+/// A hostname or search domain: 1..253 bytes of letters, digits, '-', '.', '_' (what
+/// resolv.conf(5) and hosts(5) can hold without quoting).
+[[gnu::noinline]] bool get_dns_name(od::value v, const Path& p, std::string& out, Err& err) {
+  if (!get_str(v, p, out, err)) return false;
+  bool ok = !out.empty() && out.size() <= 253;
+  for (char c : out)
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                c == '.' || c == '_');
+  return ok || err.expected(p, "name of 1..253 letters, digits, '-', '.', '_'", excerpt_json(out));
+}
+
+[[gnu::noinline]] bool dec_interface(od::value v, const Path& p, NetInterface& out, Err& err) {
+  bool mac = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "mac") return mac = true, get_mac(fv, fp, out.mac, err);
+    if (k == "mtu") {
+      if (!get_u32(fv, fp, out.mtu, err)) return false;
+      if (out.mtu != 0 && (out.mtu < kNetMtuMin || out.mtu > kNetMtuMax))
+        return err.expected(fp, "integer 0 or 68..65535", fmt::format("{}", out.mtu));
+      return true;
+    }
+    if (k == "addresses")
+      return get_list(fv, fp, kNetMaxAddresses, "array of CIDR strings", out.addresses, err,
+                      [&](od::value el, const Path& ep, IpPrefix& a) { return get_prefix(el, ep, a, err); });
+    return true;
+  });
+  if (!ok) return false;
+  return mac || missing(p, "mac", kMacText, err);
+}
+
+[[gnu::noinline]] bool dec_route(od::value v, const Path& p, NetRoute& out, Err& err) {
+  bool to = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "to") return to = true, get_prefix(fv, fp, out.to, err);
+    if (k == "via") return get_ip(fv, fp, out.via.emplace(), err);
+    if (k == "mac") return get_mac(fv, fp, out.mac.emplace(), err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!to) return missing(p, "to", kCidrText, err);
+  if (out.via && out.via->family != out.to.addr.family)
+    return err.fail(p / "via", "address family differs from \"to\"'s");
+  return true;
+}
+
+[[gnu::noinline]] bool dec_dns(od::value v, const Path& p, Dns& out, Err& err) {
+  return each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "nameservers")
+      return get_list(fv, fp, kNetMaxNameservers, "array of addresses", out.nameservers, err,
+                      [&](od::value el, const Path& ep, IpAddr& a) { return get_ip(el, ep, a, err); });
+    if (k == "search")
+      return get_list(fv, fp, kNetMaxSearch, "array of domain names", out.search, err,
+                      [&](od::value el, const Path& ep, std::string& d) { return get_dns_name(el, ep, d, err); });
+    if (k == "options")
+      return get_list(fv, fp, 16, "array of resolv.conf options", out.options, err,
+                      [&](od::value el, const Path& ep, std::string& o) {
+                        if (!get_str(el, ep, o, err)) return false;
+                        bool ok = !o.empty() && o.size() <= 64;
+                        for (char c : o) ok = ok && c > ' ' && c < 0x7f;
+                        return ok || err.expected(ep, "option of 1..64 printable ASCII bytes, no spaces",
+                                                  excerpt_json(o));
+                      });
+    return true;
+  });
+}
+
+[[gnu::noinline]] bool dec_host_entry(od::value v, const Path& p, HostEntry& h, Err& err) {
+  bool name = false, ip = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    if (k == "name") return name = true, get_dns_name(fv, p / k, h.name, err);
+    if (k == "ip") return ip = true, get_ip(fv, p / k, h.ip, err);
+    return true;
+  });
+  if (!ok) return false;
+  if (!name) return missing(p, "name", "string", err);
+  return ip || missing(p, "ip", kIpText, err);
+}
+
+[[gnu::noinline]] bool dec_network(od::value v, const Path& p, Network& out, Err& err) {
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "interfaces")
+      return get_list(fv, fp, kNetMaxInterfaces, "array of objects", out.interfaces, err,
+                      [&](od::value el, const Path& ep, NetInterface& i) { return dec_interface(el, ep, i, err); });
+    if (k == "routes")
+      return get_list(fv, fp, kNetMaxRoutes, "array of objects", out.routes, err,
+                      [&](od::value el, const Path& ep, NetRoute& r) { return dec_route(el, ep, r, err); });
+    if (k == "dns") {
+      if (is_null(fv)) return out.dns.reset(), true;
+      return dec_dns(fv, fp, out.dns.emplace(), err);
+    }
+    if (k == "hosts")
+      return get_list(fv, fp, kNetMaxHosts, "array of objects", out.hosts, err,
+                      [&](od::value el, const Path& ep, HostEntry& h) { return dec_host_entry(el, ep, h, err); });
+    return true;
+  });
+  if (!ok) return false;
+  // Every route names an interface the descriptor configures (or there is one to default to).
+  for (std::size_t i = 0; i < out.routes.size(); ++i) {
+    const auto& r = out.routes[i];
+    if (out.interfaces.empty()) return err.fail((p / "routes")[i], "a route needs an interface: interfaces is empty");
+    if (r.mac && std::none_of(out.interfaces.begin(), out.interfaces.end(),
+                              [&](const NetInterface& n) { return n.mac == *r.mac; }))
+      return err.fail((p / "routes")[i] / "mac", "names no interface of network.interfaces");
+  }
+  for (std::size_t i = 0; i < out.interfaces.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (out.interfaces[i].mac == out.interfaces[j].mac)
+        return err.fail((p / "interfaces")[i] / "mac", fmt::format("same as interfaces[{}].mac", j));
+  return true;
+}
+
 constexpr std::string_view kGeneration = "integer 1..9007199254740991";
 
 bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
@@ -947,6 +1230,10 @@ bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
     if (k == "generation")
       return get_ranged(fv, fp, 1, static_cast<std::int64_t>(kGenerationMax), kGeneration,
                         out.generation.emplace(), err);
+    if (k == "network") {
+      if (is_null(fv)) return out.network.reset(), true;
+      return dec_network(fv, fp, out.network.emplace(), err);
+    }
     return true;
   });
   if (!ok) return false;
@@ -994,6 +1281,9 @@ bool dec(od::document& doc, const Path& p, Ready& out, Err& err) {
           if (is_null(fv)) return out.resume.reset(), true;
           return dec_resume(fv, p / k, out.resume.emplace(), err);
         }
+        if (k == "features")
+          return get_list(fv, p / k, 64, "array of strings", out.features.emplace(), err,
+                          [&](od::value el, const Path& ep, std::string& f) { return get_str(el, ep, f, err); });
         return true;
       }))
     return false;
@@ -1175,6 +1465,21 @@ bool dec(od::document& doc, const Path& p, ExecExited& out, Err& err) {
   return true;
 }
 
+bool dec(od::document& doc, const Path& p, NetworkFailed& out, Err& err) {
+  bool iface = false, step = false, reason = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "interface") return iface = true, get_str(fv, p / k, out.interface, err);
+        if (k == "step") return step = true, get_str(fv, p / k, out.step, err);
+        if (k == "reason") return reason = true, get_str(fv, p / k, out.reason, err);
+        if (k == "errno") return get_ranged(fv, p / k, 0, kI32Max, kErrno, out.err, err);
+        return true;
+      }))
+    return false;
+  if (!iface) return missing(p, "interface", "string", err);
+  if (!step) return missing(p, "step", "string", err);
+  return reason || missing(p, "reason", "string", err);
+}
+
 constexpr std::array<Stream, 2> kOutputStreams = {Stream::out, Stream::err};
 constexpr std::string_view kBytes53 = "integer 0..9007199254740991";
 
@@ -1215,6 +1520,7 @@ constexpr std::string_view kTag(const ExecStarted*) { return "exec_started"; }
 constexpr std::string_view kTag(const ExecFailed*) { return "exec_failed"; }
 constexpr std::string_view kTag(const ExecExited*) { return "exec_exited"; }
 constexpr std::string_view kTag(const OutputEnd*) { return "output_end"; }
+constexpr std::string_view kTag(const NetworkFailed*) { return "network_failed"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

@@ -3,6 +3,7 @@
 // Both ends (nesinit/ and host/) use only these types; nothing else defines the wire.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -22,6 +23,19 @@ inline constexpr std::size_t kDefaultLineCap = 1u << 20;
 inline constexpr std::uint32_t kInvalidId = 4294967295u;
 
 // ---- guest -> host -----------------------------------------------------------------------------
+
+/// Boot features an init announces in `ready.features` (docs/protocol.md "Features"): each names
+/// a descriptor field (or request) an older init would ignore, so the host refuses to send it to
+/// an init that does not list it instead of having it silently dropped.
+inline constexpr const char* kFeatureStdio = "stdio";          // boot.stdio (the data channel)
+inline constexpr const char* kFeatureRoot = "root";            // boot.root
+inline constexpr const char* kFeatureReconnect = "reconnect";  // boot.reconnect_ms > 0
+inline constexpr const char* kFeatureExec = "exec";            // exec, list_processes
+inline constexpr const char* kFeatureNetwork = "network";      // boot.network
+/// Every feature this build's init implements, as it announces them.
+inline std::vector<std::string> all_features() {
+  return {kFeatureStdio, kFeatureRoot, kFeatureReconnect, kFeatureExec, kFeatureNetwork};
+}
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
 inline constexpr std::uint32_t kReconnectMaxMs = 3600000;                 // ms (1 hour)
@@ -44,6 +58,9 @@ struct Resume {
 struct Ready {
   std::uint32_t protocol_version = kProtocolVersion;
   std::optional<Resume> resume;
+  /// The boot features this init implements (additive; kFeature* below). Absent (an init that
+  /// predates the field, e.g. the reference's): the v2 base only, none of them.
+  std::optional<std::vector<std::string>> features;
   bool operator==(const Ready&) const = default;
 };
 
@@ -60,6 +77,18 @@ struct MountFailed {
   std::string reason;
   std::optional<std::int32_t> err;  // wire name: "errno"
   bool operator==(const MountFailed&) const = default;
+};
+
+/// The network (boot.network) could not be configured; nothing was started. `interface` names
+/// the interface (its MAC, or "lo"/"files" for what is not one), `step` what failed
+/// ("find", "mtu", "up", "address", "route", "resolv.conf", "hosts", "hostname"), `reason` the
+/// error, `err` its errno value (0 if none). Wire name of `err`: "errno".
+struct NetworkFailed {
+  std::string interface;
+  std::string step;
+  std::string reason;
+  std::int32_t err = 0;
+  bool operator==(const NetworkFailed&) const = default;
 };
 
 /// The workload's exec succeeded (learned through a CLOEXEC pipe). `pid` >= 1, in the guest;
@@ -166,7 +195,7 @@ struct OutputEnd {
 /// Any message the guest sends.
 using GuestMessage = std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited,
                                   ProtocolError, Processes, ExecStarted, ExecFailed, ExecExited,
-                                  OutputEnd>;
+                                  OutputEnd, NetworkFailed>;
 
 // ---- host -> guest -----------------------------------------------------------------------------
 
@@ -255,6 +284,80 @@ struct Stdio {
   bool operator==(const Stdio&) const = default;
 };
 
+/// An IPv4 or IPv6 address in network byte order: `family` 4 (bytes[0..4)) or 6 (all 16).
+/// On the wire, inet_pton(3)'s text ("10.0.2.15", "fd00::2").
+struct IpAddr {
+  std::uint8_t family = 4;
+  std::array<std::uint8_t, 16> bytes{};
+  bool operator==(const IpAddr&) const = default;
+};
+
+/// An address with its prefix length (0..32 for IPv4, 0..128 for IPv6). Wire: CIDR text,
+/// "10.0.2.15/24", "fd00::2/64".
+struct IpPrefix {
+  IpAddr addr;
+  std::uint8_t len = 0;
+  bool operator==(const IpPrefix&) const = default;
+};
+
+/// An Ethernet MAC address. Wire: "52:54:00:12:34:56" (hex, either case).
+using MacAddr = std::array<std::uint8_t, 6>;
+
+/// Bounds of `boot.network` (docs/protocol.md "Network").
+inline constexpr std::size_t kNetMaxInterfaces = 8;
+inline constexpr std::size_t kNetMaxAddresses = 16;   // per interface
+inline constexpr std::size_t kNetMaxRoutes = 64;
+inline constexpr std::size_t kNetMaxHosts = 256;      // extra /etc/hosts entries
+inline constexpr std::size_t kNetMaxNameservers = 3;  // resolv.conf(5)'s MAXNS
+inline constexpr std::size_t kNetMaxSearch = 6;       // resolv.conf(5)'s search domains
+inline constexpr std::uint32_t kNetMtuMin = 68;       // RFC 791's minimum
+inline constexpr std::uint32_t kNetMtuMax = 65535;
+
+/// One interface to configure, found by its MAC (the VMM set it; names are the guest kernel's).
+/// Brought up with `mtu` (0: the driver's default) and `addresses` added. Wire names: "mac",
+/// "mtu", "addresses".
+struct NetInterface {
+  MacAddr mac{};
+  std::uint32_t mtu = 0;
+  std::vector<IpPrefix> addresses;
+  bool operator==(const NetInterface&) const = default;
+};
+
+/// A route: `to` (0.0.0.0/0 or ::/0 is the default route) via `via` (a gateway; unset: on-link)
+/// out of the interface with `mac` (unset: the first interface). Wire names: "to", "via", "mac".
+struct NetRoute {
+  IpPrefix to;
+  std::optional<IpAddr> via;
+  std::optional<MacAddr> mac;
+  bool operator==(const NetRoute&) const = default;
+};
+
+/// One extra /etc/hosts line, as docker's --add-host: `ip` and its `name`.
+struct HostEntry {
+  std::string name;
+  IpAddr ip;
+  bool operator==(const HostEntry&) const = default;
+};
+
+/// The workload's resolver (resolv.conf(5)): "nameservers", "search", "options".
+struct Dns {
+  std::vector<IpAddr> nameservers;
+  std::vector<std::string> search;
+  std::vector<std::string> options;
+  bool operator==(const Dns&) const = default;
+};
+
+/// The guest's network (additive, feature "network"): the init configures it over rtnetlink
+/// before the workload starts, and gives the workload /etc/resolv.conf, /etc/hosts and
+/// /etc/hostname (bound over its root's files, as docker does). Absent: loopback only.
+struct Network {
+  std::vector<NetInterface> interfaces;
+  std::vector<NetRoute> routes;
+  std::optional<Dns> dns;            // unset: /etc/resolv.conf is left as the root has it
+  std::vector<HostEntry> hosts;
+  bool operator==(const Network&) const = default;
+};
+
 /// The boot descriptor: exactly one per connection, host -> guest.
 struct Boot {
   Exec exec;
@@ -270,6 +373,7 @@ struct Boot {
   /// The host's names for this session, echoed in a resumed `ready` (additive; informational).
   std::optional<std::string> vm;
   std::optional<std::uint64_t> generation;  // 1..kGenerationMax
+  std::optional<Network> network;           // additive (feature "network")
   bool operator==(const Boot&) const = default;
 };
 

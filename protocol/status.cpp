@@ -15,6 +15,7 @@ int exit_status(const StartFailed& m) {
 }
 
 int exit_status(const MountFailed&) { return kStatusHostFailure; }
+int exit_status(const NetworkFailed&) { return kStatusHostFailure; }
 
 int exit_status(Outcome o, std::optional<std::uint8_t> exit_code,
                 std::optional<std::uint8_t> signal, std::optional<StartFailClass> cls) {
@@ -26,6 +27,7 @@ int exit_status(Outcome o, std::optional<std::uint8_t> exit_code,
     case Outcome::timeout: return kStatusTimeout;
     case Outcome::stopped: return kStatusStopped;
     case Outcome::mount_failed:
+    case Outcome::network_failed:
     case Outcome::channel_lost:
     case Outcome::protocol_error:
     case Outcome::no_ready:
@@ -35,11 +37,12 @@ int exit_status(Outcome o, std::optional<std::uint8_t> exit_code,
 }
 
 namespace {
-constexpr std::array<std::pair<Outcome, std::string_view>, 10> kOutcomeNames{{
+constexpr std::array<std::pair<Outcome, std::string_view>, 11> kOutcomeNames{{
     {Outcome::exited, "exited"},
     {Outcome::signalled, "signalled"},
     {Outcome::start_failed, "start_failed"},
     {Outcome::mount_failed, "mount_failed"},
+    {Outcome::network_failed, "network_failed"},
     {Outcome::channel_lost, "channel_lost"},
     {Outcome::protocol_error, "protocol_error"},
     {Outcome::no_ready, "no_ready"},

@@ -16,6 +16,7 @@ enum class Outcome {
   signalled,         // workload_exited{signal}
   start_failed,      // start_failed{class}
   mount_failed,      // mount_failed
+  network_failed,    // network_failed
   channel_lost,      // EOF/reset before a final event
   protocol_error,    // malformed/over-long guest line before a final event
   no_ready,          // no `ready` within the deadline from vm_started
@@ -40,6 +41,8 @@ int exit_status(const WorkloadExited& m);
 int exit_status(const StartFailed& m);
 /// 125.
 int exit_status(const MountFailed& m);
+/// 125.
+int exit_status(const NetworkFailed& m);
 /// The status of a recorded outcome. `exit_code`/`signal`/`cls` are consulted for exited,
 /// signalled and start_failed respectively; every host-side failure is 125, timeout 124,
 /// stopped 143.

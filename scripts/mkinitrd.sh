@@ -23,8 +23,9 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 
 # virtio over PCI (q35) and MMIO (microvm), the virtio-serial console port that carries the
 # channel, vsock (the production transport), virtio-blk, and virtiofs (with fuse, its dependency)
-# for shares and a host directory as root. No 9p in the cloud flavour.
-default_modules="virtio_pci virtio_mmio virtio_console vmw_vsock_virtio_transport virtio_blk virtiofs"
+# for shares and a host directory as root, virtio-net for the NIC (boot.network). No 9p in the
+# cloud flavour.
+default_modules="virtio_pci virtio_mmio virtio_console vmw_vsock_virtio_transport virtio_blk virtiofs virtio_net"
 
 out= init=$top/build/nesinit/nesinit rootfs= moddir=$top/.cache/kernel/modules
 roots=$default_modules gzip=0

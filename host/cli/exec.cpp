@@ -21,25 +21,15 @@ namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-host::Result<proto::ExecProcess> parse_exec_request(std::string_view text, const proto::Exec& workload) {
-  const auto sp = text.find(' ');
-  if (sp == std::string_view::npos) return host::Error{"exec: expected FLAGS JSON"};
-  const std::string_view flags = text.substr(0, sp);
-  if (flags != "-" && flags.find_first_not_of("ecu") != std::string_view::npos)
-    return host::Error{fmt::format("exec: FLAGS: expected '-' or letters of 'ecu', got '{}'", flags)};
-  auto d = proto::decode_host(text.substr(sp + 1));
-  if (auto* e = std::get_if<proto::DecodeError>(&d)) return host::Error{e->reason};
-  auto* m = std::get_if<proto::HostMessage>(&d);
-  auto* x = m ? std::get_if<proto::ExecProcess>(m) : nullptr;
-  if (!x) return host::Error{"exec: JSON: expected an `exec` message"};
-  proto::ExecProcess out = std::move(*x);
-  if (flags.find('e') != std::string_view::npos) {
+proto::ExecProcess resolve_exec(control::Exec request, const proto::Exec& workload) {
+  proto::ExecProcess out = std::move(request.process);
+  if (request.env) {
     auto env = workload.env;  // docker exec: the container's environment, then -e on top
     for (auto& [k, v] : out.exec.env) env[k] = v;
     out.exec.env = std::move(env);
   }
-  if (flags.find('c') != std::string_view::npos && !out.exec.cwd) out.exec.cwd = workload.cwd;
-  if (flags.find('u') != std::string_view::npos) {
+  if (request.cwd && !out.exec.cwd) out.exec.cwd = workload.cwd;
+  if (request.user) {
     out.exec.uid = workload.uid;
     out.exec.gid = workload.gid;
     out.exec.groups = workload.groups;
@@ -54,7 +44,7 @@ struct ExecAttachments::Attached {
   host::Fd in, out, err;                      // the client's fds 0-2 (owned here)
   std::unique_ptr<FdWriter> wout, werr;       // declared after the fds: destroyed first
   std::unique_ptr<StdinPump> pump;
-  ControlServer::Reply reply;
+  ControlRespond reply;
   std::optional<int> status;                  // ended: the exit status to report
   std::string reason;
   std::vector<std::string> lost;              // its output the host could not deliver, one line each
@@ -109,7 +99,7 @@ void ExecAttachments::finish(std::uint16_t proc) {
   if (!a->reason.empty()) why += (why.empty() ? "" : "; ") + a->reason;
   for (char& c : why)
     if (c == '\n' || c == '\r') c = ' ';
-  a->reply(fmt::format("ok exit {}{}{}", *a->status, why.empty() ? "" : " ", why.substr(0, 1024)), false);
+  a->reply(control::Exited{*a->status, std::move(why)});  // WHY cut to control::kExitWhyMax
   if (a->pump) a->pump->stop();
   // Not from inside a writer's callback: the entry goes on the next turn of the loop.
   asio::post(io_, [this, proc, a] {
@@ -120,34 +110,33 @@ void ExecAttachments::finish(std::uint16_t proc) {
 
 void ExecAttachments::workload_started() {
   started_ = true;
-  for (auto& w : std::exchange(waiting_, {})) start(w.text, std::move(w.fds), std::move(w.reply));
+  for (auto& w : std::exchange(waiting_, {})) start(std::move(w.request), std::move(w.fds), std::move(w.respond));
 }
 
 void ExecAttachments::workload_ended() {
   ended_ = true;
-  for (auto& w : std::exchange(waiting_, {})) w.reply("error: exec: the workload has ended", false);
+  for (auto& w : std::exchange(waiting_, {})) w.respond(control::Error{"exec: the workload has ended"});
 }
 
-void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, ControlServer::Reply reply) {
-  auto fail = [&](std::string why) { reply("error: " + why, false); };
+void ExecAttachments::start(control::Exec request, std::vector<host::Fd> fds, ControlRespond reply) {
+  auto fail = [&](std::string why) { reply(control::Error{std::move(why)}); };
   if (!started_ && !ended_) {
     // docker exec into a container that is starting waits for it; so does this, bounded by the
     // VM's own deadlines (its outcome ends the wait).
     if (waiting_.size() >= proto::kExecMax) return fail("exec: too many requests wait for the workload to start");
-    reply("ok waiting for the workload to start", true);
-    waiting_.push_back(Waiting{std::string(text), std::move(fds), std::move(reply)});
+    reply(control::Waiting{});
+    waiting_.push_back(Queued{std::move(request), std::move(fds), std::move(reply)});
     return;
   }
   const host::Session* s = host_ ? host_->session(vm_) : nullptr;
   if (!s) return fail("exec: the VM is not up");
-  auto x = parse_exec_request(text, s->config().descriptor.exec);
-  if (!x) return fail(x.error().message);
-  if (x->stdio && fds.size() != 3) return fail("exec: the request must carry the client's fds 0, 1 and 2");
+  proto::ExecProcess x = resolve_exec(std::move(request), s->config().descriptor.exec);
+  if (x.stdio && fds.size() != 3) return fail("exec: the request must carry the client's fds 0, 1 and 2");
   auto a = std::make_shared<Attached>();
   a->reply = std::move(reply);
-  const bool terminal = x->stdio && x->stdio->terminal;
-  const bool input = x->stdio && x->stdio->attach_stdin;
-  if (x->stdio) {
+  const bool terminal = x.stdio && x.stdio->terminal;
+  const bool input = x.stdio && x.stdio->attach_stdin;
+  if (x.stdio) {
     a->in = std::move(fds[0]);
     a->out = std::move(fds[1]);
     a->err = std::move(fds[2]);
@@ -166,7 +155,7 @@ void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, Co
   hooks.started = [this, wa, input](std::int32_t pid) {
     auto a = wa.lock();
     if (!a) return;
-    a->reply(fmt::format("ok started {} {}", pid, a->proc), true);
+    a->reply(control::Started{pid, a->proc});
     if (!input) return;
     make_own_nonblocking(a->in.get());
     const std::uint16_t proc = a->proc;
@@ -203,8 +192,8 @@ void ExecAttachments::start(std::string_view text, std::vector<host::Fd> fds, Co
       if (w) w->on_empty = [this, proc] { finish(proc); };
     finish(proc);
   };
-  auto proc = host_->exec(vm_, std::move(x->exec), x->stdio, std::move(hooks));
-  if (!proc) return a->reply("error: " + proc.error().message, false);
+  auto proc = host_->exec(vm_, std::move(x.exec), x.stdio, std::move(hooks));
+  if (!proc) return a->reply(control::Error{proc.error().message});
   a->proc = *proc;
   live_[*proc] = a;
 }
@@ -282,9 +271,8 @@ int exec_main(const Args& args) {
     req.stdio->terminal = proto::Terminal{sz ? sz->rows : std::uint16_t{24}, sz ? sz->cols : std::uint16_t{80}};
   }
   if (auto ok = proto::validate(proto::HostMessage{req}); !ok) return usage_error("exec", ok.error().reason);
-  std::string flags = "e";
-  if (!p->has("workdir")) flags += 'c';
-  if (!p->has("user")) flags += 'u';
+  // The workload's environment under ours; its cwd and user unless given.
+  control::Exec request{true, !p->has("workdir"), !p->has("user"), std::move(req)};
 
   const fs::path ctl = host::control_path(state ? fs::path(*state) : default_state_dir(), vm);
   // SIGWINCH is read from a signalfd while we wait (-t); blocked before anything can raise it.
@@ -296,32 +284,30 @@ int exec_main(const Args& args) {
     ::sigprocmask(SIG_BLOCK, &winch, nullptr);
     sfd.reset(::signalfd(-1, &winch, SFD_CLOEXEC | SFD_NONBLOCK));
   }
-  auto cs = ControlSession::open(ctl, "exec " + flags + " " + proto::encode(proto::HostMessage{req}), {0, 1, 2});
+  auto cs = ControlSession::open(ctl, control::Request{std::move(request)}, {0, 1, 2});
   auto not_running = [&](const host::Error& e) { return exec_error(fmt::format("VM '{}' is not running ({})", vm, e.message)); };
   if (!cs) return not_running(cs.error());
   // The answer to the exec itself is bounded (an init that never answers: Host::kExecAnswerWait).
-  auto first = cs->read_line(host::Host::kExecAnswerWait + 5s);
+  auto first = cs->read_reply(host::Host::kExecAnswerWait + 5s);
   // A VM still booting: the monitor says so and answers once the workload runs (its own
   // deadlines bound that).
-  while (first && first->starts_with("ok waiting")) first = cs->read_line(std::nullopt);
+  while (first && std::holds_alternative<control::Waiting>(*first)) first = cs->read_reply(std::nullopt);
   // A monitor that closes before answering is ending with its VM (it had an outcome as we
   // connected): the exec never started.
   if (!first && first.error().err == ECONNRESET) return not_running(first.error());
   if (!first) return exec_error(first.error().message);
-  if (first->starts_with("error: ")) return exec_error(first->substr(7));
+  if (auto* e = std::get_if<control::Error>(&*first)) return exec_error(e->message);
   std::uint16_t proc = 0;
   std::unique_ptr<RawMode> raw;  // restored on every return below
-  if (first->starts_with("ok started ")) {
-    auto sp = first->rfind(' ');
-    auto n = parse_uint("proc", std::string_view(*first).substr(sp + 1), 1, 65535);
-    if (n) proc = static_cast<std::uint16_t>(*n);
+  if (auto* started = std::get_if<control::Started>(&*first)) {
+    proc = started->proc;
     if (tty && interactive && ::isatty(0)) {
       auto r = RawMode::enter(0);
       if (r) raw = std::move(*r);
     }
   }
-  std::string last = *first;
-  while (!last.starts_with("ok exit ") && !last.starts_with("error: ")) {
+  control::Reply last = std::move(*first);
+  while (!control::is_final(last)) {
     pollfd p[2] = {{cs->fd(), POLLIN, 0}, {sfd.get(), POLLIN, 0}};
     int r = ::poll(p, sfd ? 2 : 1, -1);
     if (r < 0 && errno == EINTR) continue;
@@ -332,25 +318,23 @@ int exec_main(const Args& args) {
       }
       auto sz = terminal_size(0);
       if (!sz) sz = terminal_size(1);
-      if (sz && proc) (void)control_request(ctl, fmt::format("resize {} {} {}", sz->rows, sz->cols, proc), 2s);
+      if (sz && proc) (void)control_request(ctl, control::Resize{sz->rows, sz->cols, proc}, 2s);
     }
     if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      auto l = cs->read_line(2s);
+      auto l = cs->read_reply(2s);
       if (!l) {
         if (raw) raw->restore();
         return exec_error(fmt::format("VM '{}': {}", vm, l.error().message));
       }
-      last = *l;
+      last = std::move(*l);
     }
   }
   if (raw) raw->restore();
-  if (last.starts_with("error: ")) return exec_error(last.substr(7));
-  const std::string_view rest = std::string_view(last).substr(8);
-  const auto sp = rest.find(' ');
-  auto status = parse_uint("status", rest.substr(0, sp), 0, 255);
-  if (!status) return exec_error(fmt::format("unexpected answer '{}'", last));
-  if (sp != std::string_view::npos) fmt::print(stderr, "neshost exec: {}\n", rest.substr(sp + 1));
-  return static_cast<int>(*status);
+  if (auto* e = std::get_if<control::Error>(&last)) return exec_error(e->message);
+  auto* exited = std::get_if<control::Exited>(&last);
+  if (!exited) return exec_error(fmt::format("unexpected answer '{}'", control::encode(last)));
+  if (!exited->why.empty()) fmt::print(stderr, "neshost exec: {}\n", exited->why);
+  return exited->status;
 }
 
 namespace {

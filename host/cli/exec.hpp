@@ -24,30 +24,30 @@
 
 namespace nes::cli {
 
-/// Parses the text of a control request `exec FLAGS JSON` after "exec ": FLAGS is "-" or letters
-/// of "e" (env laid over the workload's), "c" (cwd from the workload unless JSON sets one), "u"
-/// (uid/gid/groups from the workload); JSON is the protocol's `exec` message (its `proc` is
-/// replaced by the monitor's number). `workload` is the running workload's exec. Errors name the
-/// part that is wrong.
-host::Result<proto::ExecProcess> parse_exec_request(std::string_view text, const proto::Exec& workload);
+/// The process a control request `exec FLAGS JSON` (host/monitor/control.hpp control::Exec) asks
+/// for, its FLAGS applied: "e" the workload's env with the request's on top, "c" the workload's
+/// cwd unless the request sets one, "u" the workload's uid/gid/groups. `workload` is the running
+/// workload's exec. The result's `proc` is the client's; the monitor numbers the process itself.
+proto::ExecProcess resolve_exec(control::Exec request, const proto::Exec& workload);
 
 /// The monitor's side of `neshost exec`: one entry per process the control socket started.
 /// Output goes to the fds the client passed through FdWriters of 1 MiB each: while one is full
 /// the data channel is paused (the guest then holds the process back, lossless), as for the
 /// workload's own output. stdin comes from the passed fd 0 through a StdinPump. The final reply
-/// ("ok exit STATUS[ REASON]") goes once the output is written (or its reader gone), so a
-/// client that exits on it has all of it; output the host could not deliver to it (a stream that
-/// ended without its eof, ExecHooks::lost) makes it "ok exit 125 N bytes of stdout lost: ...".
+/// (control::Exited, "ok exit STATUS[ REASON]") goes once the output is written (or its reader
+/// gone), so a client that exits on it has all of it; output the host could not deliver to it (a
+/// stream that ended without its eof, ExecHooks::lost) makes it "ok exit 125 N bytes of stdout
+/// lost: ...".
 class ExecAttachments {
  public:
   /// `pause_changed`: any_full() may have changed (the caller re-decides Host::pause_output).
   ExecAttachments(boost::asio::io_context& io, std::string vm, std::function<void()> pause_changed);
   ~ExecAttachments();
   void set_host(host::Host* h) { host_ = h; }
-  /// Serves one `exec` request (`text` after "exec "), with the client's fds 0-2. Before the
-  /// workload has started (the VM still booting) it waits, answering "ok waiting" first (at most
-  /// kExecMax waiting; they fail when the workload ends before it starts).
-  void start(std::string_view text, std::vector<host::Fd> fds, ControlServer::Reply reply);
+  /// Serves one `exec` request with the client's fds 0-2 (ControlHandlers::exec). Before the
+  /// workload has started (the VM still booting) it waits, answering control::Waiting first (at
+  /// most kExecMax waiting; they fail when the workload ends before it starts).
+  void start(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond);
   /// The workload started (Milestone::started): waiting requests go ahead.
   void workload_started();
   /// The workload's outcome is in: waiting requests fail.
@@ -74,12 +74,12 @@ class ExecAttachments {
   std::function<void()> pause_changed_;
   host::Host* host_ = nullptr;
   std::map<std::uint16_t, std::shared_ptr<Attached>> live_;
-  struct Waiting {
-    std::string text;
+  struct Queued {
+    control::Exec request;
     std::vector<host::Fd> fds;
-    ControlServer::Reply reply;
+    ControlRespond respond;
   };
-  std::vector<Waiting> waiting_;
+  std::vector<Queued> waiting_;
   bool started_ = false, ended_ = false;
 };
 

@@ -1,4 +1,4 @@
-// The CLI's flag parser and value parsers (host/cli_flags.hpp).
+// The CLI's flag parser and value parsers (host/cli/flags.hpp).
 #include "host/cli/flags.hpp"
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // The `neshost` CLI's one flag parser and its value parsers. Two orders, as docker spells its
 // commands: flags anywhere among the positionals (`neshost logs VM -f`), or options first and
 // the rest verbatim (`neshost run [OPTIONS] ARGV...`, where ARGV's own flags are the program's).
-// Errors name the flag; the subcommand turns them into exit status 2 (host/cli.hpp usage_error).
+// Errors name the flag; the subcommand turns them into exit status 2 (host/cli/cli.hpp usage_error).
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // `neshost logs`: print a VM's workload log (STATE/VM/workload.log and its rotated files, CRI
-// format, host/log_writer.hpp) as `docker logs` does: stdout records to stdout, stderr records to
+// format, host/lib/log_writer.hpp) as `docker logs` does: stdout records to stdout, stderr records to
 // stderr, byte-exact; also after the VM is gone; -f follows a running VM until its `neshost run`
 // exits.
 #include <fcntl.h>
@@ -16,6 +16,7 @@
 #include "host/cli/cli.hpp"
 #include "host/lib/base.hpp"
 #include "host/lib/log_writer.hpp"
+#include "host/lib/state_dir.hpp"
 #include "host/monitor/reconcile.hpp"
 
 namespace nes::cli {
@@ -170,7 +171,7 @@ int logs_main(const Args& args) {
     }
   }
   const bool follow = p->has("follow");
-  const fs::path log = state / vmid / "workload.log";
+  const fs::path log = host::vm_path(state, vmid, host::kWorkloadLog);
 
   // inotify on the VM's directory before the first read: nothing written in between is missed.
   host::Fd in(follow ? ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK) : -1);

@@ -1,4 +1,4 @@
-// neshost: the host side's CLI. Subcommands register themselves (host/cli.hpp Registrar).
+// neshost: the host side's CLI. Subcommands register themselves (host/cli/cli.hpp Registrar).
 #include <fmt/format.h>
 
 #include <exception>

@@ -1,5 +1,5 @@
 // `neshost ps`, `stop`, `kill`, `rm`: the VMs of a state dir, from any process, each through the
-// one reconcile rule (host/reconcile.hpp) and the monitor's control socket (host/monitor.hpp).
+// one reconcile rule (host/monitor/reconcile.hpp) and the monitor's control socket (host/monitor/monitor.hpp).
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -124,15 +124,16 @@ bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmStat
   host::Fd pidfd = monitor_pidfd(s);
   if (!pidfd) return true;  // already gone
   auto ctl = host::control_path(state, s.vm);
-  auto r = control_request(ctl, ordered ? "stop" : "kill 9");
-  if (!r || *r != "ok") {
+  auto r = control_request(ctl, ordered ? control::Request{control::Stop{}}
+                                        : control::Request{control::Kill{SIGKILL, std::nullopt}});
+  if (!r || !std::holds_alternative<control::Ok>(*r)) {
     // No control socket (or the guest cannot take the request now): SIGTERM asks the monitor
     // for the same ordered shutdown.
     if (!r) fmt::print(stderr, "neshost {}: {}; sending SIGTERM to the monitor\n", cmd, r.error().message);
     ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
   }
   if (wait_exit(pidfd, grace)) return true;
-  (void)control_request(ctl, "kill 9");
+  (void)control_request(ctl, control::Kill{SIGKILL, std::nullopt});
   if (wait_exit(pidfd, 30s)) return true;
   fmt::print(stderr, "neshost {}: VM '{}' did not stop; killing its monitor (pid {})\n", cmd, s.vm,
              s.monitor->monitor.pid);
@@ -238,9 +239,12 @@ int kill_main(const Args& args) {
     fmt::print(stderr, "neshost kill: no running VM '{}' in {} ({})\n", vm, state.string(), status_cell(*s));
     return 1;
   }
-  auto r = control_request(host::control_path(state, vm), fmt::format("kill {}", sig));
+  auto r = control_request(host::control_path(state, vm), control::Kill{sig, std::nullopt});
   if (!r) { fmt::print(stderr, "neshost kill: {}\n", r.error().message); return 1; }
-  if (*r != "ok") { fmt::print(stderr, "neshost kill: VM '{}': {}\n", vm, *r); return 1; }
+  if (!std::holds_alternative<control::Ok>(*r)) {
+    fmt::print(stderr, "neshost kill: VM '{}': {}\n", vm, control::encode(*r));
+    return 1;
+  }
   return 0;
 }
 
@@ -288,7 +292,7 @@ int rm_main(const Args& args) {
     } else if (s->monitor_alive) {
       // Ended (its outcome recorded) but its monitor still powering the guest off: what `ps`
       // shows as exited is removable, as docker's `wait X && rm X` expects; give the power-off
-      // the claim's settle time (host/reconcile.hpp) before calling it running.
+      // the claim's settle time (host/monitor/reconcile.hpp) before calling it running.
       if (s->status != host::VmStatus::running)
         if (host::Fd pidfd = monitor_pidfd(*s); pidfd && wait_exit(pidfd, 10s)) {
           auto again = load("rm", state, vm);

@@ -1,4 +1,4 @@
-// `neshost wait` and `neshost inspect`: a VM's reconciled state (host/reconcile.hpp) from its
+// `neshost wait` and `neshost inspect`: a VM's reconciled state (host/monitor/reconcile.hpp) from its
 // state dir, from any process.
 #include <poll.h>
 #include <sys/syscall.h>

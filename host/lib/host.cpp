@@ -19,6 +19,8 @@
 #include <mutex>
 #include <set>
 
+#include "host/lib/signals_blocked.hpp"
+#include "host/lib/state_dir.hpp"
 #include "protocol/codec.hpp"
 
 namespace nes::host {
@@ -681,7 +683,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     std::error_code ec;
     std::filesystem::create_directories(opt.state_dir / vm->id(), ec);
     LogOptions lo;
-    lo.path = opt.state_dir / vm->id() / "workload.log";
+    lo.path = vm_path(opt.state_dir, vm->id(), kWorkloadLog);
     lo.max_size = opt.workload_log.max_size;
     lo.max_files = opt.workload_log.max_files;
     std::weak_ptr<Impl> w = shared_from_this();
@@ -894,7 +896,10 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
 };
 
 Host::Host(asio::io_context& io, HostOptions opt)
-    : impl_(std::make_shared<Impl>(io, std::move(opt))) {}
+    : impl_([&] {
+        SignalsBlocked quiet;  // the worker pool's threads never take a process signal
+        return std::make_shared<Impl>(io, std::move(opt));
+      }()) {}
 
 Host::~Host() { impl_->teardown(); }
 

@@ -1,4 +1,4 @@
-// nes::host::Host — the thin Asio loop around Session (host/session.hpp): endpoints, timers,
+// nes::host::Host — the thin Asio loop around Session (host/lib/session.hpp): endpoints, timers,
 // guest streams, the durable-record worker pool, embedder hooks and the API. One io_context;
 // C++20 coroutines (asio::awaitable) for accept and read loops. Why: docs/host.md.
 #pragma once

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "host/lib/signals_blocked.hpp"
+
 namespace nes::host {
 
 namespace fs = std::filesystem;
@@ -397,6 +399,7 @@ Result<std::unique_ptr<AsyncLog>> AsyncLog::start(LogOptions opt, std::size_t qu
   a->st_->cap = a->cap_;
   a->st_->w = std::move(*w);
   a->st_->on_drained = std::move(on_drained);
+  SignalsBlocked quiet;  // the writer thread never takes a process signal
   a->thread_ = std::thread([st = a->st_] { st->run(); });
   return a;
 }

@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "host/lib/base.hpp"
+#include "host/lib/signals_blocked.hpp"
 #include "base/small_file.hpp"
 #include "protocol/codec.hpp"
 
@@ -68,20 +69,6 @@ std::optional<WallTime> parse_rfc3339(std::string_view s) {
   tm.tm_sec = static_cast<int>(*sec);
   std::time_t tt = timegm(&tm);
   return WallTime{std::chrono::nanoseconds{static_cast<std::int64_t>(tt) * 1'000'000'000 + *f}};
-}
-
-Status check_vm_id(std::string_view id) {
-  if (id.empty()) return Error{"vm id is empty"};
-  if (id.size() > 64) return Error{fmt::format("vm id is {} bytes; at most 64", id.size())};
-  if (id.front() == '.' || id.front() == '-')
-    return Error{fmt::format("vm id '{}' starts with '{}'", id, id.front())};
-  for (char c : id) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-';
-    if (!ok)
-      return Error{fmt::format("vm id may hold only [A-Za-z0-9._-]; got byte 0x{:02x}", static_cast<unsigned char>(c))};
-  }
-  return Ok{};
 }
 
 std::string json_string(std::string_view s) { return proto::json_quote(s); }
@@ -248,69 +235,9 @@ std::optional<WriteStep> write_step_from_string(std::string_view s) {
   return std::nullopt;
 }
 
-fs::path record_path(const fs::path& state_dir, std::string_view vm) {
-  return state_dir / std::string(vm) / "outcome.json";
-}
-
 namespace {
 
 std::string errno_text(int e) { return std::strerror(e); }
-
-/// mkdir with mode 0700; if it was created, fsync its parent so the new entry is durable.
-Status make_dir_durable(const fs::path& dir) {
-  if (::mkdir(dir.c_str(), 0700) == 0) {
-    fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
-    Fd d{::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-    if (!d || ::fsync(d.get()) != 0)
-      return Error{fmt::format("fsync {}: {}", parent.string(), errno_text(errno))};
-    return Ok{};
-  }
-  if (errno == EEXIST) {
-    struct stat st{};
-    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return Ok{};
-    return Error{fmt::format("{}: exists and is not a directory", dir.string())};
-  }
-  return Error{fmt::format("mkdir {}: {}", dir.string(), errno_text(errno))};
-}
-
-Status make_dirs_durable(const fs::path& dir) {
-  // Create missing ancestors first (each one fsynced into its parent). The state dir's own path is
-  // the user's choice (it may go through a symlink); inside it nothing is followed.
-  std::vector<fs::path> chain;
-  for (fs::path p = dir; !p.empty() && p != p.root_path(); p = p.parent_path()) {
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) break;
-    chain.push_back(p);
-    if (p.parent_path() == p) break;
-  }
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it)
-    if (auto s = make_dir_durable(*it); !s) return s;
-  return Ok{};
-}
-
-/// `what` for an openat() error inside the state dir: a symlink (ELOOP from O_NOFOLLOW) is named.
-std::string open_error(const fs::path& shown, int e) {
-  if (e == ELOOP) return fmt::format("{}: is a symlink; refusing to follow it in the state dir", shown.string());
-  return fmt::format("open {}: {}", shown.string(), errno_text(e));
-}
-
-/// Open `name` inside `dirfd` with O_NOFOLLOW (and O_NONBLOCK, so a FIFO planted there cannot
-/// hang the open), then require a regular file. ENOENT is reported as `missing`.
-Result<Fd> open_regular_at(int dirfd, const char* name, int flags, const fs::path& shown,
-                           bool& missing) {
-  missing = false;
-  Fd f{::openat(dirfd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600)};
-  if (!f) {
-    if (errno == ENOENT) { missing = true; return Fd{}; }
-    return Error{open_error(shown, errno)};
-  }
-  struct stat st{};
-  if (::fstat(f.get(), &st) != 0) return Error{fmt::format("stat {}: {}", shown.string(), errno_text(errno))};
-  if (!S_ISREG(st.st_mode)) return Error{fmt::format("{}: not a regular file", shown.string())};
-  // Back to blocking I/O for a regular file (O_NONBLOCK means nothing there, but keep it plain).
-  ::fcntl(f.get(), F_SETFL, ::fcntl(f.get(), F_GETFL) & ~O_NONBLOCK);
-  return f;
-}
 
 /// The largest outcome.json read back: bytes (a record is a few hundred).
 constexpr std::size_t kRecordCap = 1u << 20;
@@ -318,13 +245,18 @@ constexpr std::size_t kRecordCap = 1u << 20;
 /// `<vm>/outcome.json` inside the VM's directory `dirfd` (`shown` names it in errors): never
 /// through a symlink or a FIFO planted there; Error::err is ENOENT when there is none.
 Result<std::string> read_outcome_at(int dirfd, const fs::path& shown) {
-  return base::read_small_file(dirfd, "outcome.json", kRecordCap, {.shown = shown.native()});
+  return base::read_small_file(dirfd, kOutcomeFile, kRecordCap, {.shown = shown.native()});
 }
 
 std::atomic<std::uint64_t> g_temp_counter{0};  // unique temp names within this process
 
+/// This protocol's temp names: `.outcome.json.PID.N.tmp`, beside the record.
+std::string temp_name() {
+  return fmt::format(".{}.{}.{}.tmp", kOutcomeFile, ::getpid(), g_temp_counter++);
+}
 bool is_temp_name(std::string_view n) {
-  return n.starts_with(".outcome.json.") && n.ends_with(".tmp");
+  static const std::string prefix = fmt::format(".{}.", kOutcomeFile);
+  return n.starts_with(prefix) && n.ends_with(".tmp");
 }
 
 /// Parse a record read from `<vm>/outcome.json` and check it is that VM's: a record naming
@@ -339,71 +271,6 @@ Result<Record> parse_record_of(std::string_view text, std::string_view vm, const
 }
 
 }  // namespace
-
-namespace {
-
-/// open_vm_dir(); with `created` non-null, a VM dir made here is reported through it instead of
-/// being fsynced into the state dir at once (a group commit fsyncs the state dir once for all
-/// the VM dirs its round made).
-Result<Fd> open_vm_dir_impl(const fs::path& state_dir, std::string_view vm, bool create,
-                            bool* created) {
-  if (created) *created = false;
-  if (auto id = check_vm_id(vm); !id) return id.error();
-  if (create)
-    if (auto s = make_dirs_durable(state_dir); !s) return s.error();
-  Fd state{::open(state_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (!state) {
-    if (errno == ENOENT && !create) return Fd{};
-    return Error{fmt::format("open {}: {}", state_dir.string(), errno_text(errno))};
-  }
-  const std::string name(vm);
-  const fs::path shown = state_dir / name;
-  if (create) {
-    if (::mkdirat(state.get(), name.c_str(), 0700) == 0) {
-      if (created) *created = true;
-      else if (::fsync(state.get()) != 0)
-        return Error{fmt::format("fsync {}: {}", state_dir.string(), errno_text(errno))};
-    } else if (errno != EEXIST) {
-      return Error{fmt::format("mkdir {}: {}", shown.string(), errno_text(errno))};
-    }
-  }
-  Fd d{::openat(state.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)};
-  if (!d) {
-    if (errno == ENOENT && !create) return Fd{};
-    if (errno == ENOTDIR) {
-      // O_NOFOLLOW|O_DIRECTORY on a symlink gives ENOTDIR on some kernels, ELOOP on others.
-      struct stat st{};
-      if (::fstatat(state.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
-        return Error{open_error(shown, ELOOP)};
-      return Error{fmt::format("{}: exists and is not a directory", shown.string())};
-    }
-    return Error{open_error(shown, errno)};
-  }
-  // Records are private (they hold the workload's argv-derived reasons): 0700 whoever made it.
-  struct stat st{};
-  if (create && ::fstat(d.get(), &st) == 0 && (st.st_mode & 077) && st.st_uid == ::geteuid())
-    ::fchmod(d.get(), 0700);
-  return d;
-}
-
-}  // namespace
-
-Result<Fd> open_vm_dir(const fs::path& state_dir, std::string_view vm, bool create) {
-  return open_vm_dir_impl(state_dir, vm, create, nullptr);
-}
-
-Result<Fd> open_vm_file(const fs::path& state_dir, std::string_view vm, std::string_view name,
-                        int flags) {
-  auto d = open_vm_dir(state_dir, vm, (flags & O_CREAT) != 0);
-  if (!d) return d.error();
-  const fs::path shown = state_dir / std::string(vm) / std::string(name);
-  if (!*d) return Error{fmt::format("open {}: {}", shown.string(), errno_text(ENOENT))};
-  bool missing = false;
-  auto f = open_regular_at(d->get(), std::string(name).c_str(), flags, shown, missing);
-  if (!f) return f.error();
-  if (missing) return Error{fmt::format("open {}: {}", shown.string(), errno_text(ENOENT))};
-  return f;
-}
 
 namespace {
 
@@ -445,6 +312,7 @@ void sync_all(const WriteOptions& opt, const std::vector<int>& fds, std::vector<
   std::vector<std::thread> helpers;
   const std::size_t extra = std::min(fds.size(), kSyncFanout) - 1;
   try {
+    SignalsBlocked quiet;  // helpers never take a process signal
     for (std::size_t t = 0; t < extra; ++t) helpers.emplace_back(work);
   } catch (const std::system_error&) {
     // No more threads now: the ones running and this one share the rest.
@@ -460,33 +328,21 @@ void sync_all(const WriteOptions& opt, const std::vector<int>& fds, std::vector<
 /// r's output fields, and is what gets written.
 std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Record& r,
                                            const WriteOptions& opt, Pending& p, bool amend) {
-  auto dres = open_vm_dir_impl(state_dir, r.vm, true, &p.created);
+  auto dres = detail::open_vm_dir_deferred(state_dir, r.vm, p.created);
   if (!dres) return Result<WriteResult>{dres.error()};
   p.dir_fd = std::move(*dres);
   p.dir = state_dir / r.vm;
 
-  // Per-VM lock: serialises writers of this VM across threads and processes (flock is per open
-  // file description). Bounded: LOCK_NB, retried. Never through a symlink (a dangling `.lock`
-  // would otherwise create its target), and only a regular file.
-  const fs::path lock_path = p.dir / ".lock";
-  bool lock_missing = false;
-  auto lock_res = open_regular_at(p.dir_fd.get(), ".lock", O_RDWR | O_CREAT, lock_path, lock_missing);
+  // Per-VM lock (lock_vm): serialises writers of this VM across threads and processes. Bounded,
+  // never through a symlink (a dangling `.lock` would otherwise create its target).
+  auto lock_res = lock_vm(p.dir_fd.get(), p.dir, opt.lock_tries);
   if (!lock_res) return Result<WriteResult>{lock_res.error()};
   p.lock = std::move(*lock_res);
-  for (int i = 0;; ++i) {
-    if (::flock(p.lock.get(), LOCK_EX | LOCK_NB) == 0) break;
-    if (errno != EWOULDBLOCK && errno != EINTR)
-      return Result<WriteResult>{Error{fmt::format("flock {}: {}", lock_path.string(), errno_text(errno))}};
-    if (i + 1 >= opt.lock_tries)
-      return Result<WriteResult>{
-          Error{fmt::format("flock {}: still held by another writer", lock_path.string())}};
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
 
   // Generation check under the lock: an older generation never replaces a newer record, and the
   // first record of a generation wins (outcome finality). Only a record of this VM counts: one
   // naming another VM is not ours, whatever its generation, and is replaced.
-  auto existing = read_outcome_at(p.dir_fd.get(), p.dir / "outcome.json");
+  auto existing = read_outcome_at(p.dir_fd.get(), p.dir / kOutcomeFile);
   if (existing) {
     if (auto old = parse_record(*existing); old && old->vm == r.vm) {
       if (old->generation > r.generation)
@@ -505,7 +361,7 @@ std::optional<Result<WriteResult>> prepare(const fs::path& state_dir, const Reco
   }
   if (amend && p.amended.vm.empty())
     return Result<WriteResult>{Error{fmt::format("amending {}: no record of generation {} on disk",
-                                                 (p.dir / "outcome.json").string(), r.generation)}};
+                                                 (p.dir / kOutcomeFile).string(), r.generation)}};
   // Not a regular file (a FIFO, a directory, a symlink): renameat replaces a FIFO or symlink;
   // a directory there makes every attempt fail with a clear error.
 
@@ -542,7 +398,7 @@ Status attempt_round(int state_fd, const fs::path& state_dir, const std::vector<
     return Error{std::move(what), e ? e : EIO};
   };
   for (auto* p : ps) {
-    p->tmp = fmt::format(".outcome.json.{}.{}.tmp", ::getpid(), g_temp_counter++);
+    p->tmp = temp_name();
     const fs::path shown = p->dir / p->tmp;
     p->tmp_fd = Fd{::openat(p->dir_fd.get(), p->tmp.c_str(),
                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600)};
@@ -575,8 +431,8 @@ Status attempt_round(int state_fd, const fs::path& state_dir, const std::vector<
   for (auto* p : ps) {
     // rename(2) replaces a directory entry, never follows one: a symlink planted at outcome.json
     // is itself replaced.
-    const std::string shown = "rename to " + (p->dir / "outcome.json").string();
-    if (::renameat(p->dir_fd.get(), p->tmp.c_str(), p->dir_fd.get(), "outcome.json") != 0)
+    const std::string shown = "rename to " + (p->dir / kOutcomeFile).string();
+    if (::renameat(p->dir_fd.get(), p->tmp.c_str(), p->dir_fd.get(), kOutcomeFile) != 0)
       return fail(shown, errno);
     p->tmp.clear();
     if (int e = hook(WriteStep::renamed)) return fail(shown, e);

@@ -1,5 +1,7 @@
 // The durable outcome record `<state_dir>/<vm>/outcome.json`: its schema, its JSON form (written
 // with fmt, read with simdjson), and the crash-durable write protocol (docs/host.md "Durability").
+// The state dir itself (the VM id check, its file names and paths, open_vm_dir(), the per-VM
+// lock): host/lib/state_dir.hpp, included here.
 #pragma once
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "host/lib/base.hpp"
+#include "host/lib/state_dir.hpp"
 #include "protocol/status.hpp"
 
 namespace nes::host {
@@ -26,10 +29,6 @@ WallTime wall_now();
 std::string format_rfc3339(WallTime t);
 /// Inverse of format_rfc3339 (exactly that shape: 9 fraction digits, `Z`); nullopt if malformed.
 std::optional<WallTime> parse_rfc3339(std::string_view s);
-
-/// A VM id is used as a directory name: 1..64 bytes of [A-Za-z0-9._-], not starting with '.' or
-/// '-'. An error names the problem.
-Status check_vm_id(std::string_view id);
 
 /// JSON string literal (with quotes) for `s`, escaped exactly as protocol/'s encoder escapes
 /// strings (proto::json_quote: control characters, `"`, `\`; valid UTF-8 kept as is, each invalid
@@ -160,19 +159,5 @@ Result<WriteResult> amend_record(const std::filesystem::path& state_dir, const R
 /// beside it are ignored.
 Result<std::optional<Record>> read_record(const std::filesystem::path& state_dir,
                                           std::string_view vm);
-
-/// The VM's directory `<state_dir>/<vm>` opened O_DIRECTORY|O_NOFOLLOW (a symlink there is
-/// refused by name, whoever planted it). `create`: make it (and a missing state dir) 0700, fsynced
-/// into the parent, and tighten an existing one we own to 0700. Without `create`, a missing dir
-/// is an empty Fd. Every other state-dir access goes through this fd (openat, renameat).
-Result<Fd> open_vm_dir(const std::filesystem::path& state_dir, std::string_view vm, bool create);
-/// Open `<state_dir>/<vm>/<name>` with `flags` (O_CREAT: mode 0600, and the dir is created as
-/// open_vm_dir does), O_NOFOLLOW, and only if it is a regular file. For the CLI's pid file and
-/// console log beside the record.
-Result<Fd> open_vm_file(const std::filesystem::path& state_dir, std::string_view vm,
-                        std::string_view name, int flags);
-
-/// Path of a VM's record.
-std::filesystem::path record_path(const std::filesystem::path& state_dir, std::string_view vm);
 
 }  // namespace nes::host

@@ -79,6 +79,33 @@ void Session::send(const proto::HostMessage& m) {
   out_.push_back(act::Send{m});
 }
 
+namespace {
+
+/// Why `features` (ready.features; unset: an init that predates it, with none) cannot take the
+/// descriptor `cfg` would send, or nullopt if it can: each descriptor field an older init would
+/// ignore needs its feature (docs/protocol.md "Features").
+std::optional<std::string> missing_feature(const SessionConfig& cfg,
+                                           const std::optional<std::vector<std::string>>& features) {
+  const proto::Boot& d = cfg.descriptor;
+  auto has = [&](std::string_view f) {
+    return features && std::find(features->begin(), features->end(), f) != features->end();
+  };
+  std::pair<bool, const char*> needs[] = {
+      {d.stdio.has_value(), proto::kFeatureStdio},
+      {d.root.has_value(), proto::kFeatureRoot},
+      {d.network.has_value(), proto::kFeatureNetwork},
+      {cfg.reconnect.count() > 0, proto::kFeatureReconnect},
+  };
+  for (auto [needed, f] : needs)
+    if (needed && !has(f))
+      return fmt::format("the guest's init lacks feature '{}' that this descriptor needs (boot.{}); "
+                         "an init without it would ignore the field: update the guest's init",
+                         f, std::string_view(f) == proto::kFeatureReconnect ? "reconnect_ms" : f);
+  return std::nullopt;
+}
+
+}  // namespace
+
 void Session::send_boot() {
   stream_.link = Link::booted;
   reach(Phase::booted);
@@ -224,6 +251,11 @@ void Session::handle_ready(const proto::Ready& r, WallTime now) {
     close_stream();
     return;
   }
+  if (auto lacking = missing_feature(cfg_, r.features)) {
+    finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt, *lacking, now);
+    close_stream();
+    return;
+  }
   log_guest("ready", fmt::format("protocol_version={}", r.protocol_version));
   if (ending_ != Ending::none) {
     // Shut down before anything ran: no boot descriptor.
@@ -247,6 +279,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
     return;
   }
   bool final_kind = std::holds_alternative<proto::MountFailed>(m) ||
+                    std::holds_alternative<proto::NetworkFailed>(m) ||
                     std::holds_alternative<proto::StartFailed>(m) ||
                     std::holds_alternative<proto::WorkloadExited>(m);
   if (final_kind && outcome_) {
@@ -276,6 +309,12 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
                                msg.tag ? fmt::format("'{}'", bounded(*msg.tag)) : "(unnamed)",
                                msg.err ? fmt::format(" (errno {})", *msg.err) : "",
                                bounded(msg.reason)),
+                   now);
+        } else if constexpr (std::is_same_v<T, proto::NetworkFailed>) {
+          stream_.reported = true;
+          finalize(proto::Outcome::network_failed, std::nullopt, std::nullopt, std::nullopt,
+                   fmt::format("network: {} {}{}: {}", bounded(msg.interface), bounded(msg.step),
+                               msg.err ? fmt::format(" (errno {})", msg.err) : "", bounded(msg.reason)),
                    now);
         } else if constexpr (std::is_same_v<T, proto::StartFailed>) {
           stream_.reported = true;

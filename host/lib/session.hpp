@@ -1,6 +1,6 @@
 // The host's per-VM session state machine, sans I/O: events in (a framed guest line, EOF,
 // deadlines, vm_started/vm_exited, record durable, API calls), actions out (send a message, write
-// the record, close, arm a timer, call a hook, log an event). host/host.cpp is the thin Asio loop
+// the record, close, arm a timer, call a hook, log an event). host/lib/host.cpp is the thin Asio loop
 // around it: it frames the guest's bytes (proto::LineReader) and encodes what it sends, as
 // nesinit's loop does around the init's session. Why it behaves as it does: docs/host.md.
 #pragma once

@@ -24,7 +24,9 @@ Result<std::pair<Fd, Fd>> stream_pair() {
   return std::pair<Fd, Fd>{Fd(sv[0]), Fd(sv[1])};
 }
 
-std::string ready_line(std::uint32_t v) { return proto::encode_line(proto::GuestMessage{proto::Ready{v}}); }
+std::string ready_line(std::uint32_t v) {
+  return proto::encode_line(proto::GuestMessage{proto::Ready{v, std::nullopt, proto::all_features()}});
+}
 std::string mounted_line() { return proto::encode_line(proto::GuestMessage{proto::Mounted{}}); }
 std::string started_line(int pid) { return proto::encode_line(proto::GuestMessage{proto::Started{pid}}); }
 std::string exited_line(int code) {

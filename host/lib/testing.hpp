@@ -39,6 +39,8 @@ Result<std::pair<Fd, Fd>> stream_pair();
 
 // ---- guest lines, encoded with '\n' (protocol/codec.hpp) ----------------------------------------
 
+/// The `ready` line of a guest speaking `protocol_version` that announces every feature this build
+/// knows (proto::all_features()).
 std::string ready_line(std::uint32_t protocol_version = proto::kProtocolVersion);
 std::string mounted_line();
 /// `started{pid}`; pid >= 1 (the workload's pid in the guest).

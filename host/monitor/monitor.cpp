@@ -1,7 +1,5 @@
 #include "host/monitor/monitor.hpp"
 
-#include "protocol/codec.hpp"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -19,6 +17,7 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "host/lib/state_dir.hpp"
 #include "host/monitor/reconcile.hpp"
 
 namespace nes::cli {
@@ -79,7 +78,7 @@ host::Result<UnixAddr> unix_addr(const fs::path& path) {
 host::Result<Detached> detach(const fs::path& state, const std::string& vm, std::chrono::milliseconds bound) {
   // A VM already running under this id is refused here, in the creator's words, rather than by a
   // monitor that was forked only to fail its claim (docker run: "name already in use"). The claim
-  // (host/reconcile.hpp) still decides a race between two creators.
+  // (host/monitor/reconcile.hpp) still decides a race between two creators.
   if (auto s = host::reconcile(state, vm); s && *s && (*s)->status == host::VmStatus::running && (*s)->monitor)
     return host::Error{fmt::format("VM '{}' is running in {} (monitor pid {}, generation {}): stop it or rm -f it first, "
                                    "or give another --vm",
@@ -89,7 +88,7 @@ host::Result<Detached> detach(const fs::path& state, const std::string& vm, std:
   fs::create_directories(dir, ec);
   if (ec) return host::Error{fmt::format("--state: cannot create {}: {}", dir.string(), ec.message())};
   ::chmod(dir.c_str(), 0700);
-  const fs::path log_path = dir / "monitor.log";
+  const fs::path log_path = dir / host::kMonitorLog;
   // Appended across generations, restarted once it passes 1 MiB (bounded).
   int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW;
   struct stat st{};
@@ -152,7 +151,7 @@ host::Result<Detached> detach(const fs::path& state, const std::string& vm, std:
     d.exit_status = (*s)->exit_status.value_or(125);
   } else if (got.empty() && pf.revents == 0) {
     why = fmt::format("VM {}: the workload did not start within {} ms; stopping it", vm, bound.count());
-    (void)control_request(host::control_path(state, vm), "stop", 2s);
+    (void)control_request(host::control_path(state, vm), control::Stop{}, 2s);
   } else {
     why = fmt::format("VM {}: the monitor ended before the workload started", vm);
   }
@@ -330,10 +329,42 @@ ControlServer::~ControlServer() {
   if (auto addr = unix_addr(impl_->path)) ::unlink(addr->sa.sun_path);
 }
 
+// ---- control socket: the dispatch ----
+
+ControlServer::Handler control_handler(ControlHandlers handlers) {
+  auto hs = std::make_shared<const ControlHandlers>(std::move(handlers));
+  return [hs](std::string_view line, std::vector<host::Fd> fds, ControlServer::Reply send) {
+    ControlRespond respond = [send = std::move(send)](control::Reply r) {
+      const bool more = !control::is_final(r);
+      send(control::encode(r), more);
+    };
+    auto req = control::parse_request(line);
+    if (!req) return respond(control::Error{req.error().message});
+    auto answer = [&](const host::Status& s) {
+      respond(s ? control::Reply{control::Ok{}} : control::Reply{control::Error{s.error().message}});
+    };
+    auto unserved = [&](std::string_view what) { respond(control::Error{fmt::format("{}: not served here", what)}); };
+    if (std::holds_alternative<control::Stop>(*req)) return hs->stop ? answer(hs->stop()) : unserved("stop");
+    if (auto* k = std::get_if<control::Kill>(&*req)) return hs->kill ? answer(hs->kill(*k)) : unserved("kill");
+    if (auto* z = std::get_if<control::Resize>(&*req)) return hs->resize ? answer(hs->resize(*z)) : unserved("resize");
+    if (std::holds_alternative<control::Ps>(*req)) {
+      if (!hs->ps) return unserved("ps");
+      return hs->ps([respond](host::Result<proto::Processes> r) {
+        respond(r ? control::Reply{control::ProcessList{std::move(*r)}}
+                  : control::Reply{control::Error{r.error().message}});
+      });
+    }
+    auto& x = std::get<control::Exec>(*req);
+    if (!hs->exec) return unserved("exec");
+    hs->exec(std::move(x), std::move(fds), std::move(respond));
+  };
+}
+
 // ---- control socket: client ----
 
-host::Result<std::string> control_request(const fs::path& path, std::string_view request,
-                                          std::chrono::milliseconds timeout) {
+host::Result<control::Reply> control_request(const fs::path& path, const control::Request& request,
+                                             std::chrono::milliseconds timeout) {
+  if (auto v = control::validate(request); !v) return v.error();
   auto addr = unix_addr(path);
   if (!addr) return addr.error();
   host::Fd s{::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)};
@@ -343,7 +374,7 @@ host::Result<std::string> control_request(const fs::path& path, std::string_view
   ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr->sa), addr->len) != 0)
     return host::Error{fmt::format("no monitor at {}: {}", path.string(), errno_text(errno))};
-  std::string line = std::string(request) + "\n";
+  std::string line = control::encode(request) + "\n";
   if (::send(s.get(), line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size()))
     return host::Error{fmt::format("{}: send: {}", path.string(), errno_text(errno))};
   std::string reply;
@@ -359,19 +390,30 @@ host::Result<std::string> control_request(const fs::path& path, std::string_view
   }
   if (auto nl = reply.find('\n'); nl != std::string::npos) reply.resize(nl);
   else if (reply.empty()) return host::Error{fmt::format("{}: the monitor closed without a reply", path.string())};
-  return reply;
+  auto r = control::parse_reply(reply);
+  if (!r) return host::Error{fmt::format("{}: unexpected reply: {}", path.string(), r.error().message)};
+  return std::move(*r);
 }
 
-host::Result<ControlSession> ControlSession::open(const fs::path& path, std::string_view request,
+host::Status control_call(const fs::path& path, const control::Request& request, std::chrono::milliseconds timeout) {
+  auto r = control_request(path, request, timeout);
+  if (!r) return r.error();
+  if (!std::holds_alternative<control::Ok>(*r)) return host::Error{control::encode(*r)};
+  return host::Ok{};
+}
+
+host::Result<ControlSession> ControlSession::open(const fs::path& path, const control::Request& request,
                                                  const std::vector<int>& fds) {
+  if (auto v = control::validate(request); !v) return v.error();
   auto addr = unix_addr(path);
   if (!addr) return addr.error();
   host::Fd s{::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)};
   if (!s) return host::Error{fmt::format("socket: {}", errno_text(errno))};
   if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr->sa), addr->len) != 0)
     return host::Error{fmt::format("no monitor at {}: {}", path.string(), errno_text(errno))};
-  std::string line = std::string(request) + "\n";
-  if (line.size() > kControlRequestMax) return host::Error{fmt::format("request over {} bytes", kControlRequestMax)};
+  std::string line = control::encode(request) + "\n";
+  if (line.size() > kControlRequestMax + 1)
+    return host::Error{fmt::format("request over {} bytes", kControlRequestMax)};
   if (fds.size() > 3) return host::Error{"at most 3 fds per request"};
   alignas(cmsghdr) char ctl[CMSG_SPACE(3 * sizeof(int))] = {};
   std::size_t off = 0;
@@ -397,13 +439,14 @@ host::Result<ControlSession> ControlSession::open(const fs::path& path, std::str
   return ControlSession(std::move(s));
 }
 
-host::Result<std::string> ControlSession::read_line(std::optional<std::chrono::milliseconds> timeout) {
+host::Result<control::Reply> ControlSession::read_reply(std::optional<std::chrono::milliseconds> timeout) {
   const auto until = timeout ? std::optional(std::chrono::steady_clock::now() + *timeout) : std::nullopt;
   for (;;) {
     if (auto nl = buf_.find('\n'); nl != std::string::npos) {
-      std::string line = buf_.substr(0, nl);
+      auto r = control::parse_reply(std::string_view(buf_).substr(0, nl));
       buf_.erase(0, nl + 1);
-      return line;
+      if (!r) return host::Error{"unexpected answer: " + r.error().message};
+      return std::move(*r);
     }
     if (buf_.size() > kControlReplyMax) return host::Error{"a reply line over the cap"};
     int ms = -1;
@@ -426,13 +469,10 @@ host::Result<std::string> ControlSession::read_line(std::optional<std::chrono::m
 }
 
 host::Result<proto::Processes> guest_processes(const fs::path& path) {
-  auto r = control_request(path, "ps");
+  auto r = control_request(path, control::Ps{});
   if (!r) return r.error();
-  if (r->starts_with("error: ")) return host::Error{r->substr(7)};
-  if (!r->starts_with("ok ")) return host::Error{fmt::format("{}: unexpected reply to ps", path.string())};
-  auto d = proto::decode_guest(std::string_view(*r).substr(3));
-  if (auto* m = std::get_if<proto::GuestMessage>(&d))
-    if (auto* p = std::get_if<proto::Processes>(m)) return std::move(*p);
+  if (auto* e = std::get_if<control::Error>(&*r)) return host::Error{e->message};
+  if (auto* l = std::get_if<control::ProcessList>(&*r)) return std::move(l->processes);
   return host::Error{fmt::format("{}: the reply to ps is not a process list", path.string())};
 }
 

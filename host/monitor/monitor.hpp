@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "host/lib/base.hpp"
+#include "host/monitor/control.hpp"
 #include "protocol/messages.hpp"
 
 namespace nes::cli {
@@ -40,14 +41,18 @@ host::Result<Detached> detach(const std::filesystem::path& state, const std::str
 /// In the monitor: tell the creator the workload started (once; later calls do nothing).
 void notify_started(host::Fd& notify);
 
-/// The monitor's control socket. Requests are one line each, one per connection, answered with
-/// one line ("ok" or "error: WHY"):
-///   `stop`      ordered shutdown of the guest (as SIGTERM to `neshost run`)
+/// The monitor's control socket: the transport. Requests are one line each, one per connection,
+/// answered with one line, or more for `exec` (the vocabulary, each line's exact text and its
+/// bounds: host/monitor/control.hpp; control_handler() below turns typed handlers into this
+/// server's Handler):
+///   `stop`      ordered shutdown of the guest (as SIGTERM to `neshost run`): `ok` or `error: WHY`
 ///   `kill SIG [PROC]`  signal 1..64 to the workload's process group (or exec'd process PROC's)
 ///   `resize ROWS COLS [PROC]`  the workload's terminal size (run -t), each 1..65535 (or PROC's)
 ///   `ps`        the guest's processes: "ok " and their JSON array (protocol `processes`)
 ///   `exec FLAGS JSON`  `neshost exec`: the request carries its fds 0-2 (SCM_RIGHTS); answered
-///               "ok started PID PROC", then, once it ended, "ok exit STATUS" (cli_exec.hpp)
+///               "ok waiting for the workload to start" (zero or more times, while the VM boots),
+///               "ok started PID PROC", then, once it ended, "ok exit STATUS[ WHY]" (exec.hpp);
+///               or "error: WHY" instead at any point
 /// Only peers with our uid (or root) are served (SO_PEERCRED); requests over kControlRequestMax
 /// bytes, with more than 3 fds, or slower than 2 s are dropped; a reply not begun 5 s after its
 /// request is never sent (a reply that says more follows is bounded by its sender).
@@ -77,27 +82,53 @@ class ControlServer {
   std::shared_ptr<Impl> impl_;
 };
 
-/// Send one request to the control socket at `path` and return the monitor's reply line (without
-/// '\n'). Bounded by `timeout`. Errors: no monitor listening (ECONNREFUSED/ENOENT), timeout.
 /// The guest's processes through the control socket at `path` (request `ps`), decoded. Errors:
 /// no monitor, its error line (e.g. the guest did not answer), a reply that is not `processes`.
 host::Result<proto::Processes> guest_processes(const std::filesystem::path& path);
 
-/// The longest reply control_request() reads: bytes (a `ps` answer of 512 processes fits).
-inline constexpr std::size_t kControlReplyMax = 1u << 20;
-/// The longest request line the control socket reads: bytes (an `exec` with its environment).
-inline constexpr std::size_t kControlRequestMax = 64u << 10;
+/// The longest reply line control_request() and ControlSession read: bytes (control::kReplyMax).
+inline constexpr std::size_t kControlReplyMax = control::kReplyMax;
+/// The longest request line the control socket reads: bytes (control::kRequestMax).
+inline constexpr std::size_t kControlRequestMax = control::kRequestMax;
+
+/// Answers one control request with a typed reply: encoded (control::encode) and sent; the
+/// connection stays open for more unless control::is_final(reply).
+using ControlRespond = std::function<void(control::Reply reply)>;
+
+/// What the monitor does for each control request (host/monitor/control.hpp), called on the
+/// server's io_context. A handler left empty answers its request "error: REQUEST: not served
+/// here". Fds a request other than `exec` carried are closed.
+struct ControlHandlers {
+  /// `stop`: Ok or the error, answered "ok" / "error: WHY".
+  std::function<host::Status()> stop;
+  /// `kill SIG [PROC]`, likewise.
+  std::function<host::Status(const control::Kill&)> kill;
+  /// `resize ROWS COLS [PROC]`, likewise.
+  std::function<host::Status(const control::Resize&)> resize;
+  /// `ps`: calls `done` once, now or later on the io_context; answered "ok JSON" / "error: WHY".
+  std::function<void(std::function<void(host::Result<proto::Processes>)> done)> ps;
+  /// `exec FLAGS JSON` with the fds it carried (at most 3): answers through `respond` at least
+  /// once, a final reply last (Waiting and Started say more follows).
+  std::function<void(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond)> exec;
+};
+
+/// The server's dispatch: each line parsed with control::parse_request (a line that does not
+/// parse is answered "error: " and why, naming the field), handed to its handler in `handlers`,
+/// the handler's answer encoded with control::encode. For ControlServer::start.
+ControlServer::Handler control_handler(ControlHandlers handlers);
 
 /// A connected control socket for a request that lives on (`exec`): the request sent with
 /// `fds` (SCM_RIGHTS), then read_line() for each answer line. Errors: no monitor listening.
 class ControlSession {
  public:
-  static host::Result<ControlSession> open(const std::filesystem::path& path, std::string_view request,
+  /// Errors also: a request control::validate() refuses (nothing is sent), more than 3 fds.
+  static host::Result<ControlSession> open(const std::filesystem::path& path, const control::Request& request,
                                            const std::vector<int>& fds);
-  /// The next line (without '\n'), waiting at most `timeout` (nullopt: no bound). Errors: the
-  /// monitor closed or reset the connection (err ECONNRESET, or the recv(2) errno), timeout
-  /// (ETIMEDOUT), a line over kControlReplyMax.
-  host::Result<std::string> read_line(std::optional<std::chrono::milliseconds> timeout);
+  /// The next reply (control::parse_reply), waiting at most `timeout` (nullopt: no bound).
+  /// Errors: the monitor closed or reset the connection (err ECONNRESET, or the recv(2) errno),
+  /// timeout (ETIMEDOUT), a line over kControlReplyMax, a line that does not parse ("unexpected
+  /// answer: " and why).
+  host::Result<control::Reply> read_reply(std::optional<std::chrono::milliseconds> timeout);
   int fd() const { return sock_.get(); }
   /// The connection itself, for a caller that reads the answers on its own loop (nothing has
   /// been read from it yet unless read_line() was called).
@@ -109,7 +140,17 @@ class ControlSession {
   std::string buf_;
 };
 
-host::Result<std::string> control_request(const std::filesystem::path& path, std::string_view request,
-                                          std::chrono::milliseconds timeout = std::chrono::seconds(5));
+/// Send one request to the control socket at `path` and return the monitor's reply (its first
+/// line, parsed). Bounded by `timeout`. Errors: a request control::validate() refuses (nothing is
+/// sent), no monitor listening (ECONNREFUSED/ENOENT), timeout, no reply, a reply that does not
+/// parse ("PATH: unexpected reply: " and why). The monitor's own `error: WHY` is a Reply
+/// (control::Error), not an Error.
+host::Result<control::Reply> control_request(const std::filesystem::path& path, const control::Request& request,
+                                             std::chrono::milliseconds timeout = std::chrono::seconds(5));
+/// control_request() for a request answered "ok" or "error: WHY" (stop, kill, resize): Ok, or
+/// the reply line that was not "ok" as the Error's message (e.g. "error: no such process"), or
+/// control_request()'s error.
+host::Status control_call(const std::filesystem::path& path, const control::Request& request,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 }  // namespace nes::cli

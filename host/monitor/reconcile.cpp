@@ -65,75 +65,16 @@ std::optional<std::pair<char, unsigned long long>> stat_of(pid_t pid) {
   return std::pair{state, start};
 }
 
-/// open + fsync(2) of a directory; an error names it, with the errno.
-Status fsync_dir(const fs::path& dir) {
-  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (d && ::fsync(d.get()) == 0) return Ok{};
-  const int e = errno;
-  return Error{fmt::format("fsync {}: {}", dir.string(), errno_text(e)), e};
-}
-
-std::atomic<std::uint64_t> g_counter{0};
-
 }  // namespace
-
-Status write_durable(const fs::path& dir, std::string_view name, std::string_view bytes) {
-  auto tmp = dir / fmt::format(".{}.{}.{}.tmp", name, ::getpid(), g_counter++);
-  Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600)};
-  if (!f) return Error{fmt::format("create {}: {}", tmp.string(), errno_text(errno))};
-  auto fail = [&](std::string_view what) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return Error{fmt::format("{} {}: {}", what, (dir / std::string(name)).string(), errno_text(e))};
-  };
-  std::string_view left = bytes;
-  while (!left.empty()) {
-    ssize_t n = ::write(f.get(), left.data(), left.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail("write");
-    left.remove_prefix(static_cast<std::size_t>(n));
-  }
-  if (::fsync(f.get()) != 0) return fail("fsync");
-  f.reset();
-  if (::rename(tmp.c_str(), (dir / std::string(name)).c_str()) != 0) return fail("rename");
-  if (auto s = fsync_dir(dir); !s) return s;
-  return Ok{};
-}
 
 namespace {
 
-/// mkdir 0700 (parents too); a new entry is fsynced into its parent.
-Status make_dir(const fs::path& dir) {
-  std::vector<fs::path> chain;
-  for (fs::path p = dir; !p.empty() && p != p.root_path(); p = p.parent_path()) {
-    std::error_code ec;
-    if (fs::is_directory(p, ec)) break;
-    chain.push_back(p);
-  }
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    if (::mkdir(it->c_str(), 0700) == 0) {
-      fs::path parent = it->parent_path().empty() ? fs::path(".") : it->parent_path();
-      if (auto s = fsync_dir(parent); !s) return s;
-    } else if (errno != EEXIST) {
-      return Error{fmt::format("mkdir {}: {}", it->string(), errno_text(errno))};
-    }
-  }
-  return Ok{};
-}
-
-/// The per-VM lock `<vm>/.lock` (flock; the one write_record() takes). Bounded: 500 tries 10 ms
-/// apart.
+/// The per-VM lock (host/lib/state_dir.hpp lock_vm(), the one write_record() takes) of the VM
+/// directory `dir`. Bounded: 500 tries 10 ms apart.
 Result<Fd> lock_vm(const fs::path& dir) {
-  auto lock_path = dir / ".lock";
-  Fd lock{::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)};
-  if (!lock) return Error{fmt::format("open {}: {}", lock_path.string(), errno_text(errno))};
-  for (int i = 0;; ++i) {
-    if (::flock(lock.get(), LOCK_EX | LOCK_NB) == 0) return lock;
-    if (errno != EWOULDBLOCK && errno != EINTR)
-      return Error{fmt::format("flock {}: {}", lock_path.string(), errno_text(errno))};
-    if (i >= 500) return Error{fmt::format("flock {}: still held after 5 s", lock_path.string())};
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (!d) return Error{fmt::format("open {}: {}", dir.string(), errno_text(errno))};
+  return host::lock_vm(d.get(), dir, 500);
 }
 
 /// A parsed file, or why not: absent (nullopt value, no error) / unreadable or invalid (error).
@@ -278,18 +219,6 @@ Result<MonitorInfo> parse_monitor(std::string_view json) {
   return m;
 }
 
-// ---- paths ----
-
-fs::path monitor_path(const fs::path& state, std::string_view vm) {
-  return state / std::string(vm) / "monitor.json";
-}
-fs::path stop_path(const fs::path& state, std::string_view vm) {
-  return state / std::string(vm) / "stop.json";
-}
-fs::path control_path(const fs::path& state, std::string_view vm) {
-  return state / std::string(vm) / "control.sock";
-}
-
 // ---- writers (under the lock) ----
 
 Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m,
@@ -315,7 +244,7 @@ Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m,
       }
     }
   }
-  if (auto s = make_dir(dir); !s) return s.error();
+  if (auto s = make_dirs_durable(dir); !s) return s.error();
   auto lock = lock_vm(dir);
   if (!lock) return lock.error();
   auto old = load_monitor(state, m.vm);
@@ -329,7 +258,7 @@ Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m,
   // the control socket of a monitor that was killed.
   ::unlink(stop_path(state, m.vm).c_str());
   ::unlink(control_path(state, m.vm).c_str());
-  if (auto s = write_durable(dir, "monitor.json", encode_monitor(m)); !s) return s.error();
+  if (auto s = write_durable(dir, kMonitorFile, encode_monitor(m)); !s) return s.error();
   return m.generation;
 }
 
@@ -359,7 +288,7 @@ Result<StopResult> persist_stop(const fs::path& state, std::string_view vm, std:
     return StopResult{StopResult::Kind::already_final, rec.value};
   if (auto st = load_stop(state, vm); st.value && st.value->generation == generation)
     return StopResult{StopResult::Kind::already_requested, std::nullopt};
-  if (auto s = write_durable(dir, "stop.json", encode_stop(vm, {generation, wall_now()})); !s)
+  if (auto s = write_durable(dir, kStopFile, encode_stop(vm, {generation, wall_now()})); !s)
     return s.error();
   return StopResult{StopResult::Kind::persisted, std::nullopt};
 }
@@ -498,8 +427,8 @@ Status remove_vm(const fs::path& state, std::string_view vm) {
   // Everything but the lock first, then the lock, then the directory: a writer that opens the
   // lock meanwhile finds no directory to write into afterwards.
   for (auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename() != ".lock") fs::remove_all(e.path(), ec);
-  ::unlink((dir / ".lock").c_str());
+    if (e.path().filename() != kLockFile) fs::remove_all(e.path(), ec);
+  ::unlink((dir / kLockFile).c_str());
   if (::rmdir(dir.c_str()) != 0 && errno != ENOENT)
     return Error{fmt::format("rmdir {}: {}", dir.string(), errno_text(errno))};
   return Ok{};

@@ -1,6 +1,6 @@
 // What a VM is doing, from its state dir alone: the monitor that serves a generation
 // (`<state_dir>/<vm>/monitor.json`), an explicit stop (`stop.json`), the outcome record
-// (`outcome.json`, host/record.hpp), and the one reconcile rule every reader uses (ps, inspect,
+// (`outcome.json`, host/lib/record.hpp), and the one reconcile rule every reader uses (ps, inspect,
 // wait, rm, stop). The rules and why: docs/host.md "Detached VMs and reconcile".
 #pragma once
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "host/lib/record.hpp"
+#include "host/lib/state_dir.hpp"
 #include "host/lib/base.hpp"
 
 namespace nes::host {
@@ -122,15 +123,5 @@ std::vector<std::string> list_vms(const std::filesystem::path& state_dir);
 /// Delete `<state_dir>/<vm>/` and everything in it, under the VM's lock; refused while the
 /// current generation's monitor is alive.
 Status remove_vm(const std::filesystem::path& state_dir, std::string_view vm);
-
-/// Durable replace of `dir/name` with `bytes` (the protocol of monitor.json and stop.json, and of
-/// the containerd shim's task state): a fresh temp file beside it (0600), write, fsync, rename
-/// over the name, fsync the directory. On error the temp is gone and the old file untouched.
-Status write_durable(const std::filesystem::path& dir, std::string_view name, std::string_view bytes);
-
-/// Path of a VM's monitor file, stop request and control socket.
-std::filesystem::path monitor_path(const std::filesystem::path& state_dir, std::string_view vm);
-std::filesystem::path stop_path(const std::filesystem::path& state_dir, std::string_view vm);
-std::filesystem::path control_path(const std::filesystem::path& state_dir, std::string_view vm);
 
 }  // namespace nes::host

@@ -13,7 +13,7 @@ namespace nes::shim {
 std::string framed_sha256(std::initializer_list<std::string_view> fields);
 
 /// The VM id of a task: "ctr-" and the first 24 hex digits of framed_sha256({ns, id}) (96 bits;
-/// a valid neshost VM id, host/record.hpp check_vm_id()).
+/// a valid neshost VM id, host/lib/state_dir.hpp check_vm_id()).
 std::string vm_id(std::string_view ns, std::string_view id);
 
 /// The shim's socket: `<dir of containerd's socket>/s/<framed_sha256({address, ns, id})>`, i.e.

@@ -33,6 +33,7 @@
 #include "host/lib/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
+#include "host/shim/process.hpp"
 #include "base/small_file.hpp"
 
 extern char** environ;
@@ -42,7 +43,6 @@ namespace asio = boost::asio;
 namespace fs = std::filesystem;
 namespace v2 = containerd::task::v2;
 namespace ev = containerd::events;
-namespace types = containerd::v1::types;
 using host::Error;
 using host::Fd;
 using host::Result;
@@ -107,15 +107,6 @@ bool same_process_alive(pid_t pid, unsigned long long start) {
   if (pid <= 0) return false;
   auto st = start_time(pid);
   return st && *st == start;
-}
-
-void set_time(google::protobuf::Timestamp* t, std::int64_t ns) {
-  t->set_seconds(ns / 1000000000);
-  t->set_nanos(static_cast<std::int32_t>(ns % 1000000000));
-}
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // mount(2) of one containerd rootfs mount (types.Mount: type, source, options as fstab options).
@@ -196,27 +187,80 @@ Cleanup cleanup_task(const fs::path& bundle) {
   return c;
 }
 
+namespace {
+
+/// Spawns `prog` with `args` (argv[1..]) in a session of its own (a signal to the shim's group
+/// never reaches it; its group ends with it), `s` as its fds 0-2 and nothing else of the shim's
+/// (containerd's connections above all), every signal unblocked and default. Returns its pid;
+/// the error names `prog` and posix_spawn's errno.
+Result<pid_t> spawn_session(std::string prog, std::vector<std::string> args, const Streams& s) {
+  std::vector<char*> argv;
+  argv.push_back(prog.data());
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, s.in.get(), 0);
+  posix_spawn_file_actions_adddup2(&fa, s.out.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa, s.err.get(), 2);
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setsigdefault(&at, &all);
+  pid_t pid = 0;
+  int rc = ::posix_spawnp(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (rc != 0) return Error{fmt::format("spawn {}: {}", prog, std::strerror(rc))};
+  return pid;
+}
+
+/// The `exec` request for an exec's process `spec` (its number is the monitor's to give): its
+/// stdin attached when it has one; with a `terminal`, a PTY of `size` (height, width; 24x80
+/// unless a ResizePty came before it started).
+proto::ExecProcess exec_message(const TaskSpec& spec, bool attach_stdin, bool terminal,
+                                std::optional<std::pair<std::uint32_t, std::uint32_t>> size) {
+  proto::ExecProcess m;
+  m.proc = 1;  // the monitor numbers it
+  m.exec.argv = spec.argv;
+  for (const auto& kv : spec.env) {
+    auto eq = kv.find('=');
+    m.exec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  m.exec.cwd = spec.cwd;
+  m.exec.uid = spec.uid;
+  m.exec.gid = spec.gid;
+  m.exec.groups = spec.groups;
+  m.stdio = proto::Stdio{};
+  m.stdio->attach_stdin = attach_stdin;
+  if (terminal) {
+    auto [h, w] = size.value_or(std::pair<std::uint32_t, std::uint32_t>{24, 80});
+    m.stdio->terminal = proto::Terminal{static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(w)};
+  }
+  return m;
+}
+
+}  // namespace
+
 // ---- the service ----
 
-enum class Phase { none, created, running, stopped, deleted };
-
 struct TaskService::Impl {
-  Impl(asio::io_context& io, ServiceConfig cfg, Publisher& events) : io(io), cfg(std::move(cfg)), events(events) {}
+  Impl(asio::io_context& io, ServiceConfig cfg, Publisher& events) : io(io), cfg(std::move(cfg)), events(events) {
+    task.id = this->cfg.id;
+  }
   asio::io_context& io;
   ServiceConfig cfg;
   Publisher& events;
 
-  Phase phase = Phase::none;
+  Process task;  // the task's own: neshost run (its pid is rec.pid once started)
   TaskRecord rec;
   TaskSpec spec;
-  std::string stdin_path, stdout_path, stderr_path;
-  bool terminal = false;
-  std::uint32_t exit_status = 0;
-  std::int64_t exited_at_ns = 0;
   Fd pidfd;
-  // A writer of the shim's own on the stdin FIFO, as runc's shim holds one: a client that
-  // detaches (its writer closed) is not the workload's EOF; CloseIO (stdin) is.
-  Fd stdin_hold;
   // Threads asking the guest for its processes (each bounded by the control socket's timeout);
   // joined before the service goes.
   std::list<std::thread> askers;
@@ -225,8 +269,7 @@ struct TaskService::Impl {
       if (t.joinable()) t.join();
   }
   std::optional<asio::posix::stream_descriptor> exit_watch;
-  std::vector<ttrpc::Respond> waiters;
-  std::optional<std::string> pending_resize;  // "resize ROWS COLS" not yet taken by neshost run
+  std::optional<cli::control::Resize> pending_resize;  // not yet taken by neshost run
   std::chrono::steady_clock::time_point resize_deadline;
   asio::steady_timer resize_timer{io};
   asio::steady_timer kill_timer{io};  // SIGKILL's deadline for the guest
@@ -234,27 +277,22 @@ struct TaskService::Impl {
   // ---- Exec: more processes in the task's VM (docs/containerd.md "Exec") ----
   // Each runs through the VM's monitor (`neshost run`): its control socket takes an `exec`
   // request with containerd's FIFOs for the process (SCM_RIGHTS) and answers on the same
-  // connection "ok started PID PROC", then "ok exit STATUS". The shim reads that connection on its
-  // loop; Kill and ResizePty go to the control socket naming PROC.
-  struct ExecProc {
-    explicit ExecProc(asio::io_context& io) : sock(io), buf(64u << 10) {}
-    std::string id;
+  // connection "ok started PID PROC", then "ok exit STATUS" (host/monitor/control.hpp). The shim
+  // reads that connection on its loop; Kill and ResizePty go to the control socket naming PROC.
+  // The Process part: its id, pid (in the guest), stdio, phase, exit, stdin hold, waiters.
+  struct ExecProc : Process {
+    explicit ExecProc(asio::io_context& io) : sock(io), buf(64u << 10) {
+      exec = true;
+      phase = Phase::created;
+    }
     TaskSpec spec;
-    std::string stdin_path, stdout_path, stderr_path;
-    bool terminal = false;
-    Phase phase = Phase::created;
-    std::uint32_t pid = 0;        // in the guest
     std::uint16_t proc = 0;       // the monitor's number for it (0 until started)
-    std::uint32_t exit_status = 0;
-    std::int64_t exited_at_ns = 0;
-    Fd stdin_hold;                // as the task's: CloseIO(stdin) is the EOF
     asio::local::stream_protocol::socket sock;
     asio::streambuf buf;
     std::optional<ttrpc::Respond> start_respond;
-    std::vector<ttrpc::Respond> waiters;
     std::optional<std::pair<std::uint32_t, std::uint32_t>> pending_resize;  // height, width before it started
     // Until the monitor's control socket takes the request (a VM just started has none yet).
-    std::string request;
+    cli::control::Exec request;
     Fd in, out, err;
     std::optional<asio::steady_timer> retry;
     std::chrono::steady_clock::time_point connect_deadline;
@@ -278,11 +316,14 @@ struct TaskService::Impl {
     return empty();
   }
 
+  /// The process a call names: exec `x`, or the task's own when none.
+  Process& process(ExecProc* x) { return x ? static_cast<Process&>(*x) : task; }
+
   ttrpc::Reply exec_add(const std::string& p) {
     auto req = parse<v2::ExecProcessRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "ExecProcessRequest: malformed");
     if (auto c = check_id(req->id(), {}); !c.status.ok()) return c;
-    if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id));
+    if (task.phase != Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id));
     if (req->exec_id().empty() || req->exec_id().size() > 256)
       return fail(ttrpc::Code::invalid_argument, "exec_id: expected 1..256 bytes");
     if (find_exec(req->exec_id())) return fail(ttrpc::Code::already_exists, fmt::format("exec {}: already exists", req->exec_id()));
@@ -315,37 +356,16 @@ struct TaskService::Impl {
     ExecProc* x = nullptr;
     if (auto r = check_exec(req->id(), req->exec_id(), &x); !r.status.ok()) return respond(std::move(r));
     if (x->phase != Phase::created) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: already started", x->id)));
-    if (phase != Phase::running) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id)));
-    auto in = open_stdio(x->stdin_path, true);
-    if (!in) return respond(fail(ttrpc::Code::invalid_argument, in.error().message));
-    if (!x->stdin_path.empty()) x->stdin_hold.reset(::open(x->stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
-    auto out = open_stdio(x->stdout_path, false);
-    if (!out) return respond(fail(ttrpc::Code::invalid_argument, out.error().message));
-    auto err = open_stdio(x->stderr_path, false);
-    if (!err) return respond(fail(ttrpc::Code::invalid_argument, err.error().message));
-    proto::ExecProcess m;
-    m.proc = 1;  // the monitor numbers it
-    m.exec.argv = x->spec.argv;
-    for (const auto& kv : x->spec.env) {
-      auto eq = kv.find('=');
-      m.exec.env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    m.exec.cwd = x->spec.cwd;
-    m.exec.uid = x->spec.uid;
-    m.exec.gid = x->spec.gid;
-    m.exec.groups = x->spec.groups;
-    m.stdio = proto::Stdio{};
-    m.stdio->attach_stdin = !x->stdin_path.empty();
-    if (x->terminal) {
-      auto [h, w] = x->pending_resize.value_or(std::pair<std::uint32_t, std::uint32_t>{24, 80});
-      m.stdio->terminal = proto::Terminal{static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(w)};
-    }
+    if (task.phase != Phase::running) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id)));
+    auto streams = x->open_streams();
+    if (!streams) return respond(fail(ttrpc::Code::invalid_argument, streams.error().message));
+    proto::ExecProcess m = exec_message(x->spec, !x->stdin_path.empty(), x->terminal, x->pending_resize);
     if (auto ok = proto::validate(proto::HostMessage{m}); !ok)
       return respond(fail(ttrpc::Code::invalid_argument, "spec: " + ok.error().reason));
-    x->request = "exec - " + proto::encode(proto::HostMessage{m});
-    x->in = std::move(*in);
-    x->out = std::move(*out);
-    x->err = std::move(*err);
+    x->request = cli::control::Exec{false, false, false, std::move(m)};  // `exec - JSON`
+    x->in = std::move(streams->in);
+    x->out = std::move(streams->out);
+    x->err = std::move(streams->err);
     x->start_respond = std::move(respond);
     x->connect_deadline = std::chrono::steady_clock::now() + 30s;
     connect_exec(x->id);
@@ -363,7 +383,7 @@ struct TaskService::Impl {
     auto cs = there ? cli::ControlSession::open(path, x->request, {x->in.get(), x->out.get(), x->err.get()})
                     : host::Result<cli::ControlSession>(Error{fmt::format("no monitor at {} yet", path.string())});
     if (!cs) {
-      if (phase == Phase::running && std::chrono::steady_clock::now() < x->connect_deadline) {
+      if (task.phase == Phase::running && std::chrono::steady_clock::now() < x->connect_deadline) {
         x->retry.emplace(io, 20ms);
         x->retry->async_wait([this, id](boost::system::error_code e) { if (!e) connect_exec(id); });
         return;
@@ -392,13 +412,13 @@ struct TaskService::Impl {
       if (ec) return exec_ended(*x, 137, "the VM's monitor closed the connection");  // gone with the VM
       std::string line(asio::buffers_begin(x->buf.data()), asio::buffers_begin(x->buf.data()) + n - 1);
       x->buf.consume(n);
-      if (line.starts_with("ok waiting")) return read_exec(id);  // the VM is still booting
-      if (line.starts_with("ok started ")) {
-        unsigned pid = 0, proc = 0;
-        if (std::sscanf(line.c_str() + 11, "%u %u", &pid, &proc) != 2 || proc == 0 || proc > 0xffff)
-          return exec_ended(*x, 125, "unexpected answer: " + line);
+      auto reply = cli::control::parse_reply(line);
+      if (!reply) return exec_ended(*x, 125, "unexpected answer: " + line);
+      if (std::holds_alternative<cli::control::Waiting>(*reply)) return read_exec(id);  // the VM is still booting
+      if (auto* started = std::get_if<cli::control::Started>(&*reply)) {
+        const auto pid = static_cast<std::uint32_t>(started->pid);
         x->pid = pid;
-        x->proc = static_cast<std::uint16_t>(proc);
+        x->proc = started->proc;
         x->phase = Phase::running;
         ev::TaskExecStarted e;
         e.set_container_id(cfg.id);
@@ -410,17 +430,15 @@ struct TaskService::Impl {
         if (auto rs = std::exchange(x->start_respond, std::nullopt)) (*rs)(ok(r));
         if (auto sz = std::exchange(x->pending_resize, std::nullopt))
           (void)cli::control_request(host::control_path(rec.state_dir, rec.vm),
-                                     fmt::format("resize {} {} {}", sz->first, sz->second, x->proc), 2s);
+                                     cli::control::Resize{static_cast<std::uint16_t>(sz->first),
+                                                          static_cast<std::uint16_t>(sz->second), x->proc},
+                                     2s);
         return read_exec(id);
       }
-      if (line.starts_with("ok exit ")) {
-        unsigned st = 0;
-        const char* rest = line.c_str() + 8;
-        if (std::sscanf(rest, "%u", &st) != 1 || st > 255) return exec_ended(*x, 125, "unexpected answer: " + line);
-        const char* sp = std::strchr(rest, ' ');
-        return exec_ended(*x, st, sp ? sp + 1 : "");
-      }
-      exec_ended(*x, 125, line.starts_with("error: ") ? line.substr(7) : "unexpected answer: " + line);
+      if (auto* exited = std::get_if<cli::control::Exited>(&*reply))
+        return exec_ended(*x, static_cast<std::uint32_t>(exited->status), exited->why);
+      if (auto* e = std::get_if<cli::control::Error>(&*reply)) return exec_ended(*x, 125, e->message);
+      exec_ended(*x, 125, "unexpected answer: " + line);
     });
   }
 
@@ -430,41 +448,28 @@ struct TaskService::Impl {
   void exec_ended(ExecProc& x, std::uint32_t status, std::string why) {
     boost::system::error_code ig;
     x.sock.close(ig);
-    x.stdin_hold.reset();
     const bool started = x.phase == Phase::running;
     // What went wrong after it ran (e.g. its output lost on the way to its FIFOs: 125) goes to
     // the shim's log, naming the task and the exec.
     if (started && !why.empty())
       fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {} exec {}: {} (exit status {})\n", cfg.id, x.id,
                  why, status);
-    x.phase = Phase::stopped;
-    x.exit_status = status;
-    x.exited_at_ns = now_ns();
+    x.stop(status, now_ns());
     if (auto rs = std::exchange(x.start_respond, std::nullopt)) {
       (*rs)(fail(ttrpc::Code::failed_precondition,
                  fmt::format("exec {}: {}{}", x.id, why.empty() ? "did not start" : why,
                              status == 127 ? " (not found)" : "")));
     }
     if (!started && x.pid == 0 && x.waiters.empty()) return;
-    ev::TaskExit e;
-    e.set_container_id(cfg.id);
-    e.set_id(x.id);
-    e.set_pid(x.pid);
-    e.set_exit_status(status);
-    set_time(e.mutable_exited_at(), x.exited_at_ns);
-    events.publish("/tasks/exit", e);
-    v2::WaitResponse w;
-    w.set_exit_status(status);
-    set_time(w.mutable_exited_at(), x.exited_at_ns);
-    for (auto& r : std::exchange(x.waiters, {})) r(ok(w));
+    x.report_exit(events, cfg.id);
   }
 
   ttrpc::Reply exec_kill(ExecProc& x, std::uint32_t signal) {
-    if (x.phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
     if (x.phase != Phase::running || x.proc == 0) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: not started", x.id));
-    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {} {}", signal, x.proc), 2s);
-    if (reply && *reply == "ok") return empty();
-    return fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, reply ? *reply : reply.error().message));
+    auto done = cli::control_call(host::control_path(rec.state_dir, rec.vm),
+                                  cli::control::Kill{static_cast<int>(signal), x.proc}, 2s);
+    if (done) return empty();
+    return fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, done.error().message));
   }
 
   using Handler = ttrpc::Reply (Impl::*)(const std::string& payload);
@@ -481,7 +486,7 @@ struct TaskService::Impl {
   }
 
   ttrpc::Reply check_id(const std::string& id, const std::string& exec_id) {
-    if (phase == Phase::none || phase == Phase::deleted || id != cfg.id)
+    if (task.phase == Phase::none || task.phase == Phase::deleted || id != cfg.id)
       return fail(ttrpc::Code::not_found, fmt::format("task {}: not found", id));
     if (!exec_id.empty()) return fail(ttrpc::Code::not_found, fmt::format("exec {}: not found", exec_id));
     return empty();
@@ -492,7 +497,7 @@ struct TaskService::Impl {
   ttrpc::Reply create(const std::string& p) {
     auto req = parse<v2::CreateTaskRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "CreateTaskRequest: malformed");
-    if (phase != Phase::none) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", req->id()));
+    if (task.phase != Phase::none) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", req->id()));
     if (req->id() != cfg.id)
       return fail(ttrpc::Code::invalid_argument, fmt::format("id: '{}' is not this shim's task '{}'", req->id(), cfg.id));
     if (!req->checkpoint().empty()) return fail(ttrpc::Code::unimplemented, "checkpoint: restore is not supported");
@@ -530,20 +535,20 @@ struct TaskService::Impl {
       return fail(ttrpc::Code::internal, w.error().message);
     }
     spec = std::move(*s);
-    stdin_path = req->stdin();
-    stdout_path = req->stdout();
-    stderr_path = req->stderr();
-    terminal = req->terminal();
-    spec.terminal = terminal || spec.terminal;
-    phase = Phase::created;
+    task.stdin_path = req->stdin();
+    task.stdout_path = req->stdout();
+    task.stderr_path = req->stderr();
+    task.terminal = req->terminal();
+    spec.terminal = task.terminal || spec.terminal;
+    task.phase = Phase::created;
     ev::TaskCreate e;
     e.set_container_id(cfg.id);
     e.set_bundle(bundle.string());
     *e.mutable_rootfs() = req->rootfs();
-    e.mutable_io()->set_stdin(stdin_path);
-    e.mutable_io()->set_stdout(stdout_path);
-    e.mutable_io()->set_stderr(stderr_path);
-    e.mutable_io()->set_terminal(terminal);
+    e.mutable_io()->set_stdin(task.stdin_path);
+    e.mutable_io()->set_stdout(task.stdout_path);
+    e.mutable_io()->set_stderr(task.stderr_path);
+    e.mutable_io()->set_terminal(task.terminal);
     e.set_pid(static_cast<std::uint32_t>(::getpid()));
     events.publish("/tasks/create", e);
     v2::CreateTaskResponse r;
@@ -551,73 +556,17 @@ struct TaskService::Impl {
     return ok(r);
   }
 
-  // containerd's FIFO for one of the task's streams as fd `target` of the child (or /dev/null).
-  static Result<Fd> open_stdio(const std::string& path, bool input) {
-    if (path.empty()) {
-      Fd f(::open("/dev/null", (input ? O_RDONLY : O_WRONLY) | O_CLOEXEC));
-      if (!f) return Error{fmt::format("/dev/null: {}", std::strerror(errno))};
-      return f;
-    }
-    // `file://PATH` (ctr run --log-uri file://..., as runc's shim takes it): output appended to
-    // a regular file.
-    if (path.starts_with("file://")) {
-      if (input) return Error{fmt::format("stdin: '{}': a file URI is for output only", path)};
-      Fd f(::open(path.c_str() + 7, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640));
-      if (!f) return Error{fmt::format("stdio {}: {}", path, std::strerror(errno))};
-      return f;
-    }
-    // Non-blocking opens: a FIFO whose other end is not open yet must not hang the shim. An output
-    // FIFO without a reader (ENXIO) is opened read-write, so the workload's output waits in it.
-    Fd f(::open(path.c_str(), (input ? O_RDONLY : O_WRONLY) | O_NONBLOCK | O_CLOEXEC));
-    if (!f && !input && errno == ENXIO) f.reset(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
-    if (!f) return Error{fmt::format("stdio {}: {}", path, std::strerror(errno))};
-    int fl = ::fcntl(f.get(), F_GETFL);
-    ::fcntl(f.get(), F_SETFL, fl & ~O_NONBLOCK);
-    return f;
-  }
-
   ttrpc::Reply start(const std::string& p) {
     auto req = parse<v2::StartRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "StartRequest: malformed");
     if (auto c = check_id(req->id(), req->exec_id()); !c.status.ok()) return c;
-    if (phase != Phase::created) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: already started", cfg.id));
-    auto in = open_stdio(stdin_path, true);
-    if (!in) return fail(ttrpc::Code::invalid_argument, in.error().message);
-    // The read end is open (ours), so a non-blocking writer's open succeeds at once.
-    if (!stdin_path.empty()) stdin_hold.reset(::open(stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
-    auto out = open_stdio(stdout_path, false);
-    if (!out) return fail(ttrpc::Code::invalid_argument, out.error().message);
-    auto err = open_stdio(stderr_path, false);
-    if (!err) return fail(ttrpc::Code::invalid_argument, err.error().message);
-    RunPlan plan{rec.vm, rec.state_dir, !stdin_path.empty()};
-    std::vector<std::string> args = run_args(spec, plan);
-    std::vector<char*> argv;
-    std::string prog = cfg.neshost.string();
-    argv.push_back(prog.data());
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in->get(), 0);
-    posix_spawn_file_actions_adddup2(&fa, out->get(), 1);
-    posix_spawn_file_actions_adddup2(&fa, err->get(), 2);
-    // Nothing else of the shim's (containerd's connections above all) is inherited.
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    // Its own session: a signal to the shim's group never reaches the VM, and `shim delete` ends
-    // neshost, QEMU and virtiofsd together through the group.
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    pid_t pid = 0;
-    int rc = ::posix_spawnp(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    if (rc != 0) return fail(ttrpc::Code::internal, fmt::format("spawn {}: {}", prog, std::strerror(rc)));
+    if (task.phase != Phase::created) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: already started", cfg.id));
+    auto streams = task.open_streams();
+    if (!streams) return fail(ttrpc::Code::invalid_argument, streams.error().message);
+    RunPlan plan{rec.vm, rec.state_dir, !task.stdin_path.empty()};
+    auto spawned = spawn_session(cfg.neshost.string(), run_args(spec, plan), *streams);
+    if (!spawned) return fail(ttrpc::Code::internal, spawned.error().message);
+    const pid_t pid = *spawned;
     pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     int watch_fd = pidfd ? ::fcntl(pidfd.get(), F_DUPFD_CLOEXEC, 3) : -1;
     rec.pid = pid;
@@ -634,7 +583,8 @@ struct TaskService::Impl {
       pidfd.reset();
       return fail(ttrpc::Code::internal, w.error().message);
     }
-    phase = Phase::running;
+    task.phase = Phase::running;
+    task.pid = static_cast<std::uint32_t>(pid);
     exit_watch.emplace(io, watch_fd);
     exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
       if (!ec) on_exit();
@@ -649,7 +599,7 @@ struct TaskService::Impl {
   }
 
   void kill_session() {
-    if (phase != Phase::running) return;
+    if (task.phase != Phase::running) return;
     ::kill(-rec.pid, SIGKILL);  // neshost, QEMU, virtiofsd: one session
     ::kill(rec.pid, SIGKILL);
   }
@@ -661,32 +611,17 @@ struct TaskService::Impl {
     do r = ::waitpid(rec.pid, &st, 0);
     while (r < 0 && errno == EINTR);
     // neshost's own exit status is the workload's (docs/host.md); the record's is authoritative.
-    exit_status = WIFEXITED(st) ? static_cast<std::uint32_t>(WEXITSTATUS(st))
-                                : static_cast<std::uint32_t>(128 + WTERMSIG(st));
-    exited_at_ns = now_ns();
-    apply_recorded_exit(rec, exit_status, exited_at_ns);
-    finish();
+    std::uint32_t status = WIFEXITED(st) ? static_cast<std::uint32_t>(WEXITSTATUS(st))
+                                         : static_cast<std::uint32_t>(128 + WTERMSIG(st));
+    std::int64_t at = now_ns();
+    apply_recorded_exit(rec, status, at);
+    finish(status, at);
   }
 
-  v2::WaitResponse wait_response() const {
-    v2::WaitResponse w;
-    w.set_exit_status(exit_status);
-    set_time(w.mutable_exited_at(), exited_at_ns);
-    return w;
-  }
-
-  void finish() {
-    phase = Phase::stopped;
-    stdin_hold.reset();
-    ev::TaskExit e;
-    e.set_container_id(cfg.id);
-    e.set_id(cfg.id);
-    e.set_pid(static_cast<std::uint32_t>(rec.pid));
-    e.set_exit_status(exit_status);
-    set_time(e.mutable_exited_at(), exited_at_ns);
-    events.publish("/tasks/exit", e);
-    auto ws = std::move(waiters);
-    for (auto& r : ws) r(ok(wait_response()));
+  /// The task ended with `status` at `at_ns`: its exit published, its waiters answered.
+  void finish(std::uint32_t status, std::int64_t at_ns) {
+    task.stop(status, at_ns);
+    task.report_exit(events, cfg.id);
   }
 
   ttrpc::Reply kill(const std::string& p) {
@@ -695,23 +630,22 @@ struct TaskService::Impl {
     ExecProc* x = nullptr;
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     if (req->signal() < 1 || req->signal() > 64) return fail(ttrpc::Code::invalid_argument, fmt::format("signal: {} is not 1..64", req->signal()));
+    if (process(x).phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
     if (x) return exec_kill(*x, req->signal());
-    if (phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
-    if (phase == Phase::created) {
+    if (task.phase == Phase::created) {
       // Never started: nothing runs; the task ends as if the signal had killed it.
-      exit_status = 128 + req->signal();
-      exited_at_ns = now_ns();
-      finish();
+      finish(128 + req->signal(), now_ns());
       return empty();
     }
     if (!same_process_alive(rec.pid, rec.pid_start))  // exited, its exit not yet seen here
       return fail(ttrpc::Code::not_found, "process already finished");
-    auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm), fmt::format("kill {}", req->signal()), 2s);
+    host::Status reply = cli::control_call(host::control_path(rec.state_dir, rec.vm),
+                                           cli::control::Kill{static_cast<int>(req->signal()), std::nullopt}, 2s);
     if (req->signal() == SIGKILL) {
       // SIGKILL must end the task whatever the guest does: if the VM has not exited 10 s after
       // the guest was told (or at once when it cannot be told), its whole session is killed
       // (exit 137: 128+SIGKILL).
-      if (!reply || *reply != "ok") {
+      if (!reply) {
         kill_session();
         return empty();
       }
@@ -719,7 +653,7 @@ struct TaskService::Impl {
       kill_timer.async_wait([this](boost::system::error_code e) { if (!e) kill_session(); });
       return empty();
     }
-    if (reply && *reply == "ok") return empty();
+    if (reply) return empty();
     // No control socket yet (the VM is still booting): SIGTERM still ends the task, as an
     // ordered shutdown of the VM (exit 143).
     if (req->signal() == SIGTERM) {
@@ -727,7 +661,7 @@ struct TaskService::Impl {
       return empty();
     }
     return fail(ttrpc::Code::unavailable,
-                fmt::format("kill {}: {}", req->signal(), reply ? *reply : reply.error().message));
+                fmt::format("kill {}: {}", req->signal(), reply.error().message));
   }
 
   ttrpc::Reply state(const std::string& p) {
@@ -735,36 +669,7 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "StateRequest: malformed");
     ExecProc* x = nullptr;
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
-    v2::StateResponse r;
-    if (x) {
-      r.set_id(x->id);
-      r.set_exec_id(x->id);
-      r.set_bundle(cfg.bundle.string());
-      r.set_pid(x->pid);
-      r.set_status(x->phase == Phase::created ? types::CREATED : x->phase == Phase::running ? types::RUNNING : types::STOPPED);
-      r.set_stdin(x->stdin_path);
-      r.set_stdout(x->stdout_path);
-      r.set_stderr(x->stderr_path);
-      r.set_terminal(x->terminal);
-      if (x->phase == Phase::stopped) {
-        r.set_exit_status(x->exit_status);
-        set_time(r.mutable_exited_at(), x->exited_at_ns);
-      }
-      return ok(r);
-    }
-    r.set_id(cfg.id);
-    r.set_bundle(cfg.bundle.string());
-    r.set_pid(static_cast<std::uint32_t>(rec.pid ? rec.pid : ::getpid()));
-    r.set_status(phase == Phase::created ? types::CREATED : phase == Phase::running ? types::RUNNING : types::STOPPED);
-    r.set_stdin(stdin_path);
-    r.set_stdout(stdout_path);
-    r.set_stderr(stderr_path);
-    r.set_terminal(terminal);
-    if (phase == Phase::stopped) {
-      r.set_exit_status(exit_status);
-      set_time(r.mutable_exited_at(), exited_at_ns);
-    }
-    return ok(r);
+    return ok(process(x).state(cfg.bundle.string()));
   }
 
   ttrpc::Reply del(const std::string& p) {
@@ -772,32 +677,26 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "DeleteRequest: malformed");
     ExecProc* x = nullptr;
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
+    const Process& pr = process(x);
+    if (pr.phase == Phase::running)
+      return fail(ttrpc::Code::failed_precondition, fmt::format("{} {}: still running", x ? "exec" : "task", pr.id));
+    v2::DeleteResponse r = pr.delete_response();
     if (x) {
-      if (x->phase == Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: still running", x->id));
-      v2::DeleteResponse r;
-      r.set_pid(x->pid);
-      r.set_exit_status(x->exit_status);
-      set_time(r.mutable_exited_at(), x->exited_at_ns);
       boost::system::error_code ig;
       x->sock.close(ig);
       execs.erase(x->id);
       return ok(r);
     }
-    if (phase == Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: still running", cfg.id));
     remove_task(cfg.bundle, rec);
-    phase = Phase::deleted;
+    task.phase = Phase::deleted;
     // A Wait sent before a Start that failed is answered now (the task is gone).
-    for (auto& r : std::exchange(waiters, {})) r(fail(ttrpc::Code::not_found, fmt::format("task {}: deleted", cfg.id)));
+    for (auto& r : std::exchange(task.waiters, {})) r(fail(ttrpc::Code::not_found, fmt::format("task {}: deleted", cfg.id)));
     ev::TaskDelete e;
     e.set_container_id(cfg.id);
-    e.set_pid(static_cast<std::uint32_t>(rec.pid));
-    e.set_exit_status(exit_status);
-    set_time(e.mutable_exited_at(), exited_at_ns);
+    e.set_pid(r.pid());
+    e.set_exit_status(r.exit_status());
+    *e.mutable_exited_at() = r.exited_at();
     events.publish("/tasks/delete", e);
-    v2::DeleteResponse r;
-    r.set_pid(static_cast<std::uint32_t>(rec.pid));
-    r.set_exit_status(exit_status);
-    set_time(r.mutable_exited_at(), exited_at_ns);
     return ok(r);
   }
 
@@ -809,7 +708,7 @@ struct TaskService::Impl {
     auto req = parse<v2::PidsRequest>(c.payload);
     if (!req) return respond(fail(ttrpc::Code::invalid_argument, "PidsRequest: malformed"));
     if (auto r = check_id(req->id(), {}); !r.status.ok()) return respond(std::move(r));
-    if (phase != Phase::running) return respond(ok(v2::PidsResponse{}));
+    if (task.phase != Phase::running) return respond(ok(v2::PidsResponse{}));
     const auto path = host::control_path(rec.state_dir, rec.vm);
     const std::uint32_t monitor = static_cast<std::uint32_t>(rec.pid);
     askers.emplace_back([this, path, monitor, respond = std::move(respond)]() mutable {
@@ -858,36 +757,41 @@ struct TaskService::Impl {
         x->pending_resize = std::pair{req->height(), req->width()};
         return empty();
       }
-      auto reply = cli::control_request(host::control_path(rec.state_dir, rec.vm),
-                                        fmt::format("resize {} {} {}", req->height(), req->width(), x->proc), 2s);
-      if (reply && *reply == "ok") return empty();
-      return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", reply ? *reply : reply.error().message));
+      auto done = cli::control_call(host::control_path(rec.state_dir, rec.vm),
+                                    cli::control::Resize{static_cast<std::uint16_t>(req->height()),
+                                                         static_cast<std::uint16_t>(req->width()), x->proc},
+                                    2s);
+      if (done) return empty();
+      return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", done.error().message));
     }
-    if (phase != Phase::running) return fail(ttrpc::Code::failed_precondition, "task is not running");
+    if (task.phase != Phase::running) return fail(ttrpc::Code::failed_precondition, "task is not running");
     if (!spec.terminal) return fail(ttrpc::Code::failed_precondition, "the task has no terminal");
     // ctr resizes right after Start, before `neshost run` has its control socket: the latest size
     // is kept and delivered as soon as the socket answers (neshost makes it the size the workload
     // starts with when the guest has not booted yet).
-    pending_resize = fmt::format("resize {} {}", req->height(), req->width());
+    pending_resize = cli::control::Resize{static_cast<std::uint16_t>(req->height()),
+                                          static_cast<std::uint16_t>(req->width()), std::nullopt};
     resize_deadline = std::chrono::steady_clock::now() + 30s;
     deliver_resize();
     return empty();
   }
 
   void deliver_resize() {
-    if (!pending_resize || phase != Phase::running) return;
+    if (!pending_resize || task.phase != Phase::running) return;
     auto path = host::control_path(rec.state_dir, rec.vm);
     std::error_code ec;
     if (std::filesystem::exists(path, ec)) {
       auto reply = cli::control_request(path, *pending_resize, 2s);
       if (reply) {  // "ok", or neshost's final word on it
-        if (*reply != "ok") fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {}\n", cfg.id, *reply);
+        if (!std::holds_alternative<cli::control::Ok>(*reply))
+          fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {}\n", cfg.id, cli::control::encode(*reply));
         pending_resize.reset();
         return;
       }
     }
     if (std::chrono::steady_clock::now() > resize_deadline) {
-      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {} not delivered in 30 s\n", cfg.id, *pending_resize);
+      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {} not delivered in 30 s\n", cfg.id,
+                 cli::control::encode(cli::control::Request{*pending_resize}));
       pending_resize.reset();
       return;
     }
@@ -902,7 +806,7 @@ struct TaskService::Impl {
     // client's close is the EOF the workload sees (ctr sends CloseIO when its stdin ends).
     ExecProc* x = nullptr;
     auto c = check_exec(req->id(), req->exec_id(), &x);
-    if (c.status.ok() && req->stdin()) (x ? x->stdin_hold : stdin_hold).reset();
+    if (c.status.ok() && req->stdin()) process(x).stdin_hold.reset();
     return c;
   }
 
@@ -910,7 +814,7 @@ struct TaskService::Impl {
     auto req = parse<v2::ShutdownRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "ShutdownRequest: malformed");
     // A task not yet deleted keeps its shim (containerd's own shims exit only with no task left).
-    if (phase != Phase::none && phase != Phase::deleted) return empty();
+    if (task.phase != Phase::none && task.phase != Phase::deleted) return empty();
     asio::post(io, [this] { if (cfg.shutdown) cfg.shutdown(); });
     return empty();
   }
@@ -918,24 +822,16 @@ struct TaskService::Impl {
   void wait(ttrpc::Call&& c, ttrpc::Respond respond) {
     auto req = parse<v2::WaitRequest>(c.payload);
     if (!req) return respond(fail(ttrpc::Code::invalid_argument, "WaitRequest: malformed"));
-    if (!req->exec_id().empty()) {
-      ExecProc* x = nullptr;
-      if (auto r = check_exec(req->id(), req->exec_id(), &x); !r.status.ok()) return respond(std::move(r));
-      if (x->phase == Phase::stopped) {
-        v2::WaitResponse w;
-        w.set_exit_status(x->exit_status);
-        set_time(w.mutable_exited_at(), x->exited_at_ns);
-        return respond(ok(w));
-      }
-      x->waiters.push_back(std::move(respond));
-      return;
-    }
-    if (phase == Phase::stopped || phase == Phase::deleted) {
+    // A task stopped or deleted still answers (deleted: with its last exit).
+    if (req->exec_id().empty() && (task.phase == Phase::stopped || task.phase == Phase::deleted)) {
       if (req->id() != cfg.id) return respond(fail(ttrpc::Code::not_found, "not found"));
-      return respond(ok(wait_response()));
+      return respond(ok(task.wait_response()));
     }
-    if (auto r = check_id(req->id(), req->exec_id()); !r.status.ok()) return respond(std::move(r));
-    waiters.push_back(std::move(respond));
+    ExecProc* x = nullptr;
+    if (auto r = check_exec(req->id(), req->exec_id(), &x); !r.status.ok()) return respond(std::move(r));
+    Process& pr = process(x);
+    if (pr.phase == Phase::stopped) return respond(ok(pr.wait_response()));
+    pr.waiters.push_back(std::move(respond));
   }
 };
 

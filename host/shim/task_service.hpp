@@ -4,7 +4,7 @@
 // spawns `neshost run --rootfs ROOT ... -- ARGS` with containerd's stdio FIFOs as its fds 0-2, in
 // its own session; Kill and ResizePty go to that VM's control socket; Wait/State/Delete answer
 // from its durable outcome record (exit status 128+N for a signal N, exited_at = finished_at).
-// The task's state file `<bundle>/nesinit-task.json` is written durably (host/reconcile.hpp
+// The task's state file `<bundle>/nesinit-task.json` is written durably (host/monitor/reconcile.hpp
 // write_durable) so `shim delete` after a SIGKILLed shim finds the VM and ends it.
 // Calls and what they answer: docs/containerd.md.
 #pragma once

@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "host/lib/signals_blocked.hpp"
+
 #ifndef P_PIDFD
 #define P_PIDFD 3  // linux/wait.h: waitid(2) on a pidfd (Linux 5.4)
 #endif
@@ -228,6 +230,7 @@ host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
   // Our copies of the write ends close here: EOF on the pipes then means the child is gone.
   out_w.reset();
   err_w.reset();
+  host::SignalsBlocked quiet;  // the drain thread never takes a process signal
   p->drain_ = std::thread([raw = p.get()] { raw->drain_loop(); });
   return p;
 }

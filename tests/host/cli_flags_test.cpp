@@ -1,4 +1,4 @@
-// The CLI's flag parser (host/cli_flags.hpp) alone: both orders, short forms, switch clusters,
+// The CLI's flag parser (host/cli/flags.hpp) alone: both orders, short forms, switch clusters,
 // values inline and apart, and each error naming its flag.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// FdWriter's last flush (host/cli_stdio.hpp), `neshost run`'s final writes of the workload's
+// FdWriter's last flush (host/cli/stdio.hpp), `neshost run`'s final writes of the workload's
 // output, against a real pipe: a reader that takes its bytes slowly, in steps, and stops for
 // longer than any old deadline still gets every byte; a signal (a signalfd, as `run` passes)
 // ends the wait with the exact count of what was left; a reader that goes away ends it too.

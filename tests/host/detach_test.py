@@ -424,29 +424,45 @@ def case_usage():
 
 
 def case_slow_reader_stopped():
-    """A reader of `neshost run`'s stdout that stops taking it; the workload ends with its last
-    output still held for the host, and neshost is stopped then: what was not delivered is counted
-    exactly and said (125), never dropped in silence — in the VM (the guest's count, or a stream
-    truncated) or in neshost's own last writes if the VM was gone already; every byte the host
-    received still reaches the reader once it reads again (the last writes wait for it)."""
+    """A reader of `neshost run`'s stdout that stops taking it; the workload ends and its VM
+    finishes with the output neshost has not written yet still queued for that reader, and
+    neshost is stopped then (^C, SIGTERM, read by its last writes: no thread of the library may
+    take it instead): what was not delivered is counted exactly and said (125), never dropped in
+    silence; the record keeps the workload's 7 with no loss (the VM delivered everything to the
+    host); what was written before the signal still reaches the reader, in order.
+
+    Why this size. The outcome is reported only once the guest holds nothing of the output
+    (docs/protocol.md "workload_exited": while bytes wait in the workload's pipe, the drain window
+    starts again), so the workload can end with its reader stalled only if all of its output fits
+    in what the host side holds then: the reader's 100 KiB, neshost's stdout pipe (64 KiB),
+    neshost's queue (kOutputQueueCap, 1 MiB: reads pause once it is full) and the data socket.
+    The last two are not fixed amounts: a queue that is full held its cap plus whatever the last
+    read brought (0..256 KiB, by timing), and the socket takes more only while the kernel says it
+    is writable (AF_UNIX: its send buffer at most 1/4 in use), which a frame the paused host read
+    only in part can prevent for good (measured under load: 32 bytes unread, 62 216 bytes of send
+    buffer in use, the rest of the output in the workload's pipe, no outcome). So `total` stays
+    under the one bound the code guarantees, 100 KiB read + 1 MiB queued, by 64 KiB (the stdout
+    pipe is not relied on): neshost never pauses, the VM finishes on its own, and neshost's stop
+    at its last writes is the loss, deterministically. (A cut in the VM after the outcome needs
+    bytes in flight in the socket, which no size makes certain; tests/vm/vm_test.py
+    case_drain_stopped and tests/host/output_lost_test.cpp count those.)"""
     import re
     import threading
     c = Case("slow-reader")
     try:
         line = b"0123456789abcdef\n"
-        # More than neshost holds while its reader takes nothing (its 1 MiB queue, a read, the
-        # socket), less than that and what the guest holds besides: the workload can end.
-        total = 1500000
+        read_first = 100 << 10
+        total = read_first + (1 << 20) - (64 << 10)
         p = subprocess.Popen([NESHOST, "run", "--sandbox", "--console", "--state", c.state, "--vm", "r", "--grace", "2",
                               "--ready-timeout", "20", "--", "/bin/sh", "-c", "yes 0123456789abcdef | head -c %d; exit 7" % total],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=c.env)
-        stalled, resume, finished = threading.Event(), threading.Event(), threading.Event()
+        stalled, resume, finished, gave_up = threading.Event(), threading.Event(), threading.Event(), threading.Event()
         got = bytearray()
         err_lines = []
 
-        def read_out():  # 100 KiB, then nothing until told, then to EOF
-            while len(got) < 100 << 10:
-                b = p.stdout.read1(min(65536, (100 << 10) - len(got)))
+        def read_out():  # read_first bytes, then nothing until told, then to EOF
+            while len(got) < read_first:
+                b = p.stdout.read1(min(65536, read_first - len(got)))
                 if not b:
                     break
                 got.extend(b)
@@ -463,16 +479,26 @@ def case_slow_reader_stopped():
                 err_lines.append(l.decode(errors="replace"))
                 if err_lines[-1].startswith("neshost: r finished"):
                     finished.set()
+                if err_lines[-1].startswith("neshost run: "):
+                    gave_up.set()
             finished.set()
+            gave_up.set()
 
         threads = [threading.Thread(target=read_out), threading.Thread(target=read_err)]
         for t in threads:
             t.start()
         check(stalled.wait(60), "the reader got its first 100 KiB")
-        rc, out, err = c.nh("wait", "--state", c.state, "--timeout", "60", "r")  # the outcome is in
-        check(rc == 7, "the workload ended: %d %r" % (rc, err))
-        p.send_signal(signal.SIGTERM)  # neshost stop / ^C while the reader takes nothing
+        # The outcome is in while the reader takes nothing. Our own bound is wait's --timeout and
+        # some: a missing outcome is said by wait (124, "no outcome ... within --timeout").
+        rc, out, err = c.nh("wait", "--state", c.state, "--timeout", "60", "r", timeout=90)
+        check(rc == 7, "the workload ended while its reader took nothing: %d %r" % (rc, err))
+        # The VM finishes on its own (the host read every byte: the receipt); from `finished` on,
+        # SIGINT/SIGTERM are neshost's to read in its last writes.
         check(finished.wait(60), "the session finished (the VM gone, the record as it ends)")
+        p.send_signal(signal.SIGTERM)  # ^C while the reader takes nothing
+        # The reader reads on once neshost has said what it gives up (not before: what the
+        # reader takes meanwhile would be written, and the loss smaller by as much).
+        check(gave_up.wait(60), "neshost said what it gave up: %r" % err_lines[-3:])
         resume.set()
         rc = bounded(lambda: p.wait(), "neshost run's exit", 60)
         for t in threads:
@@ -480,28 +506,19 @@ def case_slow_reader_stopped():
         said = [l for l in err_lines if l.startswith("neshost run: ")]
         check(bytes(got) == (line * (len(got) // len(line) + 1))[:len(got)], "what arrived is the workload's, in order")
         rec = c.inspect("r")
-        check(rec.get("exit_status") == 7, "the record keeps the workload's status: %s" % rec)
-        if rc == 7:
-            # Everything was with neshost already when it was stopped (a machine with larger socket
-            # buffers): all of it reached the reader, and nothing is said lost.
-            check(len(got) == total and said == [] and "lost" not in rec and "truncated" not in rec,
-                  "rc 7 only with every byte: read %d of %d, %r" % (len(got), total, said))
-            return
+        check(rec.get("exit_status") == 7 and "lost" not in rec and "truncated" not in rec,
+              "the record keeps the workload's status and no loss (the host had every byte): %s" % rec)
         check(rc == 125, "exit 125 when output was lost: %r %r" % (rc, said))
-        # Exact: an init without output_lost leaves the stream truncated, and the host's count of
-        # what it received is what the reader got; an exact loss and what was read make the whole.
-        cut = [re.search(r"stdout truncated: its eof never arrived \((\d+) bytes received\)", l) for l in said]
-        cut = [int(m.group(1)) for m in cut if m]
-        lost = [int(m.group(1)) for m in (re.search(r"^neshost run: (\d+) bytes of stdout lost: ", l) for l in said) if m]
-        check(len(cut) + len(lost) == 1, "one line names stdout: %r" % said)
-        if cut:
-            check(cut[0] == len(got), "received %d == read %d" % (cut[0], len(got)))
+        lost = [re.search(r"^neshost run: (\d+) bytes of stdout lost: interrupted while its reader", l) for l in said]
+        lost = [int(m.group(1)) for m in lost if m]
+        check(len(lost) == 1 and len(said) == 1, "one line names stdout's loss: %r" % said)
         if lost:
-            check(len(got) + lost[0] == total, "lost %d + read %d == written %d" % (lost[0], len(got), total))
-        # Cut in the VM (the signal came while the guest still held output): the record says it.
-        # Cut in neshost's own last writes (the signal came after the VM was gone): only neshost.
-        in_vm = not any("interrupted while its reader" in l for l in said)
-        check(("lost" in rec or "truncated" in rec) == in_vm, "the record says it (%s): %s" % (in_vm, rec))
+            # Exact: what the reader got (its 100 KiB and what the pipe held) and what neshost
+            # counts make the whole; the loss is neshost's queue: all but what the pipe took.
+            check(lost[0] + len(got) == total and lost[0] >= total - read_first - (64 << 10),
+                  "lost %d + read %d == written %d" % (lost[0], len(got), total))
+            print("slow_reader_stopped: %d written, %d read, %d counted lost by neshost's last writes"
+                  % (total, len(got), lost[0]))
     finally:
         c.finish()
 

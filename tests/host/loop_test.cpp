@@ -1,17 +1,23 @@
 // nes::host::Host over real Unix sockets: the whole flow, each on_exit policy with its hooks,
-// deadlines, wait() before/after/from disk, generations, refusal of a second live session, API.
+// deadlines, wait() before/after/from disk, generations, refusal of a second live session, API;
+// the library's threads leave process signals to the embedder.
 // Everything waits for events (Harness::run_until), never for time.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
+#include "host/lib/log_writer.hpp"
 #include "support.hpp"
 #include "tests/support/host_record.hpp"
 
@@ -48,6 +54,51 @@ TEST_CASE("full flow: ready, boot, started, exited -> durable record -> shutdown
   for (auto k : {"connected", "ready", "boot_sent", "started", "outcome", "recorded", "shutdown_sent",
                  "vm_exited", "finished"})
     CHECK_MESSAGE(h.has_event("a", k), k);
+}
+
+namespace {
+/// SigBlk (/proc/self/task/TID/status, a hex mask: bit N-1 is signal N) of every thread of this
+/// process but the calling one.
+std::map<pid_t, std::uint64_t> other_threads_blocked() {
+  std::map<pid_t, std::uint64_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    const pid_t tid = static_cast<pid_t>(std::stol(e.path().filename().string()));
+    if (tid == ::gettid()) continue;
+    std::ifstream f(e.path() / "status");
+    for (std::string l; std::getline(f, l);)
+      if (l.starts_with("SigBlk:")) out[tid] = std::stoull(l.substr(7), nullptr, 16);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("the library's threads never take a process signal: they are left to the embedder") {
+  // neshost run blocks SIGINT/SIGTERM in its own thread once the VM is finished and reads them
+  // from a signalfd in its last writes: a worker of ours with them unblocked took the signal
+  // instead (asio's handler swallowed it, or with none left the default action ended neshost
+  // with its reader's bytes uncounted).
+  sigset_t mine;
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &mine);
+  REQUIRE(!sigismember(&mine, SIGTERM));
+  const auto before = other_threads_blocked();
+  Harness h;  // the Host: its worker pool
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  auto log = AsyncLog::start(o, 1 << 20, {});  // the workload log's writer thread
+  REQUIRE(log);
+  auto now = other_threads_blocked();
+  std::size_t started = 0;
+  for (auto [tid, blocked] : now) {
+    if (before.contains(tid)) continue;
+    ++started;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE})
+      CHECK_MESSAGE((blocked >> (sig - 1) & 1) == 1, "thread ", tid, " takes signal ", sig);
+  }
+  CHECK(started >= 2);  // the pool's and the log's
+  ::pthread_sigmask(SIG_SETMASK, nullptr, &mine);
+  CHECK(!sigismember(&mine, SIGTERM));  // the creator's own mask is as it was
+  CHECK((*log)->close(std::chrono::seconds(30)));
 }
 
 TEST_CASE("wait() as a coroutine") {

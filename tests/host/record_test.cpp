@@ -90,16 +90,6 @@ TEST_CASE("record parse errors name the field") {
   CHECK(with("{", "{\"later_field\":[1,2],"));  // unknown fields are ignored
 }
 
-TEST_CASE("vm ids are safe directory names") {
-  CHECK(check_vm_id("vm-1.a_B"));
-  CHECK(!check_vm_id(""));
-  CHECK(!check_vm_id(".."));
-  CHECK(!check_vm_id("a/b"));
-  CHECK(!check_vm_id("-x"));
-  CHECK(!check_vm_id(std::string(65, 'a')));
-  CHECK(!check_vm_id(std::string("a\0b", 3)));
-}
-
 TEST_CASE("write_record: creates dirs 0700, writes, reads back, no temp left") {
   test::TempDir t;
   auto state = t.path / "deep" / "state";

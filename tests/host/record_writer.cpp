@@ -1,4 +1,4 @@
-// Test helper: write one outcome record with host/record.hpp, optionally stopping itself
+// Test helper: write one outcome record with host/lib/record.hpp, optionally stopping itself
 // (SIGSTOP) right after a given step so a test can SIGKILL it there.
 // usage: record_writer STATE VM GENERATION EXIT_CODE [STEP]
 #include <signal.h>

@@ -1,4 +1,4 @@
-// Sans-I/O tests of host/session.hpp: every guest message path, each on_exit policy, deadlines,
+// Sans-I/O tests of host/lib/session.hpp: every guest message path, each on_exit policy, deadlines,
 // version mismatch, policy overriding `terminal`, finality, bounded memory. No sockets, no clock.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -35,6 +35,7 @@ struct Probe {
 
   explicit Probe(OnExitPolicy p = OnExitPolicy::stop, std::size_t cap = proto::kDefaultLineCap)
       : s(cfg(p, cap)), reader(cap) {}
+  explicit Probe(const SessionConfig& c) : s(c), reader(c.line_cap) {}
   static SessionConfig cfg(OnExitPolicy p, std::size_t cap) {
     SessionConfig c;
     c.vm = "vm1";
@@ -934,4 +935,50 @@ TEST_CASE("exec and the end of the VM: the data channel closing ends those exite
   CHECK(p.exec_ends[1].first == 2);
   CHECK(std::get<ExecLost>(p.exec_ends[1].second).reason ==
         "the guest's stream closed before the process's end was reported");
+}
+
+TEST_CASE("features: a descriptor field the guest's init lacks is refused before boot, naming it") {
+  struct Case {
+    const char* ready;
+    std::string field;  // what the descriptor needs; "" = nothing beyond the v2 base
+    bool refused;
+  };
+  const std::string old_ready = R"({"type":"ready","protocol_version":2})" "\n";
+  const std::string some = R"({"type":"ready","protocol_version":2,"features":["stdio","exec"]})" "\n";
+  const std::vector<Case> cases = {
+      {old_ready.c_str(), "", false}, {old_ready.c_str(), "stdio", true}, {old_ready.c_str(), "network", true},
+      {some.c_str(), "stdio", false}, {some.c_str(), "root", true},      {some.c_str(), "network", true},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.ready);
+    CAPTURE(c.field);
+    SessionConfig cfg = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+    if (c.field == "stdio") cfg.descriptor.stdio = proto::Stdio{};
+    if (c.field == "root") cfg.descriptor.root = proto::Root{"r"};
+    if (c.field == "network") cfg.descriptor.network = proto::Network{};
+    Probe p(cfg);
+    p.start();
+    p.feed(c.ready);
+    if (c.refused) {
+      CHECK(p.outcome().outcome == proto::Outcome::version_mismatch);
+      CHECK(p.outcome().exit_status == 125);
+      CHECK(p.outcome().reason.find("lacks feature '" + c.field + "'") != std::string::npos);
+      CHECK(p.outcome().reason.find("boot." + c.field) != std::string::npos);
+      CHECK(p.sent.empty());  // no boot went out
+      CHECK(p.closes == 1);
+    } else {
+      REQUIRE(p.sent.size() == 1);
+      CHECK(std::holds_alternative<proto::Boot>(p.sent[0]));
+    }
+  }
+}
+
+TEST_CASE("network_failed is a final outcome: 125, the reason names interface and step") {
+  Probe p;
+  p.start();
+  p.feed(test::ready_line());
+  p.feed(R"({"type":"network_failed","interface":"52:54:00:12:34:56","step":"route","reason":"0.0.0.0/0 via 10.0.2.2: Network is unreachable","errno":101})" "\n");
+  CHECK(p.outcome().outcome == proto::Outcome::network_failed);
+  CHECK(p.outcome().exit_status == 125);
+  CHECK(p.outcome().reason == "network: 52:54:00:12:34:56 route (errno 101): 0.0.0.0/0 via 10.0.2.2: Network is unreachable");
 }

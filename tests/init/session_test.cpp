@@ -1177,3 +1177,44 @@ TEST_CASE("exec: its streams closed after the data channel went: output_end with
   // Both at EOF before: their accounts went with ExecOutputsDone, nothing now.
   CHECK(sent(s.handle(ev::ExecClosed{4, {10, 0, true}, ev::OutputAccount{0, 0, true}, true})).empty());
 }
+
+TEST_CASE("boot.network: the Mount action carries it and the hostname; network_failed is final, nothing starts") {
+  Session s(kOpt);
+  auto a = s.handle(ev::ChannelUp{});
+  // The ready announces every feature this init implements.
+  auto ready = std::get<proto::Ready>(only<act::Send>(a).at(0).msg);
+  CHECK(ready.features == proto::all_features());
+  proto::Boot b = make_boot();
+  b.hostname = "web";
+  b.network = proto::Network{};
+  b.network->interfaces.push_back({{2, 0, 0, 0, 0, 1}, 1400, {}});
+  a = s.handle(msg(b));
+  auto m = only<act::Mount>(a);
+  REQUIRE(m.size() == 1);
+  CHECK(m[0].network == b.network);
+  CHECK(m[0].hostname == std::optional<std::string>("web"));
+  const proto::NetworkFailed f{"02:00:00:00:00:01", "find", "no link", ENODEV};
+  a = s.handle(ev::NetworkFailed{f});
+  REQUIRE(sent(a) == std::vector<std::string>{"network_failed"});
+  CHECK(std::get<proto::NetworkFailed>(only<act::Send>(a)[0].msg) == f);
+  CHECK(only<act::Spawn>(a).empty());
+  REQUIRE(s.outcome());
+  CHECK(std::holds_alternative<proto::NetworkFailed>(*s.outcome()));
+  // A late MountsDone (cannot happen, but must not start anything) is ignored.
+  CHECK(only<act::Spawn>(s.handle(ev::MountsDone{})).empty());
+}
+
+TEST_CASE("boot.network in a sandbox that may not configure one: network_failed (EPERM) before any mount") {
+  SessionOptions o = kOpt;
+  o.may_configure_network = false;
+  Session s(o);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = make_boot();
+  b.network = proto::Network{};
+  auto a = s.handle(msg(b));
+  CHECK(only<act::Mount>(a).empty());
+  REQUIRE(sent(a) == std::vector<std::string>{"network_failed"});
+  auto f = std::get<proto::NetworkFailed>(only<act::Send>(a)[0].msg);
+  CHECK(f.step == "namespace");
+  CHECK(f.err == EPERM);
+}

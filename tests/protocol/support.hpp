@@ -2,7 +2,10 @@
 // (and breaking) wire lines independently of the codec under test, and result helpers.
 #pragma once
 
+#include <arpa/inet.h>
+
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cstdint>
 #include <limits>
@@ -79,6 +82,30 @@ inline Boot full_boot() {
   return b;
 }
 
+/// `text` as an address (the test's own literals: always valid).
+inline IpAddr ip(const char* text) {
+  IpAddr a;
+  if (inet_pton(AF_INET, text, a.bytes.data()) == 1) return a.family = 4, a;
+  inet_pton(AF_INET6, text, a.bytes.data());
+  return a.family = 6, a;
+}
+
+/// A boot.network with every field set, IPv4 and IPv6, edge values (MTU bounds, /0 and /128).
+inline Network sample_network() {
+  Network n;
+  n.interfaces.push_back(NetInterface{{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}, 1500,
+                                      {IpPrefix{ip("10.0.2.15"), 24}, IpPrefix{ip("fd00::15"), 64}}});
+  n.interfaces.push_back(NetInterface{{0xff, 0xff, 0xff, 0xff, 0xff, 0xfe}, kNetMtuMax, {IpPrefix{ip("::1"), 128}}});
+  n.interfaces.push_back(NetInterface{{0, 0, 0, 0, 0, 1}, kNetMtuMin, {}});
+  n.routes.push_back(NetRoute{IpPrefix{ip("0.0.0.0"), 0}, ip("10.0.2.2"), std::nullopt});
+  n.routes.push_back(NetRoute{IpPrefix{ip("::"), 0}, ip("fd00::2"), MacAddr{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}});
+  n.routes.push_back(NetRoute{IpPrefix{ip("192.168.7.0"), 24}, std::nullopt, MacAddr{0, 0, 0, 0, 0, 1}});
+  n.dns = Dns{{ip("10.0.2.3"), ip("2001:4860:4860::8888")}, {"example.com", "corp_x.internal"}, {"ndots:2", "edns0"}};
+  n.hosts.push_back(HostEntry{"host.docker.internal", ip("10.0.2.2")});
+  n.hosts.push_back(HostEntry{"v6-peer", ip("fe80::1")});
+  return n;
+}
+
 /// Every host->guest message, including edge values.
 inline std::vector<HostMessage> host_samples() {
   std::vector<HostMessage> v;
@@ -105,6 +132,12 @@ inline std::vector<HostMessage> host_samples() {
   v.emplace_back(ListProcesses{});
   v.emplace_back(Kill{9, 1});
   v.emplace_back(Kill{64, 65535});
+  Boot net = reference_boot();
+  net.network = sample_network();
+  v.emplace_back(net);
+  Boot net_empty = reference_boot();
+  net_empty.network = Network{};  // loopback only, but said: the files are still written
+  v.emplace_back(net_empty);
   ExecProcess ex;
   ex.proc = 1;
   ex.exec = full_boot().exec;
@@ -148,6 +181,10 @@ inline std::vector<GuestMessage> guest_samples() {
   v.emplace_back(ExecExited{65535, std::nullopt, 64});
   v.emplace_back(OutputEnd{0, Stream::out, 0, 1});
   v.emplace_back(OutputEnd{65535, Stream::err, kGenerationMax, kGenerationMax});
+  v.emplace_back(Ready{kProtocolVersion, std::nullopt, all_features()});
+  v.emplace_back(Ready{kProtocolVersion, std::nullopt, std::vector<std::string>{}});
+  v.emplace_back(NetworkFailed{"52:54:00:12:34:56", "find", "no link with MAC 52:54:00:12:34:56 within 5000 ms", 19});
+  v.emplace_back(NetworkFailed{"", "", "", 0});
   return v;
 }
 

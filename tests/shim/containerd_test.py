@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from throttled_reader import ThrottledReader  # noqa: E402
+from procs import alive, processes  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
 SHIM = os.environ["NESHOST_SHIM"]
@@ -338,20 +339,7 @@ def case_restart(d):
 def descendants_alive():
     """Live processes reparented to this subreaper (anything a shim or neshost left)."""
     me = os.getpid()
-    alive = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                st = f.read()
-        except OSError:
-            continue
-        fields = st[st.rindex(")") + 2:].split()
-        if int(fields[1]) == me and fields[0] != "Z":
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                alive.append((int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")))
-    return alive
+    return [(q.pid, q.cmd) for q in processes() if q.ppid == me and q.state != "Z"]
 
 
 def case_shim_killed(d):
@@ -366,7 +354,7 @@ def case_shim_killed(d):
     check(vm_procs, "no QEMU for the task")
     os.kill(shims[0], signal.SIGKILL)
     try:
-        until(lambda: not any(os.path.exists(f"/proc/{p}") and not zombie(p) for p in vm_procs), "QEMU ended")
+        until(lambda: not any(alive(p) for p in vm_procs), "QEMU ended")
     except Failure as e:
         raise Failure(f"{e}{d.tail()}")
     until(lambda: d.tasks().get("tsk", ("", ""))[1] in ("", "STOPPED", "UNKNOWN"), "task cleaned up")
@@ -375,25 +363,8 @@ def case_shim_killed(d):
     d.ctr("container", "delete", "tsk", check_rc=False)
 
 
-def zombie(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read()
-        return st[st.rindex(")") + 2] == "Z"
-    except OSError:
-        return True
-
-
 def all_procs():
-    out = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    out.append((int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")))
-            except OSError:
-                pass
-    return out
+    return [(q.pid, q.cmd) for q in processes()]
 
 
 def case_tty(d):

@@ -21,6 +21,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from throttled_reader import ThrottledReader  # noqa: E402
+from procs import alive, processes  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
 NESHOST = os.environ["NESHOST"]
@@ -738,29 +739,7 @@ def common_prefix(a, b):
 
 def qemu_of(p):
     """Pids of the QEMU processes that neshost process `p` started (its children)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                st = f.read()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if int(st[st.rindex(")") + 2:].split()[1]) == p.p.pid and b"qemu-system" in cmd:
-            found.append(int(pid))
-    return found
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read()
-        return st[st.rindex(")") + 2] != "Z"
-    except OSError:
-        return False
+    return [q.pid for q in processes() if q.ppid == p.p.pid and "qemu-system" in q.cmd]
 
 
 def poll(cond, what, bound=BOUND):

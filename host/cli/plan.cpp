@@ -1,0 +1,318 @@
+// `neshost run`'s flags and plan (host/cli/plan.hpp): parse_run() reads the command line,
+// plan_run() turns it and a few plain facts about this host into everything the run does.
+#include "host/cli/plan.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "host/lib/log_writer.hpp"
+#include "host/lib/record.hpp"
+#include "protocol/channels.hpp"
+#include "protocol/limits.hpp"
+
+namespace nes::cli {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v) {
+  std::uint64_t mult = 1;
+  std::string_view num = v;
+  if (!v.empty()) {
+    char u = static_cast<char>(std::tolower(static_cast<unsigned char>(v.back())));
+    if (u == 'k' || u == 'm' || u == 'g') {
+      mult = u == 'k' ? 1024 : u == 'm' ? 1024 * 1024 : 1024ull * 1024 * 1024;
+      num.remove_suffix(1);
+    }
+  }
+  auto n = parse_uint(flag, num, 1, (1ull << 40) / mult);
+  if (!n) return host::Error{fmt::format("--{}: expected bytes with an optional k, m or g, got '{}'", flag, v)};
+  if (*n * mult < host::kMinLogSize)
+    return host::Error{fmt::format("--{}: {} is below the minimum 64k", flag, v)};
+  return *n * mult;
+}
+
+host::Result<RunFlags> parse_run(const Args& args) {
+  static constexpr FlagSpec kRunFlags[] = {
+      {"detach", false, "-d"}, {"interactive", false, "-i"}, {"tty", false, "-t"}, {"sandbox", false},
+      {"console", false}, {"read-only", false}, {"env", true, "-e"}, {"workdir", true, "-w"},
+      {"volume", true, "-v"}, {"kernel"}, {"initrd"}, {"rootfs"}, {"mem"}, {"cpus"}, {"accel"},
+      {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
+      {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"}};
+  auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
+  if (!parsed) return parsed.error();
+  RunFlags o;
+  o.help = parsed->help;
+  o.argv = std::move(parsed->positional);
+  for (const auto& [name, v] : parsed->given) {
+    if (name == "detach") o.detach = true;
+    else if (name == "interactive") o.interactive = true;
+    else if (name == "tty") o.tty = true;
+    else if (name == "sandbox") o.sandbox = true;
+    else if (name == "console") o.console = true;
+    else if (name == "read-only") o.read_only = true;
+    else if (name == "kernel") o.kernel = v;
+    else if (name == "initrd") o.initrd = v;
+    else if (name == "rootfs") o.rootfs = v;
+    else if (name == "state") o.state = v;
+    else if (name == "volume") {
+      auto vol = vm::parse_volume(v);
+      if (!vol) return vol.error();
+      o.volumes.push_back(std::move(*vol));
+      if (auto p = vm::check_volumes(o.volumes); !p) return p.error();
+      if (o.volumes.size() > kMaxVolumes)
+        return host::Error{fmt::format("--volume: at most {} volumes", kMaxVolumes)};
+    } else if (name == "rootfs-mode") {
+      if (v != "virtiofs" && v != "initramfs")
+        return host::Error{fmt::format("--rootfs-mode: expected virtiofs or initramfs, got '{}'", v)};
+      o.rootfs_initramfs = v == "initramfs";
+    }
+    else if (name == "hostname") o.hostname = v;
+    else if (name == "workdir") {
+      auto w = parse_workdir(v);
+      if (!w) return w.error();
+      o.workdir = std::move(*w);
+    } else if (name == "vm") {
+      if (auto id = host::check_vm_id(v); !id) return host::Error{"--vm: " + id.error().message};
+      o.vm = v;
+    } else if (name == "mem") {
+      auto n = parse_uint("mem", v, 64, 1024 * 1024);
+      if (!n) return n.error();
+      o.mem = static_cast<std::uint32_t>(*n);
+    } else if (name == "cpus") {
+      auto n = parse_uint("cpus", v, 1, 64);
+      if (!n) return n.error();
+      o.cpus = static_cast<std::uint32_t>(*n);
+    } else if (name == "accel") {
+      auto acc = vm::accel_from_string(v);
+      if (!acc) return host::Error{fmt::format("--accel: expected tcg, kvm or auto, got '{}'", v)};
+      o.accel = *acc;
+    } else if (name == "env") {
+      auto kv = parse_env(v);
+      if (!kv) return kv.error();
+      if (*kv) o.env[(*kv)->first] = (*kv)->second;
+    } else if (name == "group-add") {
+      auto g = parse_uint("group-add", v, 0, proto::kInvalidId - 1);
+      if (!g) return g.error();
+      if (o.groups.size() >= 64) return host::Error{"--group-add: at most 64 groups"};
+      o.groups.push_back(static_cast<std::uint32_t>(*g));
+    } else if (name == "user") {
+      auto u = parse_user(v);
+      if (!u) return u.error();
+      std::tie(o.uid, o.gid) = *u;
+    } else if (name == "on-exit") {
+      auto pol = host::on_exit_from_string(v);
+      if (!pol) return host::Error{fmt::format("--on-exit: expected stop, keep or remove, got '{}'", v)};
+      o.on_exit = *pol;
+    } else if (name == "timeout") {
+      auto ms = parse_seconds("timeout", v);
+      if (!ms) return ms.error();
+      o.timeout = *ms;
+    } else if (name == "grace") {
+      auto ms = parse_seconds("grace", v);
+      if (!ms) return ms.error();
+      o.grace = *ms;
+    } else if (name == "log-max-size") {
+      auto n = parse_size("log-max-size", v);
+      if (!n) return n.error();
+      o.log_max_size = *n;
+    } else if (name == "log-max-files") {
+      auto n = parse_uint("log-max-files", v, 1, 100);
+      if (!n) return n.error();
+      o.log_max_files = static_cast<unsigned>(*n);
+    } else if (name == "ready-timeout") {
+      auto ms = parse_seconds("ready-timeout", v);
+      if (!ms) return ms.error();
+      o.ready_timeout = *ms;
+    }
+  }
+  return o;
+}
+
+host::Status check_run(const RunFlags& o, const PlanInputs& in) {
+  if (o.sandbox && (!o.volumes.empty() || o.rootfs))
+    return host::Error{"--sandbox runs no VM: --volume and --rootfs need one"};
+  if (o.initrd && o.rootfs && o.rootfs_initramfs)
+    return host::Error{"--initrd and --rootfs --rootfs-mode initramfs exclude each other"};
+  if (o.rootfs && !in.rootfs_dir)
+    return host::Error{fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string())};
+  if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
+    return host::Error{"--read-only needs --rootfs DIR over virtiofs"};
+  for (const auto& v : o.volumes)
+    if (v.file && in.euid != 0)
+      return host::Error{fmt::format("--volume {}:{}: a single file is bind-mounted into a staging "
+                                     "share in a private mount namespace, which needs root",
+                                     v.host.string(), v.guest)};
+  if (!o.help && o.argv.empty()) return host::Error{"ARGV is required (neshost run [OPTIONS] -- ARGV...)"};
+  return host::Ok{};
+}
+
+namespace {
+
+/// The session: the descriptor's exec, stdio and hostname, and the host's policy.
+host::SessionConfig plan_session(const RunFlags& o, const PlanInputs& in) {
+  host::SessionConfig s;
+  s.vm = o.vm ? *o.vm : in.vm_id;
+  s.on_exit = o.on_exit;
+  s.ready_timeout = o.ready_timeout;
+  s.wall_timeout = o.timeout;
+  s.wall_from_started = true;  // the workload's limit, not the boot's
+  // The host's deadline from `shutdown` to QEMU's exit must cover the guest's own grace (SIGTERM
+  // .. SIGKILL) plus its report and power-off, or a slow workload's outcome would be cut off.
+  s.stop_timeout = o.grace + 5s;
+  // --grace is also how long the host waits after `stop` for the outcome before `shutdown`
+  // (`docker stop -t`): one grace for both ends, not the library's 10 s default.
+  s.grace = o.grace;
+  auto& ex = s.descriptor.exec;
+  ex.argv = o.argv;
+  ex.env = o.env;
+  // docker's default PATH when the user gave none (the init would resolve argv[0] without it, but
+  // the workload's own children need it too).
+  ex.env.try_emplace("PATH", proto::kDefaultPath);
+  ex.cwd = o.workdir;
+  ex.uid = o.uid;
+  ex.gid = o.gid;
+  ex.groups = o.groups;
+  // As docker's default (the container's id): a VM without -h is named after its id. Not in the
+  // sandbox, which shares the machine's UTS namespace and would only warn about it.
+  s.descriptor.hostname = o.hostname || o.sandbox ? o.hostname : std::optional<std::string>(s.vm);
+  s.descriptor.on_exit.terminal = o.on_exit != host::OnExitPolicy::keep;
+  // The workload's stdio on the data channel: stdin only with -i (else /dev/null, as docker), a
+  // PTY sized like our terminal with -t.
+  proto::Stdio stdio;
+  stdio.attach_stdin = o.interactive;
+  // What the init holds unsent per stream when the workload exits must fit its bounded final
+  // flush before power-off (about 1 s; virtio-serial under TCG moves a few MB/s): 256 KiB, not
+  // the 1 MiB default. Flow control keeps the stream lossless either way.
+  stdio.buffer_bytes = 256u << 10;
+  if (o.tty) {
+    TermSize t = in.terminal.value_or(TermSize{});
+    stdio.terminal = proto::Terminal{t.rows, t.cols};
+  }
+  s.descriptor.stdio = stdio;
+  return s;
+}
+
+/// Shares: one virtiofsd each, the root first (docs/vm.md "Shares"); their mounts go into the
+/// descriptor. Error: file volumes without a staging directory.
+host::Status plan_shares(const RunFlags& o, const PlanInputs& in, RunPlan& p) {
+  auto& desc = p.serve.session.descriptor;
+  auto daemon = [&](std::string tag, const fs::path& dir, bool ro) -> vm::VirtiofsdOptions& {
+    vm::VirtiofsdOptions vo;
+    vo.program = in.virtiofsd;
+    vo.socket = p.runtime_dir / (tag + ".sock");
+    vo.share = {std::move(tag), dir, ro};
+    return p.daemons.emplace_back(std::move(vo));
+  };
+  if (o.rootfs && !o.rootfs_initramfs) {
+    daemon(std::string(kRootShareTag), *in.rootfs_dir, o.read_only);
+    desc.root = proto::Root{std::string(kRootShareTag), o.read_only, proto::FsType::virtiofs};
+  }
+  // File volumes: one staging share for all of them. Each entry is both the daemon's bind (the
+  // host's file onto staging file N) and the guest's bind mount (kFileShareAt/N at `guest`),
+  // both made from it here, so the two cannot disagree.
+  std::vector<vm::FileBind> binds;
+  std::vector<proto::Mount> file_mounts;
+  for (std::size_t i = 0; i < o.volumes.size(); ++i) {
+    const auto& v = o.volumes[i];
+    if (v.file) {
+      // virtiofsd serves directories: the file is bind-mounted (in the daemon's own mount
+      // namespace) onto an empty file of a staging directory, shared once for every file volume;
+      // the guest binds each at its place after every directory is mounted.
+      if (!in.staging_dir) return host::Error{fmt::format("--volume {}: no staging directory", v.host.string())};
+      const std::string n = std::to_string(binds.size());
+      binds.push_back({v.host, *in.staging_dir / n, v.ro});
+      file_mounts.push_back(proto::Mount{fmt::format("{}/{}", kFileShareAt, n), v.guest, v.ro, proto::FsType::bind});
+      continue;
+    }
+    std::string tag = fmt::format("nes.v{}", i);
+    desc.mounts.push_back(proto::Mount{tag, v.guest, v.ro, proto::FsType::virtiofs});
+    daemon(std::move(tag), v.host, v.ro);
+  }
+  if (!binds.empty()) {
+    bool all_ro = std::all_of(binds.begin(), binds.end(), [](const auto& b) { return b.ro; });
+    daemon(std::string(kFileShareTag), *in.staging_dir, all_ro).binds = std::move(binds);
+    desc.mounts.push_back(
+        proto::Mount{std::string(kFileShareTag), std::string(kFileShareAt), all_ro, proto::FsType::virtiofs});
+    desc.mounts.insert(desc.mounts.end(), file_mounts.begin(), file_mounts.end());
+  }
+  return host::Ok{};
+}
+
+/// The kernel command line: the channel, the console's verbosity, the init's log level.
+vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in) {
+  vm::KernelCmdline kc;
+  kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
+  kc.extra = {"edd=off",  // the boot stub's "Probing EDD" line, before any log level applies
+              fmt::format("nesinit.grace_ms={}", o.grace.count())};
+  // The data channel's port, named (it is also the init's default next to virtio-port:nes.0).
+  kc.extra.push_back(std::string("nesinit.data=virtio-port:") + proto::kDataPortName);
+  // Extra kernel arguments for debugging (e.g. nesinit.log=debug), appended last.
+  if (!in.append.empty()) kc.extra.push_back(in.append);
+  return kc;
+}
+
+}  // namespace
+
+fs::path run_kernel(const RunFlags& o, const PlanInputs& in) { return o.kernel ? *o.kernel : in.default_kernel; }
+
+host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
+  if (auto c = check_run(o, in); !c) return c.error();
+  RunPlan p;
+  p.serve.session = plan_session(o, in);
+  p.vm = p.serve.session.vm;
+  p.state_dir = p.serve.state_dir = o.state ? *o.state : in.state_dir;
+  p.runtime_dir = in.runtime_dir;
+  p.channel_socket = in.runtime_dir / "channel.sock";
+  p.data_socket = in.runtime_dir / "data.sock";
+  p.serve.listen.kind = host::ListenSpec::Kind::unix_path;
+  p.serve.listen.path = p.channel_socket.string();
+  p.sandbox = o.sandbox;
+  p.mkinitrd = in.mkinitrd;
+  p.nesinit = in.nesinit;
+  if (!o.sandbox) {
+    // No kernel, no initramfs in the sandbox: the init runs on this host.
+    p.kernel = run_kernel(o, in);
+    if (o.rootfs && o.rootfs_initramfs) {
+      p.initrd = in.runtime_dir / "initrd.cpio";
+      p.initrd_from = *in.rootfs_dir;
+    } else {
+      p.initrd = o.initrd ? *o.initrd : in.default_initrd;
+    }
+  }
+  if (auto s = plan_shares(o, in, p); !s) return s.error();
+  p.cmdline = plan_cmdline(o, in);
+  if (o.sandbox) {
+    p.sandbox_argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", in.nesinit.string(),
+                      "--channel=unix:" + p.channel_socket.string(),
+                      // Dialled only for a descriptor with `stdio`; where `run` listens for it.
+                      "--data-channel=unix:" + p.data_socket.string(),
+                      fmt::format("--grace-ms={}", o.grace.count()), o.console ? "--log=info" : "--log=quiet"};
+  } else {
+    vm::QemuSpec spec;
+    spec.kernel = p.kernel;
+    spec.initrd = p.initrd;
+    spec.append = vm::kernel_cmdline(p.cmdline);
+    spec.mem_mib = o.mem;
+    spec.cpus = o.cpus;
+    spec.accel = in.accel;
+    spec.channel_socket = p.channel_socket;
+    spec.data_socket = p.data_socket;
+    for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
+    p.qemu = std::move(spec);
+  }
+  p.interactive = o.interactive;
+  p.tty = o.tty;
+  p.raw_terminal = o.tty && o.interactive && in.stdin_is_tty;
+  p.console = o.console;
+  p.workload_log.max_size = o.log_max_size;
+  p.workload_log.max_files = o.log_max_files;
+  p.grace = o.grace;
+  p.command = o.argv;
+  return p;
+}
+
+}  // namespace nes::cli

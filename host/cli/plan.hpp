@@ -1,0 +1,145 @@
+// `neshost run`'s plan: from its parsed flags, and the few facts about this host it needs (passed
+// in as plain values), to everything the run will do: the boot descriptor, the shares and their
+// daemons, the kernel command line, the QEMU spec (or the --sandbox command), the host side's
+// stdio and timeouts. One pure function, plan_run(); run.cpp gathers its inputs and carries the
+// plan out (docs/vm.md "`neshost run`").
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "host/cli/cli.hpp"
+#include "host/cli/flags.hpp"
+#include "host/cli/terminal.hpp"
+#include "host/lib/base.hpp"
+#include "host/lib/host.hpp"
+#include "host/lib/session.hpp"
+#include "host/vm/qemu_argv.hpp"
+#include "host/vm/virtiofsd.hpp"
+#include "host/vm/volume.hpp"
+
+namespace nes::cli {
+
+/// At most this many -v volumes: one vhost-user-fs-pci device each (PCI slots on q35's root bus
+/// are plentiful; this bounds the daemons one command line can start).
+inline constexpr std::size_t kMaxVolumes = 16;
+/// The share --rootfs DIR is served as (over virtiofs).
+inline constexpr std::string_view kRootShareTag = "nes.root";
+/// Where file volumes are staged: the share's tag, and where the guest mounts it before binding
+/// each file at its place (under the guest's /run, which the init provides in every root).
+inline constexpr std::string_view kFileShareTag = "nes.files";
+inline constexpr std::string_view kFileShareAt = "/run/nesinit/files";
+
+/// `neshost run`'s flags as parsed (kRunHelp in run.cpp documents each); defaults as there.
+struct RunFlags {
+  std::optional<std::filesystem::path> kernel, initrd, rootfs, state;
+  bool rootfs_initramfs = false;   // --rootfs-mode initramfs
+  std::vector<vm::Volume> volumes;
+  std::uint32_t mem = 256, cpus = 1;  // MiB, vCPUs
+  vm::Accel accel = vm::Accel::auto_probe;
+  std::map<std::string, std::string> env;
+  std::optional<std::string> workdir, hostname, vm;
+  std::uint32_t uid = 0, gid = 0;
+  std::vector<std::uint32_t> groups;  // --group-add
+  bool read_only = false;             // --read-only
+  host::OnExitPolicy on_exit = host::OnExitPolicy::stop;
+  std::optional<std::chrono::milliseconds> timeout;
+  std::chrono::milliseconds ready_timeout{30000};
+  std::chrono::milliseconds grace{10000};
+  bool console = false, help = false;
+  bool detach = false, sandbox = false;
+  bool interactive = false, tty = false;
+  std::uint64_t log_max_size = 10u << 20;  // bytes
+  unsigned log_max_files = 5;
+  std::vector<std::string> argv;  // the workload's ARGV (empty only with help)
+};
+
+/// "10m", "512k", "1g", "65536": bytes, docker's --log-opt max-size units (1024-based).
+/// At least 64 KiB, at most 1 TiB; errors name `flag` (`--FLAG: ...`).
+host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v);
+
+/// docker-run-style parsing: options until `--` or the first non-option; the rest is ARGV.
+/// Short forms as docker users type them (-d, -i, -t, -it, -e, -w, -v, -u, -h). Each value is
+/// checked alone (errors name the flag); what flags mean together is check_run()'s. Reads what
+/// docker reads at this point: each -v HOST (it must exist; vm::parse_volume) and, for `-e K`,
+/// K's value in our environment.
+host::Result<RunFlags> parse_run(const Args& args);
+
+/// What plan_run() needs from this host, as plain values; run.cpp gathers them (the probe, the
+/// environment, mkdtemp). `euid` and `rootfs_dir` are all check_run() reads.
+struct PlanInputs {
+  std::uint32_t euid = 0;  // geteuid(): file volumes need root
+  /// --rootfs DIR resolved (fs::canonical) if DIR is a directory; nullopt if it is not (an error).
+  std::optional<std::filesystem::path> rootfs_dir;
+  /// Used where no flag names them: $NESHOST_KERNEL / $NESHOST_INITRD or the build's defaults,
+  /// the init (for --sandbox and mkinitrd), scripts/mkinitrd.sh, the virtiofsd to run.
+  std::filesystem::path default_kernel, default_initrd, nesinit, mkinitrd, virtiofsd;
+  std::string vm_id;                    // the VM id when no --vm (random_vm_id())
+  std::filesystem::path state_dir;      // the state directory when no --state (default_state_dir())
+  vm::Accel accel = vm::Accel::tcg;     // --accel resolved (the probe's verdict; never auto_probe)
+  std::optional<TermSize> terminal;     // our terminal's size (stdin's, else stdout's); none: 24x80
+  bool stdin_is_tty = false;            // -it puts it in raw mode
+  std::filesystem::path runtime_dir;    // this run's private $TMPDIR/neshost-XXXXXX (sockets, initrd)
+  /// The file volumes' staging directory (another private mkdtemp, kept until the end); needed
+  /// iff a -v names a regular file.
+  std::optional<std::filesystem::path> staging_dir;
+  std::string append;  // $NESHOST_APPEND: extra kernel arguments, appended last; empty: none
+};
+
+/// Everything one `neshost run` does, decided up front.
+struct RunPlan {
+  /// serve_vm()'s config: the session (VM id, boot descriptor, on_exit, ready/wall/stop
+  /// timeouts, grace; its generation is begun by the caller), the channel's listener, state dir.
+  ServeConfig serve;
+  std::string vm;                       // == serve.session.vm
+  std::filesystem::path state_dir;      // == serve.state_dir
+  std::filesystem::path runtime_dir;    // as PlanInputs::runtime_dir
+  std::filesystem::path channel_socket, data_socket;  // in runtime_dir; we listen, QEMU dials
+  bool sandbox = false;                 // no VM: the init as PID 1 of a fresh pid + mount namespace
+  std::filesystem::path kernel;         // empty with --sandbox
+  std::filesystem::path initrd;         // empty with --sandbox
+  /// --rootfs DIR --rootfs-mode initramfs: `initrd` is built from this DIR (scripts/mkinitrd.sh,
+  /// with `nesinit` as /init) before QEMU starts; else `initrd` must exist.
+  std::optional<std::filesystem::path> initrd_from;
+  std::filesystem::path mkinitrd, nesinit;
+  /// One virtiofsd per share, in start order: the root (--rootfs over virtiofs), each directory
+  /// volume (tag nes.vI, I its -v index), then the file volumes' staging share (kFileShareTag,
+  /// whose `binds` each target an empty file staging_dir/N the caller creates). `log` is left
+  /// empty: the caller puts it in the VM's state dir.
+  std::vector<vm::VirtiofsdOptions> daemons;
+  vm::KernelCmdline cmdline;            // the kernel command line, as values
+  /// What QEMU runs (append = kernel_cmdline(cmdline), fs_devices = the daemons' sockets); nullopt
+  /// with --sandbox. vm::qemu_argv() checks it when the run launches it.
+  std::optional<vm::QemuSpec> qemu;
+  std::vector<std::string> sandbox_argv;  // --sandbox: unshare ... nesinit ...; else empty
+  /// Host-side stdio: forward our stdin (-i), the workload's terminal follows ours (-t, SIGWINCH),
+  /// raw mode on our terminal (-it with a terminal on stdin).
+  bool interactive = false, tty = false, raw_terminal = false;
+  bool console = false;                 // --console: the console and our events on stderr
+  host::WorkloadLogOptions workload_log;  // STATE/VM/workload.log's rotation
+  std::chrono::milliseconds grace{10000};  // --grace: also bounds the last writes after --timeout
+  std::vector<std::string> command;     // the workload's ARGV (the monitor record's `command`)
+};
+
+/// The flags' cross-checks, each a usage error naming the flags (as `neshost run` prints them,
+/// exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs not a
+/// directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume
+/// without root (inputs.euid); no ARGV (unless --help).
+host::Status check_run(const RunFlags& flags, const PlanInputs& inputs);
+
+/// The kernel the run boots: --kernel, else inputs.default_kernel (what the accelerator probe
+/// boots too, before the plan exists).
+std::filesystem::path run_kernel(const RunFlags& flags, const PlanInputs& inputs);
+
+/// The plan: pure (no I/O, no clock, no environment). Runs check_run() first and returns its
+/// error; else an error only if a file volume is given without inputs.staging_dir.
+host::Result<RunPlan> plan_run(const RunFlags& flags, const PlanInputs& inputs);
+
+}  // namespace nes::cli

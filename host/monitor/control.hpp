@@ -1,0 +1,164 @@
+// The monitor's control socket, as one typed definition (docs/host.md "Detached VMs"): every
+// request a client sends to `<state>/<vm>/control.sock` and every reply line the monitor sends
+// back, their exact text, and their bounds. The server (host/monitor/monitor.hpp
+// control_handler), the `neshost` commands (stop, kill, top, exec) and the containerd shim all
+// encode and parse through here, so the wire has one owner.
+//
+// The wire: one request line per connection, answered by one reply line (two or more for
+// `exec`: `ok waiting` while the workload is not yet started, `ok started`, then `ok exit` or
+// `error:`). Lines end with '\n' (not part of the text here); fields are separated by exactly
+// one space; numbers are decimal. The text is kept byte for byte as the monitors and clients of
+// before this definition wrote it, so old and new interoperate.
+//
+// Pure (no I/O): parse and encode only. parse_* never crash on any input and return an Error
+// whose message names the request or reply and the field; encode is total (a field over its
+// bound is cut to it, a '\n' inside free text becomes ' ', so one value is always one line) and
+// parse(encode(v)) == v for every v that validate() accepts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "host/lib/base.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::cli::control {
+
+/// The longest request line the control socket reads: bytes without '\n' (an `exec` with its
+/// environment).
+inline constexpr std::size_t kRequestMax = 64u << 10;
+/// The longest reply line a client reads: bytes without '\n' (a `ps` answer of 512 processes fits).
+inline constexpr std::size_t kReplyMax = 1u << 20;
+/// The longest `error: MESSAGE` message: bytes (encode cuts a longer one).
+inline constexpr std::size_t kErrorMessageMax = 4096;
+/// The longest `ok exit STATUS WHY` reason: bytes (encode cuts a longer one; the monitors before
+/// this definition cut it at the same length).
+inline constexpr std::size_t kExitWhyMax = 1024;
+
+// ---- requests ----
+
+/// `stop`: an ordered shutdown of the guest (what SIGTERM to `neshost run` does). Reply: Ok or
+/// Error.
+struct Stop {
+  bool operator==(const Stop&) const = default;
+};
+
+/// `kill SIGNAL` or `kill SIGNAL PROC`: signal SIGNAL (1..64) to the workload's process group, or
+/// to process PROC (1..65535, the number `ok started` gave) that `exec` started. Reply: Ok or
+/// Error.
+struct Kill {
+  int signal = 0;
+  std::optional<std::uint16_t> proc;
+  bool operator==(const Kill&) const = default;
+};
+
+/// `resize ROWS COLS` or `resize ROWS COLS PROC`: the terminal size of the workload (run -t), or
+/// of process PROC; ROWS, COLS and PROC each 1..65535. Reply: Ok or Error.
+struct Resize {
+  std::uint16_t rows = 0;
+  std::uint16_t cols = 0;
+  std::optional<std::uint16_t> proc;
+  bool operator==(const Resize&) const = default;
+};
+
+/// `ps`: the guest's processes (protocol `list_processes`). Reply: ProcessList or Error.
+struct Ps {
+  bool operator==(const Ps&) const = default;
+};
+
+/// `exec FLAGS JSON`: start another process in the guest (`neshost exec`, the shim's Exec). The
+/// request carries the client's fds 0, 1, 2 (SCM_RIGHTS) when JSON has `stdio`. FLAGS is `-`
+/// (none) or, each at most once and in any order, the letters `e` (the workload's environment
+/// with JSON's on top), `c` (the workload's cwd unless JSON sets one), `u` (the workload's
+/// uid/gid/groups); encoded in the order `ecu`. JSON is the protocol's `exec` message
+/// (protocol/codec.hpp; its `proc` is replaced by the monitor's number). Replies: Waiting (any
+/// number, while the VM boots), then Started and, once it ended and its output is written,
+/// Exited; or Error at any point instead.
+struct Exec {
+  bool env = false;
+  bool cwd = false;
+  bool user = false;
+  proto::ExecProcess process;
+  bool operator==(const Exec&) const = default;
+};
+
+/// Any control request.
+using Request = std::variant<Stop, Kill, Resize, Ps, Exec>;
+
+// ---- replies ----
+
+/// `ok`: the request was done.
+struct Ok {
+  bool operator==(const Ok&) const = default;
+};
+
+/// `error: MESSAGE`: the request was refused or failed; MESSAGE (possibly empty, at most
+/// kErrorMessageMax bytes, no '\n') says why. Final: nothing follows on the connection.
+struct Error {
+  std::string message;
+  bool operator==(const Error&) const = default;
+};
+
+/// `ok waiting for the workload to start` (parsed: `ok waiting` alone or followed by a space and
+/// any text): an `exec` waits for the workload to start; more lines follow.
+struct Waiting {
+  bool operator==(const Waiting&) const = default;
+};
+
+/// `ok started PID PROC`: an `exec`'s process runs as guest pid PID (1..2147483647), the
+/// monitor's process number PROC (1..65535: what `kill`/`resize` name). More lines follow.
+struct Started {
+  std::int32_t pid = 0;
+  std::uint16_t proc = 0;
+  bool operator==(const Started&) const = default;
+};
+
+/// `ok exit STATUS` or `ok exit STATUS WHY`: an `exec`'s process ended with exit status STATUS
+/// (0..255, docker exec's: the code, 128+N for signal N, 126/127 cannot start, 125 the host side
+/// failed) and its output was written; WHY (at most kExitWhyMax bytes, no '\n'; empty: none) says
+/// what went wrong, if anything. Final.
+struct Exited {
+  int status = 0;
+  std::string why;
+  bool operator==(const Exited&) const = default;
+};
+
+/// `ok JSON`, JSON the protocol's `processes` message (one line): the answer to `ps`. Final.
+struct ProcessList {
+  proto::Processes processes;
+  bool operator==(const ProcessList&) const = default;
+};
+
+/// Any reply line.
+using Reply = std::variant<Ok, Error, Waiting, Started, Exited, ProcessList>;
+
+/// Whether `r` ends its connection (Ok, Error, Exited, ProcessList) or more lines follow
+/// (Waiting, Started).
+bool is_final(const Reply& r);
+
+// ---- the codec ----
+
+/// The request line (without '\n'), e.g. `kill 9 3`.
+std::string encode(const Request& r);
+/// The reply line (without '\n'), e.g. `ok exit 0`.
+std::string encode(const Reply& r);
+
+/// One request line (without its '\n'). Errors name the request and the field, e.g.
+/// `kill: SIGNAL: expected an integer 1..64, got '65'`, `request: over 65536 bytes`,
+/// `unknown request 'frob'` (the text quoted at most 64 bytes, escaped).
+host::Result<Request> parse_request(std::string_view line);
+/// One reply line (without its '\n'). Errors name the reply and the field, e.g.
+/// `exit: STATUS: expected an integer 0..255, got '300'`, `unknown reply 'hello'`.
+host::Result<Reply> parse_reply(std::string_view line);
+
+/// Would the peer parse `r` back as `r`? Ok, else the error it would report (or one saying a
+/// field cannot be written as it is, e.g. a JSON string that is not UTF-8). Senders of values
+/// built from outside input check with it first.
+host::Status validate(const Request& r);
+host::Status validate(const Reply& r);
+
+}  // namespace nes::cli::control

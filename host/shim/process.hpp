@@ -1,0 +1,70 @@
+// One process of a task as the task API sees it (host/shim/task_service.cpp): the task's own
+// (neshost run, the VM's monitor) or one `Exec` added to it, as containerd's runc shim has one
+// process.Process for both. What every RPC reads or answers about a process lives here once:
+// its id, pid, stdio paths, terminal, phase, exit status and time, its stdin hold and waiters.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "containerd_pb.h"
+#include "host/lib/base.hpp"
+#include "host/shim/events.hpp"
+#include "host/shim/ttrpc.hpp"
+
+namespace nes::shim {
+
+/// Where a process is in its life. `none` (before Create) and `deleted` (after Delete) are the
+/// task's only; an exec is `created` when added and goes once it is deleted.
+enum class Phase { none, created, running, stopped, deleted };
+
+/// A process's own ends of its three streams, to hand to whoever runs it.
+struct Streams {
+  host::Fd in, out, err;
+};
+
+/// Opens containerd's stream at `path` for a child: its FIFO (non-blocking open, then blocking;
+/// an output FIFO without a reader is opened read-write, so output waits in it), `file://PATH`
+/// (output only: appended to a regular file, as runc's shim takes ctr's --log-uri), or /dev/null
+/// when empty. Errors name the path and the errno.
+host::Result<host::Fd> open_stdio(const std::string& path, bool input);
+
+/// One process: the task's (`exec` false; `id` the task's) or an exec's (`id` its exec id).
+struct Process {
+  std::string id;
+  bool exec = false;
+  std::uint32_t pid = 0;  // the task's: neshost run's (0 until started); an exec's: in the guest
+  std::string stdin_path, stdout_path, stderr_path;  // containerd's; empty: none (/dev/null)
+  bool terminal = false;
+  Phase phase = Phase::none;
+  std::uint32_t exit_status = 0;
+  std::int64_t exited_at_ns = 0;  // CLOCK_REALTIME, ns
+  // A writer of the shim's own on the stdin FIFO, as runc's shim holds one: a client that
+  // detaches (its writer closed) is not the process's EOF; CloseIO (stdin) is.
+  host::Fd stdin_hold;
+  std::vector<ttrpc::Respond> waiters;  // Wait calls answered at its exit
+
+  /// containerd's status for `phase` (none and deleted: STOPPED).
+  containerd::v1::types::Status status() const;
+  /// State's answer (`bundle`: the task's). The task's pid before it started is the shim's own.
+  containerd::task::v2::StateResponse state(const std::string& bundle) const;
+  /// Wait's answer: the exit status and time.
+  containerd::task::v2::WaitResponse wait_response() const;
+  /// Delete's answer: the pid, exit status and time.
+  containerd::task::v2::DeleteResponse delete_response() const;
+  /// Opens its three streams (open_stdio) and, with a stdin, the stdin hold (after the read end
+  /// is open, so the non-blocking writer's open succeeds at once). Errors: open_stdio's.
+  host::Result<Streams> open_streams();
+  /// It ended with `status` at `at_ns`: stopped, its stdin hold closed.
+  void stop(std::uint32_t status, std::int64_t at_ns);
+  /// Publishes its /tasks/exit (`container`: the task's id) and answers every waiter.
+  void report_exit(Publisher& events, const std::string& container);
+};
+
+/// CLOCK_REALTIME now, ns.
+std::int64_t now_ns();
+/// Sets `t` to `ns` (CLOCK_REALTIME ns).
+void set_time(google::protobuf::Timestamp* t, std::int64_t ns);
+
+}  // namespace nes::shim

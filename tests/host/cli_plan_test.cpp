@@ -1,0 +1,459 @@
+// `neshost run`'s plan (host/cli/plan.hpp) alone: parse_run() then plan_run() over plain inputs,
+// case by case, asserting on the boot descriptor's fields and the QEMU spec's values; and every
+// usage error with its text. Volumes need real host paths: a temp dir, removed at the end.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "host/cli/plan.hpp"
+#include "protocol/channels.hpp"
+#include "protocol/limits.hpp"
+
+using namespace nes;
+using namespace nes::cli;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// The inputs run.cpp would gather, as fixed values.
+PlanInputs inputs() {
+  PlanInputs in;
+  in.euid = 0;
+  in.default_kernel = "/k/vmlinuz";
+  in.default_initrd = "/k/initrd.cpio";
+  in.nesinit = "/b/nesinit";
+  in.mkinitrd = "/b/mkinitrd";
+  in.virtiofsd = "/b/virtiofsd";
+  in.vm_id = "vm-0123abcd";
+  in.state_dir = "/state";
+  in.accel = vm::Accel::tcg;
+  in.runtime_dir = "/tmp/neshost-AAAAAA";
+  return in;
+}
+
+host::Result<RunPlan> plan(const Args& args, const PlanInputs& in = inputs()) {
+  auto f = parse_run(args);
+  if (!f) return f.error();
+  return plan_run(*f, in);
+}
+
+/// The error text for `args` (what `neshost run` prints after "neshost run: "), "" if none.
+std::string error_of(const Args& args, const PlanInputs& in = inputs()) {
+  auto p = plan(args, in);
+  return p ? std::string() : p.error().message;
+}
+
+/// A private temp dir, removed with everything in it.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "cli-plan-XXXXXX").string();
+    REQUIRE(::mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  fs::path dir(const std::string& name) const {
+    fs::create_directories(path / name);
+    return path / name;
+  }
+  fs::path file(const std::string& name) const {
+    std::ofstream(path / name) << "x\n";
+    return path / name;
+  }
+};
+
+using Strings = std::vector<std::string>;
+
+}  // namespace
+
+TEST_CASE("defaults: the descriptor, the session's policy, the QEMU spec") {
+  auto p = plan({"sh", "-c", "echo hi"});
+  REQUIRE(p);
+  CHECK(p->vm == "vm-0123abcd");
+  CHECK(p->state_dir == "/state");
+  CHECK(p->serve.state_dir == "/state");
+  const auto& s = p->serve.session;
+  CHECK(s.vm == "vm-0123abcd");
+  CHECK(s.on_exit == host::OnExitPolicy::stop);
+  CHECK(s.ready_timeout == 30s);
+  CHECK(!s.wall_timeout);
+  CHECK(s.wall_from_started);
+  CHECK(s.grace == 10s);
+  CHECK(s.stop_timeout == 15s);  // the guest's grace + 5 s
+  const auto& d = s.descriptor;
+  CHECK(d.exec.argv == Strings{"sh", "-c", "echo hi"});
+  CHECK(d.exec.env == std::map<std::string, std::string>{{"PATH", proto::kDefaultPath}});
+  CHECK(!d.exec.cwd);
+  CHECK(d.exec.uid == 0);
+  CHECK(d.exec.gid == 0);
+  CHECK(d.exec.groups.empty());
+  CHECK(d.hostname == std::optional<std::string>("vm-0123abcd"));  // as docker: the id
+  CHECK(d.on_exit.terminal);
+  CHECK(!d.root);
+  CHECK(d.mounts.empty());
+  REQUIRE(d.stdio);
+  CHECK(!d.stdio->attach_stdin);
+  CHECK(!d.stdio->terminal);
+  CHECK(d.stdio->buffer_bytes == 256u << 10);
+  // The channel: we listen in the runtime dir, QEMU dials.
+  CHECK(p->channel_socket == "/tmp/neshost-AAAAAA/channel.sock");
+  CHECK(p->data_socket == "/tmp/neshost-AAAAAA/data.sock");
+  CHECK(p->serve.listen.kind == host::ListenSpec::Kind::unix_path);
+  CHECK(p->serve.listen.path == "/tmp/neshost-AAAAAA/channel.sock");
+  CHECK(!p->sandbox);
+  CHECK(p->sandbox_argv.empty());
+  CHECK(p->daemons.empty());
+  CHECK(!p->initrd_from);
+  REQUIRE(p->qemu);
+  const auto& q = *p->qemu;
+  CHECK(q.kernel == "/k/vmlinuz");
+  CHECK(q.initrd == std::optional<fs::path>("/k/initrd.cpio"));
+  CHECK(q.mem_mib == 256);
+  CHECK(q.cpus == 1);
+  CHECK(q.accel == vm::Accel::tcg);
+  CHECK(q.channel_socket == std::optional<fs::path>(p->channel_socket));
+  CHECK(q.data_socket == std::optional<fs::path>(p->data_socket));
+  CHECK(q.fs_devices.empty());
+  CHECK(p->cmdline.console == vm::ConsoleLevel::quiet);
+  CHECK(p->cmdline.extra ==
+        Strings{"edd=off", "nesinit.grace_ms=10000", std::string("nesinit.data=virtio-port:") + proto::kDataPortName});
+  CHECK(q.append == vm::kernel_cmdline(p->cmdline));
+  CHECK(vm::qemu_argv(q));  // a spec QEMU's argv builder accepts
+  CHECK(!p->interactive);
+  CHECK(!p->tty);
+  CHECK(!p->raw_terminal);
+  CHECK(!p->console);
+  CHECK(p->workload_log.max_size == 10u << 20);
+  CHECK(p->workload_log.max_files == 5);
+  CHECK(p->grace == 10s);
+  CHECK(p->command == Strings{"sh", "-c", "echo hi"});
+}
+
+TEST_CASE("--vm, --state, --hostname, --console, NESHOST_APPEND") {
+  PlanInputs in = inputs();
+  in.append = "nesinit.log=debug";
+  auto p = plan({"--vm", "web.1", "--state", "/s", "-h", "box", "--console", "--", "true"}, in);
+  REQUIRE(p);
+  CHECK(p->vm == "web.1");
+  CHECK(p->serve.session.vm == "web.1");
+  CHECK(p->state_dir == "/s");
+  CHECK(p->serve.session.descriptor.hostname == std::optional<std::string>("box"));
+  CHECK(p->console);
+  CHECK(p->cmdline.console == vm::ConsoleLevel::full);
+  CHECK(p->cmdline.extra.back() == "nesinit.log=debug");  // appended last
+}
+
+TEST_CASE("-e/--env, -w, -u, --group-add") {
+  ::setenv("CLI_PLAN_FROM_HERE", "here", 1);
+  ::unsetenv("CLI_PLAN_UNSET");
+  auto p = plan({"-e", "A=1", "--env=B=x=y", "-e", "CLI_PLAN_FROM_HERE", "-e", "CLI_PLAN_UNSET", "-e", "PATH=/bin",
+                 "-w", "/srv", "-u", "1000:100", "--group-add", "5", "--group-add", "6", "id"});
+  REQUIRE(p);
+  const auto& ex = p->serve.session.descriptor.exec;
+  CHECK(ex.env == std::map<std::string, std::string>{
+                      {"A", "1"}, {"B", "x=y"}, {"CLI_PLAN_FROM_HERE", "here"}, {"PATH", "/bin"}});  // ours wins
+  CHECK(ex.cwd == std::optional<std::string>("/srv"));
+  CHECK(ex.uid == 1000);
+  CHECK(ex.gid == 100);
+  CHECK(ex.groups == std::vector<std::uint32_t>{5, 6});
+  // The last -e for a key wins; GID alone defaults to UID.
+  auto q = plan({"-e", "A=1", "-e", "A=2", "-u", "7", "id"});
+  REQUIRE(q);
+  CHECK(q->serve.session.descriptor.exec.env.at("A") == "2");
+  CHECK(q->serve.session.descriptor.exec.uid == 7);
+  CHECK(q->serve.session.descriptor.exec.gid == 7);
+  ::unsetenv("CLI_PLAN_FROM_HERE");
+}
+
+TEST_CASE("-v: one share each (tag, socket, ro), in order, mounted by the descriptor") {
+  TempDir t;
+  const fs::path a = t.dir("a"), b = t.dir("b");
+  auto p = plan({"-v", a.string() + ":/data", "-v", b.string() + ":/opt/b/:ro", "true"});
+  REQUIRE(p);
+  REQUIRE(p->daemons.size() == 2);
+  CHECK(p->daemons[0].share.tag == "nes.v0");
+  CHECK(p->daemons[0].share.dir == fs::canonical(a));
+  CHECK(!p->daemons[0].share.ro);
+  CHECK(p->daemons[0].socket == "/tmp/neshost-AAAAAA/nes.v0.sock");
+  CHECK(p->daemons[0].program == "/b/virtiofsd");
+  CHECK(p->daemons[0].binds.empty());
+  CHECK(p->daemons[1].share.tag == "nes.v1");
+  CHECK(p->daemons[1].share.ro);
+  const auto& m = p->serve.session.descriptor.mounts;
+  CHECK(m == std::vector<proto::Mount>{{"nes.v0", "/data", false, proto::FsType::virtiofs},
+                                       {"nes.v1", "/opt/b", true, proto::FsType::virtiofs}});
+  REQUIRE(p->qemu);
+  REQUIRE(p->qemu->fs_devices.size() == 2);
+  CHECK(p->qemu->fs_devices[1].tag == "nes.v1");
+  CHECK(p->qemu->fs_devices[1].socket == p->daemons[1].socket);
+  CHECK(vm::qemu_argv(*p->qemu));
+}
+
+TEST_CASE("-v FILE: one staging share for every file, bound at its place after the directories") {
+  TempDir t;
+  const fs::path d = t.dir("d"), f1 = t.file("hosts"), f2 = t.file("resolv");
+  PlanInputs in = inputs();
+  in.staging_dir = "/tmp/neshost-STAGE0";
+  auto p = plan({"-v", f1.string() + ":/etc/hosts:ro", "-v", d.string() + ":/d", "-v", f2.string() + ":/etc/resolv.conf",
+                 "true"},
+                in);
+  REQUIRE(p);
+  REQUIRE(p->daemons.size() == 2);
+  CHECK(p->daemons[0].share.tag == "nes.v1");  // the -v index, file volumes counted
+  const auto& st = p->daemons[1];
+  CHECK(st.share.tag == kFileShareTag);
+  CHECK(st.share.dir == "/tmp/neshost-STAGE0");
+  CHECK(!st.share.ro);  // not every file is read-only
+  REQUIRE(st.binds.size() == 2);
+  CHECK(st.binds[0].source == fs::canonical(f1));
+  CHECK(st.binds[0].target == "/tmp/neshost-STAGE0/0");
+  CHECK(st.binds[0].ro);
+  CHECK(st.binds[1].target == "/tmp/neshost-STAGE0/1");
+  CHECK(!st.binds[1].ro);
+  CHECK(p->serve.session.descriptor.mounts ==
+        std::vector<proto::Mount>{{"nes.v1", "/d", false, proto::FsType::virtiofs},
+                                  {"nes.files", "/run/nesinit/files", false, proto::FsType::virtiofs},
+                                  {"/run/nesinit/files/0", "/etc/hosts", true, proto::FsType::bind},
+                                  {"/run/nesinit/files/1", "/etc/resolv.conf", false, proto::FsType::bind}});
+  // All read-only: the staging share is too.
+  auto q = plan({"-v", f1.string() + ":/etc/hosts:ro", "true"}, in);
+  REQUIRE(q);
+  CHECK(q->daemons.at(0).share.ro);
+  // Without root: a usage error naming the volume; without a staging dir: an error, not a crash.
+  PlanInputs user = in;
+  user.euid = 1000;
+  CHECK(error_of({"-v", f1.string() + ":/etc/hosts", "true"}, user) ==
+        "--volume " + fs::canonical(f1).string() +
+            ":/etc/hosts: a single file is bind-mounted into a staging share in a private mount namespace, "
+            "which needs root");
+  CHECK(error_of({"-v", f1.string() + ":/etc/hosts", "true"}) ==
+        "--volume " + fs::canonical(f1).string() + ": no staging directory");
+}
+
+TEST_CASE("-v: bad paths, duplicates and too many are errors naming --volume") {
+  TempDir t;
+  const fs::path a = t.dir("a");
+  const std::string missing = (t.path / "nope").string();
+  CHECK(error_of({"-v", missing + ":/x", "true"}) ==
+        "--volume '" + missing + ":/x': HOST " + missing + " does not exist (expected HOST:GUEST[:ro])");
+  CHECK(error_of({"-v", a.string() + ":rel", "true"}) ==
+        "--volume '" + a.string() + ":rel': GUEST must be an absolute path (expected HOST:GUEST[:ro])");
+  CHECK(error_of({"-v", a.string() + ":/proc/x", "true"}) ==
+        "--volume '" + a.string() +
+            ":/proc/x': GUEST must not be /proc or below it (the init mounts it) (expected HOST:GUEST[:ro])");
+  CHECK(error_of({"-v", a.string() + ":/x:rx", "true"}) ==
+        "--volume '" + a.string() + ":/x:rx': option 'rx' is not ro or rw (expected HOST:GUEST[:ro])");
+  CHECK(error_of({"-v", a.string() + ":/x", "-v", a.string() + ":/x/", "true"}) == "--volume: GUEST /x is given twice");
+  Args many;
+  std::vector<std::string> keep;
+  for (int i = 0; i <= 16; ++i) keep.push_back(a.string() + ":/v" + std::to_string(i));
+  for (const auto& k : keep) many.insert(many.end(), {"-v", k});
+  many.push_back("true");
+  CHECK(error_of(many) == "--volume: at most 16 volumes");
+  many.erase(many.end() - 3, many.end() - 1);  // 16 is fine
+  CHECK(plan(many));
+}
+
+TEST_CASE("-i, -t, -d and their combinations") {
+  PlanInputs in = inputs();
+  in.terminal = TermSize{40, 120};
+  in.stdin_is_tty = true;
+  auto i = plan({"-i", "cat"}, in);
+  REQUIRE(i);
+  CHECK(i->interactive);
+  CHECK(i->serve.session.descriptor.stdio->attach_stdin);
+  CHECK(!i->serve.session.descriptor.stdio->terminal);
+  CHECK(!i->raw_terminal);
+  auto t = plan({"-t", "top"}, in);
+  REQUIRE(t);
+  CHECK(t->tty);
+  CHECK(!t->serve.session.descriptor.stdio->attach_stdin);
+  CHECK(t->serve.session.descriptor.stdio->terminal == proto::Terminal{40, 120});
+  CHECK(!t->raw_terminal);  // raw mode only with -i too
+  auto it = plan({"-it", "sh"}, in);
+  REQUIRE(it);
+  CHECK(it->interactive);
+  CHECK(it->tty);
+  CHECK(it->raw_terminal);
+  // No terminal here (e.g. -d's monitor, or a pipe): 24x80, no raw mode.
+  PlanInputs piped = inputs();
+  auto np = plan({"-it", "sh"}, piped);
+  REQUIRE(np);
+  CHECK(np->serve.session.descriptor.stdio->terminal == proto::Terminal{24, 80});
+  CHECK(!np->raw_terminal);
+  // -d is carried out before the plan (the monitor's fork); the plan is the same as without it.
+  auto d = plan({"-d", "--vm", "bg", "sleep", "9"});
+  REQUIRE(d);
+  auto nd = plan({"--vm", "bg", "sleep", "9"});
+  REQUIRE(nd);
+  CHECK(d->serve.session.descriptor == nd->serve.session.descriptor);
+  auto f = parse_run({"-dit", "sh"});
+  REQUIRE(f);
+  CHECK(f->detach);
+  CHECK(f->interactive);
+  CHECK(f->tty);
+}
+
+TEST_CASE("--timeout, --grace, --ready-timeout, --on-exit") {
+  auto p = plan({"--timeout", "5", "--grace", "2.5", "--ready-timeout", "3", "true"});
+  REQUIRE(p);
+  const auto& s = p->serve.session;
+  CHECK(s.wall_timeout == std::optional(std::chrono::milliseconds(5000)));
+  CHECK(s.grace == 2500ms);
+  CHECK(s.stop_timeout == 7500ms);
+  CHECK(s.ready_timeout == 3s);
+  CHECK(p->grace == 2500ms);
+  CHECK(p->cmdline.extra.at(1) == "nesinit.grace_ms=2500");
+  auto keep = plan({"--on-exit", "keep", "true"});
+  REQUIRE(keep);
+  CHECK(keep->serve.session.on_exit == host::OnExitPolicy::keep);
+  CHECK(!keep->serve.session.descriptor.on_exit.terminal);
+  auto rm = plan({"--on-exit=remove", "true"});
+  REQUIRE(rm);
+  CHECK(rm->serve.session.on_exit == host::OnExitPolicy::remove);
+  CHECK(rm->serve.session.descriptor.on_exit.terminal);
+  auto logs = plan({"--log-max-size", "64k", "--log-max-files", "1", "true"});
+  REQUIRE(logs);
+  CHECK(logs->workload_log.max_size == 64u << 10);
+  CHECK(logs->workload_log.max_files == 1);
+}
+
+TEST_CASE("--sandbox: no VM, the init under unshare") {
+  auto p = plan({"--sandbox", "--grace", "1", "true"});
+  REQUIRE(p);
+  CHECK(p->sandbox);
+  CHECK(!p->qemu);
+  CHECK(p->kernel.empty());
+  CHECK(p->initrd.empty());
+  CHECK(p->sandbox_argv ==
+        Strings{"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "/b/nesinit",
+                "--channel=unix:/tmp/neshost-AAAAAA/channel.sock", "--data-channel=unix:/tmp/neshost-AAAAAA/data.sock",
+                "--grace-ms=1000", "--log=quiet"});
+  CHECK(!p->serve.session.descriptor.hostname);  // the machine's UTS namespace: none unless -h
+  auto c = plan({"--sandbox", "--console", "-h", "x", "true"});
+  REQUIRE(c);
+  CHECK(c->sandbox_argv.back() == "--log=info");
+  CHECK(c->serve.session.descriptor.hostname == std::optional<std::string>("x"));
+}
+
+TEST_CASE("--kernel, --initrd, --rootfs (virtiofs and initramfs), --read-only") {
+  auto k = plan({"--kernel", "/my/bzImage", "--initrd", "/my/initrd", "true"});
+  REQUIRE(k);
+  CHECK(k->kernel == "/my/bzImage");
+  CHECK(k->qemu->kernel == "/my/bzImage");
+  CHECK(k->qemu->initrd == std::optional<fs::path>("/my/initrd"));
+  CHECK(!k->initrd_from);
+  CHECK(run_kernel(*parse_run({"--kernel", "/my/bzImage", "true"}), inputs()) == "/my/bzImage");
+  CHECK(run_kernel(*parse_run({"true"}), inputs()) == "/k/vmlinuz");
+
+  PlanInputs in = inputs();
+  in.rootfs_dir = "/real/root";  // what run.cpp resolved --rootfs to
+  auto r = plan({"--rootfs", "root", "--read-only", "true"}, in);
+  REQUIRE(r);
+  REQUIRE(r->daemons.size() == 1);
+  CHECK(r->daemons[0].share.tag == kRootShareTag);
+  CHECK(r->daemons[0].share.dir == "/real/root");
+  CHECK(r->daemons[0].share.ro);
+  CHECK(r->serve.session.descriptor.root == proto::Root{"nes.root", true, proto::FsType::virtiofs});
+  CHECK(r->qemu->initrd == std::optional<fs::path>("/k/initrd.cpio"));
+  CHECK(r->qemu->fs_devices.at(0).tag == "nes.root");
+
+  auto ir = plan({"--rootfs", "root", "--rootfs-mode", "initramfs", "true"}, in);
+  REQUIRE(ir);
+  CHECK(ir->daemons.empty());
+  CHECK(!ir->serve.session.descriptor.root);
+  CHECK(ir->initrd == "/tmp/neshost-AAAAAA/initrd.cpio");
+  CHECK(ir->initrd_from == std::optional<fs::path>("/real/root"));
+  CHECK(ir->qemu->initrd == std::optional<fs::path>(ir->initrd));
+  CHECK(ir->mkinitrd == "/b/mkinitrd");
+  CHECK(ir->nesinit == "/b/nesinit");
+}
+
+TEST_CASE("--mem, --cpus, the accelerator") {
+  PlanInputs in = inputs();
+  in.accel = vm::Accel::kvm;  // the probe's verdict for --accel auto
+  auto p = plan({"--mem", "1024", "--cpus", "4", "true"}, in);
+  REQUIRE(p);
+  CHECK(p->qemu->mem_mib == 1024);
+  CHECK(p->qemu->cpus == 4);
+  CHECK(p->qemu->accel == vm::Accel::kvm);
+  auto f = parse_run({"--accel", "tcg", "true"});
+  REQUIRE(f);
+  CHECK(f->accel == vm::Accel::tcg);
+  CHECK(parse_run({"true"})->accel == vm::Accel::auto_probe);
+  CHECK(parse_run({"--accel=kvm", "true"})->accel == vm::Accel::kvm);
+}
+
+TEST_CASE("every usage error, with the text neshost run prints") {
+  PlanInputs in = inputs();
+  in.rootfs_dir = "/real/root";
+  PlanInputs no_dir = inputs();  // --rootfs DIR that is not a directory
+  struct Case {
+    Args args;
+    std::string error;
+    const PlanInputs* in = nullptr;
+  };
+  const std::vector<Case> cases = {
+      {{}, "ARGV is required (neshost run [OPTIONS] -- ARGV...)"},
+      {{"--console"}, "ARGV is required (neshost run [OPTIONS] -- ARGV...)"},
+      {{"--bogus", "true"}, "unknown flag --bogus"},
+      {{"-x", "true"}, "unknown flag -x"},
+      {{"--state"}, "--state needs a value"},
+      {{"--tty=yes", "true"}, "--tty takes no value"},
+      {{"--mem", "32", "true"}, "--mem: expected an integer 64..1048576, got '32'"},
+      {{"--cpus", "0", "true"}, "--cpus: expected an integer 1..64, got '0'"},
+      {{"--cpus", "many", "true"}, "--cpus: expected an integer 1..64, got 'many'"},
+      {{"--accel", "hvf", "true"}, "--accel: expected tcg, kvm or auto, got 'hvf'"},
+      {{"--on-exit", "pause", "true"}, "--on-exit: expected stop, keep or remove, got 'pause'"},
+      {{"--timeout", "0", "true"}, "--timeout: expected seconds > 0 (e.g. 30 or 0.5), got '0'"},
+      {{"--grace", "-1", "true"}, "--grace: expected seconds > 0 (e.g. 30 or 0.5), got '-1'"},
+      {{"--ready-timeout", "x", "true"}, "--ready-timeout: expected seconds > 0 (e.g. 30 or 0.5), got 'x'"},
+      {{"--log-max-size", "1k", "true"}, "--log-max-size: 1k is below the minimum 64k"},
+      {{"--log-max-size", "10q", "true"}, "--log-max-size: expected bytes with an optional k, m or g, got '10q'"},
+      {{"--log-max-files", "0", "true"}, "--log-max-files: expected an integer 1..100, got '0'"},
+      {{"--rootfs-mode", "9p", "true"}, "--rootfs-mode: expected virtiofs or initramfs, got '9p'"},
+      {{"--vm", "-x", "true"}, "--vm: vm id '-x' starts with '-'"},
+      {{"--vm", "a/b", "true"}, "--vm: vm id may hold only [A-Za-z0-9._-]; got byte 0x2f"},
+      {{"-w", "rel", "true"}, "--workdir: 'rel' is not an absolute path"},
+      {{"-u", "me", "true"}, "--user: expected UID[:GID] (numbers), got 'me'"},
+      {{"-e", "=v", "true"}, "--env: expected K=V or K, got '=v'"},
+      {{"--group-add", "x", "true"}, "--group-add: expected an integer 0..4294967294, got 'x'"},
+      {{"--sandbox", "--rootfs", "/r", "true"}, "--sandbox runs no VM: --volume and --rootfs need one", &in},
+      {{"--initrd", "/i", "--rootfs", "/r", "--rootfs-mode", "initramfs", "true"},
+       "--initrd and --rootfs --rootfs-mode initramfs exclude each other", &in},
+      {{"--rootfs", "/not/a/dir", "true"}, "--rootfs: '/not/a/dir' is not a directory", &no_dir},
+      {{"--read-only", "true"}, "--read-only needs --rootfs DIR over virtiofs"},
+      {{"--read-only", "--rootfs", "/r", "--rootfs-mode", "initramfs", "true"},
+       "--read-only needs --rootfs DIR over virtiofs", &in},
+  };
+  for (const auto& c : cases) {
+    std::string joined;
+    for (auto a : c.args) joined += std::string(a) + " ";
+    CAPTURE(joined);
+    CHECK(error_of(c.args, c.in ? *c.in : inputs()) == c.error);
+  }
+  // 64 --group-add at most.
+  Args groups;
+  for (int i = 0; i < 65; ++i) groups.insert(groups.end(), {"--group-add", "1"});
+  groups.push_back("true");
+  CHECK(error_of(groups) == "--group-add: at most 64 groups");
+  // --help needs no ARGV, and check_run() alone says the same as plan_run().
+  auto h = parse_run({"--help"});
+  REQUIRE(h);
+  CHECK(h->help);
+  CHECK(check_run(*h, inputs()));
+  auto r = parse_run({"--read-only", "true"});
+  REQUIRE(r);
+  CHECK(check_run(*r, inputs()).error().message == "--read-only needs --rootfs DIR over virtiofs");
+}

@@ -1,0 +1,414 @@
+// The monitor's control socket (host/monitor/control.hpp, monitor.hpp): every request and reply
+// encoded to its exact text and parsed back, every malformed field refused with its error text,
+// the bounds on each side of the limit; then the real server (ControlServer + control_handler)
+// over a real Unix socket with fake handlers (no VM) against the real clients: stop, kill, ps,
+// an exec's waiting/started/exit sequence, errors and malformed lines. No sleeps: every wait is
+// a blocking read that the server's reply ends; the server's loop thread is joined, the temp dir
+// removed.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <fmt/format.h>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "host/monitor/control.hpp"
+#include "host/monitor/monitor.hpp"
+#include "protocol/codec.hpp"
+#include "tests/support/temp_dir.hpp"
+
+using namespace nes;
+using namespace nes::cli;
+namespace ctl = nes::cli::control;
+namespace fs = std::filesystem;
+
+namespace {
+
+proto::ExecProcess sample_exec() {
+  proto::ExecProcess m;
+  m.proc = 1;
+  m.exec.argv = {"sh", "-c", "true"};
+  return m;
+}
+constexpr std::string_view kSampleExecJson =
+    R"({"type":"exec","proc":1,"exec":{"argv":["sh","-c","true"],"env":{},"cwd":null,"uid":0,"gid":0}})";
+
+proto::Processes sample_processes() {
+  proto::Processes p;
+  p.processes.push_back({1, 0, 0, "/sbin/nesinit"});
+  p.processes.push_back({7, 1, 1000, "sleep 1000"});
+  return p;
+}
+
+/// The error parse_request(line) gives ("" when it parses).
+std::string request_error(std::string_view line) {
+  auto r = ctl::parse_request(line);
+  return r ? std::string() : r.error().message;
+}
+std::string reply_error(std::string_view line) {
+  auto r = ctl::parse_reply(line);
+  return r ? std::string() : r.error().message;
+}
+
+void check_request(const ctl::Request& r, std::string_view line) {
+  CAPTURE(line);
+  CHECK(ctl::encode(r) == line);
+  auto back = ctl::parse_request(line);
+  REQUIRE(back.ok());
+  CHECK(*back == r);
+  CHECK(ctl::validate(r).ok());
+}
+
+void check_reply(const ctl::Reply& r, std::string_view line) {
+  CAPTURE(line);
+  CHECK(ctl::encode(r) == line);
+  auto back = ctl::parse_reply(line);
+  REQUIRE(back.ok());
+  CHECK(*back == r);
+  CHECK(ctl::validate(r).ok());
+}
+
+}  // namespace
+
+TEST_CASE("every request: its exact line, and back") {
+  check_request(ctl::Stop{}, "stop");
+  check_request(ctl::Ps{}, "ps");
+  check_request(ctl::Kill{9, std::nullopt}, "kill 9");
+  check_request(ctl::Kill{15, 3}, "kill 15 3");
+  check_request(ctl::Kill{1, 65535}, "kill 1 65535");
+  check_request(ctl::Kill{64, std::nullopt}, "kill 64");
+  check_request(ctl::Resize{24, 80, std::nullopt}, "resize 24 80");
+  check_request(ctl::Resize{50, 132, 7}, "resize 50 132 7");
+  check_request(ctl::Resize{65535, 1, 65535}, "resize 65535 1 65535");
+  check_request(ctl::Exec{false, false, false, sample_exec()}, "exec - " + std::string(kSampleExecJson));
+  check_request(ctl::Exec{true, true, true, sample_exec()}, "exec ecu " + std::string(kSampleExecJson));
+  check_request(ctl::Exec{true, false, false, sample_exec()}, "exec e " + std::string(kSampleExecJson));
+  check_request(ctl::Exec{true, false, true, sample_exec()}, "exec eu " + std::string(kSampleExecJson));
+  // FLAGS in any order parse the same; written back in the order ecu.
+  auto any_order = ctl::parse_request("exec uce " + std::string(kSampleExecJson));
+  REQUIRE(any_order.ok());
+  CHECK(*any_order == ctl::Request{ctl::Exec{true, true, true, sample_exec()}});
+  // A number with leading zeros is the number (written back without them).
+  auto zeros = ctl::parse_request("kill 009 0003");
+  REQUIRE(zeros.ok());
+  CHECK(*zeros == ctl::Request{ctl::Kill{9, 3}});
+}
+
+TEST_CASE("every reply: its exact line, and back") {
+  check_reply(ctl::Ok{}, "ok");
+  check_reply(ctl::Error{"no such process"}, "error: no such process");
+  check_reply(ctl::Error{""}, "error: ");
+  check_reply(ctl::Waiting{}, "ok waiting for the workload to start");
+  check_reply(ctl::Started{1234, 2}, "ok started 1234 2");
+  check_reply(ctl::Started{2147483647, 65535}, "ok started 2147483647 65535");
+  check_reply(ctl::Exited{0, ""}, "ok exit 0");
+  check_reply(ctl::Exited{255, ""}, "ok exit 255");
+  check_reply(ctl::Exited{125, "12 bytes of stdout lost: the data channel closed before its end"},
+              "ok exit 125 12 bytes of stdout lost: the data channel closed before its end");
+  check_reply(ctl::ProcessList{sample_processes()},
+              R"(ok {"type":"processes","processes":[{"pid":1,"ppid":0,"uid":0,"cmd":"/sbin/nesinit"},)"
+              R"({"pid":7,"ppid":1,"uid":1000,"cmd":"sleep 1000"}]})");
+  // What monitors and clients before this definition tolerated, parsed the same.
+  auto w = ctl::parse_reply("ok waiting");
+  REQUIRE(w.ok());
+  CHECK(std::holds_alternative<ctl::Waiting>(*w));
+  auto w2 = ctl::parse_reply("ok waiting for the VM");
+  REQUIRE(w2.ok());
+  CHECK(std::holds_alternative<ctl::Waiting>(*w2));
+  auto trailing = ctl::parse_reply("ok exit 3 ");
+  REQUIRE(trailing.ok());
+  CHECK(*trailing == ctl::Reply{ctl::Exited{3, ""}});
+
+  CHECK_FALSE(ctl::is_final(ctl::Waiting{}));
+  CHECK_FALSE(ctl::is_final(ctl::Started{1, 1}));
+  for (const ctl::Reply& r : {ctl::Reply{ctl::Ok{}}, ctl::Reply{ctl::Error{"x"}}, ctl::Reply{ctl::Exited{0, ""}},
+                              ctl::Reply{ctl::ProcessList{}}})
+    CHECK(ctl::is_final(r));
+}
+
+TEST_CASE("malformed requests: each field refused, named") {
+  CHECK(request_error("") == "request: empty");
+  CHECK(request_error(std::string(ctl::kRequestMax + 1, 'a')) == "request: over 65536 bytes (65537)");
+  CHECK(request_error("stop\nps") == "request: contains a newline");
+  CHECK(request_error("frob") == "unknown request 'frob'");
+  CHECK(request_error("STOP") == "unknown request 'STOP'");
+  CHECK(request_error(" stop") == "unknown request ' stop'");
+  CHECK(request_error("\x1b[2J") == "unknown request '\\x1b[2J'");
+  CHECK(request_error(std::string(100, 'z')) == "unknown request '" + std::string(64, 'z') + "' (100 bytes)");
+  // At the bound exactly: read, then refused for what it says.
+  CHECK(request_error(std::string(ctl::kRequestMax, 'a')).starts_with("unknown request 'aaaa"));
+
+  CHECK(request_error("stop now") == "stop: expected no arguments, got 'now'");
+  CHECK(request_error("stop ") == "stop: expected no arguments, got ''");
+  CHECK(request_error("ps -ef") == "ps: expected no arguments, got '-ef'");
+
+  CHECK(request_error("kill") == "kill: expected SIGNAL [PROC]");
+  CHECK(request_error("kill 9 1 2") == "kill: expected SIGNAL [PROC]");
+  CHECK(request_error("kill 0") == "kill: SIGNAL: expected an integer 1..64, got '0'");
+  CHECK(request_error("kill 65") == "kill: SIGNAL: expected an integer 1..64, got '65'");
+  CHECK(request_error("kill -9") == "kill: SIGNAL: expected an integer 1..64, got '-9'");
+  CHECK(request_error("kill +9") == "kill: SIGNAL: expected an integer 1..64, got '+9'");
+  CHECK(request_error("kill KILL") == "kill: SIGNAL: expected an integer 1..64, got 'KILL'");
+  CHECK(request_error("kill 9x") == "kill: SIGNAL: expected an integer 1..64, got '9x'");
+  CHECK(request_error("kill 99999999999999999999999") ==
+        "kill: SIGNAL: expected an integer 1..64, got '99999999999999999999999'");
+  CHECK(request_error("kill  9") == "kill: SIGNAL: expected an integer 1..64, got ''");
+  CHECK(request_error("kill 9 0") == "kill: PROC: expected an integer 1..65535, got '0'");
+  CHECK(request_error("kill 9 65536") == "kill: PROC: expected an integer 1..65535, got '65536'");
+  CHECK(request_error("kill 9 ") == "kill: PROC: expected an integer 1..65535, got ''");
+
+  CHECK(request_error("resize") == "resize: expected ROWS COLS [PROC], each 1..65535");
+  CHECK(request_error("resize 24") == "resize: expected ROWS COLS [PROC], each 1..65535");
+  CHECK(request_error("resize 1 2 3 4") == "resize: expected ROWS COLS [PROC], each 1..65535");
+  CHECK(request_error("resize 0 80") == "resize: ROWS: expected an integer 1..65535, got '0'");
+  CHECK(request_error("resize 24 65536") == "resize: COLS: expected an integer 1..65535, got '65536'");
+  CHECK(request_error("resize 24 80 0") == "resize: PROC: expected an integer 1..65535, got '0'");
+  CHECK(request_error("resize 24 8O") == "resize: COLS: expected an integer 1..65535, got '8O'");
+
+  const std::string json(kSampleExecJson);
+  CHECK(request_error("exec") == "exec: expected FLAGS JSON");
+  CHECK(request_error("exec -") == "exec: expected FLAGS JSON");
+  const std::string flags_error = "exec: FLAGS: expected '-' or letters of 'ecu' (each at most once), got ";
+  CHECK(request_error("exec x " + json) == flags_error + "'x'");
+  CHECK(request_error("exec ee " + json) == flags_error + "'ee'");
+  CHECK(request_error("exec -e " + json) == flags_error + "'-e'");
+  CHECK(request_error("exec  " + json) == flags_error + "''");
+  CHECK(request_error("exec - {").starts_with("exec: JSON: "));
+  CHECK(request_error("exec - ").starts_with("exec: JSON: "));
+  CHECK(request_error(R"(exec - {"type":"kill","signal":9})") == "exec: JSON: expected an `exec` message");
+  CHECK(request_error(R"(exec - {"type":"frob"})") == "exec: JSON: expected an `exec` message");
+  // The protocol's own checks name the field inside the JSON.
+  CHECK(request_error(R"(exec - {"type":"exec","proc":1,"exec":{"argv":[],"env":{},"cwd":null,"uid":0,"gid":0}})")
+            .starts_with("exec: JSON: exec.exec.argv: expected non-empty array"));
+}
+
+TEST_CASE("malformed replies: each field refused, named") {
+  CHECK(reply_error("") == "reply: empty");
+  CHECK(reply_error(std::string(ctl::kReplyMax + 1, 'a')) == "reply: over 1048576 bytes (1048577)");
+  CHECK(reply_error("ok\nok") == "reply: contains a newline");
+  CHECK(reply_error("okay") == "unknown reply 'okay'");
+  CHECK(reply_error("ok ") == "unknown reply 'ok '");
+  CHECK(reply_error("OK") == "unknown reply 'OK'");
+  CHECK(reply_error("error:x") == "unknown reply 'error:x'");
+  CHECK(reply_error("ok waitingroom") == "unknown reply 'ok waitingroom'");
+
+  CHECK(reply_error("error: " + std::string(ctl::kErrorMessageMax + 1, 'e')) ==
+        "error: MESSAGE: over 4096 bytes (4097)");
+  CHECK(reply_error("error: " + std::string(ctl::kErrorMessageMax, 'e')).empty());
+
+  CHECK(reply_error("ok started") == "started: expected PID PROC");
+  CHECK(reply_error("ok started 5") == "started: expected PID PROC");
+  CHECK(reply_error("ok started 5 6 7") == "started: expected PID PROC");
+  CHECK(reply_error("ok started 0 1") == "started: PID: expected an integer 1..2147483647, got '0'");
+  CHECK(reply_error("ok started 2147483648 1") == "started: PID: expected an integer 1..2147483647, got '2147483648'");
+  CHECK(reply_error("ok started -5 1") == "started: PID: expected an integer 1..2147483647, got '-5'");
+  CHECK(reply_error("ok started 5 0") == "started: PROC: expected an integer 1..65535, got '0'");
+  CHECK(reply_error("ok started 5 65536") == "started: PROC: expected an integer 1..65535, got '65536'");
+
+  CHECK(reply_error("ok exit") == "exit: expected STATUS [WHY]");
+  CHECK(reply_error("ok exit 256") == "exit: STATUS: expected an integer 0..255, got '256'");
+  CHECK(reply_error("ok exit -1") == "exit: STATUS: expected an integer 0..255, got '-1'");
+  CHECK(reply_error("ok exit x why") == "exit: STATUS: expected an integer 0..255, got 'x'");
+  CHECK(reply_error("ok exit  why") == "exit: STATUS: expected an integer 0..255, got ''");
+  CHECK(reply_error("ok exit 1 " + std::string(ctl::kExitWhyMax + 1, 'w')) == "exit: WHY: over 1024 bytes (1025)");
+  CHECK(reply_error("ok exit 1 " + std::string(ctl::kExitWhyMax, 'w')).empty());
+
+  CHECK(reply_error("ok {").starts_with("ps: JSON: "));
+  CHECK(reply_error(R"(ok {"type":"ready","protocol_version":2})") == "ps: JSON: expected a `processes` message");
+  CHECK(reply_error(R"(ok {"type":"processes","processes":[{"pid":0,"ppid":0,"uid":0,"cmd":"x"}]})")
+            .starts_with("ps: JSON: processes"));
+}
+
+TEST_CASE("encode keeps one line within the bounds; validate says what cannot be written") {
+  CHECK(ctl::encode(ctl::Error{"two\nlines"}) == "error: two lines");
+  CHECK(ctl::encode(ctl::Error{std::string(5000, 'e')}).size() == 7 + ctl::kErrorMessageMax);
+  CHECK(ctl::encode(ctl::Exited{125, "a\nb"}) == "ok exit 125 a b");
+  CHECK(ctl::encode(ctl::Exited{1, std::string(2000, 'w')}).size() == 10 + ctl::kExitWhyMax);
+  CHECK_FALSE(ctl::validate(ctl::Error{"two\nlines"}).ok());
+  CHECK_FALSE(ctl::validate(ctl::Exited{1, std::string(2000, 'w')}).ok());
+
+  auto v = ctl::validate(ctl::Kill{0, std::nullopt});
+  REQUIRE_FALSE(v.ok());
+  CHECK(v.error().message == "kill: SIGNAL: expected an integer 1..64, got '0'");
+  CHECK(ctl::validate(ctl::Resize{0, 80, std::nullopt}).error().message ==
+        "resize: ROWS: expected an integer 1..65535, got '0'");
+  CHECK(ctl::validate(ctl::Kill{9, 0}).error().message == "kill: PROC: expected an integer 1..65535, got '0'");
+  CHECK(ctl::validate(ctl::Started{0, 1}).error().message ==
+        "started: PID: expected an integer 1..2147483647, got '0'");
+  CHECK(ctl::validate(ctl::Exited{256, ""}).error().message == "exit: STATUS: expected an integer 0..255, got '256'");
+  // An exec the protocol refuses, or too big for one request line.
+  proto::ExecProcess empty_argv = sample_exec();
+  empty_argv.exec.argv.clear();
+  CHECK(ctl::validate(ctl::Exec{false, false, false, empty_argv})
+            .error()
+            .message.starts_with("exec: JSON: exec.exec.argv: expected non-empty array"));
+  proto::ExecProcess big = sample_exec();
+  big.exec.env["BIG"] = std::string(ctl::kRequestMax, 'x');
+  CHECK(ctl::validate(ctl::Exec{false, false, false, big}).error().message == "request: over 65536 bytes (65646)");
+  proto::ExecProcess not_utf8 = sample_exec();
+  not_utf8.exec.argv.push_back("\xff");
+  CHECK(ctl::validate(ctl::Exec{false, false, false, not_utf8}).error().message ==
+        "request: a field cannot be written as it is (over its bound, a newline, or not UTF-8)");
+}
+
+// ---- the real server over a real Unix socket ----
+
+namespace {
+
+/// ControlServer with control_handler(handlers) on its own loop thread; stopped and joined on
+/// destruction (every path out of a test).
+struct Served {
+  boost::asio::io_context io;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard{io.get_executor()};
+  std::unique_ptr<ControlServer> server;
+  std::thread loop;
+  Served(const fs::path& path, ControlHandlers handlers) {
+    auto s = ControlServer::start(io, path, control_handler(std::move(handlers)));
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    loop = std::thread([this] { io.run(); });
+  }
+  ~Served() {
+    guard.reset();
+    io.stop();
+    loop.join();
+    server.reset();
+  }
+};
+
+/// One raw line to the socket at `path` (any bytes, no validation), and everything the server
+/// wrote back until it closed.
+std::string raw_exchange(const fs::path& path, std::string_view line) {
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(s >= 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  REQUIRE(::connect(s, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0);
+  std::string out(line);
+  REQUIRE(::send(s, out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size()));
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(s, buf, sizeof buf, 0)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+  ::close(s);
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors") {
+  nes::test::TempDir dir("ctl");
+  const fs::path path = dir.path / "control.sock";
+  std::mutex mu;
+  std::vector<std::string> calls;  // what the handlers were asked, in order
+  auto note = [&](std::string s) {
+    std::lock_guard lock(mu);
+    calls.push_back(std::move(s));
+  };
+  ControlRespond running_exec;  // the exec in flight (touched on the loop thread only)
+
+  ControlHandlers h;
+  h.stop = [&] {
+    note("stop");
+    return host::Status{host::Ok{}};
+  };
+  h.kill = [&](const ctl::Kill& k) -> host::Status {
+    note(fmt::format("kill {} {}", k.signal, k.proc.value_or(0)));
+    if (k.signal == 15 && !k.proc) return host::Error{"the workload has not started"};
+    if (k.proc) {
+      if (*k.proc != 7 || !running_exec) return host::Error{fmt::format("no process {}", *k.proc)};
+      // The exec'd process dies of it: its final reply on the exec's own connection.
+      std::exchange(running_exec, nullptr)(ctl::Exited{128 + k.signal, ""});
+    }
+    return host::Ok{};
+  };
+  h.ps = [&](std::function<void(host::Result<proto::Processes>)> done) {
+    note("ps");
+    done(sample_processes());
+  };
+  h.exec = [&](ctl::Exec x, std::vector<host::Fd> fds, ControlRespond respond) {
+    note(fmt::format("exec {} fds {}", x.process.exec.argv.at(0), fds.size()));
+    if (x.process.exec.argv.at(0) == "/missing") return respond(ctl::Error{"exec: /missing: not found"});
+    respond(ctl::Waiting{});
+    respond(ctl::Started{42, 7});
+    running_exec = std::move(respond);
+  };
+  // resize left unserved.
+  Served served(path, std::move(h));
+
+  // stop and kill: "ok", or the handler's error as "error: WHY".
+  auto stop = control_request(path, ctl::Stop{});
+  REQUIRE(stop.ok());
+  CHECK(std::holds_alternative<ctl::Ok>(*stop));
+  CHECK(control_call(path, ctl::Kill{9, std::nullopt}).ok());
+  auto refused = control_call(path, ctl::Kill{15, std::nullopt});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message == "error: the workload has not started");
+  auto kill_reply = control_request(path, ctl::Kill{15, std::nullopt});
+  REQUIRE(kill_reply.ok());
+  CHECK(*kill_reply == ctl::Reply{ctl::Error{"the workload has not started"}});
+  // A handler left empty.
+  CHECK(control_call(path, ctl::Resize{24, 80, std::nullopt}).error().message == "error: resize: not served here");
+
+  // ps: the list, decoded.
+  auto ps = guest_processes(path);
+  REQUIRE(ps.ok());
+  CHECK(*ps == sample_processes());
+
+  // exec: waiting, started, then (killed through another connection) its exit.
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  host::Fd rd{p[0]}, wr{p[1]};
+  auto cs = ControlSession::open(path, ctl::Exec{true, true, true, sample_exec()}, {rd.get(), wr.get(), wr.get()});
+  REQUIRE(cs.ok());
+  auto r1 = cs->read_reply(std::chrono::seconds(30));
+  REQUIRE(r1.ok());
+  CHECK(std::holds_alternative<ctl::Waiting>(*r1));
+  auto r2 = cs->read_reply(std::chrono::seconds(30));
+  REQUIRE(r2.ok());
+  CHECK(*r2 == ctl::Reply{ctl::Started{42, 7}});
+  CHECK(control_call(path, ctl::Kill{9, 8}).error().message == "error: no process 8");
+  CHECK(control_call(path, ctl::Kill{9, 7}).ok());
+  auto r3 = cs->read_reply(std::chrono::seconds(30));
+  REQUIRE(r3.ok());
+  CHECK(*r3 == ctl::Reply{ctl::Exited{137, ""}});
+  auto r4 = cs->read_reply(std::chrono::seconds(30));  // the final reply closed the connection
+  REQUIRE_FALSE(r4.ok());
+  CHECK(r4.error().err == ECONNRESET);
+
+  // An exec that fails: its one reply is the error.
+  proto::ExecProcess missing = sample_exec();
+  missing.exec.argv = {"/missing"};
+  auto cs2 = ControlSession::open(path, ctl::Exec{false, false, false, missing}, {});
+  REQUIRE(cs2.ok());
+  auto e1 = cs2->read_reply(std::chrono::seconds(30));
+  REQUIRE(e1.ok());
+  CHECK(*e1 == ctl::Reply{ctl::Error{"exec: /missing: not found"}});
+
+  // Malformed lines, as an old or hostile client might send them: refused, named, one line.
+  CHECK(raw_exchange(path, "frob\n") == "error: unknown request 'frob'\n");
+  CHECK(raw_exchange(path, "kill 65\n") == "error: kill: SIGNAL: expected an integer 1..64, got '65'\n");
+  CHECK(raw_exchange(path, "resize 24\n") == "error: resize: expected ROWS COLS [PROC], each 1..65535\n");
+  CHECK(raw_exchange(path, "exec - {}\n").starts_with("error: exec: JSON: "));
+  // The wire as clients before this definition wrote it.
+  CHECK(raw_exchange(path, "kill 9\n") == "ok\n");
+  CHECK(raw_exchange(path, "ps\n").starts_with(R"(ok {"type":"processes","processes":[{"pid":1,)"));
+
+  // Requests a client refuses to send (nothing reaches the server).
+  auto bad = control_request(path, ctl::Kill{0, std::nullopt});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message == "kill: SIGNAL: expected an integer 1..64, got '0'");
+
+  std::lock_guard lock(mu);
+  CHECK(calls == std::vector<std::string>{"stop", "kill 9 0", "kill 15 0", "kill 15 0", "ps", "exec sh fds 3",
+                                          "kill 9 8", "kill 9 7", "exec /missing fds 0", "kill 9 0", "ps"});
+}
