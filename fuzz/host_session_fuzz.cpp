@@ -5,7 +5,9 @@
 //    and none ever after the record failed;
 //  - one outcome, one WriteRecord; nothing sent after Finished;
 //  - at most line_cap + 1 bytes of guest data held;
-//  - event details carry no control bytes (escaped), and guest-triggered kinds are rate-limited.
+//  - event details carry no control bytes (escaped), and guest-triggered kinds are rate-limited;
+//  - the output is cut (act::CutOutput) only while the data channel is open, and only once there
+//    is an outcome or the host ends the VM on purpose; a finished session has no timer armed.
 #include <array>
 #include <map>
 
@@ -38,6 +40,12 @@ constexpr std::string_view kLines[] = {
     "{\"type\":\"\\u001b]0;x\\u0007\"}\n",
     "not json\n",
     "{\"type\":\"ready\"",
+    "{\"type\":\"exec_started\",\"proc\":1,\"pid\":9}\n",
+    "{\"type\":\"exec_started\",\"proc\":2,\"pid\":9}\n",
+    "{\"type\":\"exec_exited\",\"proc\":1,\"exit_code\":0}\n",
+    "{\"type\":\"exec_exited\",\"proc\":2,\"signal\":9}\n",
+    "{\"type\":\"exec_failed\",\"proc\":1,\"reason\":\"x\",\"class\":\"not_found\"}\n",
+    "{\"type\":\"exec_exited\",\"proc\":7,\"exit_code\":1}\n",
 };
 
 struct Model {
@@ -46,6 +54,9 @@ struct Model {
   int writes = 0;
   bool failed = false;
   bool finished = false;
+  bool data_open = false;  // the "loop's" data channel: opened, closed, or cut by CutOutput
+  std::map<std::uint16_t, bool> execs;  // processes exec() started (true: not ended yet)
+  std::map<std::uint16_t, bool> exec_armed;
   std::map<std::string, int> kinds;
 };
 
@@ -71,6 +82,20 @@ void check(Session& s, const proto::LineReader& reader, Model& m) {
       if (x->kind == "started" || x->kind == "mounted" || x->kind == "guest_protocol_error" ||
           x->kind == "skipped" || x->kind == "connected" || x->kind == "refused")
         require(n <= 11, "guest-triggered event lines are rate-limited");
+    } else if (auto* x = std::get_if<act::ArmExecTimer>(&a)) {
+      require(m.execs[x->proc], "an exec timer only for a process not ended");
+      m.exec_armed[x->proc] = true;
+    } else if (auto* x = std::get_if<act::CancelExecTimer>(&a)) {
+      m.exec_armed[x->proc] = false;
+    } else if (auto* x = std::get_if<act::ExecEnded>(&a)) {
+      require(m.execs.count(x->proc) && m.execs[x->proc], "a process exec() started ends once");
+      m.execs[x->proc] = false;
+      m.exec_armed[x->proc] = false;  // the loop forgets it and its timer
+    } else if (std::holds_alternative<act::CutOutput>(a)) {
+      require(m.data_open, "the output is cut only while the data channel is open");
+      require(s.outcome() || s.ended_by_host(), "the output is cut only after the outcome or when the host ends the VM");
+      m.data_open = false;  // the loop closes it: the session hears data_closed
+      s.data_closed(false);
     } else if (std::holds_alternative<act::Finished>(a)) {
       require(!m.finished, "Finished once");
       m.finished = true;
@@ -81,6 +106,11 @@ void check(Session& s, const proto::LineReader& reader, Model& m) {
     require(!s.outcome() || s.durable(), "no shutdown (ack) before the outcome is durable");
   }
   require(reader.buffered() <= s.config().line_cap + 1, "guest bytes held <= line_cap + 1");
+  if (s.finished()) {
+    for (auto& [k, on] : m.armed) require(!on, "a finished session leaves no timer armed");
+    for (auto& [p, live] : m.execs) require(!live, "a finished session has ended every process exec() started");
+  }
+  // data_closed above may have queued actions: the next check sees them.
 }
 }  // namespace
 
@@ -96,13 +126,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.grace = std::chrono::milliseconds(500);
   if (c.pick(2)) cfg.wall_timeout = std::chrono::milliseconds(2000);
   cfg.wall_from_started = c.pick(2);
+  if (c.pick(2)) cfg.reconnect = std::chrono::milliseconds(1000);  // channel survival: redial windows
   Session s(cfg);
   proto::LineReader reader(cfg.line_cap);  // the loop's: a fresh one per accepted stream
   Model m;
   WallTime t{std::chrono::seconds(1'700'000'000)};
   for (int steps = 0; !c.empty() && steps < 400; ++steps) {
     t += std::chrono::milliseconds(c.pick(200));
-    switch (c.pick(13)) {
+    switch (c.pick(18)) {
       case 0: case 1: case 2: {
         // The loop reads a stream only while the session keeps it open.
         auto line = kLines[c.pick(std::size(kLines))];
@@ -119,10 +150,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       case 5: s.stream_closed(reader.pending(), t); break;
       case 6: {
-        TimerKind k = static_cast<TimerKind>(c.pick(4));
+        TimerKind k = static_cast<TimerKind>(c.pick(kTimerKinds));
         if (m.armed[k]) {
           m.armed[k] = false;
-          s.timer_fired(k, t);
+          // The data link's state as the loop reads it when the deadline fires.
+          s.timer_fired(k, t, DataLinkState{m.data_open, m.data_open && c.pick(2) == 1});
         }
         break;
       }
@@ -148,6 +180,41 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (c.pick(2)) (void)s.stop();
         else (void)s.kill(static_cast<int>(c.pick(70)));
         break;
+      case 13:
+        if (!m.data_open) {
+          m.data_open = true;
+          s.data_opened();
+        }
+        break;
+      case 14:
+        if (m.data_open) {
+          m.data_open = false;
+          s.data_closed(c.pick(2) == 1);
+        }
+        break;
+      case 15: {
+        proto::ExecProcess x;
+        x.proc = static_cast<std::uint16_t>(1 + c.pick(2));
+        if (m.execs[x.proc]) break;  // the loop numbers only free processes
+        x.exec.argv = {"/bin/true"};
+        if (c.pick(2)) {
+          x.stdio = proto::Stdio{};
+          if (c.pick(2)) x.stdio->terminal = proto::Terminal{};
+        }
+        if (s.exec(x)) m.execs[x.proc] = true;
+        break;
+      }
+      case 16:
+        if (m.data_open) s.exec_eof(static_cast<std::uint16_t>(1 + c.pick(2)), c.pick(2) ? proto::Stream::err : proto::Stream::out);
+        break;
+      case 17: {
+        auto proc = static_cast<std::uint16_t>(1 + c.pick(2));
+        if (m.exec_armed[proc]) {
+          m.exec_armed[proc] = false;
+          s.exec_timer_fired(proc, DataLinkState{m.data_open, m.data_open && c.pick(2) == 1});
+        }
+        break;
+      }
     }
     check(s, reader, m);
   }

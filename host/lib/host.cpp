@@ -53,15 +53,24 @@ struct Stream {
 
 /// One registered VM generation and its I/O objects.
 struct Vm {
-  Vm(asio::io_context& io, SessionConfig cfg)
-      : core(std::move(cfg)), ready_timer(io), wall_timer(io), stop_timer(io), grace_timer(io),
-        reconnect_timer(io) {}
+  Vm(asio::io_context& io, SessionConfig cfg) : core(std::move(cfg)) {
+    timers.reserve(kTimerKinds);
+    for (std::size_t i = 0; i < kTimerKinds; ++i) timers.emplace_back(io);
+  }
   Session core;
   std::shared_ptr<Stream> stream;
   std::shared_ptr<unix_acceptor> acceptor;
   std::string socket_path;  // unlinked when the session finishes
-  asio::steady_timer ready_timer, wall_timer, stop_timer, grace_timer, reconnect_timer;
-  std::uint64_t timer_seq[5] = {0, 0, 0, 0, 0};  // one per TimerKind
+  /// The session's timers, one slot per TimerKind (indexed by it): every timer the session can
+  /// arm is here, so cancel_all() cannot forget one. `seq` tells a stale completion from the
+  /// current arming; `mark` is DataLink::bytes_in() when it was armed (output moving since).
+  struct TimerSlot {
+    explicit TimerSlot(asio::io_context& io) : timer(io) {}
+    asio::steady_timer timer;
+    std::uint64_t seq = 0;
+    std::uint64_t mark = 0;
+  };
+  std::vector<TimerSlot> timers;
   std::vector<std::function<void(WaitResult)>> waiters;
   std::optional<WaitResult> result;  // settled: durable record, or why not
   bool draining = false;
@@ -76,8 +85,6 @@ struct Vm {
   bool finishing = false;  // "finished" is held until the data channel and the log are closed
   std::function<void()> data_finished_cb;  // run once the data channel has closed
   bool workload_started = false;  // `started` seen: the workload's streams were live
-  std::uint64_t stop_mark = 0;    // DataLink::bytes_in() when the stop deadline was last armed
-  bool stop_deferred_said = false;
   // Output the host did not deliver (docs/host.md "Output lost"). The guest's output_lost
   // reports, by (proc, stream): once each; kept here until that stream's data has ended on this
   // side (the data channel closed, or the exec'd process ended), when `received` is final.
@@ -97,27 +104,28 @@ struct Vm {
     ExecHooks hooks;
     bool has_stdio = false;
     bool started = false;
-    bool out_eof = false, err_eof = false;
     bool terminal = false;
-    std::optional<proto::ExecExited> exited;     // reported, its output still on its way
-    std::shared_ptr<asio::steady_timer> timer;   // the answer's bound, then the output's
+    std::optional<proto::ExecExited> exited;     // reported (ends it if it is superseded first)
+    std::shared_ptr<asio::steady_timer> timer;   // act::ArmExecTimer's: the answer's bound, then the output's
     std::uint64_t mark = 0;                      // DataLink::bytes_in() when `timer` was armed
-    bool deferred_said = false;                  // exec_output_wait emitted
   };
   std::map<std::uint16_t, ExecProc> execs;
   std::uint16_t next_proc = 1;
 
   const std::string& id() const { return core.config().vm; }
   std::uint64_t generation() const { return core.config().generation; }
-  asio::steady_timer& timer(TimerKind k) {
-    switch (k) {
-      case TimerKind::ready: return ready_timer;
-      case TimerKind::wall: return wall_timer;
-      case TimerKind::stop: return stop_timer;
-      case TimerKind::grace: return grace_timer;
-      case TimerKind::reconnect: return reconnect_timer;
+  TimerSlot& timer(TimerKind k) { return timers.at(static_cast<std::size_t>(k)); }
+  /// Cancel every timer this VM has armed: the session's (each TimerKind), each exec'd process's
+  /// and each async_list_processes deadline. Their completions then see a stale seq (or an
+  /// aborted wait) and do nothing; none is left holding the VM.
+  void cancel_all() {
+    for (auto& t : timers) {
+      ++t.seq;
+      t.timer.cancel();
     }
-    return stop_timer;
+    for (auto& [proc, x] : execs)
+      if (x.timer) x.timer->cancel();
+    for (auto& w : process_waiters) w.deadline->cancel();
   }
 };
 
@@ -225,8 +233,9 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
           } else if constexpr (std::is_same_v<T, act::ArmTimer>) {
             arm(vm, x.kind, x.after);
           } else if constexpr (std::is_same_v<T, act::CancelTimer>) {
-            ++vm->timer_seq[static_cast<int>(x.kind)];
-            vm->timer(x.kind).cancel();
+            auto& t = vm->timer(x.kind);
+            ++t.seq;
+            t.timer.cancel();
           } else if constexpr (std::is_same_v<T, act::WriteRecord>) {
             write(vm, std::move(x.record));
           } else if constexpr (std::is_same_v<T, act::CallDestroy>) {
@@ -245,6 +254,14 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             exec_report(vm, std::move(x.report));
           } else if constexpr (std::is_same_v<T, act::OutputEnd>) {
             output_end(vm, x.report);
+          } else if constexpr (std::is_same_v<T, act::CutOutput>) {
+            cut_output(vm, std::move(x.reason));
+          } else if constexpr (std::is_same_v<T, act::ArmExecTimer>) {
+            arm_exec_timer(vm, x.proc, x.after);
+          } else if constexpr (std::is_same_v<T, act::CancelExecTimer>) {
+            if (auto it = vm->execs.find(x.proc); it != vm->execs.end() && it->second.timer) it->second.timer->cancel();
+          } else if constexpr (std::is_same_v<T, act::ExecEnded>) {
+            end_exec(vm, x.proc, std::move(x.end));
           }
         },
         a);
@@ -296,7 +313,6 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     auto st = std::exchange(vm->stream, nullptr);
     if (!st) return;
     fail_process_waiters(vm, "list_processes: the guest's stream closed before it answered");
-    fail_execs(vm, "the guest's stream closed before the process's end was reported");
     st->closed = true;
     error_code ec;
     // Stop reading now; let queued lines (e.g. the `shutdown` ack) go out, bounded by 1 s.
@@ -313,59 +329,30 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   }
 
   void arm(const std::shared_ptr<Vm>& vm, TimerKind k, std::chrono::milliseconds after) {
-    auto seq = ++vm->timer_seq[static_cast<int>(k)];
-    auto& t = vm->timer(k);
+    auto& slot = vm->timer(k);
+    auto seq = ++slot.seq;
+    slot.mark = vm->data ? vm->data->bytes_in() : 0;
+    auto& t = slot.timer;
     t.expires_after(after);
-    if (k == TimerKind::stop) vm->stop_mark = vm->data ? vm->data->bytes_in() : 0;
     std::weak_ptr<Impl> w = shared_from_this();
-    t.async_wait([w, vm, k, seq, after](error_code ec) {
+    t.async_wait([w, vm, k, seq](error_code ec) {
       auto self = w.lock();
-      if (ec || !self || vm->timer_seq[static_cast<int>(k)] != seq || !self->current(vm)) return;
-      if (k == TimerKind::stop && self->defer_stop(vm, after)) return;
-      vm->core.timer_fired(k, wall_now());
+      if (ec || !self || vm->timer(k).seq != seq || !self->current(vm)) return;
+      // The data link's state is data for the session's decision (the stop deadline's).
+      DataLinkState d;
+      if (vm->data && vm->data->is_open()) d = {true, vm->data->moving(vm->timer(k).mark)};
+      vm->core.timer_fired(k, wall_now(), d);
       self->drain(vm);
     });
   }
 
-  /// The stop deadline fired while the data channel is open. Output that still moves (reads
-  /// paused for a slow consumer, bytes unread in the socket, bytes read since it was armed) is a
-  /// live guest delivering to a live consumer: the deadline restarts (the mirror of the init's
-  /// drain window) — unless the host ends this VM on purpose (shutdown(), the wall limit), whose
-  /// deadline is kept. A channel at rest, or one the host ends, is closed early once the outcome
-  /// is in, and the guest gets HostOptions::data_drain to count what it could not deliver and
-  /// power off before the deadline runs its course (destroy). true: handled here, the session
-  /// not told.
-  bool defer_stop(const std::shared_ptr<Vm>& vm, std::chrono::milliseconds after) {
-    if (!vm->data || !vm->data->is_open()) return false;
-    if (!vm->core.ended_by_host() && vm->data->moving(vm->stop_mark)) {
-      if (!std::exchange(vm->stop_deferred_said, true))
-        emit(*vm, "stop_deferred", fmt::format("the workload's output is still being read; the stop deadline "
-                                               "restarts ({} ms) while it moves", after.count()));
-      arm(vm, TimerKind::stop, after);
-      return true;
-    }
-    // Also before an outcome: a workload blocked on output the host no longer reads is let go
-    // (the guest discards the rest, counted), so it can end and be reported before the destroy.
-    if (vm->core.vm_gone() || (!vm->core.outcome() && !vm->core.ended_by_host())) return false;
-    cut_output(vm, !vm->core.ended_by_host()
-                       ? fmt::format("the guest did not power off within the stop deadline ({} ms)", after.count())
-                   : vm->core.outcome() && vm->core.outcome()->outcome == proto::Outcome::timeout
-                       ? std::string("the VM reached its time limit while its output was still being read")
-                       : std::string("the VM was stopped while its output was still being read"),
-               true);
-    arm(vm, TimerKind::stop, opt.data_drain);
-    return true;
-  }
-
-  /// The host ends the wait for the workload's output on purpose (after the outcome, while the
-  /// data channel is open): it closes the channel before the eofs; the guest counts what it
+  /// act::CutOutput: close the data channel before the workload's eofs; the guest counts what it
   /// could not deliver (output_lost) and powers off. `why` goes into the record's lost_reason.
-  void cut_output(const std::shared_ptr<Vm>& vm, std::string why, bool before_outcome = false) {
-    if (!vm->data || !vm->data->is_open() || (!vm->core.outcome() && !before_outcome)) return;
+  void cut_output(const std::shared_ptr<Vm>& vm, std::string why) {
+    if (!vm->data || !vm->data->is_open()) return;
     vm->cut_reason = std::move(why);
     emit(*vm, "output_cut", vm->cut_reason);
     vm->data->close();
-    drain(vm);
   }
 
   // ---- output the host did not deliver (docs/host.md "Output lost") ----
@@ -405,10 +392,11 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   /// The data channel ended (closed by either side, or failed). Before the workload's eofs: the
   /// guest counts what it could not deliver (output_lost), which the session then waits for.
   void data_ended(const std::shared_ptr<Vm>& vm, const std::string& error) {
-    if (!vm->data->outputs_done()) {
-      if (vm->cut_reason.empty() && !error.empty()) vm->cut_reason = "the data channel failed: " + error;
-      vm->core.expect_output_reports();
-    }
+    const bool done = vm->data->outputs_done();
+    if (!done && vm->cut_reason.empty() && !error.empty()) vm->cut_reason = "the data channel failed: " + error;
+    vm->core.data_closed(done);
+    if (current(vm)) drain(vm);
+    else vm->core.take();  // superseded: its late actions are ignored
     for (auto it = vm->loss_pending.begin(); it != vm->loss_pending.end();) {
       if (it->first.first != 0) { ++it; continue; }
       auto r = it->second;
@@ -524,39 +512,30 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     while (!vm->process_waiters.empty()) answer_processes(vm, Error{why});
   }
 
-  // ---- exec ----
+  // ---- exec: the session decides each process's end (act::ExecEnded); here only its effects ----
   void exec_report(const std::shared_ptr<Vm>& vm,
                    std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> r) {
     const std::uint16_t proc = std::visit([](const auto& m) { return m.proc; }, r);
     auto it = vm->execs.find(proc);
-    if (it == vm->execs.end()) return;  // not ours (late, or never asked for): nothing to tell
+    if (it == vm->execs.end()) return;
     Vm::ExecProc& x = it->second;
     if (auto* st = std::get_if<proto::ExecStarted>(&r)) {
-      if (x.started) return;
       x.started = true;
-      if (x.timer) x.timer->cancel();
       if (vm->data) vm->data->exec_started(proc);
       emit(*vm, "exec_started", fmt::format("proc={} pid={}", proc, st->pid));
       if (x.hooks.started) x.hooks.started(st->pid);
-      return;
-    }
-    if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
+    } else if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
       emit(*vm, "exec_failed", fmt::format("proc={} {}", proc, f->reason.substr(0, 256)));
-      return end_exec(vm, proc, *f);
+    } else {
+      x.exited = std::get<proto::ExecExited>(r);
+      emit(*vm, "exec_exited", fmt::format("proc={} {}", proc,
+                                           x.exited->signal ? fmt::format("signal={}", *x.exited->signal)
+                                                            : fmt::format("exit_code={}", *x.exited->exit_code)));
     }
-    x.exited = std::get<proto::ExecExited>(r);
-    emit(*vm, "exec_exited", fmt::format("proc={} {}", proc,
-                                         x.exited->signal ? fmt::format("signal={}", *x.exited->signal)
-                                                          : fmt::format("exit_code={}", *x.exited->exit_code)));
-    if (exec_outputs_done(x)) return end_exec(vm, proc, *x.exited);
-    // Its last output may still be on the data channel (another connection): bounded.
-    arm_exec_timer(vm, proc, opt.data_drain);
   }
 
-  static bool exec_outputs_done(const Vm::ExecProc& x) {
-    return !x.has_stdio || (x.out_eof && (x.err_eof || x.terminal));
-  }
-
+  /// act::ArmExecTimer: (re)arm process `proc`'s timer; its expiry goes to the session with the
+  /// data link's state (output moving since it was armed).
   void arm_exec_timer(const std::shared_ptr<Vm>& vm, std::uint16_t proc, std::chrono::milliseconds after) {
     auto it = vm->execs.find(proc);
     if (it == vm->execs.end()) return;
@@ -566,22 +545,16 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     it->second.mark = vm->data ? vm->data->bytes_in() : 0;
     std::weak_ptr<Vm> wv = vm;
     std::weak_ptr<Impl> w = shared_from_this();
-    t->async_wait([w, wv, proc, t, after](error_code ec) {
+    t->async_wait([w, wv, proc, t](error_code ec) {
       auto self = w.lock();
       auto vm = wv.lock();
-      if (ec || !vm || !self) return;
+      if (ec || !vm || !self || !self->current(vm)) return;
       auto it = vm->execs.find(proc);
       if (it == vm->execs.end() || it->second.timer != t) return;
-      // Its last output may be behind a slow consumer (reads paused) or still on its way (bytes
-      // unread in the socket, or read since): the window restarts rather than dropping it.
-      if (it->second.exited && vm->data && vm->data->moving(it->second.mark)) {
-        if (!std::exchange(it->second.deferred_said, true))
-          self->emit(*vm, "exec_output_wait",
-                     fmt::format("proc={}: its output still moves; its {} ms window restarts", proc, after.count()));
-        return self->arm_exec_timer(vm, proc, after);
-      }
-      if (it->second.exited) return self->end_exec(vm, proc, *it->second.exited);
-      self->end_exec(vm, proc, ExecLost{"no answer to exec in time (an init without exec?)"});
+      DataLinkState d;
+      if (vm->data && vm->data->is_open()) d = {true, vm->data->moving(it->second.mark)};
+      vm->core.exec_timer_fired(proc, d);
+      self->drain(vm);
     });
   }
 
@@ -593,9 +566,10 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     if (auto* o = std::get_if<data_ev::Output>(&e)) {
       if (x.hooks.data) x.hooks.data(o->stream, o->bytes);
     } else if (auto* eo = std::get_if<data_ev::Eof>(&e)) {
-      (eo->stream == proto::Stream::err ? x.err_eof : x.out_eof) = true;
       if (x.hooks.eof) x.hooks.eof(eo->stream);
-      if (x.exited && exec_outputs_done(x)) end_exec(vm, proc, *x.exited);
+      if (!current(vm)) return;
+      vm->core.exec_eof(proc, eo->stream);
+      drain(vm);
     }
   }
 
@@ -637,7 +611,6 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
 
   void finished(const std::shared_ptr<Vm>& vm) {
     fail_process_waiters(vm, "list_processes: the session is over");
-    fail_execs(vm, "the session is over");
     if (vm->acceptor) {
       error_code ec;
       vm->acceptor->close(ec);
@@ -760,15 +733,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     c.on_closed = [w, wv](const std::string& error) {
       auto vm = wv.lock();
       if (!vm) return;
+      // The session hears it (processes exec() started lose their streams: those exited end).
       if (auto self = w.lock()) self->data_ended(vm, error);
-      // Processes exec() started lose their streams with it: their reports still end them.
-      for (auto& [proc, x] : vm->execs)
-        if (x.has_stdio) x.out_eof = x.err_eof = true;
-      if (auto self = w.lock())
-        for (auto it = vm->execs.begin(); it != vm->execs.end();) {
-          auto cur = it++;
-          if (cur->second.exited) self->end_exec(vm, cur->first, *cur->second.exited);
-        }
       if (auto cb = std::exchange(vm->data_finished_cb, nullptr)) cb();
     };
     c.exec_event = [w, wv](std::uint16_t proc, DataEvent& e) {
@@ -778,6 +744,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     };
     auto link = std::make_shared<DataLink>(io, fd, family, std::move(c));
     vm->data = link;
+    vm->core.data_opened();
     emit(*vm, "data_connected", "", act::Milestone::data_connected);
     if (vm->output_paused) link->pause(true);
     link->start();
@@ -910,10 +877,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
         vm->stream->closed = true;
         hard_close(vm->stream);
       }
-      vm->ready_timer.cancel();
-      vm->wall_timer.cancel();
-      vm->stop_timer.cancel();
-      vm->grace_timer.cancel();
+      vm->cancel_all();
       if (!vm->socket_path.empty()) ::unlink(vm->socket_path.c_str());
       if (vm->data_acceptor) vm->data_acceptor->close(ec);
       if (!vm->data_socket_path.empty()) ::unlink(vm->data_socket_path.c_str());
@@ -949,15 +913,15 @@ Status Host::add_vm(SessionConfig cfg) {
                                cfg.vm, old->generation(), cfg.generation)};
     // Superseded: close its I/O; its late completions see !current() and are dropped.
     impl_->close_stream(old);
+    impl_->fail_execs(old, "the session is over");
     impl_->finished(old);
     Impl::close_data(old);
-    old->ready_timer.cancel();
-    old->wall_timer.cancel();
-    old->stop_timer.cancel();
-    old->grace_timer.cancel();
+    old->cancel_all();
     impl_->settle(old, Error{fmt::format("vm '{}': generation {} superseded by {}", cfg.vm,
                                          old->generation(), cfg.generation)});
   }
+  cfg.data_drain = impl_->opt.data_drain;
+  cfg.exec_answer_wait = kExecAnswerWait;
   auto vm = std::make_shared<Vm>(impl_->io, std::move(cfg));
   impl_->vms[vm->id()] = vm;
   impl_->open_log(vm);
@@ -1098,8 +1062,7 @@ Result<std::uint16_t> Host::exec(const std::string& id, proto::Exec exec, std::o
   e.hooks = std::move(hooks);
   e.has_stdio = stdio.has_value();
   e.terminal = stdio && stdio->terminal;
-  impl_->arm_exec_timer(vm, proc, kExecAnswerWait);
-  impl_->drain(vm);
+  impl_->drain(vm);  // its answer's bound (act::ArmExecTimer)
   return proc;
 }
 
@@ -1172,7 +1135,6 @@ Status Host::kill(const std::string& id, int signal) {
   if (!vm) return no_vm(id);
   auto s = vm->core.kill(signal);
   impl_->drain(vm);
-  if (s) impl_->cut_output(vm, fmt::format("the VM was killed (signal {}) while its output was still being read", signal));
   return s;
 }
 
@@ -1181,7 +1143,6 @@ Status Host::shutdown(const std::string& id) {
   if (!vm) return no_vm(id);
   auto s = vm->core.shutdown(wall_now());
   impl_->drain(vm);
-  if (s) impl_->cut_output(vm, "the VM was stopped while its output was still being read");
   return s;
 }
 
@@ -1274,10 +1235,7 @@ Status Host::forget_vm(const std::string& id) {
     return Error{fmt::format("vm '{}': its session is still live; shutdown() it first", id)};
   impl_->close_stream(vm);
   impl_->finished(vm);
-  vm->ready_timer.cancel();
-  vm->wall_timer.cancel();
-  vm->stop_timer.cancel();
-  vm->grace_timer.cancel();
+  vm->cancel_all();
   impl_->cids.remove_vm(id);
   impl_->vms.erase(id);  // late completions hold their own shared_ptr and see !current()
   return Ok{};

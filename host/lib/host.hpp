@@ -73,14 +73,7 @@ struct HostOptions {
 /// The durable record, or why there is none.
 using WaitResult = Result<Record>;
 
-/// A process Host::exec() started whose end will never be reported: the guest's stream closed,
-/// the session ended, or no answer came in time. `reason` says which.
-struct ExecLost {
-  std::string reason;
-};
-/// How a process Host::exec() started ended: the guest's exec_exited, its exec_failed (the
-/// process never ran), or lost.
-using ExecEnd = std::variant<proto::ExecExited, proto::ExecFailed, ExecLost>;
+// ExecLost and ExecEnd (how a process Host::exec() started ended): host/lib/session.hpp.
 /// ExecEnd as an exit status, docker exec's convention: the code; 128+N for signal N (POSIX
 /// shells); exec_failed not_found 127, else 126; lost 125 (the host's side failed).
 int exec_exit_status(const ExecEnd& e);

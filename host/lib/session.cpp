@@ -107,7 +107,8 @@ std::optional<std::string> missing_feature(const SessionConfig& cfg,
 }  // namespace
 
 void Session::send_boot() {
-  booted_ = booted_ever_ = true;
+  stream_.link = Link::booted;
+  reach(Phase::booted);
   proto::Boot b = cfg_.descriptor;
   if (cfg_.reconnect.count() > 0) {
     b.reconnect_ms = static_cast<std::uint32_t>(
@@ -122,17 +123,17 @@ void Session::send_boot() {
   log("boot_sent", fmt::format("terminal={}", b.on_exit.terminal));
   // The workload's limit starts with the one boot (a restarted guest gets no second arming):
   // an earlier v2 guest never sends `started`, and the mounts must be bounded too.
-  if (cfg_.wall_timeout && cfg_.wall_from_started && !wall_armed_ && !outcome_) {
-    wall_armed_ = true;
-    out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+  if (cfg_.wall_timeout && cfg_.wall_from_started && !wall_at_boot_ && !outcome_) {
+    wall_at_boot_ = true;
+    arm(TimerKind::wall, *cfg_.wall_timeout);
   }
 }
 
 void Session::close_stream() {
-  if (!stream_open_) return;
-  stream_open_ = false;
-  ready_ = false;
+  if (!stream_open()) return;
+  stream_.link = Link::closed;
   out_.push_back(act::CloseStream{});
+  end_all_execs("the guest's stream closed before the process's end was reported");
 }
 
 void Session::vm_started(WallTime now) {
@@ -140,17 +141,16 @@ void Session::vm_started(WallTime now) {
   started_at_ = now;
   log("vm_started", "");
   if (outcome_) return;
-  if (!ready_ever_) out_.push_back(act::ArmTimer{TimerKind::ready, cfg_.ready_timeout});
-  if (cfg_.wall_timeout && !cfg_.wall_from_started)
-    out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+  if (phase_ < Phase::ready) arm(TimerKind::ready, cfg_.ready_timeout);
+  if (cfg_.wall_timeout && !cfg_.wall_from_started) arm(TimerKind::wall, *cfg_.wall_timeout);
 }
 
 bool Session::stream_opened(WallTime) {
-  if (stream_open_) {
+  if (stream_open()) {
     log_guest("refused", "a session for this VM is already live");
     return false;
   }
-  if (finished_) {
+  if (finished()) {
     log_guest("refused", "this VM generation is finished");
     return false;
   }
@@ -159,9 +159,8 @@ bool Session::stream_opened(WallTime) {
     log_guest("refused", "this VM generation already has its outcome");
     return false;
   }
-  stream_open_ = true;
-  ready_ = false;
-  booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
+  stream_ = StreamState{};
+  stream_.link = Link::connected;
   lines_ = 0;
   overflowed_ = false;
   log_guest("connected", "");
@@ -175,7 +174,7 @@ void feed_lines(Session& s, proto::LineReader& reader, std::string_view bytes, W
 }
 
 void Session::line(const proto::Line& l, WallTime now) {
-  if (!stream_open_) return;  // a violation closed the stream: act on nothing after it
+  if (!stream_open()) return;  // a violation closed the stream: act on nothing after it
   ++lines_;
   overflowed_ = false;
   if (l.kind == proto::Line::Kind::too_long) {
@@ -197,7 +196,7 @@ void Session::line(const proto::Line& l, WallTime now) {
 void Session::line_overflow(WallTime now) {
   // An endless line (no '\n' ever) must not wait for a newline to be judged: the reader already
   // drops its bytes; the session ends as soon as the cap is passed, once per line.
-  if (!stream_open_ || overflowed_) return;
+  if (!stream_open() || overflowed_) return;
   overflowed_ = true;
   protocol_violation(fmt::format("line {}: more than {} bytes without a newline", lines_ + 1,
                                  cfg_.line_cap),
@@ -215,64 +214,66 @@ void Session::protocol_violation(std::string reason, WallTime now) {
   close_stream();
 }
 
-void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
-  if (auto* r = std::get_if<proto::Ready>(&m)) {
-    if (r->resume && !ready_) return handle_resume(*r->resume);
-    if (!ready_ && (cfg_.resume || awaiting_redial_)) {
-      // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
-      // dialled); the workload this generation booted is gone with it.
-      log_guest("resume_expected", "a fresh `ready` instead of a resumed one");
-      if (!outcome_)
-        finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
-                 "the guest came back without resuming its session (restarted?)", now);
-      close_stream();
-      return;
-    }
-    if (ready_) {
-      // virtio-serial has no connection events: a second `ready` is a restarted guest.
-      booted_ = guest_reported_ = stop_sent_ = shutdown_sent_ = ack_sent_ = false;
-      if (outcome_) {
-        log_guest("guest_restarted", "after the outcome: not booted again");
-        maybe_send_shutdown();  // before boot, and only once the outcome is durable
-        return;
-      }
-      log_guest("guest_restarted", "second ready on this stream: new session");
-    } else if (outcome_) {
-      log_limited(ignored_, "ignored_after_outcome", "ready");
-      return;
-    }
-    ready_ = true;
-    ready_ever_ = true;
-    out_.push_back(act::CancelTimer{TimerKind::ready});
-    if (r->protocol_version != proto::kProtocolVersion) {
-      finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt,
-               fmt::format("guest speaks protocol version {}; this host speaks version {}",
-                           r->protocol_version, proto::kProtocolVersion),
-               now);
-      close_stream();
-      return;
-    }
-    if (auto lacking = missing_feature(cfg_, r->features)) {
-      finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt, *lacking, now);
-      close_stream();
-      return;
-    }
-    log_guest("ready", fmt::format("protocol_version={}", r->protocol_version));
-    if (shutdown_requested_) {
-      // Shut down before anything ran: no boot descriptor.
-      maybe_send_shutdown();
-      return;
-    }
-    send_boot();
-    if (stop_pending_) {
-      send(proto::Stop{});
-      stop_pending_ = false;
-      stop_sent_ = true;
-      log("stop_sent", "requested before boot");
-    }
+void Session::handle_ready(const proto::Ready& r, WallTime now) {
+  if (r.resume && !link_at_least(Link::ready)) return handle_resume(*r.resume);
+  if (!link_at_least(Link::ready) && (cfg_.resume || awaiting_redial_)) {
+    // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
+    // dialled); the workload this generation booted is gone with it.
+    log_guest("resume_expected", "a fresh `ready` instead of a resumed one");
+    if (!outcome_)
+      finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,
+               "the guest came back without resuming its session (restarted?)", now);
+    close_stream();
     return;
   }
-  if (!ready_) {
+  if (link_at_least(Link::ready)) {
+    // virtio-serial has no connection events: a second `ready` is a restarted guest.
+    stream_ = StreamState{};
+    stream_.link = Link::ready;
+    if (outcome_) {
+      log_guest("guest_restarted", "after the outcome: not booted again");
+      maybe_send_shutdown();  // before boot, and only once the outcome is durable
+      return;
+    }
+    log_guest("guest_restarted", "second ready on this stream: new session");
+  } else if (outcome_) {
+    log_limited(ignored_, "ignored_after_outcome", "ready");
+    return;
+  }
+  stream_.link = Link::ready;
+  reach(Phase::ready);
+  out_.push_back(act::CancelTimer{TimerKind::ready});
+  if (r.protocol_version != proto::kProtocolVersion) {
+    finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt,
+             fmt::format("guest speaks protocol version {}; this host speaks version {}",
+                         r.protocol_version, proto::kProtocolVersion),
+             now);
+    close_stream();
+    return;
+  }
+  if (auto lacking = missing_feature(cfg_, r.features)) {
+    finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt, *lacking, now);
+    close_stream();
+    return;
+  }
+  log_guest("ready", fmt::format("protocol_version={}", r.protocol_version));
+  if (ending_ != Ending::none) {
+    // Shut down before anything ran: no boot descriptor.
+    maybe_send_shutdown();
+    return;
+  }
+  send_boot();
+  if (stop_pending_) {
+    send(proto::Stop{});
+    stop_pending_ = false;
+    stream_.stop_sent = true;
+    log("stop_sent", "requested before boot");
+  }
+}
+
+void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
+  if (auto* r = std::get_if<proto::Ready>(&m)) return handle_ready(*r, now);
+  if (!link_at_least(Link::ready)) {
     protocol_violation(fmt::format("line {}: expected `ready` first, got `{}`", lines_, proto::type_name(m)),
                        now);
     return;
@@ -284,7 +285,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
   if (final_kind && outcome_) {
     // The host's outcome (e.g. its wall limit) stands; the guest now waits for its ack, which the
     // durable record of that outcome allows.
-    guest_reported_ = true;
+    stream_.reported = true;
     log_limited(ignored_, "ignored_after_outcome", std::string(proto::type_name(m)));
     maybe_send_shutdown();
     return;
@@ -297,12 +298,12 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
         } else if constexpr (std::is_same_v<T, proto::Started>) {
           log_guest("started", msg.pid ? fmt::format("pid={}", *msg.pid) : std::string());
           // From the first `started` on, the limit is the workload's; later ones never move it.
-          if (cfg_.wall_timeout && cfg_.wall_from_started && !outcome_ && !wall_rearmed_) {
-            wall_rearmed_ = true;
-            out_.push_back(act::ArmTimer{TimerKind::wall, *cfg_.wall_timeout});
+          if (cfg_.wall_timeout && cfg_.wall_from_started && !outcome_ && !wall_at_started_) {
+            wall_at_started_ = true;
+            arm(TimerKind::wall, *cfg_.wall_timeout);
           }
         } else if constexpr (std::is_same_v<T, proto::MountFailed>) {
-          guest_reported_ = true;
+          stream_.reported = true;
           finalize(proto::Outcome::mount_failed, std::nullopt, std::nullopt, std::nullopt,
                    fmt::format("share {} failed to mount{}: {}",
                                msg.tag ? fmt::format("'{}'", bounded(*msg.tag)) : "(unnamed)",
@@ -310,13 +311,13 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
                                bounded(msg.reason)),
                    now);
         } else if constexpr (std::is_same_v<T, proto::NetworkFailed>) {
-          guest_reported_ = true;
+          stream_.reported = true;
           finalize(proto::Outcome::network_failed, std::nullopt, std::nullopt, std::nullopt,
                    fmt::format("network: {} {}{}: {}", bounded(msg.interface), bounded(msg.step),
                                msg.err ? fmt::format(" (errno {})", msg.err) : "", bounded(msg.reason)),
                    now);
         } else if constexpr (std::is_same_v<T, proto::StartFailed>) {
-          guest_reported_ = true;
+          stream_.reported = true;
           finalize(proto::Outcome::start_failed, std::nullopt, std::nullopt, msg.cls,
                    fmt::format("workload failed to start ({}{}): {}", proto::to_string(msg.cls),
                                msg.err ? fmt::format(", errno {}", *msg.err) : "",
@@ -331,11 +332,11 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
                             lines_),
                 now);
           } else if (msg.exit_code) {
-            guest_reported_ = true;
+            stream_.reported = true;
             finalize(proto::Outcome::exited, msg.exit_code, std::nullopt, std::nullopt,
                      fmt::format("workload exited with code {}", *msg.exit_code), now);
           } else {
-            guest_reported_ = true;
+            stream_.reported = true;
             finalize(proto::Outcome::signalled, std::nullopt, msg.signal, std::nullopt,
                      fmt::format("workload killed by signal {}", *msg.signal), now);
           }
@@ -345,10 +346,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
           out_.push_back(act::Processes{msg});
         } else if constexpr (std::is_same_v<T, proto::ExecStarted> || std::is_same_v<T, proto::ExecFailed> ||
                              std::is_same_v<T, proto::ExecExited>) {
-          if constexpr (std::is_same_v<T, proto::ExecExited>) {
-            if (msg.exit_code.has_value() == msg.signal.has_value()) return;  // the decoder refuses these
-          }
-          out_.push_back(act::ExecReport{msg});
+          exec_report(msg);
         } else if constexpr (std::is_same_v<T, proto::OutputEnd>) {
           out_.push_back(act::OutputEnd{msg});
         }
@@ -358,7 +356,7 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
 
 void Session::handle_resume(const proto::Resume& r) {
   // Who the peer is was decided by the endpoint; the names in `resume` must only agree with it.
-  const bool resumable = cfg_.resume || (cfg_.reconnect.count() > 0 && booted_ever_);
+  const bool resumable = cfg_.resume || (cfg_.reconnect.count() > 0 && phase_ >= Phase::booted);
   if (!resumable || r.vm != cfg_.vm || r.generation != cfg_.generation) {
     log_guest("resume_refused",
               !resumable ? fmt::format("no session of VM {} to resume here", cfg_.vm)
@@ -367,8 +365,8 @@ void Session::handle_resume(const proto::Resume& r) {
     close_stream();
     return;
   }
-  ready_ = ready_ever_ = true;
-  booted_ = booted_ever_ = true;
+  stream_.link = Link::booted;
+  reach(Phase::booted);
   awaiting_redial_ = false;
   out_.push_back(act::CancelTimer{TimerKind::ready});
   out_.push_back(act::CancelTimer{TimerKind::reconnect});
@@ -376,10 +374,10 @@ void Session::handle_resume(const proto::Resume& r) {
   if (stop_pending_) {
     send(proto::Stop{});
     stop_pending_ = false;
-    stop_sent_ = true;
+    stream_.stop_sent = true;
     log("stop_sent", "requested while the channel was down");
   }
-  if (shutdown_requested_) {
+  if (ending_ != Ending::none) {
     request_end();
     maybe_send_shutdown();
   }
@@ -404,25 +402,24 @@ void Session::finalize(proto::Outcome o, std::optional<std::uint8_t> code,
   out_.push_back(act::CancelTimer{TimerKind::wall});
   log("outcome", fmt::format("{} exit_status={} reason={}", proto::to_string(o), r.exit_status,
                              r.reason));
-  recording_ = true;
+  record_ = RecordState::writing;
   out_.push_back(act::WriteRecord{std::move(r)});
 }
 
 void Session::record_durable(const Record& on_disk) {
-  if (!recording_) return;
-  recording_ = false;
-  durable_ = true;
+  if (record_ != RecordState::writing) return;
+  record_ = RecordState::durable;
   if (outcome_ && on_disk != *outcome_)
     log("already_recorded", fmt::format("generation {} was recorded first: {}", on_disk.generation,
                                         proto::to_string(on_disk.outcome)));
   outcome_ = on_disk;
   log("recorded", fmt::format("{} exit_status={}", proto::to_string(on_disk.outcome),
                               on_disk.exit_status));
-  if (stop_phase_ == 3) {  // already gave up waiting for the VM
+  if (stop_phase_ == StopPhase::gave_up) {  // already gave up waiting for the VM
     finish(false);
     return;
   }
-  if (cfg_.on_exit == OnExitPolicy::keep && !shutdown_requested_) {
+  if (cfg_.on_exit == OnExitPolicy::keep && ending_ == Ending::none) {
     log("kept", "the VM stays up until shutdown()");
     maybe_finish();
     return;
@@ -431,15 +428,14 @@ void Session::record_durable(const Record& on_disk) {
 }
 
 void Session::record_failed(std::string error) {
-  if (!recording_) return;
-  recording_ = false;
-  record_failed_ = true;
+  if (record_ != RecordState::writing) return;
+  record_ = RecordState::failed;
   log("record_failed", std::move(error));
-  if (stop_phase_ == 3) {
+  if (stop_phase_ == StopPhase::gave_up) {
     finish(false);
     return;
   }
-  if (cfg_.on_exit == OnExitPolicy::keep && !shutdown_requested_) {
+  if (cfg_.on_exit == OnExitPolicy::keep && ending_ == Ending::none) {
     maybe_finish();
     return;
   }
@@ -447,21 +443,109 @@ void Session::record_failed(std::string error) {
 }
 
 void Session::record_amended(const Record& on_disk) {
-  if (!durable_ || !outcome_ || on_disk.vm != cfg_.vm || on_disk.generation != cfg_.generation) return;
+  if (!durable() || !outcome_ || on_disk.vm != cfg_.vm || on_disk.generation != cfg_.generation) return;
   outcome_ = on_disk;
 }
 
 void Session::expect_output_reports() { await_reports_ = true; }
 
+void Session::exec_report(const std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited>& r) {
+  const std::uint16_t proc = std::visit([](const auto& m) { return m.proc; }, r);
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;  // not ours (late, or never asked for): nothing to tell
+  ExecState& x = it->second;
+  if (std::holds_alternative<proto::ExecStarted>(r)) {
+    if (x.started) return;
+    x.started = true;
+    out_.push_back(act::CancelExecTimer{proc});
+    out_.push_back(act::ExecReport{r});
+  } else if (auto* f = std::get_if<proto::ExecFailed>(&r)) {
+    out_.push_back(act::ExecReport{r});
+    end_exec(proc, *f);
+  } else {
+    const auto& e = std::get<proto::ExecExited>(r);
+    if (e.exit_code.has_value() == e.signal.has_value()) return;  // the decoder refuses these
+    x.exited = e;
+    out_.push_back(act::ExecReport{r});
+    // Its last output may still be on the data channel (another connection): bounded.
+    if (x.outputs_done()) end_exec(proc, e);
+    else arm_exec(proc, cfg_.data_drain);
+  }
+}
+
+void Session::data_opened() { data_open_ = true; }
+
+void Session::data_closed(bool outputs_done) {
+  data_open_ = false;
+  if (!outputs_done) await_reports_ = true;
+  // Processes exec() started lose their streams with it: their reports still end them.
+  for (auto& [proc, x] : execs_)
+    if (x.has_stdio) x.out_eof = x.err_eof = true;
+  for (auto it = execs_.begin(); it != execs_.end();) {
+    auto cur = it++;
+    if (cur->second.exited) end_exec(cur->first, *cur->second.exited);
+  }
+}
+
+void Session::exec_eof(std::uint16_t proc, proto::Stream stream) {
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;
+  (stream == proto::Stream::err ? it->second.err_eof : it->second.out_eof) = true;
+  if (it->second.exited && it->second.outputs_done()) end_exec(proc, *it->second.exited);
+}
+
+void Session::exec_timer_fired(std::uint16_t proc, DataLinkState data) {
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;
+  ExecState& x = it->second;
+  if (!x.exited) {
+    if (x.started) return;  // a completion that raced its cancel: it runs, its end is reported
+    return end_exec(proc, ExecLost{"no answer to exec in time (an init without exec?)"});
+  }
+  // Its last output may be behind a slow consumer (reads paused) or still on its way (bytes
+  // unread in the socket, or read since): the window restarts rather than dropping it.
+  if (data.open && data.moving) {
+    if (!std::exchange(x.wait_said, true))
+      log("exec_output_wait",
+          fmt::format("proc={}: its output still moves; its {} ms window restarts", proc, x.window.count()));
+    return arm_exec(proc, x.window);
+  }
+  end_exec(proc, *x.exited);
+}
+
+void Session::arm_exec(std::uint16_t proc, std::chrono::milliseconds after) {
+  auto it = execs_.find(proc);
+  if (it == execs_.end()) return;
+  it->second.window = after;
+  out_.push_back(act::ArmExecTimer{proc, after});
+}
+
+void Session::end_exec(std::uint16_t proc, ExecEnd end) {
+  if (execs_.erase(proc) == 0) return;
+  out_.push_back(act::ExecEnded{proc, std::move(end)});
+}
+
+void Session::end_all_execs(const std::string& why) {
+  while (!execs_.empty()) {
+    auto it = execs_.begin();
+    if (it->second.exited) end_exec(it->first, *it->second.exited);
+    else end_exec(it->first, ExecLost{why});
+  }
+}
+
+void Session::arm(TimerKind k, std::chrono::milliseconds after) {
+  if (k == TimerKind::stop) stop_after_ = after;
+  out_.push_back(act::ArmTimer{k, after});
+}
+
 void Session::begin_shutdown() {
-  shutdown_requested_ = true;
+  raise(Ending::policy);
   request_end();
   maybe_send_shutdown();
-  if (!vm_exited_ && stop_phase_ == 0) {
+  if (!vm_exited_ && stop_phase_ == StopPhase::idle) {
     // The stop deadline covers the grace a running workload gets before `shutdown` goes out.
-    stop_phase_ = 1;
-    auto after = cfg_.stop_timeout + (grace_armed_ && !grace_over_ ? cfg_.grace : std::chrono::milliseconds(0));
-    out_.push_back(act::ArmTimer{TimerKind::stop, after});
+    stop_phase_ = StopPhase::awaiting_exit;
+    arm(TimerKind::stop, cfg_.stop_timeout + (grace_ == Grace::running ? cfg_.grace : std::chrono::milliseconds(0)));
   }
   maybe_finish();
 }
@@ -469,43 +553,44 @@ void Session::begin_shutdown() {
 void Session::request_end() {
   // A workload still running gets `stop` (its one SIGTERM) first: the guest then reports how it
   // ended before any `shutdown` exists that it could take for the ack.
-  if (!(stream_open_ && ready_ && booted_) || guest_reported_) return;
-  if (!stop_sent_) {
+  if (!link_at_least(Link::booted) || stream_.reported) return;
+  if (!stream_.stop_sent) {
     send(proto::Stop{});
-    stop_sent_ = true;
+    stream_.stop_sent = true;
     log("stop_sent", fmt::format("ending the workload; shutdown follows within {} ms",
                                  cfg_.grace.count()));
   }
-  if (!grace_armed_) {
-    grace_armed_ = true;
-    out_.push_back(act::ArmTimer{TimerKind::grace, cfg_.grace});
+  if (grace_ == Grace::unarmed) {
+    grace_ = Grace::running;
+    arm(TimerKind::grace, cfg_.grace);
   }
 }
 
 void Session::maybe_send_shutdown() {
-  if (!shutdown_requested_ || !stream_open_ || !ready_) return;
+  if (ending_ == Ending::none || !link_at_least(Link::ready)) return;
   // The guest takes any `shutdown` after its final report as the ack that the outcome is durable
   // (docs/protocol.md "Outcome finality"). So while an outcome exists that is not durable, nothing
   // goes out; a record that failed is never acknowledged (the guest powers off after its own
   // ack_timeout_ms and the stop deadline bounds the wait for that).
-  if (outcome_ && !durable_) return;
-  if (guest_reported_) {
-    if (ack_sent_) return;
+  if (outcome_ && !durable()) return;
+  if (stream_.reported) {
+    if (stream_.shutdown == ShutdownSent::ack) return;
     send(proto::Shutdown{});
-    shutdown_sent_ = ack_sent_ = true;
+    stream_.shutdown = ShutdownSent::ack;
     log("shutdown_sent", "ack of the recorded outcome");
     return;
   }
-  if (shutdown_sent_) return;
+  if (stream_.shutdown != ShutdownSent::none) return;
   // A booted guest that has not reported: `stop` went out; the `shutdown` follows the grace.
-  if (booted_ && !grace_over_) return;
+  const bool booted = link_at_least(Link::booted);
+  if (booted && grace_ != Grace::over) return;
   send(proto::Shutdown{});
-  shutdown_sent_ = true;
-  log("shutdown_sent", booted_ ? "requested: the grace after stop is over" : "before boot");
+  stream_.shutdown = ShutdownSent::request;
+  log("shutdown_sent", booted ? "requested: the grace after stop is over" : "before boot");
 }
 
 void Session::lost(std::string reason, WallTime now) {
-  if (end_requested_)
+  if (ending_ == Ending::host_before_outcome)
     finalize(proto::Outcome::stopped, std::nullopt, std::nullopt, std::nullopt,
              fmt::format("the host ended the session and the guest reported no outcome ({})", reason),
              now);
@@ -515,29 +600,60 @@ void Session::lost(std::string reason, WallTime now) {
 }
 
 void Session::maybe_finish() {
-  if (finished_ || !vm_exited_ || !(durable_ || record_failed_)) return;
+  if (finished() || !vm_exited_ || !record_settled()) return;
   finish(true);
 }
 
 void Session::finish(bool allow_remove) {
-  if (finished_) return;
+  if (finished()) return;
   // The remove hook deletes the VM's resources: only once the record is durable and the VM is
   // known (from the embedder) to be gone.
-  if (allow_remove && cfg_.on_exit == OnExitPolicy::remove && durable_ && vm_exited_) {
+  if (allow_remove && cfg_.on_exit == OnExitPolicy::remove && durable() && vm_exited_) {
     out_.push_back(act::CallRemove{});
     log("remove", "");
   }
   close_stream();
-  out_.push_back(act::CancelTimer{TimerKind::stop});
-  finished_ = true;
+  // Nothing can happen any more: no timer of this session stays armed (the reconnect window's
+  // included, e.g. after giving up on a VM that never exited).
+  for (std::size_t k = 0; k < kTimerKinds; ++k) out_.push_back(act::CancelTimer{static_cast<TimerKind>(k)});
+  end_all_execs("the session is over");
+  phase_ = Phase::finished;
   out_.push_back(act::Finished{});
   log("finished", "");
 }
 
-void Session::timer_fired(TimerKind k, WallTime now) {
+bool Session::stop_deadline_on_output(DataLinkState data) {
+  // The stop deadline meets an open data channel. Output that still moves is a live guest
+  // delivering to a live consumer: the deadline restarts as it was armed (the mirror of the
+  // init's drain window), unless the host ends this VM on purpose (shutdown(), the wall limit),
+  // whose deadline is kept. A channel at rest, or one the host ends, is cut once the outcome is
+  // in (or the host asked: a workload blocked on output no longer read is let go, the rest
+  // counted, so it can end and be reported before the destroy), and the guest gets data_drain
+  // to count what it could not deliver and power off before the deadline runs its course.
+  if (!data.open) return false;
+  if (ending_ < Ending::host && data.moving) {
+    if (!std::exchange(stop_deferred_said_, true))
+      log("stop_deferred", fmt::format("the workload's output is still being read; the stop deadline "
+                                       "restarts ({} ms) while it moves",
+                                       stop_after_.count()));
+    arm(TimerKind::stop, stop_after_);
+    return true;
+  }
+  if (vm_exited_ || (!outcome_ && ending_ < Ending::host)) return false;
+  out_.push_back(act::CutOutput{
+      ending_ < Ending::host
+          ? fmt::format("the guest did not power off within the stop deadline ({} ms)", stop_after_.count())
+      : outcome_ && outcome_->outcome == proto::Outcome::timeout
+          ? std::string("the VM reached its time limit while its output was still being read")
+          : std::string("the VM was stopped while its output was still being read")});
+  arm(TimerKind::stop, cfg_.data_drain);
+  return true;
+}
+
+void Session::timer_fired(TimerKind k, WallTime now, DataLinkState data) {
   switch (k) {
     case TimerKind::ready:
-      if (!ready_ever_ && !outcome_) {
+      if (phase_ < Phase::ready && !outcome_) {
         finalize(proto::Outcome::no_ready, std::nullopt, std::nullopt, std::nullopt,
                  fmt::format("no `ready` within {} ms of vm_started", cfg_.ready_timeout.count()),
                  now);
@@ -550,17 +666,17 @@ void Session::timer_fired(TimerKind k, WallTime now) {
                fmt::format("still running at the host's {} ms limit", cfg_.wall_timeout->count()),
                now);
       // The limit ends the workload whatever the policy: `stop`, grace, `shutdown`.
-      ended_by_host_ = true;
+      raise(Ending::host);
       begin_shutdown();
       break;
     case TimerKind::grace:
-      if (!grace_armed_ || grace_over_) break;
-      grace_over_ = true;
-      if (!guest_reported_) log("grace_over", fmt::format("no outcome {} ms after stop", cfg_.grace.count()));
+      if (grace_ != Grace::running) break;
+      grace_ = Grace::over;
+      if (!stream_.reported) log("grace_over", fmt::format("no outcome {} ms after stop", cfg_.grace.count()));
       maybe_send_shutdown();
       break;
     case TimerKind::reconnect:
-      if (!awaiting_redial_ || ready_) break;
+      if (!awaiting_redial_ || link_at_least(Link::ready)) break;
       awaiting_redial_ = false;
       if (!outcome_)
         lost(fmt::format("channel lost; the guest did not resume within {} ms",
@@ -569,25 +685,30 @@ void Session::timer_fired(TimerKind k, WallTime now) {
       maybe_finish();
       break;
     case TimerKind::stop:
-      if (vm_exited_) {
-        // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
-        if (!outcome_) lost("VM exited; its channel stayed open and no outcome arrived", now);
-        close_stream();
-        maybe_finish();
-        break;
-      }
-      if (stop_phase_ == 1) {
-        stop_phase_ = 2;
-        log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
-        out_.push_back(act::CallDestroy{});
-        out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
-      } else if (stop_phase_ == 2) {
-        stop_phase_ = 3;
-        log("gave_up", fmt::format("no vm_exited {} ms after destroy", cfg_.stop_timeout.count()));
-        if (!outcome_) lost("VM did not exit and no outcome arrived", now);
-        if (durable_ || record_failed_) finish(false);
-      }
+      stop_deadline(now, data);
       break;
+  }
+}
+
+void Session::stop_deadline(WallTime now, DataLinkState data) {
+  if (stop_deadline_on_output(data)) return;
+  if (vm_exited_) {
+    // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
+    if (!outcome_) lost("VM exited; its channel stayed open and no outcome arrived", now);
+    close_stream();
+    maybe_finish();
+    return;
+  }
+  if (stop_phase_ == StopPhase::awaiting_exit) {
+    stop_phase_ = StopPhase::destroyed;
+    log("destroy", fmt::format("no vm_exited {} ms after shutdown", cfg_.stop_timeout.count()));
+    out_.push_back(act::CallDestroy{});
+    arm(TimerKind::stop, cfg_.stop_timeout);
+  } else if (stop_phase_ == StopPhase::destroyed) {
+    stop_phase_ = StopPhase::gave_up;
+    log("gave_up", fmt::format("no vm_exited {} ms after destroy", cfg_.stop_timeout.count()));
+    if (!outcome_) lost("VM did not exit and no outcome arrived", now);
+    if (record_settled()) finish(false);
   }
 }
 
@@ -601,39 +722,40 @@ void Session::vm_exited(WallTime now) {
     awaiting_redial_ = false;  // nobody is left to redial
     out_.push_back(act::CancelTimer{TimerKind::reconnect});
   }
-  if (stream_open_ && (!outcome_ || await_reports_)) {
+  if (stream_open() && (!outcome_ || await_reports_)) {
     // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
     // them first (bounded by the stop deadline) so a reported outcome, or its count of the
     // output it could not deliver, is never lost.
-    out_.push_back(act::ArmTimer{TimerKind::stop, cfg_.stop_timeout});
+    arm(TimerKind::stop, cfg_.stop_timeout);
     return;
   }
-  if (!outcome_) lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
+  if (!outcome_) lost(phase_ >= Phase::ready ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
   maybe_finish();
 }
 
 void Session::stream_closed(std::size_t unfinished, WallTime now) {
-  if (!stream_open_) return;
-  stream_open_ = false;
+  if (!stream_open()) return;
+  const StreamState was = stream_;
+  stream_.link = Link::closed;
   bool partial = unfinished > 0;
-  bool had_session = ready_;
-  ready_ = false;
+  bool had_session = was.link >= Link::ready;
   log_guest("disconnected", partial ? "in the middle of a line" : "");
   if (!had_session && !outcome_) {
     // No `ready` on this stream: it carried no session (a stale-path probe, a peer that gave up).
     // The ready deadline and vm_exited still bound the wait; another stream may come.
     log_guest("no_session", "stream closed before `ready`");
     if (vm_exited_) {
-      lost(ready_ever_ ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
+      lost(phase_ >= Phase::ready ? "VM exited before reporting an outcome" : "VM exited before `ready`", now);
       maybe_finish();
     }
     return;
   }
-  if (cfg_.reconnect.count() > 0 && booted_ && !ack_sent_ && !vm_exited_ && !finished_) {
+  if (cfg_.reconnect.count() > 0 && was.link == Link::booted && was.shutdown != ShutdownSent::ack &&
+      !vm_exited_ && !finished()) {
     // Channel survival: the guest redials and resumes; nothing is decided until the window ends.
     awaiting_redial_ = true;
     log_guest("awaiting_redial", fmt::format("up to {} ms", (cfg_.reconnect + kReconnectSlack).count()));
-    out_.push_back(act::ArmTimer{TimerKind::reconnect, cfg_.reconnect + kReconnectSlack});
+    arm(TimerKind::reconnect, cfg_.reconnect + kReconnectSlack);
     return;
   }
   if (!outcome_) {
@@ -647,19 +769,19 @@ void Session::stream_closed(std::size_t unfinished, WallTime now) {
 
 bool Session::set_terminal_size(std::uint16_t rows, std::uint16_t cols) {
   auto& st = cfg_.descriptor.stdio;
-  if (booted_ever_ || rows < 1 || cols < 1 || !st || !st->terminal) return false;
+  if (phase_ >= Phase::booted || rows < 1 || cols < 1 || !st || !st->terminal) return false;
   st->terminal->rows = rows;
   st->terminal->cols = cols;
   return true;
 }
 
 Status Session::stop() {
-  if (finished_) return Error{"stop: the session is over"};
+  if (finished()) return Error{"stop: the session is over"};
   if (outcome_) return Error{fmt::format("stop: the workload already ended ({})",
                                          proto::to_string(outcome_->outcome))};
-  if (stream_open_ && ready_) {
+  if (link_at_least(Link::ready)) {
     send(proto::Stop{});
-    stop_sent_ = true;
+    stream_.stop_sent = true;
     log("stop_sent", "");
   } else {
     stop_pending_ = true;
@@ -670,44 +792,50 @@ Status Session::stop() {
 
 Status Session::kill(int signal) {
   if (signal < 1 || signal > 64) return Error{fmt::format("signal: expected 1..64, got {}", signal)};
-  if (finished_) return Error{"kill: the session is over"};
-  if (!(stream_open_ && ready_)) return Error{"kill: no booted session to signal"};
+  if (finished()) return Error{"kill: the session is over"};
+  if (!link_at_least(Link::ready)) return Error{"kill: no booted session to signal"};
   send(proto::Kill{static_cast<std::uint8_t>(signal)});
   log("kill_sent", fmt::format("signal={}", signal));
+  if (outcome_ && data_open_)
+    out_.push_back(act::CutOutput{
+        fmt::format("the VM was killed (signal {}) while its output was still being read", signal)});
   return Ok{};
 }
 
 Status Session::exec(const proto::ExecProcess& x) {
-  if (finished_) return Error{"exec: the session is over"};
-  if (!(stream_open_ && ready_ && booted_)) return Error{"exec: no booted session"};
+  if (finished()) return Error{"exec: the session is over"};
+  if (!link_at_least(Link::booted)) return Error{"exec: no booted session"};
   if (outcome_) return Error{"exec: the workload has ended"};
   if (auto ok = proto::validate(proto::HostMessage{x}); !ok) return Error{ok.error().reason};
   send(x);
+  execs_[x.proc] = ExecState{x.stdio.has_value(), x.stdio && x.stdio->terminal};
+  arm_exec(x.proc, cfg_.exec_answer_wait);
   log("exec_sent", fmt::format("proc={} argv0={}", x.proc, x.exec.argv.empty() ? "" : bounded(x.exec.argv[0])));
   return Ok{};
 }
 
 Status Session::kill_exec(int signal, std::uint16_t proc) {
   if (signal < 1 || signal > 64) return Error{fmt::format("signal: expected 1..64, got {}", signal)};
-  if (finished_) return Error{"kill: the session is over"};
-  if (!(stream_open_ && ready_)) return Error{"kill: no booted session to signal"};
+  if (finished()) return Error{"kill: the session is over"};
+  if (!link_at_least(Link::ready)) return Error{"kill: no booted session to signal"};
   send(proto::Kill{static_cast<std::uint8_t>(signal), proc});
   log("kill_sent", fmt::format("signal={} proc={}", signal, proc));
   return Ok{};
 }
 
 Status Session::list_processes() {
-  if (finished_) return Error{"list_processes: the session is over"};
-  if (!(stream_open_ && ready_)) return Error{"list_processes: no guest connected"};
+  if (finished()) return Error{"list_processes: the session is over"};
+  if (!link_at_least(Link::ready)) return Error{"list_processes: no guest connected"};
   send(proto::ListProcesses{});
   return Ok{};
 }
 
 Status Session::shutdown(WallTime) {
-  if (finished_) return Error{"shutdown: the session is over"};
-  if (!outcome_) end_requested_ = true;
-  ended_by_host_ = true;
+  if (finished()) return Error{"shutdown: the session is over"};
+  raise(outcome_ ? Ending::host : Ending::host_before_outcome);
   begin_shutdown();
+  if (outcome_ && data_open_)
+    out_.push_back(act::CutOutput{"the VM was stopped while its output was still being read"});
   return Ok{};
 }
 

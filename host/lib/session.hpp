@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,12 +53,69 @@ struct SessionConfig {
   /// accept only a resumed `ready` naming this VM and generation; ready_timeout bounds the wait.
   bool resume = false;
   std::size_t line_cap = proto::kDefaultLineCap;          // bytes per guest line
+  /// The bound the guest gets to count what it could not deliver and power off once the host
+  /// closed the data channel early at the stop deadline (act::CutOutput). Host::add_vm sets it
+  /// from HostOptions::data_drain. ms.
+  std::chrono::milliseconds data_drain{2000};
+  /// How long a process exec() started may go without its exec_started (an init that predates
+  /// `exec` never answers): then it ends `lost`. Host::add_vm sets it (Host::kExecAnswerWait). ms.
+  std::chrono::milliseconds exec_answer_wait{10000};
+};
+
+/// A process Session::exec() started whose end will never be reported: the guest's stream closed,
+/// the session ended, or no answer came in time. `reason` says which.
+struct ExecLost {
+  std::string reason;
+};
+/// How a process exec() started ended: the guest's exec_exited, its exec_failed (the process
+/// never ran), or lost.
+using ExecEnd = std::variant<proto::ExecExited, proto::ExecFailed, ExecLost>;
+
+/// The session's lifecycle, in order (docs/host.md "The session's phases"). Never goes back.
+/// awaiting_ready: no `ready` yet (the ready deadline runs from vm_started). ready: a `ready`
+/// came (the deadline is met) but no `boot` went out (version mismatch, shutdown before boot).
+/// booted: a `boot` went out, or a session resumed. finished: nothing more happens.
+enum class Phase { awaiting_ready, ready, booted, finished };
+/// The stop deadline once the VM is to end: idle (not armed), awaiting_exit (shutdown under way,
+/// waiting for vm_exited), destroyed (CallDestroy went out, waiting once more), gave_up.
+enum class StopPhase { idle, awaiting_exit, destroyed, gave_up };
+/// The host's `stop` of a running workload and the `shutdown` after it: unarmed, running (the
+/// grace timer), over (the `shutdown` may follow).
+enum class Grace { unarmed, running, over };
+/// The outcome's record: none (no outcome), writing (WriteRecord out), durable, failed.
+enum class RecordState { none, writing, durable, failed };
+/// Who asked for the VM's end, strongest last (it only rises): none, policy (on_exit after the
+/// durable record), host (shutdown() after the outcome, or the wall limit), host_before_outcome
+/// (shutdown() before any outcome: a lost stream is then `stopped`, not `channel_lost`).
+enum class Ending { none, policy, host, host_before_outcome };
+/// The current guest stream: closed (none), connected (no `ready` on it), ready, booted (a
+/// `boot` went out on it, or it resumed).
+enum class Link { closed, connected, ready, booted };
+/// The `shutdown` sent on the current stream: none, request (the host's, before the guest's
+/// report), ack (after its report, the record durable: the guest powers off on it).
+enum class ShutdownSent { none, request, ack };
+/// What is known of the current guest stream; a new stream (or a restarted guest's second
+/// `ready`) starts from {}.
+struct StreamState {
+  Link link = Link::closed;
+  bool reported = false;   // the guest sent its final report: any `shutdown` from now on is its ack
+  bool stop_sent = false;  // `stop` went out (independent of the shutdown: one may go without the other)
+  ShutdownSent shutdown = ShutdownSent::none;
+};
+/// The data channel as the loop sees it when a deadline fires (the session keeps no I/O):
+/// `open`, and `moving`: output still flows (reads paused for a slow consumer, bytes unread in
+/// the socket, or bytes read since the timer was armed; DataLink::moving()).
+struct DataLinkState {
+  bool open = false;
+  bool moving = false;
 };
 
 /// The session's timers. `stop` runs twice at most: destroy, then give up waiting. `grace`: from
 /// the host's `stop` of a running workload to the `shutdown` that follows it. `reconnect`: from a
 /// lost stream (SessionConfig::reconnect > 0) to giving up on the guest's redial.
 enum class TimerKind { ready, wall, stop, grace, reconnect };
+/// How many TimerKinds there are: the loop keeps one timer per kind in a table of this size.
+inline constexpr std::size_t kTimerKinds = static_cast<std::size_t>(TimerKind::reconnect) + 1;
 /// Added to the guest's reconnect window before the host gives up: its backoff and a dial
 /// through the VMM may take a little longer than the window itself. ms.
 inline constexpr std::chrono::milliseconds kReconnectSlack{2000};
@@ -84,11 +142,26 @@ struct ExecReport { std::variant<proto::ExecStarted, proto::ExecFailed, proto::E
 /// The guest's account of one output stream (protocol `output_end`: sent, unsent); the owner,
 /// which knows the bytes it received, computes the exact loss (0: the stream arrived whole).
 struct OutputEnd { proto::OutputEnd report; };
+/// End the wait for the workload's output on purpose: close the data channel before its eofs
+/// (the guest counts what it could not deliver, `output_lost`). `reason` goes into the record's
+/// lost_reason and the `output_cut` event. A no-op when the data channel is already closed.
+struct CutOutput { std::string reason; };
+/// Arm (again) the timer of process `proc` exec() started: first its answer's bound
+/// (exec_answer_wait), after its exec_exited the window for its last output (data_drain). The
+/// loop reports it with exec_timer_fired(); arming replaces the one before.
+struct ArmExecTimer { std::uint16_t proc; std::chrono::milliseconds after; };
+/// Process `proc` has ended: the loop settles its output, calls its `ended` hook, forgets it.
+/// Always last of its actions, once.
+struct ExecEnded { std::uint16_t proc; ExecEnd end; };
+/// The answer came (exec_started): the timer of process `proc` stops until its exec_exited.
+struct CancelExecTimer { std::uint16_t proc; };
 }  // namespace act
 
 using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::CancelTimer,
                             act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
-                            act::Finished, act::Processes, act::ExecReport, act::OutputEnd>;
+                            act::Finished, act::Processes, act::ExecReport, act::OutputEnd,
+                            act::CutOutput, act::ArmExecTimer, act::CancelExecTimer,
+                            act::ExecEnded>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
 /// in order. It holds no guest bytes: the owner frames them (feed_lines() below, with a
@@ -112,8 +185,11 @@ class Session {
   /// EOF or a read error on the guest stream. `unfinished`: bytes of a line it cut short
   /// (LineReader::pending()), 0 if it ended between lines.
   void stream_closed(std::size_t unfinished, WallTime now);
-  /// A timer armed by ArmTimer expired.
-  void timer_fired(TimerKind k, WallTime now);
+  /// A timer armed by ArmTimer expired. `data`: the data channel's state now (the stop deadline
+  /// decides on it: output still moving restarts it unless the host ends the VM on purpose; a
+  /// channel at rest, or one the host ends, is cut once there is an outcome or the host asked,
+  /// and the guest gets data_drain to power off; docs/host.md "Output lost").
+  void timer_fired(TimerKind k, WallTime now, DataLinkState data = {});
   /// The VMM process exited (only the embedder knows).
   void vm_exited(WallTime now);
   /// The record is durable; `on_disk` is what is on disk (maybe an earlier record of this
@@ -129,6 +205,18 @@ class Session {
   /// vm_exited from now on reads the stream to its EOF first (bounded by stop_timeout) instead of
   /// finishing at once.
   void expect_output_reports();
+  /// One of the streams of process `proc` (exec'd) reached its eof on the data channel.
+  void exec_eof(std::uint16_t proc, proto::Stream stream);
+  /// The timer of process `proc` (act::ArmExecTimer) expired; `data` as for timer_fired(). After
+  /// its exec_exited, output still moving restarts the window; else it ends (exited, or lost
+  /// when no answer came).
+  void exec_timer_fired(std::uint16_t proc, DataLinkState data);
+  /// The data channel (workload stdio) connected.
+  void data_opened();
+  /// The data channel closed (either side, or failed). `outputs_done`: the workload's eofs had
+  /// all arrived; if not, the guest reports what it could not deliver (expect_output_reports()).
+  /// Processes exec() started lose their streams with it: those already exited end now.
+  void data_closed(bool outputs_done);
 
   // ---- API ----
   /// The workload's terminal size, rows x cols (each >= 1), before `boot` went out: the
@@ -137,13 +225,16 @@ class Session {
   bool set_terminal_size(std::uint16_t rows, std::uint16_t cols);
   /// Ask the guest to SIGTERM the workload (sent at once, or right after the boot descriptor).
   Status stop();
-  /// Send `signal` (1..64) to the workload's process group; needs a booted session.
+  /// Send `signal` (1..64) to the workload's process group; needs a booted session. After the
+  /// outcome, with the data channel open, it also cuts the output still owed (act::CutOutput).
   Status kill(int signal);
   /// Ask the guest for its processes (`list_processes`); the answer is act::Processes. Needs a
   /// guest that sent `ready` on an open stream.
   Status list_processes();
   /// Start another process in the guest (`exec`, docs/protocol.md "Exec"); its reports come as
-  /// act::ExecReport. Needs a booted session on an open stream whose outcome is not in yet.
+  /// act::ExecReport, its end as act::ExecEnded (after its output: its eofs, or data_drain after
+  /// its exec_exited while no output moves). Needs a booted session on an open stream whose
+  /// outcome is not in yet.
   Status exec(const proto::ExecProcess& x);
   /// Send `signal` (1..64) to the group of process `proc` (exec'd); needs a booted session.
   Status kill_exec(int signal, std::uint16_t proc);
@@ -151,6 +242,7 @@ class Session {
   /// `shutdown`; a `shutdown` after the guest's outcome is its ack, so it goes out only once the
   /// record is durable, and never for a record that failed (the guest then powers off after its
   /// own ack_timeout_ms; past the stop deadline the VM is destroyed). Waits for vm_exited.
+  /// After the outcome, with the data channel open, the output still owed is cut (act::CutOutput).
   Status shutdown(WallTime now);
 
   // ---- state ----
@@ -158,22 +250,28 @@ class Session {
   std::vector<Action> take();
   /// The final outcome, once there is one (not necessarily durable yet).
   const std::optional<Record>& outcome() const { return outcome_; }
-  bool durable() const { return durable_; }
-  bool finished() const { return finished_; }
-  bool stream_open() const { return stream_open_; }
+  bool durable() const { return record_ == RecordState::durable; }
+  bool finished() const { return phase_ == Phase::finished; }
+  bool stream_open() const { return stream_.link != Link::closed; }
   /// The embedder reported vm_exited.
   bool vm_gone() const { return vm_exited_; }
   /// The host ends this VM on purpose: shutdown() was called, or the wall limit fired (not the
   /// on_exit policy after the workload's own end). Its stop deadline then cuts output still owed
   /// instead of waiting for a slow consumer (docs/host.md "Output lost").
-  bool ended_by_host() const { return ended_by_host_; }
+  bool ended_by_host() const { return ending_ >= Ending::host; }
   /// The stream was lost inside the reconnect window: the guest may still resume.
   bool awaiting_redial() const { return awaiting_redial_; }
+  Phase phase() const { return phase_; }
+  StopPhase stop_phase() const { return stop_phase_; }
+  RecordState record_state() const { return record_; }
+  const StreamState& stream() const { return stream_; }
   const SessionConfig& config() const { return cfg_; }
 
  private:
   void handle_message(const proto::GuestMessage& m, WallTime now);
   void handle_resume(const proto::Resume& r);
+  void handle_ready(const proto::Ready& r, WallTime now);
+  void exec_report(const std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited>& r);
   void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,
                 std::optional<proto::StartFailClass> cls, std::string reason, WallTime now);
   void protocol_violation(std::string reason, WallTime now);
@@ -186,6 +284,16 @@ class Session {
   void lost(std::string reason, WallTime now);
   void maybe_finish();
   void finish(bool allow_remove);
+  void arm(TimerKind k, std::chrono::milliseconds after);
+  void arm_exec(std::uint16_t proc, std::chrono::milliseconds after);
+  void end_exec(std::uint16_t proc, ExecEnd end);
+  void end_all_execs(const std::string& why);
+  void stop_deadline(WallTime now, DataLinkState data);
+  bool stop_deadline_on_output(DataLinkState data);
+  void reach(Phase p) { if (phase_ < p) phase_ = p; }
+  void raise(Ending e) { if (ending_ < e) ending_ = e; }
+  bool record_settled() const { return record_ == RecordState::durable || record_ == RecordState::failed; }
+  bool link_at_least(Link l) const { return stream_.link >= l; }
   void log_limited(std::uint64_t& counter, std::string kind, std::string detail);
   void log(std::string kind, std::string detail);
   void log_guest(std::string kind, std::string detail);  // a guest-triggered event: rate-limited
@@ -199,32 +307,36 @@ class Session {
   std::uint64_t unknown_ = 0;           // unknown-type lines skipped
   std::uint64_t ignored_ = 0;           // lines ignored after the outcome
   std::vector<std::pair<std::string, std::uint64_t>> guest_logs_;  // per guest-triggered kind
-  bool stream_open_ = false;
-  bool ready_ = false;        // `ready` seen on the current stream (a session is booted)
-  bool ready_ever_ = false;   // any `ready` seen (the ready deadline is met)
-  int stop_phase_ = 0;        // 0 idle, 1 waiting for vm_exited, 2 destroy called, 3 gave up
-  bool stop_pending_ = false; // stop() before boot
-  bool stop_sent_ = false;    // `stop` went out on the current stream
-  bool booted_ = false;       // `boot` went out on the current stream (or it resumed)
-  bool booted_ever_ = false;  // a boot went out (or a session resumed) in this process
-  bool awaiting_redial_ = false;  // the stream was lost inside the reconnect window
-  bool guest_reported_ = false;  // the guest sent its final report on the current stream: any
-                                 // `shutdown` it receives from now on is its ack
-  bool grace_armed_ = false;
-  bool grace_over_ = false;
-  bool wall_armed_ = false;   // the wall limit was armed at the first `boot`
-  bool wall_rearmed_ = false; // the wall limit moved to the first `started` once
-  bool recording_ = false;
-  bool durable_ = false;
-  bool record_failed_ = false;
-  bool shutdown_requested_ = false;  // API shutdown(), the wall limit, or policy after durable
-  bool end_requested_ = false;       // the API asked for the end before any outcome
-  bool shutdown_sent_ = false;
-  bool ack_sent_ = false;       // a `shutdown` went out after the guest's report, record durable
-  bool vm_exited_ = false;
-  bool finished_ = false;
-  bool await_reports_ = false;  // expect_output_reports(): read the stream to EOF after vm_exited
-  bool ended_by_host_ = false;  // shutdown() or the wall limit
+  // The lifecycle and its per-concern states (see the enums above).
+  Phase phase_ = Phase::awaiting_ready;
+  StopPhase stop_phase_ = StopPhase::idle;
+  Grace grace_ = Grace::unarmed;
+  RecordState record_ = RecordState::none;
+  Ending ending_ = Ending::none;
+  StreamState stream_;
+  std::chrono::milliseconds stop_after_{0};  // the stop deadline's last arming (restarted as is)
+  // Independent facts, each with its own source and no order among them:
+  bool stop_pending_ = false;     // the API's stop() before boot (sent with the next boot/resume)
+  bool awaiting_redial_ = false;  // a reconnect window is open: spans a new stream until it resumes
+  bool wall_at_boot_ = false;     // the wall limit was armed at the first `boot` (once)
+  bool wall_at_started_ = false;  // ... and moved to the first `started` (once; a resumed session
+                                  // sees `started` without a `boot` of ours)
+  bool vm_exited_ = false;        // the embedder's vm_exited
+  bool await_reports_ = false;    // read the stream to EOF after vm_exited (output reports owed)
+  bool data_open_ = false;        // the data channel is connected (data_opened/data_closed)
+  bool stop_deferred_said_ = false;  // the stop deadline's restart was logged (once)
+  /// A process exec() started, until its end (act::ExecEnded).
+  struct ExecState {
+    bool has_stdio = false;  // its own streams on the data channel
+    bool terminal = false;   // one stream (stdout) only
+    bool started = false;    // exec_started came
+    bool out_eof = false, err_eof = false;
+    std::optional<proto::ExecExited> exited;  // reported; its output may still be on its way
+    std::chrono::milliseconds window{0};      // its timer's last arming (restarted as is)
+    bool wait_said = false;                   // exec_output_wait logged (once)
+    bool outputs_done() const { return !has_stdio || (out_eof && (err_eof || terminal)); }
+  };
+  std::map<std::uint16_t, ExecState> execs_;
 };
 
 /// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed

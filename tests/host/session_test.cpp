@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include "host/lib/session.hpp"
 #include "protocol/codec.hpp"
 #include "support.hpp"
@@ -23,6 +25,12 @@ struct Probe {
   std::vector<TimerKind> armed, cancelled;
   int closes = 0, destroys = 0, removes = 0, finished = 0;
   std::vector<proto::Processes> lists;  // act::Processes, in order
+  std::vector<std::string> cuts;        // act::CutOutput reasons, in order
+  std::vector<std::pair<std::uint16_t, std::chrono::milliseconds>> exec_arms;  // act::ArmExecTimer
+  std::vector<std::uint16_t> exec_cancels;                                    // act::CancelExecTimer
+  std::vector<std::pair<std::uint16_t, ExecEnd>> exec_ends;                   // act::ExecEnded
+  std::vector<std::string> order;       // "report"/"end" per exec action, in order
+  std::vector<std::chrono::milliseconds> stop_arms;  // each ArmTimer{stop}'s duration
   WallTime t{std::chrono::seconds(1'700'000'000)};
 
   explicit Probe(OnExitPolicy p = OnExitPolicy::stop, std::size_t cap = proto::kDefaultLineCap)
@@ -46,7 +54,10 @@ struct Probe {
             using T = std::decay_t<decltype(x)>;
             if constexpr (std::is_same_v<T, act::Send>) sent.push_back(x.msg);
             else if constexpr (std::is_same_v<T, act::CloseStream>) ++closes;
-            else if constexpr (std::is_same_v<T, act::ArmTimer>) armed.push_back(x.kind);
+            else if constexpr (std::is_same_v<T, act::ArmTimer>) {
+              armed.push_back(x.kind);
+              if (x.kind == TimerKind::stop) stop_arms.push_back(x.after);
+            }
             else if constexpr (std::is_same_v<T, act::CancelTimer>) cancelled.push_back(x.kind);
             else if constexpr (std::is_same_v<T, act::WriteRecord>) writes.push_back(x.record);
             else if constexpr (std::is_same_v<T, act::CallDestroy>) ++destroys;
@@ -54,6 +65,14 @@ struct Probe {
             else if constexpr (std::is_same_v<T, act::Log>) logs.push_back(x.kind + " " + x.detail);
             else if constexpr (std::is_same_v<T, act::Finished>) ++finished;
             else if constexpr (std::is_same_v<T, act::Processes>) lists.push_back(x.list);
+            else if constexpr (std::is_same_v<T, act::CutOutput>) cuts.push_back(x.reason);
+            else if constexpr (std::is_same_v<T, act::ArmExecTimer>) exec_arms.emplace_back(x.proc, x.after);
+            else if constexpr (std::is_same_v<T, act::CancelExecTimer>) exec_cancels.push_back(x.proc);
+            else if constexpr (std::is_same_v<T, act::ExecReport>) order.push_back("report");
+            else if constexpr (std::is_same_v<T, act::ExecEnded>) {
+              exec_ends.emplace_back(x.proc, x.end);
+              order.push_back("end");
+            }
           },
           a);
     }
@@ -689,6 +708,233 @@ TEST_CASE("API: list_processes needs a guest that sent ready; its processes line
   // A malformed list is a protocol error like any other line, not a list.
   p.feed(R"({"type":"processes","processes":[{"pid":0,"ppid":0,"uid":0,"cmd":"x"}]})" "\n");
   CHECK(p.lists.size() == 1);
+}
+
+// ---- the stop deadline and the data channel: one decision, event by event ----
+
+TEST_CASE("stop deadline with output moving: restarts as armed (once said), never cuts, until at rest") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.feed(test::exited_line(0));
+  p.durable();  // stop policy: the ack, the stop deadline (700 ms)
+  REQUIRE(p.stop_arms.size() == 1);
+  CHECK(p.stop_arms.back() == std::chrono::milliseconds(700));
+  for (int i = 0; i < 3; ++i) {
+    p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, true});
+    p.pump();
+    CHECK(p.stop_arms.back() == std::chrono::milliseconds(700));  // restarted, the same length
+  }
+  CHECK(p.stop_arms.size() == 4);
+  CHECK(std::count_if(p.logs.begin(), p.logs.end(), [](auto& l) { return l.starts_with("stop_deferred"); }) == 1);
+  CHECK(p.cuts.empty());
+  CHECK(p.destroys == 0);
+  // At rest now, the outcome in: the output still owed is cut; the guest gets data_drain (2 s).
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, false});
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the guest did not power off within the stop deadline (700 ms)");
+  CHECK(p.stop_arms.back() == std::chrono::milliseconds(2000));
+  CHECK(p.destroys == 0);
+  // The loop closed it (the guest's eofs missing): then the deadline runs its course.
+  p.s.data_closed(false);
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{});
+  p.pump();
+  CHECK(p.destroys == 1);
+}
+
+TEST_CASE("stop deadline, the host ending the VM: moving output does not restart it; cut, then destroy") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.feed(test::exited_line(0));
+  p.durable();
+  CHECK(p.s.shutdown(p.t));  // after the outcome, the data channel open: cut at once
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the VM was stopped while its output was still being read");
+  CHECK(p.s.ended_by_host());
+  p.s.data_closed(false);
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{});
+  p.pump();
+  CHECK(p.destroys == 1);
+}
+
+TEST_CASE("stop deadline before the outcome: at rest and not ended by the host, the deadline runs its course") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.s.vm_exited(p.t);  // the stream stays open: the stop deadline bounds the wait for its EOF
+  p.pump();
+  REQUIRE(p.stop_arms.size() == 1);
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, false});
+  p.pump();
+  CHECK(p.cuts.empty());
+  REQUIRE(p.s.outcome());
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+}
+
+TEST_CASE("the wall limit ends the VM on purpose: its deadline is kept while output moves, and what is owed is cut") {
+  Probe p;
+  auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.wall_timeout = std::chrono::milliseconds(5000);
+  p.s = Session(c);
+  p.booted();
+  p.s.data_opened();
+  p.s.timer_fired(TimerKind::wall, p.t);
+  p.pump();
+  REQUIRE(p.s.outcome());
+  CHECK(p.outcome().outcome == proto::Outcome::timeout);
+  CHECK(p.cuts.empty());  // the workload gets `stop` and its grace first
+  p.s.timer_fired(TimerKind::stop, p.t, DataLinkState{true, true});
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the VM reached its time limit while its output was still being read");
+  CHECK(p.stop_arms.back() == std::chrono::milliseconds(2000));
+}
+
+TEST_CASE("kill after the outcome with the data channel open cuts the output; with it closed, nothing") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  p.feed(test::exited_line(0));
+  CHECK(p.s.kill(9));
+  p.pump();
+  REQUIRE(p.cuts.size() == 1);
+  CHECK(p.cuts[0] == "the VM was killed (signal 9) while its output was still being read");
+  p.s.data_closed(true);
+  CHECK(p.s.kill(9));
+  p.pump();
+  CHECK(p.cuts.size() == 1);
+}
+
+TEST_CASE("phases: awaiting_ready -> ready -> booted -> finished; the stop phase and the record by enum") {
+  Probe p;
+  CHECK(p.s.phase() == Phase::awaiting_ready);
+  p.start();
+  CHECK(p.s.stream().link == Link::connected);
+  p.feed(test::ready_line());
+  CHECK(p.s.phase() == Phase::booted);
+  CHECK(p.s.stream().link == Link::booted);
+  p.feed(test::exited_line(0));
+  CHECK(p.s.record_state() == RecordState::writing);
+  CHECK(p.s.stream().reported);
+  p.durable();
+  CHECK(p.s.record_state() == RecordState::durable);
+  CHECK(p.s.stream().shutdown == ShutdownSent::ack);
+  CHECK(p.s.stop_phase() == StopPhase::awaiting_exit);
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(p.s.stop_phase() == StopPhase::destroyed);
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(p.s.stop_phase() == StopPhase::gave_up);
+  CHECK(p.s.phase() == Phase::finished);
+  // Finished: every timer kind cancelled, none left armed.
+  for (std::size_t k = 0; k < kTimerKinds; ++k)
+    CHECK(std::count(p.cancelled.begin(), p.cancelled.end(), static_cast<TimerKind>(k)) >= 1);
+}
+
+// ---- processes exec() started: their end decided here, event by event ----
+
+namespace {
+proto::ExecProcess exec_of(std::uint16_t proc, bool with_stdio) {
+  proto::ExecProcess x;
+  x.proc = proc;
+  x.exec.argv = {"/bin/sh"};
+  if (with_stdio) x.stdio = proto::Stdio{};
+  return x;
+}
+std::string exec_line(std::string_view type, std::uint16_t proc, std::string_view rest) {
+  return fmt::format("{{\"type\":\"{}\",\"proc\":{}{}}}\n", type, proc, rest);
+}
+}  // namespace
+
+TEST_CASE("exec with stdio: started cancels the answer's bound; exited waits for both eofs, then ends") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  REQUIRE(p.s.exec(exec_of(1, true)));
+  p.pump();
+  REQUIRE(p.exec_arms.size() == 1);
+  CHECK(p.exec_arms[0] == std::pair<std::uint16_t, std::chrono::milliseconds>{1, std::chrono::milliseconds(10000)});
+  p.feed(exec_line("exec_started", 1, ",\"pid\":5"));
+  CHECK(p.exec_cancels == std::vector<std::uint16_t>{1});
+  p.feed(exec_line("exec_started", 1, ",\"pid\":5"));  // a repeat tells nothing
+  CHECK(std::count(p.order.begin(), p.order.end(), "report") == 1);
+  p.feed(exec_line("exec_exited", 1, ",\"exit_code\":4"));
+  CHECK(p.exec_ends.empty());  // its output is still owed: the window (data_drain)
+  REQUIRE(p.exec_arms.size() == 2);
+  CHECK(p.exec_arms[1].second == std::chrono::milliseconds(2000));
+  p.s.exec_eof(1, proto::Stream::out);
+  p.pump();
+  CHECK(p.exec_ends.empty());
+  p.s.exec_eof(1, proto::Stream::err);
+  p.pump();
+  REQUIRE(p.exec_ends.size() == 1);
+  auto* x = std::get_if<proto::ExecExited>(&p.exec_ends[0].second);
+  REQUIRE(x);
+  CHECK(x->exit_code == std::optional<std::uint8_t>(4));
+  CHECK(p.order == std::vector<std::string>{"report", "report", "end"});  // exited reported, then the end
+  p.s.exec_eof(1, proto::Stream::err);  // late: nothing more
+  p.s.exec_timer_fired(1, {});
+  p.pump();
+  CHECK(p.exec_ends.size() == 1);
+}
+
+TEST_CASE("exec window after exec_exited: restarts while output moves (said once), ends at rest") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  REQUIRE(p.s.exec(exec_of(2, true)));
+  p.feed(exec_line("exec_started", 2, ",\"pid\":5") + exec_line("exec_exited", 2, ",\"signal\":9"));
+  for (int i = 0; i < 2; ++i) {
+    p.s.exec_timer_fired(2, DataLinkState{true, true});
+    p.pump();
+  }
+  CHECK(p.exec_ends.empty());
+  CHECK(p.exec_arms.back().second == std::chrono::milliseconds(2000));
+  CHECK(std::count_if(p.logs.begin(), p.logs.end(), [](auto& l) { return l.starts_with("exec_output_wait"); }) == 1);
+  p.s.exec_timer_fired(2, DataLinkState{true, false});
+  p.pump();
+  REQUIRE(p.exec_ends.size() == 1);
+  CHECK(std::holds_alternative<proto::ExecExited>(p.exec_ends[0].second));
+}
+
+TEST_CASE("exec ends: no answer in time is lost; exec_failed at once; without stdio exited ends at once") {
+  Probe p;
+  p.booted();
+  REQUIRE(p.s.exec(exec_of(1, false)));
+  REQUIRE(p.s.exec(exec_of(2, false)));
+  REQUIRE(p.s.exec(exec_of(3, false)));
+  p.pump();
+  p.s.exec_timer_fired(1, {});
+  p.feed(exec_line("exec_failed", 2, ",\"reason\":\"no such file\",\"class\":\"not_found\""));
+  p.feed(exec_line("exec_started", 3, ",\"pid\":5") + exec_line("exec_exited", 3, ",\"exit_code\":0"));
+  p.feed(exec_line("exec_exited", 9, ",\"exit_code\":0"));  // never asked for: nothing
+  REQUIRE(p.exec_ends.size() == 3);
+  CHECK(std::get<ExecLost>(p.exec_ends[0].second).reason == "no answer to exec in time (an init without exec?)");
+  CHECK(std::holds_alternative<proto::ExecFailed>(p.exec_ends[1].second));
+  CHECK(std::holds_alternative<proto::ExecExited>(p.exec_ends[2].second));
+}
+
+TEST_CASE("exec and the end of the VM: the data channel closing ends those exited; the stream closing, the rest") {
+  Probe p;
+  p.booted();
+  p.s.data_opened();
+  REQUIRE(p.s.exec(exec_of(1, true)));
+  REQUIRE(p.s.exec(exec_of(2, true)));
+  p.feed(exec_line("exec_started", 1, ",\"pid\":5") + exec_line("exec_exited", 1, ",\"exit_code\":0"));
+  p.feed(exec_line("exec_started", 2, ",\"pid\":6"));
+  p.s.data_closed(true);  // its streams are gone: 1 (exited) ends, 2 runs on
+  p.pump();
+  REQUIRE(p.exec_ends.size() == 1);
+  CHECK(p.exec_ends[0].first == 1);
+  p.feed("not json\n");  // a protocol violation closes the stream
+  REQUIRE(p.exec_ends.size() == 2);
+  CHECK(p.exec_ends[1].first == 2);
+  CHECK(std::get<ExecLost>(p.exec_ends[1].second).reason ==
+        "the guest's stream closed before the process's end was reported");
 }
 
 TEST_CASE("features: a descriptor field the guest's init lacks is refused before boot, naming it") {
