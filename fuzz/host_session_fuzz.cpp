@@ -1,4 +1,4 @@
-// The host Session fed arbitrary guest bytes and events in any order, the way host/host.cpp
+// The host Session fed arbitrary guest bytes and events in any order, the way host/lib/host.cpp
 // would (timers fire only while armed, a record completes only while one is being written).
 // Asserted after every event:
 //  - no ack before durable: no `shutdown` goes out while an outcome exists that is not durable,

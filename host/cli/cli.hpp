@@ -1,5 +1,5 @@
 // The `neshost` CLI's seams: a subcommand table filled at static-initialisation time (each
-// cli_*.cpp registers its own), the flag parser (host/cli/flags.hpp), and serve_vm(), the
+// host/cli/*.cpp command file registers its own), the flag parser (host/cli/flags.hpp), and serve_vm(), the
 // one-VM loop that `serve` (and a VMM runner such as `run`) builds on. Usage errors exit 2 and
 // name the flag.
 #pragma once

@@ -3,7 +3,7 @@
 // an embedder's tests drive their daemon and this library without a VM (scripted guest), and a
 // guest end (nesinit, or another implementation of docs/protocol.md) is tested the same way
 // (ScriptedHost). Nothing here sleeps to synchronise: every wait is on bytes, EOF or a bounded
-// deadline. Installed as <nes/host/testing.hpp>; part of libneshost.
+// deadline. Installed as <nes/host/lib/testing.hpp>; part of libneshost.
 #pragma once
 
 #include <utility>  // before Asio 1.74: awaitable.hpp uses std::exchange without it

@@ -55,7 +55,7 @@ bool guest_provided(std::string_view type, std::string_view dst) {
          std::find(std::begin(kPaths), std::end(kPaths), dst) != std::end(kPaths);
 }
 
-// The limits `neshost run` applies (host/vm/volume.hpp, cli_run.cpp), checked here so a spec it
+// The limits `neshost run` applies (host/vm/volume.hpp, host/cli/plan.cpp), checked here so a spec it
 // would refuse fails Create, naming the field, instead of a task that exits 2.
 constexpr std::size_t kMaxVolumes = 16;
 constexpr std::size_t kMaxGroups = 64;

@@ -1,5 +1,5 @@
 // Test support for host/: temp dirs, a Host harness driven by events (never sleeps), and the
-// scripted fake guests of the installed harness (host/testing.hpp).
+// scripted fake guests of the installed harness (host/lib/testing.hpp).
 #pragma once
 
 #include <sys/resource.h>
@@ -53,7 +53,7 @@ inline proto::Boot sample_boot() {
   return b;
 }
 
-// Guest lines and the scripted guest: the installed harness (host/testing.hpp).
+// Guest lines and the scripted guest: the installed harness (host/lib/testing.hpp).
 using host::testing::exited_line;
 using host::testing::host_type;
 using host::testing::ready_line;
@@ -106,7 +106,7 @@ inline constexpr bool kAsan = true;
 inline constexpr bool kAsan = false;
 #endif
 
-// ---- scripted fake guests (host/testing.hpp) ---------------------------------------------------
+// ---- scripted fake guests (host/lib/testing.hpp) ---------------------------------------------------
 
 namespace step = host::testing::step;
 using host::testing::GuestLog;

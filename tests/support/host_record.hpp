@@ -1,4 +1,4 @@
-// Records for the host's tests: what a finished generation leaves on disk (host/record.hpp),
+// Records for the host's tests: what a finished generation leaves on disk (host/lib/record.hpp),
 // built in one line instead of field by field.
 #pragma once
 
