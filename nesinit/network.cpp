@@ -1,6 +1,5 @@
 #include "network.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/netlink.h>
 #include <poll.h>
@@ -19,20 +18,15 @@
 
 #include "base/fd.hpp"
 #include "netlink.hpp"
+#include "protocol/codec.hpp"
 
 namespace nes::init {
 
 namespace {
 
-std::string ip_text(const proto::IpAddr& a) {
-  char t[INET6_ADDRSTRLEN] = {};
-  ::inet_ntop(a.family == 6 ? AF_INET6 : AF_INET, a.bytes.data(), t, sizeof t);
-  return t;
-}
-
-std::string mac_text(const proto::MacAddr& m) {
-  return fmt::format("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]);
-}
+using proto::ip_text;
+using proto::mac_text;
+using proto::prefix_text;
 
 proto::NetworkFailed failed(std::string iface, std::string step, std::string reason, int err) {
   return proto::NetworkFailed{std::move(iface), std::move(step), std::move(reason), err};
@@ -196,7 +190,7 @@ base::StatusOf<proto::NetworkFailed> configure_network(const proto::Network& net
                     nic.mtu ? fmt::format(" with MTU {}", nic.mtu) : "", std::strerror(e)), e);
     for (const auto& a : nic.addresses) {
       if (int e = rtnl.call(nl::add_address(index[i], a)))
-        return failed(mac, "address", fmt::format("{}/{}: {}", ip_text(a.addr), a.len, std::strerror(e)), e);
+        return failed(mac, "address", fmt::format("{}: {}", prefix_text(a), std::strerror(e)), e);
     }
     log.info("network", "{} (link {}) up{}, {} address(es)", mac, index[i],
              nic.mtu ? fmt::format(" mtu {}", nic.mtu) : "", nic.addresses.size());
@@ -206,8 +200,7 @@ base::StatusOf<proto::NetworkFailed> configure_network(const proto::Network& net
     if (r.mac)
       while (i < net.interfaces.size() && net.interfaces[i].mac != *r.mac) ++i;
     if (i >= index.size()) return failed("-", "route", "no interface for the route", EINVAL);  // codec refuses
-    const std::string what = fmt::format("{}/{}{}", ip_text(r.to.addr), r.to.len,
-                                         r.via ? " via " + ip_text(*r.via) : std::string());
+    const std::string what = prefix_text(r.to) + (r.via ? " via " + ip_text(*r.via) : std::string());
     if (int e = rtnl.call(nl::add_route(index[i], r)))
       return failed(mac_text(net.interfaces[i].mac), "route", fmt::format("{}: {}", what, std::strerror(e)), e);
     log.info("network", "route {}", what);

@@ -126,17 +126,9 @@ void open(Buf& b, std::string_view type) {
   put_string(b, type);
 }
 
-/// inet_ntop(3)'s text of `a`.
-std::string ip_text(const IpAddr& a) {
-  char t[INET6_ADDRSTRLEN] = {};
-  ::inet_ntop(a.family == 6 ? AF_INET6 : AF_INET, a.bytes.data(), t, sizeof t);
-  return t;
-}
 void put_ip(Buf& b, const IpAddr& a) { put_string(b, ip_text(a)); }
-void put_prefix(Buf& b, const IpPrefix& p) { put_string(b, fmt::format("{}/{}", ip_text(p.addr), p.len)); }
-void put_mac(Buf& b, const MacAddr& m) {
-  put_string(b, fmt::format("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]));
-}
+void put_prefix(Buf& b, const IpPrefix& p) { put_string(b, prefix_text(p)); }
+void put_mac(Buf& b, const MacAddr& m) { put_string(b, mac_text(m)); }
 /// `[f(x0),f(x1),...]`.
 template <class T, class F>
 void put_array(Buf& b, const std::vector<T>& xs, F&& f) {
@@ -1643,6 +1635,16 @@ Decoded decode_line(std::string_view line) {
 }
 
 }  // namespace
+
+std::string ip_text(const IpAddr& a) {
+  char t[INET6_ADDRSTRLEN] = {};
+  ::inet_ntop(a.family == 6 ? AF_INET6 : AF_INET, a.bytes.data(), t, sizeof t);
+  return t;
+}
+std::string prefix_text(const IpPrefix& p) { return fmt::format("{}/{}", ip_text(p.addr), p.len); }
+std::string mac_text(const MacAddr& m) {
+  return fmt::format("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5]);
+}
 
 GuestDecoded decode_guest(std::string_view line) {
   return decode_line<GuestMessage, GuestDecoded>(line);

@@ -67,6 +67,12 @@ base::StatusOf<DecodeError> validate(const HostMessage& m);
 /// valid UTF-8 kept, invalid bytes each U+FFFD. For other JSON the project writes (records).
 std::string json_quote(std::string_view s);
 
+/// The wire text of boot.network's values, as encode() writes them: inet_ntop(3)'s text of an
+/// address ("10.0.2.15", "fd00::2"), "ADDR/LEN", and a MAC in lower-case hex ("52:54:00:12:34:56").
+std::string ip_text(const IpAddr& a);
+std::string prefix_text(const IpPrefix& p);
+std::string mac_text(const MacAddr& m);
+
 /// The wire tag of a message ("ready", "boot", ...).
 std::string_view type_name(const GuestMessage& m);
 std::string_view type_name(const HostMessage& m);
