@@ -1682,4 +1682,10 @@ std::string json_quote(std::string_view s) {
   return fmt::to_string(b);
 }
 
+std::optional<IpAddr> ip_from_text(std::string_view text) {
+  IpAddr a;
+  if (!parse_ip(text, a)) return std::nullopt;
+  return a;
+}
+
 }  // namespace nes::proto

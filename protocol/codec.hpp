@@ -72,6 +72,9 @@ std::string json_quote(std::string_view s);
 std::string ip_text(const IpAddr& a);
 std::string prefix_text(const IpPrefix& p);
 std::string mac_text(const MacAddr& m);
+/// `text` as an address, read as decode() reads one (inet_pton(3): dotted quad or IPv6 text);
+/// nullopt if it is neither. For hosts that take addresses from users (`neshost run --dns`).
+std::optional<IpAddr> ip_from_text(std::string_view text);
 
 /// The wire tag of a message ("ready", "boot", ...).
 std::string_view type_name(const GuestMessage& m);
