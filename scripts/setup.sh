@@ -12,6 +12,7 @@ pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson
       python3 binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
       dumb-init clang-14 libclang-rt-14-dev  # clang: scripts/fuzz.sh (libFuzzer)
       debootstrap                            # scripts/mkdebroot.sh (a --rootfs to share)
+      passt                                  # neshost run --network user (docs/network.md)
       debhelper  # tests/install: dpkg-buildpackage -b
       # the containerd shim: protobuf, the task API .proto files, libcrypto; containerd for its tests
       protobuf-compiler libprotobuf-dev golang-github-containerd-containerd-dev
