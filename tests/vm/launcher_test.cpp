@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -268,6 +269,48 @@ TEST_CASE("launch: own session, stdin /dev/null, only fds 0-2, signal state rese
   CHECK(blk_line.find("0000000000000000") != std::string::npos);
   CHECK(pidline == "pid=" + sid);  // session id == its own pid: setsid() ran
   CHECK(sid == std::to_string((*p)->pid()));
+}
+
+TEST_CASE("launch: fds are passed at their numbers, nothing else leaks; bad entries are refused") {
+  int sp[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+  nes::host::Fd ours(sp[0]), theirs(sp[1]);
+  Capture out;
+  LaunchOptions o;
+  // ls shows the numbers the child has (its own directory fd takes 3, the lowest free one); then
+  // it answers through fd 5 what it read there.
+  o.argv = {"/bin/sh", "-c", "ls /proc/self/fd | tr '\\n' ' '; echo; read x <&5; echo \"got:$x\" >&5"};
+  o.console = out.sink();
+  o.fds = {{theirs.get(), 5}};
+  auto p = VmProcess::launch(std::move(o));
+  REQUIRE(p.ok());
+  theirs.reset();  // the child holds its own copy
+  REQUIRE(::write(ours.get(), "ping\n", 5) == 5);
+  char buf[64] = {};
+  std::string got;
+  while (got.find('\n') == std::string::npos) {
+    ssize_t n = ::read(ours.get(), buf, sizeof buf);
+    REQUIRE(n > 0);
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  CHECK(got == "got:ping\n");
+  auto e = (*p)->wait_for(10s);
+  REQUIRE(e.has_value());
+  CHECK(e->code == 0);
+  REQUIRE((*p)->finish_output(5s));
+  CHECK(out.get() == "0 1 2 3 5 \n");
+  // Its exit closed its copy: EOF here.
+  CHECK(::read(ours.get(), buf, sizeof buf) == 0);
+
+  for (auto bad : {std::vector<std::pair<int, int>>{{ours.get(), 2}}, {{ours.get(), 1024}},
+                   {{ours.get(), 4}, {ours.get(), 4}}, {{-1, 4}}}) {
+    LaunchOptions b = opts({"/bin/true"});
+    b.fds = bad;
+    auto q = VmProcess::launch(std::move(b));
+    REQUIRE_FALSE(q.ok());
+    CHECK(q.error().message.starts_with("fds["));
+  }
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // ECHILD: nothing was started
 }
 
 TEST_CASE("terminate: SIGTERM first; a process ignoring it is SIGKILLed after the grace") {
