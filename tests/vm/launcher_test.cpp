@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -24,6 +25,7 @@
 
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
+#include "host/vm/passt.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -311,6 +313,48 @@ TEST_CASE("launch: fds are passed at their numbers, nothing else leaks; bad entr
     CHECK(q.error().message.starts_with("fds["));
   }
   CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // ECHILD: nothing was started
+}
+
+TEST_CASE("passt: ready once its PID file is written; an early exit is reported with its stderr") {
+  TempDir dir;
+  nes::host::NetworkSpec net;
+  net.publish.push_back(*nes::host::parse_publish("127.0.0.1:8080:80"));
+  PasstOptions o;
+  o.network = net;
+  o.tmp_dir = dir.path;
+  o.log = dir.path / "passt.log";
+  // A stand-in: writes the PID file it is given, serves fd 3 until its peer closes.
+  o.program = dir.script("passt-ok",
+                         "while [ $# -gt 0 ]; do [ \"$1\" = --pid ] && p=$2; shift; done\n"
+                         "echo started >&2; echo $$ > \"$p\"; cat <&3 >/dev/null; echo done >&2").string();
+  {
+    auto p = Passt::start(o, 10s);
+    REQUIRE(p.ok());
+    CHECK((*p)->qemu_fd() >= 0);
+    auto e = (*p)->stop(10s);  // closes QEMU's end: the stand-in sees EOF and exits
+    CHECK(e.code == 0);
+  }
+  std::ifstream log(o.log);
+  std::string text((std::istreambuf_iterator<char>(log)), {});
+  CHECK(text == "started\ndone\n");
+  // The readiness directory is gone.
+  for (auto& e : std::filesystem::directory_iterator(dir.path))
+    CHECK(e.path().filename().string().find("neshost-passt-") == std::string::npos);
+
+  o.program = dir.script("passt-busy",
+                         "echo 'Failed to send 67 bytes to syslog' >&2\n"
+                         "echo \"Failed to bind any port for '-t 127.0.0.1/8080:80', exiting\" >&2; exit 1").string();
+  auto bad = Passt::start(o, 10s);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message ==
+        "passt exited with code 1: Failed to bind any port for '-t 127.0.0.1/8080:80', exiting");
+
+  o.program = (dir.path / "no-passt").string();
+  auto missing = Passt::start(o, 10s);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().message.starts_with(
+      "--network user needs passt (apt-get install passt), or --network slirp|none"));
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // every stand-in was reaped
 }
 
 TEST_CASE("terminate: SIGTERM first; a process ignoring it is SIGKILLed after the grace") {
