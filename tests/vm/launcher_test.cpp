@@ -195,6 +195,24 @@ TEST_CASE("qemu_argv: chardev_reconnect_s makes both chardevs redial a restarted
   CHECK(has_pair(*r, "-chardev", "socket,id=nes1,server=off,reconnect=1,path=/run/x/data.sock"));
 }
 
+TEST_CASE("qemu_argv: net_args are appended as -netdev/-device pairs; anything else is refused") {
+  QemuSpec s = base_spec();
+  auto none = qemu_argv(s);
+  REQUIRE(none.ok());
+  CHECK(std::find(none->begin(), none->end(), "-netdev") == none->end());
+  s.net_args = {"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str=3", "-device",
+                "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile="};
+  auto a = qemu_argv(s);
+  REQUIRE(a.ok());
+  CHECK(std::vector<std::string>(a->end() - 4, a->end()) == s.net_args);
+  for (auto bad : {std::vector<std::string>{"-netdev"}, {"-chardev", "x"}, {"-netdev", ""}, {"-netdev", "-device"}}) {
+    s.net_args = bad;
+    auto r = qemu_argv(s);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.starts_with("net_args"));
+  }
+}
+
 TEST_CASE("accel names round-trip") {
   for (auto a : {Accel::tcg, Accel::kvm, Accel::auto_probe})
     CHECK(accel_from_string(to_string(a)) == a);
