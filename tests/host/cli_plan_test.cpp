@@ -41,7 +41,7 @@ PlanInputs inputs() {
 
 host::Result<RunPlan> plan(const Args& args, const PlanInputs& in = inputs()) {
   auto f = parse_run(args);
-  if (!f) return f.error();
+  if (!f) return host::Error{f.error().message};
   return plan_run(*f, in);
 }
 
