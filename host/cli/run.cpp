@@ -494,8 +494,10 @@ host::Status start_passt(const RunPlan& plan, Running& run) {
   po.program = vm::passt_program();
   po.network = plan.network;
   po.log = run.passt_log = host::vm_path(plan.state_dir, plan.vm, host::kPasstLog);
+  // As root, passt drops to `nobody`, which must reach its PID file's directory: /tmp (a private
+  // $TMPDIR such as the tests' is not searchable by others). Otherwise it runs as us.
   const char* t = std::getenv("TMPDIR");
-  po.tmp_dir = t && *t == '/' ? t : "/tmp";
+  po.tmp_dir = ::geteuid() != 0 && t && *t == '/' ? t : "/tmp";
   auto p = vm::Passt::start(po, 10s);
   if (!p) return host::Error{"--network user: " + p.error().message};
   if (plan.console) say("neshost: passt pid {} serves the VM's network\n", (*p)->pid());

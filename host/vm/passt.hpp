@@ -35,8 +35,8 @@ struct PasstOptions {
   host::NetworkSpec network;     // mode user (passt_argv() refuses any other)
   std::filesystem::path log;     // its stdout+stderr, truncated, bounded at kLogCap bytes; empty: none
   static constexpr std::size_t kLogCap = 1u << 20;
-  /// Where its readiness directory is made (mkdtemp; it must be reachable by the user passt
-  /// drops to, `nobody` when we are root): $TMPDIR, else /tmp. Removed once passt is ready.
+  /// Where its readiness directory is made (mkdtemp; every component must be searchable by the
+  /// user passt runs as, `nobody` when we are root: e.g. /tmp). Removed once passt is ready.
   std::filesystem::path tmp_dir = "/tmp";
 };
 
