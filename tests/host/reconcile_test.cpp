@@ -365,6 +365,15 @@ TEST_CASE("failed outcomes reconcile as failed with their reason; list_vms and r
   auto refused = remove_vm(t.path, "vm-b");
   REQUIRE_FALSE(refused);
   CHECK(refused.error().message.find("running") != std::string::npos);
+  // Another live process is not that monitor; the monitor itself may remove its own VM (--rm).
+  auto self = self_identity();
+  REQUIRE(self);
+  CHECK_FALSE(remove_vm(t.path, "vm-b", self));
+  auto mon = identity_of(m.pid);
+  REQUIRE(mon);
+  REQUIRE(begin_generation(t.path, monitor_of(m.pid, "vm-c")));
+  REQUIRE(remove_vm(t.path, "vm-c", mon));
+  CHECK_FALSE(fs::exists(t.path / "vm-c"));
   m.end(true);
   REQUIRE(remove_vm(t.path, "vm-b"));
   REQUIRE(remove_vm(t.path, "vm-a"));
