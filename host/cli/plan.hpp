@@ -157,6 +157,9 @@ struct RunPlan {
   bool rm = false;                      // --rm
 };
 
+/// -p's text as docker users write it: "127.0.0.1:8080:80", "8080:80/udp" (0.0.0.0 left out),
+/// "[::1]:8080:80": for messages naming the flag.
+std::string publish_text(const host::PortMapping& p);
 /// `docker ps`'s text of one published port: "127.0.0.1:8080->80/tcp" ("[::1]:8080->80/udp").
 std::string ps_port_text(const host::PortMapping& p);
 /// `docker port`'s line from ps_port_text()'s: "127.0.0.1:8080->80/tcp" -> "80/tcp -> 127.0.0.1:8080".
@@ -167,8 +170,9 @@ std::string port_line(std::string_view ps_text);
 /// errors (exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs
 /// not a directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume
 /// without root (inputs.euid); no ARGV (unless --help). Network errors (exit 125):
-/// host::check_network()'s (-p without user/slirp, a port published twice, ...); --sandbox with
-/// any network but none (it has no NIC and shares the host's network).
+/// host::check_network()'s (-p without user/slirp, a port published twice, ...); an IPv6 -p host
+/// address (both backends are IPv4 here); --sandbox with any network but none (it has no NIC and
+/// shares the host's network).
 host::StatusOf<RunError> check_run(const RunFlags& flags, const PlanInputs& inputs);
 
 /// The kernel the run boots: --kernel, else inputs.default_kernel (what the accelerator probe

@@ -340,16 +340,6 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
 
 // ---- the network, before anything starts ----
 
-/// -p's text as docker users write it: "127.0.0.1:8080:80", "8080:80/udp" (0.0.0.0 left out).
-std::string publish_text(const host::PortMapping& p) {
-  std::string ip;
-  bool any = true;
-  for (std::size_t i = 0; i < (p.host_ip.family == 6 ? 16u : 4u); ++i) any = any && p.host_ip.bytes[i] == 0;
-  if (!any || p.host_ip.family == 6)
-    ip = p.host_ip.family == 6 ? "[" + proto::ip_text(p.host_ip) + "]:" : proto::ip_text(p.host_ip) + ":";
-  return fmt::format("{}{}:{}{}", ip, p.host_port, p.guest_port, p.proto == host::IpProto::udp ? "/udp" : "");
-}
-
 /// Every published host address:port is free now: a socket of its protocol is bound there (no
 /// SO_REUSEADDR) and closed at once. Error (exit 125): "--publish 127.0.0.1:8080:80: host port
 /// 8080/tcp is already in use" (or the errno's text: EACCES below 1024 without privileges,

@@ -551,13 +551,13 @@ TEST_CASE("--network: user by default (passt, QEMU's end at fd 3), $NESHOST_NETW
 
 TEST_CASE("-p, --dns, --dns-search, --dns-option, --add-host: the descriptor, passt's spec, the ports") {
   EnvVar net("NESHOST_NETWORK", nullptr);
-  auto p = plan({"-p", "127.0.0.1:8080:80", "--publish=[::1]:8443:443", "-p", "5353:53/udp", "--dns", "1.1.1.1",
+  auto p = plan({"-p", "127.0.0.1:8080:80", "--publish=8443:443", "-p", "5353:53/udp", "--dns", "1.1.1.1",
                  "--dns", "2606:4700:4700::1111", "--dns-search", "example.com", "--dns-option", "ndots:2",
                  "--add-host", "db:10.0.0.5", "--add-host", "gw:host-gateway", "true"});
   REQUIRE(p);
   CHECK(p->passt);
   CHECK(p->network.publish.size() == 3);
-  CHECK(p->ports == Strings{"127.0.0.1:8080->80/tcp", "[::1]:8443->443/tcp", "0.0.0.0:5353->53/udp"});
+  CHECK(p->ports == Strings{"127.0.0.1:8080->80/tcp", "0.0.0.0:8443->443/tcp", "0.0.0.0:5353->53/udp"});
   const auto& n = p->serve.session.descriptor.network;
   REQUIRE(n);
   REQUIRE(n->dns);
@@ -591,6 +591,9 @@ TEST_CASE("ps_port_text and port_line: docker ps's and docker port's texts") {
   CHECK(ps_port_text(*u) == "[::1]:53->5353/udp");
   CHECK(port_line(ps_port_text(*u)) == "5353/udp -> [::1]:53");
   CHECK(port_line("garbage") == "garbage");
+  CHECK(publish_text(*m) == "127.0.0.1:8080:80");
+  CHECK(publish_text(*u) == "[::1]:53:5353/udp");
+  CHECK(publish_text(*host::parse_publish("8080:80")) == "8080:80");
 }
 
 TEST_CASE("a docker line runs unchanged: -dp, --rm, --name, --network") {
@@ -631,6 +634,9 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
        "--publish 81/tcp -> 127.0.0.1:8080: host port 8080 is published twice"},
       {{"--network", "none", "-p", "127.0.0.1:8080:80", "true"},
        "--publish needs --network user or slirp (it is none: the guest has no NIC)"},
+      {{"-p", "[::1]:8443:443", "true"},
+       "--publish [::1]:8443:443: an IPv6 host address is not supported (the VM's user-mode network is IPv4; "
+       "publish on an IPv4 address such as 127.0.0.1 or 0.0.0.0)"},
       {{"--network", "bridge", "true"}, "--network bridge: unknown mode (none, user, slirp or netns:PATH)"},
       {{"--network", "netns:rel/path", "true"},
        "--network netns:rel/path: netns:PATH needs an absolute path to a network namespace"},
