@@ -424,7 +424,7 @@ struct Running {
 };
 
 /// STATE/VM/: the record (the library), monitor.json (this run's identity, for `neshost stop`),
-/// the console log.
+/// the console log, passt's log.
 /// Begins this run's generation (into plan.serve.session.generation).
 host::Status open_vm_state(RunPlan& plan, Running& run) {
   ServeConfig& cfg = plan.serve;
@@ -454,6 +454,11 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
   console->show = plan.console;
   run.console = std::move(console);
   run.console_log = console_log;
+  if (run.passt) {
+    run.passt_log = host::vm_path(cfg.state_dir, vmid, host::kPasstLog);
+    if (auto f = host::open_vm_file(cfg.state_dir, vmid, host::kPasstLog, O_WRONLY | O_CREAT | O_TRUNC))
+      run.passt->log_to(std::move(*f));
+  }
   return host::Ok{};
 }
 
@@ -476,14 +481,15 @@ host::Status start_daemons(const RunPlan& plan, Running& run) {
   return host::Ok{};
 }
 
-/// --network user: passt, before QEMU (it binds the published ports; QEMU gets its socket's other
-/// end). Its log sits next to console.log; it dies with us and exits by itself once QEMU has gone.
+/// --network user: passt, first of all (before the state dir: one that cannot start, e.g. a port
+/// taken since we checked it, leaves nothing behind) and so before QEMU, which gets its socket's
+/// other end. Its output is kept until open_vm_state() gives it its log next to console.log; it
+/// dies with us and exits by itself once QEMU has gone.
 host::Status start_passt(const RunPlan& plan, Running& run) {
   if (!plan.passt) return host::Ok{};
   vm::PasstOptions po;
   po.program = vm::passt_program();
   po.network = plan.network;
-  po.log = run.passt_log = host::vm_path(plan.state_dir, plan.vm, host::kPasstLog);
   // As root, passt drops to `nobody`, which must reach its PID file's directory: /tmp (a private
   // $TMPDIR such as the tests' is not searchable by others). Otherwise it runs as us.
   const char* t = std::getenv("TMPDIR");
@@ -900,6 +906,7 @@ int run_main(const Args& args) {
   if (!plan) return fail(plan.error().message);
   if (auto s = prepare_boot_files(*plan); !s) return fail(s.error().message);
   Running run;
+  if (auto s = start_passt(*plan, run); !s) return fail(s.error().message);
   if (auto s = open_vm_state(*plan, run); !s) return fail(s.error().message);
   // --rm: however the run ends from here, the VM's state goes with it (`neshost rm`'s removal, by
   // its own monitor). A detached VM whose workload never started is kept: its creator reads why
@@ -912,7 +919,6 @@ int run_main(const Args& args) {
     return status;
   };
   if (auto s = start_daemons(*plan, run); !s) return end(fail(s.error().message));
-  if (auto s = start_passt(*plan, run); !s) return end(fail(s.error().message));
   auto argv = launch_argv(*plan);
   if (!argv) return end(fail(argv.error().message));
   return end(serve_run(*plan, rt, run, started_notify, *argv));

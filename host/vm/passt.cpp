@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -81,8 +82,17 @@ struct Passt::State {
   std::mutex mu;
   host::Fd log;
   std::size_t logged = 0;
+  bool keep = false;   // no log yet: keep the output in `early`
+  std::string early;   // at most kLogCap bytes
   void feed(std::string_view b) {
     std::lock_guard lk(mu);
+    write_locked(b);
+  }
+  void write_locked(std::string_view b) {
+    if (!log && keep) {
+      early.append(b.substr(0, PasstOptions::kLogCap - std::min(early.size(), PasstOptions::kLogCap)));
+      return;
+    }
     if (!log || logged >= PasstOptions::kLogCap) return;
     std::string_view part = b.substr(0, PasstOptions::kLogCap - logged);
     while (!part.empty()) {
@@ -120,6 +130,7 @@ host::Result<std::unique_ptr<Passt>> Passt::start(const PasstOptions& o, std::ch
   host::Fd passt_end(sp[0]), qemu_end(sp[1]);
 
   auto st = std::make_shared<State>();
+  st->keep = o.log.empty();
   if (!o.log.empty()) {
     st->log.reset(::open(o.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!st->log) return host::Error{fmt::format("passt: {}: {}", o.log.native(), std::strerror(errno))};
@@ -169,6 +180,14 @@ host::Result<std::unique_ptr<Passt>> Passt::start(const PasstOptions& o, std::ch
       return host::Error{fmt::format("passt not ready after {} ms{}{}", bound.count(), why.empty() ? "" : ": ", why)};
     }
   }
+}
+
+void Passt::log_to(host::Fd log) {
+  std::lock_guard lk(st_->mu);
+  st_->log = std::move(log);
+  std::string early = std::move(st_->early);
+  st_->early.clear();
+  st_->write_locked(early);
 }
 
 std::string Passt::last_words() const { return last_lines(proc_->diagnostics_tail()); }

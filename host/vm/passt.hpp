@@ -33,7 +33,9 @@ host::Status check_passt(const std::string& program);
 struct PasstOptions {
   std::string program = "passt";
   host::NetworkSpec network;     // mode user (passt_argv() refuses any other)
-  std::filesystem::path log;     // its stdout+stderr, truncated, bounded at kLogCap bytes; empty: none
+  /// Its stdout+stderr, truncated, bounded at kLogCap bytes; empty: kept in memory (bounded)
+  /// until log_to() names the file (so passt can start before the VM's state dir exists).
+  std::filesystem::path log;
   static constexpr std::size_t kLogCap = 1u << 20;
   /// Where its readiness directory is made (mkdtemp; every component must be searchable by the
   /// user passt runs as, `nobody` when we are root: e.g. /tmp). Removed once passt is ready.
@@ -64,6 +66,8 @@ class Passt {
   int pidfd() const { return proc_->pidfd(); }
   /// Reaps it if it has exited; nullopt while it runs.
   std::optional<ProcessExit> exited() { return proc_->wait_for(std::chrono::milliseconds(0)); }
+  /// From now on its output goes to `log` (an open file), what it wrote so far first.
+  void log_to(host::Fd log);
   /// Its last stderr lines, one line (syslog noise left out), for messages.
   std::string last_words() const;
   /// After QEMU has gone (and close_qemu_fd()): passt exits once its socket closes; wait up to

@@ -355,6 +355,17 @@ TEST_CASE("passt: ready once its PID file is written; an early exit is reported 
   std::ifstream log(o.log);
   std::string text((std::istreambuf_iterator<char>(log)), {});
   CHECK(text == "started\ndone\n");
+  // No log yet: its output is kept, then written first once log_to() names the file.
+  {
+    PasstOptions later = o;
+    later.log.clear();
+    auto p = Passt::start(later, 10s);
+    REQUIRE(p.ok());
+    (*p)->log_to(nes::host::Fd(::open((dir.path / "later.log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600)));
+    CHECK((*p)->stop(10s).code == 0);
+  }
+  std::ifstream later_log(dir.path / "later.log");
+  CHECK(std::string((std::istreambuf_iterator<char>(later_log)), {}) == "started\ndone\n");
   // The readiness directory is gone.
   for (auto& e : std::filesystem::directory_iterator(dir.path))
     CHECK(e.path().filename().string().find("neshost-passt-") == std::string::npos);
