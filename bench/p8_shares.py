@@ -36,7 +36,7 @@ def filler(path, mib):
 def neshost(nh, tmp, *args):
     env = dict(os.environ, TMPDIR=os.path.join(tmp, "rt"))
     os.makedirs(env["TMPDIR"], exist_ok=True)
-    return [nh, "run", "--accel", "tcg", "--ready-timeout", "300", "--state", os.path.join(tmp, "state"),
+    return [nh, "run", "--accel", "tcg", "--network", "none", "--ready-timeout", "300", "--state", os.path.join(tmp, "state"),
             "--on-exit", "remove", *args], env
 
 

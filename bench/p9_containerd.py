@@ -56,7 +56,7 @@ def main():
                     f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
                     f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n')
         env = dict(os.environ, PATH=bindir + ":" + os.environ.get("PATH", "/usr/bin:/bin"), NESHOST=nh,
-                   NESHOST_INITRD=initrd, TMPDIR=tmp)
+                   NESHOST_INITRD=initrd, TMPDIR=tmp, NESHOST_NETWORK="none")  # no NIC on this machine's net
         log = open(os.path.join(tmp, "containerd.log"), "wb")
         daemon = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "containerd", "--config", cfg],
                                   stdout=log, stderr=log, env=env)
@@ -74,7 +74,7 @@ def main():
                                         f"n{i}", "/bin/true"],
             "runc": lambda i: ctr + ["run", "--rm", "--runtime", "io.containerd.runc.v2", "--rootfs", root,
                                      f"r{i}", "/bin/true"],
-            "neshost": lambda i: [nh, "run", "--accel", "tcg", "--state", os.path.join(tmp, "nh-state"),
+            "neshost": lambda i: [nh, "run", "--accel", "tcg", "--network", "none", "--state", os.path.join(tmp, "nh-state"),
                                   "--on-exit", "remove", "--rootfs", root, "--", "/bin/true"],
         }
         times = {k: [] for k in contenders}

@@ -8,4 +8,4 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 scripts/setup.sh build >&2
 ninja -C build host/cli/neshost nesinit/nesinit host/vm/initrd.cpio >&2
-exec build/host/cli/neshost run -- /bin/sh -c 'echo hello from the guest; uname -r; exit 7'
+exec build/host/cli/neshost run --network none -- /bin/sh -c 'echo hello from the guest; uname -r; exit 7'

@@ -10,6 +10,8 @@
 
 #include "host/lib/log_writer.hpp"
 #include "host/lib/record.hpp"
+#include "host/vm/passt.hpp"
+#include "protocol/codec.hpp"
 #include "protocol/channels.hpp"
 #include "protocol/limits.hpp"
 
@@ -35,20 +37,73 @@ host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v
   return *n * mult;
 }
 
-host::Result<RunFlags> parse_run(const Args& args) {
+namespace {
+
+bool network_flag(std::string_view n) {
+  return n == "network" || n == "publish" || n == "dns" || n == "dns-search" || n == "dns-option" ||
+         n == "add-host";
+}
+
+/// The network's flags, in the order given, into o.network; then the default mode. Errors name
+/// the flag (exit 125).
+host::Status parse_network_flags(const std::vector<std::pair<std::string, std::string>>& given, RunFlags& o) {
+  auto& net = o.network;
+  for (const auto& [name, v] : given) {
+    if (name == "network") {
+      if (auto m = host::parse_network_mode(v, net); !m) return m;
+      o.network_given = true;
+    } else if (name == "publish") {
+      auto m = host::parse_publish(v);
+      if (!m) return m.error();
+      net.publish.push_back(*m);
+    } else if (name == "dns") {
+      auto a = proto::ip_from_text(v);
+      if (!a) return host::Error{fmt::format("--dns {}: not an IPv4 or IPv6 address", v)};
+      net.dns.push_back(*a);
+    } else if (name == "dns-search") {
+      net.dns_search.push_back(v);  // checked by host::check_network()
+    } else if (name == "dns-option") {
+      bool ok = !v.empty() && v.size() <= 64;
+      for (char c : v) ok = ok && c > ' ' && c < 0x7f;
+      if (!ok) return host::Error{fmt::format("--dns-option '{}': a resolv.conf option is 1..64 printable bytes, no spaces", v)};
+      if (net.dns_options.size() >= 16) return host::Error{"--dns-option: at most 16 options"};
+      net.dns_options.push_back(v);
+    } else if (name == "add-host") {
+      auto h = host::parse_add_host(v);
+      if (!h) return h.error();
+      net.hosts.push_back(std::move(*h));
+    }
+  }
+  if (o.network_given) return host::Ok{};
+  if (const char* env = std::getenv("NESHOST_NETWORK"); env && *env) {
+    if (auto m = host::parse_network_mode(env, net); !m)
+      return host::Error{"$NESHOST_NETWORK: " + m.error().message};
+    o.network_given = true;
+  } else {
+    net.mode = o.sandbox ? host::NetworkMode::none : host::NetworkMode::user;
+  }
+  return host::Ok{};
+}
+
+host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<std::string, std::string>>& network) {
   static constexpr FlagSpec kRunFlags[] = {
       {"detach", false, "-d"}, {"interactive", false, "-i"}, {"tty", false, "-t"}, {"sandbox", false},
       {"console", false}, {"read-only", false}, {"env", true, "-e"}, {"workdir", true, "-w"},
       {"volume", true, "-v"}, {"kernel"}, {"initrd"}, {"rootfs"}, {"mem"}, {"cpus"}, {"accel"},
       {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
-      {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"}};
+      {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"},
+      {"network"}, {"publish", true, "-p"}, {"dns"}, {"dns-search"}, {"dns-option"}, {"add-host"},
+      {"name"}, {"rm", false}};
   auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
   if (!parsed) return parsed.error();
   RunFlags o;
   o.help = parsed->help;
   o.argv = std::move(parsed->positional);
+  std::optional<std::string> name_flag;
   for (const auto& [name, v] : parsed->given) {
-    if (name == "detach") o.detach = true;
+    if (network_flag(name)) network.emplace_back(name, v);
+    else if (name == "detach") o.detach = true;
+    else if (name == "rm") o.rm = true;
     else if (name == "interactive") o.interactive = true;
     else if (name == "tty") o.tty = true;
     else if (name == "sandbox") o.sandbox = true;
@@ -75,9 +130,10 @@ host::Result<RunFlags> parse_run(const Args& args) {
       auto w = parse_workdir(v);
       if (!w) return w.error();
       o.workdir = std::move(*w);
-    } else if (name == "vm") {
-      if (auto id = host::check_vm_id(v); !id) return host::Error{"--vm: " + id.error().message};
-      o.vm = v;
+    } else if (name == "vm" || name == "name") {
+      if (auto id = host::check_vm_id(v); !id) return host::Error{fmt::format("--{}: {}", name, id.error().message)};
+      if (name == "name") name_flag = v;
+      else o.vm = v;
     } else if (name == "mem") {
       auto n = parse_uint("mem", v, 64, 1024 * 1024);
       if (!n) return n.error();
@@ -129,24 +185,59 @@ host::Result<RunFlags> parse_run(const Args& args) {
       o.ready_timeout = *ms;
     }
   }
+  if (name_flag) {
+    if (o.vm && *o.vm != *name_flag)
+      return host::Error{fmt::format("--name {} and --vm {} name two VMs (--name is --vm, docker's spelling)",
+                                     *name_flag, *o.vm)};
+    o.vm = name_flag;
+  }
   return o;
 }
 
-host::Status check_run(const RunFlags& o, const PlanInputs& in) {
+}  // namespace
+
+host::Result<RunFlags, RunError> parse_run(const Args& args) {
+  std::vector<std::pair<std::string, std::string>> network;
+  auto o = parse_run_flags(args, network);
+  if (!o) return RunError{o.error().message};
+  if (auto n = parse_network_flags(network, *o); !n) return RunError{n.error().message, kExitNetwork};
+  return std::move(*o);
+}
+
+host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
+  using host::Error;
+  auto usage = [](std::string m) { return RunError{std::move(m)}; };
   if (o.sandbox && (!o.volumes.empty() || o.rootfs))
-    return host::Error{"--sandbox runs no VM: --volume and --rootfs need one"};
+    return usage("--sandbox runs no VM: --volume and --rootfs need one");
   if (o.initrd && o.rootfs && o.rootfs_initramfs)
-    return host::Error{"--initrd and --rootfs --rootfs-mode initramfs exclude each other"};
+    return usage("--initrd and --rootfs --rootfs-mode initramfs exclude each other");
   if (o.rootfs && !in.rootfs_dir)
-    return host::Error{fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string())};
+    return usage(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
   if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
-    return host::Error{"--read-only needs --rootfs DIR over virtiofs"};
+    return usage("--read-only needs --rootfs DIR over virtiofs");
   for (const auto& v : o.volumes)
     if (v.file && in.euid != 0)
-      return host::Error{fmt::format("--volume {}:{}: a single file is bind-mounted into a staging "
-                                     "share in a private mount namespace, which needs root",
-                                     v.host.string(), v.guest)};
-  if (!o.help && o.argv.empty()) return host::Error{"ARGV is required (neshost run [OPTIONS] -- ARGV...)"};
+      return usage(fmt::format("--volume {}:{}: a single file is bind-mounted into a staging "
+                               "share in a private mount namespace, which needs root",
+                               v.host.string(), v.guest));
+  if (!o.help && o.argv.empty()) return usage("ARGV is required (neshost run [OPTIONS] -- ARGV...)");
+  // The network: bad input is refused as the host side's failure (125), before anything starts.
+  const auto& net = o.network;
+  if (o.sandbox && (net.mode != host::NetworkMode::none || !net.hosts.empty() || !net.dns.empty() ||
+                    !net.dns_search.empty() || !net.dns_options.empty()))
+    return RunError{fmt::format("--sandbox runs no VM and shares this host's network: --network {}{} needs one "
+                                "(--network none only)",
+                                host::to_string(net.mode), net.mode == host::NetworkMode::none ? " with --dns/--add-host" : ""),
+                    kExitNetwork};
+  if (auto c = host::check_network(net); !c) return RunError{c.error().message, kExitNetwork};
+  // passt runs IPv4-only (passt_argv: --ipv4-only) and QEMU's hostfwd= takes no IPv6 address:
+  // an IPv6 host address would only fail once they start.
+  for (const auto& m : net.publish)
+    if (m.host_ip.family == 6)
+      return RunError{fmt::format("--publish {}: an IPv6 host address is not supported (the VM's user-mode network "
+                                  "is IPv4; publish on an IPv4 address such as 127.0.0.1 or 0.0.0.0)",
+                                  publish_text(m)),
+                      kExitNetwork};
   return host::Ok{};
 }
 
@@ -259,8 +350,29 @@ vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in) {
 
 fs::path run_kernel(const RunFlags& o, const PlanInputs& in) { return o.kernel ? *o.kernel : in.default_kernel; }
 
+std::string publish_text(const host::PortMapping& p) {
+  bool any = true;
+  for (std::size_t i = 0; i < (p.host_ip.family == 6 ? 16u : 4u); ++i) any = any && p.host_ip.bytes[i] == 0;
+  std::string ip;
+  if (p.host_ip.family == 6) ip = "[" + proto::ip_text(p.host_ip) + "]:";
+  else if (!any) ip = proto::ip_text(p.host_ip) + ":";
+  return fmt::format("{}{}:{}{}", ip, p.host_port, p.guest_port, p.proto == host::IpProto::udp ? "/udp" : "");
+}
+
+std::string ps_port_text(const host::PortMapping& p) {
+  std::string ip = proto::ip_text(p.host_ip);
+  if (p.host_ip.family == 6) ip = "[" + ip + "]";
+  return fmt::format("{}:{}->{}/{}", ip, p.host_port, p.guest_port, p.proto == host::IpProto::tcp ? "tcp" : "udp");
+}
+
+std::string port_line(std::string_view t) {
+  auto arrow = t.find("->");
+  if (arrow == std::string_view::npos) return std::string(t);
+  return fmt::format("{} -> {}", t.substr(arrow + 2), t.substr(0, arrow));
+}
+
 host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
-  if (auto c = check_run(o, in); !c) return c.error();
+  if (auto c = check_run(o, in); !c) return host::Error{c.error().message};
   RunPlan p;
   p.serve.session = plan_session(o, in);
   p.vm = p.serve.session.vm;
@@ -284,6 +396,14 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
     }
   }
   if (auto s = plan_shares(o, in, p); !s) return s.error();
+  // The network (netns mode: `link` filled by the caller from the namespace, else an error here).
+  p.network = o.network;
+  auto guest_net = host::guest_network(p.network);
+  if (!guest_net) return guest_net.error();
+  p.serve.session.descriptor.network = std::move(*guest_net);
+  p.passt = !o.sandbox && p.network.mode == host::NetworkMode::user;
+  for (const auto& m : p.network.publish) p.ports.push_back(ps_port_text(m));
+  p.rm = o.rm;
   p.cmdline = plan_cmdline(o, in);
   if (o.sandbox) {
     p.sandbox_argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", in.nesinit.string(),
@@ -302,6 +422,11 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
     spec.channel_socket = p.channel_socket;
     spec.data_socket = p.data_socket;
     for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
+    host::NetBackendIo io;
+    if (p.passt) io.passt_fd = vm::kPasstChildFd;
+    auto nic = host::qemu_net_args(p.network, io);
+    if (!nic) return nic.error();
+    spec.net_args = std::move(*nic);
     p.qemu = std::move(spec);
   }
   p.interactive = o.interactive;

@@ -20,6 +20,7 @@
 #include "host/cli/terminal.hpp"
 #include "host/lib/base.hpp"
 #include "host/lib/host.hpp"
+#include "host/lib/network.hpp"
 #include "host/lib/session.hpp"
 #include "host/vm/qemu_argv.hpp"
 #include "host/vm/virtiofsd.hpp"
@@ -36,6 +37,14 @@ inline constexpr std::string_view kRootShareTag = "nes.root";
 /// each file at its place (under the guest's /run, which the init provides in every root).
 inline constexpr std::string_view kFileShareTag = "nes.files";
 inline constexpr std::string_view kFileShareAt = "/run/nesinit/files";
+
+/// A `neshost run` flag error and the exit status it gets: kExitUsage (2) for most; 125 for bad
+/// network input (`--network`, `-p`, `--dns*`, `--add-host`: issue 26 wants them refused as the
+/// host side's failure, docker's 125, with no VM started).
+struct RunError {
+  std::string message;
+  int status = kExitUsage;
+};
 
 /// `neshost run`'s flags as parsed (kRunHelp in run.cpp documents each); defaults as there.
 struct RunFlags {
@@ -59,18 +68,29 @@ struct RunFlags {
   std::uint64_t log_max_size = 10u << 20;  // bytes
   unsigned log_max_files = 5;
   std::vector<std::string> argv;  // the workload's ARGV (empty only with help)
+  /// --network, -p, --dns, --dns-search, --dns-option, --add-host. The mode when no --network:
+  /// $NESHOST_NETWORK if set (tests set it to none: a VM with a NIC only in a test's own network
+  /// namespace), else none with --sandbox, else user (docker's default is a network too).
+  /// `link` (netns mode) is left for run.cpp to fill from the namespace before plan_run().
+  host::NetworkSpec network;
+  bool network_given = false;  // --network was on the command line (or $NESHOST_NETWORK set)
+  bool rm = false;             // --rm: the VM's state dir goes when the run ends (as `neshost rm`)
 };
+
+/// The exit status of bad network input (`neshost run`): 125, as docker's daemon-side refusals.
+inline constexpr int kExitNetwork = 125;
 
 /// "10m", "512k", "1g", "65536": bytes, docker's --log-opt max-size units (1024-based).
 /// At least 64 KiB, at most 1 TiB; errors name `flag` (`--FLAG: ...`).
 host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v);
 
 /// docker-run-style parsing: options until `--` or the first non-option; the rest is ARGV.
-/// Short forms as docker users type them (-d, -i, -t, -it, -e, -w, -v, -u, -h). Each value is
-/// checked alone (errors name the flag); what flags mean together is check_run()'s. Reads what
-/// docker reads at this point: each -v HOST (it must exist; vm::parse_volume) and, for `-e K`,
-/// K's value in our environment.
-host::Result<RunFlags> parse_run(const Args& args);
+/// Short forms as docker users type them (-d, -i, -t, -it, -e, -w, -v, -u, -h, -p). Each value is
+/// checked alone (errors name the flag; the network's exit 125, the rest 2); what flags mean
+/// together is check_run()'s. Reads what docker reads at this point: each -v HOST (it must exist;
+/// vm::parse_volume), for `-e K` K's value in our environment, and $NESHOST_NETWORK.
+/// --name is --vm (docker's spelling); both with different values is a usage error.
+host::Result<RunFlags, RunError> parse_run(const Args& args);
 
 /// What plan_run() needs from this host, as plain values; run.cpp gathers them (the probe, the
 /// environment, mkdtemp). `euid` and `rootfs_dir` are all check_run() reads.
@@ -126,13 +146,34 @@ struct RunPlan {
   host::WorkloadLogOptions workload_log;  // STATE/VM/workload.log's rotation
   std::chrono::milliseconds grace{10000};  // --grace: also bounds the last writes after --timeout
   std::vector<std::string> command;     // the workload's ARGV (the monitor record's `command`)
+  /// The VM's network as planned: the descriptor's `network` and QEMU's net_args come from it.
+  /// user mode: passt must be started (host/vm/passt.hpp) and its socket's QEMU end passed to QEMU
+  /// as fd vm::kPasstChildFd (net_args name that number).
+  host::NetworkSpec network;
+  bool passt = false;
+  /// The published ports as `docker ps` shows them ("127.0.0.1:8080->80/tcp"; the monitor
+  /// record's `ports`, read by `neshost ps` and `neshost port`).
+  std::vector<std::string> ports;
+  bool rm = false;                      // --rm
 };
 
-/// The flags' cross-checks, each a usage error naming the flags (as `neshost run` prints them,
-/// exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs not a
-/// directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume
-/// without root (inputs.euid); no ARGV (unless --help).
-host::Status check_run(const RunFlags& flags, const PlanInputs& inputs);
+/// -p's text as docker users write it: "127.0.0.1:8080:80", "8080:80/udp" (0.0.0.0 left out),
+/// "[::1]:8080:80": for messages naming the flag.
+std::string publish_text(const host::PortMapping& p);
+/// `docker ps`'s text of one published port: "127.0.0.1:8080->80/tcp" ("[::1]:8080->80/udp").
+std::string ps_port_text(const host::PortMapping& p);
+/// `docker port`'s line from ps_port_text()'s: "127.0.0.1:8080->80/tcp" -> "80/tcp -> 127.0.0.1:8080".
+/// Anything else is returned unchanged.
+std::string port_line(std::string_view ps_text);
+
+/// The flags' cross-checks, each an error naming the flags (as `neshost run` prints them): usage
+/// errors (exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs
+/// not a directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume
+/// without root (inputs.euid); no ARGV (unless --help). Network errors (exit 125):
+/// host::check_network()'s (-p without user/slirp, a port published twice, ...); an IPv6 -p host
+/// address (both backends are IPv4 here); --sandbox with any network but none (it has no NIC and
+/// shares the host's network).
+host::StatusOf<RunError> check_run(const RunFlags& flags, const PlanInputs& inputs);
 
 /// The kernel the run boots: --kernel, else inputs.default_kernel (what the accelerator probe
 /// boots too, before the plan exists).

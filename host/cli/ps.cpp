@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include "host/cli/cli.hpp"
+#include "host/cli/flags.hpp"
+#include "host/cli/plan.hpp"
 #include "host/lib/escape.hpp"
 #include "host/lib/base.hpp"
 #include "host/monitor/monitor.hpp"
@@ -25,7 +27,7 @@ using namespace std::chrono_literals;
 constexpr std::string_view kPsHelp = R"(usage: neshost ps [--state DIR] [-a|--all]
 
 List the VMs of DIR (default: as `neshost run`): VM, generation, status, the monitor's pid,
-the workload's command. Only running ones unless -a. STATUS is the reconciled status every
+the published ports (as docker ps: 127.0.0.1:8080->80/tcp), the workload's command. Only running ones unless -a. STATUS is the reconciled status every
 command agrees on: running, exited (CODE), failed (125), stopped (STATUS); "output lost" after
 the status when workload output was lost (125 then, unless a timeout's 124; `neshost inspect`).
 )";
@@ -64,6 +66,13 @@ workload is killed (SIGKILL), the guest powers off, and its state goes once the 
 An ended VM (exited, failed, stopped) whose guest is still powering off is waited for, at most
 10 s (then refused as running: e.g. one kept up by --on-exit keep).
 Prints each VM removed. Exit 1 if any could not be removed.
+)";
+
+constexpr std::string_view kPortHelp = R"(usage: neshost port [--state DIR] VM [GUEST_PORT[/PROTO]]
+
+List the VM's published ports (`neshost run -p`), one per line as docker port does:
+"80/tcp -> 127.0.0.1:8080". With GUEST_PORT (PROTO defaults to tcp): only the host addresses it
+is published at. Exit 1 if there is no such VM, or GUEST_PORT is not published.
 )";
 
 fs::path state_of(const Parsed& p) {
@@ -148,7 +157,8 @@ int ps_main(const Args& args) {
   if (p->help) { fmt::print("{}", kPsHelp); return 0; }
   if (!p->positional.empty()) return usage_error("ps", fmt::format("unexpected argument '{}'", p->positional[0]));
   fs::path state = state_of(*p);
-  std::string out = fmt::format("{:<20} {:>4}  {:<14} {:>8}  {}\n", "VM", "GEN", "STATUS", "MONITOR", "COMMAND");
+  std::string out = fmt::format("{:<20} {:>4}  {:<14} {:>8}  {:<24}  {}\n", "VM", "GEN", "STATUS", "MONITOR", "PORTS",
+                                "COMMAND");
   for (const auto& vm : host::list_vms(state)) {
     auto s = host::reconcile(state, vm);
     if (!s || !*s) continue;
@@ -158,8 +168,48 @@ int ps_main(const Args& args) {
     if (v.monitor)
       for (const auto& a : v.monitor->command) cmd += (cmd.empty() ? "" : " ") + a;
     if (cmd.size() > 60) cmd = cmd.substr(0, 57) + "...";
-    out += fmt::format("{:<20} {:>4}  {:<14} {:>8}  {}\n", vm, v.generation, status_cell(v),
-                       v.monitor_alive ? std::to_string(v.monitor->monitor.pid) : "-", cmd);
+    std::string ports;
+    if (v.monitor)
+      for (const auto& pt : v.monitor->ports) ports += (ports.empty() ? "" : ", ") + pt;
+    out += fmt::format("{:<20} {:>4}  {:<14} {:>8}  {:<24}  {}\n", vm, v.generation, status_cell(v),
+                       v.monitor_alive ? std::to_string(v.monitor->monitor.pid) : "-", ports, cmd);
+  }
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+int port_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("port", p.error().message);
+  if (p->help) { fmt::print("{}", kPortHelp); return 0; }
+  if (p->positional.empty() || p->positional.size() > 2) return usage_error("port", "expected VM [GUEST_PORT[/PROTO]]");
+  const std::string vm = p->positional[0];
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("port", "VM: " + id.error().message);
+  std::optional<std::string> want;  // "80/tcp"
+  if (p->positional.size() == 2) {
+    std::string f = p->positional[1];
+    if (f.find('/') == std::string::npos) f += "/tcp";
+    auto slash = f.find('/');
+    auto n = parse_uint("port", std::string_view(f).substr(0, slash), 1, 65535);
+    std::string_view proto = std::string_view(f).substr(slash + 1);
+    if (!n || (proto != "tcp" && proto != "udp"))
+      return usage_error("port", fmt::format("expected GUEST_PORT[/tcp|/udp] (1..65535), got '{}'", p->positional[1]));
+    want = f;
+  }
+  fs::path state = state_of(*p);
+  auto s = load("port", state, vm);
+  if (!s) return 1;
+  std::string out;
+  if (s->monitor)
+    for (const auto& pt : s->monitor->ports) {
+      std::string line = port_line(pt);  // "80/tcp -> 127.0.0.1:8080"
+      if (!want) out += line + "\n";
+      else if (line.starts_with(*want + " -> ")) out += line.substr(want->size() + 4) + "\n";
+    }
+  if (want && out.empty()) {
+    fmt::print(stderr, "neshost port: VM '{}' has no published port {}\n", vm, *want);
+    return 1;
   }
   std::fputs(out.c_str(), stdout);
   return 0;
@@ -322,6 +372,7 @@ int rm_main(const Args& args) {
 }
 
 const Registrar ps_reg{{"ps", "list VMs and their reconciled status", ps_main}};
+const Registrar port_reg{{"port", "list a VM's published ports (docker port)", port_main}};
 const Registrar stop_reg{{"stop", "stop a running VM (ordered shutdown, persisted as stopped)", stop_main}};
 const Registrar kill_reg{{"kill", "send a signal to a running VM's workload", kill_main}};
 const Registrar top_reg{{"top", "list the processes in a running VM's guest", top_main}};

@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -39,6 +41,7 @@
 #include "host/lib/state_dir.hpp"
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
+#include "host/vm/passt.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
 #include "host/vm/virtiofsd.hpp"
@@ -132,6 +135,27 @@ STATE/VM/console.log.
   --sandbox            no VM: run the init as PID 1 of a fresh pid + mount namespace on this
                        host (unshare; needs root), the workload in the host's filesystem. For
                        development and tests of everything around the VM; no isolation
+  --name NAME          assign a name to the VM: its id (the same as --vm)
+  --rm                 automatically remove the VM's state (records, logs) when it exits
+                       (with -d: once its outcome is recorded)
+
+Network (bad values exit 125, nothing started):
+  --network MODE       connect the VM to a network: user (default; passt: outbound NAT, the
+                       host's loopback not reachable), slirp (QEMU's built-in user networking;
+                       it *does* reach the host's loopback at 10.0.2.2), none (loopback only),
+                       netns:PATH (take over that network namespace's interface). Default:
+                       $NESHOST_NETWORK if set, else user (none with --sandbox)
+  -p, --publish [IP:]HOST:GUEST[/tcp|/udp]
+                       publish a guest port to the host (repeatable; user and slirp modes; IP
+                       defaults to 0.0.0.0, as docker's). The host port must be free
+  --dns IP             set a custom DNS server (repeatable, at most 3; user modes default to
+                       10.0.2.3, which forwards to the host's resolver)
+  --dns-search DOMAIN  set a custom DNS search domain (repeatable)
+  --dns-option OPT     set a DNS option (repeatable; resolv.conf's `options`)
+  --add-host NAME:IP   add a custom host-to-IP mapping to /etc/hosts (repeatable);
+                       NAME:host-gateway maps NAME to the host, and opens the host's loopback
+                       to this VM at that address (user and slirp modes)
+  See `neshost port VM` for a VM's published ports.
 SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
 at once). Once the workload has ended, a signal ends the wait for the output still owed (what
 it cuts is counted and reported, exit 125); the last writes to our stdout/stderr wait for
@@ -314,6 +338,60 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
   return host::Ok{};
 }
 
+// ---- the network, before anything starts ----
+
+/// Every published host address:port is free now: a socket of its protocol is bound there (no
+/// SO_REUSEADDR) and closed at once. Error (exit 125): "--publish 127.0.0.1:8080:80: host port
+/// 8080/tcp is already in use" (or the errno's text: EACCES below 1024 without privileges,
+/// EADDRNOTAVAIL for an address this host does not have).
+host::Status check_ports_free(const host::NetworkSpec& net) {
+  for (const auto& p : net.publish) {
+    const bool v6 = p.host_ip.family == 6, tcp = p.proto == host::IpProto::tcp;
+    const std::string what = fmt::format("--publish {}: host port {}/{}", publish_text(p), p.host_port, tcp ? "tcp" : "udp");
+    host::Fd sock(::socket(v6 ? AF_INET6 : AF_INET, (tcp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0));
+    if (!sock) return host::Error{fmt::format("{}: socket: {}", what, std::strerror(errno))};
+    sockaddr_storage ss{};
+    socklen_t len = 0;
+    if (v6) {
+      int one = 1;
+      ::setsockopt(sock.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+      a->sin6_family = AF_INET6;
+      a->sin6_port = htons(p.host_port);
+      std::memcpy(&a->sin6_addr, p.host_ip.bytes.data(), 16);
+      len = sizeof *a;
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+      a->sin_family = AF_INET;
+      a->sin_port = htons(p.host_port);
+      std::memcpy(&a->sin_addr, p.host_ip.bytes.data(), 4);
+      len = sizeof *a;
+    }
+    if (::bind(sock.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0)
+      return host::Error{errno == EADDRINUSE ? what + " is already in use"
+                                             : fmt::format("{} cannot be bound: {}", what, std::strerror(errno))};
+  }
+  return host::Ok{};
+}
+
+/// --network netns:PATH: the namespace's interface is read and the tap QEMU attaches to is made,
+/// filling o.network.link before the plan (the descriptor's interface, QEMU's -netdev) is built.
+/// The one call point netns mode plugs into (before -d's fork: its errors are the creator's, 125,
+/// with nothing started). Other modes: nothing to do.
+host::Status attach_netns(RunFlags& o) {
+  if (o.network.mode != host::NetworkMode::netns) return host::Ok{};
+  return host::Error{"--network netns: not yet supported"};
+}
+
+/// What must hold before anything starts (bad network input: exit 125, no VM, nothing left):
+/// netns mode's interface, passt installed (user mode), every published host port free.
+host::Status network_preflight(RunFlags& o) {
+  if (auto s = attach_netns(o); !s) return s;
+  if (!o.sandbox && o.network.mode == host::NetworkMode::user)
+    if (auto c = vm::check_passt(vm::passt_program()); !c) return c;
+  return check_ports_free(o.network);
+}
+
 // ---- carrying the plan out ----
 
 /// The boot's files: the initramfs built from --rootfs (or checked to exist), and the empty files
@@ -341,10 +419,12 @@ struct Running {
   fs::path console_log;
   std::vector<std::unique_ptr<vm::Virtiofsd>> daemons;
   std::vector<fs::path> daemon_logs;
+  std::unique_ptr<vm::Passt> passt;  // --network user
+  fs::path passt_log;
 };
 
 /// STATE/VM/: the record (the library), monitor.json (this run's identity, for `neshost stop`),
-/// the console log.
+/// the console log, passt's log.
 /// Begins this run's generation (into plan.serve.session.generation).
 host::Status open_vm_state(RunPlan& plan, Running& run) {
   ServeConfig& cfg = plan.serve;
@@ -362,6 +442,7 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
     mi.monitor = self;
     mi.created_at = host::wall_now();
     mi.command = plan.command;
+    mi.ports = plan.ports;
     auto gen = host::begin_generation(cfg.state_dir, mi);
     if (!gen) return gen.error();
     cfg.session.generation = *gen;
@@ -373,6 +454,11 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
   console->show = plan.console;
   run.console = std::move(console);
   run.console_log = console_log;
+  if (run.passt) {
+    run.passt_log = host::vm_path(cfg.state_dir, vmid, host::kPasstLog);
+    if (auto f = host::open_vm_file(cfg.state_dir, vmid, host::kPasstLog, O_WRONLY | O_CREAT | O_TRUNC))
+      run.passt->log_to(std::move(*f));
+  }
   return host::Ok{};
 }
 
@@ -392,6 +478,26 @@ host::Status start_daemons(const RunPlan& plan, Running& run) {
           sh.ro ? " (ro)" : "");
     run.daemons.push_back(std::move(*d));
   }
+  return host::Ok{};
+}
+
+/// --network user: passt, first of all (before the state dir: one that cannot start, e.g. a port
+/// taken since we checked it, leaves nothing behind) and so before QEMU, which gets its socket's
+/// other end. Its output is kept until open_vm_state() gives it its log next to console.log; it
+/// dies with us and exits by itself once QEMU has gone.
+host::Status start_passt(const RunPlan& plan, Running& run) {
+  if (!plan.passt) return host::Ok{};
+  vm::PasstOptions po;
+  po.program = vm::passt_program();
+  po.network = plan.network;
+  // As root, passt drops to `nobody`, which must reach its PID file's directory: /tmp (a private
+  // $TMPDIR such as the tests' is not searchable by others). Otherwise it runs as us.
+  const char* t = std::getenv("TMPDIR");
+  po.tmp_dir = ::geteuid() != 0 && t && *t == '/' ? t : "/tmp";
+  auto p = vm::Passt::start(po, 10s);
+  if (!p) return host::Error{"--network user: " + p.error().message};
+  if (plan.console) say("neshost: passt pid {} serves the VM's network\n", (*p)->pid());
+  run.passt = std::move(*p);
   return host::Ok{};
 }
 
@@ -449,8 +555,13 @@ int deliver_owed_output(FdWriter& out, FdWriter& errw, int stop_fd, const std::o
   return status;
 }
 
-/// QEMU is gone, so each virtiofsd has lost its client and is exiting; reap it (bounded).
+/// QEMU is gone, so each virtiofsd (and passt) has lost its client and is exiting; reap it (bounded).
 void reap_daemons(const RunPlan& plan, Running& run) {
+  if (run.passt) {
+    auto e = run.passt->stop(2s);
+    if (plan.console) say("neshost: passt {}\n", vm::describe(e));
+    run.passt.reset();
+  }
   for (auto& d : run.daemons) {
     auto e = d->stop(2s);
     if (plan.console) say("neshost: virtiofsd {} {}\n", d->share().tag, vm::describe(e));
@@ -466,6 +577,7 @@ void remove_scratch_files(const RunPlan& plan, const Running& run) {
   std::error_code ec;
   fs::remove(run.console_log, ec);
   for (const auto& l : run.daemon_logs) fs::remove(l, ec);
+  if (!run.passt_log.empty()) fs::remove(run.passt_log, ec);
   const fs::path wl = host::vm_path(cfg.state_dir, vmid, host::kWorkloadLog);
   for (auto& r : host::rotated_logs(wl)) fs::remove(r, ec);
   fs::remove(wl, ec);
@@ -483,12 +595,16 @@ class VmmProcess {
   /// that dies while QEMU runs leaves the guest's requests on that share unanswered (QEMU's
   /// vhost-user-fs does not reconnect), so the VM is shut down in order, the outcome recorded.
   void start(host::Host& h, const std::string& id, const std::vector<std::string>& argv,
-             std::shared_ptr<ConsoleOut> console, std::vector<std::unique_ptr<vm::Virtiofsd>>& daemons, bool show) {
+             std::shared_ptr<ConsoleOut> console, std::vector<std::unique_ptr<vm::Virtiofsd>>& daemons,
+             vm::Passt* passt, bool show) {
     vm::LaunchOptions lo;
     lo.argv = argv;
     lo.console = [console](std::string_view b) { console->write(b); };
     lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
+    // --network user: QEMU's end of passt's socket, at the number its -netdev names.
+    if (passt) lo.fds = {{passt->qemu_fd(), vm::kPasstChildFd}};
     auto p = vm::VmProcess::launch(std::move(lo));
+    if (passt) passt->close_qemu_fd();  // QEMU holds it now: passt sees QEMU go
     if (!p) {
       say("neshost run: cannot start QEMU: {}\n", p.error().message);
       (void)h.vm_started(id);  // the session then ends as no_ready (125) through vm_exited
@@ -510,6 +626,19 @@ class VmmProcess {
                          e ? vm::describe(*e) : "exited");
                      (void)h.shutdown(id);
                    });
+    }
+    // passt gone while QEMU runs: the guest has lost its network (outbound and published ports);
+    // said with passt's last words, the workload goes on.
+    if (passt) {
+      auto& w = daemon_watch_.emplace_back(io_, ::fcntl(passt->pidfd(), F_DUPFD_CLOEXEC, 3));
+      w.async_wait(asio::posix::stream_descriptor::wait_read, [this, &h, id, passt](boost::system::error_code ec) {
+        if (ec || !qemu_ || qemu_->wait_for(0ms)) return;
+        if (auto* sess = h.session(id); sess && sess->outcome()) return;
+        auto e = passt->exited();
+        std::string why = passt->last_words();
+        say("neshost run: passt {} while the guest runs: the VM has lost its network{}{}\n",
+            e ? vm::describe(*e) : "exited", why.empty() ? "" : ": ", why);
+      });
     }
     // QEMU's exit, seen through its pidfd on this io_context: reap, drain the console to EOF
     // (so every line precedes our exit), then tell the library.
@@ -654,7 +783,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
-    vmm.start(h, id, argv, console, daemons, plan.console);
+    vmm.start(h, id, argv, console, daemons, run.passt.get(), plan.console);
   };
   emb.hooks.destroy = [&](const std::string&, std::uint64_t) {
     vmm.kill();  // the exit watch reaps it and reports vm_exited
@@ -730,15 +859,24 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
 
 /// `neshost run`: parse the flags, gather what the plan needs from this host, plan, carry it out.
 int run_main(const Args& args) {
+  // Usage errors exit 2 with a hint; bad network input 125 (RunError::status).
+  auto refuse = [](const RunError& e) {
+    if (e.status == kExitUsage) return usage_error("run", e.message);
+    fmt::print(stderr, "neshost run: {}\n", e.message);
+    return e.status;
+  };
   auto parsed = parse_run(args);
-  if (!parsed) return usage_error("run", parsed.error().message);
-  const RunFlags& o = *parsed;
+  if (!parsed) return refuse(parsed.error());
+  RunFlags o = std::move(*parsed);
   PlanInputs in = flag_inputs(o);
-  if (auto c = check_run(o, in); !c) return usage_error("run", c.error().message);
+  if (auto c = check_run(o, in); !c) return refuse(c.error());
   if (o.help) {
     fmt::print("{}", kRunHelp);
     return 0;
   }
+  // Before anything starts (and before -d's fork, so the creator says it): the network's own
+  // checks, each a 125 with nothing left behind.
+  if (auto n = network_preflight(o); !n) return refuse(RunError{n.error().message, kExitNetwork});
   // No write of ours to a pipe or terminal may block (a stdout nobody reads must never keep us
   // past a deadline): our own non-blocking descriptions of stdout and stderr (and stdin for -i).
   make_own_nonblocking(1);
@@ -768,11 +906,22 @@ int run_main(const Args& args) {
   if (!plan) return fail(plan.error().message);
   if (auto s = prepare_boot_files(*plan); !s) return fail(s.error().message);
   Running run;
+  if (auto s = start_passt(*plan, run); !s) return fail(s.error().message);
   if (auto s = open_vm_state(*plan, run); !s) return fail(s.error().message);
-  if (auto s = start_daemons(*plan, run); !s) return fail(s.error().message);
+  // --rm: however the run ends from here, the VM's state goes with it (`neshost rm`'s removal, by
+  // its own monitor). A detached VM whose workload never started is kept: its creator reads why
+  // from it (then `neshost rm` it).
+  const auto self = host::self_identity().value_or(host::ProcessIdentity{::getpid(), 0, {}});
+  const bool detached_unstarted_keep = o.detach;
+  auto end = [&](int status) {
+    if (plan->rm && !(detached_unstarted_keep && started_notify))
+      if (auto r = host::remove_vm(plan->state_dir, plan->vm, self); !r) say("neshost run: --rm: {}\n", r.error().message);
+    return status;
+  };
+  if (auto s = start_daemons(*plan, run); !s) return end(fail(s.error().message));
   auto argv = launch_argv(*plan);
-  if (!argv) return fail(argv.error().message);
-  return serve_run(*plan, rt, run, started_notify, *argv);
+  if (!argv) return end(fail(argv.error().message));
+  return end(serve_run(*plan, rt, run, started_notify, *argv));
 }
 
 const Registrar run_reg{{"run", "boot a QEMU microVM, run ARGV in it, exit with its status", run_main}};

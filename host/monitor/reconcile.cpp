@@ -175,12 +175,18 @@ std::string encode_monitor(const MonitorInfo& m) {
     cmd += json_string(m.command[i]);
   }
   cmd += "]";
+  std::string ports;
+  if (!m.ports.empty()) {
+    ports = ",\"ports\":[";
+    for (std::size_t i = 0; i < m.ports.size(); ++i) ports += (i ? "," : "") + json_string(m.ports[i]);
+    ports += "]";
+  }
   return fmt::format(
       R"({{"schema_version":{},"vm":{},"generation":{},"pid":{},"start_time":{},"boot_id":{},)"
-      R"("created_at":"{}","command":{}}})"
+      R"("created_at":"{}","command":{}{}}})"
       "\n",
       MonitorInfo::kSchemaVersion, json_string(m.vm), m.generation, m.monitor.pid,
-      m.monitor.start_time, json_string(m.monitor.boot_id), format_rfc3339(m.created_at), cmd);
+      m.monitor.start_time, json_string(m.monitor.boot_id), format_rfc3339(m.created_at), cmd, ports);
 }
 
 Result<MonitorInfo> parse_monitor(std::string_view json) {
@@ -215,6 +221,15 @@ Result<MonitorInfo> parse_monitor(std::string_view json) {
   for (auto e : cmd) {
     if (e.get_string().get(s)) return Error{"command: expected an array of strings"};
     m.command.emplace_back(s);
+  }
+  // Additive (absent: none).
+  simdjson::dom::array ports;
+  if (auto err = obj["ports"].get_array().get(ports); err != simdjson::NO_SUCH_FIELD) {
+    if (err) return Error{"ports: expected an array of strings"};
+    for (auto e : ports) {
+      if (e.get_string().get(s)) return Error{"ports: expected an array of strings"};
+      m.ports.emplace_back(s);
+    }
   }
   return m;
 }
@@ -413,12 +428,12 @@ std::vector<std::string> list_vms(const fs::path& state) {
   return out;
 }
 
-Status remove_vm(const fs::path& state, std::string_view vm) {
+Status remove_vm(const fs::path& state, std::string_view vm, const std::optional<ProcessIdentity>& self) {
   auto locked = lock_existing_vm(state, vm);
   if (!locked) return locked.error();
   const fs::path& dir = locked->dir;
   std::error_code ec;
-  if (auto mon = load_monitor(state, vm); mon.value && is_alive(mon.value->monitor)) {
+  if (auto mon = load_monitor(state, vm); mon.value && mon.value->monitor != self && is_alive(mon.value->monitor)) {
     auto rec = load_record(state, vm);
     bool newer_rec = rec.value && rec.value->generation > mon.value->generation;
     if (!newer_rec)

@@ -48,6 +48,9 @@ struct MonitorInfo {
   ProcessIdentity monitor;
   WallTime created_at{};
   std::vector<std::string> command;  // the workload's argv, for humans (ps)
+  /// Published ports as `docker ps` shows them ("127.0.0.1:8080->80/tcp"; `neshost ps`/`port`).
+  /// Additive: written only when there are some, absent reads as none.
+  std::vector<std::string> ports;
   bool operator==(const MonitorInfo&) const = default;
 };
 /// One compact JSON object plus '\n'.
@@ -121,7 +124,9 @@ std::string encode_state(const VmState& s);
 std::vector<std::string> list_vms(const std::filesystem::path& state_dir);
 
 /// Delete `<state_dir>/<vm>/` and everything in it, under the VM's lock; refused while the
-/// current generation's monitor is alive.
-Status remove_vm(const std::filesystem::path& state_dir, std::string_view vm);
+/// current generation's monitor is alive, unless that monitor is `self` (the caller: `neshost run
+/// --rm` removing its own VM at its end).
+Status remove_vm(const std::filesystem::path& state_dir, std::string_view vm,
+                 const std::optional<ProcessIdentity>& self = std::nullopt);
 
 }  // namespace nes::host

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -142,7 +143,8 @@ struct Forked {
 
 /// Runs on the spawner thread. Only async-signal-safe calls between fork and execve.
 host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::string>& argv,
-                               int death_signal, int out_w, int err_w) {
+                               int death_signal, int out_w, int err_w,
+                               const std::vector<std::pair<int, int>>& pass) {
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
@@ -152,6 +154,12 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
   if (::pipe2(st, O_CLOEXEC) != 0) return host::Error{fmt::format("pipe2: {}", std::strerror(errno))};
   host::Fd st_r(st[0]), st_w(st[1]);
   const pid_t parent = ::getpid();
+  // The status pipe sits just above the passed descriptors (3 when there are none); every source
+  // is first moved above it, so no dup2 below clobbers another source.
+  int sfd = 3;
+  for (const auto& [from, to] : pass) sfd = std::max(sfd, to + 1);
+  const int high = std::max(10, sfd + 1);
+  std::vector<int> src(4 + pass.size());  // allocated before fork: the child may not allocate
 
   pid_t pid = ::fork();
   if (pid < 0) return host::Error{fmt::format("fork: {}", std::strerror(errno))};
@@ -163,15 +171,22 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
     if (::getppid() != parent) ::_exit(125);  // the parent died before prctl took effect
     // Move every source above 2 first, so no dup2 below can clobber another source (our own
     // fds 0-2 may have been closed, making a pipe end land there).
-    int src[4] = {devnull.get(), out_w, err_w, st_w.get()};
-    for (int& fd : src) fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    src[0] = devnull.get(), src[1] = out_w, src[2] = err_w, src[3] = st_w.get();
+    for (std::size_t i = 0; i < pass.size(); ++i) src[4 + i] = pass[i].first;
+    for (int& fd : src) fd = ::fcntl(fd, F_DUPFD_CLOEXEC, high);
     ::dup2(src[0], 0);  // dup2 clears FD_CLOEXEC on the target
     ::dup2(src[1], 1);
     ::dup2(src[2], 2);
-    // The status pipe survives as fd 3 (CLOEXEC: closed by a successful execve).
-    int sfd = 3;
+    for (std::size_t i = 0; i < pass.size(); ++i) ::dup2(src[4 + i], pass[i].second);
+    // The status pipe survives as fd `sfd` (CLOEXEC: closed by a successful execve).
     ::dup3(src[3], sfd, O_CLOEXEC);
-    ::syscall(SYS_close_range, 4u, ~0u, 0u);  // no descriptor of ours leaks into QEMU
+    // No descriptor of ours leaks into QEMU: the gaps below sfd, and everything above it.
+    for (int fd = 3; fd < sfd; ++fd) {
+      bool passed = false;
+      for (const auto& pr : pass) passed = passed || pr.second == fd;
+      if (!passed) ::close(fd);
+    }
+    ::syscall(SYS_close_range, static_cast<unsigned>(sfd + 1), ~0u, 0u);
     // Reset what execve keeps: the mask and ignored dispositions.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
@@ -207,6 +222,15 @@ host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
   if (opts.argv.empty()) return host::Error{"argv: empty"};
   auto path = resolve_program(opts.argv[0]);
   if (!path) return path.error();
+  for (std::size_t i = 0; i < opts.fds.size(); ++i) {
+    const auto [from, to] = opts.fds[i];
+    if (from < 0 || ::fcntl(from, F_GETFD) < 0)
+      return host::Error{fmt::format("fds[{}]: descriptor {} is not open", i, from)};
+    if (to < 3 || to > LaunchOptions::kMaxChildFd)
+      return host::Error{fmt::format("fds[{}]: child number {} is outside 3..{}", i, to, LaunchOptions::kMaxChildFd)};
+    for (std::size_t j = 0; j < i; ++j)
+      if (opts.fds[j].second == to) return host::Error{fmt::format("fds[{}]: child number {} given twice", i, to)};
+  }
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return host::Error{fmt::format("pipe2: {}", std::strerror(errno))};
   host::Fd out_r(out[0]), out_w(out[1]);
@@ -216,7 +240,7 @@ host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
   if (!wake) return host::Error{fmt::format("eventfd: {}", std::strerror(errno))};
 
   auto forked = Spawner::instance().run([&] {
-    return fork_exec(*path, opts.argv, opts.death_signal, out_w.get(), err_w.get());
+    return fork_exec(*path, opts.argv, opts.death_signal, out_w.get(), err_w.get(), opts.fds);
   });
   if (!forked) return forked.error();
   auto p = std::make_unique<VmProcess>(Key{});

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "host/lib/base.hpp"
@@ -31,6 +32,13 @@ struct LaunchOptions {
   /// Signal the child gets when the thread that forked it dies (PR_SET_PDEATHSIG). The fork runs
   /// on one spawner thread that lives as long as this process, so in effect: when we die.
   int death_signal = SIGKILL;
+  /// Descriptors the child inherits at fixed numbers: {fd here, its number in the child}. Each
+  /// child number is 3..kMaxChildFd and given once; the child gets a dup of the fd there (without
+  /// FD_CLOEXEC) after every other descriptor was closed, so nothing else leaks. Our fd is not
+  /// consumed: the caller closes its copy once launch() returned (e.g. QEMU's end of a
+  /// socketpair: `-netdev stream,...,addr.type=fd,addr.str=3`, host/vm/passt.hpp).
+  std::vector<std::pair<int, int>> fds;
+  static constexpr int kMaxChildFd = 1023;
 };
 
 /// How the process ended (waitid(2)): one of `code` (0..255) and `signal` is set; neither if
@@ -49,8 +57,10 @@ class VmProcess {
  public:
   /// fork+exec on the spawner thread: new session (setsid: a Ctrl-C on our terminal reaches us,
   /// not QEMU), PR_SET_PDEATHSIG, stdin /dev/null, stdout/stderr pipes, every other fd closed,
-  /// signal mask and dispositions reset. Success only once execve succeeded (CLOEXEC status pipe).
-  /// Errors: program not found / not executable (with errno text), pipe/fork/pidfd failures.
+  /// signal mask and dispositions reset; `opts.fds` at their numbers. Success only once execve
+  /// succeeded (CLOEXEC status pipe). Errors: program not found / not executable (with errno
+  /// text), a bad `fds` entry (not open here, child number outside 3..kMaxChildFd or given twice),
+  /// pipe/fork/pidfd failures.
   static host::Result<std::unique_ptr<VmProcess>> launch(LaunchOptions opts);
 
 private:

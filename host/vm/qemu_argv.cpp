@@ -88,6 +88,14 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
       if (s.fs_devices[j].tag == d.tag) return fail(fmt::format("fs_devices[{}].tag: '{}' twice", i, d.tag));
   }
 
+  if (s.net_args.size() % 2)
+    return fail(fmt::format("net_args: {} arguments, expected -netdev/-device VALUE pairs", s.net_args.size()));
+  for (std::size_t i = 0; i < s.net_args.size(); i += 2)
+    if ((s.net_args[i] != "-netdev" && s.net_args[i] != "-device") || s.net_args[i + 1].empty() ||
+        s.net_args[i + 1].starts_with("-"))
+      return fail(fmt::format("net_args[{}]: '{}' '{}' is not -netdev/-device VALUE", i, s.net_args[i],
+                              s.net_args[i + 1]));
+
   const std::string redial =
       s.chardev_reconnect_s ? ",reconnect=" + std::to_string(s.chardev_reconnect_s) : std::string();
   std::vector<std::string> a{s.qemu};
@@ -124,6 +132,7 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
     add({"-chardev", fmt::format("socket,id=fs{},path={}", i, qemu_escape(d.socket.native())),
          "-device", fmt::format("vhost-user-fs-pci,chardev=fs{},tag={}", i, d.tag)});
   }
+  a.insert(a.end(), s.net_args.begin(), s.net_args.end());
   return a;
 }
 

@@ -70,13 +70,18 @@ struct QemuSpec {
   /// Shares. Any at all makes guest RAM a shared memfd (`memory-backend-memfd,share=on` + one NUMA
   /// node): vhost-user daemons map guest memory to serve requests in place.
   std::vector<FsDevice> fs_devices;
+  /// The NIC: the -netdev/-device options host::qemu_net_args() builds (host/lib/network.hpp),
+  /// appended as given (already in QEMU's syntax). Empty: no NIC (-nodefaults gives none).
+  /// A `stream` netdev on an fd names a number valid in QEMU (LaunchOptions::fds).
+  std::vector<std::string> net_args;
 };
 
 /// Checks the spec's fields (names the bad one) and builds the argv, argv[0] = spec.qemu.
 /// The serial console is QEMU's stdout (`-chardev stdio`): the launcher gives QEMU /dev/null as
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
 /// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket,
-/// data_socket, data_port_name, fs_devices[i].tag/socket).
+/// data_socket, data_port_name, fs_devices[i].tag/socket, net_args: not -netdev/-device VALUE
+/// pairs).
 host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& spec);
 
 }  // namespace nes::vm

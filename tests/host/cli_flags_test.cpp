@@ -77,6 +77,28 @@ TEST_CASE("-h is help unless a spec claims it (docker run's -h is --hostname)") 
   CHECK(q->help);
 }
 
+TEST_CASE("a docker line's network flags: -p repeatable and in clusters, --rm, --name, --network") {
+  constexpr FlagSpec kNet[] = {{"detach", false, "-d"}, {"publish", true, "-p"}, {"rm", false}, {"name"},
+                               {"network"}, {"dns"}, {"dns-search"}, {"dns-option"}, {"add-host"}};
+  auto p = parse_flags(kNet,
+                       {"-dp", "8080:80", "-p127.0.0.1:53:53/udp", "--publish=9000:90", "--rm", "--name", "web",
+                        "--network=user", "--dns", "1.1.1.1", "--dns-search", "a.example", "--dns-option",
+                        "ndots:2", "--add-host", "db:10.0.0.5", "nginx", "-p", "1"},
+                       FlagOrder::options_first);
+  REQUIRE(p);
+  CHECK(p->given == Given{{"detach", ""}, {"publish", "8080:80"}, {"publish", "127.0.0.1:53:53/udp"},
+                          {"publish", "9000:90"}, {"rm", ""}, {"name", "web"}, {"network", "user"},
+                          {"dns", "1.1.1.1"}, {"dns-search", "a.example"}, {"dns-option", "ndots:2"},
+                          {"add-host", "db:10.0.0.5"}});
+  CHECK(p->positional == std::vector<std::string>{"nginx", "-p", "1"});  // the program's own -p
+  auto bad = parse_flags(kNet, {"--rm=yes"}, FlagOrder::options_first);
+  REQUIRE(!bad);
+  CHECK(bad.error().message == "--rm takes no value");
+  auto none = parse_flags(kNet, {"-p"}, FlagOrder::options_first);
+  REQUIRE(!none);
+  CHECK(none.error().message == "--publish needs a value");
+}
+
 TEST_CASE("errors name the flag") {
   auto msg = [](std::span<const FlagSpec> specs, Args a, FlagOrder o = FlagOrder::anywhere) {
     auto p = parse_flags(specs, a, o);

@@ -7,13 +7,18 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "host/cli/plan.hpp"
+#include "host/vm/passt.hpp"
 #include "protocol/channels.hpp"
+#include "protocol/codec.hpp"
 #include "protocol/limits.hpp"
 
 using namespace nes;
@@ -41,7 +46,7 @@ PlanInputs inputs() {
 
 host::Result<RunPlan> plan(const Args& args, const PlanInputs& in = inputs()) {
   auto f = parse_run(args);
-  if (!f) return f.error();
+  if (!f) return host::Error{f.error().message};
   return plan_run(*f, in);
 }
 
@@ -50,6 +55,32 @@ std::string error_of(const Args& args, const PlanInputs& in = inputs()) {
   auto p = plan(args, in);
   return p ? std::string() : p.error().message;
 }
+
+/// The exit status `neshost run` gives `args` before anything starts (parse_run, check_run): 0 if
+/// accepted, 2 for a usage error, 125 for bad network input.
+int refusal(const Args& args, const PlanInputs& in = inputs()) {
+  auto f = parse_run(args);
+  if (!f) return f.error().status;
+  auto c = check_run(*f, in);
+  return c ? 0 : c.error().status;
+}
+
+/// Sets (or with nullptr unsets) an environment variable for one scope, restoring it after.
+struct EnvVar {
+  std::string name;
+  std::optional<std::string> old;
+  EnvVar(const char* n, const char* v) : name(n) {
+    if (const char* o = std::getenv(n)) old = o;
+    if (v) ::setenv(n, v, 1);
+    else ::unsetenv(n);
+  }
+  ~EnvVar() {
+    if (old) ::setenv(name.c_str(), old->c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
+proto::IpAddr ip(const char* t) { return *proto::ip_from_text(t); }
 
 /// A private temp dir, removed with everything in it.
 struct TempDir {
@@ -78,6 +109,7 @@ using Strings = std::vector<std::string>;
 }  // namespace
 
 TEST_CASE("defaults: the descriptor, the session's policy, the QEMU spec") {
+  EnvVar net("NESHOST_NETWORK", "none");  // the tests' environment; the network's default below
   auto p = plan({"sh", "-c", "echo hi"});
   REQUIRE(p);
   CHECK(p->vm == "vm-0123abcd");
@@ -456,4 +488,193 @@ TEST_CASE("every usage error, with the text neshost run prints") {
   auto r = parse_run({"--read-only", "true"});
   REQUIRE(r);
   CHECK(check_run(*r, inputs()).error().message == "--read-only needs --rootfs DIR over virtiofs");
+}
+
+TEST_CASE("--network: user by default (passt, QEMU's end at fd 3), $NESHOST_NETWORK, none, slirp, --sandbox") {
+  {
+    EnvVar net("NESHOST_NETWORK", nullptr);
+    auto p = plan({"true"});
+    REQUIRE(p);
+    CHECK(p->network.mode == host::NetworkMode::user);
+    CHECK(p->passt);
+    CHECK(p->ports.empty());
+    const auto& n = p->serve.session.descriptor.network;
+    REQUIRE(n);
+    REQUIRE(n->interfaces.size() == 1);
+    CHECK(n->interfaces[0].mac == host::UserNet::mac());
+    CHECK(n->interfaces[0].addresses == std::vector<proto::IpPrefix>{{ip("10.0.2.15"), 24}});
+    REQUIRE(n->routes.size() == 1);
+    CHECK(n->routes[0].via == std::optional<proto::IpAddr>(ip("10.0.2.2")));
+    REQUIRE(n->dns);
+    CHECK(n->dns->nameservers == std::vector<proto::IpAddr>{ip("10.0.2.3")});
+    REQUIRE(p->qemu);
+    CHECK(vm::kPasstChildFd == 3);
+    CHECK(p->qemu->net_args == Strings{"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str=3", "-device",
+                                       "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile="});
+    CHECK(vm::qemu_argv(*p->qemu));
+    // --sandbox: no NIC, the host's own network.
+    auto sb = plan({"--sandbox", "true"});
+    REQUIRE(sb);
+    CHECK(sb->network.mode == host::NetworkMode::none);
+    CHECK(!sb->passt);
+    CHECK(!sb->serve.session.descriptor.network);
+  }
+  {
+    EnvVar net("NESHOST_NETWORK", "none");
+    auto p = plan({"true"});
+    REQUIRE(p);
+    CHECK(p->network.mode == host::NetworkMode::none);
+    CHECK(!p->passt);
+    CHECK(!p->serve.session.descriptor.network);
+    CHECK(p->qemu->net_args.empty());
+    // A flag beats the variable.
+    auto u = plan({"--network", "user", "true"});
+    REQUIRE(u);
+    CHECK(u->passt);
+  }
+  {
+    EnvVar net("NESHOST_NETWORK", "slirp");
+    auto p = plan({"-p", "127.0.0.1:8080:80", "-p", "5353:53/udp", "true"});
+    REQUIRE(p);
+    CHECK(p->network.mode == host::NetworkMode::slirp);
+    CHECK(!p->passt);
+    REQUIRE(p->qemu->net_args.size() == 4);
+    CHECK(p->qemu->net_args[1] ==
+          "user,id=net0,net=10.0.2.0/24,host=10.0.2.2,dns=10.0.2.3,ipv6=off,hostfwd=tcp:127.0.0.1:8080-:80,"
+          "hostfwd=udp::5353-:53");
+    CHECK(p->ports == Strings{"127.0.0.1:8080->80/tcp", "0.0.0.0:5353->53/udp"});
+    auto n = plan({"--network=none", "true"});
+    REQUIRE(n);
+    CHECK(n->qemu->net_args.empty());
+  }
+}
+
+TEST_CASE("-p, --dns, --dns-search, --dns-option, --add-host: the descriptor, passt's spec, the ports") {
+  EnvVar net("NESHOST_NETWORK", nullptr);
+  auto p = plan({"-p", "127.0.0.1:8080:80", "--publish=8443:443", "-p", "5353:53/udp", "--dns", "1.1.1.1",
+                 "--dns", "2606:4700:4700::1111", "--dns-search", "example.com", "--dns-option", "ndots:2",
+                 "--add-host", "db:10.0.0.5", "--add-host", "gw:host-gateway", "true"});
+  REQUIRE(p);
+  CHECK(p->passt);
+  CHECK(p->network.publish.size() == 3);
+  CHECK(p->ports == Strings{"127.0.0.1:8080->80/tcp", "0.0.0.0:8443->443/tcp", "0.0.0.0:5353->53/udp"});
+  const auto& n = p->serve.session.descriptor.network;
+  REQUIRE(n);
+  REQUIRE(n->dns);
+  CHECK(n->dns->nameservers == std::vector<proto::IpAddr>{ip("1.1.1.1"), ip("2606:4700:4700::1111")});
+  CHECK(n->dns->search == Strings{"example.com"});
+  CHECK(n->dns->options == Strings{"ndots:2"});
+  CHECK(n->hosts == std::vector<proto::HostEntry>{{"db", ip("10.0.0.5")}, {"gw", ip("10.0.2.2")}});
+  // passt is told the same ports, and host-gateway opens the gateway's path to the host.
+  auto argv = host::passt_argv(p->network, "passt", vm::kPasstChildFd);
+  REQUIRE(argv);
+  CHECK(std::find(argv->begin(), argv->end(), "--no-map-gw") == argv->end());
+  CHECK(std::find(argv->begin(), argv->end(), "127.0.0.1/8080:80") != argv->end());
+  // --network none: --dns and --add-host still shape the guest's files, no interface.
+  auto none = plan({"--network", "none", "--dns", "9.9.9.9", "--add-host", "db=10.0.0.5", "true"});
+  REQUIRE(none);
+  const auto& nn = none->serve.session.descriptor.network;
+  REQUIRE(nn);
+  CHECK(nn->interfaces.empty());
+  CHECK(nn->dns->nameservers == std::vector<proto::IpAddr>{ip("9.9.9.9")});
+  CHECK(nn->hosts.size() == 1);
+}
+
+TEST_CASE("ps_port_text and port_line: docker ps's and docker port's texts") {
+  auto m = host::parse_publish("127.0.0.1:8080:80");
+  REQUIRE(m);
+  CHECK(ps_port_text(*m) == "127.0.0.1:8080->80/tcp");
+  CHECK(port_line(ps_port_text(*m)) == "80/tcp -> 127.0.0.1:8080");
+  CHECK(port_line(ps_port_text(*m)) == host::to_string(*m));  // the library's docker-port text
+  auto u = host::parse_publish("[::1]:53:5353/udp");
+  REQUIRE(u);
+  CHECK(ps_port_text(*u) == "[::1]:53->5353/udp");
+  CHECK(port_line(ps_port_text(*u)) == "5353/udp -> [::1]:53");
+  CHECK(port_line("garbage") == "garbage");
+  CHECK(publish_text(*m) == "127.0.0.1:8080:80");
+  CHECK(publish_text(*u) == "[::1]:53:5353/udp");
+  CHECK(publish_text(*host::parse_publish("8080:80")) == "8080:80");
+}
+
+TEST_CASE("a docker line runs unchanged: -dp, --rm, --name, --network") {
+  EnvVar net("NESHOST_NETWORK", nullptr);
+  auto f = parse_run({"-dp", "127.0.0.1:8080:80", "--rm", "--name", "web", "--network", "user", "httpd", "-p", "80"});
+  REQUIRE(f);
+  CHECK(f->detach);
+  CHECK(f->rm);
+  CHECK(f->vm == std::optional<std::string>("web"));
+  CHECK(f->network.mode == host::NetworkMode::user);
+  CHECK(f->network_given);
+  CHECK(f->network.publish == std::vector<host::PortMapping>{*host::parse_publish("127.0.0.1:8080:80")});
+  CHECK(f->argv == Strings{"httpd", "-p", "80"});
+}
+
+TEST_CASE("--name is --vm; --rm") {
+  auto p = plan({"--name", "web", "--rm", "true"});
+  REQUIRE(p);
+  CHECK(p->vm == "web");
+  CHECK(p->rm);
+  CHECK(plan({"--name", "web", "--vm", "web", "true"}));
+  CHECK(!plan({"true"})->rm);
+}
+
+TEST_CASE("every network error exits 125 (and the others 2), with the text neshost run prints") {
+  EnvVar net("NESHOST_NETWORK", nullptr);
+  struct Case {
+    Args args;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {{"-p", "70000:80", "true"}, "--publish 70000:80: host port '70000' must be 1..65535"},
+      {{"-p", "8080:0", "true"}, "--publish 8080:0: guest port '0' must be 1..65535"},
+      {{"-p", "8080", "true"}, "--publish 8080: expected [IP:]HOST:GUEST[/tcp|/udp] (a host port is required)"},
+      {{"-p", "1.2.3:8080:80", "true"}, "--publish 1.2.3:8080:80: '1.2.3' is not an IPv4 or IPv6 address"},
+      {{"-p", "8080:80/sctp", "true"}, "--publish 8080:80/sctp: the protocol must be tcp or udp"},
+      {{"-p", "8080:80", "-p", "127.0.0.1:8080:81", "true"},
+       "--publish 81/tcp -> 127.0.0.1:8080: host port 8080 is published twice"},
+      {{"--network", "none", "-p", "127.0.0.1:8080:80", "true"},
+       "--publish needs --network user or slirp (it is none: the guest has no NIC)"},
+      {{"-p", "[::1]:8443:443", "true"},
+       "--publish [::1]:8443:443: an IPv6 host address is not supported (the VM's user-mode network is IPv4; "
+       "publish on an IPv4 address such as 127.0.0.1 or 0.0.0.0)"},
+      {{"--network", "bridge", "true"}, "--network bridge: unknown mode (none, user, slirp or netns:PATH)"},
+      {{"--network", "netns:rel/path", "true"},
+       "--network netns:rel/path: netns:PATH needs an absolute path to a network namespace"},
+      {{"--dns", "1.2.3", "true"}, "--dns 1.2.3: not an IPv4 or IPv6 address"},
+      {{"--dns", "1.1.1.1", "--dns", "1.1.1.2", "--dns", "1.1.1.3", "--dns", "1.1.1.4", "true"},
+       "--dns: at most 3 nameservers (resolv.conf's MAXNS), got 4"},
+      {{"--dns-search", "bad domain", "true"},
+       "--dns-search bad domain: a domain is 1..253 of letters, digits, '-', '.', '_'"},
+      {{"--dns-option", "a b", "true"}, "--dns-option 'a b': a resolv.conf option is 1..64 printable bytes, no spaces"},
+      {{"--add-host", "db", "true"}, "--add-host db: expected NAME:IP or NAME:host-gateway"},
+      {{"--add-host", "db:10.0.0", "true"}, "--add-host db:10.0.0: '10.0.0' is not an IPv4 or IPv6 address (or host-gateway)"},
+      {{"--network", "none", "--add-host", "gw:host-gateway", "true"},
+       "--add-host gw:host-gateway needs --network user or slirp (it is none)"},
+      {{"--sandbox", "--network", "user", "true"},
+       "--sandbox runs no VM and shares this host's network: --network user needs one (--network none only)"},
+      {{"--sandbox", "--dns", "1.1.1.1", "true"},
+       "--sandbox runs no VM and shares this host's network: --network none with --dns/--add-host needs one "
+       "(--network none only)"},
+  };
+  for (const auto& c : cases) {
+    std::string joined;
+    for (auto a : c.args) joined += std::string(a) + " ";
+    CAPTURE(joined);
+    CHECK(error_of(c.args) == c.error);
+    CHECK(refusal(c.args) == kExitNetwork);
+  }
+  {
+    EnvVar bad("NESHOST_NETWORK", "bogus");
+    CHECK(error_of({"true"}) == "$NESHOST_NETWORK: --network bogus: unknown mode (none, user, slirp or netns:PATH)");
+    CHECK(refusal({"true"}) == 125);
+    CHECK(refusal({"--network", "none", "true"}) == 0);  // a flag given: the variable is not read
+  }
+  // Usage errors stay 2.
+  CHECK(error_of({"--name", "a", "--vm", "b", "true"}) == "--name a and --vm b name two VMs (--name is --vm, docker's spelling)");
+  CHECK(refusal({"--name", "a", "--vm", "b", "true"}) == kExitUsage);
+  CHECK(error_of({"--name", "-x", "true"}) == "--name: vm id '-x' starts with '-'");
+  CHECK(refusal({"--rm=1", "true"}) == kExitUsage);
+  CHECK(refusal({"--network"}) == kExitUsage);  // needs a value
+  CHECK(refusal({"--mem", "1", "true"}) == kExitUsage);
+  CHECK(refusal({"-p", "127.0.0.1:8080:80", "true"}) == 0);
 }

@@ -298,8 +298,93 @@ def test_output_lost_in_the_record():
         check(r.returncode == 125 and "stderr truncated" in r.stderr, "wait, truncated only: %d %r" % (r.returncode, r.stderr))
 
 
+def test_run_network_refusals():
+    """Bad network input: exit 125 before anything starts (no state, no runtime dir, no process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        state, rt = os.path.join(tmp, "state"), os.path.join(tmp, "rt")
+        os.mkdir(rt)
+        env = dict(os.environ, TMPDIR=rt, NESHOST_KERNEL=os.path.join(tmp, "no-kernel"))
+        busy_tcp = socket.socket()
+        busy_tcp.bind(("127.0.0.1", 0))
+        busy_tcp.listen()
+        tport = busy_tcp.getsockname()[1]
+        busy_udp = socket.socket(type=socket.SOCK_DGRAM)
+        busy_udp.bind(("127.0.0.1", 0))
+        uport = busy_udp.getsockname()[1]
+        cases = [
+            (["-p", "70000:80"], {}, "neshost run: --publish 70000:80: host port '70000' must be 1..65535\n"),
+            (["-p", "8080"], {}, "neshost run: --publish 8080: expected [IP:]HOST:GUEST[/tcp|/udp] (a host port is required)\n"),
+            (["--network", "slirp", "-p", "127.0.0.1:%d:80" % tport], {},
+             "neshost run: --publish 127.0.0.1:%d:80: host port %d/tcp is already in use\n" % (tport, tport)),
+            (["-d", "--network", "slirp", "-p", "127.0.0.1:%d:53/udp" % uport], {},
+             "neshost run: --publish 127.0.0.1:%d:53/udp: host port %d/udp is already in use\n" % (uport, uport)),
+            (["--network", "none", "-p", "127.0.0.1:8080:80"], {},
+             "neshost run: --publish needs --network user or slirp (it is none: the guest has no NIC)\n"),
+            (["--network", "bogus"], {}, "neshost run: --network bogus: unknown mode (none, user, slirp or netns:PATH)\n"),
+            ([], {"NESHOST_NETWORK": "bogus"},
+             "neshost run: $NESHOST_NETWORK: --network bogus: unknown mode (none, user, slirp or netns:PATH)\n"),
+            (["--network", "user"], {"NESHOST_PASST": os.path.join(tmp, "no-passt")},
+             "neshost run: --network user needs passt (apt-get install passt), or --network slirp|none (%s: No such file "
+             "or directory)\n" % os.path.join(tmp, "no-passt")),
+            (["--sandbox", "--network", "user"], {},
+             "neshost run: --sandbox runs no VM and shares this host's network: --network user needs one (--network none only)\n"),
+            (["--dns", "1.2.3"], {}, "neshost run: --dns 1.2.3: not an IPv4 or IPv6 address\n"),
+            (["--add-host", "db"], {}, "neshost run: --add-host db: expected NAME:IP or NAME:host-gateway\n"),
+        ]
+        for args, extra, want in cases:
+            r = run(["run", "--state", state, "--vm", "n"] + args + ["--", "true"], env=dict(env, **extra))
+            check(r.returncode == 125 and r.stderr == want and r.stdout == "",
+                  "%s: exit %d, stderr %r (want 125, %r)" % (args, r.returncode, r.stderr, want))
+            check(not os.path.exists(state) and os.listdir(rt) == [], "%s: nothing left: %s %s" %
+                  (args, os.path.exists(state) and os.listdir(state), os.listdir(rt)))
+        busy_tcp.close()
+        busy_udp.close()
+        # --name and --vm naming two VMs is a usage error (2), as before.
+        r = run(["run", "--state", state, "--name", "a", "--vm", "b", "--", "true"], env=env)
+        check(r.returncode == 2 and "--name a and --vm b name two VMs" in r.stderr, "name/vm: %d %r" % (r.returncode, r.stderr))
+        r = run(["run", "--help"])
+        for flag in ("--network MODE", "-p, --publish", "--dns IP", "--dns-search", "--dns-option", "--add-host",
+                     "--name NAME", "--rm"):
+            check(flag in r.stdout, "run --help lists %s" % flag)
+        try:
+            check(os.waitpid(-1, os.WNOHANG) is None, "no child left")
+        except ChildProcessError:
+            pass
+
+
+def test_port_and_ps_show_published_ports():
+    """`neshost port` and `ps` read the ports from monitor.json (docker port's and docker ps's texts)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        state = os.path.join(tmp, "state")
+        os.makedirs(os.path.join(state, "web"), mode=0o700)
+        mon = {"schema_version": 1, "vm": "web", "generation": 1, "pid": 999999, "start_time": 1, "boot_id": "x",
+               "created_at": "2025-01-01T00:00:00.000000000Z", "command": ["httpd"],
+               "ports": ["127.0.0.1:8080->80/tcp", "0.0.0.0:5353->53/udp"]}
+        with open(os.path.join(state, "web", "monitor.json"), "w") as f:
+            f.write(json.dumps(mon) + "\n")
+        r = run(["port", "--state", state, "web"])
+        check(r.returncode == 0 and r.stdout == "80/tcp -> 127.0.0.1:8080\n53/udp -> 0.0.0.0:5353\n",
+              "port: %d %r %r" % (r.returncode, r.stdout, r.stderr))
+        r = run(["port", "--state", state, "web", "80"])
+        check(r.returncode == 0 and r.stdout == "127.0.0.1:8080\n", "port web 80: %r" % r.stdout)
+        r = run(["port", "--state", state, "web", "53/udp"])
+        check(r.returncode == 0 and r.stdout == "0.0.0.0:5353\n", "port web 53/udp: %r" % r.stdout)
+        r = run(["port", "--state", state, "web", "81"])
+        check(r.returncode == 1 and "no published port 81/tcp" in r.stderr, "port web 81: %d %r" % (r.returncode, r.stderr))
+        r = run(["port", "--state", state, "web", "x"])
+        check(r.returncode == 2, "port web x: %d" % r.returncode)
+        r = run(["port", "--state", state, "nosuch"])
+        check(r.returncode == 1, "port nosuch: %d" % r.returncode)
+        r = run(["ps", "-a", "--state", state])
+        lines = r.stdout.splitlines()
+        check(lines[0].split() == ["VM", "GEN", "STATUS", "MONITOR", "PORTS", "COMMAND"] and
+              "127.0.0.1:8080->80/tcp, 0.0.0.0:5353->53/udp" in lines[1] and lines[1].endswith("httpd"),
+              "ps -a: %r" % r.stdout)
+
+
 for t in [test_output_lost_in_the_record, test_logs, test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
-          test_keep_until_sigterm, test_in_use_is_refused]:
+          test_keep_until_sigterm, test_in_use_is_refused, test_run_network_refusals,
+          test_port_and_ps_show_published_ports]:
     print("--", t.__name__, flush=True)
     t()
 finish()

@@ -404,7 +404,7 @@ def case_usage():
         rc, _, err = c.nh("stop", "--state", c.state, "nosuchvm")
         check(rc == 1 and "no running VM" in err, "stop unknown: %d %r" % (rc, err))
         rc, out, _ = c.nh("ps", "--state", c.state)
-        check(rc == 0 and out.split() == ["VM", "GEN", "STATUS", "MONITOR", "COMMAND"], "ps of nothing: %r" % out)
+        check(rc == 0 and out.split() == ["VM", "GEN", "STATUS", "MONITOR", "PORTS", "COMMAND"], "ps of nothing: %r" % out)
         # docker run's short forms: -u UID[:GID] (GID alone defaults to UID), -h NAME (the sandbox
         # shares the machine's UTS namespace, so only its warning can be seen here).
         rc, out, err = c.nh("run", "--sandbox", "--state", c.state, "--vm", "u", "-u", "1000:1001", "-h", "nes-u",

@@ -136,6 +136,16 @@ TEST_CASE("monitor.json round-trips; bad fields are named") {
   auto back = parse_monitor(encode_monitor(m));
   REQUIRE(back);
   CHECK(*back == m);
+  // `ports` is additive: written only when there are some, absent reads as none.
+  CHECK(encode_monitor(m).find("ports") == std::string::npos);
+  m.ports = {"127.0.0.1:8080->80/tcp", "0.0.0.0:5353->53/udp"};
+  CHECK(encode_monitor(m).find(R"("ports":["127.0.0.1:8080->80/tcp","0.0.0.0:5353->53/udp"])") != std::string::npos);
+  back = parse_monitor(encode_monitor(m));
+  REQUIRE(back);
+  CHECK(*back == m);
+  std::string bad = encode_monitor(m);
+  bad.replace(bad.find("[\"127"), 1, "[1,");
+  CHECK(parse_monitor(bad).error().message.find("ports") == 0);
   CHECK(parse_monitor("{").error().message.find("JSON") != std::string::npos);
   CHECK(parse_monitor(R"({"schema_version":1,"vm":"a","generation":0})").error().message.find("generation") == 0);
   CHECK(parse_monitor(R"({"schema_version":2})").error().message.find("schema_version") == 0);
@@ -355,6 +365,15 @@ TEST_CASE("failed outcomes reconcile as failed with their reason; list_vms and r
   auto refused = remove_vm(t.path, "vm-b");
   REQUIRE_FALSE(refused);
   CHECK(refused.error().message.find("running") != std::string::npos);
+  // Another live process is not that monitor; the monitor itself may remove its own VM (--rm).
+  auto self = self_identity();
+  REQUIRE(self);
+  CHECK_FALSE(remove_vm(t.path, "vm-b", self));
+  auto mon = identity_of(m.pid);
+  REQUIRE(mon);
+  REQUIRE(begin_generation(t.path, monitor_of(m.pid, "vm-c")));
+  REQUIRE(remove_vm(t.path, "vm-c", mon));
+  CHECK_FALSE(fs::exists(t.path / "vm-c"));
   m.end(true);
   REQUIRE(remove_vm(t.path, "vm-b"));
   REQUIRE(remove_vm(t.path, "vm-a"));

@@ -78,7 +78,8 @@ class Daemon:
                     f'[grpc]\n  address = "{self.sock}"\n[ttrpc]\n  address = "{self.sock}.ttrpc"\n'
                     f'[debug]\n  level = "debug"\n')
         self.env = dict(os.environ, PATH=self.bin + ":" + os.environ.get("PATH", "/usr/bin:/bin"),
-                        NESHOST=NESHOST, TMPDIR=self.tmp, XDG_RUNTIME_DIR=self.tmp)  # the KVM probe's cache
+                        NESHOST=NESHOST, TMPDIR=self.tmp, XDG_RUNTIME_DIR=self.tmp,  # the KVM probe's cache
+                        NESHOST_NETWORK=os.environ.get("NESHOST_NETWORK", "none"))  # no NIC outside a test netns
         self.proc = None
         self.log = os.path.join(self.tmp, "containerd.log")
         self.start()

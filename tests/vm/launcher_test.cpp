@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -23,6 +25,7 @@
 
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
+#include "host/vm/passt.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -192,6 +195,24 @@ TEST_CASE("qemu_argv: chardev_reconnect_s makes both chardevs redial a restarted
   CHECK(has_pair(*r, "-chardev", "socket,id=nes1,server=off,reconnect=1,path=/run/x/data.sock"));
 }
 
+TEST_CASE("qemu_argv: net_args are appended as -netdev/-device pairs; anything else is refused") {
+  QemuSpec s = base_spec();
+  auto none = qemu_argv(s);
+  REQUIRE(none.ok());
+  CHECK(std::find(none->begin(), none->end(), "-netdev") == none->end());
+  s.net_args = {"-netdev", "stream,id=net0,server=off,addr.type=fd,addr.str=3", "-device",
+                "virtio-net-pci,netdev=net0,mac=52:54:00:12:34:56,romfile="};
+  auto a = qemu_argv(s);
+  REQUIRE(a.ok());
+  CHECK(std::vector<std::string>(a->end() - 4, a->end()) == s.net_args);
+  for (auto bad : {std::vector<std::string>{"-netdev"}, {"-chardev", "x"}, {"-netdev", ""}, {"-netdev", "-device"}}) {
+    s.net_args = bad;
+    auto r = qemu_argv(s);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.starts_with("net_args"));
+  }
+}
+
 TEST_CASE("accel names round-trip") {
   for (auto a : {Accel::tcg, Accel::kvm, Accel::auto_probe})
     CHECK(accel_from_string(to_string(a)) == a);
@@ -268,6 +289,101 @@ TEST_CASE("launch: own session, stdin /dev/null, only fds 0-2, signal state rese
   CHECK(blk_line.find("0000000000000000") != std::string::npos);
   CHECK(pidline == "pid=" + sid);  // session id == its own pid: setsid() ran
   CHECK(sid == std::to_string((*p)->pid()));
+}
+
+TEST_CASE("launch: fds are passed at their numbers, nothing else leaks; bad entries are refused") {
+  int sp[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+  nes::host::Fd ours(sp[0]), theirs(sp[1]);
+  Capture out;
+  LaunchOptions o;
+  // ls shows the numbers the child has (its own directory fd takes 3, the lowest free one); then
+  // it answers through fd 5 what it read there.
+  o.argv = {"/bin/sh", "-c", "ls /proc/self/fd | tr '\\n' ' '; echo; read x <&5; echo \"got:$x\" >&5"};
+  o.console = out.sink();
+  o.fds = {{theirs.get(), 5}};
+  auto p = VmProcess::launch(std::move(o));
+  REQUIRE(p.ok());
+  theirs.reset();  // the child holds its own copy
+  REQUIRE(::write(ours.get(), "ping\n", 5) == 5);
+  char buf[64] = {};
+  std::string got;
+  while (got.find('\n') == std::string::npos) {
+    ssize_t n = ::read(ours.get(), buf, sizeof buf);
+    REQUIRE(n > 0);
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  CHECK(got == "got:ping\n");
+  auto e = (*p)->wait_for(10s);
+  REQUIRE(e.has_value());
+  CHECK(e->code == 0);
+  REQUIRE((*p)->finish_output(5s));
+  CHECK(out.get() == "0 1 2 3 5 \n");
+  // Its exit closed its copy: EOF here.
+  CHECK(::read(ours.get(), buf, sizeof buf) == 0);
+
+  for (auto bad : {std::vector<std::pair<int, int>>{{ours.get(), 2}}, {{ours.get(), 1024}},
+                   {{ours.get(), 4}, {ours.get(), 4}}, {{-1, 4}}}) {
+    LaunchOptions b = opts({"/bin/true"});
+    b.fds = bad;
+    auto q = VmProcess::launch(std::move(b));
+    REQUIRE_FALSE(q.ok());
+    CHECK(q.error().message.starts_with("fds["));
+  }
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // ECHILD: nothing was started
+}
+
+TEST_CASE("passt: ready once its PID file is written; an early exit is reported with its stderr") {
+  TempDir dir;
+  nes::host::NetworkSpec net;
+  net.publish.push_back(*nes::host::parse_publish("127.0.0.1:8080:80"));
+  PasstOptions o;
+  o.network = net;
+  o.tmp_dir = dir.path;
+  o.log = dir.path / "passt.log";
+  // A stand-in: writes the PID file it is given, serves fd 3 until its peer closes.
+  o.program = dir.script("passt-ok",
+                         "while [ $# -gt 0 ]; do [ \"$1\" = --pid ] && p=$2; shift; done\n"
+                         "echo started >&2; echo $$ > \"$p\"; cat <&3 >/dev/null; echo done >&2").string();
+  {
+    auto p = Passt::start(o, 10s);
+    REQUIRE(p.ok());
+    CHECK((*p)->qemu_fd() >= 0);
+    auto e = (*p)->stop(10s);  // closes QEMU's end: the stand-in sees EOF and exits
+    CHECK(e.code == 0);
+  }
+  std::ifstream log(o.log);
+  std::string text((std::istreambuf_iterator<char>(log)), {});
+  CHECK(text == "started\ndone\n");
+  // No log yet: its output is kept, then written first once log_to() names the file.
+  {
+    PasstOptions later = o;
+    later.log.clear();
+    auto p = Passt::start(later, 10s);
+    REQUIRE(p.ok());
+    (*p)->log_to(nes::host::Fd(::open((dir.path / "later.log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600)));
+    CHECK((*p)->stop(10s).code == 0);
+  }
+  std::ifstream later_log(dir.path / "later.log");
+  CHECK(std::string((std::istreambuf_iterator<char>(later_log)), {}) == "started\ndone\n");
+  // The readiness directory is gone.
+  for (auto& e : std::filesystem::directory_iterator(dir.path))
+    CHECK(e.path().filename().string().find("neshost-passt-") == std::string::npos);
+
+  o.program = dir.script("passt-busy",
+                         "echo 'Failed to send 67 bytes to syslog' >&2\n"
+                         "echo \"Failed to bind any port for '-t 127.0.0.1/8080:80', exiting\" >&2; exit 1").string();
+  auto bad = Passt::start(o, 10s);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message ==
+        "passt exited with code 1: Failed to bind any port for '-t 127.0.0.1/8080:80', exiting");
+
+  o.program = (dir.path / "no-passt").string();
+  auto missing = Passt::start(o, 10s);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().message.starts_with(
+      "--network user needs passt (apt-get install passt), or --network slirp|none"));
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // every stand-in was reaped
 }
 
 TEST_CASE("terminate: SIGTERM first; a process ignoring it is SIGKILLed after the grace") {

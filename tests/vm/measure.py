@@ -24,7 +24,7 @@ WORKLOAD = "read a b < /proc/uptime; echo T0=$a; true; read a b < /proc/uptime; 
 def one(neshost):
     state = tempfile.mkdtemp(prefix="nesmeasure.")
     t_start = time.monotonic()
-    p = subprocess.Popen([neshost, "run", "--accel", "tcg", "--console", "--state", state, "--",
+    p = subprocess.Popen([neshost, "run", "--accel", "tcg", "--console", "--network", "none", "--state", state, "--",
                           "/bin/sh", "-c", WORKLOAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stamped = []
     lock = threading.Lock()

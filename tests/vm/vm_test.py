@@ -95,7 +95,9 @@ class Case:
         self.rt = os.path.join(self.tmp, "rt")
         os.mkdir(self.rt)
         # XDG_RUNTIME_DIR: the KVM probe's verdict is cached there, so never on this machine's /run.
-        self.env = dict(os.environ, TMPDIR=self.rt, XDG_RUNTIME_DIR=self.tmp)
+        # NESHOST_NETWORK: no NIC unless a case passes --network (inside a namespace it made).
+        self.env = dict(os.environ, TMPDIR=self.rt, XDG_RUNTIME_DIR=self.tmp,
+                        NESHOST_NETWORK=os.environ.get("NESHOST_NETWORK", "none"))
         self.procs = []
         self.readers = []  # (ThrottledReader, its pipe's read end)
         self.detached = []  # VM ids started with run -d: removed (rm -f) by close() if still up

@@ -1,0 +1,206 @@
+#include "host/vm/passt.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+
+namespace nes::vm {
+
+namespace {
+
+constexpr std::string_view kMissing = "--network user needs passt (apt-get install passt), or --network slirp|none";
+constexpr char kPidName[] = "passt.pid";
+constexpr unsigned kNobody = 65534;  // the user passt drops to when started as root (`--runas`)
+
+/// passt's last stderr lines as one line, without its syslog complaints ("Failed to send N bytes
+/// to syslog": it logs to both and there may be no syslog).
+std::string last_lines(std::string_view text, std::size_t max = 600) {
+  std::string out;
+  while (!text.empty()) {
+    auto nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
+    if (line.empty() || (line.starts_with("Failed to send ") && line.ends_with("to syslog"))) continue;
+    if (!out.empty()) out += ' ';
+    out += line;
+  }
+  if (out.size() > max) out = "..." + out.substr(out.size() - max);
+  return out;
+}
+
+/// A private directory for passt's PID file, owned by the user passt runs as, removed with this.
+struct ReadyDir {
+  std::filesystem::path path;
+  ~ReadyDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+std::string passt_program() {
+  if (const char* s = std::getenv("NESHOST_PASST"); s && *s) return s;
+  return "passt";
+}
+
+host::Status check_passt(const std::string& program) {
+  auto missing = [&](int e) {
+    return host::Error{fmt::format("{} ({}: {})", kMissing, program, std::strerror(e))};
+  };
+  if (program.empty()) return missing(ENOENT);
+  if (program.find('/') != std::string::npos) {
+    if (::access(program.c_str(), X_OK) == 0) return host::Ok{};
+    return missing(errno);
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    auto colon = p.find(':');
+    std::string dir(p.substr(0, colon));
+    std::string cand = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    if (::access(cand.c_str(), X_OK) == 0) return host::Ok{};
+    if (colon == std::string_view::npos) break;
+    p.remove_prefix(colon + 1);
+  }
+  return missing(ENOENT);
+}
+
+struct Passt::State {
+  std::mutex mu;
+  host::Fd log;
+  std::size_t logged = 0;
+  bool keep = false;   // no log yet: keep the output in `early`
+  std::string early;   // at most kLogCap bytes
+  void feed(std::string_view b) {
+    std::lock_guard lk(mu);
+    write_locked(b);
+  }
+  void write_locked(std::string_view b) {
+    if (!log && keep) {
+      early.append(b.substr(0, PasstOptions::kLogCap - std::min(early.size(), PasstOptions::kLogCap)));
+      return;
+    }
+    if (!log || logged >= PasstOptions::kLogCap) return;
+    std::string_view part = b.substr(0, PasstOptions::kLogCap - logged);
+    while (!part.empty()) {
+      ssize_t n = ::write(log.get(), part.data(), part.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      logged += static_cast<std::size_t>(n);
+      part.remove_prefix(static_cast<std::size_t>(n));
+    }
+  }
+};
+
+host::Result<std::unique_ptr<Passt>> Passt::start(const PasstOptions& o, std::chrono::milliseconds bound) {
+  if (auto c = check_passt(o.program); !c) return c.error();
+  auto argv = host::passt_argv(o.network, o.program, kPasstChildFd);
+  if (!argv) return argv.error();
+
+  // Readiness: passt writes its PID file once it has set up (ports bound); we watch its directory.
+  ReadyDir ready;
+  std::string tmpl = (o.tmp_dir / "neshost-passt-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) return host::Error{fmt::format("passt: mkdtemp {}: {}", tmpl, std::strerror(errno))};
+  ready.path = tmpl;
+  const bool root = ::geteuid() == 0;
+  if (root && ::chown(tmpl.c_str(), kNobody, kNobody) != 0)
+    return host::Error{fmt::format("passt: chown {}: {}", tmpl, std::strerror(errno))};
+  host::Fd ino(::inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
+  if (!ino || ::inotify_add_watch(ino.get(), tmpl.c_str(), IN_CLOSE_WRITE) < 0)
+    return host::Error{fmt::format("passt: inotify on {}: {}", tmpl, std::strerror(errno))};
+  argv->insert(argv->end(), {"--pid", (ready.path / kPidName).string()});
+  if (root) argv->insert(argv->end(), {"--runas", fmt::format("{}:{}", kNobody, kNobody)});
+
+  int sp[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0)
+    return host::Error{fmt::format("passt: socketpair: {}", std::strerror(errno))};
+  host::Fd passt_end(sp[0]), qemu_end(sp[1]);
+
+  auto st = std::make_shared<State>();
+  st->keep = o.log.empty();
+  if (!o.log.empty()) {
+    st->log.reset(::open(o.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!st->log) return host::Error{fmt::format("passt: {}: {}", o.log.native(), std::strerror(errno))};
+  }
+  LaunchOptions lo;
+  lo.argv = std::move(*argv);
+  lo.console = [st](std::string_view b) { st->feed(b); };
+  lo.diagnostics = [st](std::string_view b) { st->feed(b); };
+  lo.fds = {{passt_end.get(), kPasstChildFd}};
+  auto p = VmProcess::launch(std::move(lo));
+  if (!p) return host::Error{fmt::format("cannot start passt: {}", p.error().message)};
+  passt_end.reset();  // passt holds its own copy: its end closes when passt exits
+  auto d = std::make_unique<Passt>(std::move(*p), st, std::move(qemu_end));
+
+  // Ready (the PID file written), exited, or silent for too long: whichever comes first.
+  pollfd fds[2] = {{ino.get(), POLLIN, 0}, {d->proc_->pidfd(), POLLIN, 0}};
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    int r = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left.count())));
+    if (r < 0 && errno == EINTR) continue;
+    if (r > 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
+      auto e = d->proc_->wait_for(std::chrono::milliseconds(0));
+      d->proc_->finish_output(std::chrono::milliseconds(1000));
+      std::string why = last_lines(d->proc_->diagnostics_tail());
+      return host::Error{fmt::format("passt {}{}{}", e ? describe(*e) : "exited", why.empty() ? "" : ": ", why)};
+    }
+    if (r > 0 && (fds[0].revents & POLLIN)) {
+      // Any close-after-write in the directory is passt's PID file (nothing else writes there).
+      alignas(inotify_event) char buf[4096];
+      bool written = false;
+      ssize_t n;
+      while ((n = ::read(ino.get(), buf, sizeof buf)) > 0)
+        for (char* q = buf; q < buf + n;) {
+          auto* ev = reinterpret_cast<inotify_event*>(q);
+          if (ev->len && std::strcmp(ev->name, kPidName) == 0) written = true;
+          q += sizeof(inotify_event) + ev->len;
+        }
+      if (written) return d;
+      continue;
+    }
+    if (r <= 0) {
+      std::string tail = d->proc_->diagnostics_tail();
+      d->proc_->terminate(std::chrono::milliseconds(200));
+      d->proc_->finish_output(std::chrono::milliseconds(1000));
+      std::string why = last_lines(tail);
+      return host::Error{fmt::format("passt not ready after {} ms{}{}", bound.count(), why.empty() ? "" : ": ", why)};
+    }
+  }
+}
+
+void Passt::log_to(host::Fd log) {
+  std::lock_guard lk(st_->mu);
+  st_->log = std::move(log);
+  std::string early = std::move(st_->early);
+  st_->early.clear();
+  st_->write_locked(early);
+}
+
+std::string Passt::last_words() const { return last_lines(proc_->diagnostics_tail()); }
+
+ProcessExit Passt::stop(std::chrono::milliseconds grace) {
+  close_qemu_fd();
+  ProcessExit e;
+  if (auto x = proc_->wait_for(grace)) e = *x;
+  else e = proc_->terminate(std::chrono::milliseconds(1000));
+  proc_->finish_output(std::chrono::milliseconds(1000));
+  return e;
+}
+
+Passt::~Passt() = default;  // VmProcess's destructor kills and reaps a running passt
+
+}  // namespace nes::vm

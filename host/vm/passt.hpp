@@ -1,0 +1,87 @@
+// passt for one VM in `--network user` mode (docs/network.md says why passt and not QEMU's slirp):
+// started before QEMU with one end of a connected socketpair, QEMU gets the other
+// (`-netdev stream,...,addr.type=fd`). Both command lines come from host/lib/network.hpp
+// (passt_argv, qemu_net_args). Lifecycle as virtiofsd's: killed with us (PR_SET_PDEATHSIG),
+// ended after QEMU has exited (passt exits by itself once QEMU's end closes), its stderr kept in a
+// log file in the VM's state dir (host/lib/state_dir.hpp kPasstLog).
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "host/lib/base.hpp"
+#include "host/lib/network.hpp"
+#include "host/vm/process.hpp"
+
+namespace nes::vm {
+
+/// The number each end of the socketpair has in its process: passt's in passt (`--fd 3`), QEMU's
+/// in QEMU (`addr.str=3`). Both are passed with LaunchOptions::fds.
+inline constexpr int kPasstChildFd = 3;
+
+/// The passt to run: $NESHOST_PASST if set, else `passt` (looked up in PATH).
+std::string passt_program();
+
+/// Whether `program` can be run (a path, or a name found in PATH). Error, exit 125 for `neshost
+/// run`: "--network user needs passt (apt-get install passt), or --network slirp|none" and why.
+host::Status check_passt(const std::string& program);
+
+/// How to run one passt.
+struct PasstOptions {
+  std::string program = "passt";
+  host::NetworkSpec network;     // mode user (passt_argv() refuses any other)
+  /// Its stdout+stderr, truncated, bounded at kLogCap bytes; empty: kept in memory (bounded)
+  /// until log_to() names the file (so passt can start before the VM's state dir exists).
+  std::filesystem::path log;
+  static constexpr std::size_t kLogCap = 1u << 20;
+  /// Where its readiness directory is made (mkdtemp; every component must be searchable by the
+  /// user passt runs as, `nobody` when we are root: e.g. /tmp). Removed once passt is ready.
+  std::filesystem::path tmp_dir = "/tmp";
+};
+
+/// A running passt. The destructor kills and reaps it if it still runs.
+class Passt {
+ public:
+  /// Makes the socketpair (SOCK_STREAM, CLOEXEC), starts passt on its end and waits, at most
+  /// `bound`, until passt has set up: it writes its PID file (`-P`, into a private directory we
+  /// watch with inotify) only after every published port is bound. Root: passt runs as
+  /// 65534:65534 (`--runas`; it refuses to stay root). Errors (each saying "passt"): not found
+  /// (check_passt's text), exited first (its last stderr lines: "Failed to bind any port for '-t
+  /// 127.0.0.1/8080:80'"; a port taken since we checked it), silent for `bound`.
+  static host::Result<std::unique_ptr<Passt>> start(const PasstOptions& o, std::chrono::milliseconds bound);
+
+  ~Passt();
+  Passt(const Passt&) = delete;
+  Passt& operator=(const Passt&) = delete;
+
+  /// QEMU's end of the socketpair (CLOEXEC here): give it to QEMU as {qemu_fd(), kPasstChildFd}
+  /// in LaunchOptions::fds, then close_qemu_fd() (else passt never sees QEMU go).
+  int qemu_fd() const { return qemu_end_.get(); }
+  void close_qemu_fd() { qemu_end_.reset(); }
+  pid_t pid() const { return proc_->pid(); }
+  /// A pidfd, readable once passt has exited (for an Asio wait); owned here.
+  int pidfd() const { return proc_->pidfd(); }
+  /// Reaps it if it has exited; nullopt while it runs.
+  std::optional<ProcessExit> exited() { return proc_->wait_for(std::chrono::milliseconds(0)); }
+  /// From now on its output goes to `log` (an open file), what it wrote so far first.
+  void log_to(host::Fd log);
+  /// Its last stderr lines, one line (syslog noise left out), for messages.
+  std::string last_words() const;
+  /// After QEMU has gone (and close_qemu_fd()): passt exits once its socket closes; wait up to
+  /// `grace` for that, then SIGTERM/SIGKILL (VmProcess::terminate). Returns how it ended.
+  ProcessExit stop(std::chrono::milliseconds grace);
+
+  struct State;  // shared with the drain thread's sink (the log file)
+  Passt(std::unique_ptr<VmProcess> p, std::shared_ptr<State> st, host::Fd qemu_end)
+      : st_(std::move(st)), proc_(std::move(p)), qemu_end_(std::move(qemu_end)) {}
+
+ private:
+  std::shared_ptr<State> st_;
+  std::unique_ptr<VmProcess> proc_;
+  host::Fd qemu_end_;
+};
+
+}  // namespace nes::vm
