@@ -230,14 +230,6 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
                                 host::to_string(net.mode), net.mode == host::NetworkMode::none ? " with --dns/--add-host" : ""),
                     kExitNetwork};
   if (auto c = host::check_network(net); !c) return RunError{c.error().message, kExitNetwork};
-  // passt runs IPv4-only (passt_argv: --ipv4-only) and QEMU's hostfwd= takes no IPv6 address:
-  // an IPv6 host address would only fail once they start.
-  for (const auto& m : net.publish)
-    if (m.host_ip.family == 6)
-      return RunError{fmt::format("--publish {}: an IPv6 host address is not supported (the VM's user-mode network "
-                                  "is IPv4; publish on an IPv4 address such as 127.0.0.1 or 0.0.0.0)",
-                                  publish_text(m)),
-                      kExitNetwork};
   return host::Ok{};
 }
 
@@ -350,21 +342,6 @@ vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in) {
 
 fs::path run_kernel(const RunFlags& o, const PlanInputs& in) { return o.kernel ? *o.kernel : in.default_kernel; }
 
-std::string publish_text(const host::PortMapping& p) {
-  bool any = true;
-  for (std::size_t i = 0; i < (p.host_ip.family == 6 ? 16u : 4u); ++i) any = any && p.host_ip.bytes[i] == 0;
-  std::string ip;
-  if (p.host_ip.family == 6) ip = "[" + proto::ip_text(p.host_ip) + "]:";
-  else if (!any) ip = proto::ip_text(p.host_ip) + ":";
-  return fmt::format("{}{}:{}{}", ip, p.host_port, p.guest_port, p.proto == host::IpProto::udp ? "/udp" : "");
-}
-
-std::string ps_port_text(const host::PortMapping& p) {
-  std::string ip = proto::ip_text(p.host_ip);
-  if (p.host_ip.family == 6) ip = "[" + ip + "]";
-  return fmt::format("{}:{}->{}/{}", ip, p.host_port, p.guest_port, p.proto == host::IpProto::tcp ? "tcp" : "udp");
-}
-
 std::string port_line(std::string_view t) {
   auto arrow = t.find("->");
   if (arrow == std::string_view::npos) return std::string(t);
@@ -402,7 +379,7 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   if (!guest_net) return guest_net.error();
   p.serve.session.descriptor.network = std::move(*guest_net);
   p.passt = !o.sandbox && p.network.mode == host::NetworkMode::user;
-  for (const auto& m : p.network.publish) p.ports.push_back(ps_port_text(m));
+  for (const auto& m : p.network.publish) p.ports.push_back(host::ps_port_text(m));
   p.rm = o.rm;
   p.cmdline = plan_cmdline(o, in);
   if (o.sandbox) {

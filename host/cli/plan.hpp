@@ -157,12 +157,7 @@ struct RunPlan {
   bool rm = false;                      // --rm
 };
 
-/// -p's text as docker users write it: "127.0.0.1:8080:80", "8080:80/udp" (0.0.0.0 left out),
-/// "[::1]:8080:80": for messages naming the flag.
-std::string publish_text(const host::PortMapping& p);
-/// `docker ps`'s text of one published port: "127.0.0.1:8080->80/tcp" ("[::1]:8080->80/udp").
-std::string ps_port_text(const host::PortMapping& p);
-/// `docker port`'s line from ps_port_text()'s: "127.0.0.1:8080->80/tcp" -> "80/tcp -> 127.0.0.1:8080".
+/// `docker port`'s line from host::ps_port_text()'s: "127.0.0.1:8080->80/tcp" -> "80/tcp -> 127.0.0.1:8080".
 /// Anything else is returned unchanged.
 std::string port_line(std::string_view ps_text);
 

@@ -347,7 +347,7 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
 host::Status check_ports_free(const host::NetworkSpec& net) {
   for (const auto& p : net.publish) {
     const bool v6 = p.host_ip.family == 6, tcp = p.proto == host::IpProto::tcp;
-    const std::string what = fmt::format("--publish {}: host port {}/{}", publish_text(p), p.host_port, tcp ? "tcp" : "udp");
+    const std::string what = fmt::format("--publish {}: host port {}/{}", host::publish_text(p), p.host_port, tcp ? "tcp" : "udp");
     host::Fd sock(::socket(v6 ? AF_INET6 : AF_INET, (tcp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0));
     if (!sock) return host::Error{fmt::format("{}: socket: {}", what, std::strerror(errno))};
     sockaddr_storage ss{};

@@ -111,6 +111,19 @@ std::string to_string(const PortMapping& p) {
   return fmt::format("{}/{} -> {}:{}", p.guest_port, p.proto == IpProto::tcp ? "tcp" : "udp", ip, p.host_port);
 }
 
+std::string publish_text(const PortMapping& p) {
+  std::string ip;
+  if (p.host_ip.family == 6) ip = "[" + proto::ip_text(p.host_ip) + "]:";
+  else if (!any_address(p.host_ip)) ip = proto::ip_text(p.host_ip) + ":";
+  return fmt::format("{}{}:{}{}", ip, p.host_port, p.guest_port, p.proto == IpProto::udp ? "/udp" : "");
+}
+
+std::string ps_port_text(const PortMapping& p) {
+  std::string ip = proto::ip_text(p.host_ip);
+  if (p.host_ip.family == 6) ip = "[" + ip + "]";
+  return fmt::format("{}:{}->{}/{}", ip, p.host_port, p.guest_port, p.proto == IpProto::tcp ? "tcp" : "udp");
+}
+
 Result<ExtraHost> parse_add_host(std::string_view v) {
   auto bad = [&](std::string_view why) { return Error{fmt::format("--add-host {}: {}", v, why)}; };
   auto sep = v.find_first_of(":=");
@@ -147,12 +160,18 @@ Status check_network(const NetworkSpec& s) {
     return Error{fmt::format("--publish needs --network user or slirp (it is {}: {})", mode,
                              s.mode == NetworkMode::none ? "the guest has no NIC"
                                                          : "the namespace's own address is the VM's")};
+  // passt runs IPv4-only (--ipv4-only) and QEMU's hostfwd= takes no IPv6 address: an IPv6 host
+  // address would only fail once they start.
+  for (const auto& p : s.publish)
+    if (p.host_ip.family == 6)
+      return Error{fmt::format("--publish {}: an IPv6 host address is not supported (the VM's user-mode network "
+                               "is IPv4; publish on an IPv4 address such as 127.0.0.1 or 0.0.0.0)", publish_text(p))};
   for (std::size_t i = 0; i < s.publish.size(); ++i)
     for (std::size_t j = 0; j < i; ++j) {
       const auto &a = s.publish[i], &b = s.publish[j];
       bool overlap = a.proto == b.proto && a.host_port == b.host_port &&
                      (a.host_ip == b.host_ip || any_address(a.host_ip) || any_address(b.host_ip));
-      if (overlap) return Error{fmt::format("--publish {}: host port {} is published twice", to_string(a), a.host_port)};
+      if (overlap) return Error{fmt::format("--publish {}: host port {} is published twice", publish_text(a), a.host_port)};
     }
   for (const auto& h : s.hosts)
     if (!h.ip && !user_mode(s.mode))

@@ -56,6 +56,11 @@ struct PortMapping {
 Result<PortMapping> parse_publish(std::string_view v);
 /// docker port's text: "80/tcp -> 127.0.0.1:8080".
 std::string to_string(const PortMapping& p);
+/// -p's text as docker users write it: "127.0.0.1:8080:80", "8080:80/udp" (0.0.0.0 left out),
+/// "[::1]:8080:80": for messages naming the flag.
+std::string publish_text(const PortMapping& p);
+/// docker ps's text of one published port: "127.0.0.1:8080->80/tcp" ("[::1]:8080->80/udp").
+std::string ps_port_text(const PortMapping& p);
 
 /// One extra /etc/hosts entry (`--add-host NAME:IP`); `ip` unset: docker's `host-gateway`, the
 /// address at which the guest reaches the host's loopback (it opens that path for this VM only).
@@ -95,8 +100,8 @@ struct NetworkSpec {
 /// Error: an unknown mode (names the flag and the choices).
 Status parse_network_mode(std::string_view v, NetworkSpec& into);
 
-/// The spec's cross-checks, each an error naming the flags: `-p` needs user or slirp; a host port
-/// published twice (same protocol and address); `host-gateway` needs user or slirp; more than 3
+/// The spec's cross-checks, each an error naming the flags: `-p` needs user or slirp; an IPv6 host
+/// address (user modes are IPv4 only for now); a host port published twice (same protocol and address); `host-gateway` needs user or slirp; more than 3
 /// `--dns`; netns mode without a path; a netns-mode spec passed to guest_network() without `link`.
 Status check_network(const NetworkSpec& s);
 

@@ -583,17 +583,17 @@ TEST_CASE("-p, --dns, --dns-search, --dns-option, --add-host: the descriptor, pa
 TEST_CASE("ps_port_text and port_line: docker ps's and docker port's texts") {
   auto m = host::parse_publish("127.0.0.1:8080:80");
   REQUIRE(m);
-  CHECK(ps_port_text(*m) == "127.0.0.1:8080->80/tcp");
-  CHECK(port_line(ps_port_text(*m)) == "80/tcp -> 127.0.0.1:8080");
-  CHECK(port_line(ps_port_text(*m)) == host::to_string(*m));  // the library's docker-port text
+  CHECK(host::ps_port_text(*m) == "127.0.0.1:8080->80/tcp");
+  CHECK(port_line(host::ps_port_text(*m)) == "80/tcp -> 127.0.0.1:8080");
+  CHECK(port_line(host::ps_port_text(*m)) == host::to_string(*m));  // the library's docker-port text
   auto u = host::parse_publish("[::1]:53:5353/udp");
   REQUIRE(u);
-  CHECK(ps_port_text(*u) == "[::1]:53->5353/udp");
-  CHECK(port_line(ps_port_text(*u)) == "5353/udp -> [::1]:53");
+  CHECK(host::ps_port_text(*u) == "[::1]:53->5353/udp");
+  CHECK(port_line(host::ps_port_text(*u)) == "5353/udp -> [::1]:53");
   CHECK(port_line("garbage") == "garbage");
-  CHECK(publish_text(*m) == "127.0.0.1:8080:80");
-  CHECK(publish_text(*u) == "[::1]:53:5353/udp");
-  CHECK(publish_text(*host::parse_publish("8080:80")) == "8080:80");
+  CHECK(host::publish_text(*m) == "127.0.0.1:8080:80");
+  CHECK(host::publish_text(*u) == "[::1]:53:5353/udp");
+  CHECK(host::publish_text(*host::parse_publish("8080:80")) == "8080:80");
 }
 
 TEST_CASE("a docker line runs unchanged: -dp, --rm, --name, --network") {
@@ -631,7 +631,7 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
       {{"-p", "1.2.3:8080:80", "true"}, "--publish 1.2.3:8080:80: '1.2.3' is not an IPv4 or IPv6 address"},
       {{"-p", "8080:80/sctp", "true"}, "--publish 8080:80/sctp: the protocol must be tcp or udp"},
       {{"-p", "8080:80", "-p", "127.0.0.1:8080:81", "true"},
-       "--publish 81/tcp -> 127.0.0.1:8080: host port 8080 is published twice"},
+       "--publish 127.0.0.1:8080:81: host port 8080 is published twice"},
       {{"--network", "none", "-p", "127.0.0.1:8080:80", "true"},
        "--publish needs --network user or slirp (it is none: the guest has no NIC)"},
       {{"-p", "[::1]:8443:443", "true"},

@@ -100,6 +100,13 @@ TEST_CASE("check_network: what the flags mean together") {
   CHECK(twice.error().message.find("host port 8080 is published twice") != std::string::npos);
   s.publish.back().proto = IpProto::udp;  // another protocol: fine
   CHECK(host::check_network(s));
+  s.publish.push_back(*host::parse_publish("[::1]:8443:443"));
+  auto v6 = host::check_network(s);
+  REQUIRE(!v6);
+  CHECK(v6.error().message.find("--publish [::1]:8443:443: an IPv6 host address is not supported") == 0);
+  s.publish.pop_back();
+  CHECK(host::publish_text(s.publish[0]) == "127.0.0.1:8080:80");
+  CHECK(host::ps_port_text(s.publish[1]) == "0.0.0.0:8080->81/udp");
   s.mode = NetworkMode::none;
   auto none = host::check_network(s);
   REQUIRE(!none);
