@@ -32,57 +32,22 @@ proto::NetworkFailed failed(std::string iface, std::string step, std::string rea
   return proto::NetworkFailed{std::move(iface), std::move(step), std::move(reason), err};
 }
 
-/// A NETLINK_ROUTE socket: one request at a time, answered before the next (bounded waits).
-class Rtnl {
- public:
-  base::Status open() {
-    fd_ = base::Fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));
-    if (!fd_) return base::errno_error(errno, "socket(AF_NETLINK)");
-    return base::Ok{};
-  }
-
-  /// Send `r` and read its answer; links of a dump go to `links`. 0 or a positive errno.
-  int call(nl::Request r, std::vector<nl::Link>* links = nullptr) {
-    const std::uint32_t seq = ++seq_;
-    auto bytes = r.bytes(seq);
-    sockaddr_nl kernel{};
-    kernel.nl_family = AF_NETLINK;
-    if (::sendto(fd_.get(), bytes.data(), bytes.size(), 0, reinterpret_cast<sockaddr*>(&kernel), sizeof kernel) < 0)
-      return errno;
-    std::vector<nl::Link> scratch;
-    std::vector<std::byte> buf(32 * 1024);
-    for (int datagrams = 0; datagrams < 4096; ++datagrams) {  // a dump of a few links: bounded
-      pollfd p{fd_.get(), POLLIN, 0};
-      int n = ::poll(&p, 1, 2000);  // the kernel answers at once; 2 s means it never will
-      if (n == 0) return ETIMEDOUT;
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return errno;
-      }
-      ssize_t got = ::recv(fd_.get(), buf.data(), buf.size(), 0);
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        return errno;
-      }
-      auto reply = nl::parse(std::span(buf.data(), static_cast<std::size_t>(got)), seq, links ? *links : scratch);
-      if (reply.malformed) return EBADMSG;
-      if (reply.done) return reply.error;
-    }
-    return EMSGSIZE;
-  }
-
- private:
-  base::Fd fd_;
-  std::uint32_t seq_ = 0;
-};
+/// Send `r` and read its answer; links of a dump go to `links`. 0 or a positive errno.
+int call(base::nl::Socket& rtnl, nl::Request r, std::vector<nl::Link>* links = nullptr) {
+  std::vector<nl::Link> scratch;  // one instantiation of Socket::call for every request
+  std::vector<nl::Link>& out = links ? *links : scratch;
+  return rtnl.call(r, [&](std::uint16_t type, std::span<const std::byte> body) {
+    return type != RTM_NEWLINK || base::nl::parse_link(body, out);
+  });
+}
 
 /// The index of the link with `mac`, waiting up to `wait_ms` for it to appear; 0 if none.
-int find_link(Rtnl& rtnl, const proto::MacAddr& mac, int wait_ms, int& err) {
+int find_link(base::nl::Socket& rtnl, const proto::MacAddr& mac, int wait_ms, int& err) {
   timespec start{};
   ::clock_gettime(CLOCK_MONOTONIC, &start);
   for (;;) {
     std::vector<nl::Link> links;
-    err = rtnl.call(nl::get_links(), &links);
+    err = call(rtnl, nl::get_links(), &links);
     if (err) return 0;
     for (const auto& l : links)
       if (l.has_mac && l.mac == mac) return l.index;
@@ -175,7 +140,7 @@ std::string render_hosts(const proto::Network& net, const std::optional<std::str
 base::StatusOf<proto::NetworkFailed> configure_network(const proto::Network& net,
                                                        const std::optional<std::string>& hostname,
                                                        const Log& log, int link_wait_ms) {
-  Rtnl rtnl;
+  base::nl::Socket rtnl;
   if (auto o = rtnl.open(); !o) return failed("-", "netlink", o.error().message, o.error().err);
   std::vector<int> index(net.interfaces.size());
   for (std::size_t i = 0; i < net.interfaces.size(); ++i) {
@@ -185,11 +150,11 @@ base::StatusOf<proto::NetworkFailed> configure_network(const proto::Network& net
     index[i] = find_link(rtnl, nic.mac, link_wait_ms, err);
     if (!index[i])
       return failed(mac, "find", fmt::format("no link with MAC {} within {} ms: {}", mac, link_wait_ms, std::strerror(err)), err);
-    if (int e = rtnl.call(nl::set_link_up(index[i], nic.mtu)))
+    if (int e = call(rtnl, nl::set_link_up(index[i], nic.mtu)))
       return failed(mac, nic.mtu ? "mtu" : "up", fmt::format("link {} up{}: {}", index[i],
                     nic.mtu ? fmt::format(" with MTU {}", nic.mtu) : "", std::strerror(e)), e);
     for (const auto& a : nic.addresses) {
-      if (int e = rtnl.call(nl::add_address(index[i], a)))
+      if (int e = call(rtnl, nl::add_address(index[i], a)))
         return failed(mac, "address", fmt::format("{}: {}", prefix_text(a), std::strerror(e)), e);
     }
     log.info("network", "{} (link {}) up{}, {} address(es)", mac, index[i],
@@ -201,7 +166,7 @@ base::StatusOf<proto::NetworkFailed> configure_network(const proto::Network& net
       while (i < net.interfaces.size() && net.interfaces[i].mac != *r.mac) ++i;
     if (i >= index.size()) return failed("-", "route", "no interface for the route", EINVAL);  // codec refuses
     const std::string what = prefix_text(r.to) + (r.via ? " via " + ip_text(*r.via) : std::string());
-    if (int e = rtnl.call(nl::add_route(index[i], r)))
+    if (int e = call(rtnl, nl::add_route(index[i], r)))
       return failed(mac_text(net.interfaces[i].mac), "route", fmt::format("{}: {}", what, std::strerror(e)), e);
     log.info("network", "route {}", what);
   }
