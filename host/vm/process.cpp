@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
@@ -136,6 +137,9 @@ class Spawner {
   std::thread thread_;
 };
 
+/// Marks the child's status word when setns(2), not execve, failed.
+constexpr int kSetnsFailed = 1 << 20;
+
 struct Forked {
   pid_t pid = -1;
   host::Fd pidfd;
@@ -144,7 +148,7 @@ struct Forked {
 /// Runs on the spawner thread. Only async-signal-safe calls between fork and execve.
 host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::string>& argv,
                                int death_signal, int out_w, int err_w,
-                               const std::vector<std::pair<int, int>>& pass) {
+                               const std::vector<std::pair<int, int>>& pass, int netns_fd) {
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
@@ -169,6 +173,11 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
     ::setsid();
     ::prctl(PR_SET_PDEATHSIG, death_signal);
     if (::getppid() != parent) ::_exit(125);  // the parent died before prctl took effect
+    if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
+      int e = errno | kSetnsFailed;
+      [[maybe_unused]] auto n = ::write(st_w.get(), &e, sizeof e);
+      ::_exit(127);
+    }
     // Move every source above 2 first, so no dup2 below can clobber another source (our own
     // fds 0-2 may have been closed, making a pipe end land there).
     src[0] = devnull.get(), src[1] = out_w, src[2] = err_w, src[3] = st_w.get();
@@ -211,6 +220,7 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
     int status;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     if (!f.pidfd && n != sizeof e) return host::Error{"pidfd_open failed"};
+    if (e & kSetnsFailed) return host::Error{fmt::format("setns into the network namespace: {}", std::strerror(e & ~kSetnsFailed))};
     return host::Error{fmt::format("{}: {}", path, std::strerror(e))};
   }
   return f;
@@ -240,7 +250,7 @@ host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
   if (!wake) return host::Error{fmt::format("eventfd: {}", std::strerror(errno))};
 
   auto forked = Spawner::instance().run([&] {
-    return fork_exec(*path, opts.argv, opts.death_signal, out_w.get(), err_w.get(), opts.fds);
+    return fork_exec(*path, opts.argv, opts.death_signal, out_w.get(), err_w.get(), opts.fds, opts.netns_fd);
   });
   if (!forked) return forked.error();
   auto p = std::make_unique<VmProcess>(Key{});

@@ -39,6 +39,9 @@ struct LaunchOptions {
   /// socketpair: `-netdev stream,...,addr.type=fd,addr.str=3`, host/vm/passt.hpp).
   std::vector<std::pair<int, int>> fds;
   static constexpr int kMaxChildFd = 1023;
+  /// >= 0: a network namespace (vm/netns.hpp) the child setns(2)s into before exec, so QEMU runs
+  /// there and opens its tap by name (`--network netns:PATH`). Not owned; -1: ours.
+  int netns_fd = -1;
 };
 
 /// How the process ended (waitid(2)): one of `code` (0..255) and `signal` is set; neither if
