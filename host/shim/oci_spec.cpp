@@ -205,6 +205,23 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
                                           "VM is its isolation boundary); remove the profile");
     if (dom::array d; !linux_["devices"].get_array().get(d) && d.size() > 0)
       return field_error("linux.devices", "not supported: host device nodes cannot be passed into the microVM");
+    // The other namespaces confine a process on a shared kernel (ignored, see the top); the
+    // network one with a path is where the task's network is (CNI): the VM takes it over.
+    if (dom::element ns; !linux_["namespaces"].get(ns)) {
+      dom::array a;
+      if (ns.get_array().get(a)) return field_error("linux.namespaces", "expected an array");
+      std::size_t i = 0;
+      for (dom::element e : a) {
+        const std::string f = fmt::format("linux.namespaces[{}]", i++);
+        std::string_view type, path;
+        if (e["type"].get_string().get(type)) return field_error(f + ".type", "expected a string");
+        if (type != "network" || e["path"].get_string().get(path) || path.empty()) continue;
+        if (path.front() != '/') return field_error(f + ".path", "expected an absolute path");
+        if (path.find('\0') != std::string_view::npos) return field_error(f + ".path", "a NUL byte in the path");
+        if (!s.netns.empty()) return field_error(f, "a second network namespace");
+        s.netns = std::filesystem::path(path);
+      }
+    }
   }
   return s;
 }
@@ -227,6 +244,7 @@ std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
   if (!s.hostname.empty()) a.insert(a.end(), {"--hostname", s.hostname});
   for (const auto& e : s.env) a.insert(a.end(), {"--env", e});
   for (const auto& v : s.volumes) a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", v.host.string(), v.guest, v.ro ? ":ro" : "")});
+  if (!s.netns.empty()) a.insert(a.end(), {"--network", "netns:" + s.netns.string()});
   if (p.attach_stdin) a.push_back("--interactive");
   if (s.terminal) a.push_back("--tty");
   a.push_back("--");

@@ -36,6 +36,10 @@ struct TaskSpec {
   bool root_ro = false;           // root.readonly
   std::string hostname;           // hostname (may be empty)
   std::vector<Volume> volumes;    // bind mounts
+  /// linux.namespaces' `network` entry's path (CNI's /var/run/netns/NAME): the VM takes over that
+  /// namespace's interface (`--network netns:PATH`). Empty: no such entry, or one without a path
+  /// (a new namespace of its own): `neshost run`'s default network (user mode).
+  std::filesystem::path netns;
   bool operator==(const TaskSpec&) const = default;
 };
 
@@ -60,7 +64,8 @@ struct RunPlan {
 };
 
 /// `neshost run` arguments (without the program) that run `s` as planned: one VM in the
-/// foreground, its exit status the task's (128+N for a signal N, as runc reports it).
+/// foreground, its exit status the task's (128+N for a signal N, as runc reports it); with
+/// `--network netns:PATH` when the spec names a network namespace.
 std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p);
 
 }  // namespace nes::shim

@@ -4,6 +4,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "host/lib/record.hpp"
@@ -122,4 +123,47 @@ TEST_CASE("names from (namespace, id): length-framed, valid VM ids, stable") {
   CHECK(shim::vm_id("default", "t1").size() == 28);
   CHECK(shim::socket_path("/run/containerd/containerd.sock", "default", "t1").parent_path() == "/run/containerd/s");
   CHECK(shim::socket_path("/tmp/x/c.sock", "default", "t1").parent_path() == "/tmp/x/s");
+}
+
+TEST_CASE("linux.namespaces: a network namespace with a path is netns mode; without one, the default") {
+  auto with = [](std::string_view namespaces) {
+    std::string j(kCtrSpec);
+    const std::string_view old = R"("namespaces": [{"type": "pid"}, {"type": "mount"}])";
+    j.replace(j.find(old), old.size(), std::string(R"("namespaces": )") + std::string(namespaces));
+    return shim::parse_oci_spec(j, "/b/t1");
+  };
+  auto cni = with(R"([{"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1234"}, {"type": "mount"}])");
+  REQUIRE_MESSAGE(cni, (cni ? "" : cni.error().message));
+  CHECK(cni->netns == "/var/run/netns/cni-1234");
+  auto a = shim::run_args(*cni, {"ctr-x", "/st", false});
+  auto at = std::find(a.begin(), a.end(), "--network");
+  REQUIRE(at != a.end());
+  REQUIRE(at + 1 != a.end());
+  CHECK(*(at + 1) == "netns:/var/run/netns/cni-1234");
+  CHECK(at < std::find(a.begin(), a.end(), "--"));
+
+  // A network namespace of its own (no path), or none named: neshost run's default network.
+  for (auto ns : {R"([{"type": "network"}])", R"([{"type": "pid"}])", R"([])"}) {
+    auto s = with(ns);
+    REQUIRE_MESSAGE(s, (s ? "" : s.error().message));
+    CHECK(s->netns.empty());
+    auto args = shim::run_args(*s, {"ctr-x", "/st", false});
+    CHECK(std::find(args.begin(), args.end(), "--network") == args.end());
+  }
+
+  struct Bad {
+    std::string namespaces, error;
+  };
+  for (const auto& b : std::vector<Bad>{
+           {R"({"type": "network"})", "config.json: linux.namespaces: expected an array"},
+           {R"([{"type": "network", "path": "netns/x"}])", "config.json: linux.namespaces[0].path: expected an absolute path"},
+           {R"([{"path": "/x"}])", "config.json: linux.namespaces[0].type: expected a string"},
+           {R"([{"type": "network", "path": "/a"}, {"type": "network", "path": "/b"}])",
+            "config.json: linux.namespaces[1]: a second network namespace"},
+       }) {
+    auto s = with(b.namespaces);
+    INFO(b.namespaces);
+    REQUIRE(!s);
+    CHECK(s.error().message == b.error);
+  }
 }
