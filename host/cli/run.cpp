@@ -41,6 +41,7 @@
 #include "host/lib/state_dir.hpp"
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
+#include "host/vm/netns.hpp"
 #include "host/vm/passt.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
@@ -374,19 +375,25 @@ host::Status check_ports_free(const host::NetworkSpec& net) {
   return host::Ok{};
 }
 
-/// --network netns:PATH: the namespace's interface is read and the tap QEMU attaches to is made,
-/// filling o.network.link before the plan (the descriptor's interface, QEMU's -netdev) is built.
-/// The one call point netns mode plugs into (before -d's fork: its errors are the creator's, 125,
-/// with nothing started). Other modes: nothing to do.
-host::Status attach_netns(RunFlags& o) {
+/// --network netns:PATH: the namespace's interface is read and the tap QEMU attaches to is made
+/// (host/vm/netns.hpp), filling o.network.link before the plan (the descriptor's interface, QEMU's
+/// -netdev) is built; `netns` owns what was made until the VM has ended. The one call point netns
+/// mode plugs into (before -d's fork: its errors are the creator's, 125, with nothing started).
+/// Other modes: nothing to do.
+host::Status attach_netns(RunFlags& o, const std::string& vm_id, std::optional<vm::NetnsAttachment>& netns) {
   if (o.network.mode != host::NetworkMode::netns) return host::Ok{};
-  return host::Error{"--network netns: not yet supported"};
+  auto a = vm::NetnsAttachment::attach(o.network.netns, vm::netns_tap_name(vm_id), {},
+                                       [](std::string_view line) { say("neshost run: {}\n", line); });
+  if (!a) return a.error();
+  o.network.link = a->link();
+  netns.emplace(std::move(*a));
+  return host::Ok{};
 }
 
 /// What must hold before anything starts (bad network input: exit 125, no VM, nothing left):
 /// netns mode's interface, passt installed (user mode), every published host port free.
-host::Status network_preflight(RunFlags& o) {
-  if (auto s = attach_netns(o); !s) return s;
+host::Status network_preflight(RunFlags& o, const std::string& vm_id, std::optional<vm::NetnsAttachment>& netns) {
+  if (auto s = attach_netns(o, vm_id, netns); !s) return s;
   if (!o.sandbox && o.network.mode == host::NetworkMode::user)
     if (auto c = vm::check_passt(vm::passt_program()); !c) return c;
   return check_ports_free(o.network);
@@ -421,6 +428,7 @@ struct Running {
   std::vector<fs::path> daemon_logs;
   std::unique_ptr<vm::Passt> passt;  // --network user
   fs::path passt_log;
+  int netns_fd = -1;  // --network netns: the namespace QEMU runs in (owned by run_main's attachment)
 };
 
 /// STATE/VM/: the record (the library), monitor.json (this run's identity, for `neshost stop`),
@@ -596,8 +604,9 @@ class VmmProcess {
   /// vhost-user-fs does not reconnect), so the VM is shut down in order, the outcome recorded.
   void start(host::Host& h, const std::string& id, const std::vector<std::string>& argv,
              std::shared_ptr<ConsoleOut> console, std::vector<std::unique_ptr<vm::Virtiofsd>>& daemons,
-             vm::Passt* passt, bool show) {
+             vm::Passt* passt, int netns_fd, bool show) {
     vm::LaunchOptions lo;
+    lo.netns_fd = netns_fd;  // --network netns: QEMU runs in the namespace, opens its tap there
     lo.argv = argv;
     lo.console = [console](std::string_view b) { console->write(b); };
     lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
@@ -783,7 +792,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
-    vmm.start(h, id, argv, console, daemons, run.passt.get(), plan.console);
+    vmm.start(h, id, argv, console, daemons, run.passt.get(), run.netns_fd, plan.console);
   };
   emb.hooks.destroy = [&](const std::string&, std::uint64_t) {
     vmm.kill();  // the exit watch reaps it and reports vm_exited
@@ -876,7 +885,10 @@ int run_main(const Args& args) {
   }
   // Before anything starts (and before -d's fork, so the creator says it): the network's own
   // checks, each a 125 with nothing left behind.
-  if (auto n = network_preflight(o); !n) return refuse(RunError{n.error().message, kExitNetwork});
+  // netns mode's tap and redirects live until the VM has ended (torn down when this returns).
+  std::optional<vm::NetnsAttachment> netns;
+  if (auto n = network_preflight(o, o.vm ? *o.vm : in.vm_id, netns); !n)
+    return refuse(RunError{n.error().message, kExitNetwork});
   // No write of ours to a pipe or terminal may block (a stdout nobody reads must never keep us
   // past a deadline): our own non-blocking descriptions of stdout and stderr (and stdin for -i).
   make_own_nonblocking(1);
@@ -893,7 +905,10 @@ int run_main(const Args& args) {
     // The monitor bounds each of its own steps; this only guards against a monitor that hangs.
     auto d = detach(o.state ? *o.state : in.state_dir, o.vm ? *o.vm : in.vm_id, o.ready_timeout + 300s);
     if (!d) return fail(d.error().message);
-    if (d->creator) return d->exit_status;
+    if (d->creator) {
+      if (netns) netns->release();  // the monitor owns the tap now and tears it down
+      return d->exit_status;
+    }
     started_notify = std::move(d->notify);
   }
   // A closed stdout must not kill us mid-shutdown (QEMU would die with us, the record unwritten).
@@ -906,6 +921,7 @@ int run_main(const Args& args) {
   if (!plan) return fail(plan.error().message);
   if (auto s = prepare_boot_files(*plan); !s) return fail(s.error().message);
   Running run;
+  if (netns) run.netns_fd = netns->netns_fd();
   if (auto s = start_passt(*plan, run); !s) return fail(s.error().message);
   if (auto s = open_vm_state(*plan, run); !s) return fail(s.error().message);
   // --rm: however the run ends from here, the VM's state goes with it (`neshost rm`'s removal, by

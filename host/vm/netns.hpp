@@ -70,6 +70,13 @@ class NetnsAttachment {
   /// filter go with it), on a thread in the namespace; each failure goes to the log, none stops
   /// the rest. Then closes the namespace. Idempotent; after it the object holds nothing.
   void teardown();
+  /// Forgets what was made without undoing it (closes the namespace fd): for a process that has
+  /// handed the VM on to another that owns the same attachment (`neshost run -d`'s creator after
+  /// the fork; the monitor tears down).
+  void release() {
+    tap_made_ = link_qdisc_made_ = false;
+    ns_.reset();
+  }
 
  private:
   NetnsAttachment() = default;
