@@ -985,6 +985,100 @@ def case_survive(c):
     print(f"survive: {resumed_ms:.0f} ms from starting the new host to the resumed session")
 
 
+CLONE_NEWNET = 0x40000000
+
+
+class NetnsHolder:
+    """A network namespace held by `unshare --net` running `cat` on a pipe (EOF ends it): named
+    /proc/PID/ns/net, never `ip netns add` (that mounts under the machine's /run/netns)."""
+
+    def __init__(self):
+        self.p = subprocess.Popen(["unshare", "--net", "--", "cat"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL)
+        self.path = f"/proc/{self.p.pid}/ns/net"
+        # unshare execs cat only once the namespace exists: wait until the pid's namespace differs.
+        poll(lambda: self.p.poll() is not None or os.readlink(self.path) != os.readlink("/proc/self/ns/net"),
+             "the holder's namespace")
+        check(self.p.poll() is None, "unshare --net failed")
+        self.sh("ip link set lo up")
+
+    def sh(self, cmd, check_rc=True):
+        r = subprocess.run(["nsenter", f"--net={self.path}", "sh", "-c", cmd], capture_output=True, text=True,
+                           timeout=BOUND)
+        if check_rc:
+            check(r.returncode == 0, f"in {self.path}: {cmd}: {r.returncode} {r.stderr}")
+        return r.stdout
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def case_netns(c):
+    """--network netns:PATH (the CNI model) in a real VM. The whole case runs in a network namespace
+    of its own (lo up, nothing else); namespace A holds eth0 10.99.0.2/24 (default via 10.99.0.1),
+    the veth peer is in namespace B with 10.99.0.1/24. The guest takes eth0 over: it holds
+    10.99.0.2 (its `ip addr`), reaches B (nc to B's listener) and B reaches its httpd at
+    10.99.0.2. After the VM: the tap and the qdiscs are gone from A, eth0 is as it was."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    outer = os.readlink("/proc/self/ns/net")
+    check(libc.unshare(CLONE_NEWNET) == 0, f"unshare(CLONE_NEWNET): errno {ctypes.get_errno()}")
+    check(os.readlink("/proc/self/ns/net") != outer, "still in the machine's namespace")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=BOUND)
+    a, b = NetnsHolder(), NetnsHolder()
+    try:
+        a.sh(f"ip link add eth0 address 02:00:00:99:00:02 mtu 1400 type veth peer name peer0 netns {b.p.pid}")
+        a.sh("ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.99.0.1")
+        b.sh("ip addr add 10.99.0.1/24 dev peer0 && ip link set peer0 up")
+        a_before = a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
+        # B's listener: what the guest sends it says the guest reached B, after its httpd is up.
+        listener = Proc(["nsenter", f"--net={b.path}", "busybox", "nc", "-l", "-p", "9090"], c.env)
+        c.procs.append(listener)
+        p = c.start("--network", f"netns:{a.path}", "--",
+                    "/bin/sh", "-c", "ip -4 addr show dev eth0; ip -4 route; cat /sys/class/net/eth0/mtu; "
+                    "echo netns-page > /tmp/index.html; httpd -p 8080 -h /tmp && "
+                    "echo from-guest | nc 10.99.0.1 9090; exec sleep 1000")
+        check(listener.wait_text("out", "from-guest"), f"the guest did not reach B; neshost stderr:\n{p.err.decode()}")
+        got = b.sh("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | busybox nc 10.99.0.2 8080")
+        check("200 OK" in got and "netns-page" in got, f"B fetching the guest's page: {got!r}")
+        out = p.out.decode(errors="replace")
+        check("inet 10.99.0.2/24" in out, f"the guest's address: {out!r}")
+        check("default via 10.99.0.1 dev eth0" in out, f"the guest's default route: {out!r}")
+        check("\n1400\n" in out, f"the guest's MTU: {out!r}")
+        tap = [l for l in a.sh("ip -o link show").split("\n") if ": nes" in l]
+        check(len(tap) == 1, f"one tap in A while the VM runs: {tap}")
+        rc, _, err = c.neshost("stop", "--state", c.state, "t")
+        check(rc == 0, f"stop: {rc} {err!r}")
+        rc = p.finish()
+        check(rc == 143, f"neshost run exit status {rc}, want 143 (SIGTERM); stderr:\n{p.err.decode()}")
+        left = a.sh("ip -o link show; tc qdisc show dev eth0")
+        check(": nes" not in left and "ingress" not in left, f"A after the VM: {left!r}")
+        a_after = a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
+        check(a_after == a_before, f"eth0 changed: {a_before!r} -> {a_after!r}")
+        # Not a network namespace: 125, nothing started.
+        rc, _, err = c.neshost("run", "--state", c.state, "--vm", "bad", "--network", "netns:/proc/self/ns/mnt",
+                               "--", "true")
+        check(rc == 125 and "not a network namespace (a mnt namespace)" in err, f"netns:/proc/self/ns/mnt: {rc} {err!r}")
+        # A namespace without a usable interface: 125 naming what it found.
+        rc, _, err = c.neshost("run", "--state", c.state, "--vm", "bad", "--network", f"netns:{b.path}x", "--", "true")
+        check(rc == 125 and "not a network namespace" in err, f"a missing path: {rc} {err!r}")
+        e = NetnsHolder()
+        try:
+            rc, _, err = c.neshost("run", "--state", c.state, "--vm", "bad", "--network", f"netns:{e.path}", "--", "true")
+            check(rc == 125 and "no interface to take over" in err and "lo (loopback)" in err, f"empty netns: {rc} {err!r}")
+        finally:
+            e.close()
+        check(not os.path.exists(os.path.join(c.state, "bad")), "a refused run left state behind")
+    finally:
+        a.close()
+        b.close()
+
+
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
