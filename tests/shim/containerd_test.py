@@ -14,6 +14,7 @@ import io
 import json
 import hashlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -471,6 +472,90 @@ def case_slow_stdout(d):
     print(f"slow_stdout: {rd.count} bytes in {rd.seconds():.1f} s of reading")
 
 
+
+
+class NetnsHolder:
+    """A network namespace held by `unshare --net` running `cat` on a pipe (EOF ends it): named
+    /proc/PID/ns/net, never `ip netns add`."""
+
+    def __init__(self):
+        self.p = subprocess.Popen(["unshare", "--net", "--", "cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        self.path = f"/proc/{self.p.pid}/ns/net"
+        until(lambda: self.p.poll() is not None or os.readlink(self.path) != os.readlink("/proc/self/ns/net"),
+              "the holder's namespace")
+        check(self.p.poll() is None, "unshare --net failed")
+        self.sh("ip link set lo up")
+
+    def sh(self, cmd):
+        r = subprocess.run(["nsenter", f"--net={self.path}", "sh", "-c", cmd], capture_output=True, text=True,
+                           timeout=BOUND)
+        check(r.returncode == 0, f"in {self.path}: {cmd}: {r.returncode} {r.stderr}")
+        return r.stdout
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def case_netns(d):
+    """A task whose spec names a network namespace (`ctr run --with-ns network:PATH`, what CRI
+    does with CNI's) runs in netns mode: the VM holds that namespace's address. The runner (and
+    so containerd) is in a network namespace of its own (main()); namespace A holds eth0
+    10.99.0.2/24, its veth peer in B 10.99.0.1/24. The guest reaches B's listener, B fetches the
+    guest's page at 10.99.0.2; after the task, A has no tap and no qdisc left."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    for applet in ("ip", "nc", "httpd"):
+        os.symlink("busybox", os.path.join(root, "bin", applet))
+    os.makedirs(os.path.join(root, "www"))
+    os.makedirs(os.path.join(root, "etc"))  # the init binds /etc/hosts over the root's own: it needs /etc
+    with open(os.path.join(root, "www", "index.html"), "w") as f:
+        f.write("netns-page\n")
+    a, b = NetnsHolder(), NetnsHolder()
+    listener = None
+    try:
+        a.sh(f"ip link add eth0 type veth peer name peer0 netns {b.p.pid}")
+        a.sh("ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.99.0.1")
+        b.sh("ip addr add 10.99.0.1/24 dev peer0 && ip link set peer0 up")
+        listener = subprocess.Popen(["nsenter", f"--net={b.path}", "busybox", "nc", "-l", "-p", "9090"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        p = d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--with-ns", f"network:{a.path}", "--rootfs", root, "tn",
+                        "/bin/sh", "-c", "ip -4 addr show dev eth0; httpd -p 8080 -h /www && "
+                        "echo from-guest | nc 10.99.0.1 9090; exec sleep 1000")
+        try:
+            until(lambda: p.poll() is not None or select.select([listener.stdout], [], [], 0.2)[0],
+                  "the guest reaching B's listener", bound=BOUND)
+            if p.poll() is not None:
+                rc, out, err = finish(p)
+                raise Failure(f"the task ended first: exit {rc}, stdout {out!r}, stderr {err!r}{d.tail()}")
+            got = listener.stdout.readline()
+            check(got == b"from-guest\n", f"B's listener got {got!r}{d.tail()}")
+            page = b.sh("printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | busybox nc 10.99.0.2 8080")
+            check("200 OK" in page and "netns-page" in page, f"B fetching the guest's page: {page!r}")
+            check(len([l for l in a.sh("ip -o link show").split("\n") if ": nes" in l]) == 1, "one tap in A")
+            d.ctr("task", "kill", "tn")
+            rc, out, err = finish(p)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        check(rc == 143, f"exit {rc}, want 143; stderr {err!r}{d.tail()}")
+        check("inet 10.99.0.2/24" in out, f"the guest's address: {out!r}")
+        left = a.sh("ip -o link show; tc qdisc show dev eth0")
+        check(": nes" not in left and "ingress" not in left, f"A after the task: {left!r}")
+    finally:
+        if listener:
+            listener.kill()
+            listener.wait()
+            listener.stdout.close()
+        a.close()
+        b.close()
+
+
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
@@ -483,6 +568,12 @@ def main():
         return 77
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if sys.argv[1] == "netns":  # containerd, the shim and the VM in a network namespace of the case's own
+        outer = os.readlink("/proc/self/ns/net")
+        if libc.unshare(0x40000000) != 0 or os.readlink("/proc/self/ns/net") == outer:  # CLONE_NEWNET
+            print("FAIL: unshare(CLONE_NEWNET)", file=sys.stderr)
+            return 1
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=BOUND)
     d = Daemon()
     ok = False
     try:
