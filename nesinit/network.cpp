@@ -64,8 +64,8 @@ int find_link(base::nl::Socket& rtnl, const proto::MacAddr& mac, int wait_ms, in
 
 /// A scratch tmpfs for the /etc files, mounted over /run only while they are bound (in the
 /// init's own mount namespace, before the workload exists) and then detached: the binds keep its
-/// files, nothing is written into any file system the guest or the machine keeps, and no
-/// directory is created anywhere. (A memfd cannot be bound: its mount is not in this namespace.)
+/// files and nothing is written into any file system the guest or the machine keeps (a root
+/// without /etc gets an empty one to bind over, as runc makes docker's mount points). (A memfd cannot be bound: its mount is not in this namespace.)
 class Scratch {
  public:
   static constexpr const char* kAt = "/run";
@@ -78,7 +78,7 @@ class Scratch {
     if (mounted_) ::umount2(kAt, MNT_DETACH);
   }
 
-  /// Bind a file holding `text` over `target` (created empty if missing). 0 or errno; `step` says
+  /// Bind a file holding `text` over `target` in /etc (created empty if missing, /etc too). 0 or errno; `step` says
   /// which call failed.
   int bind_text(const char* name, const std::string& text, const char* target, std::string& step) {
     const std::string src = fmt::format("{}/{}", kAt, name);
@@ -94,6 +94,7 @@ class Scratch {
     }
     struct stat st{};
     if (::stat(target, &st) != 0) {
+      if (::mkdir("/etc", 0755) != 0 && errno != EEXIST) return step = "mkdir /etc", errno;
       base::Fd t(::open(target, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
       if (!t) return step = "create", errno;
     }
