@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""netns.py checked on its own (meson test vm-netns): the re-executed test runs in a namespace
+"""netns.py checked on its own (meson test vm-netns-harness): the re-executed test runs in a namespace
 that is not its parent's, with lo up and the veth pair's address and default route; the machine's
 namespace gets no such interface; the child's exit status is the test's."""
 import os
