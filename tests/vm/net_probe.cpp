@@ -7,6 +7,14 @@
 //   net_probe connects IP PORT N   N TCP connects to IP:PORT, each closed at once; prints
 //                                  "connects N median_us MEDIAN mean_us MEAN" (connect(2)'s time,
 //                                  CLOCK_MONOTONIC, µs) and exits 0; any failure: exit 1.
+//   net_probe send IP PORT MIB     MIB MiB of zeros in 64 KiB writes over one TCP connection to
+//                                  IP:PORT, then shutdown(SHUT_WR) and read to the peer's EOF (it
+//                                  has everything); prints "send MIB ms MS" on stderr (connect to
+//                                  EOF, CLOCK_MONOTONIC). busybox nc reads a pipe at ~4 MiB/s here,
+//                                  so `dd | nc` would time nc.
+//   net_probe write MIB            the same 64 KiB writes to stdout (the data channel under
+//                                  `neshost run`); prints "write MIB ms MS" on stderr (until the
+//                                  last write returned).
 // Exit 2: usage.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -75,12 +83,58 @@ int connects(const char* ip, int port, int n) {
   return 0;
 }
 
+int write_all(int fd, int mib) {
+  static char buf[65536];
+  for (long i = 0; i < static_cast<long>(mib) * 16; ++i) {
+    for (size_t off = 0; off < sizeof buf;) {
+      ssize_t n = ::write(fd, buf + off, sizeof buf - off);
+      if (n <= 0) {
+        std::perror("write");
+        return 1;
+      }
+      off += static_cast<size_t>(n);
+    }
+  }
+  return 0;
+}
+
+int send(const char* ip, int port, int mib) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, ip, &a.sin_addr) != 1 || mib < 1) return 2;
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  double t0 = now_us();
+  if (s < 0 || ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    std::perror("send: connect");
+    return 1;
+  }
+  if (write_all(s, mib) != 0) return 1;
+  ::shutdown(s, SHUT_WR);
+  char b[4096];
+  while (::read(s, b, sizeof b) > 0) {
+  }
+  std::fprintf(stderr, "send %d ms %.0f\n", mib, (now_us() - t0) / 1e3);
+  ::close(s);
+  return 0;
+}
+
+int write_stdout(int mib) {
+  if (mib < 1) return 2;
+  double t0 = now_us();
+  if (write_all(1, mib) != 0) return 1;
+  std::fprintf(stderr, "write %d ms %.0f\n", mib, (now_us() - t0) / 1e3);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "udp-echo") == 0) return udp_echo(std::atoi(argv[2]));
   if (argc == 5 && std::strcmp(argv[1], "connects") == 0)
     return connects(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
-  std::fputs("usage: net_probe udp-echo PORT | connects IP PORT N\n", stderr);
+  if (argc == 5 && std::strcmp(argv[1], "send") == 0) return send(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
+  if (argc == 3 && std::strcmp(argv[1], "write") == 0) return write_stdout(std::atoi(argv[2]));
+  std::fputs("usage: net_probe udp-echo PORT | connects IP PORT N | send IP PORT MIB | write MIB\n", stderr);
   return 2;
 }
