@@ -4,7 +4,9 @@
 # bench/vm_stdio_bench.py, P8 (shares over virtiofs vs the packed initramfs, in real TCG microVMs)
 # by bench/p8_shares.py, P7 (the init's share of a VM boot against a busybox /init floor) by
 # bench/p7_boot.py, P9 (a task through containerd: ours vs runc's shim) by
-# bench/p9_containerd.py. Writes bench/results/latest.md and prints it.
+# bench/p9_containerd.py, P10 (the VM's network: TCP guest -> host through passt and slirp against
+# the data channel, connect set-up; in a network namespace of its own) by bench/p10_network.py.
+# Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
 # of them, alike): chrt -f 10 build/bench/bench --p1-only [--iterations N]; NESINIT_BASE=OTHER_INIT
@@ -14,7 +16,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 scripts/setup.sh build
 ninja -C build bench/bench bench/storm bench/host_bench bench/stdio_bench nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
-  host/shim/containerd-shim-nesinit-v2
+  host/shim/containerd-shim-nesinit-v2 tests/vm/vm_net_probe
 out=bench/results/latest.md
 mkdir -p bench/results
 NESINIT_BIN=build/nesinit/nesinit NES_STORM_BIN=build/bench/storm build/bench/bench "$@" --out "$out" >/dev/null
@@ -24,4 +26,5 @@ python3 bench/vm_stdio_bench.py build/host/cli/neshost build/host/vm/initrd.cpio
 python3 bench/p8_shares.py build/host/cli/neshost >> "$out"
 python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/vmlinuz 7 >> "$out"
 python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost build/host/vm/initrd.cpio >> "$out"
+python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe >> "$out"
 cat "$out"
