@@ -1153,10 +1153,11 @@ def http_serve(body):
 
 def http_get(port, path="/"):
     """GET http://127.0.0.1:port/path (HTTP/1.0); the body of a 200, else None (refused, reset,
-    or closed early: a published port whose guest does not serve yet)."""
+    closed early, or no answer in 4 s: passt accepts for a guest port nobody listens on yet and
+    then holds the connection, where slirp closes it; the caller polls)."""
     import socket
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=4) as s:
             s.sendall(b"GET %s HTTP/1.0\r\n\r\n" % path.encode())
             data = recv_all(s)
     except OSError:
