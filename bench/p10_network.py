@@ -3,7 +3,7 @@
 Prints markdown rows for bench/results/latest.md.
 
 Each round boots two microVMs (TCG) with `neshost run`, one per user-mode backend, alternating
-which goes first: `--network user` (passt) and `--network slirp` (QEMU's libslirp), both with
+which goes first: `--network passt` and `--network user` (QEMU's libslirp), both with
 `--add-host hostsvc:host-gateway`. In each VM the workload runs tests/vm's net_probe (shared
 read-only at /probe), which times itself in the guest (CLOCK_MONOTONIC):
   tcp   `net_probe send 10.0.2.2 P MIB`: MIB MiB of zeros in 64 KiB writes guest -> host over TCP
@@ -68,6 +68,9 @@ class Sink:
         self.s.close()
 
 
+# The keys below name the backends; `neshost run --network` calls passt `passt` and QEMU's slirp `user`.
+CLI_MODE = {"user": "passt", "slirp": "user"}
+
 def workload(mib, n, port, tcp_first):
     steps = ["/probe/net_probe send 10.0.2.2 %d %d" % (port, mib), "/probe/net_probe write %d" % mib]
     steps = steps if tcp_first else steps[::-1]
@@ -79,7 +82,7 @@ def one_vm(nh, tmp, backend, mib, n, tcp_first):
     env = dict(os.environ, TMPDIR=os.path.join(tmp, "rt"), XDG_RUNTIME_DIR=tmp)
     os.makedirs(env["TMPDIR"], exist_ok=True)
     argv = [nh, "run", "--accel", "tcg", "--ready-timeout", "300", "--state", os.path.join(tmp, "state"),
-            "--rm", "--network", backend, "--add-host", "hostsvc:host-gateway",
+            "--rm", "--network", CLI_MODE[backend], "--add-host", "hostsvc:host-gateway",
             "-v", os.path.join(tmp, "probe") + ":/probe:ro", "--", "/bin/sh", "-c",
             workload(mib, n, sink.port, tcp_first)]
     try:
@@ -140,8 +143,8 @@ def main():
     lu, ls = med("user", "conn_us"), med("slirp", "conn_us")
     what = f"{mib} MiB guest → host in 64 KiB writes (net_probe; median of {rounds}, alternating, guest clock)"
     rows = [
-        f"| P10 TCP {what}, `--network user` (passt; {rng('user', 'tcp')}) to the host's 127.0.0.1 via "
-        f"host-gateway | MiB/s | {pu:.1f} | `--network slirp` (QEMU's libslirp; {rng('slirp', 'tcp')}) | {ps:.1f} | "
+        f"| P10 TCP {what}, `--network passt` (passt; {rng('user', 'tcp')}) to the host's 127.0.0.1 via "
+        f"host-gateway | MiB/s | {pu:.1f} | `--network user` (QEMU's libslirp; {rng('slirp', 'tcp')}) | {ps:.1f} | "
         f"{pu / ps:.2f} |",
         f"| P10 TCP {what}, passt | MiB/s | {pu:.1f} | the data channel in the same VM: the workload's stdout "
         f"read by the host ({rng('user', 'chan')}) | {cu:.1f} | {pu / cu:.2f} |",

@@ -378,7 +378,7 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   auto guest_net = host::guest_network(p.network);
   if (!guest_net) return guest_net.error();
   p.serve.session.descriptor.network = std::move(*guest_net);
-  p.passt = !o.sandbox && p.network.mode == host::NetworkMode::user;
+  p.passt = !o.sandbox && p.network.mode == host::NetworkMode::passt;
   for (const auto& m : p.network.publish) p.ports.push_back(host::ps_port_text(m));
   p.rm = o.rm;
   p.cmdline = plan_cmdline(o, in);

@@ -165,7 +165,7 @@ std::string port_line(std::string_view ps_text);
 /// errors (exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs
 /// not a directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume
 /// without root (inputs.euid); no ARGV (unless --help). Network errors (exit 125):
-/// host::check_network()'s (-p without user/slirp, a port published twice, ...); an IPv6 -p host
+/// host::check_network()'s (-p without user/passt, a port published twice, ...); an IPv6 -p host
 /// address (both backends are IPv4 here); --sandbox with any network but none (it has no NIC and
 /// shares the host's network).
 host::StatusOf<RunError> check_run(const RunFlags& flags, const PlanInputs& inputs);

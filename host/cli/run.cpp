@@ -141,13 +141,14 @@ STATE/VM/console.log.
                        (with -d: once its outcome is recorded)
 
 Network (bad values exit 125, nothing started):
-  --network MODE       connect the VM to a network: user (default; passt: outbound NAT, the
-                       host's loopback not reachable), slirp (QEMU's built-in user networking;
-                       it *does* reach the host's loopback at 10.0.2.2), none (loopback only),
-                       netns:PATH (take over that network namespace's interface). Default:
-                       $NESHOST_NETWORK if set, else user (none with --sandbox)
+  --network MODE       connect the VM to a network: user (default; QEMU's user-mode network:
+                       outbound NAT; the guest *can* reach the host's loopback at 10.0.2.2),
+                       passt (outbound NAT, the host's loopback closed; see docs/network.md
+                       for its limits under QEMU 7.2), none (loopback only), netns:PATH (take
+                       over that network namespace's interface). Default: $NESHOST_NETWORK if
+                       set, else user (none with --sandbox)
   -p, --publish [IP:]HOST:GUEST[/tcp|/udp]
-                       publish a guest port to the host (repeatable; user and slirp modes; IP
+                       publish a guest port to the host (repeatable; user and passt modes; IP
                        defaults to 0.0.0.0, as docker's). The host port must be free
   --dns IP             set a custom DNS server (repeatable, at most 3; user modes default to
                        10.0.2.3, which forwards to the host's resolver)
@@ -155,7 +156,7 @@ Network (bad values exit 125, nothing started):
   --dns-option OPT     set a DNS option (repeatable; resolv.conf's `options`)
   --add-host NAME:IP   add a custom host-to-IP mapping to /etc/hosts (repeatable);
                        NAME:host-gateway maps NAME to the host, and opens the host's loopback
-                       to this VM at that address (user and slirp modes)
+                       to this VM at that address (user and passt modes)
   See `neshost port VM` for a VM's published ports.
 SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
 at once). Once the workload has ended, a signal ends the wait for the output still owed (what
@@ -391,10 +392,10 @@ host::Status attach_netns(RunFlags& o, const std::string& vm_id, std::optional<v
 }
 
 /// What must hold before anything starts (bad network input: exit 125, no VM, nothing left):
-/// netns mode's interface, passt installed (user mode), every published host port free.
+/// netns mode's interface, passt installed (passt mode), every published host port free.
 host::Status network_preflight(RunFlags& o, const std::string& vm_id, std::optional<vm::NetnsAttachment>& netns) {
   if (auto s = attach_netns(o, vm_id, netns); !s) return s;
-  if (!o.sandbox && o.network.mode == host::NetworkMode::user)
+  if (!o.sandbox && o.network.mode == host::NetworkMode::passt)
     if (auto c = vm::check_passt(vm::passt_program()); !c) return c;
   return check_ports_free(o.network);
 }
@@ -426,7 +427,7 @@ struct Running {
   fs::path console_log;
   std::vector<std::unique_ptr<vm::Virtiofsd>> daemons;
   std::vector<fs::path> daemon_logs;
-  std::unique_ptr<vm::Passt> passt;  // --network user
+  std::unique_ptr<vm::Passt> passt;  // --network passt
   fs::path passt_log;
   int netns_fd = -1;  // --network netns: the namespace QEMU runs in (owned by run_main's attachment)
 };
@@ -489,7 +490,7 @@ host::Status start_daemons(const RunPlan& plan, Running& run) {
   return host::Ok{};
 }
 
-/// --network user: passt, first of all (before the state dir: one that cannot start, e.g. a port
+/// --network passt: passt, first of all (before the state dir: one that cannot start, e.g. a port
 /// taken since we checked it, leaves nothing behind) and so before QEMU, which gets its socket's
 /// other end. Its output is kept until open_vm_state() gives it its log next to console.log; it
 /// dies with us and exits by itself once QEMU has gone.
@@ -503,7 +504,7 @@ host::Status start_passt(const RunPlan& plan, Running& run) {
   const char* t = std::getenv("TMPDIR");
   po.tmp_dir = ::geteuid() != 0 && t && *t == '/' ? t : "/tmp";
   auto p = vm::Passt::start(po, 10s);
-  if (!p) return host::Error{"--network user: " + p.error().message};
+  if (!p) return host::Error{"--network passt: " + p.error().message};
   if (plan.console) say("neshost: passt pid {} serves the VM's network\n", (*p)->pid());
   run.passt = std::move(*p);
   return host::Ok{};
@@ -610,7 +611,7 @@ class VmmProcess {
     lo.argv = argv;
     lo.console = [console](std::string_view b) { console->write(b); };
     lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
-    // --network user: QEMU's end of passt's socket, at the number its -netdev names.
+    // --network passt: QEMU's end of passt's socket, at the number its -netdev names.
     if (passt) lo.fds = {{passt->qemu_fd(), vm::kPasstChildFd}};
     auto p = vm::VmProcess::launch(std::move(lo));
     if (passt) passt->close_qemu_fd();  // QEMU holds it now: passt sees QEMU go

@@ -21,14 +21,14 @@ namespace nes::host {
 /// How the guest reaches a network (`--network MODE`, podman's names).
 enum class NetworkMode {
   none,   ///< no NIC: loopback only
-  user,   ///< passt (user-mode, no privileges): outbound NAT; the host's loopback closed
-  slirp,  ///< QEMU's built-in libslirp: outbound NAT; the host's loopback *open* at the gateway
+  user,   ///< QEMU's built-in libslirp (the default): outbound NAT; the host's loopback *open* at the gateway
+  passt,  ///< passt (no privileges): outbound NAT; the host's loopback closed (docs/network.md: its limits)
   netns,  ///< the NIC takes over an existing network namespace's interface (the CNI model)
 };
-/// "none", "user", "slirp", "netns".
+/// "none", "user", "passt", "netns".
 std::string_view to_string(NetworkMode m);
 
-/// The user-mode network every `user`/`slirp` guest gets (QEMU's slirp defaults, which passt is
+/// The user-mode network every `user`/`passt` guest gets (QEMU's slirp defaults, which passt is
 /// told too): the guest 10.0.2.15/24, the gateway 10.0.2.2, the resolver 10.0.2.3 (forwarded to
 /// the host's own), the NIC's MAC 52:54:00:12:34:56 (QEMU's first default MAC).
 struct UserNet {
@@ -90,18 +90,19 @@ struct NetworkSpec {
   NetworkMode mode = NetworkMode::user;
   std::filesystem::path netns;        // netns mode: the namespace's path (/var/run/netns/NAME, /proc/PID/ns/net)
   std::optional<NetnsLink> link;      // netns mode: filled in from the namespace before boot
-  std::vector<PortMapping> publish;   // user/slirp only
+  std::vector<PortMapping> publish;   // user/passt only
   std::vector<ExtraHost> hosts;
   std::vector<proto::IpAddr> dns;     // ≤ 3; empty: user modes 10.0.2.3, netns/none the root's own file
   std::vector<std::string> dns_search, dns_options;
   bool operator==(const NetworkSpec&) const = default;
 };
-/// `--network`'s value: "none", "user", "slirp", "netns:PATH" (PATH absolute). Sets mode and netns.
+/// `--network`'s value: "none", "user" (or "slirp", the same), "passt", "netns:PATH" (PATH absolute).
+/// Sets mode and netns.
 /// Error: an unknown mode (names the flag and the choices).
 Status parse_network_mode(std::string_view v, NetworkSpec& into);
 
-/// The spec's cross-checks, each an error naming the flags: `-p` needs user or slirp; an IPv6 host
-/// address (user modes are IPv4 only for now); a host port published twice (same protocol and address); `host-gateway` needs user or slirp; more than 3
+/// The spec's cross-checks, each an error naming the flags: `-p` needs user or passt; an IPv6 host
+/// address (user modes are IPv4 only for now); a host port published twice (same protocol and address); `host-gateway` needs user or passt; more than 3
 /// `--dns`; netns mode without a path; a netns-mode spec passed to guest_network() without `link`.
 Status check_network(const NetworkSpec& s);
 
@@ -114,17 +115,17 @@ Result<std::optional<proto::Network>> guest_network(const NetworkSpec& s);
 struct NetBackendIo {
   std::optional<int> passt_fd;
 };
-/// QEMU's arguments for the NIC: none → {}; user → a `stream` netdev on io.passt_fd; slirp → a
+/// QEMU's arguments for the NIC: none → {}; passt → a `stream` netdev on io.passt_fd; user → a
 /// `user` netdev with `hostfwd=` per published port; netns → a `tap` netdev on link->tap (QEMU
 /// runs in the namespace). Always one virtio-net-pci with the guest's MAC and no option ROM.
-/// Errors: check_network()'s; user mode without io.passt_fd.
+/// Errors: check_network()'s; passt mode without io.passt_fd.
 Result<std::vector<std::string>> qemu_net_args(const NetworkSpec& s, const NetBackendIo& io);
 
-/// passt's command line for a `user` guest (docs/network.md): foreground, quiet, serving the
+/// passt's command line for a `passt` guest (docs/network.md): foreground, quiet, serving the
 /// connected socket `fd` (an fd number valid in passt's process), IPv4, the UserNet addresses,
 /// DNS forwarded from 10.0.2.3, `-t`/`-u` per published port, and the gateway *not* mapped to
 /// the host's loopback (`--no-map-gw`) unless an `--add-host` names host-gateway.
-/// `program`: passt's path or name. Error: not user mode.
+/// `program`: passt's path or name. Error: not passt mode.
 Result<std::vector<std::string>> passt_argv(const NetworkSpec& s, const std::string& program, int fd);
 
 }  // namespace nes::host

@@ -33,7 +33,7 @@ inline constexpr char kConsoleLog[] = "console.log";
 inline constexpr char kMonitorLog[] = "monitor.log";
 /// The per-VM flock every writer of the VM's files takes (lock_vm()).
 inline constexpr char kLockFile[] = ".lock";
-/// passt's log (`--network user`: its stderr, host/vm/passt.hpp).
+/// passt's log (`--network passt`: its stderr, host/vm/passt.hpp).
 inline constexpr char kPasstLog[] = "passt.log";
 /// The log of the virtiofsd serving share `tag`: `virtiofsd-TAG.log`.
 std::string virtiofsd_log_name(std::string_view tag);

@@ -19,7 +19,7 @@ namespace nes::vm {
 
 namespace {
 
-constexpr std::string_view kMissing = "--network user needs passt (apt-get install passt), or --network slirp|none";
+constexpr std::string_view kMissing = "--network passt needs passt (apt-get install passt), or --network user|none";
 constexpr char kPidName[] = "passt.pid";
 constexpr unsigned kNobody = 65534;  // the user passt drops to when started as root (`--runas`)
 

@@ -1,4 +1,4 @@
-// passt for one VM in `--network user` mode (docs/network.md says why passt and not QEMU's slirp):
+// passt for one VM in `--network passt` mode (docs/network.md says why passt, and its limits):
 // started before QEMU with one end of a connected socketpair, QEMU gets the other
 // (`-netdev stream,...,addr.type=fd`). Both command lines come from host/lib/network.hpp
 // (passt_argv, qemu_net_args). Lifecycle as virtiofsd's: killed with us (PR_SET_PDEATHSIG),
@@ -26,7 +26,7 @@ inline constexpr int kPasstChildFd = 3;
 std::string passt_program();
 
 /// Whether `program` can be run (a path, or a name found in PATH). Error, exit 125 for `neshost
-/// run`: "--network user needs passt (apt-get install passt), or --network slirp|none" and why.
+/// run`: "--network passt needs passt (apt-get install passt), or --network user|none" and why.
 host::Status check_passt(const std::string& program);
 
 /// How to run one passt.

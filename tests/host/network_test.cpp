@@ -79,6 +79,10 @@ TEST_CASE("parse_add_host and parse_network_mode") {
   }
   NetworkSpec s;
   CHECK(s.mode == NetworkMode::user);  // docker's default: a network
+  REQUIRE(host::parse_network_mode("passt", s));
+  CHECK(s.mode == NetworkMode::passt);
+  REQUIRE(host::parse_network_mode("slirp", s));  // QEMU's name for user mode
+  CHECK(s.mode == NetworkMode::user);
   REQUIRE(host::parse_network_mode("none", s));
   CHECK(s.mode == NetworkMode::none);
   REQUIRE(host::parse_network_mode("netns:/var/run/netns/pod1", s));
@@ -86,7 +90,7 @@ TEST_CASE("parse_add_host and parse_network_mode") {
   CHECK(s.netns == "/var/run/netns/pod1");
   auto bad = host::parse_network_mode("bridge", s);
   REQUIRE(!bad);
-  CHECK(bad.error().message == "--network bridge: unknown mode (none, user, slirp or netns:PATH)");
+  CHECK(bad.error().message == "--network bridge: unknown mode (none, user, passt or netns:PATH)");
   CHECK(!host::parse_network_mode("netns:relative/path", s));
 }
 
@@ -110,7 +114,7 @@ TEST_CASE("check_network: what the flags mean together") {
   s.mode = NetworkMode::none;
   auto none = host::check_network(s);
   REQUIRE(!none);
-  CHECK(none.error().message.find("--publish needs --network user or slirp") == 0);
+  CHECK(none.error().message.find("--publish needs --network user or passt") == 0);
   s.publish.clear();
   s.hosts.push_back(*host::parse_add_host("h:host-gateway"));
   CHECK(!host::check_network(s));
@@ -186,8 +190,9 @@ TEST_CASE("guest_network: none and netns") {
 
 TEST_CASE("qemu_net_args and passt_argv: one spec, both sides") {
   NetworkSpec s;
+  s.mode = NetworkMode::passt;
   s.publish = {*host::parse_publish("127.0.0.1:8080:80"), *host::parse_publish("5353:53/udp")};
-  CHECK(!host::qemu_net_args(s, {}));  // user mode needs passt's socket
+  CHECK(!host::qemu_net_args(s, {}));  // passt mode needs passt's socket
   auto q = host::qemu_net_args(s, {5});
   REQUIRE(q);
   CHECK(joined(*q) == "-netdev stream,id=net0,server=off,addr.type=fd,addr.str=5 "
@@ -205,7 +210,7 @@ TEST_CASE("qemu_net_args and passt_argv: one spec, both sides") {
   REQUIRE(p);
   CHECK(!has(*p, "--no-map-gw"));  // host-gateway opens it, for this VM only
 
-  s.mode = NetworkMode::slirp;
+  s.mode = NetworkMode::user;
   CHECK(!host::passt_argv(s, "passt", 3));
   q = host::qemu_net_args(s, {});
   REQUIRE(q);

@@ -1183,19 +1183,19 @@ def guest_fetch(host, port):
 
 
 def case_net_host_gateway(c):
-    """--add-host hostsvc:host-gateway: the guest reaches a server on the host's 127.0.0.1 by that
+    """--network passt --add-host hostsvc:host-gateway: the guest reaches a server on the host's 127.0.0.1 by that
     name (10.0.2.2) and gets its file; without it the same address is closed (passt
     --no-map-gw) and the server never sees a connection."""
     body = b"served from the host's loopback %d\n" % os.getpid()
     with HostServer(http_serve(body)) as srv:
-        rc, out, err = c.run("--add-host", "hostsvc:host-gateway", "--", "/bin/sh", "-c",
+        rc, out, err = c.run("--network", "passt", "--add-host", "hostsvc:host-gateway", "--", "/bin/sh", "-c",
                              "ls /sys/class/net; " + guest_fetch("hostsvc", srv.port))
         check(rc == 0, f"exit status {rc}; stderr:\n{err[-3000:]}")
         check(lines(out)[:2] == ["eth0", "lo"], f"the guest's interfaces: {out!r}")
         check(out.encode().find(b"\r\n\r\n" + body) >= 0 and ("nc=0" in out or "nc=143" in out),
               f"the guest's fetch: {out!r}")
         check(len(srv.results) == 1 and srv.results[0].startswith(b"GET / HTTP/1.0"), f"the server saw {srv.results}")
-        rc, out, err = c.run("--", "/bin/sh", "-c", guest_fetch("10.0.2.2", srv.port), vm="closed")
+        rc, out, err = c.run("--network", "passt", "--", "/bin/sh", "-c", guest_fetch("10.0.2.2", srv.port), vm="closed")
         check(rc == 0, f"exit status {rc}; stderr:\n{err[-3000:]}")
         check(body.decode() not in out and "nc=0" not in out, f"the host's loopback was reachable: {out!r}")
         check(len(srv.results) == 1, f"the server saw a connection without --add-host: {srv.results}")
@@ -1225,12 +1225,13 @@ def publish_check(c, *net):
 
 
 def case_net_publish(c):
+    """The publish check in the default mode (user: QEMU's slirp)."""
     publish_check(c)
 
 
-def case_net_slirp(c):
-    """The publish check with QEMU's built-in slirp (--network slirp)."""
-    publish_check(c, "--network", "slirp")
+def case_net_passt(c):
+    """The publish check with passt (--network passt)."""
+    publish_check(c, "--network", "passt")
 
 
 def probe_dir(c):
@@ -1390,7 +1391,7 @@ def main():
         print("prctl(PR_SET_CHILD_SUBREAPER) failed", file=sys.stderr)
         return 1
     c = Case()
-    if sys.argv[1].startswith("net_"):  # in a namespace of its own: the real default (user, passt)
+    if sys.argv[1].startswith("net_"):  # in a namespace of its own: the real default (user: QEMU's slirp)
         c.env.pop("NESHOST_NETWORK", None)
     ok = False
     try:
