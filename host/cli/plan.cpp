@@ -63,11 +63,7 @@ host::Status parse_network_flags(const std::vector<std::pair<std::string, std::s
     } else if (name == "dns-search") {
       net.dns_search.push_back(v);  // checked by host::check_network()
     } else if (name == "dns-option") {
-      bool ok = !v.empty() && v.size() <= 64;
-      for (char c : v) ok = ok && c > ' ' && c < 0x7f;
-      if (!ok) return host::Error{fmt::format("--dns-option '{}': a resolv.conf option is 1..64 printable bytes, no spaces", v)};
-      if (net.dns_options.size() >= 16) return host::Error{"--dns-option: at most 16 options"};
-      net.dns_options.push_back(v);
+      net.dns_options.push_back(v);  // checked by host::check_network()
     } else if (name == "add-host") {
       auto h = host::parse_add_host(v);
       if (!h) return h.error();
@@ -78,7 +74,7 @@ host::Status parse_network_flags(const std::vector<std::pair<std::string, std::s
   if (const char* env = std::getenv("NESHOST_NETWORK"); env && *env) {
     if (auto m = host::parse_network_mode(env, net); !m)
       return host::Error{"$NESHOST_NETWORK: " + m.error().message};
-    o.network_given = true;
+    o.network_given = o.network_from_env = true;
   } else {
     net.mode = o.sandbox ? host::NetworkMode::none : host::NetworkMode::user;
   }
@@ -225,9 +221,12 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
   const auto& net = o.network;
   if (o.sandbox && (net.mode != host::NetworkMode::none || !net.hosts.empty() || !net.dns.empty() ||
                     !net.dns_search.empty() || !net.dns_options.empty()))
-    return RunError{fmt::format("--sandbox runs no VM and shares this host's network: --network {}{} needs one "
-                                "(--network none only)",
-                                host::to_string(net.mode), net.mode == host::NetworkMode::none ? " with --dns/--add-host" : ""),
+    return RunError{net.mode == host::NetworkMode::none
+                        ? std::string("--sandbox runs no VM and shares this host's network: --dns, --dns-search, "
+                                      "--dns-option and --add-host need one")
+                        : fmt::format("--sandbox runs no VM and shares this host's network: --network {}{} needs one "
+                                      "(--network none only)",
+                                      host::to_string(net.mode), o.network_from_env ? " (from $NESHOST_NETWORK)" : ""),
                     kExitNetwork};
   if (auto c = host::check_network(net); !c) return RunError{c.error().message, kExitNetwork};
   return host::Ok{};

@@ -74,6 +74,7 @@ struct RunFlags {
   /// `link` (netns mode) is left for run.cpp to fill from the namespace before plan_run().
   host::NetworkSpec network;
   bool network_given = false;  // --network was on the command line (or $NESHOST_NETWORK set)
+  bool network_from_env = false;  // the mode came from $NESHOST_NETWORK (errors say so)
   bool rm = false;             // --rm: the VM's state dir goes when the run ends (as `neshost rm`)
 };
 

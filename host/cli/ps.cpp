@@ -362,6 +362,14 @@ int rm_main(const Args& args) {
       }
     }
     if (auto r = host::remove_vm(state, vm); !r) {
+      // A `run --rm` monitor removes its own VM as it ends, so once rm -f has stopped it the
+      // directory may already be gone: removed all the same.
+      std::error_code ec;
+      const bool removed_by_its_monitor = s && s->monitor_alive && !fs::exists(state / vm, ec) && !ec;
+      if (removed_by_its_monitor) {
+        std::fputs((vm + "\n").c_str(), stdout);
+        continue;
+      }
       fmt::print(stderr, "neshost rm: {}\n", r.error().message);
       rc = 1;
       continue;

@@ -467,6 +467,8 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
     run.passt_log = host::vm_path(cfg.state_dir, vmid, host::kPasstLog);
     if (auto f = host::open_vm_file(cfg.state_dir, vmid, host::kPasstLog, O_WRONLY | O_CREAT | O_TRUNC))
       run.passt->log_to(std::move(*f));
+    else  // its output stays in memory (bounded), where an early exit's message is read from
+      say("neshost run: {}: {} (passt's output is not kept)\n", run.passt_log.string(), f.error().message);
   }
   return host::Ok{};
 }
@@ -908,6 +910,13 @@ int run_main(const Args& args) {
     if (!d) return fail(d.error().message);
     if (d->creator) {
       if (netns) netns->release();  // the monitor owns the tap now and tears it down
+      // A monitor that failed before it recorded anything (no monitor.json: e.g. passt could not
+      // start) leaves only its log, whose tail the creator has just printed: nothing for ps to
+      // show, so nothing is left.
+      const fs::path dir = (o.state ? *o.state : in.state_dir) / (o.vm ? *o.vm : in.vm_id);
+      std::error_code ec;
+      if (d->exit_status != 0 && !fs::exists(dir / host::kMonitorFile, ec) && !ec)
+        (void)host::remove_vm(dir.parent_path(), dir.filename().string());
       return d->exit_status;
     }
     started_notify = std::move(d->notify);

@@ -184,6 +184,12 @@ Status check_network(const NetworkSpec& s) {
   for (const auto& d : s.dns_search)
     if (!valid_host_name(d))
       return Error{fmt::format("--dns-search {}: a domain is 1..253 of letters, digits, '-', '.', '_'", d)};
+  if (s.dns_options.size() > 16) return Error{fmt::format("--dns-option: at most 16 options, got {}", s.dns_options.size())};
+  for (const auto& o : s.dns_options) {
+    bool ok = !o.empty() && o.size() <= 64;
+    for (char c : o) ok = ok && c > ' ' && c < 0x7f;
+    if (!ok) return Error{fmt::format("--dns-option '{}': a resolv.conf option is 1..64 printable bytes, no spaces", o)};
+  }
   if (s.hosts.size() > proto::kNetMaxHosts)
     return Error{fmt::format("--add-host: at most {} entries, got {}", proto::kNetMaxHosts, s.hosts.size())};
   if (s.mode == NetworkMode::netns && s.netns.empty()) return Error{"--network netns:PATH: no PATH"};

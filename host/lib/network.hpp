@@ -102,7 +102,7 @@ struct NetworkSpec {
 Status parse_network_mode(std::string_view v, NetworkSpec& into);
 
 /// The spec's cross-checks, each an error naming the flags: `-p` needs user or passt; an IPv6 host
-/// address (user modes are IPv4 only for now); a host port published twice (same protocol and address); `host-gateway` needs user or passt; more than 3
+/// address (user modes are IPv4 only for now); a host port published twice (same protocol and address); `host-gateway` needs user or passt; a malformed `--dns-option` (1..64 printable bytes, ≤ 16); more than 3
 /// `--dns`; netns mode without a path; a netns-mode spec passed to guest_network() without `link`.
 Status check_network(const NetworkSpec& s);
 

@@ -657,8 +657,8 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
       {{"--sandbox", "--network", "user", "true"},
        "--sandbox runs no VM and shares this host's network: --network user needs one (--network none only)"},
       {{"--sandbox", "--dns", "1.1.1.1", "true"},
-       "--sandbox runs no VM and shares this host's network: --network none with --dns/--add-host needs one "
-       "(--network none only)"},
+       "--sandbox runs no VM and shares this host's network: --dns, --dns-search, --dns-option and --add-host "
+       "need one"},
   };
   for (const auto& c : cases) {
     std::string joined;

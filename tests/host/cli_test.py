@@ -339,6 +339,15 @@ def test_run_network_refusals():
                   (args, os.path.exists(state) and os.listdir(state), os.listdir(rt)))
         busy_tcp.close()
         busy_udp.close()
+        # A monitor that fails after -d's fork but before anything is recorded (here: no kernel;
+        # a passt that cannot start is the same path): the creator prints why and exits 125, and
+        # no VM dir is left (only the monitor's log would have been).
+        r = run(["run", "-d", "--rm", "--state", state, "--vm", "pf", "--network", "passt", "--", "true"],
+                env=dict(env, NESHOST_PASST="/bin/false"))
+        check(r.returncode == 125 and "the monitor ended before the workload started" in r.stderr,
+              "-d with a failing passt: exit %d, stderr %r" % (r.returncode, r.stderr))
+        check(not os.path.exists(os.path.join(state, "pf")), "-d with a failing passt left %s" %
+              (os.path.exists(state) and os.listdir(state)))
         # --name and --vm naming two VMs is a usage error (2), as before.
         r = run(["run", "--state", state, "--name", "a", "--vm", "b", "--", "true"], env=env)
         check(r.returncode == 2 and "--name a and --vm b name two VMs" in r.stderr, "name/vm: %d %r" % (r.returncode, r.stderr))

@@ -255,6 +255,18 @@ def case_detached(c):
         os.waitpid(pid, 0)  # bounded by the meson timeout; it must exit on its own
     rc, out, _ = c.neshost("ps", "-a", "--state", c.state)
     check(lines(out)[1].split()[:4] == ["d", "1", "exited", "(137)"], f"ps -a: {out!r}")
+    # rm -f of a running `-d --rm` VM: its monitor removes the VM as it ends, racing rm's own
+    # removal; either way rm says the id and succeeds, and nothing is left.
+    rc, out, err = c.neshost("run", "-d", "--rm", "--accel", "tcg", "--ready-timeout", "100", "--state", c.state,
+                             "--vm", "d3", "--", "/bin/sleep", "1000")
+    check(rc == 0, f"run -d --rm d3: {rc} {err!r}")
+    _, out, _ = c.neshost("inspect", "--state", c.state, "d3")
+    pid3 = json.loads(out).get("monitor_pid") if out else None
+    rc, out, err = c.neshost("rm", "-f", "--state", c.state, "d3")
+    check((rc, out) == (0, "d3\n") and not os.path.exists(os.path.join(c.state, "d3")),
+          f"rm -f of a -d --rm VM: {rc} {out!r} {err!r}")
+    if pid3:
+        os.waitpid(pid3, 0)
 
 
 def case_kill9(c):
