@@ -336,6 +336,7 @@ TEST_CASE("launch: fds are passed at their numbers, nothing else leaks; bad entr
 TEST_CASE("passt: ready once its PID file is written; an early exit is reported with its stderr") {
   TempDir dir;
   nes::host::NetworkSpec net;
+  net.mode = nes::host::NetworkMode::passt;
   net.publish.push_back(*nes::host::parse_publish("127.0.0.1:8080:80"));
   PasstOptions o;
   o.network = net;
@@ -382,7 +383,7 @@ TEST_CASE("passt: ready once its PID file is written; an early exit is reported 
   auto missing = Passt::start(o, 10s);
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.error().message.starts_with(
-      "--network user needs passt (apt-get install passt), or --network slirp|none"));
+      "--network passt needs passt (apt-get install passt), or --network user|none"));
   CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // every stand-in was reaped
 }
 
