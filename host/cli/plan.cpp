@@ -341,12 +341,6 @@ vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in) {
 
 fs::path run_kernel(const RunFlags& o, const PlanInputs& in) { return o.kernel ? *o.kernel : in.default_kernel; }
 
-std::string port_line(std::string_view t) {
-  auto arrow = t.find("->");
-  if (arrow == std::string_view::npos) return std::string(t);
-  return fmt::format("{} -> {}", t.substr(arrow + 2), t.substr(0, arrow));
-}
-
 host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   if (auto c = check_run(o, in); !c) return host::Error{c.error().message};
   RunPlan p;

@@ -158,10 +158,6 @@ struct RunPlan {
   bool rm = false;                      // --rm
 };
 
-/// `docker port`'s line from host::ps_port_text()'s: "127.0.0.1:8080->80/tcp" -> "80/tcp -> 127.0.0.1:8080".
-/// Anything else is returned unchanged.
-std::string port_line(std::string_view ps_text);
-
 /// The flags' cross-checks, each an error naming the flags (as `neshost run` prints them): usage
 /// errors (exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs
 /// not a directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume

@@ -7,12 +7,14 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <fmt/format.h>
 
 #include "host/cli/cli.hpp"
 #include "host/cli/flags.hpp"
 #include "host/cli/plan.hpp"
 #include "host/lib/escape.hpp"
+#include "host/lib/network.hpp"
 #include "host/lib/base.hpp"
 #include "host/monitor/monitor.hpp"
 #include "host/monitor/reconcile.hpp"
@@ -187,6 +189,7 @@ int port_main(const Args& args) {
   const std::string vm = p->positional[0];
   if (auto id = host::check_vm_id(vm); !id) return usage_error("port", "VM: " + id.error().message);
   std::optional<std::string> want;  // "80/tcp"
+  std::optional<std::pair<std::uint16_t, host::IpProto>> want_port;
   if (p->positional.size() == 2) {
     std::string f = p->positional[1];
     if (f.find('/') == std::string::npos) f += "/tcp";
@@ -196,6 +199,7 @@ int port_main(const Args& args) {
     if (!n || (proto != "tcp" && proto != "udp"))
       return usage_error("port", fmt::format("expected GUEST_PORT[/tcp|/udp] (1..65535), got '{}'", p->positional[1]));
     want = f;
+    want_port = {static_cast<std::uint16_t>(*n), proto == "tcp" ? host::IpProto::tcp : host::IpProto::udp};
   }
   fs::path state = state_of(*p);
   auto s = load("port", state, vm);
@@ -203,9 +207,15 @@ int port_main(const Args& args) {
   std::string out;
   if (s->monitor)
     for (const auto& pt : s->monitor->ports) {
-      std::string line = port_line(pt);  // "80/tcp -> 127.0.0.1:8080"
+      // The record holds docker ps's text (host::ps_port_text); docker port shows host::to_string's.
+      auto m = host::parse_ps_port_text(pt);
+      if (!m) {  // not written by this neshost: shown as it is, never matched
+        if (!want) out += pt + "\n";
+        continue;
+      }
+      std::string line = host::to_string(*m);  // "80/tcp -> 127.0.0.1:8080"
       if (!want) out += line + "\n";
-      else if (line.starts_with(*want + " -> ")) out += line.substr(want->size() + 4) + "\n";
+      else if (std::pair(m->guest_port, m->proto) == *want_port) out += line.substr(line.find(" -> ") + 4) + "\n";
     }
   if (want && out.empty()) {
     fmt::print(stderr, "neshost port: VM '{}' has no published port {}\n", vm, *want);

@@ -124,6 +124,18 @@ std::string ps_port_text(const PortMapping& p) {
   return fmt::format("{}:{}->{}/{}", ip, p.host_port, p.guest_port, p.proto == IpProto::tcp ? "tcp" : "udp");
 }
 
+Result<PortMapping> parse_ps_port_text(std::string_view text) {
+  // "IP:HOST->GUEST/PROTO" is -p's "IP:HOST:GUEST/PROTO" with an arrow; the IP always present.
+  auto arrow = text.find("->");
+  auto slash = text.rfind('/');
+  if (arrow != std::string_view::npos && arrow > 0 && slash != std::string_view::npos && slash > arrow &&
+      (text[0] == '[' || text.find(':') < arrow)) {
+    auto m = parse_publish(fmt::format("{}:{}", text.substr(0, arrow), text.substr(arrow + 2)));
+    if (m) return m;
+  }
+  return Error{fmt::format("not a published port '{}' (expected IP:HOST->GUEST/tcp|udp)", text)};
+}
+
 Result<ExtraHost> parse_add_host(std::string_view v) {
   auto bad = [&](std::string_view why) { return Error{fmt::format("--add-host {}: {}", v, why)}; };
   auto sep = v.find_first_of(":=");

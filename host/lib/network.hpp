@@ -61,6 +61,10 @@ std::string to_string(const PortMapping& p);
 std::string publish_text(const PortMapping& p);
 /// docker ps's text of one published port: "127.0.0.1:8080->80/tcp" ("[::1]:8080->80/udp").
 std::string ps_port_text(const PortMapping& p);
+/// ps_port_text()'s inverse (for the monitor record's `ports`, which hold that text):
+/// "127.0.0.1:8080->80/tcp", "[::1]:53->5353/udp"; parse_ps_port_text(ps_port_text(m)) == m.
+/// Error: anything else ("not a published port 'TEXT' (expected IP:HOST->GUEST/tcp|udp)").
+Result<PortMapping> parse_ps_port_text(std::string_view text);
 
 /// One extra /etc/hosts entry (`--add-host NAME:IP`); `ip` unset: docker's `host-gateway`, the
 /// address at which the guest reaches the host's loopback (it opens that path for this VM only).

@@ -1,19 +1,19 @@
 #include "host/vm/passt.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 
 #include <fmt/format.h>
+
+#include "host/vm/daemon.hpp"
 
 namespace nes::vm {
 
@@ -25,19 +25,10 @@ constexpr unsigned kNobody = 65534;  // the user passt drops to when started as 
 
 /// passt's last stderr lines as one line, without its syslog complaints ("Failed to send N bytes
 /// to syslog": it logs to both and there may be no syslog).
-std::string last_lines(std::string_view text, std::size_t max = 600) {
-  std::string out;
-  while (!text.empty()) {
-    auto nl = text.find('\n');
-    std::string_view line = text.substr(0, nl);
-    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
-    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
-    if (line.empty() || (line.starts_with("Failed to send ") && line.ends_with("to syslog"))) continue;
-    if (!out.empty()) out += ' ';
-    out += line;
-  }
-  if (out.size() > max) out = "..." + out.substr(out.size() - max);
-  return out;
+std::string last_lines(std::string_view text) {
+  return daemon_last_lines(text, 600, [](std::string_view line) {
+    return line.starts_with("Failed to send ") && line.ends_with("to syslog");
+  });
 }
 
 /// A private directory for passt's PID file, owned by the user passt runs as, removed with this.
@@ -143,43 +134,32 @@ host::Result<std::unique_ptr<Passt>> Passt::start(const PasstOptions& o, std::ch
   auto p = VmProcess::launch(std::move(lo));
   if (!p) return host::Error{fmt::format("cannot start passt: {}", p.error().message)};
   passt_end.reset();  // passt holds its own copy: its end closes when passt exits
-  auto d = std::make_unique<Passt>(std::move(*p), st, std::move(qemu_end));
+  auto d = std::make_unique<Passt>(Key{}, std::move(*p), st, std::move(qemu_end));
 
-  // Ready (the PID file written), exited, or silent for too long: whichever comes first.
-  pollfd fds[2] = {{ino.get(), POLLIN, 0}, {d->proc_->pidfd(), POLLIN, 0}};
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    int r = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left.count())));
-    if (r < 0 && errno == EINTR) continue;
-    if (r > 0 && (fds[1].revents & (POLLIN | POLLHUP))) {
-      auto e = d->proc_->wait_for(std::chrono::milliseconds(0));
-      d->proc_->finish_output(std::chrono::milliseconds(1000));
-      std::string why = last_lines(d->proc_->diagnostics_tail());
-      return host::Error{fmt::format("passt {}{}{}", e ? describe(*e) : "exited", why.empty() ? "" : ": ", why)};
-    }
-    if (r > 0 && (fds[0].revents & POLLIN)) {
-      // Any close-after-write in the directory is passt's PID file (nothing else writes there).
-      alignas(inotify_event) char buf[4096];
-      bool written = false;
-      ssize_t n;
-      while ((n = ::read(ino.get(), buf, sizeof buf)) > 0)
-        for (char* q = buf; q < buf + n;) {
-          auto* ev = reinterpret_cast<inotify_event*>(q);
-          if (ev->len && std::strcmp(ev->name, kPidName) == 0) written = true;
-          q += sizeof(inotify_event) + ev->len;
-        }
-      if (written) return d;
-      continue;
-    }
-    if (r <= 0) {
-      std::string tail = d->proc_->diagnostics_tail();
-      d->proc_->terminate(std::chrono::milliseconds(200));
-      d->proc_->finish_output(std::chrono::milliseconds(1000));
-      std::string why = last_lines(tail);
+  // Ready (the PID file written), exited, or silent for too long: whichever comes first. Any
+  // close-after-write in the directory is passt's PID file (nothing else writes there).
+  auto pid_written = [&ino] {
+    alignas(inotify_event) char buf[4096];
+    bool written = false;
+    ssize_t n;
+    while ((n = ::read(ino.get(), buf, sizeof buf)) > 0)
+      for (char* q = buf; q < buf + n;) {
+        auto* ev = reinterpret_cast<inotify_event*>(q);
+        if (ev->len && std::strcmp(ev->name, kPidName) == 0) written = true;
+        q += sizeof(inotify_event) + ev->len;
+      }
+    return written;
+  };
+  auto w = wait_ready(*d->proc_, ino.get(), bound, pid_written);
+  std::string why = last_lines(w.tail);
+  switch (w.outcome) {
+    case DaemonWait::Outcome::ready: return d;
+    case DaemonWait::Outcome::exited:
+      return host::Error{fmt::format("passt {}{}{}", w.exit ? describe(*w.exit) : "exited", why.empty() ? "" : ": ", why)};
+    case DaemonWait::Outcome::timed_out:
       return host::Error{fmt::format("passt not ready after {} ms{}{}", bound.count(), why.empty() ? "" : ": ", why)};
-    }
   }
+  return host::Error{"passt: unreachable"};
 }
 
 void Passt::log_to(host::Fd log) {
@@ -194,11 +174,7 @@ std::string Passt::last_words() const { return last_lines(proc_->diagnostics_tai
 
 ProcessExit Passt::stop(std::chrono::milliseconds grace) {
   close_qemu_fd();
-  ProcessExit e;
-  if (auto x = proc_->wait_for(grace)) e = *x;
-  else e = proc_->terminate(std::chrono::milliseconds(1000));
-  proc_->finish_output(std::chrono::milliseconds(1000));
-  return e;
+  return stop_daemon(*proc_, grace);
 }
 
 Passt::~Passt() = default;  // VmProcess's destructor kills and reaps a running passt

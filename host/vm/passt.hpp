@@ -71,11 +71,17 @@ class Passt {
   /// Its last stderr lines, one line (syslog noise left out), for messages.
   std::string last_words() const;
   /// After QEMU has gone (and close_qemu_fd()): passt exits once its socket closes; wait up to
-  /// `grace` for that, then SIGTERM/SIGKILL (VmProcess::terminate). Returns how it ended.
+  /// `grace` for that, then SIGTERM/SIGKILL (stop_daemon). Returns how it ended.
   ProcessExit stop(std::chrono::milliseconds grace);
 
+ private:
+  struct Key {  // passkey: only start() can construct
+    explicit Key() = default;
+  };
   struct State;  // shared with the drain thread's sink (the log file)
-  Passt(std::unique_ptr<VmProcess> p, std::shared_ptr<State> st, host::Fd qemu_end)
+
+ public:
+  Passt(Key, std::unique_ptr<VmProcess> p, std::shared_ptr<State> st, host::Fd qemu_end)
       : st_(std::move(st)), proc_(std::move(p)), qemu_end_(std::move(qemu_end)) {}
 
  private:

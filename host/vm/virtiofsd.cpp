@@ -1,7 +1,6 @@
 #include "host/vm/virtiofsd.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "host/vm/daemon.hpp"
 #include "protocol/limits.hpp"
 
 namespace nes::vm {
@@ -18,19 +18,6 @@ namespace nes::vm {
 namespace {
 // What virtiofsd (1.x) logs at info level once its listening socket exists.
 constexpr std::string_view kReadyLine = "Waiting for vhost-user socket connection";
-
-// The last few lines of `text` (at most `max` bytes), trimmed, for an error message.
-std::string last_lines(std::string_view text, std::size_t max = 600) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-  if (text.size() > max) {
-    text = text.substr(text.size() - max);
-    if (auto nl = text.find('\n'); nl != std::string_view::npos) text.remove_prefix(nl + 1);
-  }
-  std::string out(text);
-  for (char& c : out)
-    if (c == '\n') c = ' ';
-  return out;
-}
 }  // namespace
 
 host::Status check_share_tag(std::string_view tag) {
@@ -115,39 +102,23 @@ host::Result<std::unique_ptr<Virtiofsd>> Virtiofsd::start(const VirtiofsdOptions
   lo.diagnostics = [st](std::string_view b) { st->feed(b); };
   auto p = VmProcess::launch(std::move(lo));
   if (!p) return host::Error{fmt::format("{}: cannot start virtiofsd: {}", who, p.error().message)};
-  auto d = std::make_unique<Virtiofsd>(std::move(*p), st, o.share);
+  auto d = std::make_unique<Virtiofsd>(Key{}, std::move(*p), st, o.share);
 
   // Ready, exited, or silent for too long: whichever comes first.
-  pollfd fds[2] = {{st->ready_ev.get(), POLLIN, 0}, {d->proc_->pidfd(), POLLIN, 0}};
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    int r = ::poll(fds, 2, static_cast<int>(std::max<long long>(0, left.count())));
-    if (r < 0 && errno == EINTR) continue;
-    if (r > 0 && (fds[0].revents & POLLIN)) return d;
-    if (r > 0 && fds[1].revents) {
-      auto e = d->proc_->wait_for(std::chrono::milliseconds(0));
-      d->proc_->finish_output(std::chrono::milliseconds(1000));
-      return host::Error{fmt::format("{}: virtiofsd {}: {}", who, e ? describe(*e) : "exited",
-                                     last_lines(d->proc_->diagnostics_tail()))};
-    }
-    if (r == 0 || r < 0) {
-      std::string tail = d->proc_->diagnostics_tail();
-      d->proc_->terminate(std::chrono::milliseconds(200));
-      d->proc_->finish_output(std::chrono::milliseconds(1000));
+  auto w = wait_ready(*d->proc_, st->ready_ev.get(), bound);
+  switch (w.outcome) {
+    case DaemonWait::Outcome::ready: return d;
+    case DaemonWait::Outcome::exited:
+      return host::Error{fmt::format("{}: virtiofsd {}: {}", who, w.exit ? describe(*w.exit) : "exited",
+                                     daemon_last_lines(w.tail))};
+    case DaemonWait::Outcome::timed_out:
       return host::Error{fmt::format("{}: virtiofsd not listening after {} ms{}{}", who, bound.count(),
-                                     tail.empty() ? "" : ": ", last_lines(tail))};
-    }
+                                     w.tail.empty() ? "" : ": ", daemon_last_lines(w.tail))};
   }
+  return host::Error{who + ": virtiofsd: unreachable"};
 }
 
-ProcessExit Virtiofsd::stop(std::chrono::milliseconds grace) {
-  ProcessExit e;
-  if (auto x = proc_->wait_for(grace)) e = *x;
-  else e = proc_->terminate(std::chrono::milliseconds(1000));
-  proc_->finish_output(std::chrono::milliseconds(1000));
-  return e;
-}
+ProcessExit Virtiofsd::stop(std::chrono::milliseconds grace) { return stop_daemon(*proc_, grace); }
 
 Virtiofsd::~Virtiofsd() = default;  // VmProcess's destructor kills and reaps a running daemon
 

@@ -81,11 +81,17 @@ class Virtiofsd {
   std::optional<ProcessExit> exited() { return proc_->wait_for(std::chrono::milliseconds(0)); }
   const ShareSpec& share() const { return share_; }
   /// After QEMU has gone: virtiofsd normally exits by itself once its client disconnects; wait up
-  /// to `grace` for that, then SIGTERM/SIGKILL (VmProcess::terminate). Returns how it ended.
+  /// to `grace` for that, then SIGTERM/SIGKILL (stop_daemon). Returns how it ended.
   ProcessExit stop(std::chrono::milliseconds grace);
 
+ private:
+  struct Key {  // passkey: only start() can construct
+    explicit Key() = default;
+  };
   struct State;  // shared with the drain thread's sink (log file, readiness eventfd)
-  explicit Virtiofsd(std::unique_ptr<VmProcess> p, std::shared_ptr<State> st, ShareSpec s)
+
+ public:
+  Virtiofsd(Key, std::unique_ptr<VmProcess> p, std::shared_ptr<State> st, ShareSpec s)
       : st_(std::move(st)), proc_(std::move(p)), share_(std::move(s)) {}
 
  private:

@@ -584,17 +584,13 @@ TEST_CASE("-p, --dns, --dns-search, --dns-option, --add-host: the descriptor, pa
   CHECK(nn->hosts.size() == 1);
 }
 
-TEST_CASE("ps_port_text and port_line: docker ps's and docker port's texts") {
+TEST_CASE("ps_port_text and publish_text: docker ps's and -p's texts") {
   auto m = host::parse_publish("127.0.0.1:8080:80");
   REQUIRE(m);
   CHECK(host::ps_port_text(*m) == "127.0.0.1:8080->80/tcp");
-  CHECK(port_line(host::ps_port_text(*m)) == "80/tcp -> 127.0.0.1:8080");
-  CHECK(port_line(host::ps_port_text(*m)) == host::to_string(*m));  // the library's docker-port text
   auto u = host::parse_publish("[::1]:53:5353/udp");
   REQUIRE(u);
   CHECK(host::ps_port_text(*u) == "[::1]:53->5353/udp");
-  CHECK(port_line(host::ps_port_text(*u)) == "5353/udp -> [::1]:53");
-  CHECK(port_line("garbage") == "garbage");
   CHECK(host::publish_text(*m) == "127.0.0.1:8080:80");
   CHECK(host::publish_text(*u) == "[::1]:53:5353/udp");
   CHECK(host::publish_text(*host::parse_publish("8080:80")) == "8080:80");

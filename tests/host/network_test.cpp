@@ -44,6 +44,25 @@ TEST_CASE("parse_publish: docker's forms") {
   CHECK(host::to_string(*c) == "443/tcp -> [::1]:8443");
 }
 
+TEST_CASE("parse_ps_port_text: ps_port_text's inverse") {
+  for (auto v : {"8080:80", "127.0.0.1:5353:53/udp", "[::1]:8443:443/tcp", "0.0.0.0:1:65535/udp"}) {
+    auto m = host::parse_publish(v);
+    REQUIRE(m);
+    auto back = host::parse_ps_port_text(host::ps_port_text(*m));
+    REQUIRE_MESSAGE(back, v);
+    CHECK(*back == *m);
+  }
+  auto m = host::parse_ps_port_text("127.0.0.1:8080->80/tcp");
+  REQUIRE(m);
+  CHECK(host::to_string(*m) == "80/tcp -> 127.0.0.1:8080");  // what `neshost port` prints
+  for (auto bad : {"", "garbage", "8080->80/tcp", "127.0.0.1:8080->80", "127.0.0.1:8080->80/sctp",
+                   "127.0.0.1:0->80/tcp", "[::1]:53->5353", "->80/tcp", "127.0.0.1:8080:80/tcp"}) {
+    auto r = host::parse_ps_port_text(bad);
+    REQUIRE_MESSAGE(!r, bad);
+    CHECK(r.error().message == std::string("not a published port '") + bad + "' (expected IP:HOST->GUEST/tcp|udp)");
+  }
+}
+
 TEST_CASE("parse_publish: every malformed value names the flag and the part") {
   struct Bad { const char* v; const char* says; };
   for (auto [v, says] : {Bad{"80", "a host port is required"}, Bad{"0:80", "host port '0' must be 1..65535"},

@@ -27,6 +27,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from throttled_reader import ThrottledReader  # noqa: E402
 from procs import alive, processes  # noqa: E402
+import netns  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
 SHIM = os.environ["NESHOST_SHIM"]
@@ -474,32 +475,9 @@ def case_slow_stdout(d):
 
 
 
-class NetnsHolder:
-    """A network namespace held by `unshare --net` running `cat` on a pipe (EOF ends it): named
-    /proc/PID/ns/net, never `ip netns add`."""
-
-    def __init__(self):
-        self.p = subprocess.Popen(["unshare", "--net", "--", "cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-        self.path = f"/proc/{self.p.pid}/ns/net"
-        until(lambda: self.p.poll() is not None or os.readlink(self.path) != os.readlink("/proc/self/ns/net"),
-              "the holder's namespace")
-        check(self.p.poll() is None, "unshare --net failed")
-        self.sh("ip link set lo up")
-
-    def sh(self, cmd):
-        r = subprocess.run(["nsenter", f"--net={self.path}", "sh", "-c", cmd], capture_output=True, text=True,
-                           timeout=BOUND)
-        check(r.returncode == 0, f"in {self.path}: {cmd}: {r.returncode} {r.stderr}")
-        return r.stdout
-
-    def close(self):
-        if self.p.poll() is None:
-            self.p.stdin.close()
-            try:
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+class NetnsHolder(netns.NetnsHolder):
+    """tests/support/netns.py's holder, failing the case as check() does."""
+    error = Failure
 
 
 def case_netns(d):

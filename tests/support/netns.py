@@ -8,10 +8,15 @@ it and gone when the last of them exits: no `ip netns add` (that would mount und
 (both ends inside) carries 198.51.100.1/24 (TEST-NET-2) with the default route through its peer
 198.51.100.2: passt refuses to start without a routable interface, and with this one it starts
 while nothing can leave the machine (the peer end is a dead end in the same namespace).
+
+NetnsHolder is the other shape, for a test that needs several namespaces side by side (the
+`netns:PATH` cases of tests/vm/vm_test.py and tests/shim/containerd_test.py): each one held by a
+process the test starts and ends, named /proc/PID/ns/net.
 """
 import os
 import subprocess
 import sys
+import time
 
 _MARK = "NES_TEST_NETNS_PARENT"  # the parent's namespace (readlink /proc/self/ns/net) in the child
 VETH, VETH_PEER = "nes-veth0", "nes-veth1"
@@ -57,3 +62,48 @@ def isolate():
     if here == parent or here == os.readlink(f"/proc/{os.getppid()}/ns/net"):
         raise RuntimeError(f"netns: still in the parent's network namespace ({here})")
     _configure()
+
+
+class NetnsHolder:
+    """A network namespace held by `unshare --net` running `cat` on a pipe (EOF ends it), with lo
+    up: named /proc/PID/ns/net (`path`; `p` is the holder, `p.pid` names it to `ip ... netns`),
+    never `ip netns add` (that mounts under the machine's /run/netns). close() ends it (reaped).
+    Every failure raises `error` (a subclass sets its test's own failure type) with what failed.
+    `bound`: seconds any one step may take."""
+
+    error = RuntimeError
+
+    def __init__(self, bound=120):
+        self.bound = bound
+        self.p = subprocess.Popen(["unshare", "--net", "--", "cat"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL)
+        self.path = f"/proc/{self.p.pid}/ns/net"
+        # unshare execs cat only once the namespace exists: poll until the pid's namespace differs
+        # (a state, bounded), or it exited.
+        deadline = time.monotonic() + bound
+        while self.p.poll() is None and os.readlink(self.path) == _ns():
+            if time.monotonic() > deadline:
+                self.close()
+                raise self.error(f"the holder's namespace: not made after {bound} s")
+            time.sleep(0.01)
+        if self.p.poll() is not None:
+            raise self.error(f"unshare --net failed (exit {self.p.returncode})")
+        self.sh("ip link set lo up")
+
+    def sh(self, cmd, check_rc=True):
+        """Runs `sh -c CMD` in the namespace; its stdout. check_rc: a non-zero exit raises `error`."""
+        r = subprocess.run(["nsenter", f"--net={self.path}", "sh", "-c", cmd], capture_output=True, text=True,
+                           timeout=self.bound)
+        if check_rc and r.returncode != 0:
+            raise self.error(f"in {self.path}: {cmd}: {r.returncode} {r.stderr}")
+        return r.stdout
+
+    def close(self):
+        """Ends the holder (EOF on its stdin; SIGKILL after 10 s) and reaps it. Idempotent."""
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()

@@ -25,6 +25,7 @@
 
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
+#include "host/vm/daemon.hpp"
 #include "host/vm/passt.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
@@ -336,6 +337,7 @@ TEST_CASE("launch: fds are passed at their numbers, nothing else leaks; bad entr
 TEST_CASE("passt: ready once its PID file is written; an early exit is reported with its stderr") {
   TempDir dir;
   nes::host::NetworkSpec net;
+  net.mode = nes::host::NetworkMode::passt;
   net.publish.push_back(*nes::host::parse_publish("127.0.0.1:8080:80"));
   PasstOptions o;
   o.network = net;
@@ -382,8 +384,64 @@ TEST_CASE("passt: ready once its PID file is written; an early exit is reported 
   auto missing = Passt::start(o, 10s);
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.error().message.starts_with(
-      "--network user needs passt (apt-get install passt), or --network slirp|none"));
+      "--network passt needs passt (apt-get install passt), or --network user|none"));
   CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // every stand-in was reaped
+}
+
+TEST_CASE("daemon_last_lines: trimmed lines joined, skipped ones left out, the last ones kept whole") {
+  CHECK(daemon_last_lines("") == "");
+  CHECK(daemon_last_lines("a  \n\n b\r\n") == "a  b");
+  auto noise = [](std::string_view l) { return l.starts_with("noise"); };
+  CHECK(daemon_last_lines("noise 1\nfirst\nnoise 2\nsecond\n", 600, noise) == "first second");
+  CHECK(daemon_last_lines("one\ntwo\nthree\n", 9) == "... two three");
+  CHECK(daemon_last_lines("one\ntwo\nthree\n", 13) == "one two three");
+  CHECK(daemon_last_lines("short\n0123456789\n", 4) == "... 6789");
+}
+
+TEST_CASE("wait_ready: ready once confirmed, an exit with its stderr, a silent daemon ended at the bound") {
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC | O_NONBLOCK) == 0);
+  nes::host::Fd rd(p[0]), wr(p[1]);
+  {
+    // Readable but not confirmed: keeps waiting; the second byte confirms.
+    auto d = VmProcess::launch(opts({"/bin/sleep", "100"}));
+    REQUIRE(d.ok());
+    int calls = 0;
+    REQUIRE(::write(wr.get(), "x", 1) == 1);
+    auto confirm = [&] {
+      char c;
+      while (::read(rd.get(), &c, 1) == 1) {}
+      if (++calls == 1) REQUIRE(::write(wr.get(), "y", 1) == 1);
+      return calls == 2;
+    };
+    auto w = wait_ready(**d, rd.get(), 10s, confirm);
+    CHECK(w.outcome == DaemonWait::Outcome::ready);
+    CHECK(calls == 2);
+    CHECK(w.tail.empty());
+    CHECK(stop_daemon(**d, 0ms).signal == SIGTERM);
+  }
+  {
+    auto d = VmProcess::launch(opts({"/bin/sh", "-c", "echo 'it failed' >&2; exit 3"}));
+    REQUIRE(d.ok());
+    auto w = wait_ready(**d, rd.get(), 10s);
+    CHECK(w.outcome == DaemonWait::Outcome::exited);
+    CHECK(w.exit == ProcessExit{3, std::nullopt});
+    CHECK(w.tail == "it failed\n");
+  }
+  {
+    auto d = VmProcess::launch(opts({"/bin/sleep", "100"}));
+    REQUIRE(d.ok());
+    auto w = wait_ready(**d, rd.get(), 300ms);
+    CHECK(w.outcome == DaemonWait::Outcome::timed_out);
+    CHECK((*d)->exit_status().has_value());
+  }
+  {
+    // stop_daemon: one that exits by itself within the grace is not signalled.
+    auto d = VmProcess::launch(opts({"/bin/sh", "-c", "exit 0"}));
+    REQUIRE(d.ok());
+    CHECK(stop_daemon(**d, 10s).code == 0);
+  }
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // every process was reaped
 }
 
 TEST_CASE("terminate: SIGTERM first; a process ignoring it is SIGKILLed after the grace") {

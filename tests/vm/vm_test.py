@@ -1004,35 +1004,9 @@ def case_survive(c):
 CLONE_NEWNET = 0x40000000
 
 
-class NetnsHolder:
-    """A network namespace held by `unshare --net` running `cat` on a pipe (EOF ends it): named
-    /proc/PID/ns/net, never `ip netns add` (that mounts under the machine's /run/netns)."""
-
-    def __init__(self):
-        self.p = subprocess.Popen(["unshare", "--net", "--", "cat"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL)
-        self.path = f"/proc/{self.p.pid}/ns/net"
-        # unshare execs cat only once the namespace exists: wait until the pid's namespace differs.
-        poll(lambda: self.p.poll() is not None or os.readlink(self.path) != os.readlink("/proc/self/ns/net"),
-             "the holder's namespace")
-        check(self.p.poll() is None, "unshare --net failed")
-        self.sh("ip link set lo up")
-
-    def sh(self, cmd, check_rc=True):
-        r = subprocess.run(["nsenter", f"--net={self.path}", "sh", "-c", cmd], capture_output=True, text=True,
-                           timeout=BOUND)
-        if check_rc:
-            check(r.returncode == 0, f"in {self.path}: {cmd}: {r.returncode} {r.stderr}")
-        return r.stdout
-
-    def close(self):
-        if self.p.poll() is None:
-            self.p.stdin.close()
-            try:
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+class NetnsHolder(netns.NetnsHolder):
+    """tests/support/netns.py's holder, failing the case as check() does."""
+    error = Failure
 
 
 def case_netns(c):
