@@ -1,6 +1,7 @@
 #include "host/vm/daemon.hpp"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -72,6 +73,18 @@ std::string daemon_last_lines(std::string_view text, std::size_t max,
     out += lines[i];
   }
   return out;
+}
+
+void append_bounded_log(int log, std::string_view b, std::size_t cap, std::size_t& logged) {
+  if (log < 0 || logged >= cap) return;
+  std::string_view part = b.substr(0, cap - logged);
+  while (!part.empty()) {
+    ssize_t n = ::write(log, part.data(), part.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    logged += static_cast<std::size_t>(n);
+    part.remove_prefix(static_cast<std::size_t>(n));
+  }
 }
 
 }  // namespace nes::vm

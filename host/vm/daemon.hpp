@@ -47,4 +47,9 @@ ProcessExit stop_daemon(VmProcess& p, std::chrono::milliseconds grace);
 std::string daemon_last_lines(std::string_view text, std::size_t max = 600,
                               const std::function<bool(std::string_view)>& skip = {});
 
+/// Appends `b` to a daemon's log file `log` (not owned), keeping the file at most `cap` bytes:
+/// `logged` (bytes already in it) grows by what was written; the rest is dropped. A write error
+/// stops this call (the log is best effort: the daemon's last words are also kept in memory).
+void append_bounded_log(int log, std::string_view b, std::size_t cap, std::size_t& logged);
+
 }  // namespace nes::vm

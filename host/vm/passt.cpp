@@ -84,15 +84,7 @@ struct Passt::State {
       early.append(b.substr(0, PasstOptions::kLogCap - std::min(early.size(), PasstOptions::kLogCap)));
       return;
     }
-    if (!log || logged >= PasstOptions::kLogCap) return;
-    std::string_view part = b.substr(0, PasstOptions::kLogCap - logged);
-    while (!part.empty()) {
-      ssize_t n = ::write(log.get(), part.data(), part.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      logged += static_cast<std::size_t>(n);
-      part.remove_prefix(static_cast<std::size_t>(n));
-    }
+    if (log) append_bounded_log(log.get(), b, PasstOptions::kLogCap, logged);
   }
 };
 

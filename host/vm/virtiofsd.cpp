@@ -60,16 +60,7 @@ struct Virtiofsd::State {
 
   void feed(std::string_view b) {
     std::lock_guard lk(mu);
-    if (log && logged < VirtiofsdOptions::kLogCap) {
-      std::string_view part = b.substr(0, VirtiofsdOptions::kLogCap - logged);
-      while (!part.empty()) {
-        ssize_t n = ::write(log.get(), part.data(), part.size());
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        logged += static_cast<std::size_t>(n);
-        part.remove_prefix(static_cast<std::size_t>(n));
-      }
-    }
+    if (log) append_bounded_log(log.get(), b, VirtiofsdOptions::kLogCap, logged);
     if (ready) return;
     window.append(b);
     if (window.find(kReadyLine) != std::string::npos) {
