@@ -347,29 +347,17 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
 /// 8080/tcp is already in use" (or the errno's text: EACCES below 1024 without privileges,
 /// EADDRNOTAVAIL for an address this host does not have).
 host::Status check_ports_free(const host::NetworkSpec& net) {
+  // IPv4 only: host::check_network() (run by check_run()) refuses an IPv6 host address.
   for (const auto& p : net.publish) {
-    const bool v6 = p.host_ip.family == 6, tcp = p.proto == host::IpProto::tcp;
+    const bool tcp = p.proto == host::IpProto::tcp;
     const std::string what = fmt::format("--publish {}: host port {}/{}", host::publish_text(p), p.host_port, tcp ? "tcp" : "udp");
-    host::Fd sock(::socket(v6 ? AF_INET6 : AF_INET, (tcp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0));
+    host::Fd sock(::socket(AF_INET, (tcp ? SOCK_STREAM : SOCK_DGRAM) | SOCK_CLOEXEC, 0));
     if (!sock) return host::Error{fmt::format("{}: socket: {}", what, std::strerror(errno))};
-    sockaddr_storage ss{};
-    socklen_t len = 0;
-    if (v6) {
-      int one = 1;
-      ::setsockopt(sock.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-      a->sin6_family = AF_INET6;
-      a->sin6_port = htons(p.host_port);
-      std::memcpy(&a->sin6_addr, p.host_ip.bytes.data(), 16);
-      len = sizeof *a;
-    } else {
-      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-      a->sin_family = AF_INET;
-      a->sin_port = htons(p.host_port);
-      std::memcpy(&a->sin_addr, p.host_ip.bytes.data(), 4);
-      len = sizeof *a;
-    }
-    if (::bind(sock.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0)
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(p.host_port);
+    std::memcpy(&a.sin_addr, p.host_ip.bytes.data(), 4);
+    if (::bind(sock.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
       return host::Error{errno == EADDRINUSE ? what + " is already in use"
                                              : fmt::format("{} cannot be bound: {}", what, std::strerror(errno))};
   }
