@@ -48,25 +48,9 @@ std::string passt_program() {
 }
 
 host::Status check_passt(const std::string& program) {
-  auto missing = [&](int e) {
-    return host::Error{fmt::format("{} ({}: {})", kMissing, program, std::strerror(e))};
-  };
-  if (program.empty()) return missing(ENOENT);
-  if (program.find('/') != std::string::npos) {
-    if (::access(program.c_str(), X_OK) == 0) return host::Ok{};
-    return missing(errno);
-  }
-  const char* path = std::getenv("PATH");
-  std::string_view p = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (true) {
-    auto colon = p.find(':');
-    std::string dir(p.substr(0, colon));
-    std::string cand = (dir.empty() ? std::string(".") : dir) + "/" + program;
-    if (::access(cand.c_str(), X_OK) == 0) return host::Ok{};
-    if (colon == std::string_view::npos) break;
-    p.remove_prefix(colon + 1);
-  }
-  return missing(ENOENT);
+  if (program.empty()) return host::Error{fmt::format("{} (no program named)", kMissing)};
+  if (auto r = resolve_program(program); !r) return host::Error{fmt::format("{} ({})", kMissing, r.error().message)};
+  return host::Ok{};
 }
 
 struct Passt::State {

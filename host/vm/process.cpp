@@ -41,28 +41,6 @@ int sys_pidfd_send_signal(int pidfd, int sig) {
   return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
 }
 
-/// Resolves a program name the way execvp(3) does, but before fork (the child may only make
-/// async-signal-safe calls). Returns the path, or an error naming the program.
-host::Result<std::string> resolve_program(const std::string& name) {
-  if (name.find('/') != std::string::npos) {
-    if (::access(name.c_str(), X_OK) == 0) return name;
-    return host::Error{fmt::format("{}: {}", name, std::strerror(errno))};
-  }
-  const char* path = std::getenv("PATH");
-  std::string_view p = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  int last = ENOENT;
-  while (true) {
-    auto colon = p.find(':');
-    std::string dir(p.substr(0, colon));
-    std::string cand = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    if (::access(cand.c_str(), X_OK) == 0) return cand;
-    if (errno != ENOENT) last = errno;
-    if (colon == std::string_view::npos) break;
-    p.remove_prefix(colon + 1);
-  }
-  return host::Error{fmt::format("{}: {} (searched PATH)", name, std::strerror(last))};
-}
-
 /// The one thread every child is forked from. PR_SET_PDEATHSIG fires when the *thread* that
 /// forked the child exits, not the process; this thread lives until the process exits, so
 /// "the parent died" means "this process died". Jobs run one at a time, in order.
@@ -227,6 +205,26 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
 }
 
 }  // namespace
+
+host::Result<std::string> resolve_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) == 0) return name;
+    return host::Error{fmt::format("{}: {}", name, std::strerror(errno))};
+  }
+  const char* path = std::getenv("PATH");
+  std::string_view p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  int last = ENOENT;
+  while (true) {
+    auto colon = p.find(':');
+    std::string dir(p.substr(0, colon));
+    std::string cand = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    if (errno != ENOENT) last = errno;
+    if (colon == std::string_view::npos) break;
+    p.remove_prefix(colon + 1);
+  }
+  return host::Error{fmt::format("{}: {} (searched PATH)", name, std::strerror(last))};
+}
 
 host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
   if (opts.argv.empty()) return host::Error{"argv: empty"};

@@ -21,6 +21,12 @@
 
 namespace nes::vm {
 
+/// Resolves a program name the way execvp(3) does (a name with a '/' as is, else the first
+/// executable match in $PATH, default "/usr/local/bin:/usr/bin:/bin"), but before any fork (a
+/// child may only make async-signal-safe calls). Returns the path, or an error naming the program
+/// and the errno ("NAME: No such file or directory (searched PATH)").
+host::Result<std::string> resolve_program(const std::string& name);
+
 /// Receives bytes as they arrive, on the launcher's drain thread (never on the caller's).
 using ByteSink = std::function<void(std::string_view)>;
 
