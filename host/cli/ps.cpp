@@ -188,8 +188,7 @@ int port_main(const Args& args) {
   if (p->positional.empty() || p->positional.size() > 2) return usage_error("port", "expected VM [GUEST_PORT[/PROTO]]");
   const std::string vm = p->positional[0];
   if (auto id = host::check_vm_id(vm); !id) return usage_error("port", "VM: " + id.error().message);
-  std::optional<std::string> want;  // "80/tcp"
-  std::optional<std::pair<std::uint16_t, host::IpProto>> want_port;
+  std::optional<std::pair<std::uint16_t, host::IpProto>> want;  // GUEST_PORT[/PROTO]
   if (p->positional.size() == 2) {
     std::string f = p->positional[1];
     if (f.find('/') == std::string::npos) f += "/tcp";
@@ -198,8 +197,7 @@ int port_main(const Args& args) {
     std::string_view proto = std::string_view(f).substr(slash + 1);
     if (!n || (proto != "tcp" && proto != "udp"))
       return usage_error("port", fmt::format("expected GUEST_PORT[/tcp|/udp] (1..65535), got '{}'", p->positional[1]));
-    want = f;
-    want_port = {static_cast<std::uint16_t>(*n), proto == "tcp" ? host::IpProto::tcp : host::IpProto::udp};
+    want = {static_cast<std::uint16_t>(*n), proto == "tcp" ? host::IpProto::tcp : host::IpProto::udp};
   }
   fs::path state = state_of(*p);
   auto s = load("port", state, vm);
@@ -215,10 +213,11 @@ int port_main(const Args& args) {
       }
       std::string line = host::to_string(*m);  // "80/tcp -> 127.0.0.1:8080"
       if (!want) out += line + "\n";
-      else if (std::pair(m->guest_port, m->proto) == *want_port) out += line.substr(line.find(" -> ") + 4) + "\n";
+      else if (std::pair(m->guest_port, m->proto) == *want) out += line.substr(line.find(" -> ") + 4) + "\n";
     }
   if (want && out.empty()) {
-    fmt::print(stderr, "neshost port: VM '{}' has no published port {}\n", vm, *want);
+    fmt::print(stderr, "neshost port: VM '{}' has no published port {}/{}\n", vm, want->first,
+               want->second == host::IpProto::tcp ? "tcp" : "udp");
     return 1;
   }
   std::fputs(out.c_str(), stdout);
