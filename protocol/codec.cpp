@@ -1086,11 +1086,7 @@ bool get_list(od::value v, const Path& p, std::size_t max, std::string_view expe
 /// resolv.conf(5) and hosts(5) can hold without quoting).
 [[gnu::noinline]] bool get_dns_name(od::value v, const Path& p, std::string& out, Err& err) {
   if (!get_str(v, p, out, err)) return false;
-  bool ok = !out.empty() && out.size() <= 253;
-  for (char c : out)
-    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                c == '.' || c == '_');
-  return ok || err.expected(p, "name of 1..253 letters, digits, '-', '.', '_'", excerpt_json(out));
+  return valid_dns_name(out) || err.expected(p, "name of 1..253 letters, digits, '-', '.', '_'", excerpt_json(out));
 }
 
 [[gnu::noinline]] bool dec_interface(od::value v, const Path& p, NetInterface& out, Err& err) {
@@ -1139,12 +1135,10 @@ bool get_list(od::value v, const Path& p, std::size_t max, std::string_view expe
       return get_list(fv, fp, kNetMaxSearch, "array of domain names", out.search, err,
                       [&](od::value el, const Path& ep, std::string& d) { return get_dns_name(el, ep, d, err); });
     if (k == "options")
-      return get_list(fv, fp, 16, "array of resolv.conf options", out.options, err,
+      return get_list(fv, fp, kNetMaxOptions, "array of resolv.conf options", out.options, err,
                       [&](od::value el, const Path& ep, std::string& o) {
                         if (!get_str(el, ep, o, err)) return false;
-                        bool ok = !o.empty() && o.size() <= 64;
-                        for (char c : o) ok = ok && c > ' ' && c < 0x7f;
-                        return ok || err.expected(ep, "option of 1..64 printable ASCII bytes, no spaces",
+                        return valid_dns_option(o) || err.expected(ep, "option of 1..64 printable ASCII bytes, no spaces",
                                                   excerpt_json(o));
                       });
     return true;
@@ -1686,6 +1680,20 @@ std::optional<IpAddr> ip_from_text(std::string_view text) {
   IpAddr a;
   if (!parse_ip(text, a)) return std::nullopt;
   return a;
+}
+
+bool valid_dns_name(std::string_view s) {
+  bool ok = !s.empty() && s.size() <= 253;
+  for (char c : s)
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                c == '.' || c == '_');
+  return ok;
+}
+
+bool valid_dns_option(std::string_view s) {
+  bool ok = !s.empty() && s.size() <= 64;
+  for (char c : s) ok = ok && c > ' ' && c < 0x7f;
+  return ok;
 }
 
 }  // namespace nes::proto

@@ -75,6 +75,11 @@ std::string mac_text(const MacAddr& m);
 /// `text` as an address, read as decode() reads one (inet_pton(3): dotted quad or IPv6 text);
 /// nullopt if it is neither. For hosts that take addresses from users (`neshost run --dns`).
 std::optional<IpAddr> ip_from_text(std::string_view text);
+/// boot.network's text rules, as decode() checks them. A hostname or search domain: 1..253 bytes
+/// of letters, digits, '-', '.', '_' (what resolv.conf(5) and hosts(5) hold unquoted). A
+/// resolv.conf(5) option: 1..64 printable ASCII bytes, no spaces.
+bool valid_dns_name(std::string_view s);
+bool valid_dns_option(std::string_view s);
 
 /// The wire tag of a message ("ready", "boot", ...).
 std::string_view type_name(const GuestMessage& m);

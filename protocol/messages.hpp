@@ -310,6 +310,7 @@ inline constexpr std::size_t kNetMaxRoutes = 64;
 inline constexpr std::size_t kNetMaxHosts = 256;      // extra /etc/hosts entries
 inline constexpr std::size_t kNetMaxNameservers = 3;  // resolv.conf(5)'s MAXNS
 inline constexpr std::size_t kNetMaxSearch = 6;       // resolv.conf(5)'s search domains
+inline constexpr std::size_t kNetMaxOptions = 16;     // resolv.conf(5) options
 inline constexpr std::uint32_t kNetMtuMin = 68;       // RFC 791's minimum
 inline constexpr std::uint32_t kNetMtuMax = 65535;
 

@@ -26,15 +26,6 @@ std::optional<std::uint16_t> port_number(std::string_view s) {
   return static_cast<std::uint16_t>(v);
 }
 
-bool valid_host_name(std::string_view n) {
-  if (n.empty() || n.size() > 253) return false;
-  for (char c : n)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-          c == '.' || c == '_'))
-      return false;
-  return true;
-}
-
 bool any_address(const proto::IpAddr& a) {
   for (auto b : a.bytes)
     if (b) return false;
@@ -142,7 +133,7 @@ Result<ExtraHost> parse_add_host(std::string_view v) {
   if (sep == std::string_view::npos) return bad("expected NAME:IP or NAME:host-gateway");
   ExtraHost h{std::string(v.substr(0, sep)), std::nullopt};
   std::string_view ip = v.substr(sep + 1);
-  if (!valid_host_name(h.name)) return bad("the name must be 1..253 of letters, digits, '-', '.', '_'");
+  if (!proto::valid_dns_name(h.name)) return bad("the name must be 1..253 of letters, digits, '-', '.', '_'");
   if (ip == "host-gateway") return h;
   if (ip.size() >= 2 && ip.front() == '[' && ip.back() == ']') ip = ip.substr(1, ip.size() - 2);
   auto a = proto::ip_from_text(ip);
@@ -194,14 +185,13 @@ Status check_network(const NetworkSpec& s) {
   if (s.dns_search.size() > proto::kNetMaxSearch)
     return Error{fmt::format("--dns-search: at most {} domains, got {}", proto::kNetMaxSearch, s.dns_search.size())};
   for (const auto& d : s.dns_search)
-    if (!valid_host_name(d))
+    if (!proto::valid_dns_name(d))
       return Error{fmt::format("--dns-search {}: a domain is 1..253 of letters, digits, '-', '.', '_'", d)};
-  if (s.dns_options.size() > 16) return Error{fmt::format("--dns-option: at most 16 options, got {}", s.dns_options.size())};
-  for (const auto& o : s.dns_options) {
-    bool ok = !o.empty() && o.size() <= 64;
-    for (char c : o) ok = ok && c > ' ' && c < 0x7f;
-    if (!ok) return Error{fmt::format("--dns-option '{}': a resolv.conf option is 1..64 printable bytes, no spaces", o)};
-  }
+  if (s.dns_options.size() > proto::kNetMaxOptions)
+    return Error{fmt::format("--dns-option: at most {} options, got {}", proto::kNetMaxOptions, s.dns_options.size())};
+  for (const auto& o : s.dns_options)
+    if (!proto::valid_dns_option(o))
+      return Error{fmt::format("--dns-option '{}': a resolv.conf option is 1..64 printable bytes, no spaces", o)};
   if (s.hosts.size() > proto::kNetMaxHosts)
     return Error{fmt::format("--add-host: at most {} entries, got {}", proto::kNetMaxHosts, s.hosts.size())};
   if (s.mode == NetworkMode::netns && s.netns.empty()) return Error{"--network netns:PATH: no PATH"};
