@@ -25,29 +25,18 @@ wrapper=$dest/virtiofsd
 offline=0
 [[ ${1:-} == --offline ]] && offline=1
 pkgs=(virtiofsd libc6 libseccomp2 libcap-ng0 libgcc-s1)
-archive=http://deb.debian.org/debian
 suite=trixie
+# shellcheck source=scripts/debian-unpack.sh
+. "$top/scripts/debian-unpack.sh"
 
 # "virtiofsd 1.13.2" (Rust) vs "virtiofsd version 7.2.22 (...)" (QEMU's C one).
 is_rust_virtiofsd() { "$@" --version 2>/dev/null | head -1 | grep -Eq '^virtiofsd [0-9]+\.[0-9]+'; }
-
-# Rewritten only when it would change (a .cache copied from another checkout names other paths).
-write_wrapper() {  # write_wrapper BODY-LINE SOURCE-LINE
-  local text
-  text=$(printf '#!/bin/sh\n# Written by scripts/fetch-virtiofsd.sh: %s\n%s' "$2" "$1")
-  [[ -x $wrapper && $(<"$wrapper") == "$text" ]] && return 0
-  mkdir -p "$dest"
-  printf '%s\n' "$text" > "$wrapper.tmp"
-  chmod 0755 "$wrapper.tmp"
-  mv "$wrapper.tmp" "$wrapper"
-  echo "$2" > "$dest/source"
-}
 
 # 1. The system's Rust virtiofsd.
 for sys in /usr/libexec/virtiofsd /usr/lib/qemu/virtiofsd; do
   if [[ -x $sys ]] && is_rust_virtiofsd "$sys"; then
     ver=$("$sys" --version | head -1)
-    write_wrapper "exec $sys \"\$@\"" "system $sys: $ver"
+    write_wrapper "$wrapper" "exec $sys \"\$@\"" "system $sys: $ver"
     echo "$wrapper"; exit 0
   fi
 done
@@ -63,7 +52,7 @@ install_wrapper() {
   local ver
   ver=$("$lib/ld-linux-x86-64.so.2" --library-path "$lib" "$root/usr/libexec/virtiofsd" --version | head -1)
   # --argv0: ps and virtiofsd's own messages say "virtiofsd", not the loader's name.
-  write_wrapper "exec \"$lib/ld-linux-x86-64.so.2\" --argv0 virtiofsd --library-path \"$lib\" \"$root/usr/libexec/virtiofsd\" \"\$@\"" \
+  write_wrapper "$wrapper" "exec \"$lib/ld-linux-x86-64.so.2\" --argv0 virtiofsd --library-path \"$lib\" \"$root/usr/libexec/virtiofsd\" \"\$@\"" \
     "debian $suite ($(paste -sd' ' "$dest/packages" 2>/dev/null)): $ver"
 }
 if fetched_ok; then
@@ -72,24 +61,7 @@ if fetched_ok; then
 fi
 ((offline)) && { echo "fetch-virtiofsd: no virtiofsd in $dest (run without --offline)" >&2; exit 1; }
 
-mkdir -p "$dest"
-work=$(mktemp -d "$dest/.fetch.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $archive $suite main" > "$work/sources.list"
-# Every apt path that a download writes to is private; the system's dpkg status is only read.
-opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-      -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "Debug::NoLocking=1"
-      -o "APT::Sandbox::User=root")
-apt-get "${opts[@]}" -qq update
-(cd "$work/debs" && apt-get "${opts[@]}" -qq download "${pkgs[@]}")
-for deb in "$work"/debs/*.deb; do
-  dpkg-deb -x "$deb" "$work/root"
-  dpkg-deb -W --showformat='${Package}=${Version}\n' "$deb" >> "$work/packages"
-done
-rm -rf "$root"
-mv "$work/root" "$root"
-mv "$work/packages" "$dest/packages"
+debian_unpack "$dest" "$suite" "${pkgs[@]}"
 fetched_ok || { echo "fetch-virtiofsd: the unpacked virtiofsd does not run" >&2; exit 1; }
 install_wrapper
 echo "fetch-virtiofsd: $(cat "$dest/source") -> $wrapper" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up on a fresh Debian 12 machine, as root: Debian packages, the pinned
 # zig toolchain (npm ci), simdjson's amalgamation, the guest kernel (scripts/fetch-kernel.sh),
-# virtiofsd (scripts/fetch-virtiofsd.sh), and a
+# virtiofsd (scripts/fetch-virtiofsd.sh), passt (scripts/fetch-passt.sh), and a
 # configured build directory `build/`.
 # Each step is skipped when already done. Usage: scripts/setup.sh [BUILD_DIR [meson options…]]
 set -euo pipefail
@@ -12,7 +12,6 @@ pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson
       python3 binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
       dumb-init clang-14 libclang-rt-14-dev  # clang: scripts/fuzz.sh (libFuzzer)
       debootstrap                            # scripts/mkdebroot.sh (a --rootfs to share)
-      passt                                  # neshost run --network user (docs/network.md)
       debhelper  # tests/install: dpkg-buildpackage -b
       # the containerd shim: protobuf, the task API .proto files, libcrypto; containerd for its tests
       protobuf-compiler libprotobuf-dev golang-github-containerd-containerd-dev
@@ -41,4 +40,6 @@ scripts/fetch-simdjson.sh
 scripts/fetch-kernel.sh >/dev/null
 # virtiofsd for shares and --rootfs (the system's Rust one, else Debian 13's unpacked into .cache/).
 scripts/fetch-virtiofsd.sh >/dev/null
+# passt for the default network (--network user): a new enough one (Debian 12's loses data).
+scripts/fetch-passt.sh >/dev/null
 scripts/configure.sh "$@"

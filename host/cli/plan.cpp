@@ -76,7 +76,7 @@ host::Status parse_network_flags(const std::vector<std::pair<std::string, std::s
       return host::Error{"$NESHOST_NETWORK: " + m.error().message};
     o.network_given = o.network_from_env = true;
   } else {
-    net.mode = o.sandbox ? host::NetworkMode::none : host::NetworkMode::user;
+    net.mode = o.sandbox ? host::NetworkMode::none : host::NetworkMode::passt;
   }
   return host::Ok{};
 }

@@ -141,14 +141,14 @@ STATE/VM/console.log.
                        (with -d: once its outcome is recorded)
 
 Network (bad values exit 125, nothing started):
-  --network MODE       connect the VM to a network: user (default; QEMU's user-mode network:
-                       outbound NAT; the guest *can* reach the host's loopback at 10.0.2.2),
-                       passt (outbound NAT, the host's loopback closed; see docs/network.md
-                       for its limits under QEMU 7.2), none (loopback only), netns:PATH (take
+  --network MODE       connect the VM to a network: user (default; also passt, pasta: passt's
+                       user-mode network: outbound NAT, the host's loopback closed), slirp
+                       (also slirp4netns: QEMU's user-mode network; the guest *can* reach the
+                       host's loopback at 10.0.2.2), none (loopback only), netns:PATH (take
                        over that network namespace's interface). Default: $NESHOST_NETWORK if
                        set, else user (none with --sandbox)
   -p, --publish [IP:]HOST:GUEST[/tcp|/udp]
-                       publish a guest port to the host (repeatable; user and passt modes; IP
+                       publish a guest port to the host (repeatable; user and slirp modes; IP
                        defaults to 0.0.0.0, as docker's). The host port must be free
   --dns IP             set a custom DNS server (repeatable, at most 3; user modes default to
                        10.0.2.3, which forwards to the host's resolver)
@@ -156,7 +156,7 @@ Network (bad values exit 125, nothing started):
   --dns-option OPT     set a DNS option (repeatable; resolv.conf's `options`)
   --add-host NAME:IP   add a custom host-to-IP mapping to /etc/hosts (repeatable);
                        NAME:host-gateway maps NAME to the host, and opens the host's loopback
-                       to this VM at that address (user and passt modes)
+                       to this VM at that address (user and slirp modes)
   See `neshost port VM` for a VM's published ports.
 SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
 at once). Once the workload has ended, a signal ends the wait for the output still owed (what
@@ -180,6 +180,16 @@ std::string virtiofsd_program() {
   if (fs::exists(NESHOST_DEFAULT_VIRTIOFSD, ec) || !fs::exists("/usr/libexec/virtiofsd", ec))
     return NESHOST_DEFAULT_VIRTIOFSD;
   return "/usr/libexec/virtiofsd";
+}
+
+/// The passt to run (`--network user`): $NESHOST_PASST, else the one scripts/fetch-passt.sh
+/// provided when there is one (a source build), else `passt` in PATH.
+std::string passt_program() {
+  if (const char* s = std::getenv("NESHOST_PASST"); s && *s) return s;
+  std::error_code ec;
+  if (std::string_view(NESHOST_DEFAULT_PASST) != "passt" && fs::exists(NESHOST_DEFAULT_PASST, ec))
+    return NESHOST_DEFAULT_PASST;
+  return "passt";
 }
 
 std::string random_vm_id() {
@@ -384,7 +394,7 @@ host::Status attach_netns(RunFlags& o, const std::string& vm_id, std::optional<v
 host::Status network_preflight(RunFlags& o, const std::string& vm_id, std::optional<vm::NetnsAttachment>& netns) {
   if (auto s = attach_netns(o, vm_id, netns); !s) return s;
   if (!o.sandbox && o.network.mode == host::NetworkMode::passt)
-    if (auto c = vm::check_passt(vm::passt_program()); !c) return c;
+    if (auto c = vm::check_passt(passt_program()); !c) return c;
   return check_ports_free(o.network);
 }
 
@@ -487,7 +497,7 @@ host::Status start_daemons(const RunPlan& plan, Running& run) {
 host::Status start_passt(const RunPlan& plan, Running& run) {
   if (!plan.passt) return host::Ok{};
   vm::PasstOptions po;
-  po.program = vm::passt_program();
+  po.program = passt_program();
   po.network = plan.network;
   // As root, passt drops to `nobody`, which must reach its PID file's directory: /tmp (a private
   // $TMPDIR such as the tests' is not searchable by others). Otherwise it runs as us.

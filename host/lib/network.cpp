@@ -32,7 +32,7 @@ bool any_address(const proto::IpAddr& a) {
   return true;
 }
 
-bool user_mode(NetworkMode m) { return m == NetworkMode::passt || m == NetworkMode::user; }
+bool user_mode(NetworkMode m) { return m == NetworkMode::passt || m == NetworkMode::slirp; }
 
 /// QEMU's and passt's text of a host address: "" for 0.0.0.0 (every address).
 std::string bind_text(const proto::IpAddr& a) { return any_address(a) && a.family == 4 ? "" : proto::ip_text(a); }
@@ -42,8 +42,8 @@ std::string bind_text(const proto::IpAddr& a) { return any_address(a) && a.famil
 std::string_view to_string(NetworkMode m) {
   switch (m) {
     case NetworkMode::none: return "none";
-    case NetworkMode::user: return "user";
     case NetworkMode::passt: return "passt";
+    case NetworkMode::slirp: return "slirp";
     case NetworkMode::netns: return "netns";
   }
   return "?";
@@ -144,8 +144,8 @@ Result<ExtraHost> parse_add_host(std::string_view v) {
 
 Status parse_network_mode(std::string_view v, NetworkSpec& into) {
   if (v == "none") return into.mode = NetworkMode::none, Ok();
-  if (v == "user" || v == "slirp") return into.mode = NetworkMode::user, Ok();
-  if (v == "passt") return into.mode = NetworkMode::passt, Ok();
+  if (v == "user" || v == "passt" || v == "pasta") return into.mode = NetworkMode::passt, Ok();
+  if (v == "slirp" || v == "slirp4netns") return into.mode = NetworkMode::slirp, Ok();
   if (v.starts_with("netns:")) {
     std::filesystem::path p(v.substr(6));
     if (!p.is_absolute())
@@ -154,13 +154,13 @@ Status parse_network_mode(std::string_view v, NetworkSpec& into) {
     into.netns = std::move(p);
     return Ok();
   }
-  return Error{fmt::format("--network {}: unknown mode (none, user, passt or netns:PATH)", v)};
+  return Error{fmt::format("--network {}: unknown mode (user, passt, slirp, none or netns:PATH)", v)};
 }
 
 Status check_network(const NetworkSpec& s) {
   const auto mode = to_string(s.mode);
   if (!s.publish.empty() && !user_mode(s.mode))
-    return Error{fmt::format("--publish needs --network user or passt (it is {}: {})", mode,
+    return Error{fmt::format("--publish needs --network user (passt) or slirp (it is {}: {})", mode,
                              s.mode == NetworkMode::none ? "the guest has no NIC"
                                                          : "the namespace's own address is the VM's")};
   // passt runs IPv4-only (--ipv4-only) and QEMU's hostfwd= takes no IPv6 address: an IPv6 host
@@ -178,7 +178,7 @@ Status check_network(const NetworkSpec& s) {
     }
   for (const auto& h : s.hosts)
     if (!h.ip && !user_mode(s.mode))
-      return Error{fmt::format("--add-host {}:host-gateway needs --network user or passt (it is {})", h.name, mode)};
+      return Error{fmt::format("--add-host {}:host-gateway needs --network user (passt) or slirp (it is {})", h.name, mode)};
   if (s.dns.size() > proto::kNetMaxNameservers)
     return Error{fmt::format("--dns: at most {} nameservers (resolv.conf's MAXNS), got {}",
                              proto::kNetMaxNameservers, s.dns.size())};
@@ -234,7 +234,7 @@ Result<std::vector<std::string>> qemu_net_args(const NetworkSpec& s, const NetBa
       // QEMU 7.2's stream netdev on an inherited, connected socket: passt's qemu protocol.
       a = {"-netdev", fmt::format("stream,id=net0,server=off,addr.type=fd,addr.str={}", *io.passt_fd)};
       break;
-    case NetworkMode::user: {
+    case NetworkMode::slirp: {
       std::string nd = fmt::format("user,id=net0,net=10.0.2.0/24,host={},dns={},ipv6=off",
                                    proto::ip_text(UserNet::gateway()), proto::ip_text(UserNet::dns()));
       for (const auto& p : s.publish)

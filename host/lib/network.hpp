@@ -2,7 +2,7 @@
 // extra hosts entries (`--add-host`) and the resolver (`--dns`). From it come both halves that must
 // agree: the boot descriptor's `network` section (what the init configures, docs/protocol.md
 // "Network") and the VMM's side (QEMU's -netdev/-device arguments, and passt's command line in
-// `user` mode). Pure functions, no I/O: an embedder building its own QEMU line uses the same ones
+// passt mode, the default `user` network). Pure functions, no I/O: an embedder building its own QEMU line uses the same ones
 // `neshost run` does (docs/host.md "Networking", docs/network.md says why it is built this way).
 #pragma once
 
@@ -18,17 +18,17 @@
 
 namespace nes::host {
 
-/// How the guest reaches a network (`--network MODE`, podman's names).
+/// How the guest reaches a network (`--network MODE`; podman's names: `pasta`, `slirp4netns`).
 enum class NetworkMode {
   none,   ///< no NIC: loopback only
-  user,   ///< QEMU's built-in libslirp (the default): outbound NAT; the host's loopback *open* at the gateway
-  passt,  ///< passt (no privileges): outbound NAT; the host's loopback closed (docs/network.md: its limits)
+  passt,  ///< passt (`user`, the default; no privileges): outbound NAT; the host's loopback closed
+  slirp,  ///< QEMU's built-in libslirp: outbound NAT; the host's loopback *open* at the gateway
   netns,  ///< the NIC takes over an existing network namespace's interface (the CNI model)
 };
-/// "none", "user", "passt", "netns".
+/// "none", "passt", "slirp", "netns".
 std::string_view to_string(NetworkMode m);
 
-/// The user-mode network every `user`/`passt` guest gets (QEMU's slirp defaults, which passt is
+/// The user-mode network every `passt`/`slirp` guest gets (QEMU's slirp defaults, which passt is
 /// told too): the guest 10.0.2.15/24, the gateway 10.0.2.2, the resolver 10.0.2.3 (forwarded to
 /// the host's own), the NIC's MAC 52:54:00:12:34:56 (QEMU's first default MAC).
 struct UserNet {
@@ -91,22 +91,23 @@ struct NetnsLink {
 
 /// The whole network of one VM.
 struct NetworkSpec {
-  NetworkMode mode = NetworkMode::user;
+  NetworkMode mode = NetworkMode::passt;
   std::filesystem::path netns;        // netns mode: the namespace's path (/var/run/netns/NAME, /proc/PID/ns/net)
   std::optional<NetnsLink> link;      // netns mode: filled in from the namespace before boot
-  std::vector<PortMapping> publish;   // user/passt only
+  std::vector<PortMapping> publish;   // passt/slirp only
   std::vector<ExtraHost> hosts;
   std::vector<proto::IpAddr> dns;     // ≤ 3; empty: user modes 10.0.2.3, netns/none the root's own file
   std::vector<std::string> dns_search, dns_options;
   bool operator==(const NetworkSpec&) const = default;
 };
-/// `--network`'s value: "none", "user" (or "slirp", the same), "passt", "netns:PATH" (PATH absolute).
+/// `--network`'s value: "none", "user" (= "passt", "pasta"), "slirp" (= "slirp4netns"),
+/// "netns:PATH" (PATH absolute).
 /// Sets mode and netns.
 /// Error: an unknown mode (names the flag and the choices).
 Status parse_network_mode(std::string_view v, NetworkSpec& into);
 
-/// The spec's cross-checks, each an error naming the flags: `-p` needs user or passt; an IPv6 host
-/// address (user modes are IPv4 only for now); a host port published twice (same protocol and address); `host-gateway` needs user or passt; a malformed `--dns-option` (1..64 printable bytes, ≤ 16); more than 3
+/// The spec's cross-checks, each an error naming the flags: `-p` needs passt or slirp; an IPv6 host
+/// address (user modes are IPv4 only for now); a host port published twice (same protocol and address); `host-gateway` needs passt or slirp; a malformed `--dns-option` (1..64 printable bytes, ≤ 16); more than 3
 /// `--dns`; netns mode without a path; a netns-mode spec passed to guest_network() without `link`.
 Status check_network(const NetworkSpec& s);
 
@@ -114,13 +115,13 @@ Status check_network(const NetworkSpec& s);
 /// `--add-host`/`--dns` ask for (no interface), or nullopt if neither. Errors: check_network()'s.
 Result<std::optional<proto::Network>> guest_network(const NetworkSpec& s);
 
-/// What the VMM side needs from outside the spec: in `user` mode, QEMU's end of the connected
+/// What the VMM side needs from outside the spec: in passt mode, QEMU's end of the connected
 /// socket passt serves (an fd number valid in QEMU's process).
 struct NetBackendIo {
   std::optional<int> passt_fd;
 };
-/// QEMU's arguments for the NIC: none → {}; passt → a `stream` netdev on io.passt_fd; user → a
-/// `user` netdev with `hostfwd=` per published port; netns → a `tap` netdev on link->tap (QEMU
+/// QEMU's arguments for the NIC: none → {}; passt → a `stream` netdev on io.passt_fd; slirp →
+/// a `user` netdev with `hostfwd=` per published port; netns → a `tap` netdev on link->tap (QEMU
 /// runs in the namespace). Always one virtio-net-pci with the guest's MAC and no option ROM.
 /// Errors: check_network()'s; passt mode without io.passt_fd.
 Result<std::vector<std::string>> qemu_net_args(const NetworkSpec& s, const NetBackendIo& io);

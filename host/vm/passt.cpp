@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -19,7 +20,8 @@ namespace nes::vm {
 
 namespace {
 
-constexpr std::string_view kMissing = "--network passt needs passt (apt-get install passt), or --network user|none";
+constexpr std::string_view kWayOut =
+    "scripts/fetch-passt.sh fetches one, or point NESHOST_PASST at one, or use --network slirp|none";
 constexpr char kPidName[] = "passt.pid";
 constexpr unsigned kNobody = 65534;  // the user passt drops to when started as root (`--runas`)
 
@@ -42,14 +44,63 @@ struct ReadyDir {
 
 }  // namespace
 
-std::string passt_program() {
-  if (const char* s = std::getenv("NESHOST_PASST"); s && *s) return s;
-  return "passt";
+std::optional<int> passt_version_date(std::string_view t) {
+  auto digits = [&](std::size_t at, std::size_t n) -> std::optional<int> {
+    if (at + n > t.size()) return std::nullopt;
+    int v = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (t[i] < '0' || t[i] > '9') return std::nullopt;
+      v = v * 10 + (t[i] - '0');
+    }
+    return v;
+  };
+  for (std::size_t i = 0; i + 8 <= t.size(); ++i) {
+    if (i > 0 && t[i - 1] >= '0' && t[i - 1] <= '9') continue;  // a date starts a digit run
+    auto y = digits(i, 4);
+    if (!y || *y < 2020 || *y > 2099) continue;
+    std::size_t at = i + 4;
+    bool sep = at < t.size() && t[at] == '_';
+    if (sep) ++at;
+    auto m = digits(at, 2);
+    at += 2;
+    if (sep && (at >= t.size() || t[at++] != '_')) continue;
+    auto d = digits(at, 2);
+    if (m && d && *m >= 1 && *m <= 12 && *d >= 1 && *d <= 31) return *y * 10000 + *m * 100 + *d;
+  }
+  return std::nullopt;
 }
 
-host::Status check_passt(const std::string& program) {
-  if (program.empty()) return host::Error{fmt::format("{} (no program named)", kMissing)};
-  if (auto r = resolve_program(program); !r) return host::Error{fmt::format("{} ({})", kMissing, r.error().message)};
+host::Status check_passt(const std::string& program, std::chrono::milliseconds bound) {
+  if (program.empty()) return host::Error{fmt::format("--network user needs passt (no program named); {}", kWayOut)};
+  if (auto r = resolve_program(program); !r)
+    return host::Error{fmt::format("--network user needs passt ({}); {}", r.error().message, kWayOut)};
+  // `passt --version` prints its version and copyright to stdout, then exits 0.
+  auto text = std::make_shared<std::string>();
+  auto mu = std::make_shared<std::mutex>();
+  LaunchOptions lo;
+  lo.argv = {program, "--version"};
+  lo.console = [text, mu](std::string_view b) {
+    std::lock_guard lk(*mu);
+    if (text->size() < 4096) text->append(b.substr(0, 4096 - text->size()));
+  };
+  auto p = VmProcess::launch(std::move(lo));
+  if (!p) return host::Error{fmt::format("cannot run {} --version: {}; {}", program, p.error().message, kWayOut)};
+  if (!(*p)->wait_for(bound)) {
+    (*p)->terminate(std::chrono::milliseconds(0));
+    (*p)->finish_output(bound);
+    return host::Error{fmt::format("{} --version did not answer in {} ms; {}", program, bound.count(), kWayOut)};
+  }
+  (*p)->finish_output(bound);
+  std::string out;
+  {
+    std::lock_guard lk(*mu);
+    out = text->substr(0, text->find('\n'));
+  }
+  auto date = passt_version_date(out);
+  if (!date) return host::Error{fmt::format("{} --version names no passt version ('{}'); {}", program, out, kWayOut)};
+  if (*date < kPasstMinVersion)
+    return host::Error{fmt::format("{} is '{}': passt older than {} loses guest-bound TCP data under QEMU "
+                                   "(docs/network.md); {}", program, out, kPasstMinVersion, kWayOut)};
   return host::Ok{};
 }
 
@@ -73,7 +124,8 @@ struct Passt::State {
 };
 
 host::Result<std::unique_ptr<Passt>> Passt::start(const PasstOptions& o, std::chrono::milliseconds bound) {
-  if (auto c = check_passt(o.program); !c) return c.error();
+  if (auto r = resolve_program(o.program); !r)
+    return host::Error{fmt::format("--network user needs passt ({}); {}", r.error().message, kWayOut)};
   auto argv = host::passt_argv(o.network, o.program, kPasstChildFd);
   if (!argv) return argv.error();
 

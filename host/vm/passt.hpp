@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "host/lib/base.hpp"
 #include "host/lib/network.hpp"
@@ -22,17 +23,28 @@ namespace nes::vm {
 /// in QEMU (`addr.str=3`). Both are passed with LaunchOptions::fds.
 inline constexpr int kPasstChildFd = 3;
 
-/// The passt to run: $NESHOST_PASST if set, else `passt` (looked up in PATH).
-std::string passt_program();
+/// The oldest passt measured to deliver guest-bound TCP data whole under QEMU 7.2 (TCG):
+/// 0.0~git20260728 (Debian trixie-backports). Debian 12's 0.0~git20230309 stalls 2 MB downloads
+/// and Debian 13's 0.0~git20250503 cuts them short (docs/network.md has the table); tests/vm's
+/// net_download is the bar. A date, YYYYMMDD: passt versions are snapshot dates.
+inline constexpr int kPasstMinVersion = 20260728;
 
-/// Whether `program` can be run (a path, or a name found in PATH). Error, exit 125 for `neshost
-/// run`: "--network passt needs passt (apt-get install passt), or --network user|none" and why.
-host::Status check_passt(const std::string& program);
+/// The snapshot date in passt's `--version` text, as YYYYMMDD: Debian's "passt
+/// 0.0~git20260728.f8df3f1-1~bpo13+1", upstream's "passt 2026_07_28.f8df3f1". The first
+/// plausible date (year 2020..2099, month 1..12, day 1..31) wins; nullopt if there is none.
+std::optional<int> passt_version_date(std::string_view version_text);
+
+/// Whether `program` (a path, or a name found in PATH) can serve a VM: it runs, and `program
+/// --version` (bounded by `bound`) names a snapshot at least kPasstMinVersion. Errors, exit 125
+/// for `neshost run`, each naming passt and the way out (scripts/fetch-passt.sh, NESHOST_PASST,
+/// `--network slirp|none`): not found; no answer within `bound` (killed, reaped); no version in
+/// its output; too old (names the version).
+host::Status check_passt(const std::string& program, std::chrono::milliseconds bound = std::chrono::seconds(10));
 
 /// How to run one passt.
 struct PasstOptions {
-  std::string program = "passt";
-  host::NetworkSpec network;     // mode user (passt_argv() refuses any other)
+  std::string program = "passt";  // started as is: check_passt() is the caller's (it costs a run)
+  host::NetworkSpec network;     // mode passt (passt_argv() refuses any other)
   /// Its stdout+stderr, truncated, bounded at kLogCap bytes; empty: kept in memory (bounded)
   /// until log_to() names the file (so passt can start before the VM's state dir exists).
   std::filesystem::path log;

@@ -490,14 +490,14 @@ TEST_CASE("every usage error, with the text neshost run prints") {
   CHECK(check_run(*r, inputs()).error().message == "--read-only needs --rootfs DIR over virtiofs");
 }
 
-TEST_CASE("--network: user by default, passt (QEMU's end at fd 3), $NESHOST_NETWORK, none, --sandbox") {
+TEST_CASE("--network: user (passt, QEMU's end at fd 3) by default, $NESHOST_NETWORK, slirp, none, --sandbox") {
   {
     EnvVar net("NESHOST_NETWORK", nullptr);
     auto d = plan({"true"});
     REQUIRE(d);
-    CHECK(d->network.mode == host::NetworkMode::user);  // QEMU's slirp (docs/network.md: why)
-    CHECK(!d->passt);
-    auto p = plan({"--network", "passt", "true"});
+    CHECK(d->network.mode == host::NetworkMode::passt);  // the host's loopback closed (docs/network.md)
+    CHECK(d->passt);
+    auto p = plan({"--network", "user", "true"});
     REQUIRE(p);
     CHECK(p->network.mode == host::NetworkMode::passt);
     CHECK(p->passt);
@@ -537,10 +537,10 @@ TEST_CASE("--network: user by default, passt (QEMU's end at fd 3), $NESHOST_NETW
     CHECK(u->passt);
   }
   {
-    EnvVar net("NESHOST_NETWORK", "user");
+    EnvVar net("NESHOST_NETWORK", "slirp");
     auto p = plan({"-p", "127.0.0.1:8080:80", "-p", "5353:53/udp", "true"});
     REQUIRE(p);
-    CHECK(p->network.mode == host::NetworkMode::user);
+    CHECK(p->network.mode == host::NetworkMode::slirp);
     CHECK(!p->passt);
     REQUIRE(p->qemu->net_args.size() == 4);
     CHECK(p->qemu->net_args[1] ==
@@ -633,11 +633,11 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
       {{"-p", "8080:80", "-p", "127.0.0.1:8080:81", "true"},
        "--publish 127.0.0.1:8080:81: host port 8080 is published twice"},
       {{"--network", "none", "-p", "127.0.0.1:8080:80", "true"},
-       "--publish needs --network user or passt (it is none: the guest has no NIC)"},
+       "--publish needs --network user (passt) or slirp (it is none: the guest has no NIC)"},
       {{"-p", "[::1]:8443:443", "true"},
        "--publish [::1]:8443:443: an IPv6 host address is not supported (the VM's user-mode network is IPv4; "
        "publish on an IPv4 address such as 127.0.0.1 or 0.0.0.0)"},
-      {{"--network", "bridge", "true"}, "--network bridge: unknown mode (none, user, passt or netns:PATH)"},
+      {{"--network", "bridge", "true"}, "--network bridge: unknown mode (user, passt, slirp, none or netns:PATH)"},
       {{"--network", "netns:rel/path", "true"},
        "--network netns:rel/path: netns:PATH needs an absolute path to a network namespace"},
       {{"--dns", "1.2.3", "true"}, "--dns 1.2.3: not an IPv4 or IPv6 address"},
@@ -649,9 +649,9 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
       {{"--add-host", "db", "true"}, "--add-host db: expected NAME:IP or NAME:host-gateway"},
       {{"--add-host", "db:10.0.0", "true"}, "--add-host db:10.0.0: '10.0.0' is not an IPv4 or IPv6 address (or host-gateway)"},
       {{"--network", "none", "--add-host", "gw:host-gateway", "true"},
-       "--add-host gw:host-gateway needs --network user or passt (it is none)"},
+       "--add-host gw:host-gateway needs --network user (passt) or slirp (it is none)"},
       {{"--sandbox", "--network", "user", "true"},
-       "--sandbox runs no VM and shares this host's network: --network user needs one (--network none only)"},
+       "--sandbox runs no VM and shares this host's network: --network passt needs one (--network none only)"},
       {{"--sandbox", "--dns", "1.1.1.1", "true"},
        "--sandbox runs no VM and shares this host's network: --dns, --dns-search, --dns-option and --add-host "
        "need one"},
@@ -665,7 +665,7 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
   }
   {
     EnvVar bad("NESHOST_NETWORK", "bogus");
-    CHECK(error_of({"true"}) == "$NESHOST_NETWORK: --network bogus: unknown mode (none, user, passt or netns:PATH)");
+    CHECK(error_of({"true"}) == "$NESHOST_NETWORK: --network bogus: unknown mode (user, passt, slirp, none or netns:PATH)");
     CHECK(refusal({"true"}) == 125);
     CHECK(refusal({"--network", "none", "true"}) == 0);  // a flag given: the variable is not read
   }

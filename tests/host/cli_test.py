@@ -298,6 +298,19 @@ def test_output_lost_in_the_record():
         check(r.returncode == 125 and "stderr truncated" in r.stderr, "wait, truncated only: %d %r" % (r.returncode, r.stderr))
 
 
+# The way out every passt refusal names (host/vm/passt.cpp).
+PASST_WAY_OUT = "scripts/fetch-passt.sh fetches one, or point NESHOST_PASST at one, or use --network slirp|none"
+
+
+def stand_in(tmp, name, body):
+    """An executable sh script tmp/name running `body`; returns its path."""
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n" + body + "\n")
+    os.chmod(path, 0o755)
+    return path
+
+
 def test_run_network_refusals():
     """Bad network input: exit 125 before anything starts (no state, no runtime dir, no process)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -319,15 +332,18 @@ def test_run_network_refusals():
             (["-d", "--network", "user", "-p", "127.0.0.1:%d:53/udp" % uport], {},
              "neshost run: --publish 127.0.0.1:%d:53/udp: host port %d/udp is already in use\n" % (uport, uport)),
             (["--network", "none", "-p", "127.0.0.1:8080:80"], {},
-             "neshost run: --publish needs --network user or passt (it is none: the guest has no NIC)\n"),
-            (["--network", "bogus"], {}, "neshost run: --network bogus: unknown mode (none, user, passt or netns:PATH)\n"),
+             "neshost run: --publish needs --network user (passt) or slirp (it is none: the guest has no NIC)\n"),
+            (["--network", "bogus"], {}, "neshost run: --network bogus: unknown mode (user, passt, slirp, none or netns:PATH)\n"),
             ([], {"NESHOST_NETWORK": "bogus"},
-             "neshost run: $NESHOST_NETWORK: --network bogus: unknown mode (none, user, passt or netns:PATH)\n"),
+             "neshost run: $NESHOST_NETWORK: --network bogus: unknown mode (user, passt, slirp, none or netns:PATH)\n"),
             (["--network", "passt"], {"NESHOST_PASST": os.path.join(tmp, "no-passt")},
-             "neshost run: --network passt needs passt (apt-get install passt), or --network user|none (%s: No such file "
-             "or directory)\n" % os.path.join(tmp, "no-passt")),
+             "neshost run: --network user needs passt (%s: No such file or directory); %s\n" %
+             (os.path.join(tmp, "no-passt"), PASST_WAY_OUT)),
+            (["--network", "user"], {"NESHOST_PASST": stand_in(tmp, "old-passt", "echo 'passt 0.0~git20230309.7c7625d-1'")},
+             "neshost run: %s is 'passt 0.0~git20230309.7c7625d-1': passt older than 20260728 loses guest-bound "
+             "TCP data under QEMU (docs/network.md); %s\n" % (os.path.join(tmp, "old-passt"), PASST_WAY_OUT)),
             (["--sandbox", "--network", "user"], {},
-             "neshost run: --sandbox runs no VM and shares this host's network: --network user needs one (--network none only)\n"),
+             "neshost run: --sandbox runs no VM and shares this host's network: --network passt needs one (--network none only)\n"),
             (["--dns", "1.2.3"], {}, "neshost run: --dns 1.2.3: not an IPv4 or IPv6 address\n"),
             (["--add-host", "db"], {}, "neshost run: --add-host db: expected NAME:IP or NAME:host-gateway\n"),
         ]
@@ -342,8 +358,9 @@ def test_run_network_refusals():
         # A monitor that fails after -d's fork but before anything is recorded (here: no kernel;
         # a passt that cannot start is the same path): the creator prints why and exits 125, and
         # no VM dir is left (only the monitor's log would have been).
+        failing = stand_in(tmp, "failing-passt", '[ "$1" = --version ] && echo "passt 2026_07_28.f8df3f1"; exit 1')
         r = run(["run", "-d", "--rm", "--state", state, "--vm", "pf", "--network", "passt", "--", "true"],
-                env=dict(env, NESHOST_PASST="/bin/false"))
+                env=dict(env, NESHOST_PASST=failing))
         check(r.returncode == 125 and "the monitor ended before the workload started" in r.stderr,
               "-d with a failing passt: exit %d, stderr %r" % (r.returncode, r.stderr))
         check(not os.path.exists(os.path.join(state, "pf")), "-d with a failing passt left %s" %

@@ -97,11 +97,17 @@ TEST_CASE("parse_add_host and parse_network_mode") {
     CHECK(r.error().message.find(std::string("--add-host ") + v) == 0);
   }
   NetworkSpec s;
-  CHECK(s.mode == NetworkMode::user);  // docker's default: a network
-  REQUIRE(host::parse_network_mode("passt", s));
-  CHECK(s.mode == NetworkMode::passt);
-  REQUIRE(host::parse_network_mode("slirp", s));  // QEMU's name for user mode
-  CHECK(s.mode == NetworkMode::user);
+  CHECK(s.mode == NetworkMode::passt);  // docker's default: a network; the host's loopback closed
+  for (auto name : {"user", "passt", "pasta"}) {
+    s.mode = NetworkMode::none;
+    REQUIRE(host::parse_network_mode(name, s));
+    CHECK(s.mode == NetworkMode::passt);
+  }
+  for (auto name : {"slirp", "slirp4netns"}) {  // QEMU's libslirp (podman's name: slirp4netns)
+    s.mode = NetworkMode::none;
+    REQUIRE(host::parse_network_mode(name, s));
+    CHECK(s.mode == NetworkMode::slirp);
+  }
   REQUIRE(host::parse_network_mode("none", s));
   CHECK(s.mode == NetworkMode::none);
   REQUIRE(host::parse_network_mode("netns:/var/run/netns/pod1", s));
@@ -109,7 +115,7 @@ TEST_CASE("parse_add_host and parse_network_mode") {
   CHECK(s.netns == "/var/run/netns/pod1");
   auto bad = host::parse_network_mode("bridge", s);
   REQUIRE(!bad);
-  CHECK(bad.error().message == "--network bridge: unknown mode (none, user, passt or netns:PATH)");
+  CHECK(bad.error().message == "--network bridge: unknown mode (user, passt, slirp, none or netns:PATH)");
   CHECK(!host::parse_network_mode("netns:relative/path", s));
 }
 
@@ -133,7 +139,7 @@ TEST_CASE("check_network: what the flags mean together") {
   s.mode = NetworkMode::none;
   auto none = host::check_network(s);
   REQUIRE(!none);
-  CHECK(none.error().message.find("--publish needs --network user or passt") == 0);
+  CHECK(none.error().message.find("--publish needs --network user (passt) or slirp") == 0);
   s.publish.clear();
   s.hosts.push_back(*host::parse_add_host("h:host-gateway"));
   CHECK(!host::check_network(s));
@@ -229,7 +235,7 @@ TEST_CASE("qemu_net_args and passt_argv: one spec, both sides") {
   REQUIRE(p);
   CHECK(!has(*p, "--no-map-gw"));  // host-gateway opens it, for this VM only
 
-  s.mode = NetworkMode::user;
+  s.mode = NetworkMode::slirp;
   CHECK(!host::passt_argv(s, "passt", 3));
   q = host::qemu_net_args(s, {});
   REQUIRE(q);

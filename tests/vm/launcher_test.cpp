@@ -334,6 +334,43 @@ TEST_CASE("launch: fds are passed at their numbers, nothing else leaks; bad entr
   CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // ECHILD: nothing was started
 }
 
+TEST_CASE("passt_version_date: Debian's and upstream's version texts") {
+  using nes::vm::passt_version_date;
+  CHECK(passt_version_date("passt 0.0~git20260728.f8df3f1-1~bpo13+1") == 20260728);
+  CHECK(passt_version_date("passt 0.0~git20230309.7c7625d-1") == 20230309);
+  CHECK(passt_version_date("passt 2025_05_03.587980c") == 20250503);
+  CHECK(passt_version_date("passt 0^20250503.g587980c-1.fc42") == 20250503);  // Fedora's
+  CHECK_FALSE(passt_version_date("passt 1.2.3"));
+  CHECK_FALSE(passt_version_date("passt 120260728"));   // inside a longer number
+  CHECK_FALSE(passt_version_date("passt 0.0~git20261328"));  // month 13
+  CHECK_FALSE(passt_version_date(""));
+}
+
+TEST_CASE("check_passt: found, and at least kPasstMinVersion by its --version; each refusal says why") {
+  TempDir dir;
+  auto version = [&](const char* name, const char* text) {
+    return dir.script(name, std::string("echo '") + text + "'; echo 'Copyright Red Hat'").string();
+  };
+  CHECK(check_passt(version("new", "passt 0.0~git20260728.f8df3f1-1~bpo13+1")));
+  CHECK(check_passt(version("upstream", "passt 2026_10_02.cba3570")));
+  auto old = check_passt(version("old", "passt 0.0~git20230309.7c7625d-1"));
+  REQUIRE_FALSE(old);
+  CHECK(old.error().message.find("is 'passt 0.0~git20230309.7c7625d-1': passt older than 20260728 loses") !=
+        std::string::npos);
+  CHECK(old.error().message.find("--network slirp|none") != std::string::npos);
+  auto odd = check_passt(version("odd", "something else"));
+  REQUIRE_FALSE(odd);
+  CHECK(odd.error().message.find("names no passt version ('something else')") != std::string::npos);
+  auto missing = check_passt((dir.path / "absent").string());
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().message.starts_with("--network user needs passt ("));
+  // One that never answers: bounded, then killed (and reaped).
+  auto slow = check_passt(dir.script("slow", "exec sleep 60").string(), 200ms);
+  REQUIRE_FALSE(slow);
+  CHECK(slow.error().message.find("--version did not answer in 200 ms") != std::string::npos);
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // ECHILD: every run was reaped
+}
+
 TEST_CASE("passt: ready once its PID file is written; an early exit is reported with its stderr") {
   TempDir dir;
   nes::host::NetworkSpec net;
@@ -383,8 +420,7 @@ TEST_CASE("passt: ready once its PID file is written; an early exit is reported 
   o.program = (dir.path / "no-passt").string();
   auto missing = Passt::start(o, 10s);
   REQUIRE_FALSE(missing.ok());
-  CHECK(missing.error().message.starts_with(
-      "--network passt needs passt (apt-get install passt), or --network user|none"));
+  CHECK(missing.error().message.starts_with("--network user needs passt ("));
   CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // every stand-in was reaped
 }
 

@@ -12,6 +12,8 @@
 //                                  has everything); prints "send MIB ms MS" on stderr (connect to
 //                                  EOF, CLOCK_MONOTONIC). busybox nc reads a pipe at ~4 MiB/s here,
 //                                  so `dd | nc` would time nc.
+//   net_probe recv IP PORT         reads one TCP connection from IP:PORT to its EOF; prints "recv
+//                                  BYTES ms MS" on stderr (connect to EOF, CLOCK_MONOTONIC).
 //   net_probe write MIB            the same 64 KiB writes to stdout (the data channel under
 //                                  `neshost run`); prints "write MIB ms MS" on stderr (until the
 //                                  last write returned).
@@ -119,6 +121,29 @@ int send(const char* ip, int port, int mib) {
   return 0;
 }
 
+int recv(const char* ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, ip, &a.sin_addr) != 1) return 2;
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  double t0 = now_us();
+  if (s < 0 || ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    std::perror("recv: connect");
+    return 1;
+  }
+  static char b[65536];
+  long long total = 0;
+  for (ssize_t n; (n = ::read(s, b, sizeof b)) != 0; total += n)
+    if (n < 0) {
+      std::perror("recv: read");
+      return 1;
+    }
+  std::fprintf(stderr, "recv %lld ms %.0f\n", total, (now_us() - t0) / 1e3);
+  ::close(s);
+  return 0;
+}
+
 int write_stdout(int mib) {
   if (mib < 1) return 2;
   double t0 = now_us();
@@ -135,6 +160,8 @@ int main(int argc, char** argv) {
     return connects(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
   if (argc == 5 && std::strcmp(argv[1], "send") == 0) return send(argv[2], std::atoi(argv[3]), std::atoi(argv[4]));
   if (argc == 3 && std::strcmp(argv[1], "write") == 0) return write_stdout(std::atoi(argv[2]));
-  std::fputs("usage: net_probe udp-echo PORT | connects IP PORT N | send IP PORT MIB | write MIB\n", stderr);
+  if (argc == 4 && std::strcmp(argv[1], "recv") == 0) return recv(argv[2], std::atoi(argv[3]));
+  std::fputs("usage: net_probe udp-echo PORT | connects IP PORT N | send IP PORT MIB | recv IP PORT | write MIB\n",
+             stderr);
   return 2;
 }
