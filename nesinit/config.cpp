@@ -104,6 +104,24 @@ base::Status apply_key(Config& c, std::string_view key_in, std::string_view valu
     else return base::Error{fmt::format("halt: expected poweroff or reboot, got '{}'", value)};
     return base::Ok{};
   }
+  if (key == "modules") {
+    std::vector<std::string> names;
+    for (std::size_t at = 0; at <= value.size();) {  // every piece, the empty ones too
+      auto comma = value.find(',', at);
+      if (comma == std::string_view::npos) comma = value.size();
+      std::string_view n = value.substr(at, comma - at);
+      at = comma + 1;
+      bool ok = !n.empty() && n.size() <= 64;
+      for (char ch : n)
+        ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-');
+      if (!ok) return base::Error{fmt::format("modules: '{}' is not a module name (1..64 of A-Z a-z 0-9 _ -)", n)};
+      if (names.size() == Config::kMaxModules)
+        return base::Error{fmt::format("modules: more than {} names", Config::kMaxModules)};
+      names.emplace_back(n);
+    }
+    c.modules = std::move(names);
+    return base::Ok{};
+  }
   if (key == "log") {
     if (value == "quiet") c.log = LogLevel::quiet;
     else if (value == "info") c.log = LogLevel::info;

@@ -61,11 +61,17 @@ struct Config {
   /// A sandbox's attestation that its network namespace is its own (`unshare --net`), so it may
   /// configure boot.network there; a guest's is always its own. Key `own_netns` (1/0).
   bool own_netns = false;
+  /// `modules=NAME,...`: load only these modules and what they depend on (their groups,
+  /// /etc/nesinit/modules.d/NAME, written by nesinit-mkinitrd), e.g. no vsock when the channel is
+  /// a virtio port; unset: the whole list (/etc/nesinit/modules). Names: 1..64 of [A-Za-z0-9_-],
+  /// at most kMaxModules.
+  std::optional<std::vector<std::string>> modules;
+  static constexpr std::size_t kMaxModules = 32;
   bool operator==(const Config&) const = default;
 };
 
 /// Set one key (`channel`, `data_channel` (alias `data`, as in `nesinit.data=`), `grace_ms`, `ack_timeout_ms`, `boot_timeout_ms`, `connect_timeout_ms`,
-/// `halt`, `log`, `own_netns`; '-' and '_' are the same). An error names the key and what was expected; then
+/// `halt`, `log`, `own_netns`, `modules` (comma-separated); '-' and '_' are the same). An error names the key and what was expected; then
 /// `c` is unchanged. Times: decimal u32 milliseconds.
 base::Status apply_key(Config& c, std::string_view key, std::string_view value);
 

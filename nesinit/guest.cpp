@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -100,15 +101,43 @@ std::vector<std::string> parse_modules_list(std::string_view text) {
   return out;
 }
 
-int load_modules(const Log& log, const char* list_path) {
-  // A list, not a payload: bounded at 1 MiB. A file of the user's image: a symlink is followed.
-  auto text = base::read_small_file(list_path, 1u << 20, {.longer = base::Longer::truncate, .follow_symlink = true});
+namespace {
+
+/// A modules list file, parsed; nullopt (logged at debug) if it cannot be read. A list, not a
+/// payload: bounded at 1 MiB. A file of the user's image: a symlink is followed.
+std::optional<std::vector<std::string>> read_modules_list(const Log& log, const std::string& path) {
+  auto text = base::read_small_file(path.c_str(), 1u << 20, {.longer = base::Longer::truncate, .follow_symlink = true});
   if (!text) {
     log.debug("modules", "{}", text.error().message);
-    return 0;
+    return std::nullopt;
+  }
+  return parse_modules_list(*text);
+}
+
+}  // namespace
+
+int load_modules(const Log& log, const std::optional<std::vector<std::string>>& only, const std::string& dir) {
+  std::vector<std::string> paths;  // in load order, each once
+  auto add = [&](const std::vector<std::string>& list) {
+    for (const auto& p : list)
+      if (std::find(paths.begin(), paths.end(), p) == paths.end()) paths.push_back(p);
+  };
+  if (only) {
+    for (const auto& name : *only) {
+      auto group = read_modules_list(log, dir + "/modules.d/" + name);
+      if (!group) {
+        log.info("modules", "no group for {}: loading the whole list", name);
+        paths.clear();
+        if (auto all = read_modules_list(log, dir + "/modules")) add(*all);
+        break;
+      }
+      add(*group);
+    }
+  } else if (auto all = read_modules_list(log, dir + "/modules")) {
+    add(*all);
   }
   int failed = 0, loaded = 0;
-  for (const std::string& path : parse_modules_list(*text)) {
+  for (const std::string& path : paths) {
     base::Fd mfd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!mfd) {
       log.warn("modules", "{}: {}", path, std::strerror(errno));

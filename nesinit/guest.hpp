@@ -2,6 +2,7 @@
 // guest mode (PID 1 of the initial pid namespace).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,10 +24,13 @@ void guest_mounts_and_net(const Log& log);
 /// blanks trimmed.
 std::vector<std::string> parse_modules_list(std::string_view text);
 
-/// Load the modules listed in /etc/nesinit/modules (if present) with finit_module, in order.
-/// EEXIST (already loaded or built in) is fine; other failures are logged and loading goes on.
-/// Returns the number that failed.
-int load_modules(const Log& log, const char* list_path = "/etc/nesinit/modules");
+/// Load modules with finit_module, in order: with `only` unset, those listed in `dir`/modules (if
+/// present); else, for each name, those in `dir`/modules.d/NAME (the module after its
+/// dependencies), each path once. A name without its group file (an initramfs from an older
+/// nesinit-mkinitrd) falls back to the whole list. EEXIST (already loaded or built in) is fine;
+/// other failures are logged and loading goes on. Returns the number that failed.
+int load_modules(const Log& log, const std::optional<std::vector<std::string>>& only = std::nullopt,
+                 const std::string& dir = "/etc/nesinit");
 
 /// Bring `lo` up (SIOCSIFFLAGS IFF_UP); the kernel assigns 127.0.0.1/8. An error names the
 /// call that failed, with its errno.

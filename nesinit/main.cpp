@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
            cfg.connect_timeout_ms, nes::proto::to_string(cfg.halt));
 
   // 3. Modules (guest): the channel's transport may be among them (virtio_console, vsock).
-  if (mode == Mode::guest) load_modules(log);
+  if (mode == Mode::guest) load_modules(log, cfg.modules);
 
   int sfd = ::signalfd(-1, &blocked, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sfd < 0) {

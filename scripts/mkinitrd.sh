@@ -6,6 +6,8 @@
 #   /lib/modules/<release>/…  the kernel's virtio modules (decompressed if .ko.xz/.ko.zst/.ko.gz)
 #   /etc/nesinit/modules      their absolute paths, one per line, in dependency order (a module
 #                             after everything it depends on), read by nesinit at boot
+#   /etc/nesinit/modules.d/M  the same for one root module M and its dependencies: what nesinit
+#                             loads for `nesinit.modules=M,...` (neshost names only what the VM uses)
 # Needs no root: the device node is written straight into the archive, not with mknod.
 #
 # Usage: scripts/mkinitrd.sh -o OUT [--init PATH] [--rootfs DIR] [--modules-dir DIR]
@@ -88,7 +90,7 @@ ln "$root/init" "$root/sbin/init"  # one file, two names (cpio keeps the hard li
 # ---- modules, in dependency order ----
 # Debian's package ships no modules.dep (depmod runs at install), so read each module's own
 # `depends=` from its .modinfo section (what modinfo(8) prints) and order depth-first.
-declare -A path_of=() placed=()
+declare -A path_of=() placed=() deps_of=() rel_of=()
 order=()
 if [[ -n $roots ]]; then
   release=$(basename "$moddir")
@@ -118,12 +120,29 @@ if [[ -n $roots ]]; then
     dst=$root/lib/modules/$release/$rel
     mkdir -p "$(dirname "$dst")"
     unpack "$src" "$dst"
+    rel_of[$n]=/lib/modules/$release/$rel
     local IFS=,
-    for d in $(modinfo_depends "$dst"); do [[ -n $d ]] && visit "$d"; done
-    order+=("/lib/modules/$release/$rel")
+    deps_of[$n]=$(modinfo_depends "$dst")
+    for d in ${deps_of[$n]}; do [[ -n $d ]] && visit "$d"; done
+    order+=("${rel_of[$n]}")
   }
   for m in $roots; do visit "$m"; done
   printf '%s\n' "${order[@]}" > "$root/etc/nesinit/modules"
+  # Each root's group: its dependencies first, then itself (the same walk, its own `seen`).
+  mkdir -p "$root/etc/nesinit/modules.d"
+  group() {  # group NAME: print the paths of NAME's closure, in load order
+    local n=${1//-/_} d
+    [[ -n ${seen[$n]:-} ]] && return 0
+    seen[$n]=1
+    local IFS=,
+    for d in ${deps_of[$n]}; do [[ -n $d ]] && group "$d"; done
+    echo "${rel_of[$n]}"
+  }
+  for m in $roots; do
+    declare -A seen=()
+    group "$m" > "$root/etc/nesinit/modules.d/${m//-/_}"
+    unset seen
+  done
 else
   : > "$root/etc/nesinit/modules"
 fi

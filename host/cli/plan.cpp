@@ -325,13 +325,25 @@ host::Status plan_shares(const RunFlags& o, const PlanInputs& in, RunPlan& p) {
 }
 
 /// The kernel command line: the channel, the console's verbosity, the init's log level.
-vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in) {
+/// The guest's kernel modules, as `nesinit.modules=…` (the init loads only their groups, built by
+/// scripts/mkinitrd.sh): the virtio-serial channel's (virtio_pci, virtio_console), virtio_net
+/// for a NIC, virtiofs for shares. Not vsock (the channel is a virtio port here) nor virtio_blk
+/// (no disks): each module not loaded is boot time saved (docs/vm.md "Boot").
+std::string guest_modules(const RunPlan& p) {
+  std::string m = "nesinit.modules=virtio_pci,virtio_console";
+  if (p.network.mode != host::NetworkMode::none) m += ",virtio_net";
+  if (!p.daemons.empty()) m += ",virtiofs";
+  return m;
+}
+
+vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in, const RunPlan& p) {
   vm::KernelCmdline kc;
   kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
   kc.extra = {"edd=off",  // the boot stub's "Probing EDD" line, before any log level applies
               fmt::format("nesinit.grace_ms={}", o.grace.count())};
   // The data channel's port, named (it is also the init's default next to virtio-port:nes.0).
   kc.extra.push_back(std::string("nesinit.data=virtio-port:") + proto::kDataPortName);
+  kc.extra.push_back(guest_modules(p));
   // Extra kernel arguments for debugging (e.g. nesinit.log=debug), appended last.
   if (!in.append.empty()) kc.extra.push_back(in.append);
   return kc;
@@ -374,7 +386,7 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   p.passt = !o.sandbox && p.network.mode == host::NetworkMode::passt;
   for (const auto& m : p.network.publish) p.ports.push_back(host::ps_port_text(m));
   p.rm = o.rm;
-  p.cmdline = plan_cmdline(o, in);
+  p.cmdline = plan_cmdline(o, in, p);
   if (o.sandbox) {
     p.sandbox_argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", in.nesinit.string(),
                       "--channel=unix:" + p.channel_socket.string(),

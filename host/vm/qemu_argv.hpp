@@ -33,8 +33,9 @@ struct KernelCmdline {
   std::string channel = std::string("virtio-port:") + proto::kLifecyclePortName;
   std::vector<std::string> extra;             // appended verbatim, in order (e.g. nesinit.log=debug)
 };
-/// `console=ttyS0 quiet loglevel=0 panic=-1 nesinit.channel=virtio-port:nes.0 …`.
-/// panic=-1: a panic reboots at once, which -no-reboot turns into QEMU exiting.
+/// `console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 …`.
+/// panic=-1: a panic reboots at once, which -no-reboot turns into QEMU exiting;
+/// cryptomgr.notests: the kernel skips its crypto self-tests (boot time, docs/vm.md "Boot").
 std::string kernel_cmdline(const KernelCmdline& c);
 
 /// One virtio-fs device: QEMU's vhost-user-fs-pci, backed by a virtiofsd listening on `socket`;

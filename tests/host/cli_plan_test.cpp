@@ -158,8 +158,11 @@ TEST_CASE("defaults: the descriptor, the session's policy, the QEMU spec") {
   CHECK(q.data_socket == std::optional<fs::path>(p->data_socket));
   CHECK(q.fs_devices.empty());
   CHECK(p->cmdline.console == vm::ConsoleLevel::quiet);
-  CHECK(p->cmdline.extra ==
-        Strings{"edd=off", "nesinit.grace_ms=10000", std::string("nesinit.data=virtio-port:") + proto::kDataPortName});
+  CHECK(p->cmdline.extra == Strings{"edd=off", "nesinit.grace_ms=10000",
+                                    std::string("nesinit.data=virtio-port:") + proto::kDataPortName,
+                                    p->network.mode == host::NetworkMode::none
+                                        ? "nesinit.modules=virtio_pci,virtio_console"
+                                        : "nesinit.modules=virtio_pci,virtio_console,virtio_net"});
   CHECK(q.append == vm::kernel_cmdline(p->cmdline));
   CHECK(vm::qemu_argv(q));  // a spec QEMU's argv builder accepts
   CHECK(!p->interactive);
@@ -170,6 +173,28 @@ TEST_CASE("defaults: the descriptor, the session's policy, the QEMU spec") {
   CHECK(p->workload_log.max_files == 5);
   CHECK(p->grace == 10s);
   CHECK(p->command == Strings{"sh", "-c", "echo hi"});
+}
+
+TEST_CASE("nesinit.modules: the channel's modules, virtio_net for a NIC, virtiofs for shares") {
+  EnvVar net("NESHOST_NETWORK", nullptr);
+  auto has = [](const RunPlan& p, const std::string& word) {
+    return std::find(p.cmdline.extra.begin(), p.cmdline.extra.end(), word) != p.cmdline.extra.end();
+  };
+  auto none = plan({"--network", "none", "true"});
+  REQUIRE(none);
+  CHECK(has(*none, "nesinit.modules=virtio_pci,virtio_console"));
+  auto nic = plan({"true"});
+  REQUIRE(nic);
+  CHECK(has(*nic, "nesinit.modules=virtio_pci,virtio_console,virtio_net"));
+  auto share = plan({"--network", "none", "-v", "/tmp:/data", "true"});
+  REQUIRE(share);
+  CHECK(has(*share, "nesinit.modules=virtio_pci,virtio_console,virtiofs"));
+  // NESHOST_APPEND comes after it: a `nesinit.modules=` there wins (the init applies words in order).
+  PlanInputs in = inputs();
+  in.append = "nesinit.modules=virtio_pci,virtio_console,vmw_vsock_virtio_transport";
+  auto own = plan({"--network", "none", "true"}, in);
+  REQUIRE(own);
+  CHECK(own->cmdline.extra.back() == in.append);
 }
 
 TEST_CASE("--vm, --state, --hostname, --console, NESHOST_APPEND") {

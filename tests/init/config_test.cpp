@@ -2,7 +2,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include "nesinit/config.hpp"
 #include "nesinit/guest.hpp"
@@ -154,4 +157,58 @@ TEST_CASE("modules list: one path per line, comments and blanks skipped") {
   CHECK(parse_modules_list("# virtio\n/lib/a.ko\n\n  /lib/b.ko  # dep\r\n\t\n/lib/c.ko") ==
         std::vector<std::string>{"/lib/a.ko", "/lib/b.ko", "/lib/c.ko"});
   CHECK(parse_modules_list("").empty());
+}
+
+TEST_CASE("modules key: comma-separated names; a bad name or too many is an error naming the key") {
+  Config c;
+  CHECK_FALSE(c.modules);
+  REQUIRE(apply_key(c, "modules", "virtio_pci,virtio_console,virtio-net"));
+  CHECK(c.modules == std::vector<std::string>{"virtio_pci", "virtio_console", "virtio-net"});
+  for (const char* bad : {"a,,b", "a,", ",a", "", "../x", "a b", "x/y"}) {
+    Config d;
+    auto r = apply_key(d, "modules", bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().message.starts_with("modules: '"));
+    CHECK_FALSE(d.modules);  // unchanged
+  }
+  std::string many;
+  for (int i = 0; i <= static_cast<int>(Config::kMaxModules); ++i) many += (i ? ",m" : "m") + std::to_string(i);
+  CHECK(apply_key(c, "modules", many).error().message == "modules: more than 32 names");
+  std::vector<std::string> notes;
+  Config k;
+  apply_cmdline(k, "quiet nesinit.modules=virtio_pci,virtiofs panic=-1", notes);
+  CHECK(notes.empty());
+  CHECK(k.modules == std::vector<std::string>{"virtio_pci", "virtiofs"});
+}
+
+// load_modules against a fake /etc/nesinit whose lists name files that do not exist: every path
+// is attempted (open fails, counted) and none ever reaches finit_module, so the host's kernel is
+// never touched. The count of failures says which paths were attempted, each once.
+TEST_CASE("load_modules: only the named groups, each path once; a missing group falls back to the whole list") {
+  char tmpl[] = "/tmp/nes-modules-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl));
+  std::string dir = tmpl;
+  auto write = [](const std::string& path, const std::string& text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    REQUIRE(f);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  REQUIRE(::mkdir((dir + "/modules.d").c_str(), 0755) == 0);
+  const std::string absent = dir + "/absent";  // never created: open fails with ENOENT
+  write(dir + "/modules", absent + "/ring.ko\n" + absent + "/virtio.ko\n" + absent + "/net.ko\n" + absent + "/fs.ko\n");
+  write(dir + "/modules.d/net", absent + "/ring.ko\n" + absent + "/virtio.ko\n" + absent + "/net.ko\n");
+  write(dir + "/modules.d/fs", absent + "/ring.ko\n" + absent + "/virtio.ko\n" + absent + "/fs.ko\n");
+  Log log(2, LogLevel::quiet);
+  CHECK(load_modules(log, std::nullopt, dir) == 4);                             // the whole list
+  CHECK(load_modules(log, std::vector<std::string>{"net"}, dir) == 3);          // one group
+  CHECK(load_modules(log, std::vector<std::string>{"net", "fs"}, dir) == 4);    // shared deps once
+  CHECK(load_modules(log, std::vector<std::string>{}, dir) == 0);               // none asked for
+  CHECK(load_modules(log, std::vector<std::string>{"net", "gone"}, dir) == 4);  // falls back: whole list
+  CHECK(load_modules(log, std::nullopt, dir + "/nowhere") == 0);                // no list: nothing
+  std::remove((dir + "/modules.d/net").c_str());
+  std::remove((dir + "/modules.d/fs").c_str());
+  std::remove((dir + "/modules").c_str());
+  ::rmdir((dir + "/modules.d").c_str());
+  ::rmdir(dir.c_str());
 }

@@ -100,11 +100,11 @@ QemuSpec base_spec() {
 TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log level") {
   KernelCmdline c;
   CHECK(kernel_cmdline(c) ==
-        "console=ttyS0 quiet loglevel=0 panic=-1 nesinit.channel=virtio-port:nes.0");
+        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0");
   c.console = ConsoleLevel::full;
   c.extra = {"nesinit.log=debug"};
   CHECK(kernel_cmdline(c) ==
-        "console=ttyS0 loglevel=7 panic=-1 nesinit.channel=virtio-port:nes.0 nesinit.log=debug");
+        "console=ttyS0 loglevel=7 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 nesinit.log=debug");
 }
 
 TEST_CASE("qemu_argv: the measured q35 recipe with the channel as virtio-serial port nes.0") {
