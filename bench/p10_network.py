@@ -34,15 +34,15 @@ import threading
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 import netns  # noqa: E402
 
-class Sink:
-    """A TCP server on 127.0.0.1: counts each connection's bytes to EOF (`counts`)."""
+class Server:
+    """A TCP server on 127.0.0.1 (`port`): one thread accepts and calls handle(conn) per connection,
+    one at a time; close() stops it."""
 
     def __init__(self):
         self.s = socket.socket()
         self.s.bind(("127.0.0.1", 0))
         self.s.listen(128)
         self.port = self.s.getsockname()[1]
-        self.counts = []
         self.t = threading.Thread(target=self._serve, daemon=True)
         self.t.start()
 
@@ -52,14 +52,8 @@ class Sink:
                 conn, _ = self.s.accept()
             except OSError:
                 return
-            n = 0
             with conn:
-                while True:
-                    b = conn.recv(1 << 20)
-                    if not b:
-                        break
-                    n += len(b)
-            self.counts.append(n)
+                self.handle(conn)
 
     def close(self):
         try:
@@ -68,44 +62,43 @@ class Sink:
             pass
         self.t.join(30)
         self.s.close()
+
+
+class Sink(Server):
+    """Counts each connection's bytes to EOF (`counts`)."""
+
+    def __init__(self):
+        self.counts = []
+        super().__init__()
+
+    def handle(self, conn):
+        n = 0
+        while True:
+            b = conn.recv(1 << 20)
+            if not b:
+                break
+            n += len(b)
+        self.counts.append(n)
+
+
+class Source(Server):
+    """Sends each connection `size` zero bytes, then closes it."""
+
+    def __init__(self, size):
+        self.size = size
+        super().__init__()
+
+    def handle(self, conn):
+        chunk = bytes(1 << 20)
+        try:
+            for _ in range(self.size // len(chunk)):
+                conn.sendall(chunk)
+        except OSError:
+            pass
 
 
 # The keys below name the backends; `neshost run --network` calls passt `user` and QEMU's slirp `slirp`.
 CLI_MODE = {"user": "user", "slirp": "slirp"}
-
-class Source:
-    """A TCP server on 127.0.0.1: sends each connection `size` zero bytes, then closes it."""
-
-    def __init__(self, size):
-        self.s = socket.socket()
-        self.s.bind(("127.0.0.1", 0))
-        self.s.listen(16)
-        self.port, self.size = self.s.getsockname()[1], size
-        self.t = threading.Thread(target=self._serve, daemon=True)
-        self.t.start()
-
-    def _serve(self):
-        chunk = bytes(1 << 20)
-        while True:
-            try:
-                conn, _ = self.s.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    for _ in range(self.size // len(chunk)):
-                        conn.sendall(chunk)
-                except OSError:
-                    pass
-
-    def close(self):
-        try:
-            self.s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.t.join(30)
-        self.s.close()
-
 
 def workload(mib, n, port, src_port, tcp_first):
     steps = ["/probe/net_probe send 10.0.2.2 %d %d" % (port, mib), "/probe/net_probe recv 10.0.2.2 %d" % src_port,

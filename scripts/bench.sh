@@ -5,7 +5,9 @@
 # by bench/p8_shares.py, P7 (the init's share of a VM boot against a busybox /init floor) by
 # bench/p7_boot.py, P9 (a task through containerd: ours vs runc's shim) by
 # bench/p9_containerd.py, P10 (the VM's network: TCP guest -> host through passt and slirp against
-# the data channel, connect set-up; in a network namespace of its own) by bench/p10_network.py.
+# the data channel, connect set-up; in a network namespace of its own) by bench/p10_network.py,
+# P12 (`neshost run -- /bin/true` end to end, each boot-time step against the configuration before
+# it) by bench/p12_start.py.
 # Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
@@ -27,4 +29,5 @@ python3 bench/p8_shares.py build/host/cli/neshost >> "$out"
 python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/vmlinuz 7 >> "$out"
 python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost build/host/vm/initrd.cpio >> "$out"
 python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe >> "$out"
+python3 bench/p12_start.py build/host/cli/neshost >> "$out"
 cat "$out"
