@@ -9,7 +9,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 
 pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson-dev doctest-dev
-      python3 binutils file util-linux iproute2 cpio busybox-static qemu-system-x86 tini catatonit
+      python3 binutils file util-linux iproute2 cpio lz4 busybox-static qemu-system-x86 tini catatonit
       dumb-init clang-14 libclang-rt-14-dev  # clang: scripts/fuzz.sh (libFuzzer)
       debootstrap                            # scripts/mkdebroot.sh (a --rootfs to share)
       debhelper  # tests/install: dpkg-buildpackage -b

@@ -52,7 +52,7 @@
 #include "protocol/status.hpp"
 
 #ifndef NESHOST_DEFAULT_KERNEL
-#define NESHOST_DEFAULT_KERNEL ".cache/kernel/vmlinuz"
+#define NESHOST_DEFAULT_KERNEL ".cache/kernel/vmlinux"
 #endif
 #ifndef NESHOST_DEFAULT_INITRD
 #define NESHOST_DEFAULT_INITRD "build/host/vm/initrd.cpio"
@@ -275,12 +275,13 @@ host::Status build_initrd(const RunPlan& plan, const fs::path& rootfs) {
   const fs::path& kernel = plan.kernel;
   std::vector<std::string> argv{plan.mkinitrd.string(), "--rootfs", rootfs.string(), "--init",
                                 plan.nesinit.string(), "-o", plan.initrd.string()};
-  // Modules must match the kernel: Debian layout <root>/boot/vmlinuz-REL and <root>/lib/modules/REL.
+  // Modules must match the kernel: Debian layout <root>/boot/vmlinuz-REL and <root>/lib/modules/REL
+  // (or boot/vmlinux-REL, the decompressed kernel scripts/fetch-kernel.sh writes beside it).
   std::error_code ec;
   fs::path k = fs::canonical(kernel, ec);
   if (!ec) {
     std::string name = k.filename().string();
-    if (name.starts_with("vmlinuz-")) {
+    if (name.starts_with("vmlinuz-") || name.starts_with("vmlinux-")) {
       fs::path mods = k.parent_path().parent_path() / "lib/modules" / name.substr(8);
       if (fs::is_directory(mods, ec)) argv.insert(argv.end(), {"--modules-dir", mods.string()});
     }

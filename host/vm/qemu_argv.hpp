@@ -48,7 +48,7 @@ struct FsDevice {
 /// One VM's QEMU invocation.
 struct QemuSpec {
   std::string qemu = "qemu-system-x86_64";  // looked up in PATH if it has no '/'
-  std::filesystem::path kernel;             // bzImage (e.g. Debian's vmlinuz)
+  std::filesystem::path kernel;             // bzImage (Debian's vmlinuz) or an ELF vmlinux with a PVH entry
   std::optional<std::filesystem::path> initrd;
   std::string append;                       // kernel command line (kernel_cmdline())
   std::uint32_t mem_mib = 256;              // guest RAM, MiB (>= 64)

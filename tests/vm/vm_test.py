@@ -222,6 +222,14 @@ def case_exit7(c):
     check((r["outcome"], r["exit_code"], r["signal"], r["exit_status"]) == ("exited", 7, None, 7), f"record {r}")
 
 
+def case_bzimage(c):
+    """--kernel .cache/kernel/vmlinuz: Debian's compressed bzImage still boots (the default is
+    the decompressed PVH vmlinux scripts/fetch-kernel.sh extracts from it); the same kernel runs."""
+    rc, out, err = c.run("--kernel", os.path.join(SRC, ".cache/kernel/vmlinuz"), "--", "/bin/sh", "-c", "uname -r; exit 3")
+    check(rc == 3, f"exit status {rc}, want 3; stderr:\n{err}")
+    check(lines(out) == [kernel_release()], f"stdout {out!r}")
+
+
 def case_detached(c):
     """run -d in a real VM: the creator returns with the VM id; a fresh ps, kill and wait agree;
     the monitor (reparented to this subreaper) exits once QEMU is down."""
