@@ -11,8 +11,9 @@ debian_unpack() {
   shift 2
   mkdir -p "$dest"
   work=$(mktemp -d "$dest/.fetch.XXXXXX")
+  # Removed however the script ends (a failed download exits through set -e).
   # shellcheck disable=SC2064  # $work is fixed now
-  trap "rm -rf '$work'" RETURN
+  trap "rm -rf '$work'" EXIT
   mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs"
   for s in $suites; do
     echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $s main"
@@ -29,6 +30,7 @@ debian_unpack() {
   rm -rf "$dest/root"
   mv "$work/root" "$dest/root"
   mv "$work/packages" "$dest/packages"
+  rm -rf "$work"
 }
 
 # write_wrapper WRAPPER BODY-LINE SOURCE-LINE: an executable sh script running BODY-LINE, and
