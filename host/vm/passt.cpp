@@ -42,6 +42,15 @@ struct ReadyDir {
   }
 };
 
+/// `program` found (a path, or a name in PATH), else the error both check_passt() and
+/// Passt::start() give: it names passt, why, and the way out.
+host::Status passt_found(const std::string& program) {
+  if (program.empty()) return host::Error{fmt::format("--network user needs passt (no program named); {}", kWayOut)};
+  if (auto r = resolve_program(program); !r)
+    return host::Error{fmt::format("--network user needs passt ({}); {}", r.error().message, kWayOut)};
+  return host::Ok{};
+}
+
 }  // namespace
 
 std::optional<int> passt_version_date(std::string_view t) {
@@ -71,9 +80,7 @@ std::optional<int> passt_version_date(std::string_view t) {
 }
 
 host::Status check_passt(const std::string& program, std::chrono::milliseconds bound) {
-  if (program.empty()) return host::Error{fmt::format("--network user needs passt (no program named); {}", kWayOut)};
-  if (auto r = resolve_program(program); !r)
-    return host::Error{fmt::format("--network user needs passt ({}); {}", r.error().message, kWayOut)};
+  if (auto f = passt_found(program); !f) return f;
   // `passt --version` prints its version and copyright to stdout, then exits 0.
   auto text = std::make_shared<std::string>();
   auto mu = std::make_shared<std::mutex>();
@@ -124,8 +131,7 @@ struct Passt::State {
 };
 
 host::Result<std::unique_ptr<Passt>> Passt::start(const PasstOptions& o, std::chrono::milliseconds bound) {
-  if (auto r = resolve_program(o.program); !r)
-    return host::Error{fmt::format("--network user needs passt ({}); {}", r.error().message, kWayOut)};
+  if (auto f = passt_found(o.program); !f) return f.error();
   auto argv = host::passt_argv(o.network, o.program, kPasstChildFd);
   if (!argv) return argv.error();
 
