@@ -686,6 +686,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     lo.path = vm_path(opt.state_dir, vm->id(), kWorkloadLog);
     lo.max_size = opt.workload_log.max_size;
     lo.max_files = opt.workload_log.max_files;
+    lo.generation = vm->generation();  // each record names it (fencing: docs/host.md)
     std::weak_ptr<Impl> w = shared_from_this();
     std::weak_ptr<Vm> wv = vm;
     auto drained = [w, wv, &io = io] {
