@@ -88,6 +88,13 @@ struct ServeEmbedder {
 /// 125 when its output was lost (host::reported_status) or there is no durable outcome.
 int serve_vm(const ServeConfig& cfg, ServeEmbedder embedder = {});
 
+/// Before a command reads or reaches VM `vm`: if it is orphaned (its monitor gone, no outcome, its
+/// VMM alive: host::VmState::orphaned()), a replacement monitor is started and awaited
+/// (host/monitor/adopt.hpp ensure_monitor, at most 15 s), and one line on stderr says so
+/// ("neshost CMD: VM web: its monitor was gone; adopted by a new monitor (pid 123)"). Errors are
+/// said the same way and otherwise ignored: the command then reports the VM as it finds it.
+void adopt_orphan(std::string_view cmd, const std::filesystem::path& state, std::string_view vm);
+
 /// `neshost run`'s default state directory: $NESHOST_STATE, else /var/lib/neshost as root, else
 /// $XDG_STATE_HOME/neshost, else ~/.local/state/neshost.
 std::filesystem::path default_state_dir();

@@ -12,6 +12,7 @@
 #include <simdjson.h>
 
 #include "host/cli/cli.hpp"
+#include "host/monitor/adopt.hpp"
 #include "host/lib/base.hpp"
 #include "base/small_file.hpp"
 #include "protocol/codec.hpp"
@@ -193,6 +194,14 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
   }
   // Output lost or truncated overrides the workload's status (host::reported_status).
   return host::reported_status(*sess->outcome());
+}
+
+void adopt_orphan(std::string_view cmd, const std::filesystem::path& state, std::string_view vm) {
+  if (!host::check_vm_id(vm)) return;
+  std::string said;
+  auto r = ensure_monitor(state, vm, self_program(), std::chrono::seconds(15), &said);
+  if (!r) said = r.error().message;
+  if (!said.empty()) fmt::print(stderr, "neshost {}: {}\n", cmd, said);
 }
 
 // ---- the state dir of `neshost run` ----

@@ -274,6 +274,7 @@ int exec_main(const Args& args) {
   // The workload's environment under ours; its cwd and user unless given.
   control::Exec request{true, !p->has("workdir"), !p->has("user"), std::move(req)};
 
+  adopt_orphan("exec", state ? fs::path(*state) : default_state_dir(), vm);  // a dead monitor replaced first
   const fs::path ctl = host::control_path(state ? fs::path(*state) : default_state_dir(), vm);
   // SIGWINCH is read from a signalfd while we wait (-t); blocked before anything can raise it.
   sigset_t winch;

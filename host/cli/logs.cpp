@@ -172,6 +172,7 @@ int logs_main(const Args& args) {
   }
   const bool follow = p->has("follow");
   const fs::path log = host::vm_path(state, vmid, host::kWorkloadLog);
+  adopt_orphan("logs", state, vmid);  // its output flows again (into the log) once it is served
 
   // inotify on the VM's directory before the first read: nothing written in between is missed.
   host::Fd in(follow ? ::inotify_init1(IN_CLOEXEC | IN_NONBLOCK) : -1);
@@ -229,6 +230,7 @@ int logs_main(const Args& args) {
   // Follow: new records as they come; a rotation (a new file at the path) is followed after the
   // old file is read to its end. Ends once the VM's `neshost run` is gone and the log is read.
   while (follow && pr.ok) {
+    adopt_orphan("logs", state, vmid);  // a monitor that dies while we follow is replaced too
     auto st = host::reconcile(state, vmid);
     bool running = st && *st && (*st)->status == host::VmStatus::running;
     if (!live) live = open_reader(log);

@@ -89,7 +89,7 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
       {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"},
       {"network"}, {"publish", true, "-p"}, {"dns"}, {"dns-search"}, {"dns-option"}, {"add-host"},
-      {"name"}, {"rm", false}};
+      {"name"}, {"rm", false}, {"vmm-outlives", false}};
   auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
   if (!parsed) return parsed.error();
   RunFlags o;
@@ -100,6 +100,7 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
     if (network_flag(name)) network.emplace_back(name, v);
     else if (name == "detach") o.detach = true;
     else if (name == "rm") o.rm = true;
+    else if (name == "vmm-outlives") o.vmm_outlives = true;
     else if (name == "interactive") o.interactive = true;
     else if (name == "tty") o.tty = true;
     else if (name == "sandbox") o.sandbox = true;
@@ -386,6 +387,8 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   p.passt = !o.sandbox && p.network.mode == host::NetworkMode::passt;
   for (const auto& m : p.network.publish) p.ports.push_back(host::ps_port_text(m));
   p.rm = o.rm;
+  p.vmm_survives = o.detach || o.vmm_outlives;
+  if (p.vmm_survives) p.serve.session.reconnect = kDetachedReconnect;
   p.cmdline = plan_cmdline(o, in, p);
   if (o.sandbox) {
     p.sandbox_argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", in.nesinit.string(),
@@ -403,6 +406,7 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
     spec.accel = in.accel;
     spec.channel_socket = p.channel_socket;
     spec.data_socket = p.data_socket;
+    if (p.vmm_survives) spec.chardev_reconnect_s = 1;  // QEMU redials a replacement monitor's listeners
     for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
     host::NetBackendIo io;
     if (p.passt) io.passt_fd = vm::kPasstChildFd;

@@ -76,6 +76,9 @@ struct RunFlags {
   bool network_given = false;  // --network was on the command line (or $NESHOST_NETWORK set)
   bool network_from_env = false;  // the mode came from $NESHOST_NETWORK (errors say so)
   bool rm = false;             // --rm: the VM's state dir goes when the run ends (as `neshost rm`)
+  /// --vmm-outlives: as -d's VM, the VMM outlives this process and is adopted if it dies (for a
+  /// supervisor that runs `neshost run` in the foreground: the containerd shim).
+  bool vmm_outlives = false;
 };
 
 /// The exit status of bad network input (`neshost run`): 125, as docker's daemon-side refusals.
@@ -156,7 +159,20 @@ struct RunPlan {
   /// record's `ports`, read by `neshost ps` and `neshost port`).
   std::vector<std::string> ports;
   bool rm = false;                      // --rm
+  /// -d: QEMU (or the sandbox) and its daemons outlive this monitor (no death signal, their
+  /// identities in STATE/VM/vmm.json), the chardevs redial (QemuSpec::chardev_reconnect_s) and
+  /// the session survives a lost channel for kDetachedReconnect (boot.reconnect_ms), so a
+  /// replacement monitor can take the VM over (docs/host.md "Re-adoption"). A foreground run's VM
+  /// dies with it (its terminal is its user's).
+  bool vmm_survives = false;
 };
+
+/// boot.reconnect_ms of a detached VM: how long the guest keeps its workload (and an outcome not
+/// yet acknowledged) while no monitor serves it, redialling; a replacement monitor must be started
+/// (by any neshost command on the VM) within it, else the guest shuts down in order as before.
+/// Five minutes: an OOM-killed monitor of a VM nobody looks at costs the workload after that,
+/// never before; a longer window only delays the power-off of a VM nobody will adopt.
+inline constexpr std::chrono::milliseconds kDetachedReconnect{300000};
 
 /// The flags' cross-checks, each an error naming the flags (as `neshost run` prints them): usage
 /// errors (exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs

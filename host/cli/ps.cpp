@@ -113,6 +113,7 @@ bool wait_exit(const host::Fd& pidfd, std::chrono::milliseconds bound) {
 
 /// The VM's reconciled state, or a message (exit 1) saying there is none.
 std::optional<host::VmState> load(std::string_view cmd, const fs::path& state, const std::string& vm) {
+  adopt_orphan(cmd, state, vm);  // a VM whose monitor died is served again first
   auto s = host::reconcile(state, vm);
   if (!s) {
     fmt::print(stderr, "neshost {}: {}\n", cmd, s.error().message);
@@ -134,8 +135,9 @@ std::optional<std::uint64_t> target_of(const host::VmState& s) {
 
 /// End a live monitor's VM: `stop` (ordered) or `kill 9` through its control socket; if the
 /// monitor does not exit within `grace`, SIGKILL to the workload, then after 30 s SIGKILL to
-/// the monitor itself (its VMM has PR_SET_PDEATHSIG and dies with it). Returns false only if
-/// it is still alive after all of that.
+/// the monitor itself and its VMM (a foreground VM's VMM has PR_SET_PDEATHSIG and dies with it;
+/// a detached VM's outlives it and is killed by its recorded identity). Returns false only if
+/// the monitor is still alive after all of that.
 bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmState& s, bool ordered,
                  std::chrono::milliseconds grace) {
   host::Fd pidfd = monitor_pidfd(s);
@@ -156,7 +158,12 @@ bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmStat
   fmt::print(stderr, "neshost {}: VM '{}' did not stop; killing its monitor (pid {})\n", cmd, s.vm,
              s.monitor->monitor.pid);
   ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
-  return wait_exit(pidfd, 10s);
+  const bool gone = wait_exit(pidfd, 10s);
+  if (s.vmm) {
+    host::Fd vmm{static_cast<int>(::syscall(SYS_pidfd_open, s.vmm->pid, 0))};
+    if (vmm && host::is_alive(*s.vmm)) ::syscall(SYS_pidfd_send_signal, vmm.get(), SIGKILL, nullptr, 0);
+  }
+  return gone;
 }
 
 int ps_main(const Args& args) {
@@ -169,6 +176,7 @@ int ps_main(const Args& args) {
   std::string out = fmt::format("{:<20} {:>4}  {:<14} {:>8}  {:<24}  {}\n", "VM", "GEN", "STATUS", "MONITOR", "PORTS",
                                 "COMMAND");
   for (const auto& vm : host::list_vms(state)) {
+    adopt_orphan("ps", state, vm);
     auto s = host::reconcile(state, vm);
     if (!s || !*s) continue;
     const host::VmState& v = **s;

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@
 #include "host/lib/base.hpp"
 #include "host/monitor/monitor.hpp"
 #include "host/monitor/reconcile.hpp"
+#include "host/monitor/vmm_record.hpp"
 #include "host/lib/record.hpp"
 #include "host/lib/state_dir.hpp"
 #include "host/vm/accel.hpp"
@@ -139,6 +141,9 @@ STATE/VM/console.log.
   --name NAME          assign a name to the VM: its id (the same as --vm)
   --rm                 automatically remove the VM's state (records, logs) when it exits
                        (with -d: once its outcome is recorded)
+  --vmm-outlives       the VMM outlives this process (as with -d: recorded in STATE/VM/vmm.json,
+                       its channels redial) and a neshost command adopts it if this process dies
+                       (for a supervisor running `run` in the foreground: the containerd shim)
 
 Network (bad values exit 125, nothing started):
   --network MODE       connect the VM to a network: user (default; also passt, pasta: passt's
@@ -210,6 +215,8 @@ struct RuntimeDir {
     std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
     if (::mkdtemp(tmpl.data())) path = tmpl;
   }
+  /// An existing one, made by the monitor a replacement takes over from (vmm.json's runtime_dir).
+  explicit RuntimeDir(fs::path existing) : path(std::move(existing)) {}
   ~RuntimeDir() { remove_now(); }
   /// Removes it (idempotent).
   void remove_now() {
@@ -422,6 +429,13 @@ host::Status prepare_boot_files(const RunPlan& plan) {
 
 /// What the run keeps in STATE/VM/ and the processes beside QEMU, for serve_run().
 struct Running {
+  /// A VMM that outlives us (RunPlan::vmm_survives): vmm.json as written so far; each spawn's
+  /// gate (vm::LaunchOptions::before_exec) adds the new process and writes it durably.
+  std::optional<host::VmmInfo> vmm_info;
+  /// A replacement monitor (`neshost monitor`): the VMM it took over, and the daemons recorded
+  /// beside it (reaped by identity at the end).
+  std::unique_ptr<vm::VmProcess> adopted;
+  std::vector<host::VmmDaemon> adopted_daemons;
   std::shared_ptr<ConsoleOut> console;
   fs::path console_log;
   std::vector<std::unique_ptr<vm::Virtiofsd>> daemons;
@@ -430,6 +444,22 @@ struct Running {
   fs::path passt_log;
   int netns_fd = -1;  // --network netns: the namespace QEMU runs in (owned by run_main's attachment)
 };
+
+/// The spawner's gate for a process that outlives us: its identity added to vmm.json (as the
+/// daemon `name`, or as the VMM when `name` is empty) and written durably before it may exec.
+std::function<host::Status(pid_t)> record_gate(const RunPlan& plan, Running& run, std::string name) {
+  if (!run.vmm_info) return {};
+  return [&plan, &run, name = std::move(name)](pid_t pid) -> host::Status {
+    auto id = host::identity_of(pid);
+    if (!id) return host::Error{fmt::format("/proc/{}/stat: cannot read the new process's identity", pid)};
+    host::VmmInfo v = *run.vmm_info;
+    if (name.empty()) v.vmm = *id;
+    else v.daemons.push_back({name, *id});
+    if (auto s = host::write_vmm(plan.state_dir, v); !s) return s;
+    run.vmm_info = std::move(v);
+    return host::Ok{};
+  };
+}
 
 /// STATE/VM/: the record (the library), monitor.json (this run's identity, for `neshost stop`),
 /// the console log, passt's log.
@@ -462,6 +492,30 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
   console->show = plan.console;
   run.console = std::move(console);
   run.console_log = console_log;
+  if (plan.vmm_survives) {
+    // vmm.json (and boot.json, the descriptor) before anything that outlives us starts.
+    host::VmmInfo v;
+    v.vm = vmid;
+    v.generation = cfg.session.generation;
+    v.runtime_dir = plan.runtime_dir;
+    v.channel_socket = plan.channel_socket;
+    v.data_socket = plan.data_socket;
+    v.sandbox = plan.sandbox;
+    v.on_exit = cfg.session.on_exit;
+    v.stop_timeout = cfg.session.stop_timeout;
+    v.grace = cfg.session.grace;
+    v.reconnect = cfg.session.reconnect;
+    v.log_max_size = plan.workload_log.max_size;
+    v.log_max_files = plan.workload_log.max_files;
+    v.rm = plan.rm;
+    // passt started before the state dir existed; it exits by itself while QEMU never held its
+    // socket's other end (ours closes with us), so it is recorded only now.
+    if (run.passt)
+      if (auto id = host::identity_of(run.passt->pid())) v.daemons.push_back({"passt", *id});
+    if (auto s = host::write_boot(cfg.state_dir, vmid, cfg.session.descriptor); !s) return s;
+    if (auto s = host::write_vmm(cfg.state_dir, v); !s) return s;
+    run.vmm_info = std::move(v);
+  }
   if (run.passt) {
     run.passt_log = host::vm_path(cfg.state_dir, vmid, host::kPasstLog);
     if (auto f = host::open_vm_file(cfg.state_dir, vmid, host::kPasstLog, O_WRONLY | O_CREAT | O_TRUNC))
@@ -481,6 +535,8 @@ host::Status start_daemons(const RunPlan& plan, Running& run) {
     const auto& sh = vo.share;
     vo.log = host::vm_path(cfg.state_dir, vmid, host::virtiofsd_log_name(sh.tag));
     run.daemon_logs.push_back(vo.log);
+    vo.outlive = plan.vmm_survives;
+    vo.before_exec = record_gate(plan, run, "virtiofsd " + sh.tag);
     auto d = vm::Virtiofsd::start(vo, 10s);
     if (!d) return d.error();
     if (plan.console)
@@ -504,6 +560,7 @@ host::Status start_passt(const RunPlan& plan, Running& run) {
   // $TMPDIR such as the tests' is not searchable by others). Otherwise it runs as us.
   const char* t = std::getenv("TMPDIR");
   po.tmp_dir = ::geteuid() != 0 && t && *t == '/' ? t : "/tmp";
+  po.outlive = plan.vmm_survives;
   auto p = vm::Passt::start(po, 10s);
   if (!p) return host::Error{"--network passt: " + p.error().message};
   if (plan.console) say("neshost: passt pid {} serves the VM's network\n", (*p)->pid());
@@ -577,6 +634,19 @@ void reap_daemons(const RunPlan& plan, Running& run) {
     if (plan.console) say("neshost: virtiofsd {} {}\n", d->share().tag, vm::describe(e));
   }
   run.daemons.clear();
+  // A replacement monitor's: the dead monitor's children, ended by identity (no exit status to
+  // read: they are not ours). Each exits by itself once QEMU has gone.
+  for (const auto& d : run.adopted_daemons) {
+    host::Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0))};
+    if (!pidfd || !host::is_alive(d.id)) continue;
+    pollfd pf{pidfd.get(), POLLIN, 0};
+    if (::poll(&pf, 1, 2000) == 0) {
+      ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
+      if (::poll(&pf, 1, 1000) == 0) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+    }
+    if (plan.console) say("neshost: {} (pid {}) ended\n", d.name, d.id.pid);
+  }
+  run.adopted_daemons.clear();
 }
 
 /// --on-exit remove: the VM's scratch files go (the console log, the daemons' logs, workload.log
@@ -606,8 +676,13 @@ class VmmProcess {
   /// vhost-user-fs does not reconnect), so the VM is shut down in order, the outcome recorded.
   void start(host::Host& h, const std::string& id, const std::vector<std::string>& argv,
              std::shared_ptr<ConsoleOut> console, std::vector<std::unique_ptr<vm::Virtiofsd>>& daemons,
-             vm::Passt* passt, int netns_fd, bool show) {
+             vm::Passt* passt, int netns_fd, bool show, std::function<host::Status(pid_t)> gate) {
     vm::LaunchOptions lo;
+    // -d: QEMU outlives us (recorded in vmm.json by the gate before it runs); else it dies with us.
+    if (gate) {
+      lo.death_signal = 0;
+      lo.before_exec = std::move(gate);
+    }
     lo.netns_fd = netns_fd;  // --network netns: QEMU runs in the namespace, opens its tap there
     lo.argv = argv;
     lo.console = [console](std::string_view b) { console->write(b); };
@@ -624,6 +699,22 @@ class VmmProcess {
     }
     qemu_ = std::move(*p);
     (void)h.vm_started(id);
+    watch_daemons(h, id, daemons, passt);
+    watch_exit(h, id, console, show);
+  }
+
+  /// A replacement monitor: `qemu` is the VMM it took over (VmProcess::adopt); watched as one we
+  /// started (its helper daemons are not: they were the dead monitor's children).
+  void adopt(host::Host& h, const std::string& id, std::unique_ptr<vm::VmProcess> qemu,
+             std::shared_ptr<ConsoleOut> console) {
+    qemu_ = std::move(qemu);
+    (void)h.vm_started(id);
+    watch_exit(h, id, console, false);
+  }
+
+ private:
+  void watch_daemons(host::Host& h, const std::string& id, std::vector<std::unique_ptr<vm::Virtiofsd>>& daemons,
+                     vm::Passt* passt) {
     for (auto& d : daemons) {
       auto& w = daemon_watch_.emplace_back(io_, ::fcntl(d->pidfd(), F_DUPFD_CLOEXEC, 3));
       w.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -651,6 +742,9 @@ class VmmProcess {
             e ? vm::describe(*e) : "exited", why.empty() ? "" : ": ", why);
       });
     }
+  }
+
+  void watch_exit(host::Host& h, const std::string& id, std::shared_ptr<ConsoleOut> console, bool show) {
     // QEMU's exit, seen through its pidfd on this io_context: reap, drain the console to EOF
     // (so every line precedes our exit), then tell the library.
     exit_watch_.emplace(io_, ::fcntl(qemu_->pidfd(), F_DUPFD_CLOEXEC, 3));
@@ -664,6 +758,8 @@ class VmmProcess {
                               (void)h.vm_exited(id);
                             });
   }
+
+ public:
   /// SIGKILL (the library's destroy hook); the exit watch reaps it and reports vm_exited.
   void kill() {
     if (qemu_) qemu_->signal(SIGKILL);
@@ -693,7 +789,7 @@ class VmmProcess {
 /// stdio on ours, the control socket), then delivers the output still owed and cleans up.
 /// Returns the exit status.
 int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& started_notify,
-              const std::vector<std::string>& argv) {
+              const std::vector<std::string>& argv, const std::function<void()>& on_up = {}) {
   const ServeConfig& cfg = plan.serve;
   const std::string& vmid = plan.vm;
   const fs::path& data_sock = plan.data_socket;
@@ -795,7 +891,13 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
-    vmm.start(h, id, argv, console, daemons, run.passt.get(), run.netns_fd, plan.console);
+    if (run.adopted) {
+      vmm.adopt(h, id, std::move(run.adopted), console);
+    } else {
+      vmm.start(h, id, argv, console, daemons, run.passt.get(), run.netns_fd, plan.console,
+                record_gate(plan, run, ""));
+    }
+    if (on_up) on_up();
   };
   emb.hooks.destroy = [&](const std::string&, std::uint64_t) {
     vmm.kill();  // the exit watch reaps it and reports vm_exited
@@ -816,12 +918,22 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     if (m == Milestone::data_error && !plan.console) say("neshost run: data channel: {}\n", ev.detail);
     // QEMU connects both chardev sockets at its start; in --sandbox the init dials the data
     // channel only after `boot`, so the runtime dir stays until then.
-    if (m == (plan.sandbox ? Milestone::data_connected : Milestone::ready)) rt.remove_now();
+    // A VMM that outlives us redials these sockets' paths (a replacement monitor binds them
+    // again): the directory stays until the VM is over; only a generated initramfs goes.
+    if (m == (plan.sandbox ? Milestone::data_connected : Milestone::ready)) {
+      if (!plan.vmm_survives) rt.remove_now();
+      else if (plan.initrd_from) fs::remove(plan.initrd, rm_ec);
+    }
     if (m == Milestone::started) {
       notify_started(started_notify);
       execs.workload_started();
     }
     if (m == Milestone::outcome) execs.workload_ended();
+    if (ev.kind == "resumed") {
+      // A replacement monitor has the lifecycle channel back (the guest redialled us).
+      say("neshost monitor: VM {}: the guest resumed its session ({})\n", vmid, ev.detail);
+      if (ev.detail.find("started=true") != std::string::npos) execs.workload_started();
+    }
     if (m == Milestone::finished) {
       // The record as it ends (with what was lost of the output), for our last words; and from
       // here on SIGINT/SIGTERM are read from a signalfd by the last writes below.
@@ -950,7 +1062,125 @@ int run_main(const Args& args) {
   return end(serve_run(*plan, rt, run, started_notify, *argv));
 }
 
+// ---- monitor: a replacement for a detached VM's dead monitor ----
+
+constexpr std::string_view kMonitorHelp = R"(usage: neshost monitor [--state DIR] [--notify-fd N] VM
+
+Take over a detached VM whose monitor is gone while its QEMU (or sandbox) runs on: neshost itself
+starts this (host/monitor/adopt.hpp) when any command (ps, inspect, wait, logs, exec, stop, kill,
+top, rm) finds the VM so; there is no need to run it by hand. It takes the generation over
+(monitor.json names it from then on), listens where the VM's chardevs redial, resumes the
+lifecycle session (the guest's resumed `ready`: docs/protocol.md "Channel survival"), serves the
+control socket, records the outcome once, applies on_exit and powers the VM down in order, as the
+monitor it replaces would have. Its messages go to STATE/VM/monitor.log.
+Exit 0 without doing anything when there is nothing to take over (another replacement won the
+race, the VM has ended, its VMM is gone); else the outcome's exit status, as `neshost run`.
+  --notify-fd N   write one line to fd N once the VM is taken over (or why not), then close it
+)";
+
+int monitor_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}, {"notify-fd"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("monitor", p.error().message);
+  if (p->help) {
+    fmt::print("{}", kMonitorHelp);
+    return 0;
+  }
+  if (p->positional.size() != 1) return usage_error("monitor", "exactly one VM is required");
+  const std::string vm = p->positional[0];
+  if (auto id = host::check_vm_id(vm); !id) return usage_error("monitor", "VM: " + id.error().message);
+  const fs::path state = p->has("state") ? fs::path(*p->get("state")) : default_state_dir();
+  host::Fd notify;
+  if (auto n = p->get("notify-fd")) {
+    auto fd = parse_uint("notify-fd", *n, 3, 1023);
+    if (!fd) return usage_error("monitor", fd.error().message);
+    if (::fcntl(static_cast<int>(*fd), F_SETFD, FD_CLOEXEC) == 0) notify.reset(static_cast<int>(*fd));
+  }
+  auto tell = [&](std::string_view line) {
+    if (!notify) return;
+    std::string l = std::string(line) + "\n";
+    [[maybe_unused]] auto n = ::write(notify.get(), l.data(), l.size());
+    notify.reset();
+  };
+  make_own_nonblocking(1);
+  make_own_nonblocking(2);
+  ::signal(SIGPIPE, SIG_IGN);
+  auto nothing = [&](std::string why) {
+    say("neshost monitor: VM {}: {}\n", vm, why);
+    tell(why);
+    return 0;
+  };
+  // One replacement per VM at a time: the loser of a race leaves it to the winner.
+  auto lock = host::open_vm_file(state, vm, host::kAdoptLock, O_RDWR | O_CREAT);
+  if (!lock) return nothing(fmt::format("not taken over: {}", lock.error().message));
+  if (::flock(lock->get(), LOCK_EX | LOCK_NB) != 0)
+    return nothing("another replacement monitor is taking it over");
+  auto st = host::reconcile(state, vm);
+  if (!st || !*st) return nothing(st ? "no such VM" : st.error().message);
+  if (!(*st)->orphaned())
+    return nothing(fmt::format("nothing to take over ({}: {})", host::to_string((*st)->status), (*st)->reason));
+  auto info = host::load_vmm(state, vm);
+  if (!info || !*info) return nothing(info ? "no vmm.json" : info.error().message);
+  const host::VmmInfo v = **info;
+  auto boot = host::load_boot(state, vm);
+  if (!boot) return nothing(boot.error().message);
+  // Pin the VMM before claiming the generation: a pidfd on the recorded process.
+  auto console = std::make_shared<ConsoleOut>();
+  if (auto f = host::open_vm_file(state, vm, host::kConsoleLog, O_WRONLY | O_CREAT | O_APPEND))
+    console->open_log(std::move(*f));
+  auto adopted = vm::VmProcess::adopt(
+      v.vmm->pid, v.vmm->start_time, [console](std::string_view b) { console->write(b); },
+      [](std::string_view b) { put_bounded(2, b, 1s); });
+  if (!adopted) return nothing(fmt::format("its VMM: {}", adopted.error().message));
+  const auto self = host::self_identity().value_or(host::ProcessIdentity{::getpid(), 0, {}});
+  auto mon = host::take_over_generation(state, vm, self);
+  if (!mon) return nothing(fmt::format("not taken over: {}", mon.error().message));
+  say("neshost monitor: VM {}: generation {} taken over from the monitor gone (VMM pid {})\n", vm, mon->generation,
+      v.vmm->pid);
+
+  RunPlan plan;
+  plan.vm = vm;
+  plan.state_dir = state;
+  plan.serve.state_dir = state;
+  auto& sc = plan.serve.session;
+  sc.vm = vm;
+  sc.generation = mon->generation;
+  sc.descriptor = std::move(*boot);
+  sc.on_exit = v.on_exit;
+  sc.stop_timeout = v.stop_timeout;
+  sc.grace = v.grace;
+  sc.reconnect = v.reconnect;
+  sc.resume = true;  // no boot: only the guest's resumed `ready` (docs/protocol.md "Channel survival")
+  plan.serve.listen.kind = host::ListenSpec::Kind::unix_path;
+  plan.serve.listen.path = v.channel_socket.string();
+  plan.runtime_dir = v.runtime_dir;
+  plan.channel_socket = v.channel_socket;
+  plan.data_socket = v.data_socket;
+  plan.sandbox = v.sandbox;
+  plan.workload_log.max_size = v.log_max_size;
+  plan.workload_log.max_files = v.log_max_files;
+  plan.grace = v.grace;
+  plan.rm = v.rm;
+  plan.vmm_survives = true;
+  plan.command = mon->command;
+  Running run;
+  run.console = console;
+  run.console_log = host::vm_path(state, vm, host::kConsoleLog);
+  run.adopted = std::move(*adopted);
+  run.adopted_daemons = v.daemons;
+  run.vmm_info = v;
+  RuntimeDir rt(v.runtime_dir);
+  host::Fd no_notify;
+  int status = serve_run(plan, rt, run, no_notify, {}, [&] { tell("adopted"); });
+  tell("adopted");  // (if serving never began: the notify pipe closes, the caller reconciles)
+  if (plan.rm)
+    if (auto r = host::remove_vm(state, vm, self); !r) say("neshost monitor: --rm: {}\n", r.error().message);
+  return status;
+}
+
 const Registrar run_reg{{"run", "boot a QEMU microVM, run ARGV in it, exit with its status", run_main}};
+const Registrar monitor_reg{{"monitor", "take over a detached VM whose monitor died (started by neshost itself)",
+                             monitor_main}};
 
 }  // namespace
 }  // namespace nes::cli

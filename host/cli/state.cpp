@@ -65,6 +65,7 @@ int inspect_main(const Args& args) {
   if (p->help) { fmt::print("{}", kInspectHelp); return 0; }
   auto t = target("inspect", *p);
   if (!t) return usage_error("inspect", t.error().message);
+  adopt_orphan("inspect", t->state, t->vm);
   auto r = host::reconcile(t->state, t->vm);
   if (!r) { fmt::print(stderr, "neshost inspect: {}\n", r.error().message); return 1; }
   if (!*r) {
@@ -112,6 +113,9 @@ int wait_main(const Args& args) {
     if (!vm_watched &&
         ::inotify_add_watch(in.get(), vm_dir.c_str(), IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR) >= 0)
       vm_watched = true;
+    // A VM whose monitor died (now, or before we looked) is served again: its replacement
+    // records the outcome we wait for.
+    adopt_orphan("wait", t->state, t->vm);
     auto r = host::reconcile(t->state, t->vm);
     if (!r) { fmt::print(stderr, "neshost wait: {}\n", r.error().message); return 1; }
     host::Fd monitor;

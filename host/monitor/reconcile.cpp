@@ -18,6 +18,7 @@
 
 #include "host/lib/base.hpp"
 #include "base/small_file.hpp"
+#include "host/monitor/vmm_record.hpp"
 #include "protocol/status.hpp"
 
 namespace nes::host {
@@ -128,6 +129,13 @@ Loaded<Record> load_record(const fs::path& state, std::string_view vm) {
 }
 Loaded<StopRequest> load_stop(const fs::path& state, std::string_view vm) {
   return load<StopRequest>(stop_path(state, vm), [](std::string_view t) { return parse_stop(t); });
+}
+
+/// The VMM of `generation` recorded in vmm.json, if any (an unreadable file: none).
+std::optional<ProcessIdentity> vmm_of(const fs::path& state, std::string_view vm, std::uint64_t generation) {
+  auto v = load_vmm(state, vm);
+  if (!v || !*v || (*v)->generation != generation || !(*v)->vmm) return std::nullopt;
+  return (*v)->vmm;
 }
 
 bool is_natural(proto::Outcome o) {
@@ -267,7 +275,13 @@ Result<std::uint64_t> begin_generation(const fs::path& state, MonitorInfo m,
     return Error{fmt::format("VM '{}' is running in {} (monitor pid {}, generation {})", m.vm,
                              state.string(), old.value->monitor.pid, old.value->generation)};
   std::uint64_t gen = old.value ? old.value->generation : 0;
-  if (auto rec = load_record(state, m.vm); rec.value) gen = std::max(gen, rec.value->generation);
+  auto last = load_record(state, m.vm);
+  if (old.value && !(last.value && last.value->generation >= old.value->generation))
+    if (auto v = vmm_of(state, m.vm, old.value->generation); v && is_alive(*v))
+      return Error{fmt::format("VM '{}' is running in {} (its monitor is gone, its VMM pid {} of generation {} "
+                               "runs; any neshost command on it starts a replacement monitor)",
+                               m.vm, state.string(), v->pid, old.value->generation)};
+  if (last.value) gen = std::max(gen, last.value->generation);
   m.generation = gen + 1;
   // Left by earlier generations: a stop request (generation-tagged, but it is history now) and
   // the control socket of a monitor that was killed.
@@ -294,6 +308,24 @@ Result<LockedVm> lock_existing_vm(const fs::path& state, std::string_view vm) {
   return LockedVm{std::move(dir), std::move(*lock)};
 }
 }  // namespace
+
+Result<MonitorInfo> take_over_generation(const fs::path& state, std::string_view vm, const ProcessIdentity& self) {
+  auto locked = lock_existing_vm(state, vm);
+  if (!locked) return locked.error();
+  auto mon = load_monitor(state, vm);
+  if (!mon.value) return Error{mon.error ? *mon.error : std::string("no monitor.json")};
+  MonitorInfo m = *mon.value;
+  if (m.monitor != self && is_alive(m.monitor))
+    return Error{fmt::format("the monitor (pid {}) of generation {} is alive", m.monitor.pid, m.generation)};
+  if (auto rec = load_record(state, vm); rec.value && rec.value->generation >= m.generation)
+    return Error{fmt::format("generation {} is recorded ({})", rec.value->generation, describe(*rec.value))};
+  auto v = vmm_of(state, vm, m.generation);
+  if (!v) return Error{fmt::format("no VMM of generation {} is recorded", m.generation)};
+  if (!is_alive(*v)) return Error{fmt::format("its VMM (pid {}) is gone", v->pid)};
+  m.monitor = self;
+  if (auto s = write_durable(locked->dir, kMonitorFile, encode_monitor(m)); !s) return s.error();
+  return m;
+}
 
 Result<StopResult> persist_stop(const fs::path& state, std::string_view vm, std::uint64_t generation) {
   auto locked = lock_existing_vm(state, vm);
@@ -334,6 +366,8 @@ Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view
   // checked) or as gone-with-its-record, never as gone-without-one.
   auto mon = load_monitor(state, vm);
   bool alive = mon.value && is_alive(mon.value->monitor);
+  std::optional<ProcessIdentity> vmm = mon.value ? vmm_of(state, vm, mon.value->generation) : std::nullopt;
+  bool vmm_alive = vmm && is_alive(*vmm);
   auto rec = load_record(state, vm);
   auto stop = load_stop(state, vm);
 
@@ -348,13 +382,20 @@ Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view
     // generation); its process, alive or not, does not serve the recorded generation.
     s.generation = rec.value->generation;
     alive = false;
+    vmm.reset();
+    vmm_alive = false;
   }
   s.monitor_alive = alive;
+  s.vmm = vmm;
+  s.vmm_alive = vmm_alive;
+  // The monitor gone and its VMM alive: the VM runs on, unmonitored until a neshost command
+  // starts a replacement monitor (orphaned()); it is never taken for a failed one meanwhile.
+  const bool served = alive || vmm_alive;
   const bool rec_same = rec.value && rec.value->generation == s.generation && rec.value->vm == vm;
   if (rec_same) s.record = rec.value;
   s.stop_requested = stop.value && stop.value->generation == s.generation && s.generation != 0;
 
-  if (s.stop_requested && (rec_same || !alive)) {
+  if (s.stop_requested && (rec_same || !served)) {
     s.status = VmStatus::stopped;
     s.exit_status = rec_same ? reported_status(*rec.value) : kStoppedStatus;
     s.reason = rec_same ? fmt::format("stopped on request at {}; then {}",
@@ -376,6 +417,14 @@ Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view
   if (alive) {
     s.status = VmStatus::running;
     s.reason = s.stop_requested ? "stopping (stop requested)" : "monitor alive, no outcome yet";
+    return std::optional<VmState>{std::move(s)};
+  }
+  if (vmm_alive) {
+    s.status = VmStatus::running;
+    s.reason = fmt::format("{}the monitor (pid {}) of generation {} is gone; its VMM (pid {}) runs: a replacement "
+                           "monitor takes it over",
+                           s.stop_requested ? "stopping (stop requested); " : "", mon.value->monitor.pid,
+                           s.generation, vmm->pid);
     return std::optional<VmState>{std::move(s)};
   }
   // The monitor is gone and left no valid outcome of this generation: failed, never running.
@@ -409,11 +458,11 @@ std::string encode_state(const VmState& s) {
                        s.generation, s.exit_status ? std::to_string(*s.exit_status) : "null");
   }
   return fmt::format(R"({},"status":"{}","status_reason":{},"monitor_pid":{},"monitor_alive":{},)"
-                     R"("stop_requested":{}}})"
+                     R"("stop_requested":{},"vmm_pid":{},"vmm_alive":{}}})"
                      "\n",
                      head, to_string(s.status), json_string(s.reason),
                      s.monitor ? std::to_string(s.monitor->monitor.pid) : "null", s.monitor_alive,
-                     s.stop_requested);
+                     s.stop_requested, s.vmm ? std::to_string(s.vmm->pid) : "null", s.vmm_alive);
 }
 
 std::vector<std::string> list_vms(const fs::path& state) {
@@ -438,6 +487,12 @@ Status remove_vm(const fs::path& state, std::string_view vm, const std::optional
     bool newer_rec = rec.value && rec.value->generation > mon.value->generation;
     if (!newer_rec)
       return Error{fmt::format("VM '{}' is running (monitor pid {})", vm, mon.value->monitor.pid)};
+  }
+  if (auto mon = load_monitor(state, vm); mon.value && mon.value->monitor != self) {
+    auto rec = load_record(state, vm);
+    if (!(rec.value && rec.value->generation >= mon.value->generation))
+      if (auto v = vmm_of(state, vm, mon.value->generation); v && is_alive(*v))
+        return Error{fmt::format("VM '{}' is running (its monitor is gone; its VMM pid {} runs)", vm, v->pid)};
   }
   // Everything but the lock first, then the lock, then the directory: a writer that opens the
   // lock meanwhile finds no directory to write into afterwards.

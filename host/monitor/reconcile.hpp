@@ -60,7 +60,7 @@ Result<MonitorInfo> parse_monitor(std::string_view json);
 
 /// Start a new generation of `m.vm` with `m.monitor` as its monitor: under the VM's lock
 /// (`<vm>/.lock`, the one write_record() takes), refuse if the monitor of the current generation
-/// is alive; else the new generation is one more than any on disk (monitor.json or outcome.json;
+/// is alive, or its VMM (vmm.json) is alive with no outcome recorded (an orphaned VM); else the new generation is one more than any on disk (monitor.json or outcome.json;
 /// 1 for a new VM), a stop request of an older generation is dropped, and monitor.json is written
 /// durably (temp, fsync, rename, fsync dir). Returns the generation; `m.generation` is ignored.
 /// A monitor whose generation is already recorded is only powering its VM off: it is waited for
@@ -68,6 +68,14 @@ Result<MonitorInfo> parse_monitor(std::string_view json);
 /// Blocking (bounded: `settle`, then the lock is tried for at most 5 s).
 Result<std::uint64_t> begin_generation(const std::filesystem::path& state_dir, MonitorInfo m,
                                        std::chrono::milliseconds settle = std::chrono::seconds(10));
+
+/// A replacement monitor takes generation G of `vm` over (docs/host.md "Re-adoption"): under the
+/// VM's lock, only if monitor.json's monitor of G is gone, no outcome of G is recorded and G's VMM
+/// (vmm.json) still runs; then monitor.json is rewritten durably with `self` as G's monitor (the
+/// rest as it was). Returns the monitor record as written. Errors say which condition failed
+/// ("the monitor (pid P) of generation G is alive", "generation G is recorded", "its VMM is gone").
+Result<MonitorInfo> take_over_generation(const std::filesystem::path& state_dir, std::string_view vm,
+                                         const ProcessIdentity& self);
 
 /// What persist_stop() did.
 struct StopResult {
@@ -101,15 +109,24 @@ struct VmState {
   std::optional<MonitorInfo> monitor;
   bool monitor_alive = false;
   bool stop_requested = false;     // a stop of the current generation is persisted
+  /// The current generation's VMM (vmm.json, host/monitor/vmm_record.hpp: a detached VM's QEMU
+  /// or sandbox, which outlives its monitor), and whether it still runs.
+  std::optional<ProcessIdentity> vmm;
+  bool vmm_alive = false;
+  /// Running without a monitor: its monitor is gone, no outcome is recorded and its VMM runs. A
+  /// neshost command that finds it so starts a replacement monitor (host/monitor/adopt.hpp).
+  bool orphaned() const { return status == VmStatus::running && !monitor_alive && vmm_alive; }
 };
 
 /// The one reconcile rule, from the state dir alone (no lock; liveness is read before the record
 /// so a monitor that records and exits in between is never taken for a lost one):
-///   stop persisted for G, and (a record of G or the monitor gone) -> stopped
+///   stop persisted for G, and (a record of G or the monitor and VMM gone) -> stopped
 ///   a valid record of G (vm matches)   -> exited (exited/signalled) or failed (its reason);
 ///                                         a host-ended `stopped` outcome -> stopped
 ///   the monitor of G alive, no record  -> running
-///   the monitor gone, no valid record  -> failed, saying why (missing, unreadable, stale)
+///   the monitor gone, its VMM alive (vmm.json of G), no record -> running (orphaned(): a
+///                                         replacement monitor takes it over)
+///   the monitor and VMM gone, no valid record -> failed, saying why (missing, unreadable, stale)
 /// G is the newest generation on disk (monitor.json or outcome.json); older ones are ignored.
 /// nullopt: no such VM (no directory, or neither file). Error: the state dir cannot be read.
 Result<std::optional<VmState>> reconcile(const std::filesystem::path& state_dir, std::string_view vm);
@@ -117,14 +134,15 @@ Result<std::optional<VmState>> reconcile(const std::filesystem::path& state_dir,
 /// One JSON object plus '\n' (what `neshost inspect` prints): the current generation's record
 /// fields when there is a valid record (schema_version .. finished_at, as encode_record), else
 /// vm, generation, outcome null, exit_status; then status, status_reason, monitor_pid (null
-/// without a monitor file), monitor_alive, stop_requested.
+/// without a monitor file), monitor_alive, stop_requested, vmm_pid (null without a recorded VMM),
+/// vmm_alive.
 std::string encode_state(const VmState& s);
 
 /// VM ids with a directory in `state_dir` (sorted; other entries ignored). Empty if none.
 std::vector<std::string> list_vms(const std::filesystem::path& state_dir);
 
 /// Delete `<state_dir>/<vm>/` and everything in it, under the VM's lock; refused while the
-/// current generation's monitor is alive, unless that monitor is `self` (the caller: `neshost run
+/// current generation's monitor is alive (or its VMM, unrecorded: an orphaned VM), unless that monitor is `self` (the caller: `neshost run
 /// --rm` removing its own VM at its end).
 Status remove_vm(const std::filesystem::path& state_dir, std::string_view vm,
                  const std::optional<ProcessIdentity>& self = std::nullopt);

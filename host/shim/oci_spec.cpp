@@ -234,7 +234,9 @@ Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle) {
 }
 
 std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
-  std::vector<std::string> a = {"run", "--vm", p.vm, "--state", p.state_dir.string(), "--rootfs", s.root.string(),
+  // --vmm-outlives: the VM survives its monitor's death; the shim then has it adopted
+  // (task_service.cpp readopt()).
+  std::vector<std::string> a = {"run", "--vmm-outlives", "--vm", p.vm, "--state", p.state_dir.string(), "--rootfs", s.root.string(),
                                 "--user", fmt::format("{}:{}", s.uid, s.gid), "--workdir", s.cwd};
   for (auto g : s.groups) {
     if (g == s.gid) continue;

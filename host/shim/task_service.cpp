@@ -27,7 +27,9 @@
 
 #include "containerd_pb.h"
 #include "host/lib/base.hpp"
+#include "host/monitor/adopt.hpp"
 #include "host/monitor/monitor.hpp"
+#include "host/monitor/vmm_record.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "protocol/codec.hpp"
 #include "host/lib/record.hpp"
@@ -147,6 +149,20 @@ void unmount_rootfs(const fs::path& bundle, const TaskRecord& r) {
   if (r.mounted_rootfs) ::umount2((bundle / "rootfs").c_str(), MNT_DETACH);
 }
 
+// The VM's VMM (QEMU and its daemons), which outlives `neshost run` (--vmm-outlives): SIGKILLed by
+// its recorded identity (vmm.json) when the task must end whatever its monitor does.
+void kill_vmm(const TaskRecord& r) {
+  auto v = host::load_vmm(r.state_dir, r.vm);
+  if (!v || !*v) return;
+  std::vector<host::ProcessIdentity> ids;
+  if ((*v)->vmm) ids.push_back(*(*v)->vmm);
+  for (const auto& d : (*v)->daemons) ids.push_back(d.id);
+  for (const auto& id : ids) {
+    Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, id.pid, 0))};
+    if (pidfd && host::is_alive(id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+  }
+}
+
 // A deleted task leaves nothing: its rootfs mount, the VM's state, the task file.
 void remove_task(const fs::path& bundle, const TaskRecord& r) {
   unmount_rootfs(bundle, r);
@@ -179,9 +195,15 @@ Cleanup cleanup_task(const fs::path& bundle) {
   const TaskRecord& r = **rec;
   c.pid = r.pid;
   if (same_process_alive(r.pid, r.pid_start)) {
-    ::kill(-r.pid, SIGKILL);  // its session's process group: neshost, QEMU, virtiofsd
+    ::kill(-r.pid, SIGKILL);  // its session's process group: neshost
     ::kill(r.pid, SIGKILL);
   }
+  // A replacement monitor (readopt) and the VMM, which outlive `neshost run`.
+  if (auto st = host::reconcile(r.state_dir, r.vm); st && *st && (*st)->monitor_alive && (*st)->monitor) {
+    Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, (*st)->monitor->monitor.pid, 0))};
+    if (pidfd && host::is_alive((*st)->monitor->monitor)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+  }
+  kill_vmm(r);
   apply_recorded_exit(r, c.exit_status, c.exited_at_ns);
   remove_task(bundle, r);
   return c;
@@ -261,6 +283,8 @@ struct TaskService::Impl {
   TaskRecord rec;
   TaskSpec spec;
   Fd pidfd;
+  /// The replacement monitor serving the VM after `neshost run` died (readopt()); not our child.
+  std::optional<host::ProcessIdentity> adopted;
   // Threads asking the guest for its processes (each bounded by the control socket's timeout);
   // joined before the service goes.
   std::list<std::thread> askers;
@@ -600,22 +624,60 @@ struct TaskService::Impl {
 
   void kill_session() {
     if (task.phase != Phase::running) return;
-    ::kill(-rec.pid, SIGKILL);  // neshost, QEMU, virtiofsd: one session
+    ::kill(-rec.pid, SIGKILL);  // neshost's session
     ::kill(rec.pid, SIGKILL);
+    if (adopted) {
+      Fd p{static_cast<int>(::syscall(SYS_pidfd_open, adopted->pid, 0))};
+      if (p && host::is_alive(*adopted)) ::syscall(SYS_pidfd_send_signal, p.get(), SIGKILL, nullptr, 0);
+    }
+    kill_vmm(rec);  // QEMU and its daemons outlive neshost (--vmm-outlives)
+  }
+
+  /// The VM's monitor runs: `neshost run` (our child), or the replacement that adopted the VM.
+  bool monitor_alive() const {
+    return adopted ? host::is_alive(*adopted) : same_process_alive(rec.pid, rec.pid_start);
   }
 
   void on_exit() {
     kill_timer.cancel();
-    int st = 0;
-    pid_t r;
-    do r = ::waitpid(rec.pid, &st, 0);
-    while (r < 0 && errno == EINTR);
-    // neshost's own exit status is the workload's (docs/host.md); the record's is authoritative.
-    std::uint32_t status = WIFEXITED(st) ? static_cast<std::uint32_t>(WEXITSTATUS(st))
-                                         : static_cast<std::uint32_t>(128 + WTERMSIG(st));
+    std::uint32_t status = 125;  // a replacement is not our child: its status is the record's
+    if (!adopted) {
+      int st = 0;
+      pid_t r;
+      do r = ::waitpid(rec.pid, &st, 0);
+      while (r < 0 && errno == EINTR);
+      // neshost's own exit status is the workload's (docs/host.md); the record's is authoritative.
+      status = WIFEXITED(st) ? static_cast<std::uint32_t>(WEXITSTATUS(st)) : static_cast<std::uint32_t>(128 + WTERMSIG(st));
+    }
+    if (readopt()) return;
     std::int64_t at = now_ns();
     apply_recorded_exit(rec, status, at);
     finish(status, at);
+  }
+
+  /// The monitor died with its VM still running (its VMM outlives it, no outcome recorded): a
+  /// replacement monitor takes the VM over (host/monitor/adopt.hpp; blocks the loop at most 15
+  /// s) and the task goes on until that one ends, its record the task's exit. Control requests
+  /// (Kill, Exec, ResizePty, Pids) reach it through the same control socket path. Output after
+  /// the replacement goes to the VM's workload.log, not containerd's FIFOs (they were the dead
+  /// monitor's stdio). false: nothing to adopt (the VM ended, or is gone with its monitor).
+  bool readopt() {
+    std::string said;
+    auto st = cli::ensure_monitor(rec.state_dir, rec.vm, cfg.neshost, 15s, &said);
+    if (!st || !*st || (*st)->status != host::VmStatus::running || !(*st)->monitor_alive || !(*st)->monitor)
+      return false;
+    const host::ProcessIdentity id = (*st)->monitor->monitor;
+    if (adopted && *adopted == id) return false;
+    Fd p{static_cast<int>(::syscall(SYS_pidfd_open, id.pid, 0))};
+    if (!p || !host::is_alive(id)) return false;
+    adopted = id;
+    fmt::print(stderr, "containerd-shim-nesinit-v2: task {}: {}\n", cfg.id,
+               said.empty() ? fmt::format("served by monitor pid {}", id.pid) : said);
+    exit_watch.emplace(io, p.release());
+    exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+      if (!ec) on_exit();
+    });
+    return true;
   }
 
   /// The task ended with `status` at `at_ns`: its exit published, its waiters answered.
@@ -637,7 +699,7 @@ struct TaskService::Impl {
       finish(128 + req->signal(), now_ns());
       return empty();
     }
-    if (!same_process_alive(rec.pid, rec.pid_start))  // exited, its exit not yet seen here
+    if (!monitor_alive())  // exited, its exit not yet seen here
       return fail(ttrpc::Code::not_found, "process already finished");
     host::Status reply = cli::control_call(host::control_path(rec.state_dir, rec.vm),
                                            cli::control::Kill{static_cast<int>(req->signal()), std::nullopt}, 2s);

@@ -164,6 +164,11 @@ host::Result<std::unique_ptr<Passt>> Passt::start(const PasstOptions& o, std::ch
   lo.argv = std::move(*argv);
   lo.console = [st](std::string_view b) { st->feed(b); };
   lo.diagnostics = [st](std::string_view b) { st->feed(b); };
+  if (o.outlive) {
+    lo.death_signal = 0;
+    lo.ignore_sigpipe = true;
+  }
+  lo.before_exec = o.before_exec;
   lo.fds = {{passt_end.get(), kPasstChildFd}};
   auto p = VmProcess::launch(std::move(lo));
   if (!p) return host::Error{fmt::format("cannot start passt: {}", p.error().message)};

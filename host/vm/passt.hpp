@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,11 @@ struct PasstOptions {
   /// Where its readiness directory is made (mkdtemp; every component must be searchable by the
   /// user passt runs as, `nobody` when we are root: e.g. /tmp). Removed once passt is ready.
   std::filesystem::path tmp_dir = "/tmp";
+  /// The daemon outlives this process (a detached VM's, docs/host.md "Re-adoption"): no death
+  /// signal, SIGPIPE ignored (its stderr has no reader once we are gone). Default: it dies with us.
+  bool outlive = false;
+  /// vm::LaunchOptions::before_exec: e.g. record its identity before it may run.
+  std::function<host::Status(pid_t)> before_exec;
 };
 
 /// A running passt. The destructor kills and reaps it if it still runs.

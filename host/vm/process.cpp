@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,7 +14,9 @@
 #include <cerrno>
 #include <algorithm>
 #include <cstring>
+#include <cstdlib>
 #include <deque>
+#include <optional>
 #include <future>
 
 #include <fmt/format.h>
@@ -126,7 +129,8 @@ struct Forked {
 /// Runs on the spawner thread. Only async-signal-safe calls between fork and execve.
 host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::string>& argv,
                                int death_signal, int out_w, int err_w,
-                               const std::vector<std::pair<int, int>>& pass, int netns_fd) {
+                               const std::vector<std::pair<int, int>>& pass, int netns_fd,
+                               const std::function<host::Status(pid_t)>& before_exec, bool ignore_sigpipe) {
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
@@ -135,6 +139,15 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
   int st[2];
   if (::pipe2(st, O_CLOEXEC) != 0) return host::Error{fmt::format("pipe2: {}", std::strerror(errno))};
   host::Fd st_r(st[0]), st_w(st[1]);
+  // The gate (before_exec): the child reads one byte from it before execve; EOF (we died, or
+  // the gate refused) makes it exit instead.
+  host::Fd go_r, go_w;
+  if (before_exec) {
+    int g[2];
+    if (::pipe2(g, O_CLOEXEC) != 0) return host::Error{fmt::format("pipe2: {}", std::strerror(errno))};
+    go_r.reset(g[0]);
+    go_w.reset(g[1]);
+  }
   const pid_t parent = ::getpid();
   // The status pipe sits just above the passed descriptors (3 when there are none); every source
   // is first moved above it, so no dup2 below clobbers another source.
@@ -149,8 +162,17 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
     // Child. Own session: a terminal's Ctrl-C (SIGINT to the foreground process group) reaches
     // neshost, which shuts the guest down in order, never QEMU directly.
     ::setsid();
-    ::prctl(PR_SET_PDEATHSIG, death_signal);
-    if (::getppid() != parent) ::_exit(125);  // the parent died before prctl took effect
+    if (death_signal) {
+      ::prctl(PR_SET_PDEATHSIG, death_signal);
+      if (::getppid() != parent) ::_exit(125);  // the parent died before prctl took effect
+    }
+    if (go_r) {
+      go_w.reset();  // only the parent may hold the write end: its death is our EOF
+      char b = 0;
+      ssize_t g;
+      do g = ::read(go_r.get(), &b, 1); while (g < 0 && errno == EINTR);
+      if (g != 1) ::_exit(125);
+    }
     if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
       int e = errno | kSetnsFailed;
       [[maybe_unused]] auto n = ::write(st_w.get(), &e, sizeof e);
@@ -178,6 +200,11 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);  // EINVAL for KILL/STOP: fine
+    if (ignore_sigpipe) {
+      struct sigaction ign {};
+      ign.sa_handler = SIG_IGN;
+      ::sigaction(SIGPIPE, &ign, nullptr);
+    }
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -187,9 +214,25 @@ host::Result<Forked> fork_exec(const std::string& path, const std::vector<std::s
     ::_exit(127);
   }
   st_w.reset();
+  go_r.reset();
   Forked f;
   f.pid = pid;
   f.pidfd = host::Fd(sys_pidfd_open(pid));
+  if (before_exec) {
+    // The child waits for the gate; it cannot exec (nor outlive us unrecorded) before this.
+    host::Status g = f.pidfd ? before_exec(pid) : host::Status(host::Error{"pidfd_open failed"});
+    if (g) {
+      char one = 1;
+      if (::write(go_w.get(), &one, 1) != 1) g = host::Error{fmt::format("gate: {}", std::strerror(errno))};
+    }
+    go_w.reset();
+    if (!g) {
+      ::kill(pid, SIGKILL);
+      int status;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+      return g.error();
+    }
+  }
   int e = 0;
   ssize_t n;
   do n = ::read(st_r.get(), &e, sizeof e); while (n < 0 && errno == EINTR);
@@ -248,7 +291,8 @@ host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
   if (!wake) return host::Error{fmt::format("eventfd: {}", std::strerror(errno))};
 
   auto forked = Spawner::instance().run([&] {
-    return fork_exec(*path, opts.argv, opts.death_signal, out_w.get(), err_w.get(), opts.fds, opts.netns_fd);
+    return fork_exec(*path, opts.argv, opts.death_signal, out_w.get(), err_w.get(), opts.fds, opts.netns_fd,
+                     opts.before_exec, opts.ignore_sigpipe);
   });
   if (!forked) return forked.error();
   auto p = std::make_unique<VmProcess>(Key{});
@@ -267,9 +311,57 @@ host::Result<std::unique_ptr<VmProcess>> VmProcess::launch(LaunchOptions opts) {
   return p;
 }
 
+host::Result<std::unique_ptr<VmProcess>> VmProcess::adopt(pid_t pid, unsigned long long start_time, ByteSink console,
+                                                          ByteSink diagnostics) {
+  host::Fd pidfd(sys_pidfd_open(pid));
+  if (!pidfd) return host::Error{fmt::format("pid {}: {}", pid, std::strerror(errno))};
+  // Pinned by the pidfd now: the start time read after opening it rules out a recycled pid.
+  auto stat = [&]() -> std::optional<unsigned long long> {
+    host::Fd f(::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f) return std::nullopt;
+    char b[1024];
+    ssize_t n = ::read(f.get(), b, sizeof b - 1);
+    if (n <= 0) return std::nullopt;
+    std::string_view s(b, static_cast<std::size_t>(n));
+    auto rp = s.rfind(')');
+    if (rp == std::string_view::npos) return std::nullopt;
+    s.remove_prefix(rp + 2);  // field 3 on
+    for (int field = 3; field < 22; ++field) {
+      auto sp = s.find(' ');
+      if (sp == std::string_view::npos) return std::nullopt;
+      s.remove_prefix(sp + 1);
+    }
+    return std::strtoull(std::string(s.substr(0, s.find(' '))).c_str(), nullptr, 10);
+  }();
+  if (!stat || *stat != start_time)
+    return host::Error{fmt::format("pid {}: not the process recorded (start time {} != {})", pid,
+                                   stat ? std::to_string(*stat) : "?", start_time)};
+  host::Fd wake(::eventfd(0, EFD_CLOEXEC));
+  if (!wake) return host::Error{fmt::format("eventfd: {}", std::strerror(errno))};
+  auto p = std::make_unique<VmProcess>(Key{});
+  p->pid_ = pid;
+  p->adopted_ = true;
+  p->pidfd_ = std::move(pidfd);
+  // Its stdout/stderr pipes, opened again: only a pipe is read (a file or /dev/null is not ours).
+  auto reopen = [pid](int n) {
+    std::string path = fmt::format("/proc/{}/fd/{}", pid, n);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode)) return host::Fd();
+    return host::Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  };
+  p->out_r_ = reopen(1);
+  p->err_r_ = reopen(2);
+  p->wake_ = std::move(wake);
+  p->console_ = std::move(console);
+  p->diagnostics_ = std::move(diagnostics);
+  host::SignalsBlocked quiet;
+  p->drain_ = std::thread([raw = p.get()] { raw->drain_loop(); });
+  return p;
+}
+
 void VmProcess::drain_loop() {
   char buf[65536];
-  bool out_open = true, err_open = true;
+  bool out_open = static_cast<bool>(out_r_), err_open = static_cast<bool>(err_r_);
   while (out_open || err_open) {
     pollfd fds[3] = {{out_open ? out_r_.get() : -1, POLLIN, 0},
                      {err_open ? err_r_.get() : -1, POLLIN, 0},

@@ -36,8 +36,19 @@ struct LaunchOptions {
   ByteSink console;               // the child's stdout: for QEMU, the guest's serial console
   ByteSink diagnostics;           // the child's stderr: QEMU's own warnings and errors
   /// Signal the child gets when the thread that forked it dies (PR_SET_PDEATHSIG). The fork runs
-  /// on one spawner thread that lives as long as this process, so in effect: when we die.
+  /// on one spawner thread that lives as long as this process, so in effect: when we die. 0: none,
+  /// the child outlives us (a detached VM's QEMU and daemons: docs/host.md "Re-adoption").
   int death_signal = SIGKILL;
+  /// Called on the spawner thread with the child's pid after fork and before the child may
+  /// execve (the child waits on a pipe meanwhile): e.g. to record its identity durably before it
+  /// can do anything. An error kills and reaps the child and is launch()'s error. If this process
+  /// dies before the call returns, the child never execs (it sees the pipe's EOF and exits 125),
+  /// so nothing can outlive us unrecorded. Empty: the child execs at once.
+  std::function<host::Status(pid_t)> before_exec;
+  /// SIGPIPE ignored in the child (an ignored disposition survives execve): for a daemon that
+  /// outlives us, whose stderr pipe then has no reader (a write fails with EPIPE instead of
+  /// killing it). QEMU ignores SIGPIPE itself.
+  bool ignore_sigpipe = false;
   /// Descriptors the child inherits at fixed numbers: {fd here, its number in the child}. Each
   /// child number is 3..kMaxChildFd and given once; the child gets a dup of the fd there (without
   /// FD_CLOEXEC) after every other descriptor was closed, so nothing else leaks. Our fd is not
@@ -71,6 +82,16 @@ class VmProcess {
   /// text), a bad `fds` entry (not open here, child number outside 3..kMaxChildFd or given twice),
   /// pipe/fork/pidfd failures.
   static host::Result<std::unique_ptr<VmProcess>> launch(LaunchOptions opts);
+  /// Takes over a running process that is not our child (a VMM whose monitor died: docs/host.md
+  /// "Re-adoption"), named by its pid and start time (field 22 of /proc/PID/stat): a pidfd on it,
+  /// checked against `start_time` after it was opened (no pid-reuse race). Its stdout and stderr
+  /// are pipes another process made: they are opened again through /proc/PID/fd/1 and 2 (the
+  /// same pipes' read ends; needs ptrace access: our uid or root) and drained to `console` /
+  /// `diagnostics` as launch()'s are; one that is not a pipe (or cannot be opened) is not read.
+  /// Its exit status is unknown to us (only its parent may reap it): wait_for() reports it
+  /// exited with neither code nor signal. Errors: no such process, another start time.
+  static host::Result<std::unique_ptr<VmProcess>> adopt(pid_t pid, unsigned long long start_time, ByteSink console,
+                                                        ByteSink diagnostics);
 
 private:
   struct Key {  // passkey: only launch() can construct
@@ -84,6 +105,8 @@ private:
   ~VmProcess();
 
   pid_t pid() const { return pid_; }
+  /// true if adopt() made it (not our child).
+  bool adopted() const { return adopted_; }
   /// A pidfd (pidfd_open(2)): readable once the process has exited. For poll/epoll/Asio; owned here.
   int pidfd() const { return pidfd_.get(); }
   /// Waits up to `timeout` for the process to exit and reaps it. nullopt: still running.
@@ -107,6 +130,7 @@ private:
   void drain_loop();
 
   pid_t pid_ = -1;
+  bool adopted_ = false;
   host::Fd pidfd_;
   host::Fd out_r_, err_r_, wake_;  // console pipe, stderr pipe, eventfd that stops the drain
   ByteSink console_, diagnostics_;

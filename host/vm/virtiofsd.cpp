@@ -91,6 +91,11 @@ host::Result<std::unique_ptr<Virtiofsd>> Virtiofsd::start(const VirtiofsdOptions
   lo.argv = virtiofsd_argv(o);
   lo.console = [st](std::string_view b) { st->feed(b); };
   lo.diagnostics = [st](std::string_view b) { st->feed(b); };
+  if (o.outlive) {
+    lo.death_signal = 0;
+    lo.ignore_sigpipe = true;
+  }
+  lo.before_exec = o.before_exec;
   auto p = VmProcess::launch(std::move(lo));
   if (!p) return host::Error{fmt::format("{}: cannot start virtiofsd: {}", who, p.error().message)};
   auto d = std::make_unique<Virtiofsd>(Key{}, std::move(*p), st, o.share);

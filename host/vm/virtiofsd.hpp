@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,6 +52,11 @@ struct VirtiofsdOptions {
   /// Made in a private mount namespace of the daemon's own (util-linux unshare(1) and mount(8),
   /// so nothing reaches the host's mount table and the binds vanish with the daemon). Needs root.
   std::vector<FileBind> binds;
+  /// The daemon outlives this process (a detached VM's, docs/host.md "Re-adoption"): no death
+  /// signal, SIGPIPE ignored (its stderr has no reader once we are gone). Default: it dies with us.
+  bool outlive = false;
+  /// vm::LaunchOptions::before_exec: e.g. record its identity before it may run.
+  std::function<host::Status(pid_t)> before_exec;
 };
 
 /// The daemon's argv. Sandbox: `--sandbox=namespace` (virtiofsd's default and its documented

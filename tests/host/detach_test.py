@@ -164,7 +164,8 @@ def case_detached_exit_7_agree():
 
 
 def case_monitor_killed_record_missing_or_corrupt():
-    """The monitor SIGKILLed mid-run (its VMM dies with it): failed, saying why; never running."""
+    """The monitor and its VMM SIGKILLed mid-run (a VMM outliving its monitor alone is adopted:
+    adopt_test.py): failed, saying why; never running."""
     c = Case("killed")
     try:
         go = c.fifo("go")
@@ -172,8 +173,10 @@ def case_monitor_killed_record_missing_or_corrupt():
         check(rc == 0, "run -d: %r" % err)
         st = c.inspect("k")
         pid = st.get("monitor_pid")
-        check(st.get("status") == "running" and pid, "running: %s" % st)
+        vmm = st.get("vmm_pid")
+        check(st.get("status") == "running" and pid and vmm, "running: %s" % st)
         os.kill(pid, signal.SIGKILL)
+        os.kill(vmm, signal.SIGKILL)
         # A waiter wakes on the monitor's exit (pidfd), not on a file: it never hangs.
         rc, out, err = c.nh("wait", "--state", c.state, "--timeout", "30", "k")
         check(rc == 125 and "without recording an outcome" in err, "wait after SIGKILL: %d %r %r" % (rc, out, err))
@@ -182,7 +185,7 @@ def case_monitor_killed_record_missing_or_corrupt():
               "without recording an outcome" in st.get("status_reason", ""), "inspect: %s" % st)
         _, rows = c.ps("-a")
         check(rows.get("k", {}).get("status") == "failed (125)", "ps -a: %s" % rows)
-        # The workload went with the monitor (PR_SET_PDEATHSIG -> unshare --kill-child): no reader.
+        # The workload went with its VMM (unshare --kill-child): no reader.
         try:
             fd = os.open(go, os.O_WRONLY | os.O_NONBLOCK)
             os.close(fd)

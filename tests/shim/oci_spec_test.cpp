@@ -49,7 +49,7 @@ TEST_CASE("ctr's default spec becomes the task; in-kernel confinement is ignored
   REQUIRE(s->volumes.size() == 1);
   CHECK(s->volumes[0] == shim::Volume{std::filesystem::canonical("/tmp"), "/data", true});
   auto a = shim::run_args(*s, {"ctr-x", "/st", true});
-  std::vector<std::string> want = {"run", "--vm", "ctr-x", "--state", "/st", "--rootfs", "/b/t1/rootfs", "--user", "0:0",
+  std::vector<std::string> want = {"run", "--vmm-outlives", "--vm", "ctr-x", "--state", "/st", "--rootfs", "/b/t1/rootfs", "--user", "0:0",
                                    "--workdir", "/", "--group-add", "10", "--hostname", "box", "--env", "PATH=/bin",
                                    "--env", "A=b=c", "--volume", std::filesystem::canonical("/tmp").string() + ":/data:ro", "--interactive", "--",
                                    "/bin/sh", "-c", "echo hi"};

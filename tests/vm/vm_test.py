@@ -1009,6 +1009,55 @@ def case_survive(c):
     print(f"survive: {resumed_ms:.0f} ms from starting the new host to the resumed session")
 
 
+def case_adopt(c):
+    """issue 28: a detached VM's QEMU outlives its SIGKILLed monitor (no PR_SET_PDEATHSIG, its
+    chardevs redial); `neshost wait` starts a replacement monitor, which takes the session over
+    through the resume path; `neshost kill` reaches the workload through it; the exit (7) is
+    recorded once. Then QEMU SIGKILLed under a live monitor: a failed outcome with a reason, no hang."""
+    work = ("trap 'exit 7' USR1; i=1; while [ $i -le 5 ]; do echo line $i; i=$((i+1)); done; "
+            "while :; do sleep 1; done")
+    pid = c.detach("a", "--", "/bin/sh", "-c", work)
+    with open(os.path.join(c.state, "a", "vmm.json")) as f:
+        vmm = json.load(f)
+    qemu = vmm["vmm"]["pid"]
+    check(qemu in [q.pid for q in processes() if "qemu-system" in q.cmd], f"vmm.json names QEMU: {vmm}")
+    poll(lambda: c.neshost("logs", "--state", c.state, "a")[1].count("line ") == 5, "lines 1-5 logged")
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)  # the monitor was reparented to us (the subreaper)
+    t0 = time.monotonic()
+    check(os.path.exists(f"/proc/{qemu}") and open(f"/proc/{qemu}/stat").read().rsplit(")", 1)[1].split()[0] != "Z",
+          "QEMU outlives its monitor")
+    w = Proc([NESHOST, "wait", "--state", c.state, "a"], c.env)
+    c.procs.append(w)
+    log = os.path.join(c.state, "a", "monitor.log")
+    poll(lambda: "the guest resumed its session" in open(log).read(), "the replacement has the channel back")
+    resumed_ms = (time.monotonic() - t0) * 1000
+    with open(os.path.join(c.state, "a", "monitor.json")) as f:
+        new = json.load(f)
+    check(new["pid"] != pid and new["generation"] == 1, f"a replacement of generation 1: {new}")
+    rc, _, err = c.neshost("kill", "--state", c.state, "-s", "USR1", "a")
+    check(rc == 0, f"kill through the replacement: {rc} {err!r}")
+    rc = w.finish()
+    check(rc == 7 and w.out.decode().strip() == "7", f"wait re-adopts and gets 7: {rc} {w.err.decode()!r}")
+    r = c.record("a")
+    check((r["outcome"], r["exit_code"], r["generation"]) == ("exited", 7, 1), f"record {r}")
+    check(open(log).read().count("taken over from the monitor gone") == 1, "one replacement")
+    os.waitpid(new["pid"], 0)  # the replacement (reparented to us) exits once QEMU is down
+    _, logs, _ = c.neshost("logs", "--state", c.state, "a")
+    seen = [l for l in logs.splitlines() if l.startswith("line ")]
+    check(seen == [f"line {i}" for i in range(1, 6)], f"lines 1-5 once each: {seen}")
+    # QEMU killed while its monitor lives: failed, with a reason; the monitor does not hang.
+    pid = c.detach("q", "--", "/bin/sleep", "1000")
+    with open(os.path.join(c.state, "q", "vmm.json")) as f:
+        os.kill(json.load(f)["vmm"]["pid"], signal.SIGKILL)
+    rc, out, err = c.neshost("wait", "--state", c.state, "q")
+    r = c.record("q")
+    check(rc == 125 and r["outcome"] not in ("exited", "signalled") and r["reason"],
+          f"QEMU killed: a failed outcome with a reason: {rc} {r}")
+    os.waitpid(pid, 0)
+    print(f"adopt: {resumed_ms:.0f} ms from the monitor's SIGKILL to the replacement's resumed session")
+
+
 CLONE_NEWNET = 0x40000000
 
 

@@ -1,0 +1,78 @@
+// A detached VM's VMM side, recorded in `<state_dir>/<vm>/vmm.json` so that a process other than
+// the monitor that started it can find it, tell whether it still runs and take it over when that
+// monitor is gone (docs/host.md "Re-adoption"): the VMM's and each helper daemon's identity, the
+// sockets its chardevs redial, and what the replacement monitor needs to serve the rest of the
+// generation as the original would have (on_exit, timeouts, log rotation, --rm). The boot
+// descriptor itself is beside it in `boot.json` (the `boot` message as sent).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "host/lib/base.hpp"
+#include "host/lib/session.hpp"
+#include "host/monitor/reconcile.hpp"
+#include "protocol/messages.hpp"
+
+namespace nes::host {
+
+/// File names in a VM's directory.
+inline constexpr char kVmmFile[] = "vmm.json";
+inline constexpr char kBootFile[] = "boot.json";
+/// flock(2)ed (LOCK_EX|LOCK_NB) by a replacement monitor for its whole life: two racing
+/// replacements of one VM, one wins (the other exits 0 saying so).
+inline constexpr char kAdoptLock[] = "adopt.lock";
+
+/// One helper process (virtiofsd for a share, passt) that outlives the monitor with the VMM.
+struct VmmDaemon {
+  std::string name;  // "virtiofsd nes.v0", "passt": for messages
+  ProcessIdentity id;
+  bool operator==(const VmmDaemon&) const = default;
+};
+
+/// `vmm.json` (schema_version 1), written durably (temp, fsync, rename, fsync dir) by the monitor
+/// that starts the VM: once per helper daemon and once for the VMM, each time from the spawner's
+/// gate (vm::LaunchOptions::before_exec), i.e. *after* fork and *before* the process may exec, so
+/// a process that runs is always recorded (a monitor killed before the write leaves a child that
+/// never execs). Only for a VM whose VMM outlives its monitor (`neshost run -d`).
+struct VmmInfo {
+  static constexpr int kSchemaVersion = 1;
+  std::string vm;
+  std::uint64_t generation = 0;
+  std::optional<ProcessIdentity> vmm;  // QEMU, or --sandbox's unshare; absent until it is started
+  std::vector<VmmDaemon> daemons;      // in start order
+  std::filesystem::path runtime_dir;   // the private $TMPDIR/neshost-XXXXXX the sockets live in
+  std::filesystem::path channel_socket, data_socket;  // where the chardevs (or the init) redial
+  bool sandbox = false;
+  /// What the replacement monitor serves the generation with (the original's flags).
+  OnExitPolicy on_exit = OnExitPolicy::stop;
+  std::chrono::milliseconds stop_timeout{10000}, grace{10000}, reconnect{0};
+  std::uint64_t log_max_size = 10u << 20;  // bytes
+  unsigned log_max_files = 5;
+  bool rm = false;  // --rm
+  bool operator==(const VmmInfo&) const = default;
+};
+
+/// One compact JSON object plus '\n'.
+std::string encode_vmm(const VmmInfo& v);
+/// Parse and validate; the error names the field. Unknown fields are ignored.
+Result<VmmInfo> parse_vmm(std::string_view json);
+/// Durable write of `<state_dir>/<vm>/vmm.json` (write_durable). Error names the file.
+Status write_vmm(const std::filesystem::path& state_dir, const VmmInfo& v);
+/// `<state_dir>/<vm>/vmm.json`: nullopt if absent; an error if unreadable or invalid.
+Result<std::optional<VmmInfo>> load_vmm(const std::filesystem::path& state_dir, std::string_view vm);
+
+/// `boot.json`: the descriptor as the `boot` message encodes it (protocol/codec.hpp), durably.
+Status write_boot(const std::filesystem::path& state_dir, std::string_view vm, const proto::Boot& b);
+/// The descriptor back (decoded as the guest would); errors name the file and field.
+Result<proto::Boot> load_boot(const std::filesystem::path& state_dir, std::string_view vm);
+
+/// true iff `v` names a VMM that still runs (is_alive on its identity).
+bool vmm_alive(const VmmInfo& v);
+
+}  // namespace nes::host

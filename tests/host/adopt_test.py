@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""Re-adoption end to end in sandbox mode (docs/host.md "Re-adoption"): a detached VM's VMM (here
+`unshare` with the real init as PID 1 of a fresh pid + mount namespace, its channel a Unix socket)
+outlives its SIGKILLed monitor; the next neshost command (wait, inspect, ps, stop, ...) starts a
+replacement monitor (`neshost monitor`), which takes the session over through the resume path and
+records the outcome once.
+
+Cases: a workload writing numbered lines, the monitor killed mid-stream, `wait` re-adopts and gets
+the real exit; killed twice in one run; three commands racing start exactly one replacement; an
+orphaned VM stopped (`neshost stop` adopts, then stops); the monitor and the VMM both killed
+reconciles as failed (as before). Figures: time from the monitor's SIGKILL to the replacement
+having the lifecycle channel back (the guest's resumed `ready`), printed, never asserted.
+
+This process is a child subreaper: every monitor, replacement and VMM comes back to us; after each
+case every descendant must have exited (reaped, bounded), the runtime dir ($TMPDIR) be empty and no
+control socket be left. No sleeps: workloads block on FIFOs the test opens, files are awaited with
+inotify, commands block on their own events.
+Exit 77 (meson: skipped) when the init or namespaces are unavailable.
+usage: adopt_test.py NESHOST_BIN NESINIT_BIN
+"""
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish, need_sandbox, skip  # noqa: E402
+
+NESHOST, NESINIT = sys.argv[1], sys.argv[2]
+need_sandbox(NESINIT)
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_CHILD_SUBREAPER = 36
+if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    skip("prctl(PR_SET_CHILD_SUBREAPER) failed")
+IN_MODIFY, IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x2, 0x8, 0x80, 0x100
+figures = []
+
+
+def on_alarm(sig, frame):
+    raise InterruptedError()
+
+
+signal.signal(signal.SIGALRM, on_alarm)
+
+
+def bounded(fn, what, secs=30):
+    """fn() with a SIGALRM bound (blocking FIFO opens have no timeout of their own)."""
+    signal.alarm(secs)
+    try:
+        return fn()
+    except InterruptedError:
+        check(False, "%s: not done within %d s" % (what, secs))
+        return None
+    finally:
+        signal.alarm(0)
+
+
+def await_file(directory, path, pred, timeout=30):
+    """Waits (inotify on `directory`, bounded) until pred(contents of path) holds; returns it."""
+    fd = libc.inotify_init1(os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        libc.inotify_add_watch(fd, directory.encode(), IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE)
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except FileNotFoundError:
+                text = None
+            if text is not None and pred(text):
+                return text
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            select.select([fd], [], [], left)
+            try:
+                os.read(fd, 65536)
+            except BlockingIOError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def alive(pid):
+    """The process runs (not a zombie)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+class Case:
+    """One temp dir: state dir, runtime dir ($TMPDIR of neshost), FIFOs. Cleaned up by finish()."""
+
+    def __init__(self, name):
+        self.name = name
+        self.tmp = tempfile.mkdtemp(prefix="nesa-")
+        self.state = os.path.join(self.tmp, "state")
+        self.rt = os.path.join(self.tmp, "rt")
+        os.makedirs(self.rt)
+        self.env = dict(os.environ, TMPDIR=self.rt, NESHOST_NESINIT=NESINIT)
+        self.procs = []
+
+    def nh(self, *args, timeout=60):
+        r = subprocess.run([NESHOST] + list(args), capture_output=True, text=True, timeout=timeout, env=self.env)
+        return r.returncode, r.stdout, r.stderr
+
+    def spawn(self, *args):
+        p = subprocess.Popen([NESHOST] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=self.env)
+        self.procs.append(p)
+        return p
+
+    def run_d(self, vm, *argv):
+        return self.nh("run", "-d", "--sandbox", "--state", self.state, "--vm", vm, "--grace", "2",
+                       "--ready-timeout", "20", "--", *argv)
+
+    def fifo(self, name):
+        p = os.path.join(self.tmp, name)
+        os.mkfifo(p)
+        return p
+
+    def release(self, fifo, data=b"go\n"):
+        def w():
+            with open(fifo, "wb") as f:
+                f.write(data)
+        return bounded(w, "release " + fifo)
+
+    def vm_file(self, vm, name):
+        return os.path.join(self.state, vm, name)
+
+    def monitor_json(self, vm):
+        with open(self.vm_file(vm, "monitor.json")) as f:
+            return json.load(f)
+
+    def vmm_json(self, vm):
+        with open(self.vm_file(vm, "vmm.json")) as f:
+            return json.load(f)
+
+    def inspect(self, vm):
+        rc, out, err = self.nh("inspect", "--state", self.state, vm)
+        return (json.loads(out) if rc == 0 else {"rc": rc}), err
+
+    def log_lines(self, vm):
+        rc, out, _ = self.nh("logs", "--state", self.state, vm)
+        return out.splitlines() if rc == 0 else None
+
+    def await_log(self, vm, line):
+        """workload.log holds `line` (CRI format: the payload after 3 fields)."""
+        return await_file(os.path.join(self.state, vm), self.vm_file(vm, "workload.log"),
+                          lambda t: any(l.split(" ", 3)[-1] == line for l in t.splitlines()))
+
+    def kill_monitor(self, vm):
+        """SIGKILL to the VM's current monitor (read from monitor.json, no neshost command: that
+        would adopt it). Returns the time of the kill."""
+        pid = self.monitor_json(vm)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        t = time.monotonic()
+        bounded(lambda: [None for _ in iter(lambda: alive(pid), False)], "monitor %d exits" % pid, 10)
+        return t
+
+    def finish(self):
+        """Every descendant exited and reaped (bounded), no runtime dir or socket left; remove all."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+        signal.alarm(60)
+        try:
+            while True:
+                os.waitpid(-1, 0)
+        except ChildProcessError:
+            pass
+        except InterruptedError:
+            check(False, "%s: a descendant did not exit within 60 s" % self.name)
+        finally:
+            signal.alarm(0)
+        check(os.listdir(self.rt) == [], "%s: runtime dir left: %s" % (self.name, os.listdir(self.rt)))
+        for vm in (os.listdir(self.state) if os.path.isdir(self.state) else []):
+            check(not os.path.exists(os.path.join(self.state, vm, "control.sock")),
+                  "%s: control socket of %s left" % (self.name, vm))
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def numbered(go1, go2, code):
+    """A workload: lines 1..5, waits for go1, lines 6..10, waits for go2, exits `code`."""
+    return ["/bin/sh", "-c", "i=1; while [ $i -le 5 ]; do echo line $i; i=$((i+1)); done; read x < %s; "
+            "while [ $i -le 10 ]; do echo line $i; i=$((i+1)); done; read x < %s; exit %d" % (go1, go2, code)]
+
+
+def taken_over(c, vm):
+    with open(c.vm_file(vm, "monitor.log")) as f:
+        return f.read().count("taken over from the monitor gone")
+
+
+def check_lines_once(c, vm, must):
+    """Every line of the workload at most once; those in `must` present."""
+    lines = c.log_lines(vm) or []
+    seen = [l for l in lines if l.startswith("line ")]
+    check(len(seen) == len(set(seen)), "%s: a line twice in the log: %s" % (c.name, seen))
+    for n in must:
+        check("line %d" % n in seen, "%s: line %d in the log: %s" % (c.name, n, seen))
+    return seen
+
+
+def resumed_after(c, vm, t0, nth):
+    """Waits for the nth 'resumed its session' line in monitor.log; the seconds since t0."""
+    got = await_file(os.path.join(c.state, vm), c.vm_file(vm, "monitor.log"),
+                     lambda t: t.count("the guest resumed its session") >= nth)
+    check(got is not None, "%s: the guest resumed its session with the replacement (#%d)" % (c.name, nth))
+    return time.monotonic() - t0 if got else None
+
+
+def case_kill_then_wait():
+    """The monitor SIGKILLed mid-stream: the VM runs on, `wait` re-adopts and gets the exit (7)."""
+    c = Case("wait")
+    try:
+        go1, go2 = c.fifo("go1"), c.fifo("go2")
+        rc, out, err = c.run_d("w", *numbered(go1, go2, 7))
+        check(rc == 0 and out.strip() == "w", "run -d: %d %r %r" % (rc, out, err))
+        check(c.await_log("w", "line 5") is not None, "lines 1-5 in the log before the kill")
+        vmm = c.vmm_json("w")
+        check(vmm.get("vmm") and vmm.get("sandbox") is True and vmm.get("reconnect_ms") == 300000,
+              "vmm.json names the VMM, sandbox, the window: %s" % vmm)
+        vmm_pid = vmm["vmm"]["pid"]
+        old = c.monitor_json("w")["pid"]
+        t0 = c.kill_monitor("w")
+        check(alive(vmm_pid), "the VMM outlives its monitor")
+        # The workload is alive and reading (the FIFO has a reader): it goes on with lines 6-10.
+        c.release(go1)
+        w = c.spawn("wait", "--state", c.state, "w")
+        secs = resumed_after(c, "w", t0, 1)
+        if secs is not None:
+            figures.append(secs)
+        new = c.monitor_json("w")
+        check(new["pid"] != old and alive(new["pid"]) and new["generation"] == 1,
+              "a replacement monitor of the same generation: %s (old %d)" % (new, old))
+        st, _ = c.inspect("w")
+        check(st.get("status") == "running" and st.get("monitor_alive") is True and st.get("vmm_pid") == vmm_pid,
+              "running under the replacement: %s" % st)
+        c.release(go2)
+        out, err = w.communicate(timeout=60)
+        check(w.returncode == 7 and out.strip() == "7", "wait re-adopts and gets 7: %d %r %r" % (w.returncode, out, err))
+        check("adopted by a new monitor" in err or "taken over" in err or err == "",
+              "wait says it adopted the VM: %r" % err)
+        st, _ = c.inspect("w")
+        check((st.get("status"), st.get("outcome"), st.get("exit_code"), st.get("generation")) ==
+              ("exited", "exited", 7, 1), "inspect: %s" % st)
+        check(taken_over(c, "w") == 1, "exactly one replacement")
+        seen = check_lines_once(c, "w", range(1, 6))
+        print("wait: lines in the log after one monitor kill: %d of 10 (6-10: data channel resume, part B)"
+              % len(seen), flush=True)
+        check(not alive(vmm_pid), "the VMM is gone at the end")
+    finally:
+        c.finish()
+
+
+def case_killed_twice():
+    """The monitor killed, adopted (by inspect), the replacement killed too, adopted again (by wait)."""
+    c = Case("twice")
+    try:
+        go1, go2 = c.fifo("go1"), c.fifo("go2")
+        rc, _, err = c.run_d("t", *numbered(go1, go2, 3))
+        check(rc == 0, "run -d: %r" % err)
+        check(c.await_log("t", "line 5") is not None, "lines 1-5 logged")
+        t0 = c.kill_monitor("t")
+        st, err = c.inspect("t")
+        check(st.get("status") == "running" and st.get("monitor_alive") is True, "inspect adopts: %s %r" % (st, err))
+        secs = resumed_after(c, "t", t0, 1)
+        if secs is not None:
+            figures.append(secs)
+        c.release(go1)
+        t0 = c.kill_monitor("t")
+        w = c.spawn("wait", "--state", c.state, "t")
+        secs = resumed_after(c, "t", t0, 2)
+        if secs is not None:
+            figures.append(secs)
+        c.release(go2)
+        out, err = w.communicate(timeout=60)
+        check(w.returncode == 3 and out.strip() == "3", "wait after the second kill: %d %r %r" % (w.returncode, out, err))
+        check(taken_over(c, "t") == 2, "two replacements, one per kill")
+        check_lines_once(c, "t", range(1, 6))
+        st, _ = c.inspect("t")
+        check((st.get("status"), st.get("exit_status")) == ("exited", 3), "exited 3, recorded once: %s" % st)
+    finally:
+        c.finish()
+
+
+def case_race_then_stop():
+    """Three commands find the VM orphaned at once: exactly one replacement; then `stop` ends it."""
+    c = Case("race")
+    try:
+        go = c.fifo("go")
+        rc, _, err = c.run_d("r", "/bin/sh", "-c", "echo up; read x < %s; exit 0" % go)
+        check(rc == 0, "run -d: %r" % err)
+        vmm_pid = c.vmm_json("r")["vmm"]["pid"]
+        c.kill_monitor("r")
+        ps = [c.spawn("ps", "--state", c.state), c.spawn("inspect", "--state", c.state, "r"),
+              c.spawn("ps", "--state", c.state)]
+        for p in ps:
+            out, err = p.communicate(timeout=60)
+            check(p.returncode == 0, "racing command: %d %r" % (p.returncode, err))
+            if "STATUS" in out:
+                check(" r " in out and "running" in out and "failed" not in out, "ps shows it running: %r" % out)
+        check(taken_over(c, "r") == 1, "exactly one replacement monitor")
+        with open(c.vm_file("r", "monitor.log")) as f:
+            log = f.read()
+        losers = log.count("another replacement monitor") + log.count("nothing to take over")
+        print("race: replacements started 3, took over 1, stood down %d" % losers, flush=True)
+        rc, _, err = c.nh("stop", "--state", c.state, "-t", "5", "r")
+        check(rc == 0, "stop of the adopted VM: %d %r" % (rc, err))
+        st, _ = c.inspect("r")
+        check(st.get("status") == "stopped", "stopped: %s" % st)
+        check(not alive(vmm_pid), "the VMM is gone after stop")
+    finally:
+        c.finish()
+
+
+def case_monitor_and_vmm_killed():
+    """Both the monitor and its VMM SIGKILLed: failed as before (nothing to adopt), no hang."""
+    c = Case("both")
+    try:
+        go = c.fifo("go")
+        rc, _, err = c.run_d("b", "/bin/sh", "-c", "read x < %s; exit 0" % go)
+        check(rc == 0, "run -d: %r" % err)
+        vmm_pid = c.vmm_json("b")["vmm"]["pid"]
+        c.kill_monitor("b")
+        os.kill(vmm_pid, signal.SIGKILL)
+        bounded(lambda: [None for _ in iter(lambda: alive(vmm_pid), False)], "VMM exits", 10)
+        rc, out, err = c.nh("wait", "--state", c.state, "--timeout", "30", "b")
+        check(rc == 125 and "without recording an outcome" in err, "wait: %d %r %r" % (rc, out, err))
+        st, _ = c.inspect("b")
+        check(st.get("status") == "failed" and st.get("vmm_alive") is False, "failed: %s" % st)
+        rc, _, err = c.nh("rm", "--state", c.state, "b")
+        check(rc == 0, "rm: %d %r" % (rc, err))
+    finally:
+        c.finish()
+
+
+def case_vmm_killed_monitor_alive():
+    """The VMM SIGKILLed while its monitor lives: a failed outcome with a reason, no hang."""
+    c = Case("vmm")
+    try:
+        go = c.fifo("go")
+        rc, _, err = c.run_d("q", "/bin/sh", "-c", "read x < %s; exit 0" % go)
+        check(rc == 0, "run -d: %r" % err)
+        os.kill(c.vmm_json("q")["vmm"]["pid"], signal.SIGKILL)
+        rc, out, err = c.nh("wait", "--state", c.state, "--timeout", "60", "q")
+        st, _ = c.inspect("q")
+        check(rc == 125 and st.get("status") == "failed" and st.get("outcome") is not None and st.get("reason"),
+              "failed with a recorded reason: %d %s" % (rc, st))
+    finally:
+        c.finish()
+
+
+case_kill_then_wait()
+case_killed_twice()
+case_race_then_stop()
+case_monitor_and_vmm_killed()
+case_vmm_killed_monitor_alive()
+if figures:
+    print("monitor SIGKILL -> lifecycle channel back with a replacement (s): median %.3f, min %.3f, max %.3f, n=%d"
+          % (statistics.median(figures), min(figures), max(figures), len(figures)), flush=True)
+finish()
