@@ -108,6 +108,7 @@ int wait_main(const Args& args) {
     return 1;
   }
   bool vm_watched = false;
+  int retry_ms = -1;  // the next poll's bound (ms): -1 none
   auto vm_dir = t->state / t->vm;
   for (;;) {
     if (!vm_watched &&
@@ -131,19 +132,26 @@ int wait_main(const Args& args) {
         return st;
       }
       // Running: its monitor's exit wakes us too (it may die without writing anything). The
-      // identity is checked again once the pidfd pins the process.
-      monitor.reset(static_cast<int>(::syscall(SYS_pidfd_open, (*r)->monitor->monitor.pid, 0)));
-      if (!monitor && errno == ESRCH) continue;  // gone just now: look again
-      if (monitor && !host::is_alive((*r)->monitor->monitor)) continue;
+      // identity is checked again once the pidfd pins the process. Orphaned (no replacement took
+      // it over yet): its VMM's exit wakes us, and adoption is tried again at most once a second.
+      const bool orphaned = (*r)->orphaned();
+      const host::ProcessIdentity& who = orphaned ? *(*r)->vmm : (*r)->monitor->monitor;
+      monitor.reset(static_cast<int>(::syscall(SYS_pidfd_open, who.pid, 0)));
+      if (!orphaned) {
+        if (!monitor && errno == ESRCH) continue;  // gone just now: look again
+        if (monitor && !host::is_alive(who)) continue;
+      }
+      if (orphaned) retry_ms = 1000;
     }
-    int timeout_ms = -1;
+    int timeout_ms = retry_ms;
+    retry_ms = -1;
     if (deadline) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
         fmt::print(stderr, "neshost wait: no outcome for vm '{}' within --timeout\n", t->vm);
         return proto::kStatusTimeout;
       }
-      timeout_ms = static_cast<int>(std::min<long long>(left.count(), 1 << 30));
+      timeout_ms = static_cast<int>(std::min<long long>(left.count(), timeout_ms < 0 ? 1 << 30 : timeout_ms));
     }
     pollfd pfd[2] = {{in.get(), POLLIN, 0}, {monitor.get(), POLLIN, 0}};
     int n = ::poll(pfd, monitor ? 2 : 1, timeout_ms);

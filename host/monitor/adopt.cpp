@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +32,17 @@ void kill_leftover_daemons(const host::VmmInfo& v) {
     host::Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0))};
     if (pidfd && host::is_alive(d.id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
   }
+}
+
+/// The runtime dir a dead monitor left (its VMM gone too): removed if it is what run makes, a
+/// `neshost-XXXXXX` directory of ours (never through a symlink).
+void remove_runtime_dir(const fs::path& dir) {
+  struct stat st {};
+  if (!dir.is_absolute() || !dir.filename().string().starts_with("neshost-") || ::lstat(dir.c_str(), &st) != 0 ||
+      !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+    return;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 /// Starts `neshost monitor` detached (double fork). Returns the read end of its notify pipe.
@@ -124,9 +136,12 @@ host::Result<std::optional<host::VmState>> ensure_monitor(const fs::path& state,
   if (!s) return s.error();
   if (!*s) return s;
   if (!(*s)->orphaned()) {
-    // Monitor and VMM gone (reconciled as failed, or stopped): its daemons must not linger.
-    if (!(*s)->monitor_alive && !(*s)->vmm_alive && (*s)->vmm)
-      if (auto v = host::load_vmm(state, vm); v && *v && (*v)->generation == (*s)->generation) kill_leftover_daemons(**v);
+    // Monitor and VMM gone (reconciled as failed, or stopped): what they left must not linger.
+    if (!(*s)->monitor_alive && !(*s)->vmm_alive)
+      if (auto v = host::load_vmm(state, vm); v && *v && (*v)->generation == (*s)->generation) {
+        kill_leftover_daemons(**v);
+        remove_runtime_dir((*v)->runtime_dir);
+      }
     return s;
   }
   const auto deadline = std::chrono::steady_clock::now() + bound;
