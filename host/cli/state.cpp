@@ -37,7 +37,8 @@ Print the VM's reconciled state as one JSON object: the current generation's out
 (schema_version, vm, generation, outcome, exit_code, signal, exit_status, reason, started_at,
 finished_at, and lost, truncated, lost_reason when output was lost; without one: vm, generation,
 outcome null, exit_status), then status (running,
-exited, failed, stopped), status_reason, monitor_pid, monitor_alive, stop_requested.
+exited, failed, stopped), status_reason, monitor_pid, monitor_alive, stop_requested, vmm_pid, vmm_alive
+(a detached VM's QEMU or sandbox, which outlives its monitor; an orphaned VM is adopted first).
 Exit 1 if there is no such VM.
 )";
 

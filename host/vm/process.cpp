@@ -409,6 +409,10 @@ std::optional<ProcessExit> VmProcess::wait_for(std::chrono::milliseconds timeout
     if (r == 0) return std::nullopt;
     if (errno != EINTR) return std::nullopt;
   }
+  if (adopted_) {  // not ours to reap (its parent does); its status is not ours to read
+    exit_ = ProcessExit{};
+    return exit_;
+  }
   siginfo_t si{};
   while (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &si, WEXITED) < 0) {
     if (errno == ECHILD) {  // reaped by someone else (SIGCHLD ignored, or a waitpid(-1))

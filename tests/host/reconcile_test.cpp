@@ -13,7 +13,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "host/monitor/reconcile.hpp"
+#include "host/monitor/vmm_record.hpp"
 #include "protocol/status.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -379,4 +382,123 @@ TEST_CASE("failed outcomes reconcile as failed with their reason; list_vms and r
   REQUIRE(remove_vm(t.path, "vm-a"));
   CHECK(list_vms(t.path).empty());
   CHECK_FALSE(remove_vm(t.path, "vm-a"));
+}
+
+// ---- the VMM that outlives its monitor (vmm.json, docs/host.md "Re-adoption") ----
+
+namespace {
+VmmInfo vmm_info(std::uint64_t gen, std::optional<ProcessIdentity> vmm) {
+  VmmInfo v;
+  v.vm = "vm-a";
+  v.generation = gen;
+  v.vmm = vmm;
+  v.runtime_dir = "/tmp/neshost-abc";
+  v.channel_socket = "/tmp/neshost-abc/channel.sock";
+  v.data_socket = "/tmp/neshost-abc/data.sock";
+  v.sandbox = true;
+  v.on_exit = OnExitPolicy::keep;
+  v.reconnect = std::chrono::milliseconds(300000);
+  v.rm = true;
+  return v;
+}
+}  // namespace
+
+TEST_CASE("vmm.json round-trips; bad fields are named") {
+  auto me = self_identity();
+  REQUIRE(me);
+  VmmInfo v = vmm_info(3, *me);
+  v.daemons.push_back({"virtiofsd nes.v0", *me});
+  auto back = parse_vmm(encode_vmm(v));
+  REQUIRE(back);
+  CHECK(*back == v);
+  auto none = parse_vmm(encode_vmm(vmm_info(1, std::nullopt)));
+  REQUIRE(none);
+  CHECK_FALSE(none->vmm);
+  auto err = [](std::string text) {
+    auto r = parse_vmm(text);
+    return r ? std::string() : r.error().message;
+  };
+  std::string good = encode_vmm(v);
+  auto with = [&](std::string from, std::string to) {
+    std::string t = good;
+    auto at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    return t.replace(at, from.size(), to);
+  };
+  CHECK(err("[]").starts_with("not a JSON object"));
+  CHECK(err(with("\"generation\":3", "\"generation\":0")) == "generation: expected an integer >= 1");
+  CHECK(err(with("\"vm\":\"vm-a\"", "\"vm\":\"../x\"")) == "vm: expected a VM id");
+  CHECK(err(with("\"runtime_dir\":\"/tmp", "\"runtime_dir\":\"tmp")) == "runtime_dir: expected an absolute path");
+  CHECK(err(with("\"on_exit\":\"keep\"", "\"on_exit\":\"later\"")) == "on_exit: expected stop, keep or remove");
+  VmmInfo bad = v;
+  bad.vmm->pid = 0;
+  CHECK(err(encode_vmm(bad)) == "vmm.pid: expected a pid");
+  bad = v;
+  bad.daemons[0].id.pid = 0;
+  CHECK(err(encode_vmm(bad)) == "daemons[0].process.pid: expected a pid");
+}
+
+TEST_CASE("monitor gone, its VMM alive -> running (orphaned), never failed; VMM gone too -> failed") {
+  TempDir t;
+  Child monitor, vmm;
+  auto m = monitor_of(monitor.pid);
+  auto gen = begin_generation(t.path, m);
+  REQUIRE(gen);
+  auto vid = identity_of(vmm.pid);
+  REQUIRE(vid);
+  REQUIRE(write_vmm(t.path, vmm_info(*gen, *vid)));
+  auto s = state_of(t.path);
+  CHECK((s.status == VmStatus::running && s.monitor_alive && s.vmm_alive && !s.orphaned()));
+  monitor.end(true);
+  s = state_of(t.path);
+  CHECK(s.status == VmStatus::running);
+  CHECK(s.orphaned());
+  CHECK(s.reason.find("its VMM (pid") != std::string::npos);
+  CHECK(encode_state(s).find(fmt::format("\"vmm_pid\":{},\"vmm_alive\":true", vmm.pid)) != std::string::npos);
+  // An orphaned VM is not replaced by a new generation, nor removed.
+  Child other;
+  auto refused = begin_generation(t.path, monitor_of(other.pid), std::chrono::milliseconds(0));
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("its VMM pid") != std::string::npos);
+  CHECK_FALSE(remove_vm(t.path, "vm-a"));
+  // A stop request does not end it while the VMM runs.
+  REQUIRE(persist_stop(t.path, "vm-a", *gen));
+  CHECK(state_of(t.path).status == VmStatus::running);
+  vmm.end(false);  // a zombie is gone
+  s = state_of(t.path);
+  CHECK((s.status == VmStatus::stopped && !s.vmm_alive));
+}
+
+TEST_CASE("take_over_generation: only an orphaned generation, once; monitor.json names the replacement") {
+  TempDir t;
+  Child monitor, vmm, replacement;
+  auto gen = begin_generation(t.path, monitor_of(monitor.pid));
+  REQUIRE(gen);
+  auto rid = identity_of(replacement.pid);
+  REQUIRE(rid);
+  // No VMM recorded: nothing to take over.
+  auto r = take_over_generation(t.path, "vm-a", *rid);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message.find("is alive") != std::string::npos);
+  monitor.end(true);
+  r = take_over_generation(t.path, "vm-a", *rid);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == fmt::format("no VMM of generation {} is recorded", *gen));
+  REQUIRE(write_vmm(t.path, vmm_info(*gen, *identity_of(vmm.pid))));
+  r = take_over_generation(t.path, "vm-a", *rid);
+  REQUIRE(r);
+  CHECK((r->generation == *gen && r->monitor == *rid && r->command == std::vector<std::string>{"/bin/sh", "-c", "exit 7"}));
+  auto s = state_of(t.path);
+  CHECK((s.status == VmStatus::running && s.monitor_alive && !s.orphaned() && s.generation == *gen));
+  // A second replacement finds it served.
+  Child late;
+  auto again = take_over_generation(t.path, "vm-a", *identity_of(late.pid));
+  REQUIRE_FALSE(again);
+  CHECK(again.error().message.find("is alive") != std::string::npos);
+  // Recorded: nothing to take over even with the replacement gone.
+  REQUIRE(write_record(t.path, record(*gen)));
+  replacement.end(true);
+  again = take_over_generation(t.path, "vm-a", *identity_of(late.pid));
+  REQUIRE_FALSE(again);
+  CHECK(again.error().message.find("is recorded") != std::string::npos);
 }

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
 #include "host/vm/daemon.hpp"
@@ -679,4 +681,77 @@ TEST_CASE("CrlfToLf: the serial line's CRLF becomes LF, across any chunk split")
   CHECK(c.feed("\r") == "");
   CHECK(c.feed("\n") == "\n");
   CHECK(c.finish() == "");
+}
+
+// ---- a VMM that outlives us (docs/host.md "Re-adoption") ----
+
+TEST_CASE("launch: before_exec runs between fork and exec; its error kills the child, nothing runs") {
+  TempDir t;
+  auto prog = t.script("vmm", "echo ran; exec sleep 30");
+  pid_t seen = 0;
+  std::string cmd_at_gate;
+  auto o = opts({prog.string()});
+  o.death_signal = 0;
+  o.before_exec = [&](pid_t pid) -> nes::host::Status {
+    seen = pid;
+    // Not exec'd yet: the child is still a copy of this test (its exe is ours).
+    std::error_code ec;
+    cmd_at_gate = std::filesystem::read_symlink(fmt::format("/proc/{}/exe", pid), ec).string();
+    return nes::host::Ok{};
+  };
+  Capture out;
+  o.console = out.sink();
+  auto p = VmProcess::launch(std::move(o));
+  REQUIRE(p);
+  CHECK(seen == (*p)->pid());
+  CHECK(cmd_at_gate == std::filesystem::read_symlink("/proc/self/exe").string());
+  CHECK(out.wait_for_text("ran\n", std::chrono::seconds(10)));
+  (*p)->terminate(std::chrono::milliseconds(200));
+
+  auto refused = opts({prog.string()});
+  pid_t gated = 0;
+  refused.before_exec = [&](pid_t pid) -> nes::host::Status {
+    gated = pid;
+    return nes::host::Error{"vmm.json: no space left"};
+  };
+  auto r = VmProcess::launch(std::move(refused));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == "vmm.json: no space left");
+  CHECK(gated > 0);
+  CHECK_FALSE(alive(gated));  // killed and reaped before launch() returned
+}
+
+TEST_CASE("adopt: a process that is not our child, by pid and start time; its stdout pipe reopened") {
+  TempDir t;
+  auto fifo = t.path / "go";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto prog = t.script("vmm", "read x < " + fifo.string() + "; echo after; exec sleep 30");
+  auto o = opts({prog.string()});
+  o.death_signal = 0;
+  auto p = VmProcess::launch(std::move(o));  // its stdout pipe's read end is the launcher's
+  REQUIRE(p);
+  (*p)->finish_output(std::chrono::milliseconds(0));  // the launcher stops reading, as a dead monitor
+  const pid_t pid = (*p)->pid();
+  std::string stat;
+  std::getline(std::ifstream(fmt::format("/proc/{}/stat", pid)), stat);
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string f;
+  for (int i = 3; i <= 22; ++i) fields >> f;  // field 22: start time
+  const unsigned long long start = std::stoull(f);
+
+  auto wrong = VmProcess::adopt(pid, start + 1, {}, {});
+  REQUIRE_FALSE(wrong);
+  CHECK(wrong.error().message.find("not the process recorded") != std::string::npos);
+  Capture out;
+  auto a = VmProcess::adopt(pid, start, out.sink(), {});
+  REQUIRE(a);
+  CHECK((*a)->adopted());
+  std::ofstream(fifo) << "go\n";  // the child writes after we reopened its pipe
+  CHECK(out.wait_for_text("after\n", std::chrono::seconds(10)));
+  CHECK((*a)->signal(SIGKILL));
+  auto e = (*a)->wait_for(std::chrono::seconds(10));
+  REQUIRE(e);  // exited; its status is its parent's to read, not ours
+  CHECK_FALSE(e->code);
+  CHECK_FALSE(e->signal);
+  (*p)->wait_for(std::chrono::seconds(10));  // the launcher reaps it
 }
