@@ -1043,6 +1043,7 @@ def case_adopt(c):
     check((r["outcome"], r["exit_code"], r["generation"]) == ("exited", 7, 1), f"record {r}")
     check(open(log).read().count("taken over from the monitor gone") == 1, "one replacement")
     os.waitpid(new["pid"], 0)  # the replacement (reparented to us) exits once QEMU is down
+    os.waitpid(qemu, 0)  # QEMU too was reparented to us when its monitor died
     _, logs, _ = c.neshost("logs", "--state", c.state, "a")
     seen = [l for l in logs.splitlines() if l.startswith("line ")]
     check(seen == [f"line {i}" for i in range(1, 6)], f"lines 1-5 once each: {seen}")
