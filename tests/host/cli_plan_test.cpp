@@ -355,6 +355,18 @@ TEST_CASE("-i, -t, -d and their combinations") {
   auto nd = plan({"--vm", "bg", "sleep", "9"});
   REQUIRE(nd);
   CHECK(d->serve.session.descriptor == nd->serve.session.descriptor);
+  // ... except that its VMM outlives the monitor (docs/host.md "Re-adoption"): the session
+  // survives a lost channel for kDetachedReconnect and QEMU's chardevs redial; a foreground
+  // run's VM dies with it. --vmm-outlives (the shim's) is -d's VMM in the foreground.
+  CHECK(d->vmm_survives);
+  CHECK(d->serve.session.reconnect == kDetachedReconnect);
+  CHECK(d->qemu->chardev_reconnect_s == 1);
+  CHECK(!nd->vmm_survives);
+  CHECK(nd->serve.session.reconnect.count() == 0);
+  CHECK(nd->qemu->chardev_reconnect_s == 0);
+  auto o = plan({"--vmm-outlives", "--vm", "bg", "sleep", "9"});
+  REQUIRE(o);
+  CHECK((o->vmm_survives && o->serve.session.reconnect == kDetachedReconnect && o->qemu->chardev_reconnect_s == 1));
   auto f = parse_run({"-dit", "sh"});
   REQUIRE(f);
   CHECK(f->detach);
