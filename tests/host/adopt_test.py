@@ -6,7 +6,8 @@ replacement monitor (`neshost monitor`), which takes the session over through th
 records the outcome once.
 
 Cases: a workload writing numbered lines, the monitor killed mid-stream, `wait` re-adopts and gets
-the real exit; killed twice in one run; three commands racing start exactly one replacement; an
+the real exit; killed twice in one run; the workload exiting while no monitor lives (its outcome
+re-sent to the replacement); three commands racing start exactly one replacement; an
 orphaned VM stopped (`neshost stop` adopts, then stops); the monitor and the VMM both killed
 reconciles as failed (as before). Figures: time from the monitor's SIGKILL to the replacement
 having the lifecycle channel back (the guest's resumed `ready`), printed, never asserted.
@@ -295,6 +296,29 @@ def case_killed_twice():
         c.finish()
 
 
+def case_exit_while_unmonitored():
+    """The workload exits while no monitor lives: the guest keeps its outcome (unacknowledged),
+    re-sends it to the replacement after its resumed `ready`; recorded once, the real status (9)."""
+    c = Case("unmonitored")
+    try:
+        go = c.fifo("go")
+        rc, _, err = c.run_d("u", "/bin/sh", "-c", "echo before; read x < %s; exit 9" % go)
+        check(rc == 0, "run -d: %r" % err)
+        check(c.await_log("u", "before") is not None, "its first line logged")
+        c.kill_monitor("u")
+        c.release(go)  # it exits now, with nobody to tell
+        check(not os.path.exists(c.vm_file("u", "outcome.json")), "nothing recorded without a monitor")
+        rc, out, err = c.nh("wait", "--state", c.state, "u")
+        check(rc == 9 and out.strip() == "9", "wait: the outcome re-sent to the replacement: %d %r %r" % (rc, out, err))
+        st, _ = c.inspect("u")
+        check((st.get("status"), st.get("exit_code"), st.get("generation")) == ("exited", 9, 1), "inspect: %s" % st)
+        with open(c.vm_file("u", "monitor.log")) as f:
+            log = f.read()
+        check("outcome_pending=true" in log or "started=true" in log, "resumed with its outcome pending: %r" % log[-600:])
+    finally:
+        c.finish()
+
+
 def case_race_then_stop():
     """Three commands find the VM orphaned at once: exactly one replacement; then `stop` ends it."""
     c = Case("race")
@@ -365,6 +389,7 @@ def case_vmm_killed_monitor_alive():
 
 case_kill_then_wait()
 case_killed_twice()
+case_exit_while_unmonitored()
 case_race_then_stop()
 case_monitor_and_vmm_killed()
 case_vmm_killed_monitor_alive()
