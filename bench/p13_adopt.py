@@ -7,7 +7,7 @@ replacement and returns once that one has taken the generation over) and the res
 redial backoff, at most 500 ms apart, or QEMU's 1 s chardev redial in a VM).
 Modes: `sandbox` (the init as PID 1 of a pid + mount namespace, its channel a Unix socket;
 needs root) and `vm` (a TCG microVM; slower, so fewer rounds). Not a test (scripts/bench.sh
-runs it); medians, with the range. Prints markdown rows for bench/results/latest.md.
+runs it); medians, with the range. Prints rows of bench/results/latest.md's table.
 Usage: p13_adopt.py NESHOST NESINIT [ROUNDS] [VM_ROUNDS]   (defaults 10, 3; VM_ROUNDS 0: no VM)
 """
 import ctypes
@@ -95,16 +95,18 @@ def one(mode):
 
 
 def row(name, samples):
-    cmd = [a for a, _ in samples]
-    tot = [b for _, b in samples]
-    return ("| P13 | %s | %d | %.0f ms (%.0f-%.0f) | %.0f ms (%.0f-%.0f) |" %
-            (name, len(samples), 1000 * statistics.median(cmd), 1000 * min(cmd), 1000 * max(cmd),
-             1000 * statistics.median(tot), 1000 * min(tot), 1000 * max(tot)))
+    """One bench/results/latest.md row: the total against the command's own share of it."""
+    cmd = [1000 * a for a, _ in samples]
+    tot = [1000 * b for _, b in samples]
+    load = os.getloadavg()[0]
+    return ("| P13 %s: a detached VM's monitor SIGKILLed -> a replacement has the lifecycle channel back (the "
+            "guest's resumed `ready`), `neshost inspect` run right after the kill (median of %d; %s, load %.1f; "
+            "%.0f-%.0f) | ms | %.0f | the command's own part: it starts the replacement and returns once that one has "
+            "taken the generation over (%.0f-%.0f) | %.0f | %.2f |" %
+            (name, len(samples), time.strftime("%Y-%m-%d %H:%M"), load, min(tot), max(tot), statistics.median(tot),
+             min(cmd), max(cmd), statistics.median(cmd), statistics.median(tot) / statistics.median(cmd)))
 
 
-print("| row | mode | rounds | monitor SIGKILL -> a command has re-adopted the VM | "
-      "-> the lifecycle channel back (resumed session) |")
-print("|---|---|---|---|---|")
 print(row("sandbox", [one("sandbox") for _ in range(ROUNDS)]), flush=True)
 if VM_ROUNDS > 0:
-    print(row("vm (TCG)", [one("vm") for _ in range(VM_ROUNDS)]), flush=True)
+    print(row("VM (TCG; QEMU's chardev redials every 1 s)", [one("vm") for _ in range(VM_ROUNDS)]), flush=True)
