@@ -366,6 +366,32 @@ def case_shim_killed(d):
     d.ctr("container", "delete", "tsk", check_rc=False)
 
 
+def case_monitor_killed(d):
+    """issue 28: the task's `neshost run` (its VM's monitor) SIGKILLed while the workload runs: the
+    VM runs on (--vmm-outlives), the shim has a replacement monitor adopt it, and the attached
+    `ctr run` still gets the workload's real exit status (7); nothing is left."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    p = d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--rootfs", root, "tm", "/bin/sh", "-c",
+                    "echo up; while [ ! -e /go ]; do sleep 0.2; done; exit 7")
+    try:
+        wait_line(p, "up")
+        mons = [q for q, cmd in all_procs() if "--vmm-outlives" in cmd and root in cmd]
+        check(len(mons) == 1, f"the task's neshost run: {mons}")
+        vm_procs = [q for q, cmd in all_procs() if "qemu-system" in cmd and d.tmp in cmd]
+        os.kill(mons[0], signal.SIGKILL)
+        until(lambda: any(" monitor " in cmd and d.tmp in cmd for _, cmd in all_procs()), "a replacement monitor")
+        check(vm_procs and all(alive(q) for q in vm_procs), "QEMU outlived its monitor")
+        open(os.path.join(root, "go"), "w").close()
+        rc, out, err = finish(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(rc == 7, f"ctr run after the monitor's replacement: exit {rc}, want 7; stderr {err!r}{d.tail()}")
+    until(lambda: not any(alive(q) for q in vm_procs), "QEMU ended")
+    check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+
+
 def all_procs():
     return [(q.pid, q.cmd) for q in processes()]
 
