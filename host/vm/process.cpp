@@ -465,7 +465,10 @@ std::string VmProcess::diagnostics_tail() const {
 }
 
 VmProcess::~VmProcess() {
-  if (!exit_) {
+  // One we adopted is not killed on the way out: a replacement monitor that stands down (it lost
+  // a race, the generation was recorded meanwhile) must leave the VM to whoever serves it; the
+  // serve loop ends an adopted VMM on purpose (terminate) when the VM is over.
+  if (!exit_ && !adopted_) {
     signal(SIGKILL);
     while (!exit_) wait_for(std::chrono::milliseconds(1000));
   }

@@ -89,7 +89,8 @@ class VmProcess {
   /// same pipes' read ends; needs ptrace access: our uid or root) and drained to `console` /
   /// `diagnostics` as launch()'s are; one that is not a pipe (or cannot be opened) is not read.
   /// Its exit status is unknown to us (only its parent may reap it): wait_for() reports it
-  /// exited with neither code nor signal. Errors: no such process, another start time.
+  /// exited with neither code nor signal. Unlike a launched one, the destructor leaves it running
+  /// (terminate() ends it on purpose). Errors: no such process, another start time.
   static host::Result<std::unique_ptr<VmProcess>> adopt(pid_t pid, unsigned long long start_time, ByteSink console,
                                                         ByteSink diagnostics);
 
