@@ -1010,16 +1010,20 @@ def case_survive(c):
 
 
 def case_adopt(c):
-    """issue 28: a detached VM's QEMU outlives its SIGKILLed monitor (no PR_SET_PDEATHSIG, its
-    chardevs redial); `neshost wait` starts a replacement monitor, which takes the session over
+    """issue 28: a detached VM's QEMU and its share's virtiofsd outlive its SIGKILLed monitor (no
+    PR_SET_PDEATHSIG, its chardevs redial); `neshost wait` starts a replacement monitor, which takes the session over
     through the resume path; `neshost kill` reaches the workload through it; the exit (7) is
     recorded once. Then QEMU SIGKILLed under a live monitor: a failed outcome with a reason, no hang."""
     work = ("trap 'exit 7' USR1; i=1; while [ $i -le 5 ]; do echo line $i; i=$((i+1)); done; "
             "while :; do sleep 1; done")
-    pid = c.detach("a", "--", "/bin/sh", "-c", work)
+    share = os.path.join(c.tmp, "share")
+    os.mkdir(share)
+    pid = c.detach("a", "-v", f"{share}:/data", "--", "/bin/sh", "-c", "echo in-share > /data/f; " + work)
     with open(os.path.join(c.state, "a", "vmm.json")) as f:
         vmm = json.load(f)
     qemu = vmm["vmm"]["pid"]
+    daemons = [d["process"]["pid"] for d in vmm["daemons"]]
+    check([d["name"] for d in vmm["daemons"]] == ["virtiofsd nes.v0"], f"vmm.json names the share's daemon: {vmm}")
     check(qemu in [q.pid for q in processes() if "qemu-system" in q.cmd], f"vmm.json names QEMU: {vmm}")
     poll(lambda: c.neshost("logs", "--state", c.state, "a")[1].count("line ") == 5, "lines 1-5 logged")
     os.kill(pid, signal.SIGKILL)
@@ -1044,6 +1048,10 @@ def case_adopt(c):
     check(open(log).read().count("taken over from the monitor gone") == 1, "one replacement")
     os.waitpid(new["pid"], 0)  # the replacement (reparented to us) exits once QEMU is down
     os.waitpid(qemu, 0)  # QEMU too was reparented to us when its monitor died
+    for d in daemons:  # and virtiofsd, which the replacement ended by its identity
+        os.waitpid(d, 0)
+    with open(os.path.join(share, "f")) as f:
+        check(f.read() == "in-share\n", "the share served the guest")
     _, logs, _ = c.neshost("logs", "--state", c.state, "a")
     seen = [l for l in logs.splitlines() if l.startswith("line ")]
     check(seen == [f"line {i}" for i in range(1, 6)], f"lines 1-5 once each: {seen}")
