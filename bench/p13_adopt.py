@@ -2,9 +2,10 @@
 """P13: re-adoption (docs/host.md "Re-adoption"): the time from a detached VM's monitor being
 SIGKILLed to a replacement monitor having the lifecycle channel back (the guest's resumed
 `ready`: the replacement's "the guest resumed its session" line in monitor.log), when a command
-(`neshost inspect`) runs right after the kill. Split into the command's own time (it starts the
-replacement and returns once that one has taken the generation over) and the rest (the guest's
-redial backoff, at most 500 ms apart, or QEMU's 1 s chardev redial in a VM).
+(`neshost inspect`) runs right after the kill, against the command's own time (it starts the
+replacement and returns once the guest has resumed its session with it; the total adds the time
+until the line is in the log). Most of it is the guest's redial: the init's backoff (at most 500
+ms apart) in the sandbox, QEMU's 1 s chardev redial period in a VM.
 Modes: `sandbox` (the init as PID 1 of a pid + mount namespace, its channel a Unix socket;
 needs root) and `vm` (a TCG microVM; slower, so fewer rounds). Not a test (scripts/bench.sh
 runs it); medians, with the range. Prints rows of bench/results/latest.md's table.
@@ -101,8 +102,8 @@ def row(name, samples):
     load = os.getloadavg()[0]
     return ("| P13 %s: a detached VM's monitor SIGKILLed -> a replacement has the lifecycle channel back (the "
             "guest's resumed `ready`), `neshost inspect` run right after the kill (median of %d; %s, load %.1f; "
-            "%.0f-%.0f) | ms | %.0f | the command's own part: it starts the replacement and returns once that one has "
-            "taken the generation over (%.0f-%.0f) | %.0f | %.2f |" %
+            "%.0f-%.0f) | ms | %.0f | the command's own part: it starts the replacement and returns once the guest has "
+            "resumed its session with it (%.0f-%.0f) | %.0f | %.2f |" %
             (name, len(samples), time.strftime("%Y-%m-%d %H:%M"), load, min(tot), max(tot), statistics.median(tot),
              min(cmd), max(cmd), statistics.median(cmd), statistics.median(tot) / statistics.median(cmd)))
 

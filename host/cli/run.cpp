@@ -789,7 +789,7 @@ class VmmProcess {
 /// stdio on ours, the control socket), then delivers the output still owed and cleans up.
 /// Returns the exit status.
 int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& started_notify,
-              const std::vector<std::string>& argv, const std::function<void()>& on_up = {}) {
+              const std::vector<std::string>& argv, const std::function<void()>& on_resumed = {}) {
   const ServeConfig& cfg = plan.serve;
   const std::string& vmid = plan.vm;
   const fs::path& data_sock = plan.data_socket;
@@ -897,7 +897,6 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       vmm.start(h, id, argv, console, daemons, run.passt.get(), run.netns_fd, plan.console,
                 record_gate(plan, run, ""));
     }
-    if (on_up) on_up();
   };
   emb.hooks.destroy = [&](const std::string&, std::uint64_t) {
     vmm.kill();  // the exit watch reaps it and reports vm_exited
@@ -933,6 +932,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       // A replacement monitor has the lifecycle channel back (the guest redialled us).
       say("neshost monitor: VM {}: the guest resumed its session ({})\n", vmid, ev.detail);
       if (ev.detail.find("started=true") != std::string::npos) execs.workload_started();
+      if (on_resumed) on_resumed();
     }
     if (m == Milestone::finished) {
       // The record as it ends (with what was lost of the output), for our last words; and from
@@ -1171,8 +1171,10 @@ int monitor_main(const Args& args) {
   run.vmm_info = v;
   RuntimeDir rt(v.runtime_dir);
   host::Fd no_notify;
+  // The caller (ensure_monitor) is told once the guest has resumed its session with us, so its
+  // next request (kill, exec, ...) finds a booted session; or, if it never does, when we end.
   int status = serve_run(plan, rt, run, no_notify, {}, [&] { tell("adopted"); });
-  tell("adopted");  // (if serving never began: the notify pipe closes, the caller reconciles)
+  tell(fmt::format("served to its end (exit status {})", status));
   if (plan.rm)
     if (auto r = host::remove_vm(state, vm, self); !r) say("neshost monitor: --rm: {}\n", r.error().message);
   return status;

@@ -20,8 +20,9 @@ namespace nes::cli {
 /// `NESHOST monitor --state STATE --notify-fd 3 VM` (`neshost` the program to run: the CLI's own
 /// /proc/self/exe, or the one the shim runs), in its own session and not our child (double fork:
 /// nothing to reap), stdin and stdout /dev/null, stderr appended to the VM's monitor.log; then
-/// waits, at most `bound`, until it says it took the VM over or exits (its notify pipe: a line,
-/// or EOF). Callers that race each start one; one wins, the others exit 0 saying so (a lock in
+/// waits, at most `bound`, until it says the guest has resumed its session with it (so the
+/// caller's next request finds a booted session), or why not, or exits (its notify pipe: a
+/// line, or EOF). Callers that race each start one; one wins, the others exit 0 saying so (a lock in
 /// the VM's directory), and every caller returns once the winner has the VM. A VM whose monitor
 /// and VMM are both gone but whose helper daemons (virtiofsd, passt) still run: those are killed
 /// (leftovers). Returns the VM's reconciled state afterwards (nullopt: no such VM); `said`, if

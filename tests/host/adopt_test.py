@@ -266,7 +266,7 @@ def case_kill_then_wait():
 
 
 def case_killed_twice():
-    """The monitor killed, adopted (by inspect), the replacement killed too, adopted again (by wait)."""
+    """The monitor killed, adopted (by inspect), the replacement killed too, adopted again (by kill)."""
     c = Case("twice")
     try:
         go1, go2 = c.fifo("go1"), c.fifo("go2")
@@ -281,6 +281,10 @@ def case_killed_twice():
             figures.append(secs)
         c.release(go1)
         t0 = c.kill_monitor("t")
+        # `kill` adopts it first and returns only once the guest has resumed with the replacement,
+        # so the signal (a harmless CONT) finds a booted session.
+        rc, _, err = c.nh("kill", "--state", c.state, "-s", "CONT", "t")
+        check(rc == 0, "kill right after the monitor's death: %d %r" % (rc, err))
         w = c.spawn("wait", "--state", c.state, "t")
         secs = resumed_after(c, "t", t0, 2)
         if secs is not None:
