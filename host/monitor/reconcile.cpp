@@ -317,8 +317,8 @@ Result<MonitorInfo> take_over_generation(const fs::path& state, std::string_view
   MonitorInfo m = *mon.value;
   if (m.monitor != self && is_alive(m.monitor))
     return Error{fmt::format("the monitor (pid {}) of generation {} is alive", m.monitor.pid, m.generation)};
-  if (auto rec = load_record(state, vm); rec.value && rec.value->generation >= m.generation)
-    return Error{fmt::format("generation {} is recorded ({})", rec.value->generation, describe(*rec.value))};
+  if (auto rec = load_record(state, vm); rec.value && rec.value->generation > m.generation)
+    return Error{fmt::format("a newer generation ({}) is recorded", rec.value->generation)};
   auto v = vmm_of(state, vm, m.generation);
   if (!v) return Error{fmt::format("no VMM of generation {} is recorded", m.generation)};
   if (!is_alive(*v)) return Error{fmt::format("its VMM (pid {}) is gone", v->pid)};

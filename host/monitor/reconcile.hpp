@@ -70,10 +70,12 @@ Result<std::uint64_t> begin_generation(const std::filesystem::path& state_dir, M
                                        std::chrono::milliseconds settle = std::chrono::seconds(10));
 
 /// A replacement monitor takes generation G of `vm` over (docs/host.md "Re-adoption"): under the
-/// VM's lock, only if monitor.json's monitor of G is gone, no outcome of G is recorded and G's VMM
-/// (vmm.json) still runs; then monitor.json is rewritten durably with `self` as G's monitor (the
-/// rest as it was). Returns the monitor record as written. Errors say which condition failed
-/// ("the monitor (pid P) of generation G is alive", "generation G is recorded", "its VMM is gone").
+/// VM's lock, only if monitor.json's monitor of G is gone and G's VMM (vmm.json) still runs (an
+/// outcome of G may be recorded: its acknowledgement may still be owed); then monitor.json is
+/// rewritten durably with `self` as G's monitor (the rest as it was). Returns the monitor record
+/// as written. Errors say which condition failed ("the monitor (pid P) of generation G is
+/// alive", "a newer generation is recorded", "no VMM of generation G is recorded", "its VMM is
+/// gone").
 Result<MonitorInfo> take_over_generation(const std::filesystem::path& state_dir, std::string_view vm,
                                          const ProcessIdentity& self);
 
@@ -113,9 +115,11 @@ struct VmState {
   /// or sandbox, which outlives its monitor), and whether it still runs.
   std::optional<ProcessIdentity> vmm;
   bool vmm_alive = false;
-  /// Running without a monitor: its monitor is gone, no outcome is recorded and its VMM runs. A
-  /// neshost command that finds it so starts a replacement monitor (host/monitor/adopt.hpp).
-  bool orphaned() const { return status == VmStatus::running && !monitor_alive && vmm_alive; }
+  /// Its monitor is gone and its VMM runs: running with no outcome recorded, or an outcome
+  /// recorded whose acknowledgement the guest still waits for (it would wait out its reconnect
+  /// window before powering off). A neshost command that finds it so starts a replacement
+  /// monitor (host/monitor/adopt.hpp), which acknowledges the record on disk and powers it off.
+  bool orphaned() const { return !monitor_alive && vmm_alive; }
 };
 
 /// The one reconcile rule, from the state dir alone (no lock; liveness is read before the record

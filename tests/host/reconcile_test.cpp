@@ -495,10 +495,22 @@ TEST_CASE("take_over_generation: only an orphaned generation, once; monitor.json
   auto again = take_over_generation(t.path, "vm-a", *identity_of(late.pid));
   REQUIRE_FALSE(again);
   CHECK(again.error().message.find("is alive") != std::string::npos);
-  // Recorded: nothing to take over even with the replacement gone.
+  // Recorded, the replacement gone, the VMM still up (its guest awaiting the ack): still an
+  // orphan, taken over to acknowledge and power off; once the VMM is gone, nothing to take over.
   REQUIRE(write_record(t.path, record(*gen)));
   replacement.end(true);
-  again = take_over_generation(t.path, "vm-a", *identity_of(late.pid));
+  s = state_of(t.path);
+  CHECK((s.status == VmStatus::exited && s.orphaned()));
+  auto lid = identity_of(late.pid);
+  REQUIRE(lid);
+  again = take_over_generation(t.path, "vm-a", *lid);
+  REQUIRE(again);
+  CHECK(again->monitor == *lid);
+  late.end(true);
+  vmm.end(true);
+  CHECK_FALSE(state_of(t.path).orphaned());
+  Child last;
+  again = take_over_generation(t.path, "vm-a", *identity_of(last.pid));
   REQUIRE_FALSE(again);
-  CHECK(again.error().message.find("is recorded") != std::string::npos);
+  CHECK(again.error().message.find("is gone") != std::string::npos);
 }
