@@ -38,7 +38,22 @@ struct LogOptions {
                                             // kubelet's containerLogMaxFiles 5); 1 = truncate
   std::size_t max_line = 16u << 10;         // content bytes per record: longer lines are split
                                             // into P records (containerd's 16 KiB)
+  /// Data channel resume: the sidecar file holding each stream's position (content bytes
+  /// written to the log files since the stream began), e.g. STATE/VM/workload.log.pos. Empty:
+  /// none. An existing one is read at open(): positions continue from it (a host taking over).
+  std::filesystem::path positions;
 };
+
+/// Each output stream's position in the log: content bytes written to the files (write(2)
+/// returned: in the page cache, which a killed process does not lose) since the stream began.
+/// A partial line held in memory is not counted until it is written.
+struct LogPositions {
+  std::uint64_t out = 0;
+  std::uint64_t err = 0;
+  bool operator==(const LogPositions&) const = default;
+};
+/// Reads a positions sidecar (LogOptions::positions); nullopt when absent or malformed.
+std::optional<LogPositions> read_log_positions(const std::filesystem::path& path);
 /// Smallest max_size accepted (bytes): a record of max_line content must fit.
 inline constexpr std::uint64_t kMinLogSize = 64u << 10;
 
@@ -99,6 +114,8 @@ class LogWriter {
   void eof(OutputStream stream, WallTime t);
   /// Total record bytes written to files so far (all files).
   std::uint64_t bytes_written() const { return written_total_; }
+  /// Each stream's position (LogPositions), as of the last flush.
+  LogPositions positions() const { return pos_; }
   /// Why logging stopped, if it did.
   const std::optional<std::string>& error() const { return error_; }
 
@@ -118,6 +135,10 @@ class LogWriter {
   std::uint64_t size_ = 0;        // bytes in the live file
   std::uint64_t written_total_ = 0;
   std::string held_[2];           // unfinished line per stream
+  std::uint64_t taken_[2] = {0, 0};  // content bytes given to append() per stream (from the sidecar's start)
+  LogPositions pos_;              // as of the last flush
+  Fd pos_fd_;                     // the positions sidecar, if any
+  void write_positions();
   struct Pending {
     char hdr[48];                 // "<timestamp> <stream> <tag> "
     std::uint8_t hlen;
@@ -152,6 +173,11 @@ class AsyncLog {
   void push_gap(OutputStream s, std::string what, WallTime t);
   /// Bytes queued and not yet written.
   std::size_t queued_bytes() const;
+  /// The writer's positions (LogWriter::positions) as of its last flush.
+  LogPositions positions() const;
+  /// Called on the writer thread after a flush that moved the positions (the caller posts it
+  /// to its loop); replaces the previous one. Cleared by close().
+  void on_written(std::function<void(LogPositions)> cb);
   /// Over the cap: the caller should stop feeding until on_drained.
   bool full() const { return queued_bytes() >= cap_; }
   /// Writes what is queued, up to `bound`, then stops the thread (a thread stuck in a write past
