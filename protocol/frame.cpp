@@ -190,7 +190,9 @@ bool FrameDecoder::check_header() {
     if (kind == FrameKind::hello) ok = !from_host && stream == Stream::in && proc_ == 0;
     else if (kind == FrameKind::close) ok = from_host && stream == Stream::in && proc_ == 0;
     else if (from_host) ok = stream != Stream::in && !(rules.terminal && stream == Stream::err);
-    else ok = stream == Stream::in && (kind == FrameKind::position || rules.input);
+    else if (kind == FrameKind::position)  // the guest's: stdin's (attached), or an output stream's
+      ok = stream == Stream::in ? rules.input : !(rules.terminal && stream == Stream::err);
+    else ok = stream == Stream::in && rules.input;  // ack: of stdin
     if (!ok) return fail(fmt::format("{}: not a {} frame", where, from_host ? "host-to-guest" : "guest-to-host"));
     if (kind == FrameKind::close) return len_ == 0 || fail(fmt::format("{}: length {} (expected 0)", where, len_));
     if (kind == FrameKind::hello)

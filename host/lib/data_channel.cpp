@@ -381,7 +381,11 @@ void DataLink::maybe_close_done() {
   // safe (in the log), and the close frame says it is the receipt.
   if (closed_ || closing_ || !(out_eof_ && (err_eof_ || cfg_.stdio.terminal) && execs_.empty())) return;
   if (!cfg_.resume || !resumed_) return close();
-  const DataResume& r = *cfg_.resume;
+  DataResume& r = *cfg_.resume;
+  if (!cfg_.log || cfg_.log->error()) {  // nothing more will be written: what came is all there is
+    r.safe[0] = r.pos[0];
+    r.safe[1] = r.pos[1];
+  }
   if (r.safe[0] < r.pos[0] || (!cfg_.stdio.terminal && r.safe[1] < r.pos[1])) return;  // the log catches up first
   close_after_write();
 }

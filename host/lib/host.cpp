@@ -693,6 +693,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     // a host taking over asks the guest to go on from there.
     const auto& cfg = vm->core.config();
     if (cfg.reconnect.count() > 0 || cfg.resume) lo.positions = lo.path.string() + ".pos";
+    // A session booted here starts its streams at 0: an earlier generation's positions go.
+    if (!lo.positions.empty() && !cfg.resume) std::filesystem::remove(lo.positions, ec);
     std::weak_ptr<Impl> w = shared_from_this();
     std::weak_ptr<Vm> wv = vm;
     auto drained = [w, wv, &io = io] {

@@ -139,8 +139,9 @@ Result<std::unique_ptr<LogWriter>> LogWriter::open(LogOptions opt) {
   if (!w->opt_.positions.empty()) {
     if (auto p = read_log_positions(w->opt_.positions)) {
       w->pos_ = *p;
-      w->taken_[0] = p->out;
-      w->taken_[1] = p->err;
+      // A write the killed host began and never counted (a SIGKILL cuts a long write(2) at a
+      // page): cut back to what the positions stand for; the guest sends those bytes again.
+      if (w->size_ > p->file && ::ftruncate(w->fd_.get(), static_cast<off_t>(p->file)) == 0) w->size_ = p->file;
     }
     w->pos_fd_.reset(::open(w->opt_.positions.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640));
     if (!w->pos_fd_) return Error{fmt::format("open {}: {}", w->opt_.positions.string(), std::strerror(errno))};
@@ -152,7 +153,7 @@ Result<std::unique_ptr<LogWriter>> LogWriter::open(LogOptions opt) {
 namespace {
 /// The sidecar's one line, padded to a fixed size so that every update is one pwrite(2) at 0
 /// over the last (never a shorter file with a stale tail).
-constexpr std::size_t kPositionsSize = 64;
+constexpr std::size_t kPositionsSize = 128;
 }  // namespace
 
 std::optional<LogPositions> read_log_positions(const std::filesystem::path& path) {
@@ -161,14 +162,15 @@ std::optional<LogPositions> read_log_positions(const std::filesystem::path& path
   char buf[kPositionsSize + 1] = {};
   ssize_t n = ::pread(fd.get(), buf, kPositionsSize, 0);
   if (n <= 0) return std::nullopt;
-  unsigned long long o = 0, e = 0;
-  if (std::sscanf(buf, "positions stdout %llu stderr %llu", &o, &e) != 2) return std::nullopt;
-  return LogPositions{o, e};
+  unsigned long long o = 0, e = 0, f = 0;
+  if (std::sscanf(buf, "positions stdout %llu stderr %llu file %llu", &o, &e, &f) != 3) return std::nullopt;
+  return LogPositions{o, e, f};
 }
 
 void LogWriter::write_positions() {
   if (!pos_fd_) return;
-  std::string line = fmt::format("positions stdout {} stderr {}", pos_.out, pos_.err);
+  pos_.file = size_;
+  std::string line = fmt::format("positions stdout {} stderr {} file {}", pos_.out, pos_.err, size_);
   line.resize(kPositionsSize - 1, ' ');
   line.push_back('\n');
   // No fsync: a killed host loses nothing of the page cache; a machine crash may lose the
@@ -240,6 +242,9 @@ void LogWriter::record(OutputStream s, bool partial, std::string_view content, W
     content = keep_.back();
   }
   p.content = content;
+  // Workload bytes (not a gap's text): the content, and the newline an F record stands for.
+  p.counted = counting_ ? (s == OutputStream::err ? 2 : 1) : 0;
+  p.newline = !partial;
   pend_.push_back(p);
   pend_bytes_ += len;
   if (pend_.size() >= 300) flush();  // three iovecs each, under IOV_MAX
@@ -278,21 +283,23 @@ void LogWriter::flush() {
       }
     }
   }
+  // Every record is in the file now (unless logging stopped): their content counts.
+  bool moved = false;
+  if (fd_) {
+    for (const auto& p : pend_) {
+      if (!p.counted) continue;
+      (p.counted == 2 ? pos_.err : pos_.out) += p.content.size() + (p.newline ? 1 : 0);
+      moved = true;
+    }
+  }
   pend_.clear();
   pend_bytes_ = 0;
   keep_.clear();
-  if (fd_) {
-    const LogPositions now{taken_[0] - held_[0].size(), taken_[1] - held_[1].size()};
-    if (now != pos_) {
-      pos_ = now;
-      write_positions();
-    }
-  }
+  if (moved || (pos_fd_ && pos_.file != size_)) write_positions();
 }
 
 void LogWriter::append(OutputStream s, std::string_view b, WallTime t) {
   std::string& held = held_[s == OutputStream::err ? 1 : 0];
-  if (fd_) taken_[s == OutputStream::err ? 1 : 0] += b.size();
   const std::size_t L = opt_.max_line;
   // Records cut from `b` point into it (it lives until the next flush()); only an unfinished
   // line's head, at most L bytes, is ever copied (into `held`). Record boundaries are those of
@@ -353,7 +360,9 @@ void LogWriter::dropped(OutputStream s, std::uint64_t n, WallTime t) {
 
 void LogWriter::gap(OutputStream s, std::string_view what, WallTime t) {
   eof(s, t);
+  counting_ = false;
   record(s, false, fmt::format("[neshost: {}]", what), t, false);
+  counting_ = true;
   flush();
 }
 

@@ -50,6 +50,9 @@ struct LogOptions {
 struct LogPositions {
   std::uint64_t out = 0;
   std::uint64_t err = 0;
+  /// The live file's size when they were counted: a host taking over cuts the file back to it
+  /// (bytes past it are a write the killed host never finished: the guest sends them again).
+  std::uint64_t file = 0;
   bool operator==(const LogPositions&) const = default;
 };
 /// Reads a positions sidecar (LogOptions::positions); nullopt when absent or malformed.
@@ -135,14 +138,16 @@ class LogWriter {
   std::uint64_t size_ = 0;        // bytes in the live file
   std::uint64_t written_total_ = 0;
   std::string held_[2];           // unfinished line per stream
-  std::uint64_t taken_[2] = {0, 0};  // content bytes given to append() per stream (from the sidecar's start)
   LogPositions pos_;              // as of the last flush
+  bool counting_ = true;          // records made now carry workload bytes (a gap's do not)
   Fd pos_fd_;                     // the positions sidecar, if any
   void write_positions();
   struct Pending {
     char hdr[48];                 // "<timestamp> <stream> <tag> "
     std::uint8_t hlen;
     std::string_view content;
+    std::uint8_t counted = 0;     // workload bytes of stream 1 (stdout) or 2 (stderr); 0: a gap's text
+    bool newline = false;         // an F record: a '\n' of the stream follows its content
   };
   std::vector<Pending> pend_;     // records not yet written
   std::uint64_t pend_bytes_ = 0;

@@ -8,6 +8,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -276,6 +277,7 @@ TEST_CASE("stdin: position in the hello, acked every kStdinAckStep, nothing coun
   CHECK(f[1].kind == FrameKind::position);
   CHECK(f[1].position == kStdinAckStep + 4);  // the host re-sends from here: none twice
   c.on_rx(positions(0, 0));
+  c.in_written(c.in_pending().size());
   // The host's eof again after a resume ends stdin once.
   w.clear();
   proto::append_eof(w, Stream::in);
@@ -307,14 +309,14 @@ TEST_CASE("mux: no process's frames go before the workload's handshake; execs lo
   m.sent(t->bytes.size());
   CHECK(!m.tx());  // waiting for positions: nothing of process 1 either
   m.on_rx(positions(0, 0));
-  t = m.tx();
-  REQUIRE(t);
-  CHECK(t->proc == 0);
-  m.sent(t->bytes.size());
-  t = m.tx();
-  REQUIRE(t);
-  CHECK(t->proc == 1);
-  m.sent(t->bytes.size());
+  // Then both take turns: the workload's positions and process 1's output both go out.
+  std::vector<std::uint16_t> turns;
+  while (auto u = m.tx()) {
+    turns.push_back(u->proc);
+    m.sent(u->bytes.size());
+  }
+  CHECK(std::count(turns.begin(), turns.end(), 0) >= 1);
+  CHECK(std::count(turns.begin(), turns.end(), 1) == 1);
   m.channel_lost();
   CHECK(!m.tx());
   CHECK(m.core(1)->channel_open() == false);  // not resumed: its client ended with the host

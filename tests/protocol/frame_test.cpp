@@ -412,8 +412,8 @@ TEST_CASE("resume frames: refused without resume, on the wrong stream or with a 
   FrameRules guest_noin{FrameSender::guest, false, false, false, true};
   FrameRules host{FrameSender::host, true, true, false, true};
   const std::vector<std::tuple<FrameRules, std::string, std::string>> cases = {
-      {kGuestRules, hdr(0, 6, 8) + std::string(8, '\0'), "hello frame on stdin: data channel resume is off"},
-      {kHostRules, hdr(1, 4, 8) + std::string(8, '\0'), "ack frame on stdout: data channel resume is off"},
+      {kGuestRules, hdr(0, 6, 8) + std::string(8, '\0'), "hello frame on stdin: data channel resume is off (boot.stdio.replay_bytes)"},
+      {kHostRules, hdr(1, 4, 8) + std::string(8, '\0'), "ack frame on stdout: data channel resume is off (boot.stdio.replay_bytes)"},
       {guest, hdr(1, 6, 8) + std::string(8, '\0'), "hello frame on stdout: not a guest-to-host frame"},
       {guest, hdr(0, 6, 8, 0, 1) + std::string(8, '\0'), "hello frame on stdin of process 1: no such process"},
       {guest, hdr(0, 6, 7) + std::string(7, '\0'), "hello frame on stdin: length 7 (expected 8..263)"},
@@ -421,6 +421,9 @@ TEST_CASE("resume frames: refused without resume, on the wrong stream or with a 
       {guest, hdr(1, 4, 8) + std::string(8, '\0'), "ack frame on stdout: not a guest-to-host frame"},
       {guest_noin, hdr(0, 4, 8) + std::string(8, '\0'), "ack frame on stdin: not a guest-to-host frame"},
       {guest, hdr(0, 5, 9) + std::string(9, '\0'), "position frame on stdin: length 9 (expected 8)"},
+      {guest_noin, hdr(0, 5, 8) + std::string(8, '\0'), "position frame on stdin: not a guest-to-host frame"},
+      {FrameRules{FrameSender::guest, true, false, false, true}, hdr(2, 5, 8) + std::string(8, '\0'),
+       "position frame on stderr: not a guest-to-host frame"},
       {guest, hdr(0, 7, 0), "close frame on stdin: not a guest-to-host frame"},
       {host, hdr(0, 5, 8) + std::string(8, '\0'), "position frame on stdin: not a host-to-guest frame"},
       {host, hdr(2, 4, 8) + std::string(8, '\0'), "ack frame on stderr: not a host-to-guest frame"},  // a terminal
