@@ -7,7 +7,8 @@
 # bench/p9_containerd.py, P10 (the VM's network: TCP guest -> host through passt and slirp against
 # the data channel, connect set-up; in a network namespace of its own) by bench/p10_network.py,
 # P12 (`neshost run -- /bin/true` end to end, each boot-time step against the configuration before
-# it) by bench/p12_start.py.
+# it) by bench/p12_start.py, P13 (data channel resume: a host's death to output flowing again) by
+# tests/host/data_resume_e2e.py --bench.
 # Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
@@ -30,4 +31,5 @@ python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/vmlinuz 7 >> "$out"
 python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost build/host/vm/initrd.cpio >> "$out"
 python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe >> "$out"
 python3 bench/p12_start.py build/host/cli/neshost >> "$out"
+python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10 >> "$out"
 cat "$out"
