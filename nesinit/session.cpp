@@ -253,7 +253,7 @@ void Session::on_boot(const proto::Boot& b) {
 }
 
 act::DialData Session::data_dial(std::uint32_t attempt_ms, bool redial) const {
-  act::DialData d{attempt_ms, *boot_->stdio};
+  act::DialData d{attempt_ms, *boot_->stdio, false, 0, {}, false};
   d.resume = boot_->stdio->replay_bytes > 0 && boot_->reconnect_ms > 0;
   d.generation = boot_->generation.value_or(0);
   d.vm = boot_->vm.value_or("");

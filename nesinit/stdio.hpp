@@ -226,6 +226,7 @@ class StdioCore {
 
  private:
   struct Out {
+    explicit Out(OutputBuffer b) : buf(std::move(b)) {}
     OutputBuffer buf;
     bool eof = false;       // the pipe reached EOF
     bool eof_sent = false;  // its eof frame is framed

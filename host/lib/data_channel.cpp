@@ -242,6 +242,7 @@ bool DataLink::handle_resume(DataEvent& e) {
         r.in_sent = r.in_acked = p->position;
         r.in_unacked.clear();
         cfg_.emit("stdin_position", fmt::format("{}", p->position));
+        stdin_go();
         return true;
       }
       if (p->position > r.in_sent || p->position < r.in_acked) {
@@ -258,6 +259,7 @@ bool DataLink::handle_resume(DataEvent& e) {
       r.in_acked = p->position;
       if (!f.empty()) (void)queue_in(std::move(f));
       cfg_.emit("stdin_position", fmt::format("{}", p->position));
+      stdin_go();
       return true;
     }
     const int i = p->stream == proto::Stream::err ? 1 : 0;
@@ -296,6 +298,14 @@ bool DataLink::handle_resume(DataEvent& e) {
     return true;
   }
   return true;
+}
+
+void DataLink::stdin_go() {
+  stdin_ready_ = true;
+  // The embedder may send (again): a pump held by a refusal before the handshake, or by the
+  // loss of the previous connection, goes on.
+  stdin_refused_ = false;
+  if (cfg_.hooks && cfg_.hooks->stdin_writable) cfg_.hooks->stdin_writable(cfg_.vm);
 }
 
 void DataLink::log_written(LogPositions p) {
@@ -409,9 +419,12 @@ Status DataLink::queue_in(std::string f) {
 Result<bool*> DataLink::stdin_of(std::uint16_t proc) {
   if (closed_) return Error{"stdin: the data channel is closed"};
   // Resume: stdin goes on from the guest's position, which its handshake brings.
-  if (cfg_.resume && !resumed_) return Error{"stdin: the data channel's resume handshake is not over"};
   if (proc == 0) {
     if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
+    if (cfg_.resume && !stdin_ready_) {
+      stdin_refused_ = true;  // stdin_writable follows the guest's stdin position
+      return Error{"stdin: the data channel's resume handshake is not over"};
+    }
     return &stdin_eof_sent_;
   }
   Exec* x = find_exec(proc);

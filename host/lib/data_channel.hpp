@@ -226,6 +226,7 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   void safe_moved();
   void send_acks(bool all);
   void close_after_write();
+  void stdin_go();  // resume: the guest's stdin position came: stdin may flow
 
   boost::asio::generic::stream_protocol::socket sock_;
   boost::asio::steady_timer drain_timer_;
@@ -244,6 +245,7 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   bool resumed_ = false;                   // resume: this link runs with positions
   bool closing_ = false;                   // the close frame is queued: close once written
   std::string pre_;                        // resume: frames (resizes) held until the positions are out
+  bool stdin_ready_ = false;               // resume: the guest's stdin position came on this link
   boost::asio::steady_timer ack_timer_;
   bool ack_armed_ = false;
   std::uint64_t bytes_in_ = 0;
