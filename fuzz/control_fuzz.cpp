@@ -1,8 +1,8 @@
 // The monitor's control socket (host/monitor/control.hpp) under arbitrary bytes, taken as a
 // request line (what the monitor parses) and as a reply line (what neshost and the shim parse):
 // never crashes; whatever parses re-encodes to one line within the bounds that parses to the
-// same value (parse(encode(parse(x))) == parse(x)); an error is named, bounded, and can itself be
-// sent back as an `error:` reply unchanged.
+// same value (parse(encode(parse(x))) == parse(x)), also with a `generation G` target; an error is
+// named, bounded, and can itself be sent back as an `error:` reply unchanged.
 #include "fuzz_util.hpp"
 #include "host/monitor/control.hpp"
 
@@ -26,6 +26,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto r2 = ctl::parse_request(again);
     nes::fuzz::require(r2.ok(), "a parsed request re-encodes to a valid line");
     nes::fuzz::require(*r2 == *r, "request round trip is the identity");
+  } else {
+    check_error(r.error());
+  }
+  // The same line as a request aimed at a generation (fencing: `generation G REQUEST`).
+  if (auto r = ctl::parse_targeted(line)) {
+    const std::string again = ctl::encode(*r);
+    nes::fuzz::require(again.find('\n') == std::string::npos && again.size() <= ctl::kRequestMax,
+                       "an encoded targeted request is one line within the bound");
+    auto r2 = ctl::parse_targeted(again);
+    nes::fuzz::require(r2.ok() && *r2 == *r, "targeted request round trip is the identity");
+    nes::fuzz::require(!r->generation || (*r->generation >= 1 && *r->generation <= ctl::kGenerationMax),
+                       "a target is a generation 1..2^53-1");
   } else {
     check_error(r.error());
   }

@@ -7,7 +7,11 @@
 //  - at most line_cap + 1 bytes of guest data held;
 //  - event details carry no control bytes (escaped), and guest-triggered kinds are rate-limited;
 //  - the output is cut (act::CutOutput) only while the data channel is open, and only once there
-//    is an outcome or the host ends the VM on purpose; a finished session has no timer armed.
+//    is an outcome or the host ends the VM on purpose; a finished session has no timer armed;
+//  - at most one `boot` per session (a guest that starts over is never booted again), and it
+//    names the session's generation;
+//  - fencing: a line naming another generation is recorded nothing from (its outcome never
+//    becomes the record).
 #include <array>
 #include <map>
 
@@ -46,7 +50,17 @@ constexpr std::string_view kLines[] = {
     "{\"type\":\"exec_exited\",\"proc\":2,\"signal\":9}\n",
     "{\"type\":\"exec_failed\",\"proc\":1,\"reason\":\"x\",\"class\":\"not_found\"}\n",
     "{\"type\":\"exec_exited\",\"proc\":7,\"exit_code\":1}\n",
+    // Fencing (the envelope's generation; the session's is 1).
+    "{\"type\":\"workload_exited\",\"exit_code\":3,\"generation\":1}\n",
+    "{\"type\":\"started\",\"pid\":7,\"generation\":1}\n",
+    "{\"type\":\"started\",\"pid\":7,\"generation\":0}\n",
+    "{\"type\":\"ready\",\"protocol_version\":2,\"resume\":{\"vm\":\"vm0\",\"generation\":1,\"started\":true,"
+    "\"outcome_pending\":true},\"generation\":1}\n",
+    "{\"type\":\"ready\",\"protocol_version\":2,\"resume\":{\"vm\":\"vm0\",\"generation\":2,\"started\":true,"
+    "\"outcome_pending\":false},\"generation\":2}\n",
 };
+/// A line of another generation: its outcome (exited 42) must never be recorded.
+constexpr std::string_view kStaleExit = "{\"type\":\"workload_exited\",\"exit_code\":42,\"generation\":2}\n";
 
 struct Model {
   std::map<TimerKind, bool> armed;
@@ -58,6 +72,7 @@ struct Model {
   std::map<std::uint16_t, bool> execs;  // processes exec() started (true: not ended yet)
   std::map<std::uint16_t, bool> exec_armed;
   std::map<std::string, int> kinds;
+  int boots = 0;
 };
 
 void check(Session& s, const proto::LineReader& reader, Model& m) {
@@ -67,6 +82,10 @@ void check(Session& s, const proto::LineReader& reader, Model& m) {
     if (auto* x = std::get_if<act::Send>(&a)) {
       require(!m.finished, "nothing is sent after Finished");
       require(proto::validate(x->msg).ok(), "every message sent decodes as itself");
+      if (auto* b = std::get_if<proto::Boot>(&x->msg)) {
+        require(++m.boots == 1, "at most one boot per session");
+        require(b->generation == s.config().generation, "the boot names the session's generation");
+      }
       if (std::holds_alternative<proto::Shutdown>(x->msg)) shutdown_sent = true;
     } else if (auto* x = std::get_if<act::ArmTimer>(&a)) {
       m.armed[x->kind] = true;
@@ -74,6 +93,8 @@ void check(Session& s, const proto::LineReader& reader, Model& m) {
       m.armed[x->kind] = false;
     } else if (auto* x = std::get_if<act::WriteRecord>(&a)) {
       require(++m.writes == 1, "one WriteRecord per session");
+      require(!(x->record.outcome == proto::Outcome::exited && x->record.exit_code == 42),
+              "a line of another generation is never recorded");
       m.writing = x->record;
     } else if (auto* x = std::get_if<act::Log>(&a)) {
       for (unsigned char ch : x->detail) require(ch >= 0x20 && ch != 0x7f, "event details are escaped");
@@ -136,7 +157,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     switch (c.pick(18)) {
       case 0: case 1: case 2: {
         // The loop reads a stream only while the session keeps it open.
-        auto line = kLines[c.pick(std::size(kLines))];
+        auto line = c.pick(8) == 0 ? kStaleExit : kLines[c.pick(std::size(kLines))];
         if (s.stream_open()) feed_lines(s, reader, line, t);
         break;
       }

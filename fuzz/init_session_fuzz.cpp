@@ -8,7 +8,10 @@
 //  - a flush without a deadline never after the host hung up (a live host is never timed out;
 //    a gone one may not hold the power-off for ever);
 //  - at most one output_end per stream of the workload (an exec's number may be reused by a
-//    later process, which gets accounts of its own).
+//    later process, which gets accounts of its own);
+//  - fencing: every line sent after a `boot` that named a generation carries that generation;
+//  - the init closes its channel on its own (act::CloseChannel) only to keep an outcome no host
+//    acknowledged, inside a reconnect window.
 #include <csignal>
 #include <set>
 #include <utility>
@@ -124,7 +127,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (!m.armed[static_cast<int>(t)]) continue;
         m.armed[static_cast<int>(t)] = false;
         if (t == Timer::ack) m.ack_fired = true;
-        if (t == Timer::reconnect) m.window_over = true;
+        if (t == Timer::reconnect || t == Timer::ack_window) m.window_over = true;
         e = ev::TimerFired{t};
         break;
       }
@@ -140,6 +143,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (x->signo == SIGTERM) require(++m.sigterms <= 1, "never two SIGTERMs to the workload");
       } else if (auto* x = std::get_if<act::Send>(&a)) {
         const auto& g = x->msg;
+        if (s.boot() && s.boot()->generation)
+          require(x->generation == s.boot()->generation, "every line after boot carries its generation");
+        else
+          require(!x->generation, "no generation before a boot named one");
         if (auto* oe = std::get_if<proto::OutputEnd>(&g); oe && oe->proc == 0)
           require(m.accounted.insert({oe->proc, static_cast<int>(oe->stream)}).second, "one output_end per stream");
         if (std::holds_alternative<proto::MountFailed>(g) || std::holds_alternative<proto::NetworkFailed>(g) ||
@@ -153,6 +160,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         m.armed[static_cast<int>(x->timer)] = true;
       } else if (auto* x = std::get_if<act::CancelTimer>(&a)) {
         m.armed[static_cast<int>(x->timer)] = false;
+      } else if (std::holds_alternative<act::CloseChannel>(a)) {
+        require(m.outcome_sent && !m.acked, "the channel is closed on purpose only to keep an unacknowledged outcome");
+        require(s.boot() && s.boot()->reconnect_ms > 0, "... and only with a reconnect window");
       } else if (std::holds_alternative<act::Flush>(a)) {
         require(!m.flushing, "the final flush begins once");
         require(!m.outcome_sent || m.acked || m.eof || m.ack_fired || m.window_over,

@@ -116,7 +116,10 @@ class Pid1 final : private DataEvents {
     }
     chan_ = std::move(*fd);
     is_port_ = port;
-    out_.clear();
+    // A port reopened after act::CloseChannel is the same host stream: what was queued (a line
+    // begun included) goes first, so no line reaches the host cut. A new socket starts clean.
+    if (!(port && keep_out_)) out_.clear();
+    keep_out_ = false;
     reader_ = proto::LineReader();
     host_seen_ = port && d.need_peer;  // a port just seen connected: its next hang-up is an EOF
     port_down_ = false;
@@ -162,7 +165,7 @@ class Pid1 final : private DataEvents {
 
   void perform(Action& a) {
     std::visit(Overload{
-                   [&](act::Send& s) { send(s.msg); },
+                   [&](act::Send& s) { send(s.msg, s.generation); },
                    [&](act::DialData& d) { do_dial_data(d); },
                    [&](act::DataGiveUp&) { data_.give_up(); },
                    [&](act::Dial& d) { do_dial(d); },
@@ -193,13 +196,14 @@ class Pid1 final : private DataEvents {
                    [&](act::SpawnExec& x) { do_spawn_exec(x); },
                    [&](act::CloseExec& x) { data_.close_exec(x.proc); },
                    [&](act::CheckHeld& c) { pending_.push_front(ev::Held{c.proc, data_.held(c.proc)}); },
+                   [&](act::CloseChannel&) { close_channel(); },
                },
                a);
   }
 
-  void send(const proto::GuestMessage& m) {
+  void send(const proto::GuestMessage& m, std::optional<std::uint64_t> generation) {
     if (!chan_) return;
-    std::string line = proto::encode_line(m);
+    std::string line = proto::encode_line(m, proto::GuestEnvelope{generation});
     if (log_.enabled(Severity::debug))
       log_.debug("send", "{}", std::string_view(line).substr(0, line.size() - 1));
     else
@@ -235,7 +239,17 @@ class Pid1 final : private DataEvents {
     if (!chan_) return;
     chan_.reset();
     out_.clear();
+    keep_out_ = false;
     pending_.push_back(ev::Eof{});
+  }
+
+  /// act::CloseChannel: closes the lifecycle channel; the session redials and re-sends what it
+  /// owes. On a socket what is queued goes with it (the next connection is a new stream); on a
+  /// virtio port it is kept for the reopened port (do_dial), whose host side is the same stream.
+  void close_channel() {
+    chan_.reset();
+    keep_out_ = is_port_;
+    if (!keep_out_) out_.clear();
   }
 
   void do_mounts(const act::Mount& b) {
@@ -526,6 +540,7 @@ class Pid1 final : private DataEvents {
   DataIo data_{log_, *this};  // the data channel (boot.stdio) and the fds of its processes
   std::optional<std::uint64_t> deadline_[kTimerCount];
   bool is_port_ = false;    // the channel is a virtio-serial port (no EOF semantics)
+  bool keep_out_ = false;   // out_ waits for the port act::CloseChannel closed to be reopened
   bool port_down_ = false;  // its host side was seen disconnected
   bool host_seen_ = false;  // the host has sent at least one byte
   std::optional<std::uint64_t> port_retry_at_;

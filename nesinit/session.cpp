@@ -33,6 +33,7 @@ std::string_view to_string(Timer t) {
     case Timer::flush_idle: return "flush_idle";
     case Timer::flush_cap: return "flush_cap";
     case Timer::exec_drain: return "exec_drain";
+    case Timer::ack_window: return "ack_window";
   }
   return "?";
 }
@@ -94,7 +95,8 @@ void Session::send(proto::GuestMessage m) {
     note(Severity::warn, "channel", fmt::format("closed; not sent: {}", proto::type_name(m)));
     return;
   }
-  out_.push_back(act::Send{std::move(m)});
+  // Fencing: every line after `boot` names the generation it belongs to (docs/protocol.md).
+  out_.push_back(act::Send{std::move(m), boot_ ? boot_->generation : std::nullopt});
 }
 
 void Session::arm(Timer t, std::uint32_t ms) {
@@ -371,6 +373,7 @@ void Session::on_shutdown_msg() {
   if (outcome_ && !acked_) {
     acked_ = true;
     cancel(Timer::ack);
+    cancel(Timer::ack_window);
     note(Severity::info, "ack", "host acknowledged the outcome");
   }
   if (phase_ == Phase::shutting_down) {
@@ -382,10 +385,15 @@ void Session::on_shutdown_msg() {
 
 bool Session::survives_loss() const {
   // After boot, with a window, while something is still owed to a host: the workload's run or
-  // an outcome it has not acknowledged. Not after the host's own `shutdown`.
+  // an outcome it has not acknowledged (until its window is over). Not after the host's own
+  // `shutdown`.
   if (!boot_ || boot_->reconnect_ms == 0 || host_shutdown_ || acked_) return false;
   if (phase_ != Phase::shutting_down) return true;
-  return (outcome_ && !acked_) || held_exit_.has_value();
+  return (outcome_ && !ack_window_over_) || held_exit_.has_value();
+}
+
+bool Session::keeps_outcome() const {
+  return channel_open_ && outcome_ && !acked_ && !ack_window_over_ && survives_loss();
 }
 
 void Session::begin_reconnect() {
@@ -652,8 +660,30 @@ void Session::on(const ev::TimerFired& t) {
         if (x.held) out_.push_back(act::CheckHeld{x.proc});
       return;
     case Timer::ack:
-      ack_expired_ = true;
       note(Severity::warn, "ack", fmt::format("no acknowledgement within {} ms", opt_.ack_timeout_ms));
+      if (keeps_outcome()) {
+        // A host that stalls past the ack timeout may be dying: the outcome must outlive it. So,
+        // within the reconnect window, a missing ack is a lost channel: close it, redial, and
+        // hand the outcome to whichever host answers (a resumed `ready`, the outcome again),
+        // until one acknowledges it or the window (counted from the first such timeout) ends.
+        if (!armed_[static_cast<int>(Timer::ack_window)]) arm(Timer::ack_window, boot_->reconnect_ms);
+        channel_open_ = false;
+        out_.push_back(act::CloseChannel{});
+        return begin_reconnect();
+      }
+      ack_expired_ = true;
+      if (stage_ == Stage::await_ack) enter_await_ack();
+      return;
+    case Timer::ack_window:
+      // The outcome was kept for the whole window and no host acknowledged it: today's end.
+      ack_window_over_ = true;
+      note(Severity::warn, "ack", fmt::format("no host acknowledged the outcome within {} ms", boot_->reconnect_ms));
+      ack_expired_ = true;
+      if (reconnecting_) {
+        reconnecting_ = false;
+        cancel(Timer::reconnect);
+        cancel(Timer::redial);
+      }
       if (stage_ == Stage::await_ack) enter_await_ack();
       return;
   }

@@ -38,9 +38,10 @@ enum class Timer {
   flush_idle,       // an unacknowledged final flush wrote nothing for kFlushIdleMs -> power off anyway
   flush_cap,        // an unacknowledged final flush began -> kFlushMaxMs -> power off anyway
   exec_drain,       // an exec'd process reaped, its output not at EOF -> its drain_ms -> CheckHeld: nothing held: report
+  ack_window,       // the first ack timeout treated as a loss (reconnect_ms > 0) -> reconnect_ms -> today's power-off
   data_reconnect,   // data channel resume: the data channel lost -> boot.reconnect_ms -> DataGiveUp
 };
-inline constexpr int kTimerCount = 16;
+inline constexpr int kTimerCount = 17;
 /// Backoff between dial attempts (the first dial and a redial alike): ms, doubling from the first
 /// to the last.
 inline constexpr std::uint32_t kRedialFirstMs = 10;
@@ -141,7 +142,9 @@ using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
-struct Send { proto::GuestMessage msg; };
+/// One line to the host: `msg` with the session's `generation` beside it (proto::GuestEnvelope:
+/// echoed from boot.generation in every line after `boot`; unset before it).
+struct Send { proto::GuestMessage msg; std::optional<std::uint64_t> generation; };
 /// One attempt to dial the data channel (boot.stdio): DataUp or DataFailed. Held like act::Dial
 /// (at most `attempt_ms`, never past a pending signal or the next armed timer); once up, the
 /// channel carries the workload's streams as `stdio` says.
@@ -192,6 +195,10 @@ struct Note { Severity severity; std::string phase; std::string text; };  // one
 /// data channel for the host's close), reporting ev::Flushing at once and after every round.
 /// Nothing new is read from the host; the session ends it with PowerOff.
 struct Flush {};
+/// Close the lifecycle channel now, without an ev::Eof (the session already counts it lost):
+/// what is queued for the host is dropped (the session re-sends what it still owes on the next
+/// channel). A redial (act::Dial) follows.
+struct CloseChannel {};
 struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
 struct ListProcesses {};  // read the guest's processes (procs.hpp): ProcessList
 /// Start `exec` beside the workload (the host's `exec`), in its own session and process group,
@@ -211,7 +218,8 @@ struct CheckHeld { std::uint16_t proc; };
 }  // namespace act
 using Action = std::variant<act::Send, act::DialData, act::DataGiveUp, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff,
-                            act::ListProcesses, act::SpawnExec, act::CloseExec, act::CheckHeld>;
+                            act::ListProcesses, act::SpawnExec, act::CloseExec, act::CheckHeld,
+                            act::CloseChannel>;
 using Actions = std::vector<Action>;
 
 /// Where the session is.
@@ -318,6 +326,9 @@ class Session {
   void on_kill_exec(int signo, std::uint16_t proc);
   void report_exec(std::size_t i);  // exec_exited for execs_[i], then CloseExec; erased
   bool survives_loss() const;  // an EOF now starts a reconnect instead of a shutdown
+  /// An ack timeout now is a loss (close, redial, the outcome again): reconnect_ms > 0, the
+  /// outcome unacknowledged on an open channel, and its window (Timer::ack_window) not over.
+  bool keeps_outcome() const;
   void begin_reconnect();
   void resume_channel();
   void give_up_dialling(std::string why);  // the first dial ends without a channel
@@ -372,6 +383,7 @@ class Session {
   std::optional<proto::WorkloadExited> held_exit_;  // reaped, waiting for outputs_done_ or drain
   bool started_ever_ = false;      // the workload's exec succeeded (resume.started)
   bool host_shutdown_ = false;     // the host sent `shutdown`: a loss after it is not survived
+  bool ack_window_over_ = false;   // Timer::ack_window fired: the outcome is no longer kept
   bool reconnecting_ = false;      // Timer::reconnect runs; Dial / Timer::redial alternate
   std::uint32_t redial_ms_ = kRedialFirstMs;
   bool dialling_ = false;          // the first dial runs: Dial / Timer::redial alternate, Timer::dial bounds it

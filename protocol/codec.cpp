@@ -515,9 +515,13 @@ void enc(Buf& b, const ExecProcess& m) {
 void enc(Buf& b, const ListProcesses&) { open(b, "list_processes"); }
 
 template <class Variant>
-std::string encode_any(const Variant& m, bool newline) {
+std::string encode_any(const Variant& m, bool newline, const GuestEnvelope* env = nullptr) {
   Buf b;
   std::visit([&](const auto& x) { enc(b, x); }, m);
+  if (env && env->generation) {  // the envelope: after the message's own fields
+    key(b, "generation");
+    put_int(b, *env->generation);
+  }
   b.push_back('}');
   if (newline) b.push_back('\n');
   return fmt::to_string(b);
@@ -1545,8 +1549,9 @@ bool dec_alt(std::size_t idx, od::document& doc, const Path& p, Variant& out, Er
 }
 
 /// Decodes one line into Variant's alternatives; the result is Decoded (GuestDecoded/HostDecoded).
+/// `env` (guest lines only): where the line's envelope goes.
 template <class Variant, class Decoded>
-Decoded decode_line(std::string_view line) {
+Decoded decode_line(std::string_view line, GuestEnvelope* env = nullptr) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   if (trim(line).empty()) return DecodeError{"line: empty (expected a JSON object)"};
 
@@ -1637,6 +1642,18 @@ Decoded decode_line(std::string_view line) {
     return DecodeError{std::move(err.reason)};
   }
   if (!dec_alt(idx, doc, root, out, err)) return DecodeError{std::move(err.reason)};
+  if (env) {
+    // The envelope: a top-level `generation` beside the message's own fields (unique: pass B).
+    od::value gv;
+    if (auto e = start()) {
+      err.json(root, e);
+      return DecodeError{std::move(err.reason)};
+    }
+    if (doc.find_field_unordered("generation").get(gv) == simdjson::SUCCESS &&
+        !get_ranged(gv, root / "generation", 1, static_cast<std::int64_t>(kGenerationMax), kGeneration,
+                    env->generation.emplace(), err))
+      return DecodeError{std::move(err.reason)};
+  }
   return out;
 }
 
@@ -1655,12 +1672,21 @@ std::string mac_text(const MacAddr& m) {
 GuestDecoded decode_guest(std::string_view line) {
   return decode_line<GuestMessage, GuestDecoded>(line);
 }
+GuestDecoded decode_guest(std::string_view line, GuestEnvelope& envelope) {
+  envelope = {};
+  GuestDecoded d = decode_line<GuestMessage, GuestDecoded>(line, &envelope);
+  if (!std::holds_alternative<GuestMessage>(d)) envelope = {};
+  return d;
+}
 HostDecoded decode_host(std::string_view line) { return decode_line<HostMessage, HostDecoded>(line); }
 
 std::string encode(const GuestMessage& m) { return encode_any(m, false); }
 std::string encode(const HostMessage& m) { return encode_any(m, false); }
 std::string encode_line(const GuestMessage& m) { return encode_any(m, true); }
 std::string encode_line(const HostMessage& m) { return encode_any(m, true); }
+std::string encode_line(const GuestMessage& m, const GuestEnvelope& envelope) {
+  return encode_any(m, true, &envelope);
+}
 
 namespace {
 template <class Msg, class Decoded>

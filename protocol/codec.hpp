@@ -28,6 +28,16 @@ struct DecodeError {
 /// Deeper lines are a DecodeError (bounded recursion; the contract itself needs 3).
 inline constexpr int kMaxJsonDepth = 64;
 
+/// What a guest line carries beside its message's own fields to fence it to one session
+/// (additive, docs/protocol.md "Fencing"): `generation` (1..2^53-1), which this project's init
+/// echoes from `boot.generation` in every line it sends after that `boot` (a resumed `ready`
+/// included). Unset: a line without it (an init that predates the field, or a `ready` before any
+/// `boot`), which a host accepts as before.
+struct GuestEnvelope {
+  std::optional<std::uint64_t> generation;
+  bool operator==(const GuestEnvelope&) const = default;
+};
+
 /// Result of decoding one line from the guest (used by the host).
 using GuestDecoded = std::variant<GuestMessage, UnknownMessage, DecodeError>;
 /// Result of decoding one line from the host (used by the guest).
@@ -39,6 +49,10 @@ using HostDecoded = std::variant<HostMessage, UnknownMessage, DecodeError>;
 /// fields are ignored; an unknown `type` is UnknownMessage. No length cap here: the LineReader
 /// caps lines. Policies and their reasons: docs/protocol.md.
 GuestDecoded decode_guest(std::string_view line);
+/// decode_guest(line), also reading the line's envelope into `envelope` (set only when the result
+/// is a GuestMessage): a top-level `generation` outside 1..2^53-1 is a DecodeError naming it
+/// (`workload_exited.generation: expected integer 1..9007199254740991, got 0`).
+GuestDecoded decode_guest(std::string_view line, GuestEnvelope& envelope);
 /// Decode one line (without its '\n'; a trailing '\r' is tolerated). Never throws.
 HostDecoded decode_host(std::string_view line);
 
@@ -55,6 +69,9 @@ std::string encode(const HostMessage& m);
 /// encode(m) followed by '\n': one line ready to write to the stream.
 std::string encode_line(const GuestMessage& m);
 std::string encode_line(const HostMessage& m);
+/// encode_line(m) with `envelope`'s fields written after the message's own (`generation` when
+/// set: `{"type":"workload_exited","exit_code":7,"generation":3}`): what the init sends after `boot`.
+std::string encode_line(const GuestMessage& m, const GuestEnvelope& envelope);
 
 /// Would the peer accept `m`? Ok if decode(encode(m)) == m; otherwise the DecodeError the
 /// peer would report (e.g. `boot.exec.argv: expected non-empty array of strings, got []`), or a

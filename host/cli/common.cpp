@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <fmt/format.h>
 #include <simdjson.h>
 
@@ -84,6 +85,17 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
   hopt.hooks = emb.hooks;
   hopt.stdio = emb.stdio;
   hopt.workload_log = emb.workload_log;
+  // Test-only fault injection (tests/host/survive_test.py): NESHOST_TEST_RECORD_STOP=STEP stops
+  // this whole process (SIGSTOP) when an outcome record's write reaches STEP (host/lib/record.hpp
+  // WriteStep: temp_written, temp_fsynced, renamed, dir_fsynced): a host stalled there, past the
+  // guest's ack timeout, that the test then SIGKILLs. Unset (always, outside tests): no hook.
+  if (const char* st = std::getenv("NESHOST_TEST_RECORD_STOP"); st && *st) {
+    if (auto step = host::write_step_from_string(st))
+      hopt.write.at_step = [s = *step](host::WriteStep w) {
+        if (w == s) ::raise(SIGSTOP);
+        return 0;
+      };
+  }
   if (!hopt.hooks.destroy && emb.channel_is_vm) {
     // No VMM to destroy: the guest's channel was the VM.
     hopt.hooks.destroy = [&](const std::string& id, std::uint64_t) {

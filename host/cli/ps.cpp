@@ -126,6 +126,12 @@ std::optional<host::VmState> load(std::string_view cmd, const fs::path& state, c
   return **s;
 }
 
+/// The generation a control request about `s` targets (control::Targeted): the one its state
+/// names (none if it names none).
+std::optional<std::uint64_t> target_of(const host::VmState& s) {
+  return s.generation ? std::optional<std::uint64_t>(s.generation) : std::nullopt;
+}
+
 /// End a live monitor's VM: `stop` (ordered) or `kill 9` through its control socket; if the
 /// monitor does not exit within `grace`, SIGKILL to the workload, then after 30 s SIGKILL to
 /// the monitor itself (its VMM has PR_SET_PDEATHSIG and dies with it). Returns false only if
@@ -135,8 +141,9 @@ bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmStat
   host::Fd pidfd = monitor_pidfd(s);
   if (!pidfd) return true;  // already gone
   auto ctl = host::control_path(state, s.vm);
-  auto r = control_request(ctl, ordered ? control::Request{control::Stop{}}
-                                        : control::Request{control::Kill{SIGKILL, std::nullopt}});
+  // Aimed at the generation read from the state dir: a monitor of a newer one refuses it.
+  auto r = control_request(ctl, control::Targeted{target_of(s), ordered ? control::Request{control::Stop{}}
+                                                                        : control::Request{control::Kill{SIGKILL, std::nullopt}}});
   if (!r || !std::holds_alternative<control::Ok>(*r)) {
     // No control socket (or the guest cannot take the request now): SIGTERM asks the monitor
     // for the same ordered shutdown.
@@ -144,7 +151,7 @@ bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmStat
     ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
   }
   if (wait_exit(pidfd, grace)) return true;
-  (void)control_request(ctl, control::Kill{SIGKILL, std::nullopt});
+  (void)control_request(ctl, control::Targeted{target_of(s), control::Kill{SIGKILL, std::nullopt}});
   if (wait_exit(pidfd, 30s)) return true;
   fmt::print(stderr, "neshost {}: VM '{}' did not stop; killing its monitor (pid {})\n", cmd, s.vm,
              s.monitor->monitor.pid);
@@ -298,7 +305,7 @@ int kill_main(const Args& args) {
     fmt::print(stderr, "neshost kill: no running VM '{}' in {} ({})\n", vm, state.string(), status_cell(*s));
     return 1;
   }
-  auto r = control_request(host::control_path(state, vm), control::Kill{sig, std::nullopt});
+  auto r = control_request(host::control_path(state, vm), control::Targeted{target_of(*s), control::Kill{sig, std::nullopt}});
   if (!r) { fmt::print(stderr, "neshost kill: {}\n", r.error().message); return 1; }
   if (!std::holds_alternative<control::Ok>(*r)) {
     fmt::print(stderr, "neshost kill: VM '{}': {}\n", vm, control::encode(*r));

@@ -782,6 +782,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     // `neshost stop`/`kill`/`top`/`exec` and the shim reach this VM through its control socket
     // (host/monitor/control.hpp): each request on this VM's Host.
     ControlHandlers ch;
+    ch.generation = cfg.session.generation;  // requests aimed at another generation are refused
     ch.stop = [&h, id] { return h.shutdown(id); };  // what SIGTERM to this process does
     ch.kill = [&h, id](const control::Kill& k) {
       return k.proc ? h.kill_exec(id, *k.proc, k.signal) : h.kill(id, k.signal);

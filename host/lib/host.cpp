@@ -689,6 +689,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     lo.path = vm_path(opt.state_dir, vm->id(), kWorkloadLog);
     lo.max_size = opt.workload_log.max_size;
     lo.max_files = opt.workload_log.max_files;
+    lo.generation = vm->generation();  // each record names it (fencing: docs/host.md)
     // A session that may resume its data channel keeps each stream's position beside the log:
     // a host taking over asks the guest to go on from there.
     const auto& cfg = vm->core.config();

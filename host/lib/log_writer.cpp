@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -122,9 +123,21 @@ Result<LogRecord> parse_log_line(std::string_view line) {
   else return Error{fmt::format("stream: '{}' is neither stdout nor stderr", stream)};
   // The tag field; kubelet also accepts a line without it (older format) but we always write it.
   auto sp3 = line.find(' ', sp2 + 1);
-  auto tag = line.substr(sp2 + 1, sp3 == std::string_view::npos ? std::string_view::npos : sp3 - sp2 - 1);
+  auto tags = line.substr(sp2 + 1, sp3 == std::string_view::npos ? std::string_view::npos : sp3 - sp2 - 1);
+  // As kubelet: the tags split at ':', the first decides; the others are extensions.
+  auto colon = tags.find(':');
+  auto tag = tags.substr(0, colon);
   if (tag == "P") r.partial = true;
   else if (tag != "F") return Error{fmt::format("tag: '{}' is neither P nor F", tag)};
+  while (colon != std::string_view::npos) {
+    tags.remove_prefix(colon + 1);
+    colon = tags.find(':');
+    auto ext = tags.substr(0, colon);
+    std::uint64_t g = 0;
+    if (ext.size() > 1 && ext[0] == 'g' && ext[1] != '0' &&
+        std::from_chars(ext.data() + 1, ext.data() + ext.size(), g).ptr == ext.data() + ext.size())
+      r.generation = g;
+  }
   r.content = sp3 == std::string_view::npos ? std::string() : std::string(line.substr(sp3 + 1));
   return r;
 }
@@ -220,8 +233,11 @@ void LogWriter::record(OutputStream s, bool partial, std::string_view content, W
   if (!fd_) return;
   Pending p;
   std::string ts = format_rfc3339(t);
-  std::string_view tag = partial ? " P " : " F ";
+  std::string_view tag = partial ? " P" : " F";
   std::string_view sn = to_string(s);
+  char gen[24];  // ":g<N>" (fencing: the generation whose output this is), or nothing
+  std::size_t gl = 0;
+  if (opt_.generation) gl = static_cast<std::size_t>(fmt::format_to_n(gen, sizeof gen, ":g{}", opt_.generation).out - gen);
   std::size_t h = 0;
   auto put = [&](std::string_view x) {
     std::memcpy(p.hdr + h, x.data(), x.size());
@@ -231,6 +247,8 @@ void LogWriter::record(OutputStream s, bool partial, std::string_view content, W
   put(" ");
   put(sn);
   put(tag);
+  put(std::string_view(gen, gl));
+  put(" ");
   p.hlen = static_cast<std::uint8_t>(h);
   const std::uint64_t len = h + content.size() + 1;
   if (size_ + pend_bytes_ > 0 && size_ + pend_bytes_ + len > opt_.max_size) {

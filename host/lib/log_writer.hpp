@@ -38,6 +38,10 @@ struct LogOptions {
                                             // kubelet's containerLogMaxFiles 5); 1 = truncate
   std::size_t max_line = 16u << 10;         // content bytes per record: longer lines are split
                                             // into P records (containerd's 16 KiB)
+  /// The VM generation whose output this is (fencing): each record's tag field carries it as a
+  /// second tag, `F:g3` (the CRI format's tag delimiter ':'; kubelet reads the first tag only).
+  /// 0: none, the bare `F`/`P`.
+  std::uint64_t generation = 0;
   /// Data channel resume: the sidecar file holding each stream's position (content bytes
   /// written to the log files since the stream began), e.g. STATE/VM/workload.log.pos. Empty:
   /// none. An existing one is read at open(): positions continue from it (a host taking over).
@@ -72,12 +76,15 @@ struct LogRecord {
   OutputStream stream = OutputStream::out;
   bool partial = false;   // tag P: content does not end a line; F: a '\n' follows content
   std::string content;    // without the record's own '\n'
+  std::optional<std::uint64_t> generation;  // a `g<N>` tag after the first (LogOptions::generation)
 };
 /// RFC 3339 with an optional fraction of 1..9 digits and `Z` or a numeric offset, as Go's
 /// time.RFC3339Nano parser accepts; nullopt if malformed.
 std::optional<WallTime> parse_log_time(std::string_view s);
-/// Parse one record line (without its '\n'): `<RFC3339Nano> <stdout|stderr> <P|F> <content>`.
-/// Accepts any fraction width and a numeric offset, as Go's time.RFC3339Nano parser does.
+/// Parse one record line (without its '\n'): `<RFC3339Nano> <stdout|stderr> <P|F>[:TAG...] <content>`.
+/// Accepts any fraction width and a numeric offset, as Go's time.RFC3339Nano parser does; tags
+/// after the first are read as kubelet does (split at ':', only the first decides P or F), and a
+/// `g<N>` among them is the record's generation; others are ignored (forward compatible).
 /// Error names what is malformed ("timestamp", "stream", "tag").
 Result<LogRecord> parse_log_line(std::string_view line);
 
@@ -143,7 +150,7 @@ class LogWriter {
   Fd pos_fd_;                     // the positions sidecar, if any
   void write_positions();
   struct Pending {
-    char hdr[48];                 // "<timestamp> <stream> <tag> "
+    char hdr[64];                 // "<timestamp> <stream> <tag>[:g<generation>] " (at most 58)
     std::uint8_t hlen;
     std::string_view content;
     std::uint8_t counted = 0;     // workload bytes of stream 1 (stdout) or 2 (stderr); 0: a gap's text

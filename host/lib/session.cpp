@@ -110,11 +110,12 @@ void Session::send_boot() {
   stream_.link = Link::booted;
   reach(Phase::booted);
   proto::Boot b = cfg_.descriptor;
+  // Fencing: the guest echoes the generation in every line after this one (docs/protocol.md).
+  b.generation = cfg_.generation;
   if (cfg_.reconnect.count() > 0) {
     b.reconnect_ms = static_cast<std::uint32_t>(
         std::min<std::int64_t>(cfg_.reconnect.count(), proto::kReconnectMaxMs));
     b.vm = cfg_.vm;
-    b.generation = cfg_.generation;
     // Data channel resume rides on channel survival (docs/protocol.md "Data channel resume").
     if (b.stdio && data_resume_) {
       if (b.stdio->replay_bytes == 0)
@@ -189,14 +190,36 @@ void Session::line(const proto::Line& l, WallTime now) {
                        now);
     return;
   }
-  auto decoded = proto::decode_guest(l.text);
+  proto::GuestEnvelope env;
+  auto decoded = proto::decode_guest(l.text, env);
   if (auto* err = std::get_if<proto::DecodeError>(&decoded)) {
     protocol_violation(fmt::format("line {}: {}", lines_, bounded(err->reason)), now);
   } else if (auto* unk = std::get_if<proto::UnknownMessage>(&decoded)) {
     log_limited(unknown_, "skipped", fmt::format("unknown type '{}'", bounded(unk->type)));
   } else {
-    handle_message(std::get<proto::GuestMessage>(decoded), now);
+    const auto& m = std::get<proto::GuestMessage>(decoded);
+    // Fencing: a line naming another generation is not this session's (a guest of an earlier
+    // or later boot of this VM): nothing of it is acted on or recorded, and the stream goes as
+    // if lost. A line without the field (an older init) is taken as before. A resumed `ready`
+    // whose envelope agrees with its `resume` is judged by handle_resume (it names the VM too).
+    const auto* ready = std::get_if<proto::Ready>(&m);
+    const bool by_resume = ready && ready->resume && (!env.generation || *env.generation == ready->resume->generation);
+    if (env.generation && *env.generation != cfg_.generation && !by_resume)
+      return refuse_stream("generation_refused",
+                           fmt::format("line {}: {}.generation: expected {} (this session's), got {}; "
+                                       "nothing of it is recorded",
+                                       lines_, proto::type_name(m), cfg_.generation, *env.generation),
+                           now);
+    handle_message(m, now);
   }
+}
+
+void Session::refuse_stream(std::string kind, std::string why, WallTime now) {
+  const StreamState was = stream_;
+  std::string cause = fmt::format("the host refused the guest's stream ({}: {})", kind, why);
+  log_guest(std::move(kind), std::move(why));
+  close_stream();
+  after_stream_loss(was, 0, now, std::move(cause));
 }
 
 void Session::line_overflow(WallTime now) {
@@ -221,7 +244,10 @@ void Session::protocol_violation(std::string reason, WallTime now) {
 }
 
 void Session::handle_ready(const proto::Ready& r, WallTime now) {
-  if (r.resume && !link_at_least(Link::ready)) return handle_resume(*r.resume);
+  // A resumed `ready` on a stream that already had one: the guest redialled a virtio port whose
+  // host side never went away, or gave up waiting for an ack on it (docs/protocol.md "Channel
+  // survival"): judged as any resume, not as a guest that started over.
+  if (r.resume) return handle_resume(*r.resume, now);
   if (!link_at_least(Link::ready) && (cfg_.resume || awaiting_redial_)) {
     // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
     // dialled); the workload this generation booted is gone with it.
@@ -233,15 +259,25 @@ void Session::handle_ready(const proto::Ready& r, WallTime now) {
     return;
   }
   if (link_at_least(Link::ready)) {
-    // virtio-serial has no connection events: a second `ready` is a restarted guest.
+    // virtio-serial has no connection events: a second fresh `ready` on the stream is a guest
+    // that started over (a reboot, a crash of its init) in this same generation. Its workload is
+    // gone, and booting it again would run the workload again without limit: refused. The
+    // outcome is recorded once (`channel_lost`, unless one exists), and the guest, now waiting
+    // for a boot, gets `shutdown` (a request: it reported nothing) once that record is durable.
+    const bool booted = stream_.link == Link::booted;
     stream_ = StreamState{};
     stream_.link = Link::ready;
-    if (outcome_) {
-      log_guest("guest_restarted", "after the outcome: not booted again");
-      maybe_send_shutdown();  // before boot, and only once the outcome is durable
-      return;
-    }
-    log_guest("guest_restarted", "second ready on this stream: new session");
+    log_guest("guest_restarted",
+              fmt::format("protocol error: a second `ready` on this stream in generation {}: the guest "
+                          "started over; not booted again",
+                          cfg_.generation));
+    if (!outcome_)
+      lost(fmt::format("the guest started over (a second `ready` on its stream{}): its workload is gone; "
+                       "not booted again",
+                       booted ? " after `boot`" : ""),
+           now);
+    maybe_send_shutdown();  // before boot, and only once the outcome is durable
+    return;
   } else if (outcome_) {
     log_limited(ignored_, "ignored_after_outcome", "ready");
     return;
@@ -362,18 +398,22 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
       m);
 }
 
-void Session::handle_resume(const proto::Resume& r) {
+void Session::handle_resume(const proto::Resume& r, WallTime now) {
   // Who the peer is was decided by the endpoint; the names in `resume` must only agree with it.
   const bool resumable = cfg_.resume || (cfg_.reconnect.count() > 0 && phase_ >= Phase::booted);
-  if (!resumable || r.vm != cfg_.vm || r.generation != cfg_.generation) {
-    log_guest("resume_refused",
-              !resumable ? fmt::format("no session of VM {} to resume here", cfg_.vm)
-                         : fmt::format("the guest resumes VM {} generation {}; this is VM {} generation {}",
-                                       bounded(r.vm), r.generation, cfg_.vm, cfg_.generation));
-    close_stream();
-    return;
-  }
+  if (!resumable || r.vm != cfg_.vm || r.generation != cfg_.generation)
+    return refuse_stream("resume_refused",
+                         !resumable ? fmt::format("no session of VM {} to resume here", cfg_.vm)
+                                    : fmt::format("the guest resumes VM {} generation {}; this is VM {} generation {}",
+                                                  bounded(r.vm), r.generation, cfg_.vm, cfg_.generation),
+                         now);
+  // On a stream that already carried the session (a virtio port: no connection events), what was
+  // sent on it before is void too: the guest awaits the ack of its outcome anew.
+  stream_ = StreamState{};
   stream_.link = Link::booted;
+  // Its final event follows this line; an outcome this host already holds needs no `stop`, and
+  // once durable its ack may go at once (any `shutdown` after the guest's report is the ack).
+  stream_.reported = r.outcome_pending && outcome_.has_value();
   reach(Phase::booted);
   awaiting_redial_ = false;
   out_.push_back(act::CancelTimer{TimerKind::ready});
@@ -745,9 +785,14 @@ void Session::stream_closed(std::size_t unfinished, WallTime now) {
   if (!stream_open()) return;
   const StreamState was = stream_;
   stream_.link = Link::closed;
+  log_guest("disconnected", unfinished > 0 ? "in the middle of a line" : "");
+  after_stream_loss(was, unfinished, now);
+}
+
+void Session::after_stream_loss(const StreamState& was, std::size_t unfinished, WallTime now,
+                                std::string cause) {
   bool partial = unfinished > 0;
   bool had_session = was.link >= Link::ready;
-  log_guest("disconnected", partial ? "in the middle of a line" : "");
   if (!had_session && !outcome_) {
     // No `ready` on this stream: it carried no session (a stale-path probe, a peer that gave up).
     // The ready deadline and vm_exited still bound the wait; another stream may come.
@@ -767,9 +812,10 @@ void Session::stream_closed(std::size_t unfinished, WallTime now) {
     return;
   }
   if (!outcome_) {
-    std::string why = partial ? fmt::format("channel closed in the middle of line {} ({} bytes)",
-                                            lines_ + 1, unfinished)
-                              : std::string("channel closed before an outcome");
+    std::string why = !cause.empty() ? std::move(cause)
+                      : partial      ? fmt::format("channel closed in the middle of line {} ({} bytes)",
+                                                   lines_ + 1, unfinished)
+                                     : std::string("channel closed before an outcome");
     lost(std::move(why), now);
   }
   maybe_finish();

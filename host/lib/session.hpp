@@ -278,7 +278,15 @@ class Session {
 
  private:
   void handle_message(const proto::GuestMessage& m, WallTime now);
-  void handle_resume(const proto::Resume& r);
+  void handle_resume(const proto::Resume& r, WallTime now);
+  /// Refuse the current stream (a fencing violation): log `kind` with `why`, close it, and go on
+  /// as after its loss (after_stream_loss). Nothing of the refused line is recorded.
+  void refuse_stream(std::string kind, std::string why, WallTime now);
+  /// What a lost stream means, given what it was (`was`) and the bytes of a line it cut short:
+  /// nothing (it carried no session), a redial window (channel survival), or channel_lost
+  /// (`cause` its reason; empty: the stream closed).
+  void after_stream_loss(const StreamState& was, std::size_t unfinished, WallTime now,
+                         std::string cause = {});
   void handle_ready(const proto::Ready& r, WallTime now);
   void exec_report(const std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited>& r);
   void finalize(proto::Outcome o, std::optional<std::uint8_t> code, std::optional<std::uint8_t> sig,

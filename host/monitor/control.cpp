@@ -188,6 +188,10 @@ std::string encode(const Request& r) {
   return std::visit(V{}, r);
 }
 
+std::string encode(const Targeted& t) {
+  return t.generation ? fmt::format("generation {} {}", *t.generation, encode(t.request)) : encode(t.request);
+}
+
 std::string encode(const Reply& r) {
   struct V {
     std::string operator()(const Ok&) const { return "ok"; }
@@ -222,6 +226,28 @@ host::Result<Request> parse_request(std::string_view line) {
   return host::Error{fmt::format("unknown request {}", quoted(line))};
 }
 
+host::Result<Targeted> parse_targeted(std::string_view line) {
+  constexpr std::string_view kPrefix = "generation ";
+  if (!line.starts_with(kPrefix)) {
+    auto r = parse_request(line);
+    if (!r) return r.error();
+    return Targeted{std::nullopt, std::move(*r)};
+  }
+  if (auto c = check_line("request", line, kRequestMax); !c) return c.error();
+  line.remove_prefix(kPrefix.size());
+  const auto sp = line.find(' ');
+  auto g = number("generation", "G", line.substr(0, sp), 1, static_cast<std::int64_t>(kGenerationMax));
+  if (!g) return g.error();
+  if (sp == std::string_view::npos) return host::Error{"generation: expected G REQUEST"};
+  auto r = parse_request(line.substr(sp + 1));
+  if (!r) return r.error();
+  Targeted t{static_cast<std::uint64_t>(*g), std::move(*r)};
+  // As written back (an exec's defaults spelled out): what a peer re-sending it must still fit.
+  if (auto n = encode(t).size(); n > kRequestMax)
+    return host::Error{fmt::format("request: over {} bytes as encoded ({})", kRequestMax, n)};
+  return t;
+}
+
 host::Result<Reply> parse_reply(std::string_view line) {
   if (auto c = check_line("reply", line, kReplyMax); !c) return c.error();
   if (line == "ok") return Reply{Ok{}};
@@ -253,5 +279,6 @@ host::Status round_trips(const T& v, const host::Result<T>& back, std::string_vi
 
 host::Status validate(const Request& r) { return round_trips(r, parse_request(encode(r)), "request"); }
 host::Status validate(const Reply& r) { return round_trips(r, parse_reply(encode(r)), "reply"); }
+host::Status validate(const Targeted& t) { return round_trips(t, parse_targeted(encode(t)), "request"); }
 
 }  // namespace nes::cli::control

@@ -89,6 +89,21 @@ struct Exec {
 /// Any control request.
 using Request = std::variant<Stop, Kill, Resize, Ps, Exec>;
 
+/// A request aimed at one generation of the VM (fencing, additive): on the wire the prefix
+/// `generation G ` (G 1..2^53-1) before the request, e.g. `generation 3 kill 9`. A monitor that
+/// serves another generation of the VM refuses it with `error: generation: ...` naming both, so a
+/// client that read the VM's state for one generation never acts on the next one. Without it
+/// (`generation` unset: the bare request, as clients before it send) any monitor of the VM
+/// takes the request. A monitor that predates the prefix answers `error: unknown request ...`;
+/// control_request() then sends the bare request once (that monitor cannot check).
+struct Targeted {
+  std::optional<std::uint64_t> generation;
+  Request request;
+  bool operator==(const Targeted&) const = default;
+};
+/// The largest generation a request may target (JSON's exact integers, as the protocol's).
+inline constexpr std::uint64_t kGenerationMax = proto::kGenerationMax;
+
 // ---- replies ----
 
 /// `ok`: the request was done.
@@ -144,6 +159,8 @@ bool is_final(const Reply& r);
 
 /// The request line (without '\n'), e.g. `kill 9 3`.
 std::string encode(const Request& r);
+/// The request line with its target's prefix if set, e.g. `generation 3 kill 9 3`.
+std::string encode(const Targeted& t);
 /// The reply line (without '\n'), e.g. `ok exit 0`.
 std::string encode(const Reply& r);
 
@@ -151,6 +168,9 @@ std::string encode(const Reply& r);
 /// `kill: SIGNAL: expected an integer 1..64, got '65'`, `request: over 65536 bytes`,
 /// `unknown request 'frob'` (the text quoted at most 64 bytes, escaped).
 host::Result<Request> parse_request(std::string_view line);
+/// One request line (without its '\n') with an optional `generation G ` prefix. Errors as
+/// parse_request, and `generation: G: expected an integer 1..9007199254740991, got '0'`.
+host::Result<Targeted> parse_targeted(std::string_view line);
 /// One reply line (without its '\n'). Errors name the reply and the field, e.g.
 /// `exit: STATUS: expected an integer 0..255, got '300'`, `unknown reply 'hello'`.
 host::Result<Reply> parse_reply(std::string_view line);
@@ -159,6 +179,7 @@ host::Result<Reply> parse_reply(std::string_view line);
 /// field cannot be written as it is, e.g. a JSON string that is not UTF-8). Senders of values
 /// built from outside input check with it first.
 host::Status validate(const Request& r);
+host::Status validate(const Targeted& t);
 host::Status validate(const Reply& r);
 
 }  // namespace nes::cli::control

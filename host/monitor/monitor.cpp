@@ -338,8 +338,14 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
       const bool more = !control::is_final(r);
       send(control::encode(r), more);
     };
-    auto req = control::parse_request(line);
-    if (!req) return respond(control::Error{req.error().message});
+    auto targeted = control::parse_targeted(line);
+    if (!targeted) return respond(control::Error{targeted.error().message});
+    // Fencing: a request aimed at another generation of this VM is not this monitor's to serve.
+    if (targeted->generation && hs->generation && *targeted->generation != hs->generation)
+      return respond(control::Error{fmt::format(
+          "generation: this monitor serves generation {} of the VM; the request targets generation {}",
+          hs->generation, *targeted->generation)});
+    auto* req = &targeted->request;
     auto answer = [&](const host::Status& s) {
       respond(s ? control::Reply{control::Ok{}} : control::Reply{control::Error{s.error().message}});
     };
@@ -362,9 +368,31 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
 
 // ---- control socket: client ----
 
+namespace {
+host::Result<control::Reply> control_request_once(const fs::path& path, const control::Targeted& request,
+                                                  std::chrono::milliseconds timeout);
+}  // namespace
+
 host::Result<control::Reply> control_request(const fs::path& path, const control::Request& request,
                                              std::chrono::milliseconds timeout) {
+  return control_request(path, control::Targeted{std::nullopt, request}, timeout);
+}
+
+host::Result<control::Reply> control_request(const fs::path& path, const control::Targeted& request,
+                                             std::chrono::milliseconds timeout) {
   if (auto v = control::validate(request); !v) return v.error();
+  auto r = control_request_once(path, request, timeout);
+  // A monitor that predates the generation prefix does not know it: it serves the one VM of its
+  // state dir and cannot check, so the bare request goes once.
+  if (request.generation && r)
+    if (auto* e = std::get_if<control::Error>(&*r); e && e->message.starts_with("unknown request 'generation "))
+      return control_request_once(path, control::Targeted{std::nullopt, request.request}, timeout);
+  return r;
+}
+
+namespace {
+host::Result<control::Reply> control_request_once(const fs::path& path, const control::Targeted& request,
+                                                  std::chrono::milliseconds timeout) {
   auto addr = unix_addr(path);
   if (!addr) return addr.error();
   host::Fd s{::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)};
@@ -395,7 +423,13 @@ host::Result<control::Reply> control_request(const fs::path& path, const control
   return std::move(*r);
 }
 
+}  // namespace
+
 host::Status control_call(const fs::path& path, const control::Request& request, std::chrono::milliseconds timeout) {
+  return control_call(path, control::Targeted{std::nullopt, request}, timeout);
+}
+
+host::Status control_call(const fs::path& path, const control::Targeted& request, std::chrono::milliseconds timeout) {
   auto r = control_request(path, request, timeout);
   if (!r) return r.error();
   if (!std::holds_alternative<control::Ok>(*r)) return host::Error{control::encode(*r)};
@@ -403,6 +437,11 @@ host::Status control_call(const fs::path& path, const control::Request& request,
 }
 
 host::Result<ControlSession> ControlSession::open(const fs::path& path, const control::Request& request,
+                                                 const std::vector<int>& fds) {
+  return open(path, control::Targeted{std::nullopt, request}, fds);
+}
+
+host::Result<ControlSession> ControlSession::open(const fs::path& path, const control::Targeted& request,
                                                  const std::vector<int>& fds) {
   if (auto v = control::validate(request); !v) return v.error();
   auto addr = unix_addr(path);

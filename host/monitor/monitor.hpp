@@ -99,6 +99,9 @@ using ControlRespond = std::function<void(control::Reply reply)>;
 /// server's io_context. A handler left empty answers its request "error: REQUEST: not served
 /// here". Fds a request other than `exec` carried are closed.
 struct ControlHandlers {
+  /// The VM generation this monitor serves: a request targeting another one (control::Targeted)
+  /// is answered "error: generation: ..." naming both. 0: unknown, not checked.
+  std::uint64_t generation = 0;
   /// `stop`: Ok or the error, answered "ok" / "error: WHY".
   std::function<host::Status()> stop;
   /// `kill SIG [PROC]`, likewise.
@@ -112,8 +115,9 @@ struct ControlHandlers {
   std::function<void(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond)> exec;
 };
 
-/// The server's dispatch: each line parsed with control::parse_request (a line that does not
-/// parse is answered "error: " and why, naming the field), handed to its handler in `handlers`,
+/// The server's dispatch: each line parsed with control::parse_targeted (a line that does not
+/// parse is answered "error: " and why, naming the field; one aimed at another generation than
+/// handlers.generation, "error: generation: ..."), handed to its handler in `handlers`,
 /// the handler's answer encoded with control::encode. For ControlServer::start.
 ControlServer::Handler control_handler(ControlHandlers handlers);
 
@@ -123,6 +127,9 @@ class ControlSession {
  public:
   /// Errors also: a request control::validate() refuses (nothing is sent), more than 3 fds.
   static host::Result<ControlSession> open(const std::filesystem::path& path, const control::Request& request,
+                                           const std::vector<int>& fds);
+  /// As above, aimed at one generation (control::Targeted; no retry without it).
+  static host::Result<ControlSession> open(const std::filesystem::path& path, const control::Targeted& request,
                                            const std::vector<int>& fds);
   /// The next reply (control::parse_reply), waiting at most `timeout` (nullopt: no bound).
   /// Errors: the monitor closed or reset the connection (err ECONNRESET, or the recv(2) errno),
@@ -147,10 +154,17 @@ class ControlSession {
 /// (control::Error), not an Error.
 host::Result<control::Reply> control_request(const std::filesystem::path& path, const control::Request& request,
                                              std::chrono::milliseconds timeout = std::chrono::seconds(5));
+/// As above, aimed at one generation (control::Targeted): a monitor of another generation answers
+/// control::Error naming both; one that predates the prefix ("unknown request") gets the bare
+/// request once.
+host::Result<control::Reply> control_request(const std::filesystem::path& path, const control::Targeted& request,
+                                             std::chrono::milliseconds timeout = std::chrono::seconds(5));
 /// control_request() for a request answered "ok" or "error: WHY" (stop, kill, resize): Ok, or
 /// the reply line that was not "ok" as the Error's message (e.g. "error: no such process"), or
 /// control_request()'s error.
 host::Status control_call(const std::filesystem::path& path, const control::Request& request,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(5));
+host::Status control_call(const std::filesystem::path& path, const control::Targeted& request,
                           std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
 }  // namespace nes::cli

@@ -260,6 +260,44 @@ TEST_CASE("encode keeps one line within the bounds; validate says what cannot be
         "request: a field cannot be written as it is (over its bound, a newline, or not UTF-8)");
 }
 
+TEST_CASE("fencing: a request aimed at a generation, its exact line, and back; malformed prefixes named") {
+  using T = ctl::Targeted;
+  std::vector<std::pair<T, std::string>> cases = {
+      {T{3, ctl::Stop{}}, "generation 3 stop"},
+      {T{1, ctl::Kill{9, 2}}, "generation 1 kill 9 2"},
+      {T{ctl::kGenerationMax, ctl::Resize{24, 80, std::nullopt}}, "generation 9007199254740991 resize 24 80"},
+      {T{7, ctl::Ps{}}, "generation 7 ps"},
+      {T{std::nullopt, ctl::Kill{15, std::nullopt}}, "kill 15"},  // no target: the bare request
+  };
+  for (auto& [t, line] : cases) {
+    CAPTURE(line);
+    CHECK(ctl::encode(t) == line);
+    auto back = ctl::parse_targeted(line);
+    REQUIRE(back.ok());
+    CHECK(*back == t);
+    CHECK(ctl::validate(t).ok());
+  }
+  ctl::Targeted x{5, ctl::Exec{true, false, false, sample_exec()}};
+  auto xb = ctl::parse_targeted(ctl::encode(x));
+  REQUIRE(xb.ok());
+  CHECK(*xb == x);
+  auto bad = [](std::string_view line) {
+    auto r = ctl::parse_targeted(line);
+    REQUIRE_FALSE(r.ok());
+    return r.error().message;
+  };
+  CHECK(bad("generation 0 stop") == "generation: G: expected an integer 1..9007199254740991, got '0'");
+  CHECK(bad("generation 9007199254740992 stop") ==
+        "generation: G: expected an integer 1..9007199254740991, got '9007199254740992'");
+  CHECK(bad("generation x stop") == "generation: G: expected an integer 1..9007199254740991, got 'x'");
+  CHECK(bad("generation 3") == "generation: expected G REQUEST");
+  CHECK(bad("generation 3 frob") == "unknown request 'frob'");
+  CHECK(bad("generation 3 generation 3 stop") == "unknown request 'generation 3 stop'");
+  // The plain parser (a monitor before the prefix) does not know it: what the client's retry sees.
+  CHECK(ctl::parse_request("generation 3 stop").error().message == "unknown request 'generation 3 stop'");
+  CHECK_FALSE(ctl::validate(ctl::Targeted{0, ctl::Stop{}}).ok());
+}
+
 // ---- the real server over a real Unix socket ----
 
 namespace {
@@ -411,4 +449,56 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
   std::lock_guard lock(mu);
   CHECK(calls == std::vector<std::string>{"stop", "kill 9 0", "kill 15 0", "kill 15 0", "ps", "exec sh fds 3",
                                           "kill 9 8", "kill 9 7", "exec /missing fds 0", "kill 9 0", "ps"});
+}
+
+TEST_CASE("fencing: a monitor refuses a request aimed at another generation; the right one and the bare one pass") {
+  nes::test::TempDir dir("ctlgen");
+  const fs::path path = dir.path / "control.sock";
+  std::mutex mu;
+  std::vector<std::string> calls;
+  ControlHandlers h;
+  h.generation = 4;
+  h.stop = [&] {
+    std::lock_guard lock(mu);
+    calls.push_back("stop");
+    return host::Status{host::Ok{}};
+  };
+  Served served(path, std::move(h));
+  auto stale = control_request(path, ctl::Targeted{3, ctl::Stop{}});
+  REQUIRE(stale.ok());
+  CHECK(*stale == ctl::Reply{ctl::Error{
+                      "generation: this monitor serves generation 4 of the VM; the request targets generation 3"}});
+  CHECK(control_call(path, ctl::Targeted{5, ctl::Stop{}}).error().message.find("targets generation 5") !=
+        std::string::npos);
+  {
+    std::lock_guard lock(mu);
+    CHECK(calls.empty());  // neither reached the handler
+  }
+  CHECK(control_call(path, ctl::Targeted{4, ctl::Stop{}}).ok());
+  CHECK(control_call(path, ctl::Stop{}).ok());  // an older client: not checked
+  CHECK(raw_exchange(path, "generation 0 stop\n") ==
+        "error: generation: G: expected an integer 1..9007199254740991, got '0'\n");
+  std::lock_guard lock(mu);
+  CHECK(calls == std::vector<std::string>{"stop", "stop"});
+}
+
+TEST_CASE("fencing: a monitor that predates the prefix gets the bare request once") {
+  // A server that parses with the plain parser, as monitors before the prefix did.
+  nes::test::TempDir dir("ctlold");
+  const fs::path path = dir.path / "control.sock";
+  boost::asio::io_context io;
+  std::vector<std::string> lines;
+  auto s = ControlServer::start(io, path, [&](std::string_view line, std::vector<host::Fd>, ControlServer::Reply send) {
+    lines.emplace_back(line);
+    auto r = ctl::parse_request(line);
+    send(ctl::encode(r ? ctl::Reply{ctl::Ok{}} : ctl::Reply{ctl::Error{r.error().message}}), false);
+  });
+  REQUIRE(s.ok());
+  std::thread loop([&] { io.run_for(std::chrono::seconds(30)); });
+  auto r = control_request(path, ctl::Targeted{3, ctl::Kill{9, std::nullopt}});
+  io.stop();
+  loop.join();
+  REQUIRE(r.ok());
+  CHECK(std::holds_alternative<ctl::Ok>(*r));
+  CHECK(lines == std::vector<std::string>{"generation 3 kill 9", "kill 9"});
 }

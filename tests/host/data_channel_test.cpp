@@ -84,7 +84,7 @@ struct LogBack {
 };
 LogBack read_log(const std::filesystem::path& p) {
   static const std::regex line(
-      R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (stdout|stderr) (P|F) ([\s\S]*)$)");
+      R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z (stdout|stderr) (P|F):g\d+ ([\s\S]*)$)");  // g: the generation
   LogBack b;
   std::ifstream in(p, std::ios::binary);
   std::string all((std::istreambuf_iterator<char>(in)), {});

@@ -90,7 +90,7 @@ def read_log(path):
                 continue
             dst = out if parts[1] == b"stdout" else err
             dst += content
-            if parts[2] == b"F":
+            if parts[2].split(b":")[0] == b"F":
                 dst += b"\n"
     return bytes(out), bytes(err), gaps
 

@@ -34,8 +34,10 @@ struct Parsed {
   std::size_t records = 0;
 };
 
-// The CRI format as kubelet's parser reads it: RFC3339Nano, stream, tag, content.
-const std::regex kLine(R"(^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)) (stdout|stderr) (P|F) ([\s\S]*)$)");
+// The CRI format as kubelet's parser reads it: RFC3339Nano, stream, tags (split at ':', the first
+// P or F decides; the rest are extensions, here the generation `g<N>`), content.
+const std::regex kLine(
+    R"(^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)) (stdout|stderr) (P|F)(?::[^ :]+)* ([\s\S]*)$)");
 
 /// Parses one file, appending to `p`; fails the test on any malformed line.
 void parse_file(const fs::path& f, Parsed& p) {
@@ -217,6 +219,73 @@ TEST_CASE("parse_log_line: Go's RFC3339Nano shapes, and errors naming the field"
   CHECK(parse_log_line("yesterday stdout F x").error().message.starts_with("timestamp"));
   CHECK(parse_log_line("2016-10-06T00:17:09Z stdin F x").error().message.starts_with("stream"));
   CHECK(parse_log_line("2016-10-06T00:17:09Z stdout X x").error().message.starts_with("tag"));
+}
+
+TEST_CASE("fencing: every record names its generation as a second CRI tag; content and kubelet's view unchanged") {
+  TempDir tmp;
+  LogOptions o = rotating(tmp, 10);    // room for all of it: nothing rotated away
+  o.generation = 9007199254740991ull;  // the longest: the header still fits
+  std::string out;
+  {
+    auto w = LogWriter::open(o);
+    REQUIRE(w);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 150; ++i) {  // several rotations (at most ~300 KiB in 64 KiB files)
+      std::string chunk = all_bytes(1 + rng() % 2000, rng);
+      (*w)->write(OutputStream::out, chunk, t0());
+      out += chunk;
+    }
+    (*w)->gap(OutputStream::err, "12 bytes of stderr lost", t0());
+    (*w)->eof(OutputStream::out, t0());
+    REQUIRE_FALSE((*w)->error());
+  }
+  Parsed p = parse_all(o.path);  // kubelet's reading
+  CHECK(p.out == out);
+  CHECK(p.err == "[neshost: 12 bytes of stderr lost]\n");
+  // Every record of every file carries it, and parse_log_line reads it back.
+  auto files = rotated_logs(o.path);
+  files.push_back(o.path);
+  std::size_t seen = 0;
+  for (auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(in)), {});
+    for (std::size_t pos = 0; pos < all.size();) {
+      auto nl = all.find('\n', pos);
+      std::string line = all.substr(pos, nl - pos);
+      pos = nl + 1;
+      const bool tagged = line.find(" stdout F:g9007199254740991 ") != std::string::npos ||
+                          line.find(" stdout P:g9007199254740991 ") != std::string::npos ||
+                          line.find(" stderr F:g9007199254740991 ") != std::string::npos;
+      CHECK(tagged);
+      auto r = parse_log_line(line);
+      REQUIRE(r);
+      CHECK(r->generation == std::optional<std::uint64_t>(9007199254740991ull));
+      ++seen;
+    }
+  }
+  CHECK(seen == p.records);
+  CHECK(files.size() > 2);
+}
+
+TEST_CASE("parse_log_line: tags after the first are read as kubelet does; g<N> is the generation") {
+  auto a = parse_log_line("2016-10-06T00:17:09Z stdout F:g3 x y");
+  REQUIRE(a);
+  CHECK(!a->partial);
+  CHECK(a->generation == std::optional<std::uint64_t>(3));
+  CHECK(a->content == "x y");
+  auto b = parse_log_line("2016-10-06T00:17:09Z stderr P:future:g12 z");
+  REQUIRE(b);
+  CHECK(b->partial);
+  CHECK(b->generation == std::optional<std::uint64_t>(12));
+  for (auto l : {"2016-10-06T00:17:09Z stdout F x", "2016-10-06T00:17:09Z stdout F:g x",
+                 "2016-10-06T00:17:09Z stdout F:g0 x", "2016-10-06T00:17:09Z stdout F:g3x x",
+                 "2016-10-06T00:17:09Z stdout F: x"}) {
+    CAPTURE(l);
+    auto r = parse_log_line(l);
+    REQUIRE(r);
+    CHECK_FALSE(r->generation);
+  }
+  CHECK(parse_log_line("2016-10-06T00:17:09Z stdout X:g3 x").error().message.starts_with("tag"));
 }
 
 TEST_CASE("AsyncLog: everything pushed is written by close; on_drained after the cap was reached") {

@@ -161,7 +161,7 @@ TEST_CASE("output_lost after the host ended the wait: loss = unsent + sent - rec
   CHECK(v.seen->out == std::string(100000, 'a') + std::string(10000, 'b'));
   // The log has a gap where the bytes are missing (the CRI convention of a lossy drop).
   const std::string log = v.log();
-  CHECK(log.find(fmt::format(" stdout F [neshost: {} bytes of stdout lost]\n", lost)) != std::string::npos);
+  CHECK(log.find(fmt::format(" stdout F:g1 [neshost: {} bytes of stdout lost]\n", lost)) != std::string::npos);
   // The record, amended after the outcome: the first outcome stays, the loss is added.
   auto rec = v.h.record("o");
   REQUIRE(rec);
@@ -261,7 +261,7 @@ TEST_CASE("a channel at rest at the stop deadline is cut, the guest gets data_dr
   CHECK(rec->truncated.err == 0u);
   CHECK(rec->lost.empty());
   CHECK(reported_status(*rec) == 125);
-  CHECK(v.log().find(" stdout F [neshost: stdout truncated: its eof never arrived (1000 bytes received)]\n") !=
+  CHECK(v.log().find(" stdout F:g1 [neshost: stdout truncated: its eof never arrived (1000 bytes received)]\n") !=
         std::string::npos);
 }
 

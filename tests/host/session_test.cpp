@@ -371,16 +371,44 @@ TEST_CASE("EOF: mid-line, before ready, before outcome") {
   }
 }
 
-TEST_CASE("second ready on the same stream starts a new session") {
+TEST_CASE("a guest that starts over (second ready on its stream) is refused: one boot, one outcome, shutdown") {
   Probe p;
   p.booted();
   p.feed(test::started_line());
-  p.feed(test::ready_line());
-  CHECK(p.logged("guest_restarted"));
-  CHECK(p.sent.size() == 2);
-  CHECK(std::holds_alternative<proto::Boot>(p.sent[1]));
+  p.feed(test::ready_line());  // the guest started over in the same generation
+  CHECK(p.logged("guest_restarted protocol error: a second `ready` on this stream in generation 4"));
+  REQUIRE(p.writes.size() == 1);
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(p.outcome().exit_status == 125);
+  CHECK(p.outcome().reason.find("the guest started over (a second `ready` on its stream after `boot`)") != std::string::npos);
+  CHECK(p.sent.size() == 1);  // no second boot
+  CHECK(p.closes == 0);       // the stream stays: the guest gets its shutdown on it
+  // Event by event: a report now is after the outcome (not recorded), then the durable record
+  // lets the `shutdown` (a request: the restarted guest reported nothing) go out.
   p.feed(test::exited_line(6));
-  CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(6));
+  CHECK(p.writes.size() == 1);
+  CHECK(p.sent.size() == 1);  // nothing before the record is durable
+  p.durable();
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(p.last_type() == "shutdown");
+  // Again and again: never a boot.
+  for (int i = 0; i < 3; ++i) p.feed(test::ready_line());
+  CHECK(std::count_if(p.sent.begin(), p.sent.end(),
+                      [](auto& m) { return std::holds_alternative<proto::Boot>(m); }) == 1);
+  CHECK(p.writes.size() == 1);
+}
+
+TEST_CASE("a second ready before any boot (the host ended it first) is refused as well, as stopped") {
+  Probe p;
+  p.start();
+  REQUIRE(p.s.shutdown(p.t));
+  p.pump();
+  p.feed(test::ready_line());
+  CHECK(p.last_type() == "shutdown");  // no boot: the host asked for the end
+  p.feed(test::ready_line());          // it started over anyway
+  REQUIRE(p.writes.size() == 1);
+  CHECK(p.outcome().outcome == proto::Outcome::stopped);
+  CHECK(std::none_of(p.sent.begin(), p.sent.end(), [](auto& m) { return std::holds_alternative<proto::Boot>(m); }));
 }
 
 TEST_CASE("a second live stream is refused; none after the outcome") {
@@ -981,4 +1009,125 @@ TEST_CASE("network_failed is a final outcome: 125, the reason names interface an
   CHECK(p.outcome().outcome == proto::Outcome::network_failed);
   CHECK(p.outcome().exit_status == 125);
   CHECK(p.outcome().reason == "network: 52:54:00:12:34:56 route (errno 101): 0.0.0.0/0 via 10.0.2.2: Network is unreachable");
+}
+
+// ---- fencing: the generation in every guest line after boot (docs/protocol.md "Fencing") ------
+
+namespace {
+std::string gen_line(const proto::GuestMessage& m, std::optional<std::uint64_t> gen) {
+  return proto::encode_line(m, proto::GuestEnvelope{gen});
+}
+}  // namespace
+
+TEST_CASE("fencing: boot names the generation even without a reconnect window") {
+  Probe p;
+  p.booted();
+  auto b = boot_of(p.sent.at(0));
+  CHECK(b.generation == 4u);
+  CHECK(b.reconnect_ms == 0);
+  CHECK_FALSE(b.vm);  // the names beyond the generation stay with channel survival
+}
+
+TEST_CASE("fencing: lines of this generation and lines without one (an older init) are taken") {
+  Probe p;
+  p.booted();
+  p.feed(gen_line(proto::Mounted{}, 4));
+  p.feed(gen_line(proto::Started{9}, std::nullopt));  // an init that predates the field
+  CHECK(p.logged("started pid=9"));
+  p.feed(gen_line(proto::WorkloadExited::code(7), 4));
+  CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(7));
+  CHECK_FALSE(p.logged("generation_refused"));
+}
+
+TEST_CASE("fencing: a line of another generation is refused, nothing of it recorded, the stream closed") {
+  SUBCASE("without a window: the stream's loss is the outcome, with the refusal as its reason") {
+    Probe p;
+    p.booted();
+    p.feed(test::started_line(9));
+    p.feed(gen_line(proto::WorkloadExited::code(7), 3));  // generation 3's report, on generation 4
+    CHECK(p.logged("generation_refused line 3: workload_exited.generation: expected 4 (this session's), got 3"));
+    CHECK(p.closes == 1);
+    REQUIRE(p.writes.size() == 1);
+    CHECK(p.outcome().outcome == proto::Outcome::channel_lost);  // not `exited 7`
+    CHECK(p.outcome().reason.find("the host refused the guest's stream (generation_refused") != std::string::npos);
+    p.feed(test::exited_line(7));  // nothing is read after the refusal
+    CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  }
+  SUBCASE("with a window: nothing decided; the right guest may come back and report") {
+    SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+    c.reconnect = std::chrono::milliseconds(5000);
+    Probe p(c);
+    p.booted();
+    p.feed(gen_line(proto::WorkloadExited::code(7), 5));  // a later generation's
+    CHECK(p.logged("generation_refused"));
+    CHECK(p.closes == 1);
+    CHECK(p.writes.empty());
+    CHECK(p.s.awaiting_redial());
+    CHECK(p.s.stream_opened(p.t));
+    p.reader = proto::LineReader(c.line_cap);
+    p.feed(gen_line(proto::Ready{proto::kProtocolVersion, proto::Resume{"vm1", 4, true, false}, {}}, 4));
+    CHECK(p.logged("resumed"));
+    p.feed(gen_line(proto::WorkloadExited::code(3), 4));
+    REQUIRE(p.writes.size() == 1);
+    CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(3));
+  }
+}
+
+TEST_CASE("fencing: a resumed ready is judged by its resume; an envelope that contradicts it is refused") {
+  SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.resume = true;
+  c.descriptor = {};
+  {
+    Probe p(c);  // generation 3's guest resuming with a host of generation 4: resume_refused
+    p.start();
+    p.feed(gen_line(proto::Ready{proto::kProtocolVersion, proto::Resume{"vm1", 3, true, true}, {}}, 3));
+    CHECK(p.logged("resume_refused the guest resumes VM vm1 generation 3; this is VM vm1 generation 4"));
+    CHECK_FALSE(p.logged("generation_refused"));
+    CHECK(p.writes.empty());
+  }
+  {
+    Probe p(c);  // its resume says 4, its envelope 3: not this session's
+    p.start();
+    p.feed(gen_line(proto::Ready{proto::kProtocolVersion, proto::Resume{"vm1", 4, true, true}, {}}, 3));
+    CHECK(p.logged("generation_refused line 1: ready.generation: expected 4 (this session's), got 3"));
+    CHECK_FALSE(p.logged("resumed"));
+    CHECK(p.writes.empty());
+  }
+}
+
+TEST_CASE("fencing: a malformed generation is a protocol error naming the field") {
+  Probe p;
+  p.booted();
+  p.feed("{\"type\":\"started\",\"pid\":9,\"generation\":0}\n");
+  CHECK(p.outcome().outcome == proto::Outcome::protocol_error);
+  CHECK(p.outcome().reason == "line 2: started.generation: expected integer 1..9007199254740991, got 0");
+}
+
+TEST_CASE("survival: a resumed ready on the stream that carried the session (a virtio port) is a resume") {
+  SessionConfig c = Probe::cfg(OnExitPolicy::keep, proto::kDefaultLineCap);
+  c.reconnect = std::chrono::milliseconds(5000);
+  Probe p(c);
+  p.booted();
+  p.feed(exited_line(5));
+  p.durable();
+  REQUIRE(p.s.shutdown(p.t));
+  p.pump();
+  CHECK(p.last_type() == "shutdown");  // the ack; the guest did not see it (it timed out first)
+  const auto sent = p.sent.size();
+  // The guest gave up waiting, reopened its port and resumes on the same host stream.
+  p.feed(gen_line(proto::Ready{proto::kProtocolVersion, proto::Resume{"vm1", 4, true, true}, {}}, 4));
+  CHECK(p.logged("resumed"));
+  CHECK_FALSE(p.logged("guest_restarted"));
+  // No boot and no `stop`: its outcome is pending and already durable here, so the ack goes out
+  // at once (the guest takes any `shutdown` after its report as the ack).
+  CHECK(p.sent.size() == sent + 1);
+  CHECK(p.last_type() == "shutdown");
+  p.feed(exited_line(5));  // the outcome again: recorded once, acknowledged once on this stream
+  CHECK(p.sent.size() == sent + 1);
+  CHECK(p.writes.size() == 1);
+  // Another VM's resume on it: refused, the stream closed, nothing recorded.
+  p.feed(gen_line(proto::Ready{proto::kProtocolVersion, proto::Resume{"vm2", 4, true, true}, {}}, 4));
+  CHECK(p.logged("resume_refused"));
+  CHECK(p.closes == 1);
+  CHECK(p.writes.size() == 1);
 }

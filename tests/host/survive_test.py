@@ -4,7 +4,8 @@ explicit --channel=unix:PATH) serves a workload for `neshost serve --reconnect`;
 SIGKILLed at each boundary and `neshost serve --resume` on the same state dir takes over.
 Asserted per case: the workload was never signalled by the loss, exactly one record, the right
 status. With the window 0: today's behaviour (the loss SIGTERMs the workload). Also refused: a
-resume of another generation. No sleeps: every step waits for a line one of the processes
+resume of another generation, and a host that stalls past the guest's ack timeout before it dies
+(the guest keeps its outcome and redials). No sleeps: every step waits for a line one of the processes
 prints, bounded. Every process is reaped, the temp dir removed.
 usage: survive_test.py NESHOST_BIN NESINIT_BIN
 """
@@ -90,14 +91,15 @@ class Case:
         self.procs = []
         self.init = None
 
-    def serve(self, *extra, resume=False, generation=1):
+    def serve(self, *extra, resume=False, generation=1, env=None):
         argv = [NESHOST, "serve", "--listen", "unix:" + self.sock, "--state", self.state, "--vm", "real",
                 "--generation", str(generation), "--ready-timeout", "20", "--stop-timeout", "10"]
         if resume:
             argv += ["--resume"]
         else:
             argv += ["--descriptor", self.desc] + (["--reconnect", str(self.reconnect)] if self.reconnect else [])
-        p = subprocess.Popen(argv + list(extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(argv + list(extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, **(env or {})))
         self.procs.append(p)
         out = Lines(p.stdout, "serve")
         threading.Thread(target=p.stderr.read, daemon=True).start()
@@ -276,7 +278,45 @@ def stale_generation():
               "stale: generation 2 recorded as a host failure: %r\n%s" % (rec, "\n".join(lines)))
 
 
+def stalled_host():
+    """(f) The host stalls past the guest's ack timeout, then dies: its record write stops (the
+    test-only NESHOST_TEST_RECORD_STOP stops the whole process there, before the record is
+    durable), so the outcome is sent, never acknowledged, and no loss is seen. The guest must not
+    power off at its ack timeout (a host taking over would then record `no_ready` 125 for a
+    workload that exited 7): within its window it treats the missing ack as a lost channel and
+    redials. The stalled host is SIGKILLed; `serve --resume` gets the outcome and records 7, once."""
+    name = "(f) host stalled past the ack timeout, then SIGKILLed"
+    with case(reconnect=20) as c:
+        s1, out1 = c.serve(env={"NESHOST_TEST_RECORD_STOP": "temp_written"})
+        c.start_init()
+        check(out1.wait(event("started")) is not None, name + ": started")
+        c.release()
+        check(out1.wait(event("outcome")) is not None, name + ": the first host has the outcome")
+        # The record write stopped the first host: the guest's ack timeout (3 s) passes.
+        line = c.log.wait(lambda l: "no acknowledgement within 3000 ms" in l, timeout=60)
+        check(line is not None, name + ": the guest's ack timed out")
+        line = c.log.wait(lambda l: l.startswith("nesinit: channel: warning: lost; redialling"), timeout=30)
+        check(line is not None, name + ": the ack timeout was taken as a lost channel (redialling), not a power-off")
+        check(c.init.poll() is None, name + ": the init is still up")
+        kill(s1)
+        check(c.record_bytes() is None, name + ": nothing durable from the stalled host")
+        s2, out2 = c.serve(resume=True)
+        check(out2.wait(event("resumed")) is not None, name + ": the guest resumed with the new host")
+        lines = out2.rest(60)
+        rc = s2.wait(timeout=60)
+        rec = c.record()
+        check(rc == 7, "%s: resumed serve exit %s, want 7\n%s" % (name, rc, "\n".join(lines)))
+        check(rec.get("outcome") == "exited" and rec.get("exit_code") == 7 and rec.get("generation") == 1,
+              "%s: record %r" % (name, rec))
+        check(sum(1 for l in lines if event("recorded")(l)) == 1, name + ": recorded once")
+        check(not any(event("already_recorded")(l) for l in lines), name + ": no earlier record to defer to")
+        check(any(event("shutdown_sent")(l) for l in lines), name + ": the new host acknowledged")
+        check(not c.signalled(), name + ": the workload was not signalled")
+        check(c.init.wait(timeout=30) is not None, name + ": the init powered off after the ack")
+
+
 def main():
+    stalled_host()
     before_boot()
     for boundary, name in (("boot", "(b) after boot"), ("started", "(c) after started"),
                            ("outcome", "(d) after workload_exited, record not yet durable"),

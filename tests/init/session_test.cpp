@@ -743,6 +743,97 @@ TEST_CASE("survival: SIGTERM to PID 1 while redialling still shuts down in order
   CHECK(power_off(s, over));
 }
 
+TEST_CASE("fencing: every line after boot names the boot's generation; none before it") {
+  Session s(kOpt);
+  auto up = s.handle(ev::ChannelUp{});
+  REQUIRE(only<act::Send>(up).size() == 1);
+  CHECK_FALSE(only<act::Send>(up)[0].generation);  // the first ready: no boot yet
+  proto::Boot b = make_boot();
+  b.reconnect_ms = 4000;
+  b.vm = "web";
+  b.generation = 3;
+  s.handle(msg(b));
+  Actions all = s.handle(ev::MountsDone{});
+  for (auto& a : s.handle(ev::Started{42})) all.push_back(a);
+  for (auto& a : s.handle(msg(proto::ListProcesses{}))) all.push_back(a);
+  for (auto& a : s.handle(ev::ProcessList{})) all.push_back(a);
+  for (auto& a : s.handle(ev::Eof{})) all.push_back(a);
+  for (auto& a : s.handle(ev::ChannelUp{})) all.push_back(a);  // the resumed ready
+  for (auto& a : s.handle(ev::Exited{proto::WorkloadExited::code(7)})) all.push_back(a);
+  CHECK(sent(all) == std::vector<std::string>{"mounted", "started", "processes", "ready", "workload_exited"});
+  for (auto& snd : only<act::Send>(all)) CHECK(snd.generation == std::optional<std::uint64_t>(3));
+  // A boot without a generation (an older host): nothing is added.
+  Session o = running();
+  auto x = o.handle(ev::Exited{proto::WorkloadExited::code(1)});
+  REQUIRE(only<act::Send>(x).size() == 1);
+  CHECK_FALSE(only<act::Send>(x)[0].generation);
+}
+
+TEST_CASE("survival: an ack timeout within the window is a loss: close, redial, ready + the outcome, until acked") {
+  Session s = surviving(4000);
+  auto x = s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+  CHECK(sent(x) == std::vector<std::string>{"workload_exited"});
+  CHECK(armed(x, Timer::ack, kOpt.ack_timeout_ms));
+  s.handle(ev::NoChildren{});
+  CHECK(s.stage() == Stage::await_ack);
+  // The host stalls past the ack timeout (its record write is slow, or it is dying).
+  auto t1 = s.handle(ev::TimerFired{Timer::ack});
+  CHECK(only<act::Flush>(t1).empty());     // not today's power-off
+  CHECK(only<act::CloseChannel>(t1).size() == 1);
+  CHECK(only<act::Dial>(t1).size() == 1);  // redial at once
+  CHECK(armed(t1, Timer::ack_window, 4000));
+  CHECK(armed(t1, Timer::reconnect, 4000));
+  CHECK_FALSE(s.channel_open());
+  CHECK(s.reconnecting());
+  CHECK(s.handle(ev::Eof{}).empty());  // the closed channel's EOF is no second loss
+  CHECK(s.reconnecting());
+  // Whichever host answers gets the resumed ready and the outcome again.
+  auto up = s.handle(ev::ChannelUp{});
+  CHECK(sent(up) == std::vector<std::string>{"ready", "workload_exited"});
+  CHECK(*resume_of(up) == proto::Resume{"web", 3, true, true});
+  CHECK(armed(up, Timer::ack, kOpt.ack_timeout_ms));
+  // It stalls too: again a loss; the window still runs from the first timeout (not re-armed).
+  auto t2 = s.handle(ev::TimerFired{Timer::ack});
+  CHECK(only<act::CloseChannel>(t2).size() == 1);
+  CHECK_FALSE(armed(t2, Timer::ack_window, 4000));
+  auto up2 = s.handle(ev::ChannelUp{});
+  CHECK(sent(up2) == std::vector<std::string>{"ready", "workload_exited"});
+  // A host acknowledges: the window is cancelled, the final flush, power-off.
+  auto ack = s.handle(msg(proto::Shutdown{}));
+  CHECK(cancelled(ack, Timer::ack_window));
+  CHECK(power_off(s, ack) == proto::Halt::poweroff);
+}
+
+TEST_CASE("survival: the outcome kept for the whole window and never acknowledged: today's power-off") {
+  {
+    Session s = surviving(4000);  // the window ends while redialling
+    s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+    s.handle(ev::NoChildren{});
+    s.handle(ev::TimerFired{Timer::ack});
+    REQUIRE(s.reconnecting());
+    auto over = s.handle(ev::TimerFired{Timer::ack_window});
+    CHECK_FALSE(s.reconnecting());
+    CHECK(power_off(s, over) == proto::Halt::poweroff);
+  }
+  {
+    Session s = surviving(4000);  // ... or while connected to a host that never acknowledges
+    s.handle(ev::Exited{proto::WorkloadExited::code(7)});
+    s.handle(ev::NoChildren{});
+    s.handle(ev::TimerFired{Timer::ack});
+    s.handle(ev::ChannelUp{});
+    auto over = s.handle(ev::TimerFired{Timer::ack_window});
+    CHECK(power_off(s, over) == proto::Halt::poweroff);
+  }
+  {
+    Session z = surviving(0);  // window 0: the ack timeout powers off, as before
+    z.handle(ev::Exited{proto::WorkloadExited::code(7)});
+    z.handle(ev::NoChildren{});
+    auto t = z.handle(ev::TimerFired{Timer::ack});
+    CHECK(only<act::CloseChannel>(t).empty());
+    CHECK(power_off(z, t) == proto::Halt::poweroff);
+  }
+}
+
 namespace {
 /// A session whose workload exited 0 and whose outcome the host acknowledged: the final flush.
 Session flushing(Actions* began = nullptr) {

@@ -395,3 +395,54 @@ TEST_CASE("channel survival fields: boot.reconnect_ms/vm/generation and ready.re
   big.replace(big.find("\"reconnect_ms\":3600000"), 22, "\"reconnect_ms\":3600001");
   CHECK(hbad(big).find("boot.reconnect_ms") != std::string::npos);
 }
+
+TEST_CASE("fencing: every guest message carries the envelope's generation after its own fields, and back") {
+  for (const GuestMessage& m : guest_samples()) {
+    CAPTURE(encode(m));
+    const std::string line = encode_line(m, GuestEnvelope{42});
+    // The message's own fields first, byte for byte, then the envelope.
+    std::string plain = encode_line(m);
+    CHECK(line == plain.substr(0, plain.size() - 2) + ",\"generation\":42}\n");
+    GuestEnvelope env;
+    auto d = decode_guest(std::string_view(line).substr(0, line.size() - 1), env);
+    REQUIRE(std::holds_alternative<GuestMessage>(d));
+    CHECK(std::get<GuestMessage>(d) == m);
+    CHECK(env.generation == std::optional<std::uint64_t>(42));
+    // Without it (an older init): the same message, no generation; the plain decoder ignores it.
+    CHECK(encode_line(m, GuestEnvelope{}) == plain);
+    GuestEnvelope none{7};
+    auto p = decode_guest(std::string_view(plain).substr(0, plain.size() - 1), none);
+    REQUIRE(std::holds_alternative<GuestMessage>(p));
+    CHECK_FALSE(none.generation);
+    CHECK(std::get<GuestMessage>(decode_guest(std::string_view(line).substr(0, line.size() - 1))) == m);
+  }
+  CHECK(encode_line(GuestMessage{WorkloadExited::code(7)}, GuestEnvelope{3}) ==
+        "{\"type\":\"workload_exited\",\"exit_code\":7,\"generation\":3}\n");
+  // A resumed ready: the envelope beside resume.generation (both the boot's).
+  CHECK(encode_line(GuestMessage{Ready{kProtocolVersion, Resume{"web", 3, true, true}}}, GuestEnvelope{3}) ==
+        R"({"type":"ready","protocol_version":2,"resume":{"vm":"web","generation":3,"started":true,"outcome_pending":true},"generation":3})"
+        "\n");
+}
+
+TEST_CASE("fencing: a malformed envelope generation is a DecodeError naming the field; the envelope stays unset") {
+  auto bad = [](std::string_view line) {
+    GuestEnvelope env{9};
+    auto x = decode_guest(line, env);
+    CHECK_FALSE(env.generation);
+    REQUIRE(std::holds_alternative<DecodeError>(x));
+    return std::get<DecodeError>(x).reason;
+  };
+  CHECK(bad(R"({"type":"workload_exited","exit_code":7,"generation":0})") ==
+        "workload_exited.generation: expected integer 1..9007199254740991, got 0");
+  CHECK(bad(R"({"type":"mounted","generation":9007199254740992})") ==
+        "mounted.generation: expected integer 1..9007199254740991, got 9007199254740992");
+  CHECK(bad(R"({"type":"started","generation":"3"})") == "started.generation: expected integer 1..9007199254740991, got \"3\"");
+  CHECK(bad(R"({"type":"mounted","generation":1,"generation":1})").find("duplicate key \"generation\"") != std::string::npos);
+  // An unknown type keeps no envelope; the first field may be the generation.
+  GuestEnvelope env{1};
+  CHECK(std::holds_alternative<UnknownMessage>(decode_guest(R"({"type":"hello","generation":3})", env)));
+  CHECK_FALSE(env.generation);
+  auto d = decode_guest(R"({"generation":5,"type":"mounted"})", env);
+  CHECK(std::holds_alternative<GuestMessage>(d));
+  CHECK(env.generation == std::optional<std::uint64_t>(5));
+}
