@@ -55,10 +55,43 @@ void close_child_ends(StdioFds& f) {
 
 }  // namespace
 
-void DataIo::connected(base::Fd fd, bool is_port, const proto::Stdio& stdio) {
+void DataIo::connected(base::Fd fd, bool is_port, const act::DialData& d) {
   data_ = std::move(fd);
   is_port_ = is_port;
-  mux_.emplace(stdio);
+  rx_eof_ = hup_ = false;
+  retry_at_.reset();
+  if (mux_ && lost_) {
+    // The redialled channel: a port was seen connected by the dial (its next hang-up is a loss).
+    lost_ = false;
+    seen_ = is_port;
+    mux_->channel_resumed();
+    return;
+  }
+  mux_.emplace(d.stdio);
+  if (d.resume) mux_->workload().enable_resume(d.generation, d.vm);
+}
+
+void DataIo::give_up() {
+  if (!lost_) return;
+  lost_ = false;
+  close();
+}
+
+void DataIo::lose(const char* why) {
+  if (!mux_ || !mux_->workload().resume() || mux_->workload().host_closed()) {
+    close();
+    return;
+  }
+  log_.warn("data", "{}: the data channel is lost; its output is kept for a redialled one", why);
+  data_.reset();
+  frame_pipe_.reset();
+  frame_pipe_w_.reset();
+  frame_pipe_bytes_ = 0;
+  hup_ = false;
+  retry_at_.reset();
+  lost_ = true;
+  mux_->channel_lost();
+  events_.push(ev::DataLost{why});
 }
 
 base::Result<ChildFds> DataIo::open_workload(const proto::Stdio& s) {
@@ -122,8 +155,11 @@ void DataIo::report(ev::Flushing& f) {
   f.receipt = rx_eof_ || hup_;
   if (!mux_) return;
   StdioCore& w = mux_->workload();
-  f.data_open = static_cast<bool>(data_);
-  f.data_unsent = mux_->tx_pending();
+  // Resume: the receipt is the host's close frame (an EOF without it is a loss); a channel being
+  // redialled is still open, and owes what its ring holds.
+  if (w.resume()) f.receipt = w.host_closed() && (rx_eof_ || hup_ || !data_);
+  f.data_open = static_cast<bool>(data_) || lost_;
+  f.data_unsent = mux_->tx_pending() || lost_ || (w.resume() && !w.host_closed() && w.buffered() > 0);
   f.outputs_done = w.outputs_done();
   f.output_bytes = w.buffered();
   f.out = account(w, fds_, proto::Stream::out);
@@ -210,7 +246,7 @@ void DataIo::stdio_handle(const pollfd* p) {
   if (p[kData].revents & (POLLIN | POLLHUP | POLLERR)) read_data(p[kData].revents);
   if (data_ && c.tx_pending()) write_data();  // new output: try at once, it rarely blocks
   stdin_side(c, fds_);
-  if (data_ && !c.rx_error().empty()) {
+  if (data_ && !c.rx_error().empty() && !lost_) {
     log_.warn("data", "{}; closing the data channel", c.rx_error());
     events_.push(ev::DataError{c.rx_error()});
     close();
@@ -453,6 +489,7 @@ void DataIo::write_data() {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) return;
+    if (mux_->workload().resume() && !mux_->workload().host_closed()) return lose(n < 0 ? std::strerror(errno) : "write");
     log_.warn("data", "write: {}; output from now on is discarded", n < 0 ? std::strerror(errno) : "wrote nothing");
     close();
     return;
@@ -476,9 +513,10 @@ void DataIo::read_data(short revents) {
   if (is_port_ && n == 0) return port_hung_up();
   if (n < 0) {
     log_.warn("data", "read: {}", std::strerror(errno));
-    close();
+    lose("read error");
     return;
   }
+  if (m.workload().resume() && !m.workload().host_closed()) return lose("EOF without the host's close");
   // The host closed its sending side: stdin's EOF. Output may still go the other way.
   log_.info("data", "EOF from the host");
   rx_eof_ = true;
@@ -491,6 +529,7 @@ void DataIo::read_data(short revents) {
 /// flush (where that close is the receipt) the channel is closed here, so the workload's output
 /// is discarded and counted (output_end) instead of held for good.
 void DataIo::port_hung_up() {
+  if (seen_ && mux_ && mux_->workload().resume() && !mux_->workload().host_closed()) return lose("port hang-up");
   if (seen_ && !flushing_) {
     log_.info("data", "the host closed the data channel (port hang-up); output from now on is discarded");
     close();

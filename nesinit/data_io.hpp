@@ -27,8 +27,9 @@ namespace nes::init {
 /// session event (and so the Event variant is built and destroyed in one place).
 class DataEvents {
  public:
-  /// One each: ev::DataError, OutputsDone, ExecOutputsDone, ExecClosed.
+  /// One each: ev::DataError, DataLost, OutputsDone, ExecOutputsDone, ExecClosed.
   virtual void push(ev::DataError&& e) = 0;
+  virtual void push(ev::DataLost&& e) = 0;
   virtual void push(ev::OutputsDone&& e) = 0;
   virtual void push(ev::ExecOutputsDone&& e) = 0;
   virtual void push(ev::ExecClosed&& e) = 0;
@@ -53,8 +54,16 @@ class DataIo {
   DataIo& operator=(const DataIo&) = delete;
 
   /// The data channel's dial succeeded: `fd` (non-blocking; a virtio port when `is_port`) carries
-  /// the workload's streams as `stdio` says, and those of the execs opened later.
-  void connected(base::Fd fd, bool is_port, const proto::Stdio& stdio);
+  /// the workload's streams as `d.stdio` says, and those of the execs opened later. With
+  /// `d.resume` (docs/protocol.md "Data channel resume") the workload's output is kept until the
+  /// host acknowledges it, and a later connected() is the redialled channel: its handshake
+  /// resumes the streams where the host stands.
+  void connected(base::Fd fd, bool is_port, const act::DialData& d);
+  /// act::DataGiveUp: the resume window is over without a host: the channel is closed for good
+  /// (output from now on is discarded and counted, as close()).
+  void give_up();
+  /// The channel was lost and is being redialled (resume).
+  bool lost() const { return lost_; }
 
   /// The workload's pipes or PTY as `s` says; the child's ends (fds 0-2) to spawn it with, valid
   /// until workload_spawned(). Errors: make_stdio's (the step, its errno).
@@ -127,6 +136,9 @@ class DataIo {
   void write_data();
   void read_data(short revents);
   void port_hung_up();
+  /// The channel ended without the host's close frame: with resume, the output is kept and the
+  /// session redials (ev::DataLost); without, close().
+  void lose(const char* why);
 
   const Log& log_;
   DataEvents& events_;
@@ -136,6 +148,7 @@ class DataIo {
   bool hup_ = false;          // a virtio data port's host side is not connected (last look)
   bool seen_ = false;         // bytes moved on the data channel: its host was there
   bool flushing_ = false;     // act::Flush came
+  bool lost_ = false;         // resume: lost, being redialled
   std::optional<std::uint64_t> retry_at_;  // a virtio data port without its host: look again then
   std::optional<StdioMux> mux_;  // the data channel's processes, from its dial on
   StdioFds fds_;                 // the workload's

@@ -79,6 +79,7 @@ class Pid1 final : private DataEvents {
  private:
   // DataEvents: the data channel's verdicts, queued in the order found.
   void push(ev::DataError&& e) override { pending_.push_back(std::move(e)); }
+  void push(ev::DataLost&& e) override { pending_.push_back(std::move(e)); }
   void push(ev::OutputsDone&& e) override { pending_.push_back(std::move(e)); }
   void push(ev::ExecOutputsDone&& e) override { pending_.push_back(std::move(e)); }
   void push(ev::ExecClosed&& e) override { pending_.push_back(std::move(e)); }
@@ -132,14 +133,20 @@ class Pid1 final : private DataEvents {
   void do_dial_data(const act::DialData& d) {
     if (!cfg_.data_channel) return;
     const Channel ch = *cfg_.data_channel;
+    const bool port = std::holds_alternative<VirtioPortAddr>(ch);
     auto fd = attempt(ch, d.attempt_ms);
+    if (fd && port && d.redial) {
+      // A redialled port counts only with its host side connected again (as the lifecycle's).
+      pollfd p{fd->get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP)) fd = base::Error{std::strerror(ENOTCONN), ENOTCONN};
+    }
     if (!fd) {
       const base::Error& e = fd.error();
       pending_.push_front(ev::DataFailed{fmt::format("data channel {}: {}", to_string(ch), e.message), e.err,
                                          retryable(e.err)});
       return;
     }
-    data_.connected(std::move(*fd), std::holds_alternative<VirtioPortAddr>(ch), d.stdio);
+    data_.connected(std::move(*fd), port, d);
     log_.info("data", "connected to {}", to_string(ch));
     pending_.push_front(ev::DataUp{});
   }
@@ -160,6 +167,7 @@ class Pid1 final : private DataEvents {
     std::visit(Overload{
                    [&](act::Send& s) { send(s.msg, s.generation); },
                    [&](act::DialData& d) { do_dial_data(d); },
+                   [&](act::DataGiveUp&) { data_.give_up(); },
                    [&](act::Dial& d) { do_dial(d); },
                    [&](act::Mount& m) { do_mounts(m); },
                    [&](act::Spawn& s) { do_spawn(s); },

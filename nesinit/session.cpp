@@ -29,6 +29,7 @@ std::string_view to_string(Timer t) {
     case Timer::redial: return "redial";
     case Timer::data_dial: return "data_dial";
     case Timer::data_redial: return "data_redial";
+    case Timer::data_reconnect: return "data_reconnect";
     case Timer::flush_idle: return "flush_idle";
     case Timer::flush_cap: return "flush_cap";
     case Timer::exec_drain: return "exec_drain";
@@ -250,7 +251,16 @@ void Session::on_boot(const proto::Boot& b) {
   dialling_data_ = true;
   data_backoff_ms_ = kRedialFirstMs;
   arm(Timer::data_dial, opt_.connect_timeout_ms);
-  out_.push_back(act::DialData{opt_.connect_timeout_ms, *b.stdio});
+  out_.push_back(data_dial(opt_.connect_timeout_ms, false));
+}
+
+act::DialData Session::data_dial(std::uint32_t attempt_ms, bool redial) const {
+  act::DialData d{attempt_ms, *boot_->stdio, false, 0, {}, false};
+  d.resume = boot_->stdio->replay_bytes > 0 && boot_->reconnect_ms > 0;
+  d.generation = boot_->generation.value_or(0);
+  d.vm = boot_->vm.value_or("");
+  d.redial = redial;
+  return d;
 }
 
 void Session::mount() {
@@ -276,6 +286,13 @@ void Session::data_gave_up(std::string reason, int err) {
 }
 
 void Session::on(const ev::DataUp&) {
+  if (resuming_data_) {
+    resuming_data_ = false;
+    cancel(Timer::data_reconnect);
+    cancel(Timer::data_redial);
+    note(Severity::info, "data", "the data channel is redialled: its output resumes");
+    return;
+  }
   if (!dialling_data_) return;
   data_up_ = true;
   end_data_dial();
@@ -284,6 +301,12 @@ void Session::on(const ev::DataUp&) {
 }
 
 void Session::on(const ev::DataFailed& f) {
+  if (resuming_data_) {
+    note(Severity::debug, "data", f.reason);
+    arm(Timer::data_redial, data_backoff_ms_);
+    data_backoff_ms_ = std::min(data_backoff_ms_ * 2, kRedialMaxMs);
+    return;
+  }
   if (!dialling_data_) return;
   last_data_error_ = f.reason;
   last_data_err_ = f.err;
@@ -297,6 +320,17 @@ void Session::on(const ev::DataError& e) {
   // The host broke the data channel's framing: the loop closed it; the session goes on.
   note(Severity::warn, "data", e.reason);
   send(proto::ProtocolError{fmt::format("data channel: {}", e.reason)});
+}
+
+void Session::on(const ev::DataLost& l) {
+  // Data channel resume: the host went without closing the channel. Redialled like the
+  // lifecycle channel, for up to reconnect_ms; the workload's output waits in the init.
+  if (phase_ == Phase::done || resuming_data_ || !boot_ || !boot_->stdio) return;
+  note(Severity::warn, "data", fmt::format("{}; redialling for up to {} ms", l.reason, boot_->reconnect_ms));
+  resuming_data_ = true;
+  data_backoff_ms_ = kRedialFirstMs;
+  arm(Timer::data_reconnect, boot_->reconnect_ms);
+  out_.push_back(data_dial(kRedialAttemptMs, true));
 }
 
 void Session::on(const ev::OutputsDone& d) {
@@ -589,7 +623,16 @@ void Session::on(const ev::TimerFired& t) {
                      last_data_error_.empty() ? ETIMEDOUT : last_data_err_);
       return;
     case Timer::data_redial:
-      if (dialling_data_) out_.push_back(act::DialData{opt_.connect_timeout_ms, *boot_->stdio});
+      if (dialling_data_) out_.push_back(data_dial(opt_.connect_timeout_ms, false));
+      else if (resuming_data_) out_.push_back(data_dial(kRedialAttemptMs, true));
+      return;
+    case Timer::data_reconnect:
+      if (!resuming_data_) return;
+      resuming_data_ = false;
+      cancel(Timer::data_redial);
+      note(Severity::warn, "data", fmt::format("no host took the data channel within {} ms; its output is discarded from now on",
+                                               boot_->reconnect_ms));
+      out_.push_back(act::DataGiveUp{});
       return;
     case Timer::drain:
       // The window counts only while nothing of the output waits for the host: ask what is held.

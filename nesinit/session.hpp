@@ -39,8 +39,9 @@ enum class Timer {
   flush_cap,        // an unacknowledged final flush began -> kFlushMaxMs -> power off anyway
   exec_drain,       // an exec'd process reaped, its output not at EOF -> its drain_ms -> CheckHeld: nothing held: report
   ack_window,       // the first ack timeout treated as a loss (reconnect_ms > 0) -> reconnect_ms -> today's power-off
+  data_reconnect,   // data channel resume: the data channel lost -> boot.reconnect_ms -> DataGiveUp
 };
-inline constexpr int kTimerCount = 16;
+inline constexpr int kTimerCount = 17;
 /// Backoff between dial attempts (the first dial and a redial alike): ms, doubling from the first
 /// to the last.
 inline constexpr std::uint32_t kRedialFirstMs = 10;
@@ -89,6 +90,9 @@ struct DataUp {};                                 // the data channel is connect
 /// `err` is its errno, `retryable` as for DialFailed (false: give up, nothing starts).
 struct DataFailed { std::string reason; int err; bool retryable = false; };
 struct DataError { std::string reason; };         // the host broke the framing: channel closed
+/// Data channel resume: the channel ended without the host's close frame; the workload's output
+/// is kept (act::DialData redials it, act::DataGiveUp ends the wait).
+struct DataLost { std::string reason; };
 /// The workload's stdout and stderr are at EOF, their eof frames framed: their final accounts
 /// (no `err` with a terminal: one stream).
 struct OutputsDone { OutputAccount out; std::optional<OutputAccount> err = OutputAccount{}; };
@@ -132,7 +136,7 @@ struct ExecOutputsDone { std::uint16_t proc; bool stdio = false; OutputAccount o
 using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::Eof,
                            ev::MountsDone, ev::MountFailed, ev::NetworkFailed, ev::Started, ev::StartFailed,
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
-                           ev::DataFailed, ev::DataError, ev::OutputsDone, ev::DialFailed,
+                           ev::DataFailed, ev::DataError, ev::DataLost, ev::OutputsDone, ev::DialFailed,
                            ev::Flushing, ev::ProcessList, ev::ExecStarted, ev::ExecFailed,
                            ev::ExecReaped, ev::ExecOutputsDone, ev::Held, ev::ExecClosed>;
 
@@ -144,7 +148,20 @@ struct Send { proto::GuestMessage msg; std::optional<std::uint64_t> generation; 
 /// One attempt to dial the data channel (boot.stdio): DataUp or DataFailed. Held like act::Dial
 /// (at most `attempt_ms`, never past a pending signal or the next armed timer); once up, the
 /// channel carries the workload's streams as `stdio` says.
-struct DialData { std::uint32_t attempt_ms; proto::Stdio stdio; };
+struct DialData {
+  std::uint32_t attempt_ms;
+  proto::Stdio stdio;
+  /// Data channel resume (stdio.replay_bytes > 0 and boot.reconnect_ms > 0): the hello frame's
+  /// `generation` and `vm`; `redial`: the channel was lost and this attempt redials it (a
+  /// virtio port then counts only with its host side connected).
+  bool resume = false;
+  std::uint64_t generation = 0;
+  std::string vm;
+  bool redial = false;
+};
+/// The data channel's resume window ended without a host: close it for good (output discarded
+/// and counted from now on).
+struct DataGiveUp {};
 /// One attempt to dial the lifecycle channel: ChannelUp or DialFailed. The attempt holds the loop
 /// at most `attempt_ms` (a connect in progress), and never past a pending signal or the next
 /// armed timer. `need_peer`: a virtio port counts as dialled only with its host side connected
@@ -199,7 +216,7 @@ struct CloseExec { std::uint16_t proc; };
 /// Measure what process `proc` (0: the workload) still holds of its output: ev::Held.
 struct CheckHeld { std::uint16_t proc; };
 }  // namespace act
-using Action = std::variant<act::Send, act::DialData, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
+using Action = std::variant<act::Send, act::DialData, act::DataGiveUp, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff,
                             act::ListProcesses, act::SpawnExec, act::CloseExec, act::CheckHeld,
                             act::CloseChannel>;
@@ -293,6 +310,8 @@ class Session {
   void on(const ev::DataUp&);
   void on(const ev::DataFailed&);
   void on(const ev::DataError&);
+  void on(const ev::DataLost&);
+  act::DialData data_dial(std::uint32_t attempt_ms, bool redial) const;
   void on(const ev::OutputsDone&);
   void on(const ev::DialFailed&);
   void on(const ev::Flushing&);
@@ -390,6 +409,7 @@ class Session {
   bool flush_held_ = false;
   bool workload_accounted_ = false;  // the workload's output_end went out (or was logged)
   bool data_up_ = false;           // the data channel was connected (boot.stdio)
+  bool resuming_data_ = false;     // data channel resume: lost, redialled until Timer::data_reconnect
   ev::Flushing last_flush_;        // the flush's last report: the workload's accounts
 };
 

@@ -54,7 +54,9 @@ StdioCore::StdioCore(const proto::Stdio& s, std::uint16_t proc)
       lossy_(s.mode == proto::StdioMode::lossy),
       out_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
       err_{OutputBuffer(s.buffer_bytes, s.mode == proto::StdioMode::lossy)},
-      decoder_(proto::FrameRules{proto::FrameSender::host, s.terminal.has_value(), s.attach_stdin, false}) {
+      decoder_(proto::FrameRules{proto::FrameSender::host, s.terminal.has_value(), s.attach_stdin, false}),
+      rx_rules_{proto::FrameSender::host, s.terminal.has_value(), s.attach_stdin, false},
+      replay_cap_(s.replay_bytes) {
   // With a terminal there is no stderr: it is the PTY, like stdout.
   if (terminal_) err_.eof = err_.eof_sent = true;
   // Without stdin attached the workload has /dev/null (or a terminal nobody types on): nothing
@@ -89,6 +91,11 @@ void StdioCore::frame_more() {
   // by one would end each in a short write; batched, only the batch's tail is short.
   tx_.clear();
   tx_head_ = 0;
+  if (resume_) {
+    if (suspended_) return;
+    tx_.swap(ctl_);  // the handshake, the replay and acks go first
+    if (!linked()) return;
+  }
   for (;;) {
     const std::size_t before = tx_.size();
     for (int i = 0; i < 2; ++i) {
@@ -96,9 +103,12 @@ void StdioCore::frame_more() {
       Out& o = out(s);
       if (o.buf.dropped_pending()) proto::append_dropped(tx_, s, o.buf.take_dropped(), proc_);
       const std::string_view v = o.buf.view();
-      if (!v.empty()) {
-        const std::size_t n = std::min(v.size(), proto::kFrameDataMax);
+      std::size_t n = std::min(v.size(), proto::kFrameDataMax);
+      // Lossless resume: a full replay ring holds the rest back until the host acknowledges.
+      if (resume_ && !lossy_) n = std::min(n, replay_cap_ - std::min(replay_cap_, ring_size(s)));
+      if (n > 0) {
         proto::append_data(tx_, s, v.substr(0, n), proc_);
+        if (resume_) keep(o, v.substr(0, n));
         o.buf.consume(n);
         o.framed += n;
       }
@@ -112,6 +122,121 @@ void StdioCore::frame_more() {
   }
 }
 
+void StdioCore::keep(Out& o, std::string_view bytes) {
+  if (o.ring_head > 0 && o.ring_head >= o.ring.size() / 2) {
+    o.ring.erase(0, o.ring_head);  // amortised, as OutputBuffer
+    o.ring_head = 0;
+  }
+  o.ring.append(bytes);
+  const std::size_t held = o.ring.size() - o.ring_head;
+  if (held > replay_cap_) {  // lossy: the oldest unacknowledged bytes leave (a gap only if a resume needs them)
+    o.ring_head += held - replay_cap_;
+    o.ring_start += held - replay_cap_;
+  }
+}
+
+void StdioCore::release(Out& o, std::uint64_t pos) {
+  if (pos <= o.ring_start) return;
+  const std::uint64_t n = std::min<std::uint64_t>(pos - o.ring_start, o.ring.size() - o.ring_head);
+  o.ring_head += static_cast<std::size_t>(n);
+  o.ring_start += n;
+  if (o.ring_head == o.ring.size()) {
+    o.ring.clear();
+    o.ring_head = 0;
+  }
+}
+
+void StdioCore::enable_resume(std::uint64_t generation, std::string_view vm) {
+  if (replay_cap_ == 0) return;
+  resume_ = true;
+  generation_ = generation;
+  vm_.assign(vm.substr(0, proto::kHelloVmMax));
+  rx_rules_.resume = true;
+  decoder_ = proto::FrameDecoder(rx_rules_);
+  direct_ok_ = false;
+  begin_handshake();
+}
+
+void StdioCore::begin_handshake() {
+  suspended_ = false;
+  host_closed_ = false;
+  ctl_.clear();
+  proto::append_hello(ctl_, generation_, vm_);
+  // stdin attached: where the host resumes it (a stdin the workload closed still counts its
+  // bytes, so the host re-sends nothing twice).
+  if (rx_rules_.input) proto::append_position(ctl_, Stream::in, in_pos_, proc_);
+  in_acked_ = in_pos_;
+  awaiting_ = 0;
+  for (Out* o : {&out_, &err_}) {
+    o->awaiting = !(o == &err_ && terminal_);
+    awaiting_ += o->awaiting ? 1 : 0;
+  }
+}
+
+void StdioCore::channel_lost() {
+  if (!resume_) return channel_closed();
+  suspended_ = true;
+  direct_.reset();
+  // What was queued and not written in full: data and eof frames come again from the ring and
+  // the eof flags; a lossy dropped count would be lost with it, so it is counted again.
+  std::size_t at = 0;
+  while (at + proto::kFrameHeader <= tx_.size()) {
+    const auto* h = reinterpret_cast<const unsigned char*>(tx_.data() + at);
+    const std::size_t len = (std::size_t{h[4]} << 24) | (std::size_t{h[5]} << 16) | (std::size_t{h[6]} << 8) | h[7];
+    const std::size_t end = at + proto::kFrameHeader + len;
+    if (end > tx_head_ && h[1] == static_cast<unsigned char>(proto::FrameKind::dropped) && len == 8) {
+      std::uint64_t n = 0;
+      for (int i = 0; i < 8; ++i) n = (n << 8) | h[8 + i];
+      out(static_cast<Stream>(h[0])).buf.add_dropped(n);
+    }
+    at = end;
+  }
+  tx_.clear();
+  tx_head_ = 0;
+  ctl_.clear();
+  decoder_ = proto::FrameDecoder(rx_rules_);
+  foreign_.clear();
+  eof_error_.clear();
+}
+
+void StdioCore::channel_resumed() {
+  if (!resume_ || !open_) return;
+  begin_handshake();
+}
+
+void StdioCore::on_position(Stream s, std::uint64_t pos) {
+  Out& o = out(s);
+  if (!o.awaiting) {
+    resume_error_ = fmt::format("position frame on {}: not during a handshake", proto::to_string(s));
+    return;
+  }
+  if (pos > o.framed) {
+    resume_error_ = fmt::format("position frame on {}: position {} ahead of the {} bytes sent", proto::to_string(s),
+                                pos, o.framed);
+    return;
+  }
+  o.awaiting = false;
+  --awaiting_;
+  std::uint64_t from = pos;
+  if (pos < o.ring_start) {  // gone from the ring: a gap the host counts
+    o.gap += o.ring_start - pos;
+    from = o.ring_start;
+  }
+  release(o, from);
+  proto::append_position(ctl_, s, from, proc_);
+  proto::append_data(ctl_, s, std::string_view(o.ring).substr(o.ring_head), proc_);
+  if (o.eof_sent) proto::append_eof(ctl_, s, proc_);
+}
+
+void StdioCore::on_ack(Stream s, std::uint64_t pos) {
+  Out& o = out(s);
+  if (pos > o.framed) {
+    resume_error_ = fmt::format("ack frame on {}: position {} ahead of the {} bytes sent", proto::to_string(s), pos,
+                                o.framed);
+    return;
+  }
+  release(o, pos);
+}
 std::string_view StdioCore::tx() {
   if (!open_) return {};
   // While a direct frame is in progress only its own bytes (direct_fill) may go out.
@@ -124,10 +249,12 @@ void StdioCore::sent(std::size_t n) { tx_head_ = std::min(tx_head_ + n, tx_.size
 bool StdioCore::tx_pending() { return !tx().empty() || (open_ && direct_); }
 
 std::size_t StdioCore::buffered() const {
-  return out_.buf.size() + err_.buf.size() + (tx_.size() - tx_head_) + (direct_ ? direct_->left : 0);
+  // Resume: bytes the host has not acknowledged are held too (a resume may need them).
+  const std::size_t ring = resume_ ? ring_size(Stream::out) + ring_size(Stream::err) : 0;
+  return out_.buf.size() + err_.buf.size() + (tx_.size() - tx_head_) + (direct_ ? direct_->left : 0) + ring;
 }
 
-bool StdioCore::direct_mode() const { return direct_ok_ && open_ && !terminal_ && !lossy_; }
+bool StdioCore::direct_mode() const { return direct_ok_ && open_ && !terminal_ && !lossy_ && !resume_; }
 
 bool StdioCore::tx_idle() const {
   if (tx_head_ != tx_.size() || direct_) return false;
@@ -172,11 +299,11 @@ void StdioCore::direct_fill(std::string_view framed) {
 }
 
 const std::string& StdioCore::rx_error() const {
-  return decoder_.failed() ? decoder_.error() : eof_error_;
+  return decoder_.failed() ? decoder_.error() : !resume_error_.empty() ? resume_error_ : eof_error_;
 }
 
 std::size_t StdioCore::rx_room() const {
-  if (!open_ || !rx_error().empty() || !foreign_.empty()) return 0;
+  if (!open_ || suspended_ || !rx_error().empty() || !foreign_.empty()) return 0;
   const std::size_t held = in_.size() - in_head_;
   // The decoder may hand over a whole data frame from what is read: leave room for one.
   if (held + proto::kFrameDataMax > kStdinCap) return 0;
@@ -189,15 +316,28 @@ bool StdioCore::open_process(std::uint16_t proc, const proto::Stdio& s) {
 }
 
 void StdioCore::on_rx(std::string_view bytes) {
-  while (auto f = decoder_.next(bytes)) {
+  while (resume_error_.empty() && !suspended_) {
+    auto f = decoder_.next(bytes);
+    if (!f) break;
     if (f->proc != proc_) foreign_.push_back(std::move(*f));
     else on_frame(*f);
   }
 }
 
 void StdioCore::on_frame(const proto::Frame& f) {
+  if (resume_ && !linked() && f.kind != proto::FrameKind::position && f.kind != proto::FrameKind::close) {
+    // The host's positions open every connection; nothing else may come before them.
+    resume_error_ = fmt::format("{} frame on {}: before the host's positions", proto::to_string(f.kind),
+                                proto::to_string(f.stream));
+    return;
+  }
   switch (f.kind) {
     case proto::FrameKind::data:
+      in_pos_ += f.data.size();
+      if (resume_ && in_pos_ - in_acked_ >= kStdinAckStep && rx_rules_.input) {
+        proto::append_ack(ctl_, Stream::in, in_pos_, proc_);
+        in_acked_ = in_pos_;
+      }
       if (in_closed_) break;  // the workload closed its stdin: nobody reads these
       if (in_head_ > 0 && in_head_ >= in_.size() / 2) {
         in_.erase(0, in_head_);
@@ -206,11 +346,16 @@ void StdioCore::on_frame(const proto::Frame& f) {
       in_ += f.data;
       break;
     case proto::FrameKind::eof:
+      if (in_eof_) break;  // again after a resume: it ended once
       in_eof_ = true;
       if (terminal_ && !in_closed_) in_ += '\x04';  // a PTY has no half-close: its VEOF, ^D
       break;
     case proto::FrameKind::resize: resize_ = proto::Terminal{f.rows, f.cols}; break;
-    case proto::FrameKind::dropped: break;  // not legal from the host: the decoder refused it
+    case proto::FrameKind::position: on_position(f.stream, f.position); break;
+    case proto::FrameKind::ack: on_ack(f.stream, f.position); break;
+    case proto::FrameKind::close: host_closed_ = true; break;
+    case proto::FrameKind::dropped:
+    case proto::FrameKind::hello: break;  // not legal from the host: the decoder refused it
   }
 }
 
@@ -243,11 +388,16 @@ void StdioCore::in_closed() {
 
 void StdioCore::channel_closed() {
   open_ = false;
+  suspended_ = false;
   direct_.reset();
   for (Out* o : {&out_, &err_}) {
     o->discarded += o->buf.size();
     o->buf.consume(o->buf.size());
+    o->ring.clear();  // framed (in `sent`): the host counts what it lacks
+    o->ring_head = 0;
+    o->ring_start = o->framed;
   }
+  ctl_.clear();
   tx_.clear();
   tx_head_ = 0;
 }

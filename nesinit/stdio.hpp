@@ -29,6 +29,9 @@ inline constexpr std::size_t kTxBatch = 256u << 10;
 /// Bytes from the host held for the workload's stdin before the init stops reading the data
 /// channel (the host is then backpressured by its transport).
 inline constexpr std::size_t kStdinCap = 256 * 1024;
+/// Data channel resume: the init acknowledges stdin (an ack frame) each time this many bytes
+/// arrived since the last ack, so the host's copy of unacknowledged stdin stays bounded.
+inline constexpr std::uint64_t kStdinAckStep = 64 * 1024;
 
 /// One output stream's unsent bytes: at most `cap`. Lossless: the reader stops when full (room()
 /// is 0). Lossy: a ring that drops the oldest unsent bytes and counts them.
@@ -47,6 +50,8 @@ class OutputBuffer {
   /// Bytes dropped since the last take_dropped() (lossy only).
   std::uint64_t take_dropped() { return std::exchange(dropped_, 0); }
   std::uint64_t dropped_pending() const { return dropped_; }
+  /// A dropped count taken but never sent (its frame died with a lost channel) is due again.
+  void add_dropped(std::uint64_t n) { dropped_ += n; }
 
  private:
   std::size_t cap_;
@@ -95,8 +100,9 @@ class StdioCore {
   // takes from the stream's pipe, exactly as many bytes as the header says, before any other
   // frame goes out. Until taken the bytes stay in the pipe, so a workload blocks when the host
   // is slow, as lossless mode wants.
-  /// Direct frames are possible: pipes (no terminal), lossless, the channel open, and the loop
-  /// has not given up on them (direct_fill()).
+  /// Direct frames are possible: pipes (no terminal), lossless, no resume (a spliced byte
+  /// leaves no copy for the replay ring), the channel open, and the loop has not given up on
+  /// them (direct_fill()).
   bool direct_mode() const;
   /// Payload bytes a new direct frame of `s` may carry now (0: not now: the stream is at EOF,
   /// bytes are buffered or framed, or a direct frame is in progress).
@@ -168,10 +174,48 @@ class StdioCore {
   bool channel_open() const { return open_; }
   bool terminal() const { return terminal_; }
 
+  // ---- data channel resume (docs/protocol.md "Data channel resume"; the workload's core only)
+  // Every output stream's payload has positions (bytes since it began); each byte framed stays
+  // in the stream's replay ring (at most `boot.stdio.replay_bytes`) until the host acknowledges
+  // it (an ack frame), so a redialled channel resumes where the host stands. Lossless: a full
+  // ring stops framing (the buffer, then the pipe, then the workload wait). Lossy: the oldest
+  // bytes leave the ring; only a resume that needs them counts them (a gap). Each connection
+  // begins with the handshake: the init's hello and stdin position go first; it frames nothing
+  // else until the host's position of every output stream arrived, then sends each stream's
+  // position (past a gap: ahead of the host's), what the ring holds from there, and its eof if
+  // it was framed.
+  /// Turns resume on (`s.replay_bytes` > 0 from the constructor's stdio) and begins the first
+  /// connection's handshake. `generation`, `vm`: the session's (boot), for the hello frame.
+  void enable_resume(std::uint64_t generation, std::string_view vm);
+  bool resume() const { return resume_; }
+  /// The channel was lost (no close frame from the host): nothing goes out until
+  /// channel_resumed(); output stays (lossless: the workload blocks once the buffers are full).
+  /// Frames queued and not written are forgotten (their data is in the ring; a lossy dropped
+  /// count in them is counted again).
+  void channel_lost();
+  /// A redialled channel is connected: the handshake begins again (a fresh frame decoder).
+  void channel_resumed();
+  /// True between channel_lost() and channel_resumed().
+  bool suspended() const { return suspended_; }
+  /// The handshake of this connection is over (every output stream's position came).
+  bool linked() const { return !resume_ || awaiting_ == 0; }
+  /// The host's close frame came: its next EOF is on purpose (the receipt, or a cut), not a loss.
+  bool host_closed() const { return host_closed_; }
+  /// Position of the oldest byte of `s` the ring holds (== framed_total(s) when empty).
+  std::uint64_t ring_start(proto::Stream s) const { return out(s).ring_start; }
+  /// Bytes of `s` held in the ring (framed, not acknowledged).
+  std::size_t ring_size(proto::Stream s) const { return out(s).ring.size() - out(s).ring_head; }
+  /// Payload bytes of `s` framed in all, resume gaps included: the stream's next position.
+  std::uint64_t framed_total(proto::Stream s) const { return out(s).framed; }
+  /// Bytes of `s` a resume found gone from the ring (sent as a position jump: the host counts them).
+  std::uint64_t gap(proto::Stream s) const { return out(s).gap; }
+  /// Stdin payload bytes received from the host in all: the init's stdin position.
+  std::uint64_t stdin_position() const { return in_pos_; }
+
   // ---- the account of each output stream (docs/protocol.md "output_end")
-  /// Payload bytes of `s` framed for the data channel so far (written or still queued): what
-  /// `output_end.sent` reports.
-  std::uint64_t framed(proto::Stream s) const { return out(s).framed; }
+  /// Payload bytes of `s` framed for the data channel so far (written or still queued), less
+  /// what a resume found gone from the replay ring: what `output_end.sent` reports.
+  std::uint64_t framed(proto::Stream s) const { return out(s).framed - out(s).gap; }
   /// Bytes of `s` the init threw away unframed: held when the channel closed, or read after it.
   /// With the pipe's unread bytes (FIONREAD, the loop's), what `output_end.unsent` reports.
   std::uint64_t discarded(proto::Stream s) const { return out(s).discarded; }
@@ -182,15 +226,29 @@ class StdioCore {
 
  private:
   struct Out {
+    explicit Out(OutputBuffer b) : buf(std::move(b)) {}
     OutputBuffer buf;
     bool eof = false;       // the pipe reached EOF
     bool eof_sent = false;  // its eof frame is framed
     std::uint64_t framed = 0;     // payload bytes framed (or taken into a direct frame)
     std::uint64_t discarded = 0;  // bytes thrown away unframed (the channel is gone)
+    // Resume: framed bytes not acknowledged, positions [ring_start, framed).
+    std::string ring;
+    std::size_t ring_head = 0;
+    std::uint64_t ring_start = 0;
+    std::uint64_t gap = 0;        // bytes a resume found gone from the ring
+    bool awaiting = false;        // this connection's position for it has not come yet
   };
   Out& out(proto::Stream s) { return s == proto::Stream::err ? err_ : out_; }
   const Out& out(proto::Stream s) const { return s == proto::Stream::err ? err_ : out_; }
   void frame_more();
+  /// Resume: `n` bytes (the front of `o.buf`) framed: into the ring (lossy: the oldest leave).
+  void keep(Out& o, std::string_view bytes);
+  /// Resume: the ring of `o` forgets positions before `pos`.
+  static void release(Out& o, std::uint64_t pos);
+  void begin_handshake();
+  void on_position(proto::Stream s, std::uint64_t pos);
+  void on_ack(proto::Stream s, std::uint64_t pos);
   /// tx() is written out and framing would add nothing: a direct frame may start.
   bool tx_idle() const;
 
@@ -212,6 +270,19 @@ class StdioCore {
   bool in_closed_ = false;
   std::optional<proto::Terminal> resize_;
   std::string eof_error_;  // the channel ended inside a frame
+  // Resume.
+  proto::FrameRules rx_rules_;
+  std::size_t replay_cap_ = 0;
+  bool resume_ = false;
+  bool suspended_ = false;
+  bool host_closed_ = false;
+  int awaiting_ = 0;            // output streams whose position has not come on this connection
+  std::uint64_t generation_ = 0;
+  std::string vm_;
+  std::string ctl_;             // control frames (hello, positions, acks, the replay) for the next batch
+  std::uint64_t in_pos_ = 0;    // stdin payload bytes received
+  std::uint64_t in_acked_ = 0;  // ... as of the last ack sent
+  std::string resume_error_;    // the host broke the handshake or acked ahead
 };
 
 /// The fds of a workload's stdio. `child[i]` become the workload's fds 0..2 (the PTY slave for

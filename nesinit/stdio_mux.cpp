@@ -90,6 +90,14 @@ std::optional<StdioMux::Tx> StdioMux::tx() {
     if (t.bytes.empty() && !t.direct) return std::nullopt;
     return t;
   };
+  if (workload_.resume() && !workload_.linked()) {
+    // A connection's handshake goes first, and nothing of any process before it is over.
+    if (workload_.suspended()) return std::nullopt;
+    turn_ = 0;
+    if (auto t = offer(0)) return t;
+    turn_.reset();
+    return std::nullopt;
+  }
   if (turn_) {
     // The turn under way goes on until its batch or direct frame is out in full.
     if (ring(*turn_)->tx_unfinished())
@@ -134,6 +142,26 @@ void StdioMux::on_rx(std::string_view bytes) {
   // The decoder skips frames of closed processes itself; a closed core gets nothing either way.
   for (const proto::Frame& f : workload_.take_foreign())
     if (StdioCore* c = f.proc != 0 ? core(f.proc) : nullptr) c->on_frame(f);
+}
+
+void StdioMux::channel_lost() {
+  if (!workload_.resume()) return channel_closed();
+  turn_.reset();
+  workload_.channel_lost();
+  // Processes exec started are not resumed: their clients ended with the host that served them.
+  for (auto& s : slots_) {
+    if (!s) continue;
+    s->core.channel_closed();
+    s->core.in_closed();
+  }
+  for (auto& s : slots_)
+    if (s && s->closed) s.reset();
+}
+
+void StdioMux::channel_resumed() {
+  rx_ended_ = false;
+  turn_.reset();
+  workload_.channel_resumed();
 }
 
 void StdioMux::channel_closed() {

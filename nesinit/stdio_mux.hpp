@@ -96,6 +96,13 @@ class StdioMux {
   /// The data channel is gone (error, write failure, power-off): every core discards its output
   /// and its stdin from now on, no turn is under way, and closed processes' cores go.
   void channel_closed();
+  /// Data channel resume (the workload's StdioCore::resume()): the channel was lost without the
+  /// host's close. The workload's core keeps its output for the next connection; every process
+  /// exec started loses its streams as at channel_closed() (docs/protocol.md "Data channel
+  /// resume": their clients ended with the host). Without resume: channel_closed().
+  void channel_lost();
+  /// A redialled channel is connected: the workload's handshake goes out before anything else.
+  void channel_resumed();
   /// False once channel_closed() was called.
   bool channel_open() const { return workload_.channel_open(); }
 

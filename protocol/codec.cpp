@@ -402,6 +402,10 @@ void enc(Buf& b, const Stdio& st) {
   put_int(b, st.buffer_bytes);
   key(b, "drain_ms");
   put_int(b, st.drain_ms);
+  if (st.replay_bytes != 0) {  // additive: written only when set
+    key(b, "replay_bytes");
+    put_int(b, st.replay_bytes);
+  }
   b.push_back('}');
 }
 
@@ -994,6 +998,14 @@ bool dec_stdio(od::value v, const Path& p, Stdio& out, Err& err) {
                         out.buffer_bytes, err);
     if (k == "drain_ms")
       return get_ranged(fv, fp, 0, kStdioDrainMaxMs, "integer 0..60000", out.drain_ms, err);
+    if (k == "replay_bytes") {
+      constexpr std::string_view kReplay = "integer 0 or 4096..67108864";
+      std::int64_t x = 0;
+      if (!get_int(fv, fp, 0, kReplayMax, kReplay, x, err)) return false;
+      if (x != 0 && x < kStdioBufferMin) return err.expected(fp, kReplay, fmt::format("{}", x));
+      out.replay_bytes = static_cast<std::uint32_t>(x);
+      return true;
+    }
     return true;
   });
 }

@@ -24,7 +24,13 @@ std::uint64_t be(const unsigned char* p, std::size_t n) {
 }
 
 bool known_stream(unsigned v) { return v <= 2; }
-bool known_kind(unsigned v) { return v <= 3; }
+bool known_kind(unsigned v) { return v <= 7; }
+
+void put_u64(std::string& out, std::uint64_t v) {
+  char p[8];
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (56 - 8 * i));
+  out.append(p, 8);
+}
 
 }  // namespace
 
@@ -43,6 +49,10 @@ std::string_view to_string(FrameKind k) {
     case FrameKind::eof: return "eof";
     case FrameKind::resize: return "resize";
     case FrameKind::dropped: return "dropped";
+    case FrameKind::ack: return "ack";
+    case FrameKind::position: return "position";
+    case FrameKind::hello: return "hello";
+    case FrameKind::close: return "close";
   }
   return "frame";
 }
@@ -71,10 +81,26 @@ void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols, std
 
 void append_dropped(std::string& out, Stream s, std::uint64_t count, std::uint16_t proc) {
   put_header(out, s, FrameKind::dropped, 8, proc);
-  char p[8];
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(count >> (56 - 8 * i));
-  out.append(p, 8);
+  put_u64(out, count);
 }
+
+void append_ack(std::string& out, Stream s, std::uint64_t position, std::uint16_t proc) {
+  put_header(out, s, FrameKind::ack, 8, proc);
+  put_u64(out, position);
+}
+
+void append_position(std::string& out, Stream s, std::uint64_t position, std::uint16_t proc) {
+  put_header(out, s, FrameKind::position, 8, proc);
+  put_u64(out, position);
+}
+
+void append_hello(std::string& out, std::uint64_t generation, std::string_view vm) {
+  put_header(out, Stream::in, FrameKind::hello, static_cast<std::uint32_t>(8 + vm.size()), 0);
+  put_u64(out, generation);
+  out.append(vm);
+}
+
+void append_close(std::string& out) { put_header(out, Stream::in, FrameKind::close, 0, 0); }
 
 void append_frame(std::string& out, const Frame& f) {
   switch (f.kind) {
@@ -88,6 +114,14 @@ void append_frame(std::string& out, const Frame& f) {
       out.push_back(static_cast<char>(f.cols));
       return;
     case FrameKind::dropped: append_dropped(out, f.stream, f.dropped, f.proc); return;
+    case FrameKind::ack: append_ack(out, f.stream, f.position, f.proc); return;
+    case FrameKind::position: append_position(out, f.stream, f.position, f.proc); return;
+    case FrameKind::hello:
+      put_header(out, f.stream, FrameKind::hello, static_cast<std::uint32_t>(8 + f.data.size()), f.proc);
+      put_u64(out, f.generation);
+      out.append(f.data);
+      return;
+    case FrameKind::close: put_header(out, f.stream, FrameKind::close, 0, f.proc); return;
   }
 }
 
@@ -148,6 +182,24 @@ bool FrameDecoder::check_header() {
     eof = it->eof;
   }
   const bool from_host = rules.sender == FrameSender::host;
+  const bool resume_kind = kind == FrameKind::ack || kind == FrameKind::position || kind == FrameKind::hello ||
+                           kind == FrameKind::close;
+  if (resume_kind) {
+    if (!rules.resume) return fail(where + ": data channel resume is off (boot.stdio.replay_bytes)");
+    bool ok = false;
+    if (kind == FrameKind::hello) ok = !from_host && stream == Stream::in && proc_ == 0;
+    else if (kind == FrameKind::close) ok = from_host && stream == Stream::in && proc_ == 0;
+    else if (from_host) ok = stream != Stream::in && !(rules.terminal && stream == Stream::err);
+    else if (kind == FrameKind::position)  // the guest's: stdin's (attached), or an output stream's
+      ok = stream == Stream::in ? rules.input : !(rules.terminal && stream == Stream::err);
+    else ok = stream == Stream::in && rules.input;  // ack: of stdin
+    if (!ok) return fail(fmt::format("{}: not a {} frame", where, from_host ? "host-to-guest" : "guest-to-host"));
+    if (kind == FrameKind::close) return len_ == 0 || fail(fmt::format("{}: length {} (expected 0)", where, len_));
+    if (kind == FrameKind::hello)
+      return (len_ >= 8 && len_ <= 8 + kHelloVmMax) ||
+             fail(fmt::format("{}: length {} (expected 8..{})", where, len_, 8 + kHelloVmMax));
+    return len_ == 8 || fail(fmt::format("{}: length {} (expected 8)", where, len_));
+  }
   bool legal = false;
   if (from_host) {
     legal = stream == Stream::in && (kind == FrameKind::data || kind == FrameKind::eof ||
@@ -175,6 +227,7 @@ bool FrameDecoder::check_header() {
       return len_ == 4 || fail(fmt::format("{}: length {} (expected 4)", where, len_));
     case FrameKind::dropped:
       return len_ == 8 || fail(fmt::format("{}: length {} (expected 8)", where, len_));
+    default: break;
   }
   return true;
 }
@@ -205,6 +258,13 @@ bool FrameDecoder::finish(Frame& out) {
                                 out.rows == 0 ? "rows" : "cols", 0));
       break;
     case FrameKind::dropped: out.dropped = be(p, 8); break;
+    case FrameKind::ack:
+    case FrameKind::position: out.position = be(p, 8); break;
+    case FrameKind::hello:
+      out.generation = be(p, 8);
+      out.data.assign(payload_, 8);
+      break;
+    case FrameKind::close: break;
   }
   payload_.clear();
   have_ = 0;

@@ -17,8 +17,11 @@ namespace nes::proto {
 /// those are macros in <stdio.h>.
 enum class Stream : std::uint8_t { in = 0, out = 1, err = 2 };
 
-/// What a frame carries (byte 1).
-enum class FrameKind : std::uint8_t { data = 0, eof = 1, resize = 2, dropped = 3 };
+/// What a frame carries (byte 1). 4..7 are data channel resume's (docs/protocol.md "Data channel
+/// resume"), legal only when `boot.stdio.replay_bytes` is set: ack, position (u64 stream
+/// positions), hello (the guest's first frame: generation and VM), close (the host closes on
+/// purpose: not a loss).
+enum class FrameKind : std::uint8_t { data = 0, eof = 1, resize = 2, dropped = 3, ack = 4, position = 5, hello = 6, close = 7 };
 
 /// Header size in bytes: stream, kind, u16 big-endian process number, u32 big-endian payload
 /// length.
@@ -27,11 +30,15 @@ inline constexpr std::size_t kFrameHeader = 8;
 inline constexpr std::size_t kFrameDataMax = 65536;
 /// Processes started by `exec` that may run at once in one session (docs/protocol.md "Exec").
 inline constexpr std::size_t kExecMax = 16;
+/// Longest VM name a hello frame carries, bytes (its payload: u64 generation, then the name).
+inline constexpr std::size_t kHelloVmMax = 255;
 
 /// One decoded frame. Only the member of its kind is meaningful: `data` for data (1..65536
 /// bytes), `rows`/`cols` for resize (each >= 1, character cells), `dropped` for dropped (bytes
-/// lost to lossy mode since the previous data frame of that stream). `proc`: whose streams
-/// (bytes 2-3): 0 the workload, 1..65535 the process `exec` started with that number.
+/// lost to lossy mode since the previous data frame of that stream), `position` for ack and
+/// position (bytes of that stream's payload since it began), `generation` and `data` (the VM's
+/// name) for hello. `proc`: whose streams (bytes 2-3): 0 the workload, 1..65535 the process
+/// `exec` started with that number.
 struct Frame {
   std::uint16_t proc = 0;
   Stream stream = Stream::out;
@@ -40,12 +47,14 @@ struct Frame {
   std::uint16_t rows = 0;
   std::uint16_t cols = 0;
   std::uint64_t dropped = 0;
+  std::uint64_t position = 0;
+  std::uint64_t generation = 0;
   bool operator==(const Frame&) const = default;
 };
 
 /// "stdin", "stdout", "stderr" (the CRI log's names for the output streams).
 std::string_view to_string(Stream s);
-/// "data", "eof", "resize", "dropped".
+/// "data", "eof", "resize", "dropped", "ack", "position", "hello", "close".
 std::string_view to_string(FrameKind k);
 
 // ---- encoding ----------------------------------------------------------------------------------
@@ -62,6 +71,17 @@ void append_eof(std::string& out, Stream s, std::uint16_t proc = 0);
 void append_resize(std::string& out, std::uint16_t rows, std::uint16_t cols, std::uint16_t proc = 0);
 /// Appends a dropped frame on `s` (u64 big-endian count of bytes dropped).
 void append_dropped(std::string& out, Stream s, std::uint64_t count, std::uint16_t proc = 0);
+/// Appends an ack frame on `s` (u64 big-endian position): host -> guest on stdout/stderr, the
+/// bytes before `position` are safe on the host; guest -> host on stdin, the stdin bytes before
+/// `position` are the init's.
+void append_ack(std::string& out, Stream s, std::uint64_t position, std::uint16_t proc = 0);
+/// Appends a position frame on `s` (u64 big-endian): the resume handshake's "next byte of `s`".
+void append_position(std::string& out, Stream s, std::uint64_t position, std::uint16_t proc = 0);
+/// Appends the guest's hello (stream stdin, process 0): u64 generation, then `vm` (at most
+/// kHelloVmMax bytes; longer is the caller's error, refused by the peer).
+void append_hello(std::string& out, std::uint64_t generation, std::string_view vm);
+/// Appends the host's close (stream stdin, process 0, no payload).
+void append_close(std::string& out);
 /// Appends `f` as written (a data frame over kFrameDataMax is split like append_data).
 void append_frame(std::string& out, const Frame& f);
 /// `f` as bytes (append_frame to an empty string).
@@ -79,6 +99,7 @@ struct FrameRules {
   bool terminal = false;  // a PTY: resize is legal (host); all output is stdout (guest)
   bool input = false;     // stdin attached: stdin data/eof legal (host)
   bool lossy = false;     // lossy mode: dropped frames legal (guest)
+  bool resume = false;    // boot.stdio.replay_bytes: ack, position, hello (guest), close (host) legal
 };
 
 /// Sans-I/O incremental decoder of one direction of the data channel. Feed bytes in any split;
@@ -90,7 +111,10 @@ struct FrameRules {
 /// `eof frame on stdout: stream already at eof`, each followed by ` (frame at byte N)`.
 /// Framing errors (docs/protocol.md): unknown stream or kind, reserved bytes non-zero, a length
 /// over the cap or wrong for the kind, a frame after eof on its stream, a stream or kind the
-/// sender may not send, resize without a terminal or with a zero size, a process never opened.
+/// sender may not send, resize without a terminal or with a zero size, a process never opened,
+/// a resume frame (ack, position, hello, close) without `resume` or on a stream it does not
+/// name (hello and close: stdin of process 0; ack and position: stdin from the guest, an output
+/// stream from the host). Resume frames are not judged by their stream's eof.
 class FrameDecoder {
  public:
   explicit FrameDecoder(FrameRules rules);

@@ -32,9 +32,10 @@ inline constexpr const char* kFeatureRoot = "root";            // boot.root
 inline constexpr const char* kFeatureReconnect = "reconnect";  // boot.reconnect_ms > 0
 inline constexpr const char* kFeatureExec = "exec";            // exec, list_processes
 inline constexpr const char* kFeatureNetwork = "network";      // boot.network
+inline constexpr const char* kFeatureDataResume = "data_resume";  // boot.stdio.replay_bytes > 0
 /// Every feature this build's init implements, as it announces them.
 inline std::vector<std::string> all_features() {
-  return {kFeatureStdio, kFeatureRoot, kFeatureReconnect, kFeatureExec, kFeatureNetwork};
+  return {kFeatureStdio, kFeatureRoot, kFeatureReconnect, kFeatureExec, kFeatureNetwork, kFeatureDataResume};
 }
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
@@ -271,16 +272,23 @@ inline constexpr std::uint32_t kStdioBufferMax = 64u << 20;        // bytes (64 
 inline constexpr std::uint32_t kStdioBufferDefault = 1u << 20;     // bytes (1 MiB)
 inline constexpr std::uint32_t kStdioDrainMaxMs = 60000;           // ms
 inline constexpr std::uint32_t kStdioDrainDefaultMs = 500;         // ms
+/// `boot.stdio.replay_bytes` (data channel resume, docs/protocol.md "Data channel resume"): 0
+/// (off, the default) or kStdioBufferMin..kStdioBufferMax bytes per output stream.
+inline constexpr std::uint32_t kReplayMax = kStdioBufferMax;
 
 /// The workload's stdin/stdout/stderr go over the data channel (binary frames, protocol/frame.hpp)
 /// instead of the console. Absent from the descriptor: the workload inherits the console.
-/// Wire names: "stdin", "terminal", "mode", "buffer_bytes", "drain_ms".
+/// Wire names: "stdin", "terminal", "mode", "buffer_bytes", "drain_ms", "replay_bytes".
 struct Stdio {
   bool attach_stdin = false;             // true: host sends stdin frames; false: /dev/null
   std::optional<Terminal> terminal;      // set: a PTY (stdout and stderr are both the PTY)
   StdioMode mode = StdioMode::lossless;
   std::uint32_t buffer_bytes = kStdioBufferDefault;  // per output stream, kStdioBufferMin..Max
   std::uint32_t drain_ms = kStdioDrainDefaultMs;     // wait for output EOF after the reap, 0..Max
+  /// Data channel resume (additive): bytes per output stream the init keeps after framing them
+  /// until the host acknowledges them, so a redialled data channel resumes exactly where the host
+  /// stands. 0: off (a lost data channel ends the output, as before). Only with reconnect_ms > 0.
+  std::uint32_t replay_bytes = 0;
   bool operator==(const Stdio&) const = default;
 };
 

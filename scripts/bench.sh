@@ -8,7 +8,8 @@
 # the data channel, connect set-up; in a network namespace of its own) by bench/p10_network.py,
 # P12 (`neshost run -- /bin/true` end to end, each boot-time step against the configuration before
 # it) by bench/p12_start.py, P13 (a detached VM's monitor SIGKILLed -> a replacement monitor has
-# the lifecycle channel back, sandbox and VM) by bench/p13_adopt.py.
+# the lifecycle channel back, sandbox and VM) by bench/p13_adopt.py, P14 (data channel resume: a
+# host's death to output flowing again) by tests/host/data_resume_e2e.py --bench.
 # Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
@@ -32,4 +33,5 @@ python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/
 python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe >> "$out"
 python3 bench/p12_start.py build/host/cli/neshost >> "$out"
 python3 bench/p13_adopt.py build/host/cli/neshost build/nesinit/nesinit 10 3 >> "$out"
+python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10 >> "$out"
 cat "$out"

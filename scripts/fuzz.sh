@@ -22,9 +22,11 @@ command -v "$CXX" >/dev/null || CXX=clang++
 out=build-fuzz
 mkdir -p "$out/obj" "$out/corpus"
 
-# Everything the harnesses link: protocol/, the host Session and what it needs, the init Session,
+# Everything the harnesses link: protocol/, the host Session and what it needs, the init Session
+# and its stdio core,
 # the shim's ttrpc framing, the monitor's control-socket codec.
 lib_srcs=(protocol/*.cpp host/lib/session.cpp host/lib/escape.cpp host/lib/record.cpp host/lib/state_dir.cpp nesinit/session.cpp nesinit/log.cpp
+          nesinit/stdio.cpp
           host/shim/ttrpc_frame.cpp host/monitor/control.cpp)
 harnesses=()
 for f in fuzz/*_fuzz.cpp; do harnesses+=("$(basename "$f" .cpp)"); done
@@ -33,7 +35,7 @@ flags=(-std=c++20 -O1 -g -I. -DNES_NATIVE=1 -fno-omit-frame-pointer -fsanitize=a
        -fno-sanitize-recover=all)
 # Rebuild everything when any source, header or this script changed (cheap: a few TUs).
 stamp=$( { cat "$0"; cat base/* protocol/* host/lib/*.hpp host/lib/session.cpp host/lib/escape.cpp host/lib/record.cpp host/lib/state_dir.cpp \
-           nesinit/session.* nesinit/log.* host/shim/ttrpc_frame.* host/monitor/control.* fuzz/*.cpp fuzz/*.hpp; \
+           nesinit/session.* nesinit/log.* nesinit/stdio.* host/shim/ttrpc_frame.* host/monitor/control.* fuzz/*.cpp fuzz/*.hpp; \
            echo "$CXX"; } | sha256sum | cut -d' ' -f1)
 if [[ "$(cat "$out/stamp" 2>/dev/null)" != "$stamp" ]]; then
   echo "fuzz: building ${#harnesses[@]} harnesses in $out/ with $CXX"

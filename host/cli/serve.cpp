@@ -1,6 +1,13 @@
 // `neshost serve`: serve one VM on one endpoint, print one line per event, exit with the
 // outcome's exit status.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -15,6 +22,7 @@ constexpr std::string_view kHelp = R"(usage: neshost serve --listen unix:PATH|vs
                      [--vm ID] [--generation N] [--on-exit stop|keep|remove] [--timeout S]
                      [--ready-timeout S] [--stop-timeout S] [--cid CID]
                      [--reconnect S] [--resume] [--data-listen unix:PATH]
+                     [--stdin FILE] [--log-max-size BYTES]
 
 Serve one VM: wait for the guest's `ready`, send the boot descriptor, record the outcome durably
 in DIR/ID/outcome.json, acknowledge it with `shutdown`, apply --on-exit. Prints one line per
@@ -36,6 +44,9 @@ killed by signal N, 127/126 if it could not start, 124 on --timeout, 125 for hos
   --data-listen unix:PATH
                        the data channel (a descriptor with `stdio`): the workload's output is
                        written to DIR/ID/workload.log (`neshost logs`), stdin gets its EOF
+  --stdin FILE         the workload's stdin (a descriptor with stdio.stdin true): FILE's bytes,
+                       then its EOF; a --resume host goes on from the byte the guest names
+  --log-max-size BYTES workload.log's size before it is rotated (default 10 MiB; 5 files kept)
   --reconnect S        channel survival: after boot, the guest redials a lost channel for up to
                        S seconds without touching the workload (boot.reconnect_ms); a host
                        started with --resume on the same state dir then takes over
@@ -51,7 +62,7 @@ constexpr FlagSpec kFlags[] = {{"listen"},        {"descriptor"},    {"state"},
                                {"vm"},            {"generation"},    {"on-exit"},
                                {"timeout"},       {"ready-timeout"}, {"stop-timeout"},
                                {"cid"},           {"reconnect"},     {"resume", false},
-                               {"data-listen"}};
+                               {"data-listen"},   {"stdin"},         {"log-max-size"}};
 
 int serve_main(const Args& args) {
   auto p = parse_flags(kFlags, args);
@@ -132,6 +143,58 @@ int serve_main(const Args& args) {
   // the outcome is still recorded and returned. (serve starts no child that would inherit this.)
   ::signal(SIGPIPE, SIG_IGN);
   ServeEmbedder emb;
+  if (auto v = p->get("log-max-size")) {
+    auto n = parse_uint("log-max-size", *v, host::kMinLogSize, UINT64_MAX);
+    if (!n) return usage_error("serve", n.error().message);
+    emb.workload_log.max_size = *n;
+  }
+  if (auto f = p->get("stdin")) {
+    // Fed from a file: a host taking over seeks to the guest's stdin position (nothing twice).
+    host::Fd in(::open(f->c_str(), O_RDONLY | O_CLOEXEC));
+    if (!in) return usage_error("serve", fmt::format("--stdin: open {}: {}", *f, std::strerror(errno)));
+    struct Feed {
+      host::Fd fd;
+      std::uint64_t offset = 0;
+      bool on = false, done = false;
+      host::Host* h = nullptr;
+      std::string vm;
+      void pump() {
+        char buf[65536];
+        while (on && !done && h) {
+          ssize_t n = ::pread(fd.get(), buf, sizeof buf, static_cast<off_t>(offset));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) {
+            if (h->send_stdin_eof(vm)) done = true;
+            else on = false;  // the channel is away: the next stdin_position goes on
+            return;
+          }
+          if (!h->send_stdin(vm, std::string_view(buf, static_cast<std::size_t>(n)))) {
+            on = false;  // full (stdin_writable resumes) or away (stdin_position resumes)
+            return;
+          }
+          offset += static_cast<std::uint64_t>(n);
+        }
+      }
+    };
+    auto feed = std::make_shared<Feed>();
+    feed->fd = std::move(in);
+    feed->vm = cfg.session.vm;
+    emb.on_host = [feed](host::Host& h) { feed->h = &h; };
+    emb.stdio.stdin_writable = [feed](const std::string&) {
+      feed->on = true;
+      feed->pump();
+    };
+    emb.on_event = [feed, first = true](host::Host&, const host::Event& ev) mutable {
+      if (ev.kind == "stdin_position") {
+        // The first one says where this host begins (a host taking over: the guest's count);
+        // later ones follow a redial the host re-sent for itself.
+        if (first) feed->offset = std::strtoull(ev.detail.c_str(), nullptr, 10);
+        first = false;
+        feed->on = true;
+        feed->pump();
+      }
+    };
+  }
   if (auto d = p->get("data-listen")) {
     auto spec = host::parse_listen_spec(*d);
     if (!spec) return usage_error("serve", "--data-listen: " + spec.error().message);

@@ -1,6 +1,7 @@
 #include "host/lib/data_channel.hpp"
 
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include <boost/asio/write.hpp>
 #include <fmt/format.h>
@@ -17,8 +18,9 @@ std::string firecracker_data_path(std::string_view uds_path) {
 }
 
 namespace {
-proto::FrameRules guest_rules(const proto::Stdio& s) {
+proto::FrameRules guest_rules(const proto::Stdio& s, bool resume = false) {
   proto::FrameRules r;
+  r.resume = resume;
   r.sender = proto::FrameSender::guest;
   r.terminal = s.terminal.has_value();
   r.input = s.attach_stdin;
@@ -29,8 +31,8 @@ proto::FrameRules guest_rules(const proto::Stdio& s) {
 
 // ---- DataReceiver ----
 
-DataReceiver::DataReceiver(const proto::Stdio& stdio)
-    : dec_(guest_rules(stdio)), terminal_(stdio.terminal.has_value()) {}
+DataReceiver::DataReceiver(const proto::Stdio& stdio, bool resume)
+    : dec_(guest_rules(stdio, resume)), terminal_(stdio.terminal.has_value()) {}
 
 bool DataReceiver::open_process(std::uint16_t proc, const proto::Stdio& stdio) {
   return dec_.open_process(proc, guest_rules(stdio));
@@ -50,7 +52,17 @@ void DataReceiver::received(std::string_view bytes, std::vector<DataEvent>& out)
       case proto::FrameKind::dropped:
         out.push_back(data_ev::Dropped{f->stream, f->dropped, f->proc});
         break;
-      case proto::FrameKind::resize:  // the decoder refuses it from a guest; never here
+      case proto::FrameKind::hello:
+        out.push_back(data_ev::Hello{f->generation, std::move(f->data)});
+        break;
+      case proto::FrameKind::position:
+        out.push_back(data_ev::Position{f->stream, f->position, f->proc});
+        break;
+      case proto::FrameKind::ack:
+        out.push_back(data_ev::Ack{f->stream, f->position, f->proc});
+        break;
+      case proto::FrameKind::resize:  // the decoder refuses these from a guest; never here
+      case proto::FrameKind::close:
         break;
     }
   }
@@ -70,7 +82,15 @@ bool DataReceiver::outputs_done() const {
 // ---- DataLink ----
 
 DataLink::DataLink(asio::io_context& io, int fd, int family, Config cfg)
-    : sock_(io), drain_timer_(io), cfg_(std::move(cfg)), rx_(cfg_.stdio), buf_(cfg_.read_chunk) {
+    : sock_(io), drain_timer_(io), cfg_(std::move(cfg)), rx_(cfg_.stdio, cfg_.resume != nullptr),
+      buf_(cfg_.read_chunk), ack_timer_(io) {
+  if (cfg_.resume) {
+    // This link's tallies continue the session's (a replacement host's from the log's positions).
+    DataResume& r = *cfg_.resume;
+    ++r.links;
+    tallies_[{0, proto::Stream::out}] = Tally{r.pos[0], r.eof[0]};
+    tallies_[{0, proto::Stream::err}] = Tally{r.pos[1], r.eof[1]};
+  }
   error_code ec;
   sock_.assign(asio::generic::stream_protocol(family, 0), fd, ec);
   if (ec) {
@@ -84,6 +104,9 @@ void DataLink::start() {
     close("data channel: cannot use the connection");
     return;
   }
+  // Without resume stdin begins at byte 0 on the one connection (with resume: at the guest's
+  // position, once it came).
+  if (!cfg_.resume && cfg_.stdio.attach_stdin) cfg_.emit("stdin_position", "0");
   start_read();
 }
 
@@ -100,6 +123,8 @@ void DataLink::start_read() {
     self->handle(evs);
     if (self->closed_) return;
     if (ec) {
+      // With resume an end we did not make is a loss: the guest redials (docs/protocol.md).
+      if (self->cfg_.resume) self->lost_ = true;
       self->close(ec == asio::error::eof ? "" : "data channel: " + ec.message());
       return;
     }
@@ -112,6 +137,10 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
   auto now = wall_now();
   for (auto& e : evs) {
     if (closed_) return;
+    if (cfg_.resume && !std::holds_alternative<data_ev::Failed>(e) && !handle_resume(e)) return;
+    if (std::holds_alternative<data_ev::Hello>(e) || std::holds_alternative<data_ev::Position>(e) ||
+        std::holds_alternative<data_ev::Ack>(e))
+      continue;
     const std::uint16_t proc = std::visit(
         [](const auto& x) -> std::uint16_t {
           if constexpr (requires { x.proc; }) return x.proc;
@@ -119,13 +148,26 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
         },
         e);
     if (auto* o = std::get_if<data_ev::Output>(&e)) tallies_[{proc, o->stream}].received += o->bytes.size();
-    if (auto* eo = std::get_if<data_ev::Eof>(&e)) tallies_[{proc, eo->stream}].eof = true;
+    if (auto* eo = std::get_if<data_ev::Eof>(&e)) {
+      Tally& t = tallies_[{proc, eo->stream}];
+      if (t.eof && proc == 0 && cfg_.resume) continue;  // again after a resume: it ended once
+      t.eof = true;
+    }
     if (proc != 0) {
       if (cfg_.exec_event) cfg_.exec_event(proc, e);
       continue;
     }
     if (auto* o = std::get_if<data_ev::Output>(&e)) {
       if (h && h->data) h->data(cfg_.vm, o->stream, o->bytes);
+      if (cfg_.resume) {
+        const int i = o->stream == proto::Stream::err ? 1 : 0;
+        cfg_.resume->pos[i] += o->bytes.size();
+        // Without a log (or with one that stopped) the embedder's hand-over is what is safe.
+        if (!cfg_.log || cfg_.log->error()) {
+          cfg_.resume->safe[i] = cfg_.resume->pos[i];
+          safe_moved();
+        }
+      }
       if (cfg_.log) {
         cfg_.log->push(static_cast<OutputStream>(o->stream), std::move(o->bytes), now);
         if (cfg_.log->full()) paused_log_ = true;  // on_drained resumes
@@ -135,6 +177,7 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
       if (cfg_.log) cfg_.log->push_eof(static_cast<OutputStream>(eo->stream), now);
       cfg_.emit("output_eof", std::string(proto::to_string(eo->stream)));
       (eo->stream == proto::Stream::out ? out_eof_ : err_eof_) = true;
+      if (cfg_.resume) cfg_.resume->eof[eo->stream == proto::Stream::err ? 1 : 0] = true;
       maybe_close_done();
       if (closed_) return;
     } else if (auto* d = std::get_if<data_ev::Dropped>(&e)) {
@@ -146,6 +189,169 @@ void DataLink::handle(std::vector<DataEvent>& evs) {
       return;
     }
   }
+}
+
+bool DataLink::handle_resume(DataEvent& e) {
+  DataResume& r = *cfg_.resume;
+  if (auto* he = std::get_if<data_ev::Hello>(&e)) {
+    if (hello_) {
+      close("data channel: a second hello frame on one connection");
+      return false;
+    }
+    hello_ = true;
+    if (he->vm != r.vm || he->generation != r.generation) {
+      // Another VM's or generation's guest: refused, nothing of it is recorded.
+      cfg_.emit("data_refused", fmt::format("the guest's hello names vm '{}' generation {}; this is vm '{}' generation {}",
+                                            he->vm, he->generation, r.vm, r.generation));
+      lost_ = true;  // not this session's data channel: the session waits on for its own
+      closed_ = true;
+      error_code ec;
+      sock_.close(ec);
+      outq_.clear();
+      out_bytes_ = 0;
+      if (cfg_.on_closed) cfg_.on_closed("refused");
+      return false;
+    }
+    resumed_ = true;
+    // Where each output stream stands here: the guest replays from there.
+    std::string f;
+    proto::append_position(f, proto::Stream::out, r.pos[0]);
+    if (!cfg_.stdio.terminal) proto::append_position(f, proto::Stream::err, r.pos[1]);
+    // Positions first: what was queued before the handshake (a resize) goes after them.
+    f += std::exchange(pre_, {});
+    out_bytes_ += f.size();
+    outq_.push_back(std::move(f));
+    start_write();
+    cfg_.emit("data_resumed", fmt::format("link {} stdout {} stderr {}", r.links, r.pos[0], r.pos[1]));
+    return true;
+  }
+  if (!hello_) {
+    if (!cfg_.resume_required) {
+      cfg_.resume.reset();  // a guest without resume: the data channel as before
+      if (cfg_.stdio.attach_stdin) cfg_.emit("stdin_position", "0");
+      return true;
+    }
+    close("data channel: expected the guest's hello frame first (boot.stdio.replay_bytes is set)");
+    return false;
+  }
+  if (auto* p = std::get_if<data_ev::Position>(&e)) {
+    if (p->proc != 0) return true;  // processes exec started are not resumed
+    if (p->stream == proto::Stream::in) {
+      if (!r.in_known) {  // a host taking over: stdin continues from the guest's position
+        r.in_known = true;
+        r.in_sent = r.in_acked = p->position;
+        r.in_unacked.clear();
+        cfg_.emit("stdin_position", fmt::format("{}", p->position));
+        stdin_go();
+        return true;
+      }
+      if (p->position > r.in_sent || p->position < r.in_acked) {
+        close(fmt::format("position frame on stdin: position {} outside the {}..{} bytes sent and not acknowledged",
+                          p->position, r.in_acked, r.in_sent));
+        return false;
+      }
+      // Re-send what the guest did not take (none twice), then the eof if it went out.
+      std::string_view rest = std::string_view(r.in_unacked).substr(p->position - r.in_acked);
+      std::string f;
+      proto::append_data(f, proto::Stream::in, rest);
+      if (r.in_eof) proto::append_eof(f, proto::Stream::in);
+      r.in_unacked.erase(0, p->position - r.in_acked);
+      r.in_acked = p->position;
+      if (!f.empty()) (void)queue_in(std::move(f));
+      cfg_.emit("stdin_position", fmt::format("{}", p->position));
+      stdin_go();
+      return true;
+    }
+    const int i = p->stream == proto::Stream::err ? 1 : 0;
+    if (p->position < r.pos[i]) {
+      close(fmt::format("position frame on {}: position {} behind the {} bytes received", proto::to_string(p->stream),
+                        p->position, r.pos[i]));
+      return false;
+    }
+    if (p->position > r.pos[i]) {
+      // The guest's ring no longer held these: a counted gap, written into the log.
+      const std::uint64_t n = p->position - r.pos[i];
+      r.gap[i] += n;
+      r.pos[i] = p->position;
+      if (cfg_.hooks && cfg_.hooks->dropped) cfg_.hooks->dropped(cfg_.vm, p->stream, n);
+      if (cfg_.log) cfg_.log->push_dropped(static_cast<OutputStream>(p->stream), n, wall_now());
+      cfg_.emit("output_dropped", fmt::format("{} {} bytes (gone from the guest's replay ring)",
+                                              proto::to_string(p->stream), n));
+      if (!cfg_.log || cfg_.log->error()) r.safe[i] = r.pos[i];
+    }
+    return true;
+  }
+  if (auto* a = std::get_if<data_ev::Ack>(&e)) {
+    if (a->proc != 0) return true;
+    if (a->position > r.in_sent) {
+      close(fmt::format("ack frame on stdin: position {} ahead of the {} bytes sent", a->position, r.in_sent));
+      return false;
+    }
+    if (a->position > r.in_acked) {
+      r.in_unacked.erase(0, a->position - r.in_acked);
+      r.in_acked = a->position;
+      if (stdin_refused_ && out_bytes_ + r.in_unacked.size() < cfg_.stdin_cap / 2) {
+        stdin_refused_ = false;
+        if (cfg_.hooks && cfg_.hooks->stdin_writable) cfg_.hooks->stdin_writable(cfg_.vm);
+      }
+    }
+    return true;
+  }
+  return true;
+}
+
+void DataLink::stdin_go() {
+  stdin_ready_ = true;
+  // The embedder may send (again): a pump held by a refusal before the handshake, or by the
+  // loss of the previous connection, goes on.
+  stdin_refused_ = false;
+  if (cfg_.hooks && cfg_.hooks->stdin_writable) cfg_.hooks->stdin_writable(cfg_.vm);
+}
+
+void DataLink::log_written(LogPositions p) {
+  if (!cfg_.resume) return;
+  DataResume& r = *cfg_.resume;
+  // Positions continue across links: the log's count only ever grows with the host's.
+  r.safe[0] = std::max(r.safe[0], std::min(p.out, r.pos[0]));
+  r.safe[1] = std::max(r.safe[1], std::min(p.err, r.pos[1]));
+  safe_moved();
+}
+
+void DataLink::safe_moved() {
+  if (closed_ || !resumed_) return;
+  DataResume& r = *cfg_.resume;
+  bool due = false, any = false;
+  for (int i = 0; i < 2; ++i) {
+    if (r.safe[i] > r.acked[i]) any = true;
+    if (r.safe[i] >= r.acked[i] + kAckStep) due = true;
+  }
+  if (due) return send_acks(true);
+  if (any && !ack_armed_) {
+    ack_armed_ = true;
+    ack_timer_.expires_after(kAckDelay);
+    ack_timer_.async_wait([w = weak_from_this()](error_code ec) {
+      auto self = w.lock();
+      if (!self) return;
+      self->ack_armed_ = false;
+      if (!ec && !self->closed_) self->send_acks(true);
+    });
+  }
+  maybe_close_done();
+}
+
+void DataLink::send_acks(bool) {
+  DataResume& r = *cfg_.resume;
+  std::string f;
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1 && cfg_.stdio.terminal) continue;
+    if (r.safe[i] <= r.acked[i]) continue;
+    proto::append_ack(f, i == 0 ? proto::Stream::out : proto::Stream::err, r.safe[i]);
+    r.acked[i] = r.safe[i];
+  }
+  if (f.empty()) return;
+  out_bytes_ += f.size();
+  outq_.push_back(std::move(f));
+  start_write();
 }
 
 DataLink::Tally DataLink::tally(std::uint16_t proc, proto::Stream stream) const {
@@ -181,8 +387,26 @@ DataLink::Exec* DataLink::find_exec(std::uint16_t proc) {
 void DataLink::maybe_close_done() {
   // Every output stream of the workload ended and all of it is ours: closing tells the guest so
   // (it holds its power-off until then, docs/protocol.md "Data channel"); stdin ends with it.
-  // Not while a process exec() started still has its streams here.
-  if (out_eof_ && (err_eof_ || cfg_.stdio.terminal) && execs_.empty()) close();
+  // Not while a process exec() started still has its streams here. With resume "ours" means
+  // safe (in the log), and the close frame says it is the receipt.
+  if (closed_ || closing_ || !(out_eof_ && (err_eof_ || cfg_.stdio.terminal) && execs_.empty())) return;
+  if (!cfg_.resume || !resumed_) return close();
+  DataResume& r = *cfg_.resume;
+  if (!cfg_.log || cfg_.log->error()) {  // nothing more will be written: what came is all there is
+    r.safe[0] = r.pos[0];
+    r.safe[1] = r.pos[1];
+  }
+  if (r.safe[0] < r.pos[0] || (!cfg_.stdio.terminal && r.safe[1] < r.pos[1])) return;  // the log catches up first
+  close_after_write();
+}
+
+void DataLink::close_after_write() {
+  closing_ = true;
+  std::string f;
+  proto::append_close(f);
+  out_bytes_ += f.size();
+  outq_.push_back(std::move(f));
+  if (!writing_) start_write();
 }
 
 Status DataLink::queue_in(std::string f) {
@@ -194,8 +418,13 @@ Status DataLink::queue_in(std::string f) {
 
 Result<bool*> DataLink::stdin_of(std::uint16_t proc) {
   if (closed_) return Error{"stdin: the data channel is closed"};
+  // Resume: stdin goes on from the guest's position, which its handshake brings.
   if (proc == 0) {
     if (!cfg_.stdio.attach_stdin) return Error{"stdin: not attached (boot.stdio.stdin is false)"};
+    if (cfg_.resume && !stdin_ready_) {
+      stdin_refused_ = true;  // stdin_writable follows the guest's stdin position
+      return Error{"stdin: the data channel's resume handshake is not over"};
+    }
     return &stdin_eof_sent_;
   }
   Exec* x = find_exec(proc);
@@ -210,13 +439,18 @@ Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
   if (!st) return st.error();
   bool* eof_sent = *st;
   if (*eof_sent) return Error{"stdin: already at eof"};
-  if (out_bytes_ >= cfg_.stdin_cap) {
+  const std::size_t unacked = cfg_.resume && proc == 0 ? cfg_.resume->in_unacked.size() : 0;
+  if (out_bytes_ + unacked >= cfg_.stdin_cap) {
     stdin_refused_ = true;
     return Error{fmt::format("stdin: {} bytes queued; the guest is not reading", out_bytes_)};
   }
   if (bytes.empty()) return Ok{};
   std::string f;
   proto::append_data(f, proto::Stream::in, bytes, proc);
+  if (cfg_.resume && proc == 0) {  // kept until the guest acknowledges it
+    cfg_.resume->in_sent += bytes.size();
+    cfg_.resume->in_unacked.append(bytes);
+  }
   return queue_in(std::move(f));
 }
 
@@ -226,6 +460,7 @@ Status DataLink::send_stdin_eof(std::uint16_t proc) {
   bool* eof_sent = *st;
   if (*eof_sent) return Ok{};
   *eof_sent = true;
+  if (cfg_.resume && proc == 0) cfg_.resume->in_eof = true;
   std::string f;
   proto::append_eof(f, proto::Stream::in, proc);
   return queue_in(std::move(f));
@@ -244,6 +479,10 @@ Status DataLink::send_resize(std::uint16_t rows, std::uint16_t cols, std::uint16
   if (out_bytes_ >= cfg_.stdin_cap + 4096) return Error{"resize: the guest is not reading"};
   std::string f;
   proto::append_resize(f, rows, cols, proc);
+  if (cfg_.resume && !resumed_) {
+    pre_ += f;  // after the positions (the guest takes nothing before them)
+    return Ok{};
+  }
   return queue_in(std::move(f));
 }
 
@@ -272,6 +511,11 @@ void DataLink::start_write() {
   asio::async_write(sock_, asio::buffer(outq_.front()), [self = shared_from_this()](error_code ec, std::size_t) {
     self->writing_ = false;
     if (self->closed_) return;
+    if (ec && self->cfg_.resume && self->resumed_ && !self->closing_) {
+      self->lost_ = true;  // the peer went: the guest redials
+      self->close("data channel: " + ec.message());
+      return;
+    }
     if (ec) {
       // The guest stopped reading for good (closed its end): stdin is over; reads go on.
       self->outq_.clear();
@@ -281,6 +525,10 @@ void DataLink::start_write() {
     }
     self->out_bytes_ -= self->outq_.front().size();
     self->outq_.pop_front();
+    if (self->closing_ && self->outq_.empty()) {
+      self->close();
+      return;
+    }
     if (self->stdin_refused_ && self->out_bytes_ < self->cfg_.stdin_cap / 2) {
       self->stdin_refused_ = false;
       if (self->cfg_.hooks && self->cfg_.hooks->stdin_writable) self->cfg_.hooks->stdin_writable(self->cfg_.vm);
@@ -312,15 +560,22 @@ void DataLink::drain_then_close(std::chrono::milliseconds bound) {
 
 void DataLink::close(std::string error) {
   if (closed_) return;
+  if (cfg_.resume && resumed_ && !lost_ && !closing_ && !writing_ && outq_.empty()) {
+    // On purpose: the guest must not take it for a loss. One try, without waiting.
+    std::string f;
+    proto::append_close(f);
+    (void)::send(sock_.native_handle(), f.data(), f.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
   closed_ = true;
   error_code ec;
   drain_timer_.cancel();
+  ack_timer_.cancel();
   sock_.close(ec);
   outq_.clear();
   out_bytes_ = 0;
   if (!error.empty()) cfg_.emit("data_error", error);
   cfg_.emit("data_closed", error.empty() ? "clean" : "error");
-  if (cfg_.hooks && cfg_.hooks->closed) cfg_.hooks->closed(cfg_.vm, error);
+  if (!lost_ && cfg_.hooks && cfg_.hooks->closed) cfg_.hooks->closed(cfg_.vm, error);
   if (cfg_.on_closed) cfg_.on_closed(error);
 }
 

@@ -69,15 +69,54 @@ struct Output { proto::Stream stream; std::string bytes; std::uint16_t proc = 0;
 struct Eof { proto::Stream stream; std::uint16_t proc = 0; };
 struct Dropped { proto::Stream stream; std::uint64_t bytes; std::uint16_t proc = 0; };
 struct Failed { std::string reason; };  // a framing error, or the stream ended mid-frame
+/// Data channel resume (docs/protocol.md "Data channel resume"): the guest's hello, a position
+/// (stdin: the next stdin byte it expects; stdout/stderr: where its next data starts), an ack of
+/// stdin.
+struct Hello { std::uint64_t generation; std::string vm; };
+struct Position { proto::Stream stream; std::uint64_t position; std::uint16_t proc = 0; };
+struct Ack { proto::Stream stream; std::uint64_t position; std::uint16_t proc = 0; };
 }  // namespace data_ev
-using DataEvent = std::variant<data_ev::Output, data_ev::Eof, data_ev::Dropped, data_ev::Failed>;
+using DataEvent = std::variant<data_ev::Output, data_ev::Eof, data_ev::Dropped, data_ev::Failed, data_ev::Hello,
+                               data_ev::Position, data_ev::Ack>;
+
+/// Data channel resume, the host's side (docs/protocol.md "Data channel resume"): what outlives
+/// one connection of a VM's data channel, owned by the host for the session and handed to each
+/// DataLink. Positions count payload bytes of a stream since it began.
+struct DataResume {
+  std::string vm;                  // the hello must name these
+  std::uint64_t generation = 0;
+  /// Workload output: the next byte expected per stream (out, err), and bytes the guest said
+  /// are gone (position jumps).
+  std::uint64_t pos[2] = {0, 0};
+  std::uint64_t gap[2] = {0, 0};
+  bool eof[2] = {false, false};
+  /// Safe per stream (written into workload.log, or handed to the embedder when there is no
+  /// log), and the last position acknowledged to the guest.
+  std::uint64_t safe[2] = {0, 0};
+  std::uint64_t acked[2] = {0, 0};
+  /// Workload stdin: bytes sent in all, the guest's last ack, the bytes in between (kept for a
+  /// resend), and whether the eof went out. `in_known`: this host has sent stdin in this
+  /// generation (a host taking over learns the position from the guest's first position).
+  std::uint64_t in_sent = 0;
+  std::uint64_t in_acked = 0;
+  std::string in_unacked;
+  bool in_eof = false;
+  bool in_known = true;
+  /// Connections so far (the first is 1).
+  unsigned links = 0;
+};
+/// Acks go out each time the safe position moved this many bytes, or kAckDelay after any move.
+inline constexpr std::uint64_t kAckStep = 64u << 10;
+inline constexpr std::chrono::milliseconds kAckDelay{20};
+
 
 /// Sans-I/O receiver of the guest -> host direction. Rules follow `boot.stdio`: output on
 /// stdout/stderr only (stdout only with a terminal), dropped frames only in lossy mode. After a
 /// Failed event it consumes nothing more. Memory: at most one frame (8 + 65536 bytes) held.
 class DataReceiver {
  public:
-  explicit DataReceiver(const proto::Stdio& stdio);
+  /// `resume`: the resume frames are legal (hello, positions, acks of stdin).
+  explicit DataReceiver(const proto::Stdio& stdio, bool resume = false);
   /// Frames of process `proc` (exec) are legal from now on, by its own `stdio` (false: too many).
   bool open_process(std::uint16_t proc, const proto::Stdio& stdio);
   /// Process `proc` is over: its late frames are skipped.
@@ -111,6 +150,13 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
     /// Output, eof and dropped events of processes exec() started (proc != 0): not the
     /// workload's hooks, not its log.
     std::function<void(std::uint16_t proc, DataEvent& e)> exec_event;
+    /// Data channel resume: set when the guest may resume (the boot set replay_bytes, or this
+    /// host takes a session over). The guest's first frame must then be its hello, naming
+    /// `resume->vm` and `resume->generation`; the host answers with its positions and keeps
+    /// `resume` up to date. `resume_required`: a guest without a hello is refused (the boot
+    /// turned resume on).
+    std::shared_ptr<DataResume> resume;
+    bool resume_required = false;
   };
   DataLink(boost::asio::io_context& io, int fd, int family, Config cfg);
   /// Starts reading.
@@ -141,9 +187,15 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   /// Read what remains up to EOF, at most `bound`, then close (the VM is finished). What is
   /// still unread in the socket then is reported: the close's error names its bytes.
   void drain_then_close(std::chrono::milliseconds bound);
-  /// Close now (idempotent).
+  /// Close now (idempotent). With resume, the guest is told first (a close frame, when the
+  /// socket takes it now) that this close is on purpose and not a loss.
   void close(std::string error = {});
   bool is_open() const { return !closed_; }
+  /// Resume: the connection ended without the host closing it (EOF, a read or write error): the
+  /// guest may redial; nothing about the output's end is decided by it.
+  bool lost() const { return lost_; }
+  /// Resume: the safe positions moved (the log wrote them; AsyncLog::on_written, posted).
+  void log_written(LogPositions p);
 
   /// What the host received of one output stream: payload bytes handed on (to the hooks and the
   /// log, or to the exec's hooks), and whether its eof frame came. Kept after the close.
@@ -169,6 +221,12 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   void start_read();
   void start_write();
   void handle(std::vector<DataEvent>& evs);
+  /// Resume: one of the handshake's or an ack's events; false when it closed the link.
+  bool handle_resume(DataEvent& e);
+  void safe_moved();
+  void send_acks(bool all);
+  void close_after_write();
+  void stdin_go();  // resume: the guest's stdin position came: stdin may flow
 
   boost::asio::generic::stream_protocol::socket sock_;
   boost::asio::steady_timer drain_timer_;
@@ -182,6 +240,14 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   bool paused_embedder_ = false, paused_log_ = false;
   bool stdin_eof_sent_ = false, stdin_refused_ = false;
   bool out_eof_ = false, err_eof_ = false;  // the guest's eof frames seen
+  bool lost_ = false;                      // resume: ended by the peer or an error, not by us
+  bool hello_ = false;                     // resume: the guest's hello came on this link
+  bool resumed_ = false;                   // resume: this link runs with positions
+  bool closing_ = false;                   // the close frame is queued: close once written
+  std::string pre_;                        // resume: frames (resizes) held until the positions are out
+  bool stdin_ready_ = false;               // resume: the guest's stdin position came on this link
+  boost::asio::steady_timer ack_timer_;
+  bool ack_armed_ = false;
   std::uint64_t bytes_in_ = 0;
   /// Per (process, stream): at most the workload's two and two per process exec() opened.
   std::map<std::pair<std::uint16_t, proto::Stream>, Tally> tallies_;

@@ -79,6 +79,9 @@ struct Vm {
   std::string data_socket_path;
   std::shared_ptr<DataLink> data;
   bool data_ever = false;
+  /// Data channel resume (docs/protocol.md "Data channel resume"): what outlives one data
+  /// connection; null while resume is off or no connection came yet.
+  std::shared_ptr<DataResume> resume;
   bool output_paused = false;
   std::optional<std::pair<std::uint16_t, std::uint16_t>> pending_resize;  // rows, cols for the data channel
   std::shared_ptr<AsyncLog> log;
@@ -687,6 +690,12 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     lo.max_size = opt.workload_log.max_size;
     lo.max_files = opt.workload_log.max_files;
     lo.generation = vm->generation();  // each record names it (fencing: docs/host.md)
+    // A session that may resume its data channel keeps each stream's position beside the log:
+    // a host taking over asks the guest to go on from there.
+    const auto& cfg = vm->core.config();
+    if (cfg.reconnect.count() > 0 || cfg.resume) lo.positions = lo.path.string() + ".pos";
+    // A session booted here starts its streams at 0: an earlier generation's positions go.
+    if (!lo.positions.empty() && !cfg.resume) std::filesystem::remove(lo.positions, ec);
     std::weak_ptr<Impl> w = shared_from_this();
     std::weak_ptr<Vm> wv = vm;
     auto drained = [w, wv, &io = io] {
@@ -702,13 +711,26 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       return;
     }
     vm->log = std::shared_ptr<AsyncLog>(std::move(*log));
+    if (!lo.positions.empty())
+      vm->log->on_written([w, wv, &io = io](LogPositions p) {
+        asio::post(io, [w, wv, p] {
+          auto self = w.lock();
+          auto vm = wv.lock();
+          if (self && vm && vm->data) vm->data->log_written(p);
+        });
+      });
   }
 
   void adopt_data(const std::shared_ptr<Vm>& vm, int fd, int family) {
     auto& d = vm->core.config().descriptor;
     const char* why = nullptr;
+    const SessionConfig& cfg = vm->core.config();
+    // Data channel resume: the boot turned it on, or this host takes a session over (the guest
+    // says with its hello whether it resumes).
+    const bool resumable = d.stdio && (vm->core.replay_bytes() > 0 || cfg.resume);
+    const bool redial = vm->data_ever && resumable && vm->data && !vm->data->is_open() && vm->data->lost();
     if (!d.stdio) why = "the descriptor has no stdio";
-    else if (vm->data_ever) why = "a data channel was already connected for this generation";
+    else if (vm->data_ever && !redial) why = "a data channel was already connected for this generation";
     else if (vm->finishing || vm->core.finished()) why = "the session is finished";
     if (why) {
       ::close(fd);
@@ -734,6 +756,12 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     c.on_closed = [w, wv](const std::string& error) {
       auto vm = wv.lock();
       if (!vm) return;
+      // A resumable link lost (or a stranger's refused): the guest redials; the output's end is
+      // decided by the connection that resumes it, or by the session's end.
+      if (vm->data && vm->data->lost() && !vm->finishing && !vm->core.finished()) {
+        if (auto self = w.lock()) self->emit(*vm, "data_lost", error);
+        return;
+      }
       // The session hears it (processes exec() started lose their streams: those exited end).
       if (auto self = w.lock()) self->data_ended(vm, error);
       if (auto cb = std::exchange(vm->data_finished_cb, nullptr)) cb();
@@ -743,6 +771,22 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       auto vm = wv.lock();
       if (self && vm) self->exec_data(vm, proc, e);
     };
+    if (resumable) {
+      if (!vm->resume) {
+        vm->resume = std::make_shared<DataResume>();
+        vm->resume->vm = vm->id();
+        vm->resume->generation = cfg.generation;
+        if (cfg.resume) {
+          // Taking over: the output goes on from what the log holds; stdin from the guest's word.
+          const LogPositions p = vm->log ? vm->log->positions() : LogPositions{};
+          vm->resume->pos[0] = vm->resume->safe[0] = vm->resume->acked[0] = p.out;
+          vm->resume->pos[1] = vm->resume->safe[1] = vm->resume->acked[1] = p.err;
+          vm->resume->in_known = false;
+        }
+      }
+      c.resume = vm->resume;
+      c.resume_required = vm->core.replay_bytes() > 0;
+    }
     auto link = std::make_shared<DataLink>(io, fd, family, std::move(c));
     vm->data = link;
     vm->core.data_opened();

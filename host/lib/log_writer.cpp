@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <charconv>
 #include <climits>
 #include <cstring>
@@ -148,7 +149,47 @@ Result<std::unique_ptr<LogWriter>> LogWriter::open(LogOptions opt) {
   if (!w->fd_) return Error{fmt::format("open {}: {}", w->opt_.path.string(), std::strerror(errno))};
   struct stat st {};
   if (::fstat(w->fd_.get(), &st) == 0) w->size_ = static_cast<std::uint64_t>(st.st_size);
+  if (!w->opt_.positions.empty()) {
+    if (auto p = read_log_positions(w->opt_.positions)) {
+      w->pos_ = *p;
+      // A write the killed host began and never counted (a SIGKILL cuts a long write(2) at a
+      // page): cut back to what the positions stand for; the guest sends those bytes again.
+      if (w->size_ > p->file && ::ftruncate(w->fd_.get(), static_cast<off_t>(p->file)) == 0) w->size_ = p->file;
+    }
+    w->pos_fd_.reset(::open(w->opt_.positions.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640));
+    if (!w->pos_fd_) return Error{fmt::format("open {}: {}", w->opt_.positions.string(), std::strerror(errno))};
+    w->write_positions();
+  }
   return w;
+}
+
+namespace {
+/// The sidecar's one line, padded to a fixed size so that every update is one pwrite(2) at 0
+/// over the last (never a shorter file with a stale tail).
+constexpr std::size_t kPositionsSize = 128;
+}  // namespace
+
+std::optional<LogPositions> read_log_positions(const std::filesystem::path& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return std::nullopt;
+  char buf[kPositionsSize + 1] = {};
+  ssize_t n = ::pread(fd.get(), buf, kPositionsSize, 0);
+  if (n <= 0) return std::nullopt;
+  unsigned long long o = 0, e = 0, f = 0;
+  if (std::sscanf(buf, "positions stdout %llu stderr %llu file %llu", &o, &e, &f) != 3) return std::nullopt;
+  return LogPositions{o, e, f};
+}
+
+void LogWriter::write_positions() {
+  if (!pos_fd_) return;
+  pos_.file = size_;
+  std::string line = fmt::format("positions stdout {} stderr {} file {}", pos_.out, pos_.err, size_);
+  line.resize(kPositionsSize - 1, ' ');
+  line.push_back('\n');
+  // No fsync: a killed host loses nothing of the page cache; a machine crash may lose the
+  // update with the log's own bytes (the resume then asks for them again: nothing twice).
+  if (::pwrite(pos_fd_.get(), line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
+    fail(fmt::format("write {}: {}", opt_.positions.string(), std::strerror(errno)));
 }
 
 void LogWriter::fail(std::string why) {
@@ -219,6 +260,9 @@ void LogWriter::record(OutputStream s, bool partial, std::string_view content, W
     content = keep_.back();
   }
   p.content = content;
+  // Workload bytes (not a gap's text): the content, and the newline an F record stands for.
+  p.counted = counting_ ? (s == OutputStream::err ? 2 : 1) : 0;
+  p.newline = !partial;
   pend_.push_back(p);
   pend_bytes_ += len;
   if (pend_.size() >= 300) flush();  // three iovecs each, under IOV_MAX
@@ -257,9 +301,19 @@ void LogWriter::flush() {
       }
     }
   }
+  // Every record is in the file now (unless logging stopped): their content counts.
+  bool moved = false;
+  if (fd_) {
+    for (const auto& p : pend_) {
+      if (!p.counted) continue;
+      (p.counted == 2 ? pos_.err : pos_.out) += p.content.size() + (p.newline ? 1 : 0);
+      moved = true;
+    }
+  }
   pend_.clear();
   pend_bytes_ = 0;
   keep_.clear();
+  if (moved || (pos_fd_ && pos_.file != size_)) write_positions();
 }
 
 void LogWriter::append(OutputStream s, std::string_view b, WallTime t) {
@@ -324,7 +378,9 @@ void LogWriter::dropped(OutputStream s, std::uint64_t n, WallTime t) {
 
 void LogWriter::gap(OutputStream s, std::string_view what, WallTime t) {
   eof(s, t);
+  counting_ = false;
   record(s, false, fmt::format("[neshost: {}]", what), t, false);
+  counting_ = true;
   flush();
 }
 
@@ -348,7 +404,20 @@ struct AsyncLog::State {
   bool stop = false;
   bool done = false;
   std::function<void()> on_drained;
+  std::function<void(LogPositions)> on_written;
+  LogPositions pos;
   std::unique_ptr<LogWriter> w;
+  /// After a flush (lock held): the positions moved: tell on_written (lock released meanwhile).
+  void moved(std::unique_lock<std::mutex>& lk) {
+    const LogPositions p = w->positions();
+    if (p == pos) return;
+    pos = p;
+    if (!on_written) return;
+    auto cb = on_written;
+    lk.unlock();
+    cb(p);
+    lk.lock();
+  }
   std::optional<std::string> err;
 
   void run() {
@@ -362,6 +431,7 @@ struct AsyncLog::State {
             w->flush_partial(wall_now());
             lk.lock();
             held = false;
+            moved(lk);
           }
           continue;
         }
@@ -387,6 +457,7 @@ struct AsyncLog::State {
       lk.lock();
       queued -= n;
       if (w->error() && !err) err = w->error();
+      moved(lk);
       if (was_full && queued < cap / 2) {
         was_full = false;
         if (on_drained) {
@@ -416,6 +487,7 @@ Result<std::unique_ptr<AsyncLog>> AsyncLog::start(LogOptions opt, std::size_t qu
   a->cap_ = std::max<std::size_t>(queue_cap, 1);
   a->st_->cap = a->cap_;
   a->st_->w = std::move(*w);
+  a->st_->pos = a->st_->w->positions();
   a->st_->on_drained = std::move(on_drained);
   SignalsBlocked quiet;  // the writer thread never takes a process signal
   a->thread_ = std::thread([st = a->st_] { st->run(); });
@@ -473,6 +545,16 @@ void AsyncLog::push_gap(OutputStream s, std::string what, WallTime t) {
   st_->cv.notify_one();
 }
 
+LogPositions AsyncLog::positions() const {
+  std::lock_guard lk(st_->mu);
+  return st_->pos;
+}
+
+void AsyncLog::on_written(std::function<void(LogPositions)> cb) {
+  std::lock_guard lk(st_->mu);
+  st_->on_written = std::move(cb);
+}
+
 std::size_t AsyncLog::queued_bytes() const {
   std::lock_guard lk(st_->mu);
   return st_->queued;
@@ -491,6 +573,7 @@ bool AsyncLog::close(std::chrono::milliseconds bound) {
     std::unique_lock lk(st_->mu);
     st_->stop = true;
     st_->on_drained = nullptr;  // its target (a loop) may be gone once we return
+    st_->on_written = nullptr;
     st_->cv.notify_one();
     done = st_->done_cv.wait_for(lk, bound, [&] { return st_->done; });
   }

@@ -42,7 +42,25 @@ struct LogOptions {
   /// second tag, `F:g3` (the CRI format's tag delimiter ':'; kubelet reads the first tag only).
   /// 0: none, the bare `F`/`P`.
   std::uint64_t generation = 0;
+  /// Data channel resume: the sidecar file holding each stream's position (content bytes
+  /// written to the log files since the stream began), e.g. STATE/VM/workload.log.pos. Empty:
+  /// none. An existing one is read at open(): positions continue from it (a host taking over).
+  std::filesystem::path positions;
 };
+
+/// Each output stream's position in the log: content bytes written to the files (write(2)
+/// returned: in the page cache, which a killed process does not lose) since the stream began.
+/// A partial line held in memory is not counted until it is written.
+struct LogPositions {
+  std::uint64_t out = 0;
+  std::uint64_t err = 0;
+  /// The live file's size when they were counted: a host taking over cuts the file back to it
+  /// (bytes past it are a write the killed host never finished: the guest sends them again).
+  std::uint64_t file = 0;
+  bool operator==(const LogPositions&) const = default;
+};
+/// Reads a positions sidecar (LogOptions::positions); nullopt when absent or malformed.
+std::optional<LogPositions> read_log_positions(const std::filesystem::path& path);
 /// Smallest max_size accepted (bytes): a record of max_line content must fit.
 inline constexpr std::uint64_t kMinLogSize = 64u << 10;
 
@@ -106,6 +124,8 @@ class LogWriter {
   void eof(OutputStream stream, WallTime t);
   /// Total record bytes written to files so far (all files).
   std::uint64_t bytes_written() const { return written_total_; }
+  /// Each stream's position (LogPositions), as of the last flush.
+  LogPositions positions() const { return pos_; }
   /// Why logging stopped, if it did.
   const std::optional<std::string>& error() const { return error_; }
 
@@ -125,10 +145,16 @@ class LogWriter {
   std::uint64_t size_ = 0;        // bytes in the live file
   std::uint64_t written_total_ = 0;
   std::string held_[2];           // unfinished line per stream
+  LogPositions pos_;              // as of the last flush
+  bool counting_ = true;          // records made now carry workload bytes (a gap's do not)
+  Fd pos_fd_;                     // the positions sidecar, if any
+  void write_positions();
   struct Pending {
     char hdr[64];                 // "<timestamp> <stream> <tag>[:g<generation>] " (at most 58)
     std::uint8_t hlen;
     std::string_view content;
+    std::uint8_t counted = 0;     // workload bytes of stream 1 (stdout) or 2 (stderr); 0: a gap's text
+    bool newline = false;         // an F record: a '\n' of the stream follows its content
   };
   std::vector<Pending> pend_;     // records not yet written
   std::uint64_t pend_bytes_ = 0;
@@ -159,6 +185,11 @@ class AsyncLog {
   void push_gap(OutputStream s, std::string what, WallTime t);
   /// Bytes queued and not yet written.
   std::size_t queued_bytes() const;
+  /// The writer's positions (LogWriter::positions) as of its last flush.
+  LogPositions positions() const;
+  /// Called on the writer thread after a flush that moved the positions (the caller posts it
+  /// to its loop); replaces the previous one. Cleared by close().
+  void on_written(std::function<void(LogPositions)> cb);
   /// Over the cap: the caller should stop feeding until on_drained.
   bool full() const { return queued_bytes() >= cap_; }
   /// Writes what is queued, up to `bound`, then stops the thread (a thread stuck in a write past

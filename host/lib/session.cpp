@@ -116,6 +116,12 @@ void Session::send_boot() {
     b.reconnect_ms = static_cast<std::uint32_t>(
         std::min<std::int64_t>(cfg_.reconnect.count(), proto::kReconnectMaxMs));
     b.vm = cfg_.vm;
+    // Data channel resume rides on channel survival (docs/protocol.md "Data channel resume").
+    if (b.stdio && data_resume_) {
+      if (b.stdio->replay_bytes == 0)
+        b.stdio->replay_bytes = std::max<std::uint32_t>(b.stdio->buffer_bytes, kReplayBytesDefault);
+      replay_bytes_ = b.stdio->replay_bytes;
+    }
   }
   // The host's policy always wins over what the descriptor said: under `keep` the workload's
   // exit must not power the VM off, so the guest waits for our `shutdown`.
@@ -292,6 +298,8 @@ void Session::handle_ready(const proto::Ready& r, WallTime now) {
     close_stream();
     return;
   }
+  data_resume_ = r.features && std::find(r.features->begin(), r.features->end(),
+                                         std::string_view(proto::kFeatureDataResume)) != r.features->end();
   log_guest("ready", fmt::format("protocol_version={}", r.protocol_version));
   if (ending_ != Ending::none) {
     // Shut down before anything ran: no boot descriptor.

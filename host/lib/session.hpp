@@ -21,6 +21,11 @@
 
 namespace nes::host {
 
+/// A host's `boot.stdio.replay_bytes` when it turns data channel resume on and the descriptor
+/// names none: the descriptor's buffer_bytes, at least this (bytes). Why this size:
+/// docs/protocol.md "Data channel resume".
+inline constexpr std::uint32_t kReplayBytesDefault = 1u << 20;
+
 /// What happens to the VM once its outcome is durable (docs/host.md "on_exit").
 /// stop: send `shutdown`, wait for vm_exited, past the stop deadline call destroy.
 /// keep: nothing; the VM stays up until shutdown() (the guest is booted with terminal=false).
@@ -213,6 +218,10 @@ class Session {
   void exec_timer_fired(std::uint16_t proc, DataLinkState data);
   /// The data channel (workload stdio) connected.
   void data_opened();
+  /// `boot.stdio.replay_bytes` this session sent (0: data channel resume off). A host of this
+  /// project turns it on with `reconnect` > 0, a descriptor with stdio and a guest whose ready
+  /// lists `data_resume`: the descriptor's value, else its buffer_bytes, at least kReplayDefault.
+  std::uint32_t replay_bytes() const { return replay_bytes_; }
   /// The data channel closed (either side, or failed). `outputs_done`: the workload's eofs had
   /// all arrived; if not, the guest reports what it could not deliver (expect_output_reports()).
   /// Processes exec() started lose their streams with it: those already exited end now.
@@ -331,6 +340,8 @@ class Session {
                                   // sees `started` without a `boot` of ours)
   bool vm_exited_ = false;        // the embedder's vm_exited
   bool await_reports_ = false;    // read the stream to EOF after vm_exited (output reports owed)
+  bool data_resume_ = false;      // the guest's ready lists data_resume
+  std::uint32_t replay_bytes_ = 0;  // boot.stdio.replay_bytes as sent (0: data channel resume off)
   bool data_open_ = false;        // the data channel is connected (data_opened/data_closed)
   bool stop_deferred_said_ = false;  // the stop deadline's restart was logged (once)
   /// A process exec() started, until its end (act::ExecEnded).

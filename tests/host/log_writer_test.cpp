@@ -318,3 +318,58 @@ TEST_CASE("AsyncLog: everything pushed is written by close; on_drained after the
   CHECK(p.out == out);
   CHECK(p.err == err);  // the held "e2" is written as P at close
 }
+
+// ---- positions (data channel resume: docs/protocol.md "Data channel resume") ---------------------
+
+TEST_CASE("positions count the streams' bytes in records written: not a held line, not a gap's text") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  o.positions = tmp.path / "workload.log.pos";
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  auto t = wall_now();
+  // More than 300 records in one append: the writer flushes in the middle of it.
+  std::string many;
+  for (int i = 0; i < 1000; ++i) many += fmt::format("line {}\n", i);
+  (*w)->append(OutputStream::out, many, t);
+  (*w)->append(OutputStream::out, "held", t);  // no newline yet: not written, not counted
+  (*w)->flush();
+  CHECK((*w)->positions().out == many.size());
+  auto back = read_log_positions(o.positions);
+  REQUIRE(back);
+  CHECK(back->out == many.size());
+  CHECK(back->file == fs::file_size(o.path));
+  (*w)->gap(OutputStream::out, "5 bytes of stdout dropped", t);  // writes "held" as P, then the gap
+  CHECK((*w)->positions().out == many.size() + 4);
+  (*w)->write(OutputStream::err, "\n\nx\n", t);  // empty lines count their newline
+  CHECK((*w)->positions().err == 4);
+  CHECK(read_log_positions(o.positions)->err == 4);
+}
+
+TEST_CASE("a writer taking over continues the positions and cuts a torn tail back") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  o.positions = tmp.path / "workload.log.pos";
+  {
+    auto w = LogWriter::open(o);
+    REQUIRE(w);
+    (*w)->write(OutputStream::out, "abc\n", wall_now());
+  }
+  const auto size = fs::file_size(o.path);
+  {
+    std::ofstream f(o.path, std::ios::app | std::ios::binary);
+    f << "2026-12-04T00:00:00.000000000Z stdout F tor";  // a write the killed host never finished
+  }
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  CHECK(fs::file_size(o.path) == size);
+  CHECK((*w)->positions().out == 4);
+  (*w)->write(OutputStream::out, "de\n", wall_now());
+  CHECK((*w)->positions().out == 7);
+  Parsed p;
+  parse_file(o.path, p);
+  CHECK(p.out == "abc\nde\n");
+  CHECK(!read_log_positions(tmp.path / "absent"));
+}

@@ -30,6 +30,7 @@ struct Sink final : DataEvents {
   std::vector<ev::ExecOutputsDone> exec_done;
   std::vector<ev::ExecClosed> closed;
   void push(ev::DataError&& e) override { errors.push_back(e.reason); }
+  void push(ev::DataLost&& e) override { errors.push_back("lost: " + e.reason); }
   void push(ev::OutputsDone&& e) override { done.push_back(std::move(e)); }
   void push(ev::ExecOutputsDone&& e) override { exec_done.push_back(std::move(e)); }
   void push(ev::ExecClosed&& e) override { closed.push_back(std::move(e)); }
@@ -70,7 +71,7 @@ TEST_CASE("the workload's output goes out framed, both eofs, and OutputsDone car
   Wire ch;
   DataIo io(log, sink);
   const proto::Stdio stdio;  // pipes, lossless, no stdin
-  io.connected(std::move(ch.guest), false, stdio);
+  io.connected(std::move(ch.guest), false, act::DialData{0, stdio});
   auto child = io.open_workload(stdio);
   REQUIRE(child);
   CHECK_FALSE(child->terminal);
@@ -123,7 +124,7 @@ TEST_CASE("the host's stdin reaches the workload's pipe; the host's EOF closes i
   DataIo io(log, sink);
   proto::Stdio stdio;
   stdio.attach_stdin = true;
-  io.connected(std::move(ch.guest), false, stdio);
+  io.connected(std::move(ch.guest), false, act::DialData{0, stdio});
   auto child = io.open_workload(stdio);
   REQUIRE(child);
   // The workload's stdin: a copy of the child's end, kept past the spawn (as the child's own).
@@ -156,7 +157,7 @@ TEST_CASE("a frame the host may not send closes the data channel with DataError"
   Wire ch;
   DataIo io(log, sink);
   const proto::Stdio stdio;  // no stdin: a stdin frame is a framing error
-  io.connected(std::move(ch.guest), false, stdio);
+  io.connected(std::move(ch.guest), false, act::DialData{0, stdio});
   auto child = io.open_workload(stdio);
   REQUIRE(child);
   io.workload_spawned();

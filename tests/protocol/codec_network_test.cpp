@@ -114,7 +114,7 @@ TEST_CASE("ready.features: an array of strings; absent is none") {
   // Our init's list, and the reference's line unchanged when there is none.
   CHECK(encode(GuestMessage{Ready{}}) == R"({"type":"ready","protocol_version":2})");
   CHECK(encode(GuestMessage{Ready{2, std::nullopt, all_features()}}) ==
-        R"({"type":"ready","protocol_version":2,"features":["stdio","root","reconnect","exec","network"]})");
+        R"({"type":"ready","protocol_version":2,"features":["stdio","root","reconnect","exec","network","data_resume"]})");
 }
 
 TEST_CASE("network_failed: interface, step and reason required; its status is 125") {
@@ -126,4 +126,27 @@ TEST_CASE("network_failed: interface, step and reason required; its status is 12
   CHECK(exit_status(NetworkFailed{}) == 125);
   CHECK(exit_status(Outcome::network_failed) == 125);
   CHECK(outcome_from_string("network_failed") == Outcome::network_failed);
+}
+
+TEST_CASE("boot.stdio.replay_bytes (data channel resume): written only when set, range-checked") {
+  Boot b = reference_boot();
+  b.stdio = Stdio{};
+  const std::string off = encode(HostMessage{b});
+  CHECK(off.find("replay_bytes") == std::string::npos);  // byte-identical without it
+  b.stdio->replay_bytes = 1u << 20;
+  const std::string on = encode(HostMessage{b});
+  CHECK(on.find(R"("replay_bytes":1048576)") != std::string::npos);
+  auto d = decode_host(on);
+  REQUIRE(std::holds_alternative<HostMessage>(d));
+  CHECK(std::get<Boot>(std::get<HostMessage>(d)).stdio->replay_bytes == 1u << 20);
+  auto with = [&](const std::string& v) {
+    std::string line = encode(HostMessage{reference_boot()});
+    line.pop_back();
+    return summary(decode_host(line + R"(,"stdio":{"replay_bytes":)" + v + "}}"));
+  };
+  CHECK(with("0") == "ok");
+  CHECK(with("4096") == "ok");
+  CHECK(starts_with(with("4095"), "error:boot.stdio.replay_bytes: expected integer 0 or 4096..67108864, got 4095"));
+  CHECK(starts_with(with("67108865"), "error:boot.stdio.replay_bytes: expected integer 0 or 4096..67108864"));
+  CHECK(starts_with(with("-1"), "error:boot.stdio.replay_bytes: expected integer 0 or 4096..67108864"));
 }

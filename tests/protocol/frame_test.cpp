@@ -205,7 +205,7 @@ TEST_CASE("decoder: every framing error, named, final, with the frame's offset")
   const FrameRules no_tty_host{FrameSender::host, false, true, false};
   const FrameRules no_input_host{FrameSender::host, true, false, false};
   const std::vector<Case> cases = {
-      {kGuestRules, hdr(1, 4, 0), "frame: kind 4 unknown"},
+      {kGuestRules, hdr(1, 8, 0), "frame: kind 8 unknown"},
       {kGuestRules, hdr(1, 255, 0), "frame: kind 255 unknown"},
       {kGuestRules, hdr(7, 0, 1) + "a", "data frame: stream 7 unknown"},
       {kGuestRules, hdr(3, 1, 0), "eof frame: stream 3 unknown"},
@@ -365,4 +365,75 @@ TEST_CASE("encoder: the process number is bytes 2-3, big-endian") {
   f.kind = FrameKind::eof;
   f.stream = Stream::err;
   CHECK(encode_frame(f) == std::string("\x02\x01\xff\xff\x00\x00\x00\x00", 8));
+}
+
+// ---- data channel resume (docs/protocol.md "Data channel resume") --------------------------------
+
+TEST_CASE("resume frames: encoder byte for byte, decoder round trip under resume rules") {
+  std::string g;
+  append_hello(g, 3, "web");
+  append_position(g, Stream::in, 0x0102);
+  append_ack(g, Stream::in, 7);
+  append_position(g, Stream::out, 9);
+  CHECK(g == bytes({0, 6, 0, 0, 0, 0, 0, 11, 0, 0, 0, 0, 0, 0, 0, 3}) + "web" +
+                 bytes({0, 5, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 1, 2}) +
+                 bytes({0, 4, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 7}) +
+                 bytes({1, 5, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 9}));
+  FrameRules guest{FrameSender::guest, false, true, false, true};
+  const auto got = decode_split(guest, g, {1, 9, 17, 30});
+  REQUIRE(got.size() == 4);
+  CHECK(got[0].kind == FrameKind::hello);
+  CHECK(got[0].generation == 3);
+  CHECK(got[0].data == "web");
+  CHECK(got[1].kind == FrameKind::position);
+  CHECK(got[1].position == 0x0102);
+  CHECK(got[2].kind == FrameKind::ack);
+  CHECK(got[2].position == 7);
+  CHECK(got[3].stream == Stream::out);
+  CHECK(got[3].position == 9);
+  for (const Frame& f : got) CHECK(encode_frame(f) == encode_frame(f));  // stable
+  std::string h;
+  append_position(h, Stream::out, 5);
+  append_position(h, Stream::err, 6);
+  append_ack(h, Stream::err, 0xffffffffffffffffull);
+  append_close(h);
+  FrameRules host{FrameSender::host, false, true, false, true};
+  const auto hf = decode_split(host, h, {});
+  REQUIRE(hf.size() == 4);
+  CHECK(hf[2].position == 0xffffffffffffffffull);
+  CHECK(hf[3].kind == FrameKind::close);
+  std::string re;
+  for (const Frame& f : hf) append_frame(re, f);
+  CHECK(re == h);
+}
+
+TEST_CASE("resume frames: refused without resume, on the wrong stream or with a wrong length") {
+  FrameRules guest{FrameSender::guest, false, true, false, true};
+  FrameRules guest_noin{FrameSender::guest, false, false, false, true};
+  FrameRules host{FrameSender::host, true, true, false, true};
+  const std::vector<std::tuple<FrameRules, std::string, std::string>> cases = {
+      {kGuestRules, hdr(0, 6, 8) + std::string(8, '\0'), "hello frame on stdin: data channel resume is off (boot.stdio.replay_bytes)"},
+      {kHostRules, hdr(1, 4, 8) + std::string(8, '\0'), "ack frame on stdout: data channel resume is off (boot.stdio.replay_bytes)"},
+      {guest, hdr(1, 6, 8) + std::string(8, '\0'), "hello frame on stdout: not a guest-to-host frame"},
+      {guest, hdr(0, 6, 8, 0, 1) + std::string(8, '\0'), "hello frame on stdin of process 1: no such process"},
+      {guest, hdr(0, 6, 7) + std::string(7, '\0'), "hello frame on stdin: length 7 (expected 8..263)"},
+      {guest, hdr(0, 6, 264), "hello frame on stdin: length 264 (expected 8..263)"},
+      {guest, hdr(1, 4, 8) + std::string(8, '\0'), "ack frame on stdout: not a guest-to-host frame"},
+      {guest_noin, hdr(0, 4, 8) + std::string(8, '\0'), "ack frame on stdin: not a guest-to-host frame"},
+      {guest, hdr(0, 5, 9) + std::string(9, '\0'), "position frame on stdin: length 9 (expected 8)"},
+      {guest_noin, hdr(0, 5, 8) + std::string(8, '\0'), "position frame on stdin: not a guest-to-host frame"},
+      {FrameRules{FrameSender::guest, true, false, false, true}, hdr(2, 5, 8) + std::string(8, '\0'),
+       "position frame on stderr: not a guest-to-host frame"},
+      {guest, hdr(0, 7, 0), "close frame on stdin: not a guest-to-host frame"},
+      {host, hdr(0, 5, 8) + std::string(8, '\0'), "position frame on stdin: not a host-to-guest frame"},
+      {host, hdr(2, 4, 8) + std::string(8, '\0'), "ack frame on stderr: not a host-to-guest frame"},  // a terminal
+      {host, hdr(0, 7, 1) + "x", "close frame on stdin: length 1 (expected 0)"},
+      {host, hdr(1, 6, 8) + std::string(8, '\0'), "hello frame on stdout: not a host-to-guest frame"},
+  };
+  for (const auto& [rules, wire, want] : cases) {
+    CAPTURE(want);
+    CHECK(error_for(rules, wire) == want + " (frame at byte 0)");
+  }
+  // Not judged by their stream's eof: a close after stdin's eof is legal.
+  CHECK(error_for(host, hdr(0, 1, 0) + hdr(0, 7, 0)).empty());
 }
