@@ -10,16 +10,12 @@ After every case: containerd stopped, every process it or the shim started gone 
 subreaper: anything left is reparented here and found), its directory removed.
 """
 import ctypes
-import io
-import json
-import hashlib
 import os
 import select
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -27,6 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from throttled_reader import ThrottledReader  # noqa: E402
 from procs import alive, processes  # noqa: E402
+from oci_image import oci_archive  # noqa: E402
 import netns  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -272,39 +269,6 @@ def case_kill(d):
                 p.kill()
                 p.wait()
         check(rc == want, f"{tid}: ctr run exit {rc}, want {want}; stderr {err!r}{d.tail()}")
-
-
-def oci_archive(path, root, ref):
-    """An OCI image layout tarball (one layer: `root`), as `ctr image import` reads it."""
-    blobs = {}
-
-    def blob(data):
-        h = hashlib.sha256(data).hexdigest()
-        blobs[h] = data
-        return {"digest": "sha256:" + h, "size": len(data)}
-
-    lb = io.BytesIO()
-    with tarfile.open(fileobj=lb, mode="w") as t:
-        t.add(root, arcname=".")
-    layer = lb.getvalue()
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
-                         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": dict(blob(config), mediaType="application/vnd.oci.image.config.v1+json"),
-                           "layers": [dict(blob(layer), mediaType="application/vnd.oci.image.layer.v1.tar")]}).encode()
-    index = json.dumps({"schemaVersion": 2, "manifests": [
-        dict(blob(manifest), mediaType="application/vnd.oci.image.manifest.v1+json",
-             annotations={"org.opencontainers.image.ref.name": ref})]}).encode()
-    with tarfile.open(path, "w") as t:
-        def add(name, data):
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
-        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-        add("index.json", index)
-        for h, data in blobs.items():
-            add(f"blobs/sha256/{h}", data)
 
 
 def case_image(d):
