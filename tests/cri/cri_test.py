@@ -13,6 +13,7 @@ reaped and its directory removed; what is left is a failure.
 """
 import os
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -155,6 +156,43 @@ def case_multi(d, handler):
     # the veth, the IP (bounded: a shim exits after its last task's delete).
     try:
         until(lambda: not d.audit(), "nothing left after RemovePodSandbox", bound=30)
+    except Failure:
+        raise Failure(f"left after RemovePodSandbox: {d.audit()}{d.tail()}")
+
+
+def case_pending(d, handler):
+    """Where a pod stands with `nesinit` before a pod is one VM (issue 27), so the handler is
+    exercised through CRI meanwhile: RunPodSandbox boots the sandbox's VM in the pod's CNI
+    namespace (netns mode: the pod's IP answers ping from this test's namespace); a container's
+    StartContainer reaches the sandbox's shim (one shim per pod) and fails naming the container,
+    the pod READY and its shim the only one; RemovePodSandbox leaves nothing (audit)."""
+    pb = d.cri.pb
+    cfg = pod_config(d, "pending", "pending-pod")
+    pod = d.cri.RunPodSandbox(config=cfg, runtime_handler=handler, deadline=300).pod_sandbox_id
+    st = d.cri.PodSandboxStatus(pod_sandbox_id=pod).status
+    check(st.state == pb.SANDBOX_READY, f"pod state {pb.PodSandboxState.Name(st.state)}")
+    ip = st.network.ip
+    check(ip.startswith(h.POD_SUBNET.rsplit(".", 1)[0] + "."), f"pod IP {ip!r} not in {h.POD_SUBNET}")
+    ping = lambda: subprocess.run(["busybox", "ping", "-c", "1", "-W", "2", ip], capture_output=True,
+                                  timeout=30).returncode == 0
+    until(ping, f"the pod's VM answering ping at {ip}")
+    shims = lambda: [p for p, cmd in h.descendants() if "containerd-shim-nesinit-v2" in cmd.split(" ")[0]]
+    before = shims()
+    check(len(before) == 1, f"the sandbox's shim: {before}")
+    c = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg,
+                              config=container_config(d, "c", "echo never")).container_id
+    try:
+        d.cri.StartContainer(container_id=c)
+        raise Failure("StartContainer of a pod's container ran (a pod is one VM now? register cri-nesinit-multi)")
+    except CriError as e:
+        check(f"container '{c}'" in e.details and "not supported yet" in e.details, f"StartContainer: {e}")
+    check(shims() == before, f"shims after the container's start: {shims()}, want only {before}")
+    check(d.cri.PodSandboxStatus(pod_sandbox_id=pod).status.state == pb.SANDBOX_READY, "pod not READY")
+    d.cri.RemoveContainer(container_id=c)
+    d.cri.StopPodSandbox(pod_sandbox_id=pod, deadline=300)
+    d.cri.RemovePodSandbox(pod_sandbox_id=pod)
+    try:
+        until(lambda: not d.audit(), "nothing left after RemovePodSandbox", bound=60)
     except Failure:
         raise Failure(f"left after RemovePodSandbox: {d.audit()}{d.tail()}")
 

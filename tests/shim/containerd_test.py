@@ -439,6 +439,47 @@ def case_slow_stdout(d):
 
 
 
+def case_pod_shim(d):
+    """A pod's tasks as containerd's CRI plugin marks them (`ctr run --annotation`, no CRI): the
+    sandbox (container-type=sandbox, sandbox-id its own id) runs as a VM of its own shim; a
+    container of its pod is sent to that shim by `shim start` (one shim per pod; its bundle's
+    `address` names the sandbox's socket) and, while a pod's containers do not run in its VM
+    yet, fails naming itself; a container of an unknown sandbox and annotations that disagree
+    fail naming the container and the annotation. The sandbox runs on untouched throughout."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    ct, sid = "io.kubernetes.cri.container-type", "io.kubernetes.cri.sandbox-id"
+    p = d.popen_ctr("run", "--runtime", RUNTIME, "--annotation", f"{ct}=sandbox", "--annotation", f"{sid}=pod1",
+                    "--rootfs", root, "pod1", "/bin/sh", "-c", "echo up; exec sleep 1000")
+    try:
+        wait_line(p, "up")
+        shims = lambda: sorted(pr.pid for pr in processes() if pr.cmd.split(" ")[0].endswith("containerd-shim-nesinit-v2"))
+        before = shims()
+        check(len(before) == 1, f"one shim for the sandbox: {before}")
+        for tid, ann, want in (
+                ("c1", [f"{ct}=container", f"{sid}=pod1"], "container 'c1': id: this shim serves task 'pod1'"),
+                ("c2", [f"{ct}=container", f"{sid}=gone"],
+                 "container 'c2': annotations.io.kubernetes.cri.sandbox-id: sandbox 'gone' has no running shim"),
+                ("c3", [f"{ct}=sandbox", f"{sid}=pod1"],
+                 "container 'c3': annotations.io.kubernetes.cri.sandbox-id: 'pod1' is not this sandbox's own id"),
+                ("c4", [f"{ct}=pod", f"{sid}=pod1"],
+                 "container 'c4': annotations.io.kubernetes.cri.container-type: 'pod' is neither")):
+            args = [a for kv in ann for a in ("--annotation", kv)]
+            rc, out, err = d.run(*args, "--rootfs", root, tid, "/bin/true", check_rc=False)
+            check(rc != 0 and want in err, f"{tid}: exit {rc}, stderr {err!r}, want {want!r}{d.tail()}")
+            check(shims() == before, f"{tid}: shims {shims()}, want only the sandbox's {before}")
+            check(d.tasks().get("pod1", ("", ""))[1] == "RUNNING", f"the sandbox after {tid}: {d.tasks()}")
+            d.ctr("container", "delete", tid, check_rc=False)
+        d.ctr("task", "kill", "pod1")
+        rc, _, err = finish(p)
+        check(rc == 143, f"the sandbox: exit {rc}, want 143; {err!r}")
+        d.ctr("task", "delete", "pod1", check_rc=False)
+        d.ctr("container", "delete", "pod1", check_rc=False)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
 class NetnsHolder(netns.NetnsHolder):
     """tests/support/netns.py's holder, failing the case as check() does."""
     error = Failure
