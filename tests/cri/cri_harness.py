@@ -147,6 +147,14 @@ def pause_root(d):
     mode, no program, reaps orphans, ends on SIGTERM/SIGINT; what Kubernetes' pause does)."""
     os.makedirs(d)
     shutil.copy(shutil.which("catatonit") or "/usr/bin/catatonit", os.path.join(d, "pause"))
+    # The mount points a read-only root needs (CRI runs the sandbox with root.readonly): runc
+    # makes missing ones before it remounts the root read-only; nesinit's init cannot make them
+    # in a read-only share (`--read-only`: "root mount point /dev: Read-only file system"), nor
+    # the files CRI binds over (/etc/resolv.conf).
+    for m in ("dev", "proc", "sys", "etc", "tmp", "run"):
+        os.makedirs(os.path.join(d, m))
+    for f in ("resolv.conf", "hosts", "hostname"):
+        open(os.path.join(d, "etc", f), "w").close()
     return d
 
 

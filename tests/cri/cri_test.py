@@ -173,9 +173,25 @@ def case_pending(d, handler):
     check(st.state == pb.SANDBOX_READY, f"pod state {pb.PodSandboxState.Name(st.state)}")
     ip = st.network.ip
     check(ip.startswith(h.POD_SUBNET.rsplit(".", 1)[0] + "."), f"pod IP {ip!r} not in {h.POD_SUBNET}")
+    # The VM took over the pod's interface (netns mode: a tap, and eth0's ingress redirected to
+    # it), so from then on only the guest can answer the pod's IP.
+    nsdir = os.path.join(d.tmp, "state", "io.containerd.grpc.v1.cri", "netns")
+    names = os.listdir(nsdir)
+    check(len(names) == 1, f"pod network namespaces: {names}")
+    podns = d.daemon_root(os.path.join(nsdir, names[0]))
+    in_pod = lambda cmd: subprocess.run(["nsenter", f"--net={podns}", "sh", "-c", cmd], capture_output=True, text=True,
+                                        timeout=30).stdout
+    until(lambda: ": nes" in in_pod("ip -o link show") and "ingress" in in_pod("tc qdisc show dev eth0"),
+          "the VM's tap and eth0's redirect in the pod's namespace")
     ping = lambda: subprocess.run(["busybox", "ping", "-c", "1", "-W", "2", ip], capture_output=True,
                                   timeout=30).returncode == 0
-    until(ping, f"the pod's VM answering ping at {ip}")
+    until(ping, f"the pod's VM answering ping at {ip}", bound=300)
+    # The guest's own processes: its PID 1 (nesinit) and the pause workload.
+    rc, ps, err = d.ctr("-n", h.NS, "task", "ps", pod, check_rc=False)
+    check(rc == 0, f"ctr task ps {pod}: {err}; tasks: {d.ctr('-n', h.NS, 'task', 'ls')[1]}; "
+                   f"pod {pb.PodSandboxState.Name(d.cri.PodSandboxStatus(pod_sandbox_id=pod).status.state)}")
+    pids = [l.split()[0] for l in ps.splitlines()[1:] if l.split()]
+    check("1" in pids and len(pids) >= 2, f"ctr task ps of the sandbox: {ps!r}")
     shims = lambda: [p for p, cmd in h.descendants() if "containerd-shim-nesinit-v2" in cmd.split(" ")[0]]
     before = shims()
     check(len(before) == 1, f"the sandbox's shim: {before}")
@@ -212,14 +228,14 @@ def main():
     shim, env = None, {}
     if handler == h.NESINIT_HANDLER:
         shim = os.environ["NESHOST_SHIM"]
-        env = {k: os.environ[k] for k in ("NESHOST", "NESHOST_INITRD") if k in os.environ}
+        env = {k: os.path.abspath(os.environ[k]) for k in ("NESHOST", "NESHOST_INITRD") if k in os.environ}
     h.set_subreaper()
     h.enter_own_netns()
     ok = False
     t0 = time.monotonic()
     d = None
     try:
-        d = h.CriDaemon(shim=shim, env=env)
+        d = h.CriDaemon(shim=shim, env=env, debug=os.environ.get("NESCRI_DEBUG") == "1")
         d.import_images()
         CASES[case](d, handler)
         ok = True
