@@ -30,9 +30,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 
+#include "base/small_file.hpp"
 #include "containerd_pb.h"
 #include "host/monitor/reconcile.hpp"
-#include "base/small_file.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/pod.hpp"
 #include "host/shim/task_service.hpp"
@@ -169,7 +169,7 @@ int do_start(const Flags& f, char** argv) {
   posix_spawnattr_destroy(&at);
   if (rc != 0) return bail(fmt::format("spawn the shim: {}", std::strerror(rc)));
   const std::string address = "unix://" + sock.string();
-  if (auto w = host::write_durable(fs::current_path(), "address", address); !w) {
+  if (auto w = host::write_durable(bundle, "address", address); !w) {
     ::kill(pid, SIGKILL);
     return bail(w.error().message);
   }
