@@ -452,7 +452,9 @@ def case_pod_shim(d):
                     "--rootfs", root, "pod1", "/bin/sh", "-c", "echo up; exec sleep 1000")
     try:
         wait_line(p, "up")
-        shims = lambda: sorted(pr.pid for pr in processes() if pr.cmd.split(" ")[0].endswith("containerd-shim-nesinit-v2"))
+        # This daemon's shims: daemonized, so reparented to this subreaper (not other tests' shims).
+        shims = lambda: sorted(pid for pid, cmd in descendants_alive()
+                               if cmd.split(" ")[0].endswith("containerd-shim-nesinit-v2"))
         before = shims()
         check(len(before) == 1, f"one shim for the sandbox: {before}")
         for tid, ann, want in (
