@@ -7,9 +7,11 @@
 # bench/p9_containerd.py, P10 (the VM's network: TCP guest -> host through passt and slirp against
 # the data channel, connect set-up; in a network namespace of its own) by bench/p10_network.py,
 # P12 (`neshost run -- /bin/true` end to end, each boot-time step against the configuration before
-# it) by bench/p12_start.py, P13 (a detached VM's monitor SIGKILLed -> a replacement monitor has
-# the lifecycle channel back, sandbox and VM) by bench/p13_adopt.py, P14 (data channel resume: a
-# host's death to output flowing again) by tests/host/data_resume_e2e.py --bench.
+# it) by bench/p12_start.py, P11 (a pod's start through containerd's CRI and the host memory per
+# pod; runc's column now, ours once a pod is one VM) by bench/p11_cri.py, P13 (a detached VM's
+# monitor SIGKILLed -> a replacement monitor has the lifecycle channel back, sandbox and VM) by
+# bench/p13_adopt.py, P14 (data channel resume: a host's death to output flowing again) by
+# tests/host/data_resume_e2e.py --bench.
 # Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
@@ -20,7 +22,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 scripts/setup.sh build
 ninja -C build bench/bench bench/storm bench/host_bench bench/stdio_bench nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
-  host/shim/containerd-shim-nesinit-v2 tests/vm/vm_net_probe
+  host/shim/containerd-shim-nesinit-v2 tests/vm/vm_net_probe tests/cri/api_pb2.py
 out=bench/results/latest.md
 mkdir -p bench/results
 NESINIT_BIN=build/nesinit/nesinit NES_STORM_BIN=build/bench/storm build/bench/bench "$@" --out "$out" >/dev/null
@@ -34,4 +36,5 @@ python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe 
 python3 bench/p12_start.py build/host/cli/neshost >> "$out"
 python3 bench/p13_adopt.py build/host/cli/neshost build/nesinit/nesinit 10 3 >> "$out"
 python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10 >> "$out"
+/usr/bin/python3 bench/p11_cri.py build/tests/cri >> "$out"  # Debian's python3: python3-grpcio
 cat "$out"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up on a fresh Debian 12 machine, as root: Debian packages, the pinned
 # zig toolchain (npm ci), simdjson's amalgamation, the guest kernel (scripts/fetch-kernel.sh),
-# virtiofsd (scripts/fetch-virtiofsd.sh), passt (scripts/fetch-passt.sh), and a
-# configured build directory `build/`.
+# virtiofsd (scripts/fetch-virtiofsd.sh), passt (scripts/fetch-passt.sh), the CRI API's
+# api.proto (scripts/fetch-cri-api.sh), and a configured build directory `build/`.
 # Each step is skipped when already done. Usage: scripts/setup.sh [BUILD_DIR [meson options…]]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +15,10 @@ pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson
       debhelper  # tests/install: dpkg-buildpackage -b
       # the containerd shim: protobuf, the task API .proto files, libcrypto; containerd for its tests
       protobuf-compiler libprotobuf-dev golang-github-containerd-containerd-dev
-      golang-github-gogo-protobuf-dev libssl-dev containerd)
+      golang-github-gogo-protobuf-dev libssl-dev containerd
+      # the CRI tests and bench P11 (tests/cri): our CRI client's gRPC and protobuf for Debian's
+      # python3, CNI's plugins (bridge, host-local, loopback), runc for containerd's runc runtime
+      python3-grpcio python3-protobuf containernetworking-plugins runc)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -42,4 +45,6 @@ scripts/fetch-kernel.sh >/dev/null
 scripts/fetch-virtiofsd.sh >/dev/null
 # passt for the default network (--network user): a new enough one (Debian 12's loses data).
 scripts/fetch-passt.sh >/dev/null
+# The Kubernetes CRI API (api.proto, runtime.v1) for tests/cri: Debian 13's, unpacked, not installed.
+scripts/fetch-cri-api.sh >/dev/null
 scripts/configure.sh "$@"

@@ -5,7 +5,8 @@
 // ACTION `start`: spawn the long-lived shim (this program without an action, the listening
 //   socket as fd 3, its own session), write its address to `<bundle>/address`, print
 //   "unix://PATH" on stdout (containerd reads stdout and stderr together: nothing else may be
-//   printed) and exit 0.
+//   printed) and exit 0. A pod's container (CRI's annotations, host/shim/pod.hpp) spawns none:
+//   its sandbox's shim's address is answered.
 // ACTION `delete`: clean up after a shim that died (host/shim/task_service.hpp cleanup_task) and
 //   print a serialized containerd.task.v2.DeleteResponse on stdout.
 // No action: serve containerd.task.v2.Task on fd 3 until Shutdown. Env: TTRPC_ADDRESS
@@ -29,9 +30,11 @@
 #include <boost/asio/steady_timer.hpp>
 #include <fmt/format.h>
 
+#include "base/small_file.hpp"
 #include "containerd_pb.h"
 #include "host/monitor/reconcile.hpp"
 #include "host/shim/identity.hpp"
+#include "host/shim/pod.hpp"
 #include "host/shim/task_service.hpp"
 #include "host/shim/ttrpc.hpp"
 
@@ -113,10 +116,29 @@ int do_start(const Flags& f, char** argv) {
       ::fcntl(0, F_SETFL, fl);
     }
   }
-  const fs::path sock = shim::socket_path(f.address, f.ns, f.id);
-  // A shim already serving this task keeps it (containerd asked twice): its address again.
-  if (auto probe = ttrpc::call(sock, {"containerd.task.v2.Task", "Connect", {}, 0, {}}, std::chrono::seconds(2)); probe) {
-    fmt::print("unix://{}", sock.string());
+  // The task's place in its pod (CRI's annotations in config.json): a pod's container is served
+  // by its sandbox's shim (host/shim/pod.hpp). No config.json yet: a task of its own (Create
+  // reports the missing file).
+  const fs::path bundle = f.bundle.empty() ? fs::current_path() : fs::path(f.bundle);
+  shim::PodPlacement placement;
+  if (auto text = base::read_small_file((bundle / "config.json").c_str(), 4u << 20); text) {
+    auto p = shim::parse_pod_placement(*text, f.id);
+    if (!p) return bail(p.error().message);
+    placement = *p;
+  }
+  const fs::path key_sock = shim::socket_path(f.address, f.ns, shim::shim_key(placement, f.id));
+  const bool alive =
+      static_cast<bool>(ttrpc::call(key_sock, {"containerd.task.v2.Task", "Connect", {}, 0, {}}, std::chrono::seconds(2)));
+  auto plan = shim::plan_start(placement, f.id, f.address, f.ns, alive);
+  if (!plan) return bail(plan.error().message);
+  const fs::path sock = plan->socket;
+  if (!plan->spawn) {
+    // A live shim serves it: this task asked twice (containerd's retry), or a pod's container
+    // joining its sandbox's shim, whose address containerd also finds in this bundle on restart.
+    const std::string address = "unix://" + sock.string();
+    if (placement.role == shim::PodRole::container)
+      if (auto w = host::write_durable(bundle, "address", address); !w) return bail(w.error().message);
+    fmt::print("{}", address);
     return 0;
   }
   auto l = ttrpc::listen_unix(sock);
@@ -147,7 +169,7 @@ int do_start(const Flags& f, char** argv) {
   posix_spawnattr_destroy(&at);
   if (rc != 0) return bail(fmt::format("spawn the shim: {}", std::strerror(rc)));
   const std::string address = "unix://" + sock.string();
-  if (auto w = host::write_durable(fs::current_path(), "address", address); !w) {
+  if (auto w = host::write_durable(bundle, "address", address); !w) {
     ::kill(pid, SIGKILL);
     return bail(w.error().message);
   }

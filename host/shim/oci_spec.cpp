@@ -177,6 +177,9 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
       }
       bool bind = type == "bind" || type == "rbind";
       for (const auto& o : opts) bind = bind || o == "bind" || o == "rbind";
+      // CRI binds the pod's shared shm directory (sandboxes/ID/shm) over /dev/shm, so a pod's
+      // containers share it: in a microVM the guest's own /dev/shm (the init mounts it) is that.
+      if (bind && dst == "/dev/shm") continue;
       if (bind) {
         if (src.empty() || src.front() != '/') return field_error(f + ".source", "expected an absolute host path");
         Volume v{std::filesystem::path(src), std::string(dst), false};

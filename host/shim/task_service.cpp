@@ -521,9 +521,14 @@ struct TaskService::Impl {
   ttrpc::Reply create(const std::string& p) {
     auto req = parse<v2::CreateTaskRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "CreateTaskRequest: malformed");
-    if (task.phase != Phase::none) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", req->id()));
+    // Another task's id first: a pod's container sent to its sandbox's shim (host/shim/pod.hpp)
+    // is not "already exists" because the sandbox is.
     if (req->id() != cfg.id)
-      return fail(ttrpc::Code::invalid_argument, fmt::format("id: '{}' is not this shim's task '{}'", req->id(), cfg.id));
+      return fail(ttrpc::Code::unimplemented,
+                  fmt::format("container '{}': id: this shim serves task '{}' (the pod's sandbox); a pod's containers "
+                              "in its sandbox's VM are not supported yet (docs/containerd.md \"Pods\")",
+                              req->id(), cfg.id));
+    if (task.phase != Phase::none) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", req->id()));
     if (!req->checkpoint().empty()) return fail(ttrpc::Code::unimplemented, "checkpoint: restore is not supported");
     for (const auto* io : {&req->stdin(), &req->stdout(), &req->stderr()}) {
       if (io->find("://") != std::string::npos && !io->starts_with("file://"))

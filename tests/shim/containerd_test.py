@@ -10,16 +10,12 @@ After every case: containerd stopped, every process it or the shim started gone 
 subreaper: anything left is reparented here and found), its directory removed.
 """
 import ctypes
-import io
-import json
-import hashlib
 import os
 import select
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -27,6 +23,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from throttled_reader import ThrottledReader  # noqa: E402
 from procs import alive, processes  # noqa: E402
+from oci_image import oci_archive  # noqa: E402
 import netns  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -274,39 +271,6 @@ def case_kill(d):
         check(rc == want, f"{tid}: ctr run exit {rc}, want {want}; stderr {err!r}{d.tail()}")
 
 
-def oci_archive(path, root, ref):
-    """An OCI image layout tarball (one layer: `root`), as `ctr image import` reads it."""
-    blobs = {}
-
-    def blob(data):
-        h = hashlib.sha256(data).hexdigest()
-        blobs[h] = data
-        return {"digest": "sha256:" + h, "size": len(data)}
-
-    lb = io.BytesIO()
-    with tarfile.open(fileobj=lb, mode="w") as t:
-        t.add(root, arcname=".")
-    layer = lb.getvalue()
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
-                         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                           "config": dict(blob(config), mediaType="application/vnd.oci.image.config.v1+json"),
-                           "layers": [dict(blob(layer), mediaType="application/vnd.oci.image.layer.v1.tar")]}).encode()
-    index = json.dumps({"schemaVersion": 2, "manifests": [
-        dict(blob(manifest), mediaType="application/vnd.oci.image.manifest.v1+json",
-             annotations={"org.opencontainers.image.ref.name": ref})]}).encode()
-    with tarfile.open(path, "w") as t:
-        def add(name, data):
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            t.addfile(ti, io.BytesIO(data))
-        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-        add("index.json", index)
-        for h, data in blobs.items():
-            add(f"blobs/sha256/{h}", data)
-
-
 def case_image(d):
     """An image made here (busybox-static in an OCI tarball, `ctr image import`): containerd's
     snapshot is mounted by the shim as the task's root and served to the guest over virtiofs."""
@@ -499,6 +463,49 @@ def case_slow_stdout(d):
     print(f"slow_stdout: {rd.count} bytes in {rd.seconds():.1f} s of reading")
 
 
+
+
+def case_pod_shim(d):
+    """A pod's tasks as containerd's CRI plugin marks them (`ctr run --annotation`, no CRI): the
+    sandbox (container-type=sandbox, sandbox-id its own id) runs as a VM of its own shim; a
+    container of its pod is sent to that shim by `shim start` (one shim per pod; its bundle's
+    `address` names the sandbox's socket) and, while a pod's containers do not run in its VM
+    yet, fails naming itself; a container of an unknown sandbox and annotations that disagree
+    fail naming the container and the annotation. The sandbox runs on untouched throughout."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    ct, sid = "io.kubernetes.cri.container-type", "io.kubernetes.cri.sandbox-id"
+    p = d.popen_ctr("run", "--runtime", RUNTIME, "--annotation", f"{ct}=sandbox", "--annotation", f"{sid}=pod1",
+                    "--rootfs", root, "pod1", "/bin/sh", "-c", "echo up; exec sleep 1000")
+    try:
+        wait_line(p, "up")
+        # This daemon's shims: daemonized, so reparented to this subreaper (not other tests' shims).
+        shims = lambda: sorted(pid for pid, cmd in descendants_alive()
+                               if cmd.split(" ")[0].endswith("containerd-shim-nesinit-v2"))
+        before = shims()
+        check(len(before) == 1, f"one shim for the sandbox: {before}")
+        for tid, ann, want in (
+                ("c1", [f"{ct}=container", f"{sid}=pod1"], "container 'c1': id: this shim serves task 'pod1'"),
+                ("c2", [f"{ct}=container", f"{sid}=gone"],
+                 "container 'c2': annotations.io.kubernetes.cri.sandbox-id: sandbox 'gone' has no running shim"),
+                ("c3", [f"{ct}=sandbox", f"{sid}=pod1"],
+                 "container 'c3': annotations.io.kubernetes.cri.sandbox-id: 'pod1' is not this sandbox's own id"),
+                ("c4", [f"{ct}=pod", f"{sid}=pod1"],
+                 "container 'c4': annotations.io.kubernetes.cri.container-type: 'pod' is neither")):
+            args = [a for kv in ann for a in ("--annotation", kv)]
+            rc, out, err = d.run(*args, "--rootfs", root, tid, "/bin/true", check_rc=False)
+            check(rc != 0 and want in err, f"{tid}: exit {rc}, stderr {err!r}, want {want!r}{d.tail()}")
+            check(shims() == before, f"{tid}: shims {shims()}, want only the sandbox's {before}")
+            check(d.tasks().get("pod1", ("", ""))[1] == "RUNNING", f"the sandbox after {tid}: {d.tasks()}")
+            d.ctr("container", "delete", tid, check_rc=False)
+        d.ctr("task", "kill", "pod1")
+        rc, _, err = finish(p)
+        check(rc == 143, f"the sandbox: exit {rc}, want 143; {err!r}")
+        d.ctr("task", "delete", "pod1", check_rc=False)
+        d.ctr("container", "delete", "pod1", check_rc=False)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
 
 
 class NetnsHolder(netns.NetnsHolder):

@@ -106,6 +106,18 @@ TEST_CASE("CRI's single-file binds (/etc/hosts, /dev/termination-log) become fil
   CHECK(s->volumes[1] == shim::Volume{std::filesystem::canonical(d.path / "termination-log"), "/dev/termination-log", false});
 }
 
+TEST_CASE("CRI's bind of the pod's shm directory over /dev/shm is met by the guest's own /dev/shm") {
+  nes::test::TempDir d;
+  std::filesystem::create_directory(d.path / "shm");
+  const std::string json = R"({"process": {"args": ["/pause"]}, "root": {"path": "/r"}, "mounts": [
+      {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777"]},
+      {"destination": "/dev/shm", "type": "bind", "source": ")" + (d.path / "shm").string() +
+                           R"(", "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}]})";
+  auto s = shim::parse_oci_spec(json, "/b");
+  REQUIRE_MESSAGE(s, s.error().message);
+  CHECK(s->volumes.empty());
+}
+
 TEST_CASE("a bundle without config.json is an error naming the file") {
   auto s = shim::load_oci_spec("/nonexistent-bundle");
   REQUIRE(!s);

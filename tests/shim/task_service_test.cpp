@@ -266,6 +266,19 @@ TEST_CASE("Kill before Start ends the task as that signal; a Wait left before a 
   }
 }
 
+TEST_CASE("Create of another task (a pod's container sent to its sandbox's shim): UNIMPLEMENTED naming it; the task untouched") {
+  Rig r("exit 0");
+  REQUIRE(r.create().status.ok());
+  v2::CreateTaskRequest c;
+  c.set_id("c1");
+  c.set_bundle((r.tmp.path / "c1").string());
+  auto a = r.call("Create", c);
+  CHECK(a.status.code == ttrpc::Code::unimplemented);
+  CHECK(a.status.message.starts_with("container 'c1': id: this shim serves task 't1' (the pod's sandbox)"));
+  auto st = parse<v2::StateResponse>(r.call("State", Rig::id_req<v2::StateRequest>()));
+  CHECK(st.status() == containerd::v1::types::CREATED);
+}
+
 TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec needs a running task; Pause is UNIMPLEMENTED") {
   Rig r("exit 0");
   REQUIRE(r.create().status.ok());

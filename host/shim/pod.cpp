@@ -1,0 +1,89 @@
+// A task's place in its pod (host/shim/pod.hpp).
+#include "host/shim/pod.hpp"
+
+#include <optional>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include "host/shim/identity.hpp"
+
+namespace nes::shim {
+using host::Error;
+using host::Result;
+namespace dom = simdjson::dom;
+
+namespace {
+
+constexpr std::size_t kMaxSpecBytes = 4u << 20;
+
+Error pod_error(std::string_view task_id, std::string_view field, std::string_view what) {
+  return Error{fmt::format("container '{}': {}{}: {}", task_id, field.empty() ? "" : "annotations.", field, what)};
+}
+
+// One string annotation: nullopt when absent; an error when present and not a string.
+Result<std::optional<std::string>> annotation(dom::object a, std::string_view key, std::string_view task_id) {
+  dom::element v;
+  if (a.at_key(key).get(v)) return std::optional<std::string>{};
+  std::string_view s;
+  if (v.get_string().get(s)) return pod_error(task_id, key, "expected a string");
+  return std::optional<std::string>{std::string(s)};
+}
+
+}  // namespace
+
+Result<PodPlacement> parse_pod_placement(std::string_view config_json, std::string_view task_id) {
+  if (config_json.size() > kMaxSpecBytes)
+    return Error{fmt::format("container '{}': config.json: larger than {} bytes", task_id, kMaxSpecBytes)};
+  dom::parser parser;
+  simdjson::padded_string text(config_json);
+  dom::element root;
+  if (auto err = parser.parse(text).get(root); err)
+    return Error{fmt::format("container '{}': config.json: {}", task_id, simdjson::error_message(err))};
+  dom::object top;
+  if (root.get_object().get(top)) return Error{fmt::format("container '{}': config.json: expected an object", task_id)};
+  dom::element ae;
+  if (top.at_key("annotations").get(ae)) return PodPlacement{};
+  dom::object a;
+  if (ae.get_object().get(a)) return Error{fmt::format("container '{}': annotations: expected an object of strings", task_id)};
+  auto type = annotation(a, kContainerTypeAnnotation, task_id);
+  if (!type) return type.error();
+  auto sandbox = annotation(a, kSandboxIdAnnotation, task_id);
+  if (!sandbox) return sandbox.error();
+  if (!*type && !*sandbox) return PodPlacement{};
+  if (!*type)
+    return pod_error(task_id, kContainerTypeAnnotation, fmt::format("missing (sandbox-id is '{}')", **sandbox));
+  PodPlacement p;
+  if (**type == "sandbox") {
+    p.role = PodRole::sandbox;
+  } else if (**type == "container") {
+    p.role = PodRole::container;
+  } else {
+    return pod_error(task_id, kContainerTypeAnnotation, fmt::format("'{}' is neither 'sandbox' nor 'container'", **type));
+  }
+  if (!*sandbox)
+    return pod_error(task_id, kSandboxIdAnnotation, fmt::format("missing (container-type is '{}')", **type));
+  if ((*sandbox)->empty()) return pod_error(task_id, kSandboxIdAnnotation, "empty");
+  p.sandbox_id = **sandbox;
+  if (p.role == PodRole::sandbox && p.sandbox_id != task_id)
+    return pod_error(task_id, kSandboxIdAnnotation,
+                     fmt::format("'{}' is not this sandbox's own id (a second sandbox in pod '{}'?)", p.sandbox_id, p.sandbox_id));
+  if (p.role == PodRole::container && p.sandbox_id == task_id)
+    return pod_error(task_id, kSandboxIdAnnotation, "names the container itself, but container-type is 'container'");
+  return p;
+}
+
+std::string_view shim_key(const PodPlacement& p, std::string_view task_id) {
+  return p.role == PodRole::none ? task_id : std::string_view(p.sandbox_id);
+}
+
+Result<StartPlan> plan_start(const PodPlacement& p, std::string_view task_id, std::string_view address,
+                             std::string_view ns, bool key_shim_alive) {
+  StartPlan plan{!key_shim_alive, socket_path(address, ns, shim_key(p, task_id))};
+  if (p.role == PodRole::container && !key_shim_alive)
+    return pod_error(task_id, kSandboxIdAnnotation,
+                     fmt::format("sandbox '{}' has no running shim (unknown or gone)", p.sandbox_id));
+  return plan;
+}
+
+}  // namespace nes::shim
