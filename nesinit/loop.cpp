@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -316,6 +317,26 @@ class Pid1 final : private DataEvents {
     auto failed = [&](base::Error e) {
       pending_.push_front(ev::ExecFailed{x.proc, proto::StartFailed{std::move(e.message), e.err, proto::StartFailClass::other}});
     };
+    // exec.container: its root must be a directory (ENOENT/ENOTDIR: class not_found, 127).
+    std::vector<ContainerStep> steps;
+    JoinPlan join;
+    Enclosure where;
+    if (x.container) {
+      struct stat st {};
+      int err = ::stat(x.container->root.c_str(), &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+      if (err != 0)
+        return pending_.push_front(ev::ExecFailed{x.proc, proto::StartFailed{
+            fmt::format("exec.container.root: {}: {}", x.container->root, std::strerror(err)), err,
+            classify(SpawnStep::exec, err)}});
+      std::vector<std::string> etc;
+      for (const char* f : {"hosts", "resolv.conf", "hostname"})
+        if (::access(fmt::format("/etc/{}", f).c_str(), F_OK) == 0) etc.emplace_back(f);
+      steps = plan_container(*x.container, etc);
+      where = Enclosure{&steps, x.container->hostname.has_value(), nullptr};
+    } else if (x.in_pid > 0) {
+      join = plan_join(x.in_pid);
+      where.join = &join;
+    }
     ChildFds cfds;
     base::Fd null;  // without streams: /dev/null for all three
     if (x.stdio) {
@@ -328,11 +349,14 @@ class Pid1 final : private DataEvents {
       cfds = ChildFds{{null.get(), null.get(), null.get()}, false};
     }
     log_.info("exec", "process {}: {}", x.proc, x.exec.argv.empty() ? std::string() : x.exec.argv[0]);
-    auto r = spawn(x.exec, x.geometry, Stdio::inherit, reaper_, &cfds, Role::exec);
+    auto r = spawn(x.exec, x.geometry, Stdio::inherit, reaper_, &cfds, Role::exec, where);
     null.reset();
     data_.exec_spawned(x.proc, static_cast<bool>(r));
     if (!r) {
-      pending_.push_front(ev::ExecFailed{x.proc, std::move(r).error()});
+      proto::StartFailed f = std::move(r).error();
+      if (x.container && f.reason.starts_with("execve"))
+        f.reason += fmt::format(" (in exec.container.root {})", x.container->root);
+      pending_.push_front(ev::ExecFailed{x.proc, std::move(f)});
       return;
     }
     // Started first, then (with no streams) its outputs are done at once.

@@ -853,9 +853,18 @@ void Session::on_exec(const proto::ExecProcess& x) {
     return refuse(fmt::format("exec: {} processes started by exec are running already (the most)", proto::kExecMax));
   if (x.stdio && !(boot_ && boot_->stdio))
     return refuse("exec.stdio: this session has no data channel (boot.stdio unset)");
-  execs_.push_back(ExecState{x.proc, 0, false, std::nullopt});
-  note(Severity::info, "exec", fmt::format("process {}: {}", x.proc, x.exec.argv.empty() ? "" : x.exec.argv[0]));
-  out_.push_back(act::SpawnExec{x.proc, x.exec, boot_ ? boot_->geometry : proto::Geometry{}, x.stdio});
+  std::int32_t in_pid = 0;
+  if (x.in) {
+    for (const ExecState& e : execs_)
+      if (e.proc == *x.in && e.container && e.pid > 0 && !e.held) in_pid = e.pid;
+    if (in_pid <= 0) return refuse(fmt::format("exec.in: no container is running as process {}", *x.in));
+  }
+  execs_.push_back(ExecState{x.proc, 0, false, std::nullopt, x.container.has_value()});
+  note(Severity::info, "exec", fmt::format("process {}: {}{}", x.proc, x.exec.argv.empty() ? "" : x.exec.argv[0],
+                                          x.container ? fmt::format(" (container {})", x.container->root)
+                                          : x.in ? fmt::format(" (in process {})", *x.in) : std::string()));
+  out_.push_back(act::SpawnExec{x.proc, x.exec, boot_ ? boot_->geometry : proto::Geometry{}, x.stdio,
+                                x.container, in_pid});
 }
 
 void Session::on(const ev::ExecStarted& e) {

@@ -204,11 +204,15 @@ struct ListProcesses {};  // read the guest's processes (procs.hpp): ProcessList
 /// Start `exec` beside the workload (the host's `exec`), in its own session and process group,
 /// `geometry` in its environment; its streams as `stdio` says, framed as process `proc` on the
 /// data channel (unset: /dev/null). ExecStarted or ExecFailed; later ExecOutputsDone.
+/// `container` set: as a new container's PID 1 (container.hpp); `in_pid` > 0: inside the running
+/// container whose PID 1 is that pid (the host's `exec.in`).
 struct SpawnExec {
   std::uint16_t proc;
   proto::Exec exec;
   proto::Geometry geometry;
   std::optional<proto::Stdio> stdio;
+  std::optional<proto::Container> container = std::nullopt;
+  std::int32_t in_pid = 0;
 };
 /// Process `proc` was reported: close what is left of its streams (its late output is
 /// discarded) once the frames already begun are out. ev::ExecClosed follows (with stdio).
@@ -400,6 +404,7 @@ class Session {
     std::int32_t pid = 0;            // 0 until ExecStarted
     bool outputs_done = false;
     std::optional<proto::WorkloadExited> held;  // reaped, waiting for outputs_done or exec_drain
+    bool container = false;          // started with exec.container (exec.in may name it)
   };
   std::vector<ExecState> execs_;
   bool flush_data_owed_ = false;   // the final flush: the last report said output is still owed

@@ -63,6 +63,8 @@ std::string_view to_string(SpawnStep s) {
     case SpawnStep::exec: return "execve";
     case SpawnStep::stdio: return "dup2 stdio";
     case SpawnStep::terminal: return "TIOCSCTTY";
+    case SpawnStep::container: return "exec.container.root:";
+    case SpawnStep::join: return "exec.in:";
   }
   return "?";
 }
@@ -86,6 +88,7 @@ namespace {
 struct ChildReport {
   std::int32_t step = 0;  // 0: nothing failed (the child exec'd)
   std::int32_t err = 0;
+  std::int32_t index = 0;  // the failing container step or namespace (SpawnStep::container, join)
 };
 
 void close_fds_from_3() {
@@ -111,7 +114,10 @@ struct ChildArgs {
   char* const* envp;
   const char* cwd;
   const std::vector<gid_t>* groups;
+  const Enclosure* where;
   ChildReport report;
+  pid_t joined = 0;  // exec.in: the process the intermediate child started in the container
+  char* stack2 = nullptr;  // ... on this stack
 };
 
 /// The child, between clone and execve. It shares the parent's memory (CLONE_VM) while the
@@ -121,7 +127,8 @@ struct ChildArgs {
 int child_main(void* p) {
   auto* a = static_cast<ChildArgs*>(p);
   auto fail = [a](SpawnStep step, int err) {
-    a->report = {static_cast<std::int32_t>(step), err};
+    a->report.step = static_cast<std::int32_t>(step);
+    a->report.err = err;
     ::_exit(127);
   };
   // Own session and process group: signals to the workload's group reach all it starts, and
@@ -155,6 +162,12 @@ int child_main(void* p) {
   sigset_t none;
   sigemptyset(&none);
   if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) fail(SpawnStep::sigmask, errno);
+  // A new container: its root, /proc, /dev, /sys and /etc files (container.hpp), before the
+  // exec's cwd and PATH search, which are then the container's.
+  if (a->where->steps) {
+    int err = run_container(*a->where->steps, a->report.index);
+    if (err != 0) fail(SpawnStep::container, err);
+  }
   // The init runs at -1000; the workload is an ordinary candidate for the OOM killer. Best
   // effort: without /proc there is nothing to reset.
   int oom = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -187,10 +200,26 @@ int child_main(void* p) {
 /// The child's stack: it runs only child_main's system calls (no formatting, no allocation).
 constexpr std::size_t kChildStack = 32 * 1024;
 
+/// exec.in's intermediate child: it joins the container's namespaces and root, then starts the
+/// process there (a setns'd pid namespace applies to children only) as the init's child
+/// (CLONE_PARENT: the init reaps it), and exits. It shares the init's memory, as child_main.
+int join_main(void* p) {
+  auto* a = static_cast<ChildArgs*>(p);
+  int err = join_container(*a->where->join, a->report.index);
+  if (err != 0) {
+    a->report = {static_cast<std::int32_t>(SpawnStep::join), err, a->report.index};
+    ::_exit(127);
+  }
+  pid_t pid = ::clone(child_main, a->stack2 + kChildStack, CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD, a);
+  if (pid < 0) a->report = {static_cast<std::int32_t>(SpawnStep::fork), errno, 0};
+  a->joined = pid;
+  ::_exit(0);
+}
+
 }  // namespace
 
 SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio, Reaper& reaper,
-                  const ChildFds* fds, Role role) {
+                  const ChildFds* fds, Role role, const Enclosure& where) {
   auto fail = [](SpawnStep step, int err, std::string detail = {}) -> SpawnResult {
     return proto::StartFailed{
         fmt::format("{}{}{}: {}", to_string(step), detail.empty() ? "" : " ", detail, std::strerror(err)),
@@ -211,14 +240,29 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   envp.push_back(nullptr);
   const std::string cwd = exec.cwd.value_or("/");
   std::vector<gid_t> groups(exec.groups.begin(), exec.groups.end());
-  ChildArgs args{&exec, stdio, fds, &candidates, argvp.data(), envp.data(), cwd.c_str(), &groups, {}};
+  ChildArgs args{&exec, stdio, fds, &candidates, argvp.data(), envp.data(), cwd.c_str(), &groups, &where, {}};
 
   // The caller (PID 1) has every catchable signal blocked, so the child starts with them blocked
   // too: nothing can run a disposition before the child has reset it. CLONE_VM|CLONE_VFORK (what
   // posix_spawn does): no copy of the init's page tables, and this call returns only once the
   // child has exec'd or exited, with its report (if any) in `args`.
+  // A new container: new mount, pid (the child is its PID 1) and, with a hostname, UTS
+  // namespaces. exec.in: an intermediate child joins and starts the process (join_main).
   alignas(16) std::array<char, kChildStack> stack;
-  pid_t pid = ::clone(child_main, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+  int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+  if (where.steps) flags |= CLONE_NEWNS | CLONE_NEWPID | (where.uts ? CLONE_NEWUTS : 0);
+  std::vector<char> stack2(where.join ? kChildStack + 16 : 0);
+  if (where.join) args.stack2 = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(stack2.data()) + 15) & ~std::uintptr_t{15});
+  pid_t pid = ::clone(where.join ? join_main : child_main, stack.data() + stack.size(), flags, &args);
+  if (where.join && pid > 0) {
+    // The intermediate has exited (after its child exec'd or failed): collect it; the process
+    // that runs is its child's pid, the init's child (CLONE_PARENT).
+    int st;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid = args.joined;
+    if (args.report.step != 0 && pid <= 0) pid = 0;  // nothing more to collect
+  }
 #if defined(__SANITIZE_ADDRESS__)
   // The child's frames marked their redzones in the shadow of `stack` and never returned to
   // clear them (the child exec'd or exited): clear them here, or a later frame of ours that
@@ -226,7 +270,7 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   ASAN_UNPOISON_MEMORY_REGION(stack.data(), stack.size());
 #endif
   if (pid < 0) return fail(SpawnStep::fork, errno);
-  if (args.report.step == 0) {
+  if (args.report.step == 0 && pid > 0) {
     // Registered before the loop can reap: an instant exit is still the workload's.
     if (role == Role::workload) {
       reaper.watch(pid);
@@ -244,12 +288,17 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   // The child failed and exited 127 after its report: collect it here, so the reaper never
   // mistakes it for the workload's exit (start_failed has no workload_exited after it).
   int st;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  while (pid > 0 && ::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
   auto step = static_cast<SpawnStep>(args.report.step);
   std::string detail;
   if (step == SpawnStep::exec) detail = exec.argv[0];
   if (step == SpawnStep::chdir) detail = cwd;
+  const int i = args.report.index;
+  if (step == SpawnStep::container && where.steps && i >= 0 && static_cast<std::size_t>(i) < where.steps->size())
+    detail = describe((*where.steps)[static_cast<std::size_t>(i)]);
+  if (step == SpawnStep::join && where.join && i >= 0 && i < 4)
+    detail = fmt::format("open/enter {}", i < 3 ? where.join->ns[i] : where.join->root);
   return fail(step, args.report.err, detail);
 }
 

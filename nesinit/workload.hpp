@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/result.hpp"
+#include "container.hpp"
 #include "protocol/limits.hpp"
 #include "protocol/messages.hpp"
 #include "reaper.hpp"
@@ -31,7 +32,7 @@ std::vector<std::string> exec_candidates(const std::string& argv0, const std::st
 
 /// The set-up step that failed in the child.
 enum class SpawnStep : int { fork = 1, pipe, setsid, console, sigmask, chdir, setgroups, setgid,
-                             setuid, exec, stdio, terminal };
+                             setuid, exec, stdio, terminal, container, join };
 std::string_view to_string(SpawnStep s);
 
 /// start_failed's class for a failing step and errno: exec ENOENT/ENOTDIR -> not_found (127 in
@@ -58,11 +59,21 @@ using SpawnResult = base::Result<pid_t, proto::StartFailed>;
 /// (Reaper::watch_exec).
 enum class Role { workload, exec };
 
+/// Where the process runs (exec.container / exec.in): `steps` set: a new container (its own
+/// mount and pid namespaces, and UTS with `uts`), the steps run in the child before the exec;
+/// `join` set: inside a running one (its namespaces and root). Neither: the init's own.
+struct Enclosure {
+  const std::vector<ContainerStep>* steps = nullptr;
+  bool uts = false;
+  const JoinPlan* join = nullptr;
+};
+
 /// Start `exec`. On success the child has exec'd and its pid is registered with `reaper` (it may
 /// already have exited: the reaper delivers its status later). On failure the child has been
 /// collected and a StartFailed says which step failed with which errno.
 /// Blocks only until the child's execve succeeds or the child reports its failure and exits.
 SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio, Reaper& reaper,
-                  const ChildFds* fds = nullptr, Role role = Role::workload);
+                  const ChildFds* fds = nullptr, Role role = Role::workload,
+                  const Enclosure& where = {});
 
 }  // namespace nes::init

@@ -511,6 +511,25 @@ void enc(Buf& b, const ExecProcess& m) {
     key(b, "stdio");
     enc(b, *m.stdio);
   }
+  if (m.container) {  // additive: absent means the VM's own root and namespaces
+    key(b, "container");
+    b.push_back('{');
+    key(b, "root", true);
+    put_string(b, m.container->root);
+    if (m.container->hostname) {
+      key(b, "hostname");
+      put_string(b, *m.container->hostname);
+    }
+    if (m.container->readonly) {
+      key(b, "readonly");
+      put_bool(b, true);
+    }
+    b.push_back('}');
+  }
+  if (m.in) {
+    key(b, "in");
+    put_int(b, *m.in);
+  }
 }
 void enc(Buf& b, const ListProcesses&) { open(b, "list_processes"); }
 
@@ -1407,6 +1426,27 @@ bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
   return sig || missing(p, "signal", kSignal, err);
 }
 
+/// exec.container: `root` required, an absolute path of 2..kContainerRootMax bytes other than "/";
+/// `hostname` a DNS name; `readonly` a boolean.
+[[gnu::noinline]] bool dec_container(od::value v, const Path& p, Container& out, Err& err) {
+  bool root = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "root") {
+      root = true;
+      if (!get_str(fv, fp, out.root, err)) return false;
+      if (out.root.size() < 2 || out.root.size() > kContainerRootMax || out.root[0] != '/')
+        return err.expected(fp, "absolute path of 2..4000 bytes other than \"/\"", excerpt_json(out.root));
+      return true;
+    }
+    if (k == "hostname") return get_dns_name(fv, fp, out.hostname.emplace(), err);
+    if (k == "readonly") return get_bool(fv, fp, out.readonly, err);
+    return true;
+  });
+  if (!ok) return false;
+  return root || missing(p, "root", "absolute path", err);
+}
+
 bool dec(od::document& doc, const Path& p, ExecProcess& out, Err& err) {
   bool proc = false, exec = false;
   if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
@@ -1417,10 +1457,17 @@ bool dec(od::document& doc, const Path& p, ExecProcess& out, Err& err) {
           if (is_null(fv)) return out.stdio.reset(), true;
           return dec_stdio(fv, fp, out.stdio.emplace(), err);
         }
+        if (k == "container") {
+          if (is_null(fv)) return out.container.reset(), true;
+          return dec_container(fv, fp, out.container.emplace(), err);
+        }
+        if (k == "in") return get_ranged(fv, fp, 1, 65535, kProc, out.in.emplace(), err);
         return true;
       }))
     return false;
   if (!proc) return missing(p, "proc", kProc, err);
+  if (out.container && out.in)
+    return err.fail(p / "in", "set with exec.container: a process is a new container or joins one, not both");
   return exec || missing(p, "exec", "object", err);
 }
 

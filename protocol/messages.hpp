@@ -33,9 +33,11 @@ inline constexpr const char* kFeatureReconnect = "reconnect";  // boot.reconnect
 inline constexpr const char* kFeatureExec = "exec";            // exec, list_processes
 inline constexpr const char* kFeatureNetwork = "network";      // boot.network
 inline constexpr const char* kFeatureDataResume = "data_resume";  // boot.stdio.replay_bytes > 0
+inline constexpr const char* kFeatureContainer = "container";      // exec.container, exec.in
 /// Every feature this build's init implements, as it announces them.
 inline std::vector<std::string> all_features() {
-  return {kFeatureStdio, kFeatureRoot, kFeatureReconnect, kFeatureExec, kFeatureNetwork, kFeatureDataResume};
+  return {kFeatureStdio,   kFeatureRoot,       kFeatureReconnect, kFeatureExec,
+          kFeatureNetwork, kFeatureDataResume, kFeatureContainer};
 }
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
@@ -404,16 +406,39 @@ struct Kill {
   bool operator==(const Kill&) const = default;
 };
 
+/// Longest `exec.container.root`, in bytes (PATH_MAX less room for the paths the init builds
+/// under it: "/dev/pts", "/etc/resolv.conf").
+inline constexpr std::size_t kContainerRootMax = 4000;
+
+/// A container inside the VM (additive, feature "container"; docs/protocol.md "Containers"):
+/// the process `exec` starts gets its own root, mount, pid (it is PID 1 there) and, with
+/// `hostname`, UTS namespace, as runc gives a container; the VM's network. `root` an absolute
+/// guest path of a directory (the container's rootfs, e.g. under the pod's share), 2..4000 bytes,
+/// not "/"; `hostname` as boot.hostname's rules (1..253 of letters, digits, '-', '.', '_'; unset:
+/// the VM's UTS namespace is shared); `readonly` its root read-only. Wire names: "root",
+/// "hostname", "readonly".
+struct Container {
+  std::string root;
+  std::optional<std::string> hostname;
+  bool readonly = false;
+  bool operator==(const Container&) const = default;
+};
+
 /// Start another process in the running guest, beside the workload (`ctr task exec`,
 /// `kubectl exec`, `neshost exec`): `exec` as the workload's (argv, env, cwd, uid/gid/groups),
 /// in its own session and process group; `stdio` its own streams on the data channel, framed
 /// with process number `proc` (unset: /dev/null for all three). `proc` 1..65535, chosen by the
 /// host, never reused in one session. Answered by exec_started or exec_failed; its end by
 /// exec_exited. Its exit never ends the session.
+/// Additive (feature "container"): `container` set: the process is a container's PID 1 (see
+/// Container); `in` set (1..65535): the process joins the running container `exec` started as
+/// process `in` (its root, mount, pid and UTS namespaces), as `runc exec`. At most one of the two.
 struct ExecProcess {
   std::uint16_t proc = 0;
   Exec exec;
   std::optional<Stdio> stdio;
+  std::optional<Container> container;
+  std::optional<std::uint16_t> in;
   bool operator==(const ExecProcess&) const = default;
 };
 

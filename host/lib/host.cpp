@@ -1085,7 +1085,7 @@ int exec_exit_status(const ExecEnd& e) {
 }
 
 Result<std::uint16_t> Host::exec(const std::string& id, proto::Exec exec, std::optional<proto::Stdio> stdio,
-                                 ExecHooks hooks) {
+                                 ExecHooks hooks, ExecWhere where) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
   if (vm->core.outcome()) return Error{"exec: the workload has ended"};
@@ -1095,7 +1095,7 @@ Result<std::uint16_t> Host::exec(const std::string& id, proto::Exec exec, std::o
   // The next number not in use (65535 numbers: wraps only in a very long-lived session).
   std::uint16_t proc = vm->next_proc;
   while (proc == 0 || vm->execs.count(proc)) ++proc;
-  proto::ExecProcess x{proc, std::move(exec), stdio};
+  proto::ExecProcess x{proc, std::move(exec), stdio, std::move(where.container), where.in};
   if (stdio)
     if (auto s = vm->data->open_exec(proc, *stdio); !s) return s.error();
   if (auto s = vm->core.exec(x); !s) {

@@ -78,6 +78,13 @@ using WaitResult = Result<Record>;
 /// shells); exec_failed not_found 127, else 126; lost 125 (the host's side failed).
 int exec_exit_status(const ExecEnd& e);
 
+/// Where a process Host::exec() starts runs: the guest's own root and namespaces (both unset), a
+/// new container (`container`), or inside a running one (`in`: its process number). At most one.
+struct ExecWhere {
+  std::optional<proto::Container> container;
+  std::optional<std::uint16_t> in;
+};
+
 /// Callbacks for one process Host::exec() started, on the io_context thread; they must not
 /// block. `data`: its output (stdout or stderr, 1..65536 bytes per call, in order); `eof`: one of
 /// its streams ended; `started`: it runs, with its pid in the guest (stdin may be sent from now
@@ -142,8 +149,17 @@ class Host {
   /// session, the workload ended, `stdio` without a data channel, 16 running already, a field
   /// the guest would refuse. An init that predates `exec` never answers: kExecAnswerWait bounds
   /// the wait for exec_started (then `ended` with `lost`).
+  /// `where` (feature "container", docs/protocol.md "Containers"): `container` set: the process
+  /// is a new container's PID 1 in the guest: pivot_root'ed into `container.root` (a guest
+  /// directory, e.g. a container's rootfs under the pod's share), its own mount and pid (and,
+  /// with a hostname, UTS) namespaces, /proc, /dev, /sys, /etc/hosts, /etc/resolv.conf as runc
+  /// gives them, the VM's network; `in` set: the process joins the container started by this
+  /// VM's exec() as process `in` (its root and namespaces: `runc exec`). Errors besides the
+  /// above: both set, a malformed field (named: `exec.container.root: ...`), an init that does
+  /// not announce "container". A root missing or not a directory, a program missing in it, or
+  /// an `in` naming no running container come back as `ended` with exec_failed (127: not found).
   Result<std::uint16_t> exec(const std::string& vm, proto::Exec exec, std::optional<proto::Stdio> stdio,
-                             ExecHooks hooks);
+                             ExecHooks hooks, ExecWhere where = {});
   static constexpr std::chrono::milliseconds kExecAnswerWait{10000};
   /// `kill{signal, proc}`: signal 1..64 to the group of the process exec() started as `proc`.
   Status kill_exec(const std::string& vm, std::uint16_t proc, int signal);

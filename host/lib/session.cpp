@@ -293,6 +293,7 @@ void Session::handle_ready(const proto::Ready& r, WallTime now) {
     close_stream();
     return;
   }
+  features_ = r.features;
   if (auto lacking = missing_feature(cfg_, r.features)) {
     finalize(proto::Outcome::version_mismatch, std::nullopt, std::nullopt, std::nullopt, *lacking, now);
     close_stream();
@@ -861,6 +862,10 @@ Status Session::exec(const proto::ExecProcess& x) {
   if (!link_at_least(Link::booted)) return Error{"exec: no booted session"};
   if (outcome_) return Error{"exec: the workload has ended"};
   if (auto ok = proto::validate(proto::HostMessage{x}); !ok) return Error{ok.error().reason};
+  if ((x.container || x.in) &&
+      !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureContainer) != features_->end()))
+    return Error{fmt::format("exec.{}: the guest's init does not implement containers (no \"{}\" in ready.features)",
+                             x.container ? "container" : "in", proto::kFeatureContainer)};
   send(x);
   execs_[x.proc] = ExecState{x.stdio.has_value(), x.stdio && x.stdio->terminal};
   arm_exec(x.proc, cfg_.exec_answer_wait);

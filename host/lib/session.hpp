@@ -356,6 +356,8 @@ class Session {
     bool outputs_done() const { return !has_stdio || (out_eof && (err_eof || terminal)); }
   };
   std::map<std::uint16_t, ExecState> execs_;
+  /// The guest's `ready.features` (unset: an init that predates the field, with none of them).
+  std::optional<std::vector<std::string>> features_;
 };
 
 /// The owner's half of framing (host.cpp's read loop, the sans-I/O tests, the fuzzer): feed

@@ -946,6 +946,36 @@ TEST_CASE("exec ends: no answer in time is lost; exec_failed at once; without st
   CHECK(std::holds_alternative<proto::ExecExited>(p.exec_ends[2].second));
 }
 
+TEST_CASE("exec.container / exec.in: sent to an init that announces \"container\"; refused, naming the field, to one that does not") {
+  {
+    Probe p;
+    p.booted();  // ready with all_features(): "container" among them
+    proto::ExecProcess x = exec_of(1, false);
+    x.container = proto::Container{"/run/nes/pod/c1/rootfs", "web", false};
+    REQUIRE(p.s.exec(x));
+    p.pump();
+    REQUIRE(std::holds_alternative<proto::ExecProcess>(p.sent.back()));
+    CHECK(std::get<proto::ExecProcess>(p.sent.back()).container == x.container);
+    // A malformed field is refused before anything is sent, named as the guest would.
+    proto::ExecProcess bad = exec_of(2, false);
+    bad.container = proto::Container{"relative"};
+    auto st = p.s.exec(bad);
+    REQUIRE(!st);
+    CHECK(st.error().message.starts_with("exec.container.root: expected absolute path"));
+  }
+  {
+    Probe p;
+    p.start();
+    p.feed(R"({"type":"ready","protocol_version":2,"features":["stdio","exec"]})" "\n");
+    proto::ExecProcess x = exec_of(1, false);
+    x.in = 3;
+    auto st = p.s.exec(x);
+    REQUIRE(!st);
+    CHECK(st.error().message == R"(exec.in: the guest's init does not implement containers (no "container" in ready.features))");
+    CHECK(p.s.exec(exec_of(1, false)));  // a plain exec still goes
+  }
+}
+
 TEST_CASE("exec and the end of the VM: the data channel closing ends those exited; the stream closing, the rest") {
   Probe p;
   p.booted();

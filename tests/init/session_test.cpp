@@ -1148,6 +1148,55 @@ TEST_CASE("exec: refused with exec_failed naming why; nothing spawned") {
   }
 }
 
+TEST_CASE("exec.container / exec.in: the container goes to the spawn; `in` resolves to its PID 1, or is refused") {
+  Session s = running();
+  proto::ExecProcess c = exec_of(1, false);
+  c.container = proto::Container{"/run/nes/pod/c1/rootfs", "web", false};
+  auto a = s.handle(msg(c));
+  auto sp = only<act::SpawnExec>(a);
+  REQUIRE(sp.size() == 1);
+  CHECK(sp[0].container == c.container);
+  CHECK(sp[0].in_pid == 0);
+  // Not started yet: nothing to join.
+  proto::ExecProcess in = exec_of(2, false);
+  in.in = 1;
+  a = s.handle(msg(in));
+  CHECK(only<act::SpawnExec>(a).empty());
+  CHECK(sent_msg<proto::ExecFailed>(a) ==
+        proto::ExecFailed{2, "exec.in: no container is running as process 1", std::nullopt, proto::StartFailClass::other});
+  s.handle(ev::ExecStarted{1, 600});
+  a = s.handle(msg(in));
+  sp = only<act::SpawnExec>(a);
+  REQUIRE(sp.size() == 1);
+  CHECK(sp[0].in_pid == 600);
+  CHECK(!sp[0].container);
+  // A process that is not a container (started without exec.container) cannot be joined.
+  s.handle(ev::ExecStarted{2, 601});
+  proto::ExecProcess in2 = exec_of(3, false);
+  in2.in = 2;
+  CHECK(sent_msg<proto::ExecFailed>(s.handle(msg(in2))).reason == "exec.in: no container is running as process 2");
+  // Unknown, and ended (reaped) containers are refused; the container's end is an exec_exited,
+  // never the session's.
+  in2.in = 9;
+  CHECK(sent_msg<proto::ExecFailed>(s.handle(msg(in2))).reason == "exec.in: no container is running as process 9");
+  a = s.handle(ev::ExecReaped{600, proto::WorkloadExited::code(4)});
+  a = s.handle(ev::ExecOutputsDone{1});
+  CHECK(sent_msg<proto::ExecExited>(a) == proto::ExecExited{1, 4, std::nullopt});
+  CHECK(s.phase() == Phase::running);
+  CHECK(s.workload_alive());
+  in2.in = 1;
+  in2.proc = 4;
+  CHECK(sent_msg<proto::ExecFailed>(s.handle(msg(in2))).reason == "exec.in: no container is running as process 1");
+  // kill{proc} reaches a container's PID 1 (its group, in the init's pid namespace).
+  proto::ExecProcess c2 = exec_of(5, false);
+  c2.container = proto::Container{"/r2"};
+  s.handle(msg(c2));
+  s.handle(ev::ExecStarted{5, 700});
+  auto g = only<act::SignalGroup>(s.handle(msg(proto::Kill{9, 5})));
+  REQUIRE(g.size() == 1);
+  CHECK(g[0].pgid == 700);
+}
+
 TEST_CASE("exec: kill{signal, proc} goes to that process's group only; the workload's SIGTERM is untouched") {
   Session s = running();
   s.handle(msg(exec_of(1, false)));

@@ -114,7 +114,7 @@ TEST_CASE("ready.features: an array of strings; absent is none") {
   // Our init's list, and the reference's line unchanged when there is none.
   CHECK(encode(GuestMessage{Ready{}}) == R"({"type":"ready","protocol_version":2})");
   CHECK(encode(GuestMessage{Ready{2, std::nullopt, all_features()}}) ==
-        R"({"type":"ready","protocol_version":2,"features":["stdio","root","reconnect","exec","network","data_resume"]})");
+        R"({"type":"ready","protocol_version":2,"features":["stdio","root","reconnect","exec","network","data_resume","container"]})");
 }
 
 TEST_CASE("network_failed: interface, step and reason required; its status is 125") {

@@ -446,3 +446,43 @@ TEST_CASE("fencing: a malformed envelope generation is a DecodeError naming the 
   CHECK(std::holds_alternative<GuestMessage>(d));
   CHECK(env.generation == std::optional<std::uint64_t>(5));
 }
+
+TEST_CASE("exec.container and exec.in (additive): wire shape, round trip, errors naming the field") {
+  ExecProcess ex;
+  ex.proc = 3;
+  ex.exec.argv = {"sh"};
+  ex.container = Container{"/run/nes/pod/c1/rootfs", "web", true};
+  const std::string line = encode(HostMessage{ex});
+  CHECK(line == R"({"type":"exec","proc":3,"exec":{"argv":["sh"],"env":{},"cwd":null,"uid":0,"gid":0},)"
+                R"("container":{"root":"/run/nes/pod/c1/rootfs","hostname":"web","readonly":true}})");
+  HostDecoded d = decode_host(line);
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<ExecProcess>(std::get<HostMessage>(d)) == ex);
+  // Defaults are not written; `in` alone.
+  ex.container = Container{"/c2"};
+  CHECK(encode(HostMessage{ex}).ends_with(R"(,"container":{"root":"/c2"}})"));
+  ex.container.reset();
+  ex.in = 3;
+  CHECK(encode(HostMessage{ex}).ends_with(R"("gid":0},"in":3})"));
+  d = decode_host(encode(HostMessage{ex}));
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<ExecProcess>(std::get<HostMessage>(d)) == ex);
+  // A null container is none.
+  d = decode_host(R"({"type":"exec","proc":1,"exec":{"argv":["sh"],"uid":0,"gid":0},"container":null})");
+  REQUIRE(summary(d) == "ok");
+  CHECK(!std::get<ExecProcess>(std::get<HostMessage>(d)).container);
+
+  const std::string head = R"({"type":"exec","proc":1,"exec":{"argv":["sh"],"uid":0,"gid":0},)";
+  auto err = [&](const std::string& tail) { return error_of(decode_host(head + tail + "}")); };
+  CHECK(err(R"("container":{})") == "exec.container.root: missing (expected absolute path)");
+  CHECK(err(R"("container":{"root":"rel/x"})") ==
+        R"(exec.container.root: expected absolute path of 2..4000 bytes other than "/", got "rel/x")");
+  CHECK(err(R"("container":{"root":"/"})").starts_with("exec.container.root: expected absolute path"));
+  CHECK(err(R"("container":{"root":")" + std::string(4001, 'a') + "\"}").starts_with("exec.container.root: expected absolute path"));
+  CHECK(err(R"("container":{"root":7})") == "exec.container.root: expected string, got 7");
+  CHECK(err(R"("container":{"root":"/r","hostname":"a b"})").starts_with("exec.container.hostname: expected name of 1..253"));
+  CHECK(err(R"("container":{"root":"/r","readonly":1})") == "exec.container.readonly: expected boolean, got 1");
+  CHECK(err(R"("container":[])").starts_with("exec.container: expected object"));
+  CHECK(err(R"("in":0)") == "exec.in: expected integer 1..65535, got 0");
+  CHECK(err(R"("in":2,"container":{"root":"/r"})").starts_with("exec.in: set with exec.container"));
+}
