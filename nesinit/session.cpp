@@ -288,7 +288,9 @@ void Session::data_gave_up(std::string reason, int err) {
 void Session::on(const ev::DataUp&) {
   if (resuming_data_) {
     resuming_data_ = false;
-    cancel(Timer::data_reconnect);
+    // The window (data_reconnect) stays armed: a host that takes the connection and drops it
+    // again before the handshake must not open a fresh window each time. Firing after a resume
+    // that held, it does nothing.
     cancel(Timer::data_redial);
     note(Severity::info, "data", "the data channel is redialled: its output resumes");
     return;
@@ -328,6 +330,13 @@ void Session::on(const ev::DataLost& l) {
   if (phase_ == Phase::done || resuming_data_ || !boot_ || !boot_->stdio) return;
   note(Severity::warn, "data", fmt::format("{}; redialling for up to {} ms", l.reason, boot_->reconnect_ms));
   resuming_data_ = true;
+  if (armed_[static_cast<int>(Timer::data_reconnect)]) {
+    // Lost again inside the window of an earlier loss (a connection the host dropped, or
+    // refused, before the handshake): the same window, the backoff going on; no tight loop.
+    arm(Timer::data_redial, data_backoff_ms_);
+    data_backoff_ms_ = std::min(data_backoff_ms_ * 2, kRedialMaxMs);
+    return;
+  }
   data_backoff_ms_ = kRedialFirstMs;
   arm(Timer::data_reconnect, boot_->reconnect_ms);
   out_.push_back(data_dial(kRedialAttemptMs, true));

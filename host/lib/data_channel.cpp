@@ -79,6 +79,10 @@ bool DataReceiver::outputs_done() const {
   return dec_.at_eof(proto::Stream::out) && (terminal_ || dec_.at_eof(proto::Stream::err));
 }
 
+/// The largest position a guest may name (2^53-1, as output_end's counts): beyond any stream's
+/// real length, and far from wrapping the sums of positions the link keeps.
+constexpr std::uint64_t kPositionMax = 9007199254740991ull;
+
 // ---- DataLink ----
 
 DataLink::DataLink(asio::io_context& io, int fd, int family, Config cfg)
@@ -88,8 +92,14 @@ DataLink::DataLink(asio::io_context& io, int fd, int family, Config cfg)
     // This link's tallies continue the session's (a replacement host's from the log's positions).
     DataResume& r = *cfg_.resume;
     ++r.links;
-    tallies_[{0, proto::Stream::out}] = Tally{r.pos[0], r.eof[0]};
-    tallies_[{0, proto::Stream::err}] = Tally{r.pos[1], r.eof[1]};
+    // Received counts payload that arrived: a gap's bytes never did (the guest's `sent` leaves
+    // them out too: output_end stays exact).
+    tallies_[{0, proto::Stream::out}] = Tally{r.pos[0] - r.gap[0], r.eof[0]};
+    tallies_[{0, proto::Stream::err}] = Tally{r.pos[1] - r.gap[1], r.eof[1]};
+    // An eof the earlier link saw counts here: the guest's replayed eof is skipped as a repeat,
+    // and the receipt (`close`) must still go out once every stream has ended.
+    out_eof_ = r.eof[0];
+    err_eof_ = r.eof[1];
   }
   error_code ec;
   sock_.assign(asio::generic::stream_protocol(family, 0), fd, ec);
@@ -236,11 +246,20 @@ bool DataLink::handle_resume(DataEvent& e) {
   }
   if (auto* p = std::get_if<data_ev::Position>(&e)) {
     if (p->proc != 0) return true;  // processes exec started are not resumed
+    if (p->position > kPositionMax) {  // no stream gets there; sums of positions must not wrap
+      close(fmt::format("position frame on {}: position {} above 2^53-1", proto::to_string(p->stream), p->position));
+      return false;
+    }
     if (p->stream == proto::Stream::in) {
       if (!r.in_known) {  // a host taking over: stdin continues from the guest's position
         r.in_known = true;
         r.in_sent = r.in_acked = p->position;
         r.in_unacked.clear();
+        if (r.in_eof) {  // an eof the embedder gave before the handshake
+          std::string f;
+          proto::append_eof(f, proto::Stream::in);
+          (void)queue_in(std::move(f));
+        }
         cfg_.emit("stdin_position", fmt::format("{}", p->position));
         stdin_go();
         return true;
@@ -274,7 +293,7 @@ bool DataLink::handle_resume(DataEvent& e) {
       r.gap[i] += n;
       r.pos[i] = p->position;
       if (cfg_.hooks && cfg_.hooks->dropped) cfg_.hooks->dropped(cfg_.vm, p->stream, n);
-      if (cfg_.log) cfg_.log->push_dropped(static_cast<OutputStream>(p->stream), n, wall_now());
+      if (cfg_.log) cfg_.log->push_skipped(static_cast<OutputStream>(p->stream), n, wall_now());
       cfg_.emit("output_dropped", fmt::format("{} {} bytes (gone from the guest's replay ring)",
                                               proto::to_string(p->stream), n));
       if (!cfg_.log || cfg_.log->error()) r.safe[i] = r.pos[i];
@@ -455,6 +474,13 @@ Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
 }
 
 Status DataLink::send_stdin_eof(std::uint16_t proc) {
+  if (proc == 0 && cfg_.resume && cfg_.stdio.attach_stdin && !closed_ && !stdin_ready_) {
+    // Before the handshake: kept, and sent after the re-sent stdin once the guest's stdin
+    // position arrives (the position handler sends it when in_eof is set). Never dropped.
+    cfg_.resume->in_eof = true;
+    stdin_eof_sent_ = true;
+    return Ok{};
+  }
   auto st = stdin_of(proc);
   if (!st) return st.error();
   bool* eof_sent = *st;

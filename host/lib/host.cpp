@@ -1074,6 +1074,12 @@ Status Host::send_stdin(const std::string& id, std::string_view bytes, std::uint
 Status Host::send_stdin_eof(const std::string& id, std::uint16_t proc) {
   auto vm = impl_->find(id);
   if (!vm) return no_vm(id);
+  if (!vm->data && proc == 0 && vm->resume) {
+    // The data channel is lost and awaited again: the eof is kept and goes out after the
+    // handshake of the redialled one (DataLink's position handler), never dropped.
+    vm->resume->in_eof = true;
+    return Ok{};
+  }
   if (!vm->data) return no_data(id);
   return vm->data->send_stdin_eof(proc);
 }

@@ -225,6 +225,9 @@ bool LogWriter::rotate() {
     return false;
   }
   size_ = 0;
+  // The sidecar's `file` now names the new (empty) file: a host killed after the next write
+  // cuts that file back to what was counted, never to the old file's size.
+  write_positions();
   return true;
 }
 
@@ -306,7 +309,7 @@ void LogWriter::flush() {
   if (fd_) {
     for (const auto& p : pend_) {
       if (!p.counted) continue;
-      (p.counted == 2 ? pos_.err : pos_.out) += p.content.size() + (p.newline ? 1 : 0);
+      (p.counted == 2 ? pos_.err : pos_.out) += p.skipped ? p.skipped : p.content.size() + (p.newline ? 1 : 0);
       moved = true;
     }
   }
@@ -376,6 +379,19 @@ void LogWriter::dropped(OutputStream s, std::uint64_t n, WallTime t) {
   gap(s, fmt::format("{} bytes of {} dropped", n, to_string(s)), t);
 }
 
+void LogWriter::skipped(OutputStream s, std::uint64_t n, WallTime t) {
+  eof(s, t);
+  counting_ = false;
+  const std::size_t before = pend_.size();
+  record(s, false, fmt::format("[neshost: {} bytes of {} dropped]", n, to_string(s)), t, false);
+  counting_ = true;
+  if (n > 0 && pend_.size() > before) {
+    pend_.back().counted = s == OutputStream::err ? 2 : 1;
+    pend_.back().skipped = n;
+  }
+  flush();
+}
+
 void LogWriter::gap(OutputStream s, std::string_view what, WallTime t) {
   eof(s, t);
   counting_ = false;
@@ -387,7 +403,7 @@ void LogWriter::gap(OutputStream s, std::string_view what, WallTime t) {
 // ---- AsyncLog ----
 
 struct AsyncLog::State {
-  enum class Kind { data, eof, gap };
+  enum class Kind { data, eof, gap, skipped };
   struct Item {
     Kind kind;
     OutputStream stream;
@@ -448,6 +464,8 @@ struct AsyncLog::State {
           w->append(it.stream, it.bytes, it.t);
         } else if (it.kind == Kind::eof) {
           w->eof(it.stream, it.t);
+        } else if (it.kind == Kind::skipped) {
+          w->skipped(it.stream, it.n, it.t);
         } else {
           w->gap(it.stream, it.bytes, it.t);
         }
@@ -534,6 +552,15 @@ void AsyncLog::push_eof(OutputStream s, WallTime t) {
 
 void AsyncLog::push_dropped(OutputStream s, std::uint64_t n, WallTime t) {
   push_gap(s, fmt::format("{} bytes of {} dropped", n, to_string(s)), t);
+}
+
+void AsyncLog::push_skipped(OutputStream s, std::uint64_t n, WallTime t) {
+  {
+    std::lock_guard lk(st_->mu);
+    if (st_->stop) return;
+    st_->q.push_back({State::Kind::skipped, s, {}, n, t});
+  }
+  st_->cv.notify_one();
 }
 
 void AsyncLog::push_gap(OutputStream s, std::string what, WallTime t) {

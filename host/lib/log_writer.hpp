@@ -116,6 +116,11 @@ class LogWriter {
   /// line is written, then one F record "[neshost: WHAT]", e.g. "[neshost: 12 bytes of stdout
   /// lost]".
   void gap(OutputStream stream, std::string_view what, WallTime t);
+  /// A resume gap: `n` bytes of `stream` the guest framed and no longer holds (gone from its
+  /// replay ring: docs/protocol.md "Data channel resume"). Written as dropped() writes it, and
+  /// the stream's position (positions(), the sidecar) moves past them, so a host taking over
+  /// asks the guest for what follows them and never counts the same gap twice.
+  void skipped(OutputStream stream, std::uint64_t n, WallTime t);
   /// Writes held partial lines as P records (end of stream, or output idle), then flush().
   void flush_partial(WallTime t);
   /// Writes the pending records to the file (write() and eof() do so before they return).
@@ -154,6 +159,7 @@ class LogWriter {
     std::uint8_t hlen;
     std::string_view content;
     std::uint8_t counted = 0;     // workload bytes of stream 1 (stdout) or 2 (stderr); 0: a gap's text
+    std::uint64_t skipped = 0;    // a resume gap's record: the stream's position moves by this, not by its text
     bool newline = false;         // an F record: a '\n' of the stream follows its content
   };
   std::vector<Pending> pend_;     // records not yet written
@@ -183,6 +189,8 @@ class AsyncLog {
   void push_dropped(OutputStream s, std::uint64_t n, WallTime t);
   /// As LogWriter::gap(): one "[neshost: WHAT]" record on `s`.
   void push_gap(OutputStream s, std::string what, WallTime t);
+  /// As LogWriter::skipped(): a resume gap of `n` bytes on `s`.
+  void push_skipped(OutputStream s, std::uint64_t n, WallTime t);
   /// Bytes queued and not yet written.
   std::size_t queued_bytes() const;
   /// The writer's positions (LogWriter::positions) as of its last flush.

@@ -246,8 +246,12 @@ void Session::protocol_violation(std::string reason, WallTime now) {
 void Session::handle_ready(const proto::Ready& r, WallTime now) {
   // A resumed `ready` on a stream that already had one: the guest redialled a virtio port whose
   // host side never went away, or gave up waiting for an ack on it (docs/protocol.md "Channel
-  // survival"): judged as any resume, not as a guest that started over.
-  if (r.resume) return handle_resume(*r.resume, now);
+  // survival"): judged as any resume, not as a guest that started over. A resumed `ready` lists
+  // the features too: a host taking over (re-adoption) learns them from it.
+  if (r.resume) {
+    features_ = r.features;
+    return handle_resume(*r.resume, now);
+  }
   if (!link_at_least(Link::ready) && (cfg_.resume || awaiting_redial_)) {
     // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
     // dialled); the workload this generation booted is gone with it.
