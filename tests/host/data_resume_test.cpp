@@ -237,3 +237,41 @@ TEST_CASE("a close on purpose sends the close frame first; the receipt waits for
   CHECK(close_frame);
   CHECK(*l.seen.closed == "");
 }
+
+TEST_CASE("a stdin eof given before the handshake is kept and goes out after the guest's stdin position") {
+  Link l;
+  l.resume->in_known = false;  // a host taking over: it learns stdin's position from the guest
+  l.start();
+  REQUIRE(l.link->send_stdin_eof());  // before any hello: kept, not refused
+  l.send(hello() + position(Stream::in, 3));
+  REQUIRE(l.until([&] {
+    for (auto& f : l.got)
+      if (f.kind == FrameKind::eof && f.stream == Stream::in) return true;
+    return false;
+  }));
+  CHECK(l.resume->in_eof);
+}
+
+TEST_CASE("the receipt goes out after a resume when the eofs came on an earlier link") {
+  Link l(false);
+  l.resume->pos[0] = 2;
+  l.resume->eof[0] = l.resume->eof[1] = true;  // both streams ended on the lost link
+  l.start();
+  std::string w = hello() + position(Stream::out, 2) + position(Stream::err, 0);
+  proto::append_eof(w, Stream::out);  // the guest replays its eofs: repeats, skipped
+  proto::append_eof(w, Stream::err);
+  l.send(w);
+  REQUIRE(l.until([&] { return l.seen.closed.has_value(); }));
+  bool close_frame = false;
+  for (auto& f : l.got) close_frame |= f.kind == FrameKind::close;
+  CHECK(close_frame);
+  CHECK(*l.seen.closed == "");
+}
+
+TEST_CASE("a position above 2^53-1 is refused naming the stream") {
+  Link l(false);
+  l.start();
+  l.send(hello() + position(Stream::out, ~std::uint64_t{0}));
+  REQUIRE(l.until([&] { return l.seen.closed.has_value(); }));
+  CHECK(*l.seen.closed == "position frame on stdout: position 18446744073709551615 above 2^53-1");
+}

@@ -373,3 +373,40 @@ TEST_CASE("a writer taking over continues the positions and cuts a torn tail bac
   CHECK(p.out == "abc\nde\n");
   CHECK(!read_log_positions(tmp.path / "absent"));
 }
+
+TEST_CASE("a resume gap moves its stream's position past the bytes it names, once; its text is not counted") {
+  TempDir tmp;
+  LogOptions o;
+  o.path = tmp.path / "workload.log";
+  o.positions = tmp.path / "workload.log.pos";
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  auto t = wall_now();
+  (*w)->write(OutputStream::out, "abc\n", t);
+  (*w)->skipped(OutputStream::out, 1000, t);  // the guest's ring no longer held bytes 4..1003
+  CHECK((*w)->positions().out == 1004);
+  CHECK((*w)->positions().err == 0);
+  CHECK(read_log_positions(o.positions)->out == 1004);  // a host taking over asks from 1004 on
+  (*w)->write(OutputStream::out, "z\n", t);
+  CHECK((*w)->positions().out == 1006);
+  Parsed p;
+  parse_file(o.path, p);
+  CHECK(p.out == "abc\n[neshost: 1000 bytes of stdout dropped]\nz\n");
+}
+
+TEST_CASE("across a rotation the positions go on and the sidecar names the live file's size") {
+  TempDir tmp;
+  LogOptions o = rotating(tmp, 3);
+  o.positions = tmp.path / "workload.log.pos";
+  auto w = LogWriter::open(o);
+  REQUIRE(w);
+  auto t = wall_now();
+  const std::string line(1000, 'x');
+  for (int i = 0; i < 70; ++i) (*w)->write(OutputStream::out, line + "\n", t);  // past 64 KiB: one rotation
+  REQUIRE(fs::exists(tmp.path / "workload.log.1"));
+  auto back = read_log_positions(o.positions);
+  REQUIRE(back);
+  CHECK(back->file == fs::file_size(o.path));
+  CHECK(back->file < fs::file_size(tmp.path / "workload.log.1"));
+  CHECK(back->out == 70u * 1001u);
+}
