@@ -8,53 +8,79 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <iterator>
 
 #include <fmt/format.h>
 
 namespace nes::init {
 
 namespace {
+
 constexpr unsigned long kNoSuidDevExec = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+
+/// One row of runc's default mounts: for `mount`, source `src` (a file system's name, or a path of
+/// the init's for a bind) on root + `dst`; `mkdir`/`touch` root + `dst` (`flags` its mode);
+/// `symlink` root + `dst` pointing to `src`. A table, not code: the init is measured in bytes.
+struct Row {
+  ContainerStep::Kind kind;
+  const char* src;
+  const char* dst;
+  const char* fstype;
+  unsigned long flags;
+  const char* data;
+};
+
+#define NES_DEV(name) {ContainerStep::touch, nullptr, "/dev/" name, nullptr, 0666, nullptr}, \
+                      {ContainerStep::mount, "/dev/" name, "/dev/" name, nullptr, MS_BIND, nullptr}
+constexpr Row kRunc[] = {
+    {ContainerStep::mkdir, nullptr, "/proc", nullptr, 0555, nullptr},
+    {ContainerStep::mount, "proc", "/proc", "proc", kNoSuidDevExec, nullptr},
+    {ContainerStep::mkdir, nullptr, "/dev", nullptr, 0755, nullptr},
+    {ContainerStep::mount, "tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k"},
+    NES_DEV("null"), NES_DEV("zero"), NES_DEV("full"), NES_DEV("random"), NES_DEV("urandom"), NES_DEV("tty"),
+    {ContainerStep::mkdir, nullptr, "/dev/pts", nullptr, 0755, nullptr},
+    {ContainerStep::mount, "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"},
+    {ContainerStep::symlink, "pts/ptmx", "/dev/ptmx", nullptr, 0, nullptr},
+    {ContainerStep::symlink, "/proc/self/fd", "/dev/fd", nullptr, 0, nullptr},
+    {ContainerStep::symlink, "/proc/self/fd/0", "/dev/stdin", nullptr, 0, nullptr},
+    {ContainerStep::symlink, "/proc/self/fd/1", "/dev/stdout", nullptr, 0, nullptr},
+    {ContainerStep::symlink, "/proc/self/fd/2", "/dev/stderr", nullptr, 0, nullptr},
+    {ContainerStep::mkdir, nullptr, "/dev/shm", nullptr, 01777, nullptr},
+    {ContainerStep::mount, "shm", "/dev/shm", "tmpfs", kNoSuidDevExec, "mode=1777,size=65536k"},
+    {ContainerStep::mkdir, nullptr, "/dev/mqueue", nullptr, 0755, nullptr},
+    {ContainerStep::mount, "mqueue", "/dev/mqueue", "mqueue", kNoSuidDevExec, nullptr},
+    {ContainerStep::mkdir, nullptr, "/sys", nullptr, 0555, nullptr},
+    {ContainerStep::mount, "sysfs", "/sys", "sysfs", kNoSuidDevExec | MS_RDONLY, nullptr},
+};
+#undef NES_DEV
+
 }  // namespace
 
 std::vector<ContainerStep> plan_container(const proto::Container& c, const std::vector<std::string>& etc) {
   using S = ContainerStep;
   const std::string& r = c.root;
   std::vector<S> s;
-  s.push_back({S::mount, "", "/", nullptr, MS_REC | MS_PRIVATE});
+  s.reserve(std::size(kRunc) + 3 * etc.size() + 6);
+  s.push_back({S::mount, {}, "/", nullptr, MS_REC | MS_PRIVATE});
   s.push_back({S::mount, r, r, nullptr, MS_BIND | MS_REC});
-  s.push_back({S::mkdir, r + "/proc", "", nullptr, 0555});
-  s.push_back({S::mount, "proc", r + "/proc", "proc", kNoSuidDevExec});
-  s.push_back({S::mkdir, r + "/dev", "", nullptr, 0755});
-  s.push_back({S::mount, "tmpfs", r + "/dev", "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k"});
-  for (const char* d : {"null", "zero", "full", "random", "urandom", "tty"}) {
-    s.push_back({S::touch, r + "/dev/" + d, "", nullptr, 0666});
-    s.push_back({S::mount, std::string("/dev/") + d, r + "/dev/" + d, nullptr, MS_BIND});
+  for (const Row& row : kRunc) {
+    S& st = s.emplace_back(S{row.kind, {}, {}, row.fstype, row.flags, row.data});
+    std::string path = r + row.dst;
+    if (row.src) st.a = row.src;
+    (row.kind == S::mkdir || row.kind == S::touch ? st.a : st.b) = std::move(path);
   }
-  s.push_back({S::mkdir, r + "/dev/pts", "", nullptr, 0755});
-  s.push_back({S::mount, "devpts", r + "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"});
-  s.push_back({S::symlink, "pts/ptmx", r + "/dev/ptmx"});
-  s.push_back({S::symlink, "/proc/self/fd", r + "/dev/fd"});
-  s.push_back({S::symlink, "/proc/self/fd/0", r + "/dev/stdin"});
-  s.push_back({S::symlink, "/proc/self/fd/1", r + "/dev/stdout"});
-  s.push_back({S::symlink, "/proc/self/fd/2", r + "/dev/stderr"});
-  s.push_back({S::mkdir, r + "/dev/shm", "", nullptr, 01777});
-  s.push_back({S::mount, "shm", r + "/dev/shm", "tmpfs", kNoSuidDevExec, "mode=1777,size=65536k"});
-  s.push_back({S::mkdir, r + "/dev/mqueue", "", nullptr, 0755});
-  s.push_back({S::mount, "mqueue", r + "/dev/mqueue", "mqueue", kNoSuidDevExec});
-  s.push_back({S::mkdir, r + "/sys", "", nullptr, 0555});
-  s.push_back({S::mount, "sysfs", r + "/sys", "sysfs", kNoSuidDevExec | MS_RDONLY});
   bool etc_dir = false;
   for (const std::string& f : etc) {
     if (f == "hostname" && c.hostname) continue;  // the VM's name is not the container's
-    if (!etc_dir) s.push_back({S::mkdir, r + "/etc", "", nullptr, 0755});
+    if (!etc_dir) s.push_back({S::mkdir, r + "/etc", {}, nullptr, 0755});
     etc_dir = true;
-    s.push_back({S::touch, r + "/etc/" + f, "", nullptr, 0644});
-    s.push_back({S::mount, "/etc/" + f, r + "/etc/" + f, nullptr, MS_BIND});
+    const std::string at = r + "/etc/" + f;
+    s.push_back({S::touch, at, {}, nullptr, 0644});
+    s.push_back({S::mount, "/etc/" + f, at, nullptr, MS_BIND});
   }
-  if (c.readonly) s.push_back({S::mount, "", r, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY});
-  s.push_back({S::pivot, r, ""});
-  if (c.hostname) s.push_back({S::hostname, *c.hostname, ""});
+  if (c.readonly) s.push_back({S::mount, {}, r, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY});
+  s.push_back({S::pivot, r, {}});
+  if (c.hostname) s.push_back({S::hostname, *c.hostname, {}});
   return s;
 }
 

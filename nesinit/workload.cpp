@@ -268,6 +268,7 @@ SpawnResult spawn(const proto::Exec& exec, const proto::Geometry& g, Stdio stdio
   // clear them (the child exec'd or exited): clear them here, or a later frame of ours that
   // reuses this stack is misreported (a vfork child under ASan).
   ASAN_UNPOISON_MEMORY_REGION(stack.data(), stack.size());
+  if (!stack2.empty()) ASAN_UNPOISON_MEMORY_REGION(stack2.data(), stack2.size());
 #endif
   if (pid < 0) return fail(SpawnStep::fork, errno);
   if (args.report.step == 0 && pid > 0) {

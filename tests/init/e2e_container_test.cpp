@@ -81,10 +81,9 @@ TEST_CASE("containers: own root, pid namespace and hostname; shared loopback; ex
       "test -c /dev/null && test -L /dev/ptmx && test -d /dev/pts && test -d /dev/shm && echo dev-ok; "
       "touch /sys/x 2>/dev/null || echo sys-ro; test -f /etc/hosts && echo hosts-ok; "
       "echo ready; exec httpd -f -p 127.0.0.1:8080 -h /www"})));
-  auto s1 = sb.expect<proto::ExecStarted>();
-  REQUIRE_MESSAGE(s1, sb.last_error());
-  CHECK(s1->proc == 1);
-  CHECK(s1->pid > 1);  // as the init sees it
+  const auto s1 = next_after_accounts<proto::ExecStarted>(sb);
+  CHECK(s1.proc == 1);
+  CHECK(s1.pid > 1);  // as the init sees it
   REQUIRE(sb.wait_until([&] { return sb.proc_data(1, Stream::out).find("ready\n") != std::string::npos; }));
   const std::string out1 = sb.proc_data(1, Stream::out);
   CAPTURE(out1);
@@ -96,7 +95,7 @@ TEST_CASE("containers: own root, pid namespace and hostname; shared loopback; ex
       "echo pid=$$; hostname; cat /marker-b; test -e /marker-a || echo no-a; echo procs: /proc/[0-9]*; "
       "n=0; until wget -q -O - http://127.0.0.1:8080/index.html; do n=$((n+1)); "
       "[ $n -lt 500 ] || exit 9; usleep 10000; done; exit 5"})));
-  REQUIRE_MESSAGE(sb.expect<proto::ExecStarted>(), sb.last_error());
+  CHECK(next_after_accounts<proto::ExecStarted>(sb).proc == 2);
   auto e2 = next_exec_exit(sb);
   CHECK(e2 == proto::ExecExited{2, 5, std::nullopt});
   CHECK(sb.proc_data(2, Stream::out) == "pid=1\ndb\nb\nno-a\nprocs: /proc/1\npage-of-a\n");
@@ -105,35 +104,41 @@ TEST_CASE("containers: own root, pid namespace and hostname; shared loopback; ex
   proto::ExecProcess x3;
   x3.proc = 3;
   x3.exec.argv = {"/bin/sh", "-c", "cat /marker-a; test -e /marker-b || echo no-b; hostname; "
-                                   "cat /proc/1/comm; test $$ -gt 1 && echo not-pid-1"};
+                                   "cat /proc/1/comm; test $$ -gt 1 && echo not-pid-1; read l; echo got:$l; cat"};
   x3.exec.env = {{"PATH", "/bin"}};
   x3.stdio = proto::Stdio{};
+  x3.stdio->attach_stdin = true;
   x3.in = 1;
   REQUIRE(sb.send(x3));
-  REQUIRE_MESSAGE(sb.expect<proto::ExecStarted>(), sb.last_error());
+  CHECK(next_after_accounts<proto::ExecStarted>(sb).proc == 3);
+  // Its stdin, then its eof (CloseIO), reach it inside the container: `cat` ends at the eof.
+  std::string in3;
+  proto::append_data(in3, Stream::in, "hello\n", 3);
+  proto::append_eof(in3, Stream::in, 3);
+  sb.send_data(in3);
   CHECK(next_exec_exit(sb) == proto::ExecExited{3, 0, std::nullopt});
-  CHECK(sb.proc_data(3, Stream::out) == "a\nno-b\nweb\nhttpd\nnot-pid-1\n");
+  CHECK(sb.proc_data(3, Stream::out) == "a\nno-b\nweb\nhttpd\nnot-pid-1\ngot:hello\n");
 
   // Bad input: exec_failed naming the field; nothing runs, the rest untouched.
   proto::ExecProcess bad = in_container(4, sb.dir() / "no-such-root", "x", {"/bin/sh"});
   REQUIRE(sb.send(bad));
-  auto f4 = sb.expect<proto::ExecFailed>();
-  REQUIRE_MESSAGE(f4, sb.last_error());
+  const auto f4v = next_after_accounts<proto::ExecFailed>(sb);
+  const auto* f4 = &f4v;
   CHECK(f4->proc == 4);
   CHECK(f4->reason == "exec.container.root: " + (sb.dir() / "no-such-root").string() + ": No such file or directory");
   CHECK(f4->cls == proto::StartFailClass::not_found);
   bad = in_container(5, a, "x", {"/bin/nope"});
   REQUIRE(sb.send(bad));
-  auto f5 = sb.expect<proto::ExecFailed>();
-  REQUIRE_MESSAGE(f5, sb.last_error());
+  const auto f5v = next_after_accounts<proto::ExecFailed>(sb);
+  const auto* f5 = &f5v;
   CHECK(f5->reason == "execve /bin/nope: No such file or directory (in exec.container.root " + a.string() + ")");
   CHECK(f5->cls == proto::StartFailClass::not_found);
   proto::ExecProcess x6 = x3;
   x6.proc = 6;
   x6.in = 2;  // ended
   REQUIRE(sb.send(x6));
-  auto f6 = sb.expect<proto::ExecFailed>();
-  REQUIRE_MESSAGE(f6, sb.last_error());
+  const auto f6v = next_after_accounts<proto::ExecFailed>(sb);
+  const auto* f6 = &f6v;
   CHECK(f6->reason == "exec.in: no container is running as process 2");
 
   // No mount of a container's reached the sandbox's mount table, nor the machine's.

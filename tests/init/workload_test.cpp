@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -223,4 +224,36 @@ TEST_CASE("spawn: a program found only through the descriptor's PATH runs") {
   int st = run_and_wait(e, {});
   CHECK(WIFEXITED(st));
   CHECK(WEXITSTATUS(st) == 42);
+}
+
+TEST_CASE("plan_container: private first, the root bound onto itself, runc's mounts, the switch, then the hostname") {
+  proto::Container c{"/pod/c1", "web", true};
+  const auto s = plan_container(c, {"hosts", "resolv.conf", "hostname"});
+  REQUIRE(s.size() > 10);
+  CHECK(describe(s[0]) == "make the mounts private");
+  CHECK(describe(s[1]) == "mount /pod/c1 on /pod/c1");
+  std::vector<std::string> all;
+  for (const auto& st : s) all.push_back(describe(st));
+  auto has = [&](const std::string& d) { return std::find(all.begin(), all.end(), d) != all.end(); };
+  CHECK(has("mount proc on /pod/c1/proc"));
+  CHECK(has("mount tmpfs on /pod/c1/dev"));
+  CHECK(has("mount /dev/null on /pod/c1/dev/null"));
+  CHECK(has("mount devpts on /pod/c1/dev/pts"));
+  CHECK(has("symlink /pod/c1/dev/ptmx"));
+  CHECK(has("mount sysfs on /pod/c1/sys"));
+  CHECK(has("mount /etc/hosts on /pod/c1/etc/hosts"));
+  CHECK(has("mount /etc/resolv.conf on /pod/c1/etc/resolv.conf"));
+  CHECK(!has("mount /etc/hostname on /pod/c1/etc/hostname"));  // the container has its own name
+  CHECK(all[all.size() - 3] == "remount /pod/c1 read-only");
+  CHECK(all[all.size() - 2] == "pivot_root into /pod/c1");
+  CHECK(all.back() == "sethostname web");
+  // Without a hostname: the VM's /etc/hostname, no sethostname, no read-only remount.
+  const auto v = plan_container(proto::Container{"/pod/c2"}, {"hostname"});
+  CHECK(describe(v.back()) == "pivot_root into /pod/c2");
+  CHECK(describe(v[v.size() - 2]) == "mount /etc/hostname on /pod/c2/etc/hostname");
+  const JoinPlan j = plan_join(58);
+  CHECK(j.ns[0] == "/proc/58/ns/uts");
+  CHECK(j.ns[1] == "/proc/58/ns/pid");
+  CHECK(j.ns[2] == "/proc/58/ns/mnt");
+  CHECK(j.root == "/proc/58/root");
 }
