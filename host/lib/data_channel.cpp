@@ -344,8 +344,9 @@ void DataLink::safe_moved() {
     if (r.safe[i] > r.acked[i]) any = true;
     if (r.safe[i] >= r.acked[i] + kAckStep) due = true;
   }
-  if (due) return send_acks(true);
-  if (any && !ack_armed_) {
+  // Whichever way the ack goes, the receipt may be due now (the last bytes reached the log).
+  if (due) send_acks(true);
+  else if (any && !ack_armed_) {
     ack_armed_ = true;
     ack_timer_.expires_after(kAckDelay);
     ack_timer_.async_wait([w = weak_from_this()](error_code ec) {
