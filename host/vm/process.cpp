@@ -53,17 +53,26 @@ class Spawner {
   /// the forking thread is copied), so a process that is not the one the spawner was made in
   /// gets a fresh one; the inherited object is deliberately leaked (its std::thread names a
   /// thread that does not exist here: destroying it would call std::terminate).
+  /// The same holds at exit: a forked child (the `run -d` monitor) that never asked for its own
+  /// spawner must not destroy the parent's (its condition variable counts the parent's waiting
+  /// thread, so pthread_cond_destroy would block the child's exit for ever).
   static Spawner& instance() {
+    struct Holder {
+      std::unique_ptr<Spawner> s;
+      pid_t owner = 0;
+      ~Holder() {
+        if (s && owner != ::getpid()) [[maybe_unused]] Spawner* leaked = s.release();
+      }
+    };
     static std::mutex mu;
-    static std::unique_ptr<Spawner> s;
-    static pid_t owner = 0;
+    static Holder h;
     std::lock_guard lk(mu);
-    if (!s || owner != ::getpid()) {
-      if (s) [[maybe_unused]] Spawner* leaked = s.release();
-      s = std::make_unique<Spawner>(Key{});
-      owner = ::getpid();
+    if (!h.s || h.owner != ::getpid()) {
+      if (h.s) [[maybe_unused]] Spawner* leaked = h.s.release();
+      h.s = std::make_unique<Spawner>(Key{});
+      h.owner = ::getpid();
     }
-    return *s;
+    return *h.s;
   }
   template <class F>
   auto run(F f) -> decltype(f()) {
