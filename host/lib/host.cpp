@@ -727,7 +727,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     const SessionConfig& cfg = vm->core.config();
     // Data channel resume: the boot turned it on, or this host takes a session over (the guest
     // says with its hello whether it resumes).
-    const bool resumable = d.stdio && (vm->core.replay_bytes() > 0 || cfg.resume);
+    const bool resumable = d.stdio && (vm->core.replay_bytes() > 0 || (cfg.resume && cfg.data_resume));
     const bool redial = vm->data_ever && resumable && vm->data && !vm->data->is_open() && vm->data->lost();
     if (!d.stdio) why = "the descriptor has no stdio";
     else if (vm->data_ever && !redial) why = "a data channel was already connected for this generation";

@@ -303,7 +303,7 @@ void Session::handle_ready(const proto::Ready& r, WallTime now) {
     close_stream();
     return;
   }
-  data_resume_ = r.features && std::find(r.features->begin(), r.features->end(),
+  data_resume_ = cfg_.data_resume && r.features && std::find(r.features->begin(), r.features->end(),
                                          std::string_view(proto::kFeatureDataResume)) != r.features->end();
   log_guest("ready", fmt::format("protocol_version={}", r.protocol_version));
   if (ending_ != Ending::none) {

@@ -54,6 +54,11 @@ struct SessionConfig {
   /// VM and generation). A stream lost after `boot` is then no outcome yet: the guest has this
   /// long to redial with a resumed `ready` (plus kReconnectSlack), else `channel_lost`. 0: off.
   std::chrono::milliseconds reconnect{0};
+  /// Data channel resume (docs/protocol.md "Data channel resume") with `reconnect` > 0, when the
+  /// guest lists `data_resume`. false: the data channel is not resumed (its loss is counted, as
+  /// without `reconnect`). `neshost run -d` turns it on only where it is tested end to end (the
+  /// sandbox's Unix data channel; a VM's virtio port not yet).
+  bool data_resume = true;
   /// Take over a generation an earlier host process booted (its state dir): send no `boot`;
   /// accept only a resumed `ready` naming this VM and generation; ready_timeout bounds the wait.
   bool resume = false;
