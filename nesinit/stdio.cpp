@@ -219,7 +219,10 @@ void StdioCore::on_position(Stream s, std::uint64_t pos) {
   --awaiting_;
   std::uint64_t from = pos;
   if (pos < o.ring_start) {  // gone from the ring: a gap the host counts
-    o.gap += o.ring_start - pos;
+    // A host may ask again from before an earlier gap (a replacement's stale log position):
+    // those positions were counted then, so `gap` never exceeds what was framed.
+    o.gap += o.ring_start - std::max(pos, std::min(o.gap_end, o.ring_start));
+    o.gap_end = o.ring_start;
     from = o.ring_start;
   }
   release(o, from);

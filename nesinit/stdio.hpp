@@ -236,7 +236,8 @@ class StdioCore {
     std::string ring;
     std::size_t ring_head = 0;
     std::uint64_t ring_start = 0;
-    std::uint64_t gap = 0;        // bytes a resume found gone from the ring
+    std::uint64_t gap = 0;        // bytes a resume found gone from the ring, each position once
+    std::uint64_t gap_end = 0;    // the end of the last gap: positions below it are counted already
     bool awaiting = false;        // this connection's position for it has not come yet
   };
   Out& out(proto::Stream s) { return s == proto::Stream::err ? err_ : out_; }

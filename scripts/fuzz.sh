@@ -40,15 +40,28 @@ stamp=$( { cat "$0"; cat base/* protocol/* host/lib/*.hpp host/lib/session.cpp h
 if [[ "$(cat "$out/stamp" 2>/dev/null)" != "$stamp" ]]; then
   echo "fuzz: building ${#harnesses[@]} harnesses in $out/ with $CXX"
   rm -f "$out/stamp" "$out"/obj/*.o
+  # One compiler per core; any failure fails the build (each job is waited for by pid).
+  pids=()
+  run_job() {
+    "$@" & pids+=($!)
+    if (( ${#pids[@]} >= $(nproc) )); then drain; fi
+  }
+  drain() {
+    local p
+    for p in "${pids[@]}"; do wait "$p"; done
+    pids=()
+  }
   objs=()
   for s in "${lib_srcs[@]}"; do
     o="$out/obj/$(echo "$s" | tr / _).o"
-    "$CXX" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$s" -o "$o"
+    run_job "$CXX" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$s" -o "$o"
     objs+=("$o")
   done
+  drain
   for h in "${harnesses[@]}"; do
-    "$CXX" "${flags[@]}" -fsanitize=fuzzer "fuzz/$h.cpp" "${objs[@]}" -lsimdjson -lfmt -o "$out/$h"
+    run_job "$CXX" "${flags[@]}" -fsanitize=fuzzer "fuzz/$h.cpp" "${objs[@]}" -lsimdjson -lfmt -o "$out/$h"
   done
+  drain
   echo "$stamp" > "$out/stamp"
 fi
 

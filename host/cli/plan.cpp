@@ -389,9 +389,6 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   p.rm = o.rm;
   p.vmm_survives = o.detach || o.vmm_outlives;
   if (p.vmm_survives) p.serve.session.reconnect = kDetachedReconnect;
-  // Data channel resume over a VM's virtio port loses output today (vm-detached, vm-adopt):
-  // on only in the sandbox, where it is tested (host-adopt, host-data-resume).
-  p.serve.session.data_resume = p.sandbox;
   p.cmdline = plan_cmdline(o, in, p);
   if (o.sandbox) {
     p.sandbox_argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", in.nesinit.string(),

@@ -1150,7 +1150,6 @@ int monitor_main(const Args& args) {
   sc.stop_timeout = v.stop_timeout;
   sc.grace = v.grace;
   sc.reconnect = v.reconnect;
-  sc.data_resume = v.sandbox;  // as the original monitor's (plan.cpp)
   sc.resume = true;  // no boot: only the guest's resumed `ready` (docs/protocol.md "Channel survival")
   plan.serve.listen.kind = host::ListenSpec::Kind::unix_path;
   plan.serve.listen.path = v.channel_socket.string();

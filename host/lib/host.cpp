@@ -79,6 +79,11 @@ struct Vm {
   std::string data_socket_path;
   std::shared_ptr<DataLink> data;
   bool data_ever = false;
+  /// A data connection that came before the boot went out (QEMU connects a virtio port's
+  /// chardev as the VM starts): adopted once it has (Impl::drain), since whether the channel
+  /// resumes is the boot's word (boot.stdio.replay_bytes). AF_UNIX or AF_VSOCK.
+  Fd parked_data;
+  int parked_family = 0;
   /// Data channel resume (docs/protocol.md "Data channel resume"): what outlives one data
   /// connection; null while resume is off or no connection came yet.
   std::shared_ptr<DataResume> resume;
@@ -223,6 +228,11 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
       for (auto& a : acts) execute(vm, a);
     }
     vm->draining = false;
+    if (vm->parked_data && (vm->core.phase() >= Phase::booted || vm->finishing)) {
+      const int family = vm->parked_family;
+      adopt_data(vm, vm->parked_data.release(), family);  // refused if the session is over
+      drain(vm);
+    }
   }
 
   void execute(const std::shared_ptr<Vm>& vm, Action& a) {
@@ -729,7 +739,14 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     // says with its hello whether it resumes).
     const bool resumable = d.stdio && (vm->core.replay_bytes() > 0 || (cfg.resume && cfg.data_resume));
     const bool redial = vm->data_ever && resumable && vm->data && !vm->data->is_open() && vm->data->lost();
+    const bool before_boot = d.stdio && !cfg.resume && vm->core.phase() < Phase::booted && !vm->finishing;
+    if (before_boot && !vm->parked_data) {
+      vm->parked_data = Fd(fd);  // whether it resumes is the boot's word: adopted by drain()
+      vm->parked_family = family;
+      return;
+    }
     if (!d.stdio) why = "the descriptor has no stdio";
+    else if (before_boot) why = "a data channel is already waiting for the boot";
     else if (vm->data_ever && !redial) why = "a data channel was already connected for this generation";
     else if (vm->finishing || vm->core.finished()) why = "the session is finished";
     if (why) {

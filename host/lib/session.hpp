@@ -56,8 +56,7 @@ struct SessionConfig {
   std::chrono::milliseconds reconnect{0};
   /// Data channel resume (docs/protocol.md "Data channel resume") with `reconnect` > 0, when the
   /// guest lists `data_resume`. false: the data channel is not resumed (its loss is counted, as
-  /// without `reconnect`). `neshost run -d` turns it on only where it is tested end to end (the
-  /// sandbox's Unix data channel; a VM's virtio port not yet).
+  /// without `reconnect`).
   bool data_resume = true;
   /// Take over a generation an earlier host process booted (its state dir): send no `boot`;
   /// accept only a resumed `ready` naming this VM and generation; ready_timeout bounds the wait.

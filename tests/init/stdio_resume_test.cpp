@@ -170,6 +170,35 @@ TEST_CASE("a position before the ring's start: the guest's position jumps; sent 
   CHECK(c.framed_total(Stream::out) == 5000);
 }
 
+TEST_CASE("a host asking again from before an earlier gap: each position is counted once") {
+  // Found by fuzz/data_frame_fuzz (corpus crash-gap-counted-twice): the gap was added again on
+  // every resume from an old position, so sent (framed - gap) wrapped below zero.
+  StdioCore c = linked(4096, true);
+  c.on_output(Stream::out, std::string(4000, 'a'));
+  drain_tx(c);
+  c.on_output(Stream::out, std::string(1000, 'b'));  // the ring keeps the newest 4096: starts at 904
+  drain_tx(c);
+  for (int i = 0; i < 3; ++i) {
+    c.channel_lost();
+    c.channel_resumed();
+    drain_tx(c);
+    c.on_rx(positions(100, 0));
+    CHECK(frames(drain_tx(c), true)[0].position == 904);
+    CHECK(c.gap(Stream::out) == 804);
+    CHECK(c.framed(Stream::out) == 5000 - 804);
+  }
+  // A later gap adds only its new positions.
+  c.on_output(Stream::out, std::string(1000, 'b'));  // ring now starts at 1904
+  drain_tx(c);
+  c.channel_lost();
+  c.channel_resumed();
+  drain_tx(c);
+  c.on_rx(positions(0, 0));
+  CHECK(frames(drain_tx(c), true)[0].position == 1904);
+  CHECK(c.gap(Stream::out) == 1904 - 100);
+  CHECK(c.framed(Stream::out) <= c.framed_total(Stream::out));
+}
+
 TEST_CASE("a position ahead of what was sent is an error naming the stream; so is an ack") {
   StdioCore c = linked(4096);
   c.on_output(Stream::err, "xyz");
