@@ -739,7 +739,9 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     // says with its hello whether it resumes).
     const bool resumable = d.stdio && (vm->core.replay_bytes() > 0 || (cfg.resume && cfg.data_resume));
     const bool redial = vm->data_ever && resumable && vm->data && !vm->data->is_open() && vm->data->lost();
-    const bool before_boot = d.stdio && !cfg.resume && vm->core.phase() < Phase::booted && !vm->finishing;
+    // Only a session that may turn resume on with its boot (reconnect and data_resume) waits.
+    const bool before_boot = d.stdio && !cfg.resume && cfg.reconnect.count() > 0 && cfg.data_resume &&
+                             vm->core.phase() < Phase::booted && !vm->finishing;
     if (before_boot && !vm->parked_data) {
       vm->parked_data = Fd(fd);  // whether it resumes is the boot's word: adopted by drain()
       vm->parked_family = family;
