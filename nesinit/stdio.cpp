@@ -220,8 +220,9 @@ void StdioCore::on_position(Stream s, std::uint64_t pos) {
   std::uint64_t from = pos;
   if (pos < o.ring_start) {  // gone from the ring: a gap the host counts
     // A host may ask again from before an earlier gap (a replacement's stale log position):
-    // those positions were counted then, so `gap` never exceeds what was framed.
-    o.gap += o.ring_start - std::max(pos, std::min(o.gap_end, o.ring_start));
+    // those positions were counted then, so `gap` never exceeds what was framed (gap_end is an
+    // earlier ring_start, which only grows: never past this one).
+    o.gap += o.ring_start - std::max(pos, o.gap_end);
     o.gap_end = o.ring_start;
     from = o.ring_start;
   }
