@@ -252,9 +252,11 @@ void Session::handle_ready(const proto::Ready& r, WallTime now) {
     features_ = r.features;
     return handle_resume(*r.resume, now);
   }
-  if (!link_at_least(Link::ready) && (cfg_.resume || awaiting_redial_)) {
+  if (!link_at_least(Link::ready) && (cfg_.resume || awaiting_redial_ || phase_ >= Phase::booted)) {
     // A fresh `ready` where a resumed one was expected: the guest restarted (or another one
-    // dialled); the workload this generation booted is gone with it.
+    // dialled); the workload this generation booted is gone with it. A fresh `ready` on a new
+    // stream after this session booted is the same, even once nobody waits for a redial (the VM
+    // exited meanwhile): one boot per session, never a second.
     log_guest("resume_expected", "a fresh `ready` instead of a resumed one");
     if (!outcome_)
       finalize(proto::Outcome::channel_lost, std::nullopt, std::nullopt, std::nullopt,

@@ -626,6 +626,32 @@ TEST_CASE("survival: the window over is channel_lost; without a window a loss is
   CHECK(q.outcome().outcome == proto::Outcome::channel_lost);
 }
 
+TEST_CASE("survival: a fresh ready on a new stream after the VM exited mid-redial is no second boot") {
+  // Found by fuzz/host_session: boot; the stream lost (a redial awaited); a new stream; the VM
+  // exits (nobody is left to redial), then a fresh `ready` arrives on that stream. One boot per
+  // session: it is a guest that started over, recorded as channel_lost, the stream closed.
+  SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  c.reconnect = std::chrono::milliseconds(5000);
+  Probe p(c);
+  p.booted();
+  REQUIRE(p.sent.size() == 1);
+  p.eof();
+  p.pump();
+  CHECK(p.s.awaiting_redial());
+  CHECK(p.s.stream_opened(p.t));
+  p.s.vm_exited(p.t);
+  p.pump();
+  CHECK_FALSE(p.s.awaiting_redial());
+  const auto closes = p.closes;
+  p.feed(test::ready_line());
+  CHECK(std::count_if(p.sent.begin(), p.sent.end(),
+                      [](auto& m) { return std::holds_alternative<proto::Boot>(m); }) == 1);
+  CHECK(p.logged("resume_expected"));
+  REQUIRE(p.s.outcome());
+  CHECK(p.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(p.closes == closes + 1);
+}
+
 TEST_CASE("survival: a fresh host (resume) takes over one generation and refuses anything else") {
   SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
   c.resume = true;
