@@ -443,7 +443,35 @@ struct Running {
   std::unique_ptr<vm::Passt> passt;  // --network passt
   fs::path passt_log;
   int netns_fd = -1;  // --network netns: the namespace QEMU runs in (owned by run_main's attachment)
+  /// -i with a FIFO stdin and a VMM that outlives us: the bytes read from it, in stdin.pos.
+  std::optional<host::StdinTally> stdin_tally;
+  /// A replacement monitor of a workload with stdin attached: it reopens `stdin_source` (when
+  /// the original recorded one) once the guest said its stdin position, else ends stdin (EOF).
+  bool adopt_stdin = false;
+  std::optional<host::VmmStdin> stdin_source;
 };
+
+/// `fd` as a stdin source another process can open again (host::VmmStdin): a FIFO or a regular
+/// file whose /proc/self/fd link names a path that is still the same inode; nullopt for a
+/// terminal, an anonymous pipe ("pipe:[N]"), a socket, /dev/null, a deleted or renamed file.
+std::optional<host::VmmStdin> stdin_source_of(int fd) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISREG(st.st_mode))) return std::nullopt;
+  char link[4096];
+  const ssize_t n = ::readlink(fmt::format("/proc/self/fd/{}", fd).c_str(), link, sizeof link - 1);
+  if (n <= 0 || link[0] != '/') return std::nullopt;
+  const std::string path(link, static_cast<std::size_t>(n));
+  struct stat ps{};
+  if (::stat(path.c_str(), &ps) != 0 || ps.st_dev != st.st_dev || ps.st_ino != st.st_ino) return std::nullopt;
+  host::VmmStdin src;
+  src.path = path;
+  if (S_ISREG(st.st_mode)) {
+    src.kind = host::VmmStdin::Kind::file;
+    const off_t off = ::lseek(fd, 0, SEEK_CUR);
+    src.offset = off > 0 ? static_cast<std::uint64_t>(off) : 0;
+  }
+  return src;
+}
 
 /// The spawner's gate for a process that outlives us: its identity added to vmm.json (as the
 /// daemon `name`, or as the VMM when `name` is empty) and written durably before it may exec.
@@ -508,6 +536,16 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
     v.log_max_size = plan.workload_log.max_size;
     v.log_max_files = plan.workload_log.max_files;
     v.rm = plan.rm;
+    if (plan.interactive) {
+      // -i: a replacement monitor goes on feeding the workload's stdin from where it comes.
+      v.stdin_source = stdin_source_of(0);
+      if (v.stdin_source && v.stdin_source->kind == host::VmmStdin::Kind::fifo) {
+        auto t = host::StdinTally::open(cfg.state_dir, vmid);
+        if (!t) return t.error();
+        if (auto s = t->set(0); !s) return s;
+        run.stdin_tally = std::move(*t);
+      }
+    }
     // passt started before the state dir existed; it exits by itself while QEMU never held its
     // socket's other end (ours closes with us), so it is recorded only now.
     if (run.passt)
@@ -817,10 +855,54 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   out.on_drained = update_pause;
   errw.on_drained = update_pause;
   std::unique_ptr<StdinPump> pump;
-  if (plan.interactive)
+  bool tally_failed = false;
+  auto make_pump = [&](int fd) {
     pump = std::make_unique<StdinPump>(
-        io, 0, [&](std::string_view b) { return hostp && hostp->send_stdin(vmid, b).ok(); },
+        io, fd, [&](std::string_view b) { return hostp && hostp->send_stdin(vmid, b).ok(); },
         [&] { if (hostp) (void)hostp->send_stdin_eof(vmid); });
+    if (run.stdin_tally)
+      pump->on_read([&](std::size_t n) {
+        if (auto s = run.stdin_tally->add(n); !s && !std::exchange(tally_failed, true))
+          say("neshost run: {} (a replacement monitor cannot count stdin it would lose)\n", s.error().message);
+      });
+  };
+  if (plan.interactive) make_pump(0);
+  // A replacement monitor: the workload's stdin source reopened at the guest's stdin position.
+  host::Fd adopted_in;
+  bool stdin_adopted = false;
+  auto adopt_stdin = [&](std::uint64_t guest_pos) {
+    using Kind = host::VmmStdin::Kind;
+    const auto& src = run.stdin_source;
+    auto end_stdin = [&](std::string why) {
+      say("neshost monitor: VM {}: the workload's stdin ends here (EOF): {}\n", vmid, why);
+      if (hostp) (void)hostp->send_stdin_eof(vmid);
+    };
+    if (!src) return end_stdin("its source (a terminal, an anonymous pipe) cannot be reopened by another process");
+    adopted_in.reset(::open(src->path.c_str(), O_RDONLY | O_CLOEXEC | (src->kind == Kind::fifo ? O_NONBLOCK : 0)));
+    if (!adopted_in) return end_stdin(fmt::format("open {}: {}", src->path.string(), std::strerror(errno)));
+    if (src->kind == Kind::file) {
+      // A file is read again from the guest's position: nothing twice, nothing lost.
+      if (::lseek(adopted_in.get(), static_cast<off_t>(src->offset + guest_pos), SEEK_SET) < 0)
+        return end_stdin(fmt::format("seek {}: {}", src->path.string(), std::strerror(errno)));
+    } else {
+      // A FIFO goes on where the monitor gone stopped reading; what it had read and the guest
+      // never received is gone with it: counted from stdin.pos, said once, the tally reset.
+      auto t = host::StdinTally::open(plan.state_dir, vmid);
+      if (!t) {
+        say("neshost monitor: VM {}: {} (stdin the monitor gone read and never sent is not counted)\n", vmid,
+            t.error().message);
+      } else {
+        const std::uint64_t read = t->total();
+        say("neshost monitor: VM {}: stdin continues from {} at byte {}: {} bytes read by the monitor gone never "
+            "reached the workload (lost)\n",
+            vmid, src->path.string(), guest_pos, read > guest_pos ? read - guest_pos : 0);
+        (void)t->set(guest_pos);
+        run.stdin_tally = std::move(*t);
+      }
+    }
+    make_pump(adopted_in.get());
+    pump->start();
+  };
   // -t: SIGWINCH becomes a resize of the workload's terminal.
   asio::signal_set winch(io);
   std::function<void()> arm_winch = [&] {
@@ -928,6 +1010,8 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       execs.workload_started();
     }
     if (m == Milestone::outcome) execs.workload_ended();
+    if (ev.kind == "stdin_position" && run.adopt_stdin && !std::exchange(stdin_adopted, true))
+      adopt_stdin(std::strtoull(ev.detail.c_str(), nullptr, 10));  // once: later ones follow redials
     if (ev.kind == "resumed") {
       // A replacement monitor has the lifecycle channel back (the guest redialled us).
       say("neshost monitor: VM {}: the guest resumed its session ({})\n", vmid, ev.detail);
@@ -1169,6 +1253,8 @@ int monitor_main(const Args& args) {
   run.adopted = std::move(*adopted);
   run.adopted_daemons = v.daemons;
   run.vmm_info = v;
+  run.adopt_stdin = sc.descriptor.stdio && sc.descriptor.stdio->attach_stdin;
+  run.stdin_source = v.stdin_source;
   RuntimeDir rt(v.runtime_dir);
   host::Fd no_notify;
   // The caller (ensure_monitor) is told once the guest has resumed its session with us, so its

@@ -277,7 +277,10 @@ void StdinPump::read_more() {
     sd_->async_read_some(asio::buffer(buf_), [this, end](error_code ec, std::size_t n) {
       reading_ = false;
       if (stopped_) return;
-      if (n > 0) return deliver(buf_.substr(0, n));
+      if (n > 0) {
+        if (on_read_) on_read_(n);
+        return deliver(buf_.substr(0, n));
+      }
       if (ec) end();
       else read_more();
     });
@@ -292,6 +295,7 @@ void StdinPump::read_more() {
     ssize_t n;
     do n = ::read(fd_, b, sizeof b); while (n < 0 && errno == EINTR);
     if (n <= 0) return end();
+    if (on_read_) on_read_(static_cast<std::size_t>(n));
     deliver(std::string(b, static_cast<std::size_t>(n)));
   });
 }

@@ -98,6 +98,9 @@ class StdinPump {
   void resume();
   /// Stops reading for good (no eof callback).
   void stop() { stopped_ = true; }
+  /// Called with each read's byte count, before the chunk goes to `send` (the FIFO stdin tally
+  /// a replacement monitor counts losses from: host/monitor/vmm_record.hpp StdinTally).
+  void on_read(std::function<void(std::size_t)> f) { on_read_ = std::move(f); }
 
  private:
   void read_more();
@@ -108,6 +111,7 @@ class StdinPump {
   std::optional<boost::asio::posix::stream_descriptor> sd_;  // pipes, terminals; else sync reads
   std::function<bool(std::string_view)> send_;
   std::function<void()> eof_;
+  std::function<void(std::size_t)> on_read_;
   std::string held_;
   std::string buf_;
   bool started_ = false, reading_ = false, stopped_ = false, ended_ = false;

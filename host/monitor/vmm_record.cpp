@@ -1,5 +1,12 @@
 #include "host/monitor/vmm_record.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
 #include <fmt/format.h>
 #include <simdjson.h>
 
@@ -44,12 +51,16 @@ std::string encode_vmm(const VmmInfo& v) {
   return fmt::format(
       R"({{"schema_version":{},"vm":{},"generation":{},"vmm":{},"daemons":{},"runtime_dir":{},)"
       R"("channel_socket":{},"data_socket":{},"sandbox":{},"on_exit":"{}","stop_timeout_ms":{},)"
-      R"("grace_ms":{},"reconnect_ms":{},"log_max_size":{},"log_max_files":{},"rm":{}}})"
+      R"("grace_ms":{},"reconnect_ms":{},"log_max_size":{},"log_max_files":{},"rm":{},"stdin":{}}})"
       "\n",
       VmmInfo::kSchemaVersion, json_string(v.vm), v.generation, v.vmm ? encode_identity(*v.vmm) : "null", daemons,
       json_string(v.runtime_dir.native()), json_string(v.channel_socket.native()), json_string(v.data_socket.native()),
       v.sandbox, to_string(v.on_exit), v.stop_timeout.count(), v.grace.count(), v.reconnect.count(), v.log_max_size,
-      v.log_max_files, v.rm);
+      v.log_max_files, v.rm,
+      v.stdin_source ? fmt::format(R"({{"kind":"{}","path":{},"offset":{}}})",
+                                   v.stdin_source->kind == VmmStdin::Kind::fifo ? "fifo" : "file",
+                                   json_string(v.stdin_source->path.native()), v.stdin_source->offset)
+                     : std::string("null"));
 }
 
 Result<VmmInfo> parse_vmm(std::string_view json) {
@@ -112,6 +123,18 @@ Result<VmmInfo> parse_vmm(std::string_view json) {
   if (obj["log_max_files"].get_uint64().get(u) || u < 1 || u > 1000) return Error{"log_max_files: expected 1..1000"};
   v.log_max_files = static_cast<unsigned>(u);
   if (obj["rm"].get_bool().get(v.rm)) return Error{"rm: expected a boolean"};
+  simdjson::dom::element in;
+  if (!obj["stdin"].get(in) && !in.is_null()) {  // absent (an older vmm.json) or null: no source
+    VmmStdin src;
+    if (in["kind"].get_string().get(s) || (s != "fifo" && s != "file"))
+      return Error{"stdin.kind: expected fifo or file"};
+    src.kind = s == "fifo" ? VmmStdin::Kind::fifo : VmmStdin::Kind::file;
+    if (in["path"].get_string().get(s) || s.empty() || s[0] != '/' || s.size() > 4096)
+      return Error{"stdin.path: expected an absolute path"};
+    src.path = std::string(s);
+    if (in["offset"].get_uint64().get(src.offset)) return Error{"stdin.offset: expected bytes"};
+    v.stdin_source = std::move(src);
+  }
   return v;
 }
 
@@ -129,6 +152,28 @@ Result<std::optional<VmmInfo>> load_vmm(const fs::path& state_dir, std::string_v
   auto v = parse_vmm(*text);
   if (!v) return Error{fmt::format("{}: {}", p.filename().string(), v.error().message)};
   return std::optional<VmmInfo>{std::move(*v)};
+}
+
+Result<StdinTally> StdinTally::open(const fs::path& state_dir, std::string_view vm) {
+  StdinTally t;
+  t.path_ = vm_path(state_dir, vm, kStdinTallyFile);
+  auto f = open_vm_file(state_dir, vm, kStdinTallyFile, O_RDWR | O_CREAT);
+  if (!f) return Error{fmt::format("{}: {}", t.path_.string(), f.error().message)};
+  t.fd_ = std::move(*f);
+  char buf[32] = {};
+  ssize_t n = ::pread(t.fd_.get(), buf, sizeof buf - 1, 0);
+  if (n < 0) return Error{fmt::format("{}: read: {}", t.path_.string(), std::strerror(errno))};
+  t.total_ = std::strtoull(buf, nullptr, 10);
+  return t;
+}
+
+Status StdinTally::set(std::uint64_t total) {
+  total_ = total;
+  // Fixed width: each rewrite covers the whole previous value.
+  const std::string text = fmt::format("{:020}\n", total);
+  if (::pwrite(fd_.get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
+    return Error{fmt::format("{}: write: {}", path_.string(), std::strerror(errno))};
+  return Ok{};
 }
 
 Status write_boot(const fs::path& state_dir, std::string_view vm, const proto::Boot& b) {

@@ -94,6 +94,7 @@ Result<Streams> Process::open_streams() {
   if (!in) return std::move(in).error();
   // The read end is open (ours), so a non-blocking writer's open succeeds at once.
   if (!stdin_path.empty()) stdin_hold.reset(::open(stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!stdin_path.empty() && !exec) stdin_reader.reset(::open(stdin_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   auto out = open_stdio(stdout_path, false);
   if (!out) return std::move(out).error();
   auto err = open_stdio(stderr_path, false);
@@ -109,6 +110,7 @@ void Process::stop(std::uint32_t status, std::int64_t at_ns) {
   exit_status = status;
   exited_at_ns = at_ns;
   stdin_hold.reset();
+  stdin_reader.reset();
 }
 
 void Process::report_exit(Publisher& events, const std::string& container) {

@@ -43,6 +43,10 @@ struct Process {
   // A writer of the shim's own on the stdin FIFO, as runc's shim holds one: a client that
   // detaches (its writer closed) is not the process's EOF; CloseIO (stdin) is.
   host::Fd stdin_hold;
+  // The task's (not an exec's): a reader of the shim's own on the stdin FIFO that never reads.
+  // While the task's monitor is replaced (SIGKILLed, then adopted: docs/host.md "Re-adoption"),
+  // a client's writes wait in the FIFO instead of failing with EPIPE; the replacement reads on.
+  host::Fd stdin_reader;
   std::vector<ttrpc::Respond> waiters;  // Wait calls answered at its exit
 
   /// containerd's status for `phase` (none and deleted: STOPPED).

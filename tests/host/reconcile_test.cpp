@@ -436,6 +436,43 @@ TEST_CASE("vmm.json round-trips; bad fields are named") {
   bad = v;
   bad.daemons[0].id.pid = 0;
   CHECK(err(encode_vmm(bad)) == "daemons[0].process.pid: expected a pid");
+  // stdin's source: absent (an older vmm.json) and null are none; a FIFO and a file round-trip.
+  CHECK(good.find("\"stdin\":null") != std::string::npos);
+  auto older = parse_vmm(with(",\"stdin\":null", ""));
+  REQUIRE(older);
+  CHECK_FALSE(older->stdin_source);
+  for (auto kind : {VmmStdin::Kind::fifo, VmmStdin::Kind::file}) {
+    VmmInfo s = v;
+    s.stdin_source = VmmStdin{kind, "/run/containerd/fifo/1/t-stdin", kind == VmmStdin::Kind::file ? 4096u : 0u};
+    auto b = parse_vmm(encode_vmm(s));
+    REQUIRE(b);
+    CHECK(*b == s);
+  }
+  CHECK(err(with("\"stdin\":null", R"("stdin":{"kind":"tty","path":"/x","offset":0})")) ==
+        "stdin.kind: expected fifo or file");
+  CHECK(err(with("\"stdin\":null", R"("stdin":{"kind":"fifo","path":"x","offset":0})")) ==
+        "stdin.path: expected an absolute path");
+  CHECK(err(with("\"stdin\":null", R"("stdin":{"kind":"file","path":"/x","offset":-1})")) ==
+        "stdin.offset: expected bytes");
+}
+
+TEST_CASE("stdin.pos: the tally a replacement counts stdin lost with a monitor from") {
+  TempDir t;
+  {
+    auto tally = StdinTally::open(t.path, "vm-a");
+    REQUIRE(tally);
+    CHECK(tally->total() == 0);  // new
+    REQUIRE(tally->add(65536));
+    REQUIRE(tally->add(10));
+  }
+  auto again = StdinTally::open(t.path, "vm-a");  // what a replacement reads
+  REQUIRE(again);
+  CHECK(again->total() == 65546);
+  REQUIRE(again->set(7));  // reset to the guest's position: a shorter number leaves no digits behind
+  auto third = StdinTally::open(t.path, "vm-a");
+  REQUIRE(third);
+  CHECK(third->total() == 7);
+  CHECK_FALSE(StdinTally::open(t.path, "../x"));  // the VM id is checked as for every state file
 }
 
 TEST_CASE("monitor gone, its VMM alive -> running (orphaned), never failed; VMM gone too -> failed") {
