@@ -75,8 +75,11 @@ Actions Session::handle(const Event& e) {
   out_.clear();
   // Once the final act is asked for, nothing else happens (the loop never returns from it).
   // During the flush before it only the flush's own reports and timers count: the outcome is
-  // settled, the processes are gone, and nothing is read from the host any more.
-  const bool flush_event = std::holds_alternative<ev::Flushing>(e) || std::holds_alternative<ev::TimerFired>(e);
+  // settled, the processes are gone, and nothing is read from the host any more; a data channel
+  // being redialled (resume) still hears how its dials go, so what its rings hold reaches a host.
+  const bool flush_event = std::holds_alternative<ev::Flushing>(e) || std::holds_alternative<ev::TimerFired>(e) ||
+                           std::holds_alternative<ev::DataUp>(e) || std::holds_alternative<ev::DataFailed>(e) ||
+                           std::holds_alternative<ev::DataLost>(e);
   if (phase_ != Phase::done && (stage_ != Stage::flush || flush_event))
     std::visit([this](const auto& x) { on(x); }, e);
   Actions r;
@@ -773,8 +776,14 @@ void Session::enter_flush() {
   // it knows its reader, and it ends the wait itself by closing the data channel). Without that
   // proof the wait is bounded: kFlushIdleMs without progress, kFlushMaxMs in all.
   stage_ = Stage::flush;
-  for (int i = 0; i < kTimerCount; ++i)
-    if (armed_[i]) cancel(static_cast<Timer>(i));
+  // A data channel being redialled (resume) keeps its redial and its window: what its rings
+  // hold is owed to the next host (the flush waits for it, Flushing.data_unsent), and powering
+  // off without redialling would lose it uncounted by any host that took over meanwhile.
+  for (int i = 0; i < kTimerCount; ++i) {
+    const auto t = static_cast<Timer>(i);
+    if (resuming_data_ && (t == Timer::data_redial || t == Timer::data_reconnect)) continue;
+    if (armed_[i]) cancel(t);
+  }
   out_.push_back(act::Flush{});
   flush_held_ = acked_ && channel_open_;
   if (flush_held_) return note(Severity::info, "halt", "holding power-off for the host's receipt (it acknowledged the outcome)");

@@ -83,6 +83,13 @@ void StdioCore::on_output_eof(Stream s) { out(s).eof = true; }
 
 bool StdioCore::outputs_done() const { return out_.eof && err_.eof; }
 
+bool StdioCore::delivered() const {
+  // The host's close frame is its receipt: it holds all it will take (the eofs came, the log
+  // has every byte before them), whether or not its last acks went out before it.
+  if (!resume_ || !open_ || host_closed_) return true;
+  return !suspended_ && linked() && buffered() == 0 && out_.eof_sent && (terminal_ || err_.eof_sent);
+}
+
 void StdioCore::frame_more() {
   // One frame per stream per round, alternating which goes first, so a flood on one stream does
   // not starve the other. A dropped count always precedes the stream's next data.
@@ -164,8 +171,13 @@ void StdioCore::begin_handshake() {
   proto::append_hello(ctl_, generation_, vm_);
   // stdin attached: where the host resumes it (a stdin the workload closed still counts its
   // bytes, so the host re-sends nothing twice).
-  if (rx_rules_.input) proto::append_position(ctl_, Stream::in, in_pos_, proc_);
-  in_acked_ = in_pos_;
+  // Then an ack of what the workload took: the host's window starts there, not at the position
+  // (a host taking over would otherwise send a window more while the init still holds bytes).
+  if (rx_rules_.input) {
+    proto::append_position(ctl_, Stream::in, in_pos_, proc_);
+    in_acked_ = stdin_taken();
+    proto::append_ack(ctl_, Stream::in, in_acked_, proc_);
+  }
   awaiting_ = 0;
   for (Out* o : {&out_, &err_}) {
     o->awaiting = !(o == &err_ && terminal_);
@@ -338,11 +350,10 @@ void StdioCore::on_frame(const proto::Frame& f) {
   switch (f.kind) {
     case proto::FrameKind::data:
       in_pos_ += f.data.size();
-      if (resume_ && in_pos_ - in_acked_ >= kStdinAckStep && rx_rules_.input) {
-        proto::append_ack(ctl_, Stream::in, in_pos_, proc_);
-        in_acked_ = in_pos_;
+      if (in_closed_) {  // the workload closed its stdin: nobody reads these (taken: discarded)
+        ack_stdin();
+        break;
       }
-      if (in_closed_) break;  // the workload closed its stdin: nobody reads these
       if (in_head_ > 0 && in_head_ >= in_.size() / 2) {
         in_.erase(0, in_head_);
         in_head_ = 0;
@@ -352,7 +363,10 @@ void StdioCore::on_frame(const proto::Frame& f) {
     case proto::FrameKind::eof:
       if (in_eof_) break;  // again after a resume: it ended once
       in_eof_ = true;
-      if (terminal_ && !in_closed_) in_ += '\x04';  // a PTY has no half-close: its VEOF, ^D
+      if (terminal_ && !in_closed_) {  // a PTY has no half-close: its VEOF, ^D
+        in_ += '\x04';
+        in_veof_ = true;
+      }
       break;
     case proto::FrameKind::resize: resize_ = proto::Terminal{f.rows, f.cols}; break;
     case proto::FrameKind::position: on_position(f.stream, f.position); break;
@@ -372,8 +386,25 @@ void StdioCore::on_rx_eof() {
   }
   if (!in_eof_) {
     in_eof_ = true;
-    if (terminal_ && !in_closed_) in_ += '\x04';
+    if (terminal_ && !in_closed_) {
+      in_ += '\x04';
+      in_veof_ = true;
+    }
   }
+}
+
+std::uint64_t StdioCore::stdin_taken() const {
+  if (in_closed_) return in_pos_;
+  const std::size_t held = in_.size() - in_head_ - (in_veof_ ? 1 : 0);
+  return in_pos_ - held;
+}
+
+void StdioCore::ack_stdin() {
+  if (!resume_ || !rx_rules_.input || suspended_ || !open_) return;
+  const std::uint64_t t = stdin_taken();
+  if (t < in_acked_ + kStdinAckStep) return;
+  proto::append_ack(ctl_, Stream::in, t, proc_);
+  in_acked_ = t;
 }
 
 void StdioCore::in_written(std::size_t n) {
@@ -381,13 +412,17 @@ void StdioCore::in_written(std::size_t n) {
   if (in_head_ == in_.size()) {
     in_.clear();
     in_head_ = 0;
+    in_veof_ = false;
   }
+  ack_stdin();
 }
 
 void StdioCore::in_closed() {
   in_closed_ = true;
   in_.clear();
   in_head_ = 0;
+  in_veof_ = false;
+  ack_stdin();
 }
 
 void StdioCore::channel_closed() {

@@ -27,10 +27,13 @@ inline constexpr std::size_t kStdioChunk = 65536;
 /// Framed bytes prepared for one run of writes to the data channel, at most (plus one round).
 inline constexpr std::size_t kTxBatch = 256u << 10;
 /// Bytes from the host held for the workload's stdin before the init stops reading the data
-/// channel (the host is then backpressured by its transport).
-inline constexpr std::size_t kStdinCap = 256 * 1024;
-/// Data channel resume: the init acknowledges stdin (an ack frame) each time this many bytes
-/// arrived since the last ack, so the host's copy of unacknowledged stdin stays bounded.
+/// channel (the host is then backpressured by its transport). With resume, the host's window
+/// (proto::kStdinWindow, one send past it) bounds what is held below this, so the channel is
+/// always read and the host's output acks never wait behind stdin.
+inline constexpr std::size_t kStdinCap = 2 * proto::kStdinWindow + 2 * proto::kFrameDataMax;
+/// Data channel resume: the init acknowledges stdin (an ack frame) each time the workload took
+/// this many more bytes (written into its pipe or PTY, or discarded once it closed stdin), so
+/// the host's window moves as the workload reads, never as the init merely buffers.
 inline constexpr std::uint64_t kStdinAckStep = 64 * 1024;
 
 /// One output stream's unsent bytes: at most `cap`. Lossless: the reader stops when full (room()
@@ -81,6 +84,11 @@ class StdioCore {
   void on_output_eof(proto::Stream s);
   /// Both output streams reached EOF (with a terminal: the PTY). Their frames are queued.
   bool outputs_done() const;
+  /// Resume: every byte framed is acknowledged by a host (the rings and tx are empty), the eofs
+  /// are framed and the channel is linked; without resume, true. With it the workload's exit is
+  /// reported only once a host holds its whole output (StdioMux::take_outputs_done), so a host
+  /// that took over meanwhile never records an outcome before the output it still has to get.
+  bool delivered() const;
   /// Framed bytes to write to the data channel now ("" when nothing is due). Stable until sent().
   std::string_view tx();
   /// `n` bytes of tx() were written.
@@ -211,6 +219,9 @@ class StdioCore {
   std::uint64_t gap(proto::Stream s) const { return out(s).gap; }
   /// Stdin payload bytes received from the host in all: the init's stdin position.
   std::uint64_t stdin_position() const { return in_pos_; }
+  /// Stdin payload bytes the workload took (written to it, or discarded after it closed its
+  /// stdin): what the init's stdin acks report. stdin_position() minus what is held.
+  std::uint64_t stdin_taken() const;
 
   // ---- the account of each output stream (docs/protocol.md "output_end")
   /// Payload bytes of `s` framed for the data channel so far (written or still queued), less
@@ -250,6 +261,8 @@ class StdioCore {
   void begin_handshake();
   void on_position(proto::Stream s, std::uint64_t pos);
   void on_ack(proto::Stream s, std::uint64_t pos);
+  /// Resume: an ack of stdin when the workload took kStdinAckStep more since the last one.
+  void ack_stdin();
   /// tx() is written out and framing would add nothing: a direct frame may start.
   bool tx_idle() const;
 
@@ -268,6 +281,7 @@ class StdioCore {
   std::string in_;
   std::size_t in_head_ = 0;
   bool in_eof_ = false;
+  bool in_veof_ = false;  // in_ ends with the PTY's ^D (not a payload byte)
   bool in_closed_ = false;
   std::optional<proto::Terminal> resize_;
   std::string eof_error_;  // the channel ended inside a frame
@@ -282,7 +296,7 @@ class StdioCore {
   std::string vm_;
   std::string ctl_;             // control frames (hello, positions, acks, the replay) for the next batch
   std::uint64_t in_pos_ = 0;    // stdin payload bytes received
-  std::uint64_t in_acked_ = 0;  // ... as of the last ack sent
+  std::uint64_t in_acked_ = 0;  // stdin_taken() as of the last ack sent
   std::string resume_error_;    // the host broke the handshake or acked ahead
 };
 

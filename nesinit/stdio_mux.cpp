@@ -68,7 +68,7 @@ bool StdioMux::take_outputs_done(std::uint16_t proc) {
     if (!s || s->closed) return false;
     reported = &s->outputs_reported;
   }
-  if (*reported || !core(proc)->outputs_done()) return false;
+  if (*reported || !core(proc)->outputs_done() || !core(proc)->delivered()) return false;
   *reported = true;
   return true;
 }

@@ -28,6 +28,12 @@ enum class FrameKind : std::uint8_t { data = 0, eof = 1, resize = 2, dropped = 3
 inline constexpr std::size_t kFrameHeader = 8;
 /// Largest payload of a data frame, in bytes (a data frame carries 1..kFrameDataMax bytes).
 inline constexpr std::size_t kFrameDataMax = 65536;
+/// Data channel resume's stdin window, bytes: a host keeps at most this much of the workload's
+/// stdin sent and not yet taken by the workload (the guest's stdin acks say what it took; one
+/// send may go past it by its own size). The init's stdin buffer holds twice this plus two
+/// frames, so it always has room to read the channel and the host's output acks, which share
+/// it, never wait behind stdin (docs/protocol.md "Data channel resume", "Acks").
+inline constexpr std::size_t kStdinWindow = 256u << 10;
 /// Processes started by `exec` that may run at once in one session (docs/protocol.md "Exec").
 inline constexpr std::size_t kExecMax = 16;
 /// Longest VM name a hello frame carries, bytes (its payload: u64 generation, then the name).

@@ -997,6 +997,12 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       if (pump) pump->start();
     }
     if (m == Milestone::data_error && !plan.console) say("neshost run: data channel: {}\n", ev.detail);
+    // What becomes of the data channel across a loss, once per event (rare: a loss, a resume),
+    // in monitor.log for a detached VM: where its output went is never a guess.
+    if (!plan.console && plan.vmm_survives &&
+        (ev.kind == "data_refused" || ev.kind == "data_lost" || ev.kind == "data_resumed" ||
+         ev.kind == "output_dropped" || ev.kind == "output_lost"))
+      say("neshost monitor: VM {}: {} {}\n", vmid, ev.kind, ev.detail);
     // QEMU connects both chardev sockets at its start; in --sandbox the init dials the data
     // channel only after `boot`, so the runtime dir stays until then.
     // A VMM that outlives us redials these sockets' paths (a replacement monitor binds them
@@ -1197,8 +1203,20 @@ int monitor_main(const Args& args) {
   // One replacement per VM at a time: the loser of a race leaves it to the winner.
   auto lock = host::open_vm_file(state, vm, host::kAdoptLock, O_RDWR | O_CREAT);
   if (!lock) return nothing(fmt::format("not taken over: {}", lock.error().message));
-  if (::flock(lock->get(), LOCK_EX | LOCK_NB) != 0)
-    return nothing("another replacement monitor is taking it over");
+  if (::flock(lock->get(), LOCK_EX | LOCK_NB) != 0) {
+    // Held by a replacement that won (it rewrites monitor.json at once: we stand down), or by a
+    // monitor being killed whose other threads have not exited yet (its leader is already a
+    // zombie, so the VM looks orphaned, but its fds, the lock among them, live on for a moment):
+    // wait for the lock, looking again every 10 ms, at most 5 s.
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    for (;;) {
+      if (auto st = host::reconcile(state, vm); st && *st && (*st)->monitor_alive)
+        return nothing("another replacement monitor took it over");
+      if (std::chrono::steady_clock::now() >= until) return nothing("another replacement monitor is taking it over");
+      ::poll(nullptr, 0, 10);
+      if (::flock(lock->get(), LOCK_EX | LOCK_NB) == 0) break;
+    }
+  }
   auto st = host::reconcile(state, vm);
   if (!st || !*st) return nothing(st ? "no such VM" : st.error().message);
   if (!(*st)->orphaned())

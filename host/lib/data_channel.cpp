@@ -253,7 +253,7 @@ bool DataLink::handle_resume(DataEvent& e) {
     if (p->stream == proto::Stream::in) {
       if (!r.in_known) {  // a host taking over: stdin continues from the guest's position
         r.in_known = true;
-        r.in_sent = r.in_acked = p->position;
+        r.in_sent = r.in_acked = r.in_taken = p->position;
         r.in_unacked.clear();
         if (r.in_eof) {  // an eof the embedder gave before the handshake
           std::string f;
@@ -309,13 +309,16 @@ bool DataLink::handle_resume(DataEvent& e) {
       close(fmt::format("ack frame on stdin: position {} ahead of the {} bytes sent", a->position, r.in_sent));
       return false;
     }
+    // What the workload took: the window's base. The guest's acks only grow on a connection;
+    // its handshake ack may lie below a taking-over host's position (bytes it holds).
+    r.in_taken = a->position;
     if (a->position > r.in_acked) {
       r.in_unacked.erase(0, a->position - r.in_acked);
       r.in_acked = a->position;
-      if (stdin_refused_ && out_bytes_ + r.in_unacked.size() < cfg_.stdin_cap / 2) {
-        stdin_refused_ = false;
-        if (cfg_.hooks && cfg_.hooks->stdin_writable) cfg_.hooks->stdin_writable(cfg_.vm);
-      }
+    }
+    if (stdin_refused_ && out_bytes_ + (r.in_sent - r.in_taken) < stdin_window() / 2) {
+      stdin_refused_ = false;
+      if (cfg_.hooks && cfg_.hooks->stdin_writable) cfg_.hooks->stdin_writable(cfg_.vm);
     }
     return true;
   }
@@ -462,8 +465,9 @@ Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
   if (!st) return st.error();
   bool* eof_sent = *st;
   if (*eof_sent) return Error{"stdin: already at eof"};
-  const std::size_t unacked = cfg_.resume && proc == 0 ? cfg_.resume->in_unacked.size() : 0;
-  if (out_bytes_ + unacked >= cfg_.stdin_cap) {
+  const bool windowed = cfg_.resume && proc == 0;
+  const std::uint64_t unacked = windowed ? cfg_.resume->in_sent - cfg_.resume->in_taken : 0;
+  if (out_bytes_ + unacked >= (windowed ? stdin_window() : cfg_.stdin_cap)) {
     stdin_refused_ = true;
     return Error{fmt::format("stdin: {} bytes queued; the guest is not reading", out_bytes_)};
   }
@@ -559,7 +563,9 @@ void DataLink::start_write() {
       self->close();
       return;
     }
-    if (self->stdin_refused_ && self->out_bytes_ < self->cfg_.stdin_cap / 2) {
+    const std::uint64_t unacked =
+        self->cfg_.resume ? self->cfg_.resume->in_sent - self->cfg_.resume->in_taken : 0;
+    if (self->stdin_refused_ && self->out_bytes_ + unacked < self->stdin_window() / 2) {
       self->stdin_refused_ = false;
       if (self->cfg_.hooks && self->cfg_.hooks->stdin_writable) self->cfg_.hooks->stdin_writable(self->cfg_.vm);
       if (self->closed_) return;

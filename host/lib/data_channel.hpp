@@ -100,6 +100,10 @@ struct DataResume {
   std::uint64_t in_sent = 0;
   std::uint64_t in_acked = 0;
   std::string in_unacked;
+  /// The guest's last stdin ack as it stands: bytes the workload took. The stdin window
+  /// (proto::kStdinWindow) counts from it; after a takeover it may lie below in_acked (the
+  /// guest still held bytes it had received: its handshake ack says so).
+  std::uint64_t in_taken = 0;
   bool in_eof = false;
   bool in_known = true;
   /// Connections so far (the first is 1).
@@ -227,6 +231,12 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   void send_acks(bool all);
   void close_after_write();
   void stdin_go();  // resume: the guest's stdin position came: stdin may flow
+  /// Bytes of stdin queued, and (resume) sent and not taken by the workload, at most: the
+  /// stdin cap, and with resume no more than proto::kStdinWindow (the init's buffer is sized
+  /// for it: the channel it shares with the output acks never stalls).
+  std::size_t stdin_window() const {
+    return cfg_.resume ? std::min(cfg_.stdin_cap, proto::kStdinWindow) : cfg_.stdin_cap;
+  }
 
   boost::asio::generic::stream_protocol::socket sock_;
   boost::asio::steady_timer drain_timer_;

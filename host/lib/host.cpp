@@ -375,9 +375,22 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   void output_end(const std::shared_ptr<Vm>& vm, const proto::OutputEnd& r) {
     if (r.proc != 0 && r.proc >= vm->next_proc) return;  // a number never opened: nothing of ours
     if (!vm->loss_reported.insert({r.proc, r.stream}).second) return;  // once per stream
-    const bool ended = r.proc == 0 ? !(vm->data && vm->data->is_open()) : !vm->execs.count(r.proc);
+    const bool ended =
+        r.proc == 0 ? !(vm->data && vm->data->is_open()) && !data_may_resume(*vm) : !vm->execs.count(r.proc);
     if (ended) settle_loss(vm, r, nullptr);
     else vm->loss_pending[{r.proc, r.stream}] = r;
+  }
+
+  /// The workload's data channel may still come (back) on this host: the session resumes it (its
+  /// boot turned resume on, or it took the session over) and it is lost, or not connected yet,
+  /// while the session runs. What the guest framed waits in its replay ring for that connection,
+  /// so its output account is not settled against the bytes received so far (the adoption race:
+  /// the outcome and output_end can reach a host that took over before the data channel does).
+  bool data_may_resume(const Vm& vm) const {
+    const SessionConfig& cfg = vm.core.config();
+    if (!cfg.descriptor.stdio || vm.finishing || vm.core.finished()) return false;
+    if (!(vm.core.replay_bytes() > 0 || (cfg.resume && cfg.data_resume))) return false;
+    return !vm.data || (!vm.data->is_open() && vm.data->lost());
   }
 
   /// The exact loss of one stream: unsent + sent - bytes of it received. Reported when not 0:

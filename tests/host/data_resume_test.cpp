@@ -222,6 +222,36 @@ TEST_CASE("a host taking over learns stdin's position from the guest") {
   CHECK(l.resume->in_sent == 1235);
 }
 
+TEST_CASE("stdin window: counted from what the workload took (the guest's acks), a takeover's from its handshake ack") {
+  // The guest received 100 000 bytes and its workload took 1 000 (docs/protocol.md "Acks"): the
+  // 99 000 it holds count against the window, so the guest's buffer (twice the window) always
+  // has room to read the channel its output acks share.
+  Link l;
+  l.resume->in_known = false;
+  l.start();
+  std::string a;
+  proto::append_ack(a, Stream::in, 1000);
+  l.send(hello() + position(Stream::in, 100000) + a);
+  REQUIRE(l.until([&] { return l.resume->in_known && l.resume->in_taken == 1000; }));
+  CHECK(l.resume->in_sent == 100000);
+  const std::string chunk(16384, 'x');
+  std::size_t sent = 0;
+  while (l.link->send_stdin(chunk).ok()) {
+    sent += chunk.size();
+    REQUIRE(sent < (1u << 20));
+    l.until([] { return true; });  // written to the socket: only the window refuses
+  }
+  CHECK(sent == 163840);  // the first send at or past kStdinWindow - 99 000 is refused
+  CHECK(l.resume->in_sent - l.resume->in_taken >= proto::kStdinWindow);
+  // The workload takes: the window moves with the ack, the unacknowledged copy is trimmed.
+  std::string b;
+  proto::append_ack(b, Stream::in, 100000 + 65536);
+  l.send(b);
+  REQUIRE(l.until([&] { return l.resume->in_taken == 100000 + 65536; }));
+  CHECK(l.resume->in_unacked.size() == sent - 65536);
+  CHECK(l.link->send_stdin(chunk).ok());
+}
+
 TEST_CASE("a close on purpose sends the close frame first; the receipt waits for what is safe") {
   Link l(false);
   l.start();

@@ -1358,3 +1358,56 @@ TEST_CASE("boot.network in a sandbox that may not configure one: network_failed 
   CHECK(f.step == "namespace");
   CHECK(f.err == EPERM);
 }
+
+TEST_CASE("data resume: a data channel lost when the final flush begins is redialled; its rings wait for a host") {
+  // The adoption race (tests/host/adopt_test.py "twice"): the monitor killed right after the
+  // workload's last output, the exit reported meanwhile, the host taking over acknowledges it;
+  // the flush must go on redialling the data channel, or what its rings hold is lost.
+  Session s(kOpt);
+  s.handle(ev::ChannelUp{});
+  proto::Boot b = make_boot(true);
+  b.reconnect_ms = 4000;
+  b.vm = "web";
+  b.generation = 3;
+  b.stdio = proto::Stdio{};
+  b.stdio->replay_bytes = 65536;
+  s.handle(msg(b));
+  s.handle(ev::DataUp{});
+  s.handle(ev::MountsDone{});
+  s.handle(ev::Started{42});
+  REQUIRE(s.phase() == Phase::running);
+  auto a = s.handle(ev::DataLost{"EOF without the host's close"});
+  REQUIRE(only<act::DialData>(a).size() == 1);
+  CHECK(only<act::DialData>(a)[0].redial);
+  CHECK(armed(a, Timer::data_reconnect, 4000));
+  a = s.handle(ev::DataFailed{"no listener", ECONNREFUSED, true});
+  CHECK(armed(a, Timer::data_redial, kRedialFirstMs));
+  // The workload ends; its output is framed (in the replay ring), the host acknowledges.
+  s.handle(ev::Exited{proto::WorkloadExited::code(3)});
+  s.handle(ev::OutputsDone{{71, 0, true}, ev::OutputAccount{0, 0, true}});
+  s.handle(ev::NoChildren{});
+  a = s.handle(msg(proto::Shutdown{}));
+  REQUIRE(s.stage() == Stage::flush);
+  CHECK_FALSE(cancelled(a, Timer::data_redial));
+  CHECK_FALSE(cancelled(a, Timer::data_reconnect));
+  ev::Flushing f;  // the loop: a lost channel is open and owes its rings
+  f.data_open = true;
+  f.data_unsent = true;
+  f.outputs_done = true;
+  CHECK(only<act::PowerOff>(s.handle(f)).empty());
+  a = s.handle(ev::TimerFired{Timer::data_redial});
+  REQUIRE(only<act::DialData>(a).size() == 1);
+  a = s.handle(ev::DataFailed{"no listener", ECONNREFUSED, true});  // heard during the flush too
+  CHECK(armed(a, Timer::data_redial, 2 * kRedialFirstMs));
+  CHECK(only<act::DialData>(s.handle(ev::TimerFired{Timer::data_redial})).size() == 1);
+  s.handle(ev::DataUp{});
+  CHECK(only<act::PowerOff>(s.handle(f)).empty());
+  // The new host replays, takes both eofs and closes: the receipt.
+  ev::Flushing done;
+  done.data_open = true;
+  done.outputs_done = true;
+  done.receipt = true;
+  done.out = {71, 0, true};
+  done.err = ev::OutputAccount{0, 0, true};
+  CHECK(only<act::PowerOff>(s.handle(done)).size() == 1);
+}

@@ -198,24 +198,36 @@ TEST_CASE("rx_room: the least room of any open stdin; a full one stops reading")
   REQUIRE(m.open(1, pipes(true)));
   REQUIRE(m.open(2, pipes()));  // no stdin: never limits
   CHECK(m.rx_room() == kStdioChunk);
-  // Process 1 holds 150 000 bytes: room for one more whole frame beyond what may be read.
+  // Process 1 holds bytes: the room is what is left for one more whole frame beyond them.
   std::string chunk(50000, 'x');
-  for (int i = 0; i < 3; ++i) m.on_rx(stdin_data(1, chunk));
+  std::size_t held = 0;
+  while (held + 50000 + proto::kFrameDataMax <= kStdinCap - kStdioChunk) {
+    m.on_rx(stdin_data(1, chunk));
+    held += 50000;
+  }
   REQUIRE(m.rx_error().empty());
-  CHECK(m.core(1)->in_pending().size() == 150000);
-  CHECK(m.rx_room() == kStdinCap - proto::kFrameDataMax - 150000);
+  CHECK(m.core(1)->in_pending().size() == held);
+  CHECK(m.rx_room() == std::min(kStdinCap - proto::kFrameDataMax - held, kStdioChunk));
   // Full: nothing is read until its bytes are written to its stdin.
-  m.on_rx(stdin_data(1, chunk));
-  CHECK(m.rx_room() == 0);
-  m.core(1)->in_written(200000);
+  while (m.rx_room() > 0) {
+    m.on_rx(stdin_data(1, chunk));
+    held += 50000;
+  }
+  CHECK(held + proto::kFrameDataMax > kStdinCap);
+  CHECK(held <= kStdinCap);
+  m.core(1)->in_written(held);
   CHECK(m.rx_room() == kStdioChunk);
   // The workload's own stdin counts the same way.
-  for (int i = 0; i < 4; ++i) m.on_rx(stdin_data(0, chunk));
-  CHECK(m.workload().in_pending().size() == 200000);
-  CHECK(m.rx_room() == 0);
+  std::size_t held0 = 0;
+  while (m.rx_room() > 0) {
+    m.on_rx(stdin_data(0, chunk));
+    held0 += 50000;
+  }
+  CHECK(m.workload().in_pending().size() == held0);
+  CHECK(held0 + proto::kFrameDataMax > kStdinCap);
   // A closed process's stdin no longer holds the channel back.
-  m.workload().in_written(200000);
-  for (int i = 0; i < 4; ++i) m.on_rx(stdin_data(1, chunk));
+  m.workload().in_written(held0);
+  while (m.rx_room() > 0) m.on_rx(stdin_data(1, chunk));
   CHECK(m.rx_room() == 0);
   m.close(1);
   CHECK(m.rx_room() == kStdioChunk);

@@ -90,13 +90,16 @@ TEST_CASE("handshake: hello and stdin position first; nothing else until every p
   CHECK(!c.direct_mode());  // spliced bytes would leave no copy for the ring
   c.on_output(Stream::out, "early");
   auto f = frames(drain_tx(c), false, true);
-  REQUIRE(f.size() == 2);
+  REQUIRE(f.size() == 3);
   CHECK(f[0].kind == FrameKind::hello);
   CHECK(f[0].generation == 7);
   CHECK(f[0].data == "vm1");
   CHECK(f[1].kind == FrameKind::position);
   CHECK(f[1].stream == Stream::in);
   CHECK(f[1].position == 0);
+  CHECK(f[2].kind == FrameKind::ack);  // what the workload took: the host's stdin window starts there
+  CHECK(f[2].stream == Stream::in);
+  CHECK(f[2].position == 0);
   CHECK(!c.linked());
   std::string one;
   proto::append_position(one, Stream::out, 0);
@@ -284,34 +287,76 @@ TEST_CASE("eof is framed again on a resume; output held meanwhile goes after the
   CHECK(eofs == 2);
 }
 
-TEST_CASE("stdin: position in the hello, acked every kStdinAckStep, nothing counted twice") {
+TEST_CASE("stdin: acked as the workload takes it, every kStdinAckStep; the hello says received and taken") {
   StdioCore c = linked(4096, false, true);
   std::string w;
   proto::append_data(w, Stream::in, std::string(kStdinAckStep, 'i'));
   c.on_rx(w);
+  CHECK(drain_tx(c).empty());  // received, not taken: no ack (the host's window still counts it)
+  c.in_written(kStdinAckStep - 1);
+  CHECK(drain_tx(c).empty());  // under the step
+  CHECK(c.stdin_taken() == kStdinAckStep - 1);
+  c.in_written(1);
   auto f = frames(drain_tx(c), false, true);
   REQUIRE(f.size() == 1);
   CHECK(f[0].kind == FrameKind::ack);
   CHECK(f[0].position == kStdinAckStep);
-  c.in_written(c.in_pending().size());
   w.clear();
   proto::append_data(w, Stream::in, "tail");
   c.on_rx(w);
-  CHECK(drain_tx(c).empty());  // under the step: no ack
+  CHECK(drain_tx(c).empty());
   CHECK(c.stdin_position() == kStdinAckStep + 4);
+  CHECK(c.stdin_taken() == kStdinAckStep);
   c.channel_lost();
   c.channel_resumed();
   f = frames(drain_tx(c), false, true);
-  REQUIRE(f.size() == 2);
+  REQUIRE(f.size() == 3);
   CHECK(f[1].kind == FrameKind::position);
   CHECK(f[1].position == kStdinAckStep + 4);  // the host re-sends from here: none twice
+  CHECK(f[2].kind == FrameKind::ack);
+  CHECK(f[2].position == kStdinAckStep);      // held, not taken: the window starts here
   c.on_rx(positions(0, 0));
-  c.in_written(c.in_pending().size());
+  CHECK(c.in_pending() == "tail");            // kept across the loss
+  c.in_written(4);
   // The host's eof again after a resume ends stdin once.
   w.clear();
   proto::append_eof(w, Stream::in);
   c.on_rx(w);
   CHECK(c.in_close_due());
+}
+
+TEST_CASE("stdin: a workload that closed its stdin takes (discards) what comes; a PTY's ^D is no payload byte") {
+  StdioCore c = linked(4096, false, true);
+  c.in_closed();
+  std::string w;
+  proto::append_data(w, Stream::in, std::string(kStdinAckStep, 'd'));
+  c.on_rx(w);
+  auto f = frames(drain_tx(c), false, true);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].kind == FrameKind::ack);
+  CHECK(f[0].position == kStdinAckStep);
+
+  proto::Stdio t = stdio(4096, false, true);
+  t.terminal = proto::Terminal{24, 80};
+  StdioCore p(t);
+  p.enable_resume(7, "vm1");
+  drain_tx(p);
+  std::string pos;
+  proto::append_position(pos, Stream::out, 0);
+  p.on_rx(pos);
+  REQUIRE(p.linked());
+  drain_tx(p);
+  w.clear();
+  proto::append_data(w, Stream::in, "ab");
+  proto::append_eof(w, Stream::in);
+  p.on_rx(w);
+  CHECK(p.in_pending() == "ab\x04");
+  CHECK(p.stdin_taken() == 0);
+  p.in_written(2);
+  CHECK(p.stdin_taken() == 2);
+  p.in_written(1);  // the ^D
+  CHECK(p.stdin_taken() == 2);
+  CHECK(p.stdin_position() == 2);
 }
 
 TEST_CASE("the host's close frame: its EOF is on purpose") {
