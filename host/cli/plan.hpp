@@ -165,6 +165,9 @@ struct RunPlan {
   /// replacement monitor can take the VM over (docs/host.md "Re-adoption"). A foreground run's VM
   /// dies with it (its terminal is its user's).
   bool vmm_survives = false;
+  /// This process's stderr is STATE/VM/monitor.log (a -d monitor, a replacement), not a user's
+  /// terminal or a container's stderr: what becomes of the data channel is said there too.
+  bool monitor_log = false;
 };
 
 /// boot.reconnect_ms of a detached VM: how long the guest keeps its workload (and an outcome not

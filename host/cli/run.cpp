@@ -999,7 +999,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     if (m == Milestone::data_error && !plan.console) say("neshost run: data channel: {}\n", ev.detail);
     // What becomes of the data channel across a loss, once per event (rare: a loss, a resume),
     // in monitor.log for a detached VM: where its output went is never a guess.
-    if (!plan.console && plan.vmm_survives &&
+    if (!plan.console && plan.monitor_log &&
         (ev.kind == "data_refused" || ev.kind == "data_lost" || ev.kind == "data_resumed" ||
          ev.kind == "output_dropped" || ev.kind == "output_lost"))
       say("neshost monitor: VM {}: {} {}\n", vmid, ev.kind, ev.detail);
@@ -1131,6 +1131,7 @@ int run_main(const Args& args) {
   if (auto s = gather_inputs(o, in, rt, staging); !s) return fail(s.error().message);
   auto plan = plan_run(o, in);
   if (!plan) return fail(plan.error().message);
+  plan->monitor_log = o.detach;  // the -d monitor's stderr is monitor.log
   if (auto s = prepare_boot_files(*plan); !s) return fail(s.error().message);
   Running run;
   if (netns) run.netns_fd = netns->netns_fd();
@@ -1264,6 +1265,7 @@ int monitor_main(const Args& args) {
   plan.grace = v.grace;
   plan.rm = v.rm;
   plan.vmm_survives = true;
+  plan.monitor_log = true;
   plan.command = mon->command;
   Running run;
   run.console = console;
