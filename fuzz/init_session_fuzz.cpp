@@ -30,6 +30,9 @@ constexpr std::string_view kLines[] = {
     R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":false}})",
     R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":true},"reconnect_ms":50,"vm":"v","generation":2})",
     R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":false},"reconnect_ms":50})",
+    // Data channel resume (boot.stdio.replay_bytes): the data channel's loss, redial and the
+    // exit held until the output is delivered.
+    R"({"type":"boot","exec":{"argv":["/bin/true"],"uid":0,"gid":0},"geometry":{"width":1,"height":2,"fps":3},"on_exit":{"terminal":true},"reconnect_ms":50,"vm":"v","generation":2,"stdio":{"stdin":true,"terminal":null,"mode":"lossless","buffer_bytes":4096,"drain_ms":50,"replay_bytes":4096}})",
     R"({"type":"stop"})",
     R"({"type":"shutdown"})",
     R"({"type":"kill","signal":15})",
@@ -118,7 +121,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         e = f;
         break;
       }
-      case 16: e = ev::DataUp{}; break;
+      case 16:
+        switch (c.pick(3)) {
+          case 0: e = ev::DataUp{}; break;
+          case 1: e = ev::DataLost{"EOF without the host's close"}; break;
+          default: e = ev::DataFailed{"refused", 111, c.pick(2) == 1}; break;
+        }
+        break;
       case 17: e = ev::Held{static_cast<std::uint16_t>(c.pick(3)), c.pick(2) ? 0 : c.pick(70000)}; break;
       case 18: e = ev::OutputsDone{account(c), account(c)}; break;
       case 19: e = ev::ExecClosed{static_cast<std::uint16_t>(1 + c.pick(3)), account(c), account(c), c.pick(2) == 1}; break;
