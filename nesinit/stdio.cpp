@@ -363,10 +363,7 @@ void StdioCore::on_frame(const proto::Frame& f) {
     case proto::FrameKind::eof:
       if (in_eof_) break;  // again after a resume: it ended once
       in_eof_ = true;
-      if (terminal_ && !in_closed_) {  // a PTY has no half-close: its VEOF, ^D
-        in_ += '\x04';
-        in_veof_ = true;
-      }
+      queue_veof();
       break;
     case proto::FrameKind::resize: resize_ = proto::Terminal{f.rows, f.cols}; break;
     case proto::FrameKind::position: on_position(f.stream, f.position); break;
@@ -386,11 +383,14 @@ void StdioCore::on_rx_eof() {
   }
   if (!in_eof_) {
     in_eof_ = true;
-    if (terminal_ && !in_closed_) {
-      in_ += '\x04';
-      in_veof_ = true;
-    }
+    queue_veof();
   }
+}
+
+void StdioCore::queue_veof() {
+  if (!terminal_ || in_closed_) return;
+  in_ += '\x04';  // a PTY has no half-close: its VEOF, ^D
+  in_veof_ = true;
 }
 
 std::uint64_t StdioCore::stdin_taken() const {

@@ -263,6 +263,8 @@ class StdioCore {
   void on_ack(proto::Stream s, std::uint64_t pos);
   /// Resume: an ack of stdin when the workload took kStdinAckStep more since the last one.
   void ack_stdin();
+  /// stdin's eof reached a terminal: its ^D queued after the held bytes (not a payload byte).
+  void queue_veof();
   /// tx() is written out and framing would add nothing: a direct frame may start.
   bool tx_idle() const;
 

@@ -316,7 +316,7 @@ bool DataLink::handle_resume(DataEvent& e) {
       r.in_unacked.erase(0, a->position - r.in_acked);
       r.in_acked = a->position;
     }
-    if (stdin_refused_ && out_bytes_ + (r.in_sent - r.in_taken) < stdin_window() / 2) {
+    if (stdin_refused_ && out_bytes_ + stdin_in_flight() < stdin_window() / 2) {
       stdin_refused_ = false;
       if (cfg_.hooks && cfg_.hooks->stdin_writable) cfg_.hooks->stdin_writable(cfg_.vm);
     }
@@ -466,8 +466,7 @@ Status DataLink::send_stdin(std::string_view bytes, std::uint16_t proc) {
   bool* eof_sent = *st;
   if (*eof_sent) return Error{"stdin: already at eof"};
   const bool windowed = cfg_.resume && proc == 0;
-  const std::uint64_t unacked = windowed ? cfg_.resume->in_sent - cfg_.resume->in_taken : 0;
-  if (out_bytes_ + unacked >= (windowed ? stdin_window() : cfg_.stdin_cap)) {
+  if (out_bytes_ + (windowed ? stdin_in_flight() : 0) >= (windowed ? stdin_window() : cfg_.stdin_cap)) {
     stdin_refused_ = true;
     return Error{fmt::format("stdin: {} bytes queued; the guest is not reading", out_bytes_)};
   }
@@ -563,9 +562,7 @@ void DataLink::start_write() {
       self->close();
       return;
     }
-    const std::uint64_t unacked =
-        self->cfg_.resume ? self->cfg_.resume->in_sent - self->cfg_.resume->in_taken : 0;
-    if (self->stdin_refused_ && self->out_bytes_ + unacked < self->stdin_window() / 2) {
+    if (self->stdin_refused_ && self->out_bytes_ + self->stdin_in_flight() < self->stdin_window() / 2) {
       self->stdin_refused_ = false;
       if (self->cfg_.hooks && self->cfg_.hooks->stdin_writable) self->cfg_.hooks->stdin_writable(self->cfg_.vm);
       if (self->closed_) return;

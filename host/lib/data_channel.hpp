@@ -237,6 +237,8 @@ class DataLink : public std::enable_shared_from_this<DataLink> {
   std::size_t stdin_window() const {
     return cfg_.resume ? std::min(cfg_.stdin_cap, proto::kStdinWindow) : cfg_.stdin_cap;
   }
+  /// Resume: the workload's stdin sent and not yet taken by it (the window's use); else 0.
+  std::uint64_t stdin_in_flight() const { return cfg_.resume ? cfg_.resume->in_sent - cfg_.resume->in_taken : 0; }
 
   boost::asio::generic::stream_protocol::socket sock_;
   boost::asio::steady_timer drain_timer_;

@@ -387,10 +387,14 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   /// so its output account is not settled against the bytes received so far (the adoption race:
   /// the outcome and output_end can reach a host that took over before the data channel does).
   bool data_may_resume(const Vm& vm) const {
-    const SessionConfig& cfg = vm.core.config();
-    if (!cfg.descriptor.stdio || vm.finishing || vm.core.finished()) return false;
-    if (!(vm.core.replay_bytes() > 0 || (cfg.resume && cfg.data_resume))) return false;
+    if (!data_resumable(vm) || vm.finishing || vm.core.finished()) return false;
     return !vm.data || (!vm.data->is_open() && vm.data->lost());
+  }
+  /// The workload's data channel resumes: the boot turned resume on, or this host takes a
+  /// session over (the guest says with its hello whether it resumes).
+  static bool data_resumable(const Vm& vm) {
+    const SessionConfig& cfg = vm.core.config();
+    return cfg.descriptor.stdio && (vm.core.replay_bytes() > 0 || (cfg.resume && cfg.data_resume));
   }
 
   /// The exact loss of one stream: unsent + sent - bytes of it received. Reported when not 0:
@@ -748,9 +752,7 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
     auto& d = vm->core.config().descriptor;
     const char* why = nullptr;
     const SessionConfig& cfg = vm->core.config();
-    // Data channel resume: the boot turned it on, or this host takes a session over (the guest
-    // says with its hello whether it resumes).
-    const bool resumable = d.stdio && (vm->core.replay_bytes() > 0 || (cfg.resume && cfg.data_resume));
+    const bool resumable = data_resumable(*vm);
     const bool redial = vm->data_ever && resumable && vm->data && !vm->data->is_open() && vm->data->lost();
     // Only a session that may turn resume on with its boot (reconnect and data_resume) waits.
     const bool before_boot = d.stdio && !cfg.resume && cfg.reconnect.count() > 0 && cfg.data_resume &&
