@@ -192,7 +192,8 @@ void ExecAttachments::start(control::Exec request, std::vector<host::Fd> fds, Co
       if (w) w->on_empty = [this, proc] { finish(proc); };
     finish(proc);
   };
-  auto proc = host_->exec(vm_, std::move(x.exec), x.stdio, std::move(hooks));
+  // A pod's container (`container`) or a process joining one (`in`): as the client asked.
+  auto proc = host_->exec(vm_, std::move(x.exec), x.stdio, std::move(hooks), host::ExecWhere{std::move(x.container), x.in});
   if (!proc) return a->reply(control::Error{proc.error().message});
   a->proc = *proc;
   live_[*proc] = a;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,6 +36,7 @@
 #include "host/lib/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
+#include "host/shim/pod.hpp"
 #include "host/shim/process.hpp"
 #include "base/small_file.hpp"
 
@@ -52,14 +54,20 @@ using namespace std::chrono_literals;
 
 constexpr std::string_view kService = "containerd.task.v2.Task";
 constexpr const char* kTaskFile = "nesinit-task.json";
+/// A pod's share in the sandbox's bundle, and where the guest mounts it.
+constexpr const char* kPodShareDir = "nesinit-pod";
+constexpr std::string_view kPodShareGuest = "/run/nes/pod";
 
 // ---- the persisted task ----
 
 std::string encode_task_record(const TaskRecord& r) {
-  return fmt::format(R"({{"schema_version":1,"id":{},"vm":{},"state_dir":{},"pid":{},"pid_start":{},"mounted_rootfs":{}}})"
+  std::string pod;
+  if (!r.pod_share.empty()) pod += fmt::format(R"(,"pod_share":{})", host::json_string(r.pod_share.string()));
+  if (r.container) pod += R"(,"container":true)";
+  return fmt::format(R"({{"schema_version":1,"id":{},"vm":{},"state_dir":{},"pid":{},"pid_start":{},"mounted_rootfs":{}{}}})"
                      "\n",
                      host::json_string(r.id), host::json_string(r.vm), host::json_string(r.state_dir.string()), r.pid,
-                     r.pid_start, r.mounted_rootfs);
+                     r.pid_start, r.mounted_rootfs, pod);
 }
 
 Result<TaskRecord> parse_task_record(std::string_view json) {
@@ -83,6 +91,14 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
   if (o["pid_start"].get_uint64().get(u)) return Error{"nesinit-task.json: pid_start: expected an integer"};
   r.pid_start = u;
   if (o["mounted_rootfs"].get_bool().get(r.mounted_rootfs)) return Error{"nesinit-task.json: mounted_rootfs: expected a boolean"};
+  if (auto e = o["pod_share"]; e.error() != simdjson::NO_SUCH_FIELD) {
+    if (e.get_string().get(s) || s.empty() || s.front() != '/')
+      return Error{"nesinit-task.json: pod_share: expected an absolute path"};
+    r.pod_share = std::string(s);
+  }
+  if (auto e = o["container"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.container))
+    return Error{"nesinit-task.json: container: expected a boolean"};
+  if (r.container && r.pod_share.empty()) return Error{"nesinit-task.json: pod_share: required for a container"};
   return r;
 }
 
@@ -163,11 +179,41 @@ void kill_vmm(const TaskRecord& r) {
   }
 }
 
-// A deleted task leaves nothing: its rootfs mount, the VM's state, the task file.
+// Removes the directories of `dir` that are empty once their subdirectories are (the mount
+// points a pod's share held), deepest first. Never unlinks a file: whatever is still mounted or
+// holds data stays.
+void remove_empty_dirs(const fs::path& dir) {
+  struct statx sx {};
+  // Still a mount (the unmount failed, or another one is there): nothing under it is ours.
+  if (::statx(AT_FDCWD, dir.c_str(), AT_SYMLINK_NOFOLLOW, STATX_BASIC_STATS, &sx) != 0 ||
+      (sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT & sx.stx_attributes))
+    return;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_directory(ec) && !it->is_symlink(ec)) remove_empty_dirs(it->path());
+  ::rmdir(dir.c_str());
+}
+
+// A pod's share or a container's rootfs in it, unmounted with everything under it (MNT_DETACH:
+// recursive, and a busy one goes once released) and its empty mount points removed.
+void unmount_pod_share(const fs::path& at) {
+  if (at.empty()) return;
+  ::umount2(at.c_str(), MNT_DETACH);
+  remove_empty_dirs(at);
+}
+
+// A deleted task leaves nothing: its rootfs mount, the VM's state, the task file. A container's
+// leaves its rootfs mount point in the pod's share (its parent, named for the container) too.
 void remove_task(const fs::path& bundle, const TaskRecord& r) {
   unmount_rootfs(bundle, r);
   std::error_code ec;
-  fs::remove_all(r.state_dir, ec);
+  if (r.container) {
+    unmount_pod_share(r.pod_share);
+    ::rmdir(r.pod_share.parent_path().c_str());
+  } else {
+    unmount_pod_share(r.pod_share);
+    fs::remove_all(r.state_dir, ec);
+  }
   fs::remove(bundle / kTaskFile, ec);
 }
 
@@ -194,6 +240,10 @@ Cleanup cleanup_task(const fs::path& bundle) {
   if (!rec || !*rec) return c;
   const TaskRecord& r = **rec;
   c.pid = r.pid;
+  if (r.container) {  // the pod's VM is its sandbox's: only the container's rootfs goes
+    remove_task(bundle, r);
+    return c;
+  }
   if (same_process_alive(r.pid, r.pid_start)) {
     ::kill(-r.pid, SIGKILL);  // its session's process group: neshost
     ::kill(r.pid, SIGKILL);
@@ -304,12 +354,24 @@ struct TaskService::Impl {
   // connection "ok started PID PROC", then "ok exit STATUS" (host/monitor/control.hpp). The shim
   // reads that connection on its loop; Kill and ResizePty go to the control socket naming PROC.
   // The Process part: its id, pid (in the guest), stdio, phase, exit, stdin hold, waiters.
+  // A pod's container is one too (its own process, exec_id empty): the monitor starts it with
+  // `exec.container` (its root under the pod's share), and its execs join it with `exec.in`.
   struct ExecProc : Process {
-    explicit ExecProc(asio::io_context& io) : sock(io), buf(64u << 10) {
-      exec = true;
+    /// Exec `exec_id` of task `task_id`, or with `exec_id` empty the pod's container `task_id`.
+    ExecProc(asio::io_context& io, std::string task_id, std::string exec_id) : sock(io), buf(64u << 10) {
+      exec = !exec_id.empty();
+      id = exec ? std::move(exec_id) : task_id;
+      task = std::move(task_id);
       phase = Phase::created;
     }
+    std::string task;  // the task it belongs to: the shim's own, or a pod's container
     TaskSpec spec;
+    // A pod's container only: its bundle, its record there (its rootfs under the pod's share),
+    // its root and hostname as the guest names them.
+    fs::path bundle;
+    TaskRecord rec;
+    std::string guest_root;
+    std::optional<std::string> hostname;
     std::uint16_t proc = 0;       // the monitor's number for it (0 until started)
     asio::local::stream_protocol::socket sock;
     asio::streambuf buf;
@@ -321,23 +383,45 @@ struct TaskService::Impl {
     std::optional<asio::steady_timer> retry;
     std::chrono::steady_clock::time_point connect_deadline;
   };
-  static constexpr std::size_t kMaxExecs = 16;  // as the guest's own bound (proto::kExecMax)
-  std::map<std::string, std::unique_ptr<ExecProc>> execs;
+  static constexpr std::size_t kMaxExecs = 16;  // per task, as the guest's own bound (proto::kExecMax)
+  /// (task id, exec id): an exec; (container id, ""): a pod's container.
+  using Key = std::pair<std::string, std::string>;
+  std::map<Key, std::unique_ptr<ExecProc>> procs;
+  /// The task is a pod's sandbox (its config.json says so): it serves the pod's containers.
+  bool pod = false;
 
-  ExecProc* find_exec(const std::string& exec_id) {
-    auto it = execs.find(exec_id);
-    return it == execs.end() ? nullptr : it->second.get();
+  ExecProc* find_proc(const Key& k) {
+    auto it = procs.find(k);
+    return it == procs.end() ? nullptr : it->second.get();
   }
+  static Key key(const ExecProc& x) { return {x.task, x.exec ? x.id : std::string()}; }
 
-  /// check_id for a call that may name an exec: the task must exist; a non-empty exec_id must be
-  /// one of its execs.
+  /// check_id for a call that may name an exec or a pod's container: the shim's own task must
+  /// exist, or `id` be one of the pod's containers; a non-empty exec_id must be one of that
+  /// task's execs. `out`: the exec or container named, null for the shim's own task.
   ttrpc::Reply check_exec(const std::string& id, const std::string& exec_id, ExecProc** out) {
     *out = nullptr;
-    if (auto c = check_id(id, {}); !c.status.ok()) return c;
-    if (exec_id.empty()) return empty();
-    *out = find_exec(exec_id);
+    if (id == cfg.id) {
+      if (auto c = check_id(id, {}); !c.status.ok()) return c;
+      if (exec_id.empty()) return empty();
+    } else {
+      ExecProc* c = find_proc({id, {}});
+      if (!c) return fail(ttrpc::Code::not_found, fmt::format("task {}: not found", id));
+      if (exec_id.empty()) {
+        *out = c;
+        return empty();
+      }
+    }
+    *out = find_proc({id, exec_id});
     if (!*out) return fail(ttrpc::Code::not_found, fmt::format("exec {}: not found", exec_id));
     return empty();
+  }
+
+  /// The bundle State reports for `x`'s task.
+  const fs::path& bundle_of(const ExecProc* x) {
+    if (!x || x->task == cfg.id) return cfg.bundle;
+    ExecProc* c = x->exec ? find_proc({x->task, {}}) : nullptr;
+    return c ? c->bundle : x->bundle;
   }
 
   /// The process a call names: exec `x`, or the task's own when none.
@@ -346,28 +430,32 @@ struct TaskService::Impl {
   ttrpc::Reply exec_add(const std::string& p) {
     auto req = parse<v2::ExecProcessRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "ExecProcessRequest: malformed");
-    if (auto c = check_id(req->id(), {}); !c.status.ok()) return c;
-    if (task.phase != Phase::running) return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id));
+    ExecProc* in = nullptr;  // a pod's container it runs in
+    if (auto c = check_exec(req->id(), {}, &in); !c.status.ok()) return c;
+    if (process(in).phase != Phase::running)
+      return fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", req->id()));
     if (req->exec_id().empty() || req->exec_id().size() > 256)
       return fail(ttrpc::Code::invalid_argument, "exec_id: expected 1..256 bytes");
-    if (find_exec(req->exec_id())) return fail(ttrpc::Code::already_exists, fmt::format("exec {}: already exists", req->exec_id()));
-    if (execs.size() >= kMaxExecs)
+    if (find_proc({req->id(), req->exec_id()}))
+      return fail(ttrpc::Code::already_exists, fmt::format("exec {}: already exists", req->exec_id()));
+    std::size_t n = 0;
+    for (const auto& [k, x] : procs) n += k.first == req->id() && x->exec;
+    if (n >= kMaxExecs)
       return fail(ttrpc::Code::resource_exhausted, fmt::format("exec: {} execs exist already (delete ended ones)", kMaxExecs));
     for (const auto* io : {&req->stdin(), &req->stdout(), &req->stderr()})
       if (io->find("://") != std::string::npos && !io->starts_with("file://"))
         return fail(ttrpc::Code::invalid_argument, fmt::format("stdio '{}': only FIFO paths and file:// are supported", *io));
     auto sp = parse_oci_process(req->spec().value());
     if (!sp) return fail(ttrpc::Code::invalid_argument, "spec: " + sp.error().message);
-    auto x = std::make_unique<ExecProc>(io);
-    x->id = req->exec_id();
+    auto x = std::make_unique<ExecProc>(io, req->id(), req->exec_id());
     x->spec = std::move(*sp);
     x->stdin_path = req->stdin();
     x->stdout_path = req->stdout();
     x->stderr_path = req->stderr();
     x->terminal = req->terminal() || x->spec.terminal;
-    execs.emplace(x->id, std::move(x));
+    procs.emplace(key(*x), std::move(x));
     ev::TaskExecAdded e;
-    e.set_container_id(cfg.id);
+    e.set_container_id(req->id());
     e.set_exec_id(req->exec_id());
     events.publish("/tasks/exec-added", e);
     return empty();
@@ -376,14 +464,27 @@ struct TaskService::Impl {
   void start_any(ttrpc::Call&& c, ttrpc::Respond respond) {
     auto req = parse<v2::StartRequest>(c.payload);
     if (!req) return respond(fail(ttrpc::Code::invalid_argument, "StartRequest: malformed"));
-    if (req->exec_id().empty()) return respond(start(c.payload));
+    if (req->exec_id().empty() && req->id() == cfg.id) return respond(start(c.payload));
     ExecProc* x = nullptr;
     if (auto r = check_exec(req->id(), req->exec_id(), &x); !r.status.ok()) return respond(std::move(r));
-    if (x->phase != Phase::created) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: already started", x->id)));
-    if (task.phase != Phase::running) return respond(fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", cfg.id)));
+    if (x->phase != Phase::created)
+      return respond(fail(ttrpc::Code::failed_precondition, fmt::format("{} {}: already started", x->exec ? "exec" : "task", x->id)));
+    if (task.phase != Phase::running)
+      return respond(fail(ttrpc::Code::failed_precondition,
+                          x->task == cfg.id ? fmt::format("task {}: not running", cfg.id)
+                                            : fmt::format("container '{}': sandbox '{}' is not running", x->task, cfg.id)));
+    std::optional<std::uint16_t> in;  // an exec in a pod's container joins it
+    if (x->exec && x->task != cfg.id) {
+      ExecProc* c = find_proc({x->task, {}});
+      if (!c || c->phase != Phase::running || c->proc == 0)
+        return respond(fail(ttrpc::Code::failed_precondition, fmt::format("task {}: not running", x->task)));
+      in = c->proc;
+    }
     auto streams = x->open_streams();
     if (!streams) return respond(fail(ttrpc::Code::invalid_argument, streams.error().message));
     proto::ExecProcess m = exec_message(x->spec, !x->stdin_path.empty(), x->terminal, x->pending_resize);
+    if (!x->exec) m.container = proto::Container{x->guest_root, x->hostname, x->spec.root_ro};
+    m.in = in;
     if (auto ok = proto::validate(proto::HostMessage{m}); !ok)
       return respond(fail(ttrpc::Code::invalid_argument, "spec: " + ok.error().reason));
     x->request = cli::control::Exec{false, false, false, std::move(m)};  // `exec - JSON`
@@ -392,14 +493,14 @@ struct TaskService::Impl {
     x->err = std::move(streams->err);
     x->start_respond = std::move(respond);
     x->connect_deadline = std::chrono::steady_clock::now() + 30s;
-    connect_exec(x->id);
+    connect_exec(key(*x));
   }
 
   /// Sends exec `id`'s request to the VM's monitor. A task just started may not have its control
   /// socket yet (`neshost run` is setting up): tried again every 20 ms for up to 30 s, as
   /// deliver_resize does.
-  void connect_exec(const std::string& id) {
-    ExecProc* x = find_exec(id);
+  void connect_exec(const Key& id) {
+    ExecProc* x = find_proc(id);
     if (!x || !x->start_respond) return;
     const auto path = host::control_path(rec.state_dir, rec.vm);
     std::error_code fe;
@@ -427,11 +528,11 @@ struct TaskService::Impl {
   }
 
   /// The monitor's next line about exec `id` (its start, then its end).
-  void read_exec(const std::string& id) {
-    ExecProc* x = find_exec(id);
+  void read_exec(const Key& id) {
+    ExecProc* x = find_proc(id);
     if (!x) return;
     asio::async_read_until(x->sock, x->buf, '\n', [this, id](boost::system::error_code ec, std::size_t n) {
-      ExecProc* x = find_exec(id);
+      ExecProc* x = find_proc(id);
       if (!x || ec == asio::error::operation_aborted) return;
       if (ec) return exec_ended(*x, 137, "the VM's monitor closed the connection");  // gone with the VM
       std::string line(asio::buffers_begin(x->buf.data()), asio::buffers_begin(x->buf.data()) + n - 1);
@@ -444,11 +545,18 @@ struct TaskService::Impl {
         x->pid = pid;
         x->proc = started->proc;
         x->phase = Phase::running;
-        ev::TaskExecStarted e;
-        e.set_container_id(cfg.id);
-        e.set_exec_id(x->id);
-        e.set_pid(pid);
-        events.publish("/tasks/exec-started", e);
+        if (x->exec) {
+          ev::TaskExecStarted e;
+          e.set_container_id(x->task);
+          e.set_exec_id(x->id);
+          e.set_pid(pid);
+          events.publish("/tasks/exec-started", e);
+        } else {  // a pod's container
+          ev::TaskStart e;
+          e.set_container_id(x->id);
+          e.set_pid(pid);
+          events.publish("/tasks/start", e);
+        }
         v2::StartResponse r;
         r.set_pid(pid);
         if (auto rs = std::exchange(x->start_respond, std::nullopt)) (*rs)(ok(r));
@@ -476,16 +584,16 @@ struct TaskService::Impl {
     // What went wrong after it ran (e.g. its output lost on the way to its FIFOs: 125) goes to
     // the shim's log, naming the task and the exec.
     if (started && !why.empty())
-      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {} exec {}: {} (exit status {})\n", cfg.id, x.id,
-                 why, status);
+      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}{}: {} (exit status {})\n", x.task,
+                 x.exec ? " exec " + x.id : std::string(), why, status);
     x.stop(status, now_ns());
     if (auto rs = std::exchange(x.start_respond, std::nullopt)) {
       (*rs)(fail(ttrpc::Code::failed_precondition,
-                 fmt::format("exec {}: {}{}", x.id, why.empty() ? "did not start" : why,
-                             status == 127 ? " (not found)" : "")));
+                 fmt::format("{}: {}{}", x.exec ? "exec " + x.id : fmt::format("container '{}'", x.id),
+                             why.empty() ? "did not start" : why, status == 127 ? " (not found)" : "")));
     }
     if (!started && x.pid == 0 && x.waiters.empty()) return;
-    x.report_exit(events, cfg.id);
+    x.report_exit(events, x.task);
   }
 
   ttrpc::Reply exec_kill(ExecProc& x, std::uint32_t signal) {
@@ -523,11 +631,7 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "CreateTaskRequest: malformed");
     // Another task's id first: a pod's container sent to its sandbox's shim (host/shim/pod.hpp)
     // is not "already exists" because the sandbox is.
-    if (req->id() != cfg.id)
-      return fail(ttrpc::Code::unimplemented,
-                  fmt::format("container '{}': id: this shim serves task '{}' (the pod's sandbox); a pod's containers "
-                              "in its sandbox's VM are not supported yet (docs/containerd.md \"Pods\")",
-                              req->id(), cfg.id));
+    if (req->id() != cfg.id) return create_container(*req);
     if (task.phase != Phase::none) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", req->id()));
     if (!req->checkpoint().empty()) return fail(ttrpc::Code::unimplemented, "checkpoint: restore is not supported");
     for (const auto* io : {&req->stdin(), &req->stdout(), &req->stderr()}) {
@@ -541,6 +645,9 @@ struct TaskService::Impl {
     const fs::path bundle = cfg.bundle;
     auto s = load_oci_spec(bundle);
     if (!s) return fail(ttrpc::Code::invalid_argument, s.error().message);
+    // A pod's sandbox (`shim start` already refused a bad placement): the VM of the pod.
+    if (auto text = base::read_small_file((bundle / "config.json").c_str(), 4u << 20))
+      if (auto pl = parse_pod_placement(*text, cfg.id)) pod = pl->role == PodRole::sandbox;
     rec = TaskRecord{};
     rec.id = cfg.id;
     rec.vm = vm_id(cfg.ns, cfg.id);
@@ -559,8 +666,21 @@ struct TaskService::Impl {
       unmount_rootfs(bundle, rec);
       return fail(ttrpc::Code::invalid_argument, fmt::format("root.path: {} is not a directory", s->root.string()));
     }
+    if (pod) {
+      // The pod's share: a bind of the directory on itself made shared, so the containers'
+      // rootfs mounted under it later reach virtiofsd's mount namespace (a slave of it).
+      rec.pod_share = bundle / kPodShareDir;
+      fs::create_directories(rec.pod_share, ec);
+      if (ec || ::mount(rec.pod_share.c_str(), rec.pod_share.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
+          ::mount(nullptr, rec.pod_share.c_str(), nullptr, MS_SHARED, nullptr) != 0) {
+        std::string why = ec ? ec.message() : std::strerror(errno);
+        remove_task(bundle, rec);
+        return fail(ttrpc::Code::internal, fmt::format("pod share {}: {}", rec.pod_share.string(), why));
+      }
+      s->volumes.push_back(Volume{rec.pod_share, std::string(kPodShareGuest), false});
+    }
     if (auto w = persist(); !w) {
-      unmount_rootfs(bundle, rec);
+      remove_task(bundle, rec);
       return fail(ttrpc::Code::internal, w.error().message);
     }
     spec = std::move(*s);
@@ -583,6 +703,121 @@ struct TaskService::Impl {
     v2::CreateTaskResponse r;
     r.set_pid(static_cast<std::uint32_t>(::getpid()));
     return ok(r);
+  }
+
+  /// Create of a pod's container (`req.id()` not the shim's own task): checked against its
+  /// bundle's config.json (its annotations must name this shim's sandbox), its record written in
+  /// its bundle before its rootfs is mounted under the pod's share (`<share>/<vm id of the
+  /// container>/rootfs`), which is the guest's /run/nes/pod/.../rootfs. Errors name the
+  /// container and the field; the pod and its other containers are untouched.
+  ttrpc::Reply create_container(const v2::CreateTaskRequest& req) {
+    const std::string& cid = req.id();
+    auto refuse = [&](ttrpc::Code c, std::string_view field, const std::string& why) {
+      return fail(c, fmt::format("container '{}': {}: {}", cid, field, why));
+    };
+    if (!pod)
+      return refuse(ttrpc::Code::failed_precondition, "id",
+                    fmt::format("this shim serves task '{}', which is not a pod's sandbox", cfg.id));
+    if (find_proc({cid, {}})) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", cid));
+    if (task.phase != Phase::created && task.phase != Phase::running)
+      return refuse(ttrpc::Code::failed_precondition, kSandboxIdAnnotation,
+                    fmt::format("sandbox '{}' has ended", cfg.id));
+    if (!req.checkpoint().empty()) return refuse(ttrpc::Code::unimplemented, "checkpoint", "restore is not supported");
+    for (const auto* io : {&req.stdin(), &req.stdout(), &req.stderr()})
+      if (io->find("://") != std::string::npos && !io->starts_with("file://"))
+        return refuse(ttrpc::Code::invalid_argument, "stdio", fmt::format("'{}': only FIFO paths and file:// are supported", *io));
+    if (req.bundle().empty() || req.bundle().front() != '/')
+      return refuse(ttrpc::Code::invalid_argument, "bundle", "expected an absolute path");
+    const fs::path bundle = req.bundle();
+    auto text = base::read_small_file((bundle / "config.json").c_str(), 4u << 20);
+    if (!text)
+      return refuse(ttrpc::Code::invalid_argument, "config.json",
+                    fmt::format("{}: {}", (bundle / "config.json").string(), std::strerror(text.error().err)));
+    auto pl = parse_pod_placement(*text, cid);
+    if (!pl) return fail(ttrpc::Code::invalid_argument, pl.error().message);
+    if (pl->role != PodRole::container || pl->sandbox_id != cfg.id)
+      return refuse(ttrpc::Code::invalid_argument, fmt::format("annotations.{}", kSandboxIdAnnotation),
+                    pl->role == PodRole::container
+                        ? fmt::format("sandbox '{}' is not this shim's pod (sandbox '{}')", pl->sandbox_id, cfg.id)
+                        : fmt::format("expected a container of sandbox '{}' ({} 'container')", cfg.id, kContainerTypeAnnotation));
+    auto sp = parse_oci_spec(*text, bundle);
+    if (!sp) return fail(ttrpc::Code::invalid_argument, fmt::format("container '{}': {}", cid, sp.error().message));
+    // The guest gives every container the VM's /etc/hosts, /etc/resolv.conf and /etc/hostname
+    // (what CRI binds from the sandbox's own); other binds are not carried into a pod's VM yet.
+    for (std::size_t i = 0; i < sp->volumes.size(); ++i) {
+      const auto& g = sp->volumes[i].guest;
+      if (g != "/etc/hosts" && g != "/etc/resolv.conf" && g != "/etc/hostname")
+        return refuse(ttrpc::Code::invalid_argument, "mounts",
+                      fmt::format("a bind at {} is not supported for a pod's container yet (docs/containerd.md \"Pods\")", g));
+    }
+    if (req.rootfs_size() > 1)
+      return refuse(ttrpc::Code::invalid_argument, "rootfs", fmt::format("{} mounts; one is supported", req.rootfs_size()));
+    auto x = std::make_unique<ExecProc>(io, cid, std::string());
+    const std::string dir = vm_id(cfg.ns, cid);
+    x->bundle = bundle;
+    x->rec = TaskRecord{cid, rec.vm, rec.state_dir, 0, 0, false, rec.pod_share / dir / "rootfs", true};
+    x->guest_root = fmt::format("{}/{}/rootfs", kPodShareGuest, dir);
+    // Intent before effect: the record first, so `shim delete` finds whatever gets mounted.
+    if (auto w = host::write_durable(bundle, kTaskFile, encode_task_record(x->rec)); !w)
+      return refuse(ttrpc::Code::internal, "bundle", w.error().message);
+    std::error_code ec;
+    fs::create_directories(x->rec.pod_share, ec);
+    host::Status m = host::Ok{};
+    if (ec) m = Error{fmt::format("mkdir {}: {}", x->rec.pod_share.string(), ec.message())};
+    else if (req.rootfs_size() == 1) m = mount_rootfs(req.rootfs(0), x->rec.pod_share);
+    else if (::mount(sp->root.c_str(), x->rec.pod_share.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
+      m = Error{fmt::format("root.path: bind {} on {}: {}", sp->root.string(), x->rec.pod_share.string(), std::strerror(errno))};
+    if (!m) {
+      remove_task(bundle, x->rec);
+      return fail(ttrpc::Code::invalid_argument, fmt::format("container '{}': {}", cid, m.error().message));
+    }
+    if (!sp->hostname.empty()) x->hostname = sp->hostname;
+    else if (!spec.hostname.empty()) x->hostname = spec.hostname;
+    x->stdin_path = req.stdin();
+    x->stdout_path = req.stdout();
+    x->stderr_path = req.stderr();
+    x->terminal = req.terminal() || sp->terminal;
+    x->spec = std::move(*sp);
+    ev::TaskCreate e;
+    e.set_container_id(cid);
+    e.set_bundle(bundle.string());
+    *e.mutable_rootfs() = req.rootfs();
+    e.mutable_io()->set_stdin(x->stdin_path);
+    e.mutable_io()->set_stdout(x->stdout_path);
+    e.mutable_io()->set_stderr(x->stderr_path);
+    e.mutable_io()->set_terminal(x->terminal);
+    e.set_pid(static_cast<std::uint32_t>(::getpid()));
+    events.publish("/tasks/create", e);
+    procs.emplace(key(*x), std::move(x));
+    v2::CreateTaskResponse r;
+    r.set_pid(static_cast<std::uint32_t>(::getpid()));
+    return ok(r);
+  }
+
+  /// Delete of a pod's container that is not running: its execs go with it, its rootfs is
+  /// unmounted from the pod's share, its record removed; /tasks/delete published.
+  v2::DeleteResponse delete_container(ExecProc& c) {
+    v2::DeleteResponse r = c.delete_response();
+    for (auto it = procs.begin(); it != procs.end();) {
+      if (it->first.first == c.id && it->second->exec) {
+        boost::system::error_code ig;
+        it->second->sock.close(ig);
+        it = procs.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    boost::system::error_code ig;
+    c.sock.close(ig);
+    remove_task(c.bundle, c.rec);
+    ev::TaskDelete e;
+    e.set_container_id(c.id);
+    e.set_pid(r.pid());
+    e.set_exit_status(r.exit_status());
+    *e.mutable_exited_at() = r.exited_at();
+    events.publish("/tasks/delete", e);
+    procs.erase(key(c));
+    return r;
   }
 
   ttrpc::Reply start(const std::string& p) {
@@ -698,6 +933,11 @@ struct TaskService::Impl {
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     if (req->signal() < 1 || req->signal() > 64) return fail(ttrpc::Code::invalid_argument, fmt::format("signal: {} is not 1..64", req->signal()));
     if (process(x).phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
+    if (x && !x->exec && x->phase == Phase::created) {  // a pod's container never started
+      x->stop(128 + req->signal(), now_ns());
+      x->report_exit(events, x->task);
+      return empty();
+    }
     if (x) return exec_kill(*x, req->signal());
     if (task.phase == Phase::created) {
       // Never started: nothing runs; the task ends as if the signal had killed it.
@@ -736,7 +976,7 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "StateRequest: malformed");
     ExecProc* x = nullptr;
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
-    return ok(process(x).state(cfg.bundle.string()));
+    return ok(process(x).state(bundle_of(x).string()));
   }
 
   ttrpc::Reply del(const std::string& p) {
@@ -748,10 +988,11 @@ struct TaskService::Impl {
     if (pr.phase == Phase::running)
       return fail(ttrpc::Code::failed_precondition, fmt::format("{} {}: still running", x ? "exec" : "task", pr.id));
     v2::DeleteResponse r = pr.delete_response();
+    if (x && !x->exec) return ok(delete_container(*x));
     if (x) {
       boost::system::error_code ig;
       x->sock.close(ig);
-      execs.erase(x->id);
+      procs.erase(key(*x));
       return ok(r);
     }
     remove_task(cfg.bundle, rec);
@@ -774,6 +1015,13 @@ struct TaskService::Impl {
   void pids(ttrpc::Call&& c, ttrpc::Respond respond) {
     auto req = parse<v2::PidsRequest>(c.payload);
     if (!req) return respond(fail(ttrpc::Code::invalid_argument, "PidsRequest: malformed"));
+    if (req->id() != cfg.id) {  // a pod's container: its own process (its pid in the guest)
+      ExecProc* c = nullptr;
+      if (auto r = check_exec(req->id(), {}, &c); !r.status.ok()) return respond(std::move(r));
+      v2::PidsResponse r;
+      if (c->phase == Phase::running) r.add_processes()->set_pid(c->pid);
+      return respond(ok(r));
+    }
     if (auto r = check_id(req->id(), {}); !r.status.ok()) return respond(std::move(r));
     if (task.phase != Phase::running) return respond(ok(v2::PidsResponse{}));
     const auto path = host::control_path(rec.state_dir, rec.vm);
@@ -882,6 +1130,7 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "ShutdownRequest: malformed");
     // A task not yet deleted keeps its shim (containerd's own shims exit only with no task left).
     if (task.phase != Phase::none && task.phase != Phase::deleted) return empty();
+    if (!procs.empty()) return empty();  // a pod's container not yet deleted
     asio::post(io, [this] { if (cfg.shutdown) cfg.shutdown(); });
     return empty();
   }
@@ -890,10 +1139,8 @@ struct TaskService::Impl {
     auto req = parse<v2::WaitRequest>(c.payload);
     if (!req) return respond(fail(ttrpc::Code::invalid_argument, "WaitRequest: malformed"));
     // A task stopped or deleted still answers (deleted: with its last exit).
-    if (req->exec_id().empty() && (task.phase == Phase::stopped || task.phase == Phase::deleted)) {
-      if (req->id() != cfg.id) return respond(fail(ttrpc::Code::not_found, "not found"));
+    if (req->id() == cfg.id && req->exec_id().empty() && (task.phase == Phase::stopped || task.phase == Phase::deleted))
       return respond(ok(task.wait_response()));
-    }
     ExecProc* x = nullptr;
     if (auto r = check_exec(req->id(), req->exec_id(), &x); !r.status.ok()) return respond(std::move(r));
     Process& pr = process(x);

@@ -6,6 +6,10 @@
 // from its durable outcome record (exit status 128+N for a signal N, exited_at = finished_at).
 // The task's state file `<bundle>/nesinit-task.json` is written durably (host/monitor/reconcile.hpp
 // write_durable) so `shim delete` after a SIGKILLed shim finds the VM and ends it.
+// A pod (host/shim/pod.hpp, docs/containerd.md "Pods"): the sandbox's shim serves every task of
+// the pod. The sandbox task is the VM (the pause process its workload, in the pause image as the
+// VM's root); each container task is a process the VM's monitor starts with `exec.container`
+// (its own root, mount and pid namespaces) on the rootfs the shim mounted under the pod's share.
 // Calls and what they answer: docs/containerd.md.
 #pragma once
 
@@ -41,6 +45,13 @@ struct TaskRecord {
   pid_t pid = 0;                       // the `neshost run` process (its session leader), 0 before Start
   unsigned long long pid_start = 0;    // its start time (/proc/PID/stat field 22): a recycled pid differs
   bool mounted_rootfs = false;         // Create mounted req.rootfs on <bundle>/rootfs
+  /// A pod's sandbox: the pod's share (`<bundle>/nesinit-pod`, a shared bind mount on itself, the
+  /// guest's /run/nes/pod). A pod's container: where its rootfs is mounted under that share.
+  /// Empty: neither. Optional on the wire (absent: empty).
+  std::filesystem::path pod_share;
+  /// A pod's container (its process runs in the sandbox's VM, `vm` and `state_dir` are the
+  /// sandbox's): `shim delete` unmounts its rootfs and never touches the VM. Optional (false).
+  bool container = false;
   bool operator==(const TaskRecord&) const = default;
 };
 /// One JSON object plus '\n'.
@@ -57,8 +68,10 @@ struct Cleanup {
   std::int64_t exited_at_ns = 0;  // Unix time, ns
 };
 /// `shim delete`: end the task's VM if it still runs (SIGKILL to the `neshost run` session:
-/// QEMU and virtiofsd die with it), unmount what Create mounted, remove the task's state. The exit
-/// status is the recorded one if the VM recorded an outcome, else 137 (128+SIGKILL).
+/// QEMU and virtiofsd die with it), unmount what Create mounted (a sandbox's pod share with
+/// everything under it), remove the task's state. The exit status is the recorded one if the VM
+/// recorded an outcome, else 137 (128+SIGKILL). A pod's container (TaskRecord::container): only
+/// its rootfs is unmounted from the pod's share; the pod's VM is its sandbox's to end (137).
 Cleanup cleanup_task(const std::filesystem::path& bundle);
 
 /// The Task service, registered on a ttrpc Server. All calls on the io_context's thread.

@@ -466,46 +466,99 @@ def case_slow_stdout(d):
 
 
 def case_pod_shim(d):
-    """A pod's tasks as containerd's CRI plugin marks them (`ctr run --annotation`, no CRI): the
-    sandbox (container-type=sandbox, sandbox-id its own id) runs as a VM of its own shim; a
-    container of its pod is sent to that shim by `shim start` (one shim per pod; its bundle's
-    `address` names the sandbox's socket) and, while a pod's containers do not run in its VM
-    yet, fails naming itself; a container of an unknown sandbox and annotations that disagree
-    fail naming the container and the annotation. The sandbox runs on untouched throughout."""
-    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    """A pod as containerd's CRI plugin marks its tasks (`ctr run --annotation`, no CRI): the
+    sandbox (container-type=sandbox, sandbox-id its own id) boots the pod's VM under a shim of its
+    own; each container of the pod is sent to that shim by `shim start` and runs in that VM (one
+    shim, one QEMU), in a root of its own (its marker file seen, the other's not), its own pid
+    namespace (its PID 1 its own program), on the pod's localhost (c2 fetches c1's page). c2's
+    exit (5) leaves c1 and the sandbox running; `ctr task exec` into c1 joins its root; SIGKILL
+    ends c1 (137). Bad input fails naming the container and the field, the pod untouched: a
+    container of an unknown sandbox, annotations that disagree, a program missing from its root,
+    a bind the pod's VM cannot carry. The sandbox's end leaves no QEMU, virtiofsd, shim or mount."""
     ct, sid = "io.kubernetes.cri.container-type", "io.kubernetes.cri.sandbox-id"
-    p = d.popen_ctr("run", "--runtime", RUNTIME, "--annotation", f"{ct}=sandbox", "--annotation", f"{sid}=pod1",
-                    "--rootfs", root, "pod1", "/bin/sh", "-c", "echo up; exec sleep 1000")
+    roots = {}
+    for name in ("pod1", "c1", "c2"):
+        r = busybox_root(os.path.join(d.tmp, "rootfs-" + name))
+        for applet in ("httpd", "wget", "test", "readlink"):
+            os.symlink("busybox", os.path.join(r, "bin", applet))
+        open(os.path.join(r, "mine-" + name), "w").close()
+        os.makedirs(os.path.join(r, "www"))
+        with open(os.path.join(r, "www", "index.html"), "w") as f:
+            f.write(f"page-of-{name}\n")
+        roots[name] = r
+    in_pod = lambda tid: ["--annotation", f"{ct}=container", "--annotation", f"{sid}=pod1", "--rootfs", roots.get(tid, roots["c1"]), tid]
+    shims = lambda: sorted(pid for pid, cmd in descendants_alive() if cmd.split(" ")[0].endswith("containerd-shim-nesinit-v2"))
+    qemus = lambda: [q.pid for q in processes() if q.cmd.startswith("qemu-system") and d.tmp in q.cmd]
+    sandbox = d.popen_ctr("run", "--runtime", RUNTIME, "--annotation", f"{ct}=sandbox", "--annotation", f"{sid}=pod1",
+                          "--rootfs", roots["pod1"], "pod1", "/bin/sh", "-c", "echo up; exec sleep 1000")
+    c1 = None
     try:
-        wait_line(p, "up")
-        # This daemon's shims: daemonized, so reparented to this subreaper (not other tests' shims).
-        shims = lambda: sorted(pid for pid, cmd in descendants_alive()
-                               if cmd.split(" ")[0].endswith("containerd-shim-nesinit-v2"))
+        wait_line(sandbox, "up")
         before = shims()
         check(len(before) == 1, f"one shim for the sandbox: {before}")
+        check(len(qemus()) == 1, f"one QEMU for the pod: {qemus()}")
+        c1 = d.popen_ctr("run", "--runtime", RUNTIME, *in_pod("c1"), "/bin/sh", "-c",
+                         "test -e /mine-c1 && test ! -e /mine-c2 && test ! -e /mine-pod1 && echo c1-own-root; "
+                         "echo pid1=$(cat /proc/1/cmdline | tr '\\0' ' '); httpd -p 8080 -h /www && echo c1-up; exec sleep 1000")
+        got = wait_line(c1, "c1-up").decode()
+        check("c1-own-root" in got and "pid1=/bin/sh -c test -e /mine-c1" in got, f"c1's view: {got!r}")
+        rc, out, err = d.ctr("run", "--runtime", RUNTIME, *in_pod("c2"), "/bin/sh", "-c",
+                             "wget -q -O - http://127.0.0.1:8080/index.html; "
+                             "test -e /mine-c2 && test ! -e /mine-c1 && echo c2-own-root; exit 5", check_rc=False)
+        check(rc == 5 and out == "page-of-c1\nc2-own-root\n", f"c2: exit {rc}, stdout {out!r}, stderr {err!r}{d.tail()}")
+        check(shims() == before and len(qemus()) == 1, f"after c2: shims {shims()}, QEMU {qemus()}")
+        t = d.tasks()
+        check(t.get("c1", ("", ""))[1] == "RUNNING" and t.get("pod1", ("", ""))[1] == "RUNNING", f"after c2's exit: {t}")
+        d.ctr("task", "delete", "c2", check_rc=False)
+        d.ctr("container", "delete", "c2", check_rc=False)
+        rc, out, err = d.ctr("task", "exec", "--exec-id", "e1", "c1", "/bin/sh", "-c",
+                             "test -e /mine-c1 && echo exec-in-c1; exit 4", check_rc=False)
+        check(rc == 4 and out == "exec-in-c1\n", f"exec into c1: exit {rc}, stdout {out!r}, stderr {err!r}")
+        # Bad input: each names the container and the field; the pod runs on.
+        rc, out, err = d.ctr("run", "--runtime", RUNTIME, *in_pod("c5"), "/bin/nope", check_rc=False)
+        check(rc != 0 and "container 'c5'" in err and "/bin/nope" in err, f"c5 (no such program): exit {rc}, {err!r}")
+        d.ctr("task", "delete", "c5", check_rc=False)
+        d.ctr("container", "delete", "c5", check_rc=False)
+        data = os.path.join(d.tmp, "data")
+        os.makedirs(data)
+        rc, out, err = d.ctr("run", "--runtime", RUNTIME, "--mount", f"type=bind,src={data},dst=/data,options=rbind",
+                             *in_pod("c6"), "/bin/true", check_rc=False)
+        check(rc != 0 and "container 'c6': mounts: a bind at /data is not supported" in err, f"c6 (a bind): exit {rc}, {err!r}")
+        d.ctr("container", "delete", "c6", check_rc=False)
         for tid, ann, want in (
-                ("c1", [f"{ct}=container", f"{sid}=pod1"], "container 'c1': id: this shim serves task 'pod1'"),
-                ("c2", [f"{ct}=container", f"{sid}=gone"],
-                 "container 'c2': annotations.io.kubernetes.cri.sandbox-id: sandbox 'gone' has no running shim"),
-                ("c3", [f"{ct}=sandbox", f"{sid}=pod1"],
-                 "container 'c3': annotations.io.kubernetes.cri.sandbox-id: 'pod1' is not this sandbox's own id"),
-                ("c4", [f"{ct}=pod", f"{sid}=pod1"],
-                 "container 'c4': annotations.io.kubernetes.cri.container-type: 'pod' is neither")):
+                ("c7", [f"{ct}=container", f"{sid}=gone"],
+                 "container 'c7': annotations.io.kubernetes.cri.sandbox-id: sandbox 'gone' has no running shim"),
+                ("c8", [f"{ct}=sandbox", f"{sid}=pod1"],
+                 "container 'c8': annotations.io.kubernetes.cri.sandbox-id: 'pod1' is not this sandbox's own id"),
+                ("c9", [f"{ct}=pod", f"{sid}=pod1"],
+                 "container 'c9': annotations.io.kubernetes.cri.container-type: 'pod' is neither")):
             args = [a for kv in ann for a in ("--annotation", kv)]
-            rc, out, err = d.run(*args, "--rootfs", root, tid, "/bin/true", check_rc=False)
+            rc, out, err = d.run(*args, "--rootfs", roots["c1"], tid, "/bin/true", check_rc=False)
             check(rc != 0 and want in err, f"{tid}: exit {rc}, stderr {err!r}, want {want!r}{d.tail()}")
-            check(shims() == before, f"{tid}: shims {shims()}, want only the sandbox's {before}")
-            check(d.tasks().get("pod1", ("", ""))[1] == "RUNNING", f"the sandbox after {tid}: {d.tasks()}")
             d.ctr("container", "delete", tid, check_rc=False)
+        check(shims() == before and len(qemus()) == 1, f"after the bad input: shims {shims()}, QEMU {qemus()}")
+        t = d.tasks()
+        check(t.get("c1", ("", ""))[1] == "RUNNING" and t.get("pod1", ("", ""))[1] == "RUNNING", f"after the bad input: {t}")
+        d.ctr("task", "kill", "-s", "SIGKILL", "c1")
+        rc, _, err = finish(c1)
+        check(rc == 137, f"c1: exit {rc}, want 137; {err!r}")
+        d.ctr("task", "delete", "c1", check_rc=False)
+        d.ctr("container", "delete", "c1", check_rc=False)
+        check(d.tasks().get("pod1", ("", ""))[1] == "RUNNING", f"the sandbox after c1: {d.tasks()}")
         d.ctr("task", "kill", "pod1")
-        rc, _, err = finish(p)
+        rc, _, err = finish(sandbox)
         check(rc == 143, f"the sandbox: exit {rc}, want 143; {err!r}")
         d.ctr("task", "delete", "pod1", check_rc=False)
         d.ctr("container", "delete", "pod1", check_rc=False)
+        until(lambda: not shims() and not qemus(), "the pod's shim and QEMU gone", bound=30)
+        with open(f"/proc/{d.proc.pid}/mountinfo") as f:
+            left = [l.split()[4] for l in f if d.tmp in l.split()[4]]
+        check(not left, f"mounts left in containerd's namespace: {left}")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+        for p in (sandbox, c1):
+            if p and p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 class NetnsHolder(netns.NetnsHolder):

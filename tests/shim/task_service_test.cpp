@@ -7,6 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -266,17 +268,136 @@ TEST_CASE("Kill before Start ends the task as that signal; a Wait left before a 
   }
 }
 
-TEST_CASE("Create of another task (a pod's container sent to its sandbox's shim): UNIMPLEMENTED naming it; the task untouched") {
+TEST_CASE("Create of another task on a shim whose task is not a pod's sandbox: FAILED_PRECONDITION naming it; the task untouched") {
   Rig r("exit 0");
   REQUIRE(r.create().status.ok());
   v2::CreateTaskRequest c;
   c.set_id("c1");
   c.set_bundle((r.tmp.path / "c1").string());
   auto a = r.call("Create", c);
-  CHECK(a.status.code == ttrpc::Code::unimplemented);
-  CHECK(a.status.message.starts_with("container 'c1': id: this shim serves task 't1' (the pod's sandbox)"));
+  CHECK(a.status.code == ttrpc::Code::failed_precondition);
+  CHECK(a.status.message == "container 'c1': id: this shim serves task 't1', which is not a pod's sandbox");
   auto st = parse<v2::StateResponse>(r.call("State", Rig::id_req<v2::StateRequest>()));
   CHECK(st.status() == containerd::v1::types::CREATED);
+}
+
+namespace {
+// A mount namespace of the process's own, nothing propagating back: the pod's share and its
+// containers' rootfs binds never reach the machine's mount table. false: not permitted here.
+bool own_mount_namespace() {
+  static const bool ok = ::unshare(CLONE_NEWNS) == 0 && ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0;
+  return ok;
+}
+bool mounted_at(const fs::path& p) {
+  std::ifstream f("/proc/self/mountinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.find(" " + p.string() + " ") != std::string::npos) return true;
+  return false;
+}
+std::string pod_config(const std::string& type, const std::string& sandbox, const std::string& extra = "") {
+  return R"({"process": {"args": ["/bin/sh"], "cwd": "/"}, "root": {"path": "rootfs"}, "hostname": "podh", )" + extra +
+         R"("annotations": {"io.kubernetes.cri.container-type": ")" + type +
+         R"(", "io.kubernetes.cri.sandbox-id": ")" + sandbox + R"("}})";
+}
+}  // namespace
+
+TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and mounted under it; Kill before Start, Wait, Delete; Shutdown waits for the pod") {
+  if (!own_mount_namespace()) {
+    MESSAGE("skipped: no mount namespace of our own (needs CAP_SYS_ADMIN)");
+    return;
+  }
+  Rig r("exec sleep 1000");
+  std::ofstream(r.bundle / "config.json") << pod_config("sandbox", "t1");
+  REQUIRE(r.create().status.ok());
+  const fs::path share = r.bundle / "nesinit-pod";
+  CHECK(mounted_at(share));
+  auto rec = shim::load_task_record(r.bundle);
+  REQUIRE((rec && *rec));
+  CHECK((*rec)->pod_share == share);
+  CHECK(!(*rec)->container);
+
+  auto container = [&](const std::string& id, const std::string& type, const std::string& sandbox,
+                       const std::string& extra = "") {
+    fs::path b = r.tmp.path / id;
+    fs::create_directories(b / "rootfs" / "bin");
+    std::ofstream(b / "rootfs" / "mine") << id;
+    std::ofstream(b / "config.json") << pod_config(type, sandbox, extra);
+    v2::CreateTaskRequest c;
+    c.set_id(id);
+    c.set_bundle(b.string());
+    return r.call("Create", c);
+  };
+  auto other = container("c1", "container", "elsewhere");
+  CHECK(other.status.code == ttrpc::Code::invalid_argument);
+  CHECK(other.status.message ==
+        "container 'c1': annotations.io.kubernetes.cri.sandbox-id: sandbox 'elsewhere' is not this shim's pod (sandbox 't1')");
+  auto bind = container("c2", "container", "t1",
+                        R"("mounts": [{"destination": "/data", "type": "bind", "source": "/tmp", "options": ["rbind"]}], )");
+  CHECK(bind.status.code == ttrpc::Code::invalid_argument);
+  CHECK(bind.status.message.starts_with("container 'c2': mounts: a bind at /data is not supported for a pod's container yet"));
+  CHECK(!fs::exists(r.tmp.path / "c2" / "nesinit-task.json"));
+
+  REQUIRE(container("c3", "container", "t1").status.ok());
+  CHECK(container("c3", "container", "t1").status.code == ttrpc::Code::already_exists);
+  auto crec = shim::load_task_record(r.tmp.path / "c3");
+  REQUIRE((crec && *crec));
+  CHECK((*crec)->container);
+  CHECK((*crec)->vm == (*rec)->vm);
+  const fs::path croot = (*crec)->pod_share;
+  CHECK(croot.parent_path().parent_path() == share);
+  CHECK(mounted_at(croot));
+  CHECK(fs::exists(croot / "mine"));  // the container's root, seen through the pod's share
+  v2::StateRequest sr;
+  sr.set_id("c3");
+  auto st = parse<v2::StateResponse>(r.call("State", sr));
+  CHECK(st.status() == containerd::v1::types::CREATED);
+  CHECK(st.bundle() == (r.tmp.path / "c3").string());
+
+  v2::WaitRequest wr;
+  wr.set_id("c3");
+  auto w = r.send("Wait", wr);
+  v2::KillRequest kr;
+  kr.set_id("c3");
+  kr.set_signal(9);
+  REQUIRE(r.call("Kill", kr).status.ok());
+  CHECK(parse<v2::WaitResponse>(r.answer(w)).exit_status() == 137);
+  // The sandbox untouched; Shutdown keeps the shim while a task of the pod is left.
+  CHECK(parse<v2::StateResponse>(r.call("State", Rig::id_req<v2::StateRequest>())).status() == containerd::v1::types::CREATED);
+  v2::ShutdownRequest sh;
+  sh.set_id("t1");
+  REQUIRE(r.call("Shutdown", sh).status.ok());
+  r.io.run_for(std::chrono::milliseconds(5));
+  CHECK(!r.shut_down);
+
+  v2::DeleteRequest dr;
+  dr.set_id("c3");
+  auto d = parse<v2::DeleteResponse>(r.call("Delete", dr));
+  CHECK(d.exit_status() == 137);
+  CHECK(!mounted_at(croot));
+  CHECK(!fs::exists(croot.parent_path()));
+  CHECK(!fs::exists(r.tmp.path / "c3" / "nesinit-task.json"));
+  CHECK(fs::exists(r.tmp.path / "c3" / "rootfs" / "mine"));  // its own files untouched
+  CHECK(r.call("State", sr).status.code == ttrpc::Code::not_found);
+
+  REQUIRE(r.call("Delete", Rig::id_req<v2::DeleteRequest>()).status.ok());
+  CHECK(!mounted_at(share));
+  CHECK(!fs::exists(share));
+}
+
+TEST_CASE("the task record: a pod's fields round-trip; a record without them parses (an older shim's)") {
+  shim::TaskRecord c{"c1", "ctr-0123456789abcdef01234567", "/b/s", 0, 0, false, "/b/nesinit-pod/x/rootfs", true};
+  auto back = shim::parse_task_record(shim::encode_task_record(c));
+  REQUIRE(back);
+  CHECK(*back == c);
+  auto old = shim::parse_task_record(
+      R"({"schema_version":1,"id":"t","vm":"ctr-0123456789abcdef01234567","state_dir":"/s","pid":5,"pid_start":9,"mounted_rootfs":true})");
+  REQUIRE(old);
+  CHECK(old->pod_share.empty());
+  CHECK(!old->container);
+  auto bad = shim::parse_task_record(
+      R"({"schema_version":1,"id":"t","vm":"ctr-0123456789abcdef01234567","state_dir":"/s","pid":0,"pid_start":0,"mounted_rootfs":false,"container":true})");
+  REQUIRE(!bad);
+  CHECK(bad.error().message == "nesinit-task.json: pod_share: required for a container");
 }
 
 TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec needs a running task; Pause is UNIMPLEMENTED") {
