@@ -248,6 +248,8 @@ std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
   if (s.root_ro) a.push_back("--read-only");
   if (!s.hostname.empty()) a.insert(a.end(), {"--hostname", s.hostname});
   for (const auto& e : s.env) a.insert(a.end(), {"--env", e});
+  if (s.mem_mib) a.insert(a.end(), {"--mem", std::to_string(*s.mem_mib)});
+  if (s.cpus) a.insert(a.end(), {"--cpus", std::to_string(*s.cpus)});
   for (const auto& v : s.volumes) a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", v.host.string(), v.guest, v.ro ? ":ro" : "")});
   if (!s.netns.empty()) a.insert(a.end(), {"--network", "netns:" + s.netns.string()});
   if (p.attach_stdin) a.push_back("--interactive");

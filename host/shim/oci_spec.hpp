@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,9 @@ struct TaskSpec {
   /// namespace's interface (`--network netns:PATH`). Empty: no such entry, or one without a path
   /// (a new namespace of its own): `neshost run`'s default network (user mode).
   std::filesystem::path netns;
+  /// The VM's size (`--mem` MiB, `--cpus`): a pod's sandbox sized from CRI's annotations
+  /// (host/shim/pod.hpp parse_pod_size); unset: neshost run's defaults.
+  std::optional<std::uint32_t> mem_mib, cpus;
   bool operator==(const TaskSpec&) const = default;
 };
 

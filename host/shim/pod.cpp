@@ -73,6 +73,61 @@ Result<PodPlacement> parse_pod_placement(std::string_view config_json, std::stri
   return p;
 }
 
+namespace {
+// A decimal annotation (CRI writes them with strconv): nullopt when absent.
+Result<std::optional<std::int64_t>> number(dom::object a, std::string_view key, std::string_view task_id,
+                                           std::string_view unit) {
+  auto s = annotation(a, key, task_id);
+  if (!s) return s.error();
+  if (!*s) return std::optional<std::int64_t>{};
+  const std::string& t = **s;
+  std::int64_t v = 0;
+  bool neg = !t.empty() && t[0] == '-';
+  std::size_t i = neg ? 1 : 0;
+  if (i == t.size() || t.size() > 19) return pod_error(task_id, key, fmt::format("expected a decimal number of {}, got '{}'", unit, t));
+  for (; i < t.size(); ++i) {
+    if (t[i] < '0' || t[i] > '9') return pod_error(task_id, key, fmt::format("expected a decimal number of {}, got '{}'", unit, t));
+    v = v * 10 + (t[i] - '0');
+  }
+  return std::optional<std::int64_t>{neg ? -v : v};
+}
+}  // namespace
+
+Result<PodSize> parse_pod_size(std::string_view config_json, std::string_view task_id) {
+  if (config_json.size() > kMaxSpecBytes)
+    return Error{fmt::format("container '{}': config.json: larger than {} bytes", task_id, kMaxSpecBytes)};
+  dom::parser parser;
+  simdjson::padded_string text(config_json);
+  dom::object top, a;
+  if (parser.parse(text).get_object().get(top)) return Error{fmt::format("container '{}': config.json: expected an object", task_id)};
+  PodSize size;
+  if (top["annotations"].get_object().get(a)) return size;
+  auto mem = number(a, kSandboxMemoryAnnotation, task_id, "bytes");
+  if (!mem) return mem.error();
+  auto quota = number(a, kSandboxCpuQuotaAnnotation, task_id, "microseconds");
+  if (!quota) return quota.error();
+  auto period = number(a, kSandboxCpuPeriodAnnotation, task_id, "microseconds");
+  if (!period) return period.error();
+  if (*mem && **mem < 0) return pod_error(task_id, kSandboxMemoryAnnotation, fmt::format("{} is negative", **mem));
+  if (*mem && **mem > 0) {
+    const std::int64_t mib = (**mem + (1 << 20) - 1) >> 20;
+    if (mib > kPodMaxMemMib - kPodBaseMemMib)
+      return pod_error(task_id, kSandboxMemoryAnnotation,
+                       fmt::format("{} bytes: more than the VM's {} MiB", **mem, kPodMaxMemMib));
+    size.mem_mib = kPodBaseMemMib + static_cast<std::uint32_t>(mib);
+  }
+  if (*quota && **quota > 0) {
+    if (!*period || **period <= 0)
+      return pod_error(task_id, kSandboxCpuPeriodAnnotation, fmt::format("missing or not positive with a quota of {}", **quota));
+    const std::int64_t cpus = (**quota + **period - 1) / **period;
+    if (cpus > kPodMaxCpus - kPodBaseCpus)
+      return pod_error(task_id, kSandboxCpuQuotaAnnotation,
+                       fmt::format("{} / {}: more than the VM's {} vCPUs", **quota, **period, kPodMaxCpus));
+    size.cpus = kPodBaseCpus + static_cast<std::uint32_t>(cpus);
+  }
+  return size;
+}
+
 std::string_view shim_key(const PodPlacement& p, std::string_view task_id) {
   return p.role == PodRole::none ? task_id : std::string_view(p.sandbox_id);
 }

@@ -8,6 +8,7 @@
 // docs/containerd.md "Pods".
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -40,6 +41,32 @@ host::Result<PodPlacement> parse_pod_placement(std::string_view config_json, std
 
 /// The task id whose shim serves the task: the sandbox id for a pod's task, else the task's own.
 std::string_view shim_key(const PodPlacement& p, std::string_view task_id);
+
+inline constexpr std::string_view kSandboxMemoryAnnotation = "io.kubernetes.cri.sandbox-memory";
+inline constexpr std::string_view kSandboxCpuQuotaAnnotation = "io.kubernetes.cri.sandbox-cpu-quota";
+inline constexpr std::string_view kSandboxCpuPeriodAnnotation = "io.kubernetes.cri.sandbox-cpu-period";
+
+/// The VM's defaults a pod's size is added to (neshost run's own: 256 MiB, 1 vCPU) and its bounds
+/// (`--mem` MiB, `--cpus`).
+inline constexpr std::uint32_t kPodBaseMemMib = 256, kPodBaseCpus = 1;
+inline constexpr std::uint32_t kPodMaxMemMib = 1024 * 1024, kPodMaxCpus = 64;
+
+/// The pod VM's size. containerd's CRI plugin (1.6) annotates the sandbox with the sum of its
+/// containers' limits when the kubelet (>= 1.23) sends them (PodSandboxConfig.linux.resources):
+/// `sandbox-memory` (bytes), `sandbox-cpu-quota` and `sandbox-cpu-period` (CFS, microseconds).
+/// As Kata Containers sizes a pod VM, they are added to the VM's defaults: memory rounded up to
+/// MiB, ceil(quota / period) vCPUs. Unset (no annotation, or 0, or a quota <= 0: no limit): the
+/// default. Sizes past the bounds are errors.
+struct PodSize {
+  std::uint32_t mem_mib = kPodBaseMemMib;
+  std::uint32_t cpus = kPodBaseCpus;
+  bool operator==(const PodSize&) const = default;
+};
+
+/// Reads the sandbox annotations above from config.json's text for sandbox `task_id`. Errors name
+/// the container and the field: "container 'S': annotations.io.kubernetes.cri.sandbox-memory:
+/// expected a decimal number of bytes, got 'x'"; a quota without a period; a size past the bounds.
+host::Result<PodSize> parse_pod_size(std::string_view config_json, std::string_view task_id);
 
 /// What `shim start` does for a task.
 struct StartPlan {

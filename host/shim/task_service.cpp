@@ -646,8 +646,15 @@ struct TaskService::Impl {
     auto s = load_oci_spec(bundle);
     if (!s) return fail(ttrpc::Code::invalid_argument, s.error().message);
     // A pod's sandbox (`shim start` already refused a bad placement): the VM of the pod.
-    if (auto text = base::read_small_file((bundle / "config.json").c_str(), 4u << 20))
+    if (auto text = base::read_small_file((bundle / "config.json").c_str(), 4u << 20)) {
       if (auto pl = parse_pod_placement(*text, cfg.id)) pod = pl->role == PodRole::sandbox;
+      if (pod) {  // the VM sized for the pod
+        auto size = parse_pod_size(*text, cfg.id);
+        if (!size) return fail(ttrpc::Code::invalid_argument, size.error().message);
+        if (size->mem_mib != kPodBaseMemMib) s->mem_mib = size->mem_mib;
+        if (size->cpus != kPodBaseCpus) s->cpus = size->cpus;
+      }
+    }
     rec = TaskRecord{};
     rec.id = cfg.id;
     rec.vm = vm_id(cfg.ns, cfg.id);

@@ -24,6 +24,9 @@ from cri_harness import Failure, check, until  # noqa: E402
 from cri_client import CriError, parse_cri_log  # noqa: E402
 
 HTTP_PORT = 8000
+# The pod's resources as the kubelet (>= 1.23) sums them (containerd annotates the sandbox with
+# them): 64 MiB and one CPU's quota; ours sizes the pod's VM as 256 + 64 MiB, 1 + 1 vCPUs.
+POD_MEMORY, POD_CPU_QUOTA, POD_CPU_PERIOD = 64 << 20, 100000, 100000
 
 
 def pod_config(d, name, hostname):
@@ -38,7 +41,9 @@ def pod_config(d, name, hostname):
         metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace="nescri", attempt=0),
         hostname=hostname, log_directory=logdir, labels={"nesinit.test": "cri"},
         linux=pb.LinuxPodSandboxConfig(cgroup_parent=d.cgroup_parent, security_context=pb.LinuxSandboxSecurityContext(
-            namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER, ipc=pb.POD))))
+            namespace_options=pb.NamespaceOption(network=pb.POD, pid=pb.CONTAINER, ipc=pb.POD)),
+            resources=pb.LinuxContainerResources(memory_limit_in_bytes=POD_MEMORY, cpu_quota=POD_CPU_QUOTA,
+                                                 cpu_period=POD_CPU_PERIOD)))
 
 
 def container_config(d, name, script):
@@ -136,8 +141,11 @@ def case_multi(d, handler):
     if handler == h.NESINIT_HANDLER:
         # One VM per pod: one shim and one QEMU serve the sandbox and both containers.
         shims = [p for p, cmd in h.descendants() if "containerd-shim-nesinit-v2" in cmd.split(" ")[0]]
-        qemus = [p for p, cmd in h.descendants() if cmd.startswith("qemu-system")]
+        qemus = [(p, cmd) for p, cmd in h.descendants() if cmd.startswith("qemu-system")]
         check(len(shims) == 1 and len(qemus) == 1, f"the pod's shims {shims} and QEMUs {qemus}: want one of each")
+        qemu = qemus[0][1].split(" ")
+        size = (qemu[qemu.index("-m") + 1], qemu[qemu.index("-smp") + 1])
+        check(size == ("320", "2"), f"the pod VM's -m and -smp: {size}, want 320 (256 + 64 MiB) and 2 (1 + 1)")
 
     d.cri.StopContainer(container_id=httpd, timeout=30)
     hs = d.cri.ContainerStatus(container_id=httpd).status

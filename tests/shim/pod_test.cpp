@@ -112,3 +112,29 @@ TEST_CASE("annotations that disagree: errors naming the container and the field"
   CHECK(error_of("{", "c1").starts_with("container 'c1': config.json: "));
   CHECK(error_of(std::string((4u << 20) + 1, ' '), "c1") == "container 'c1': config.json: larger than 4194304 bytes");
 }
+
+TEST_CASE("the pod VM's size: CRI's sandbox annotations added to the VM's defaults, as Kata sizes a pod VM") {
+  auto size = [](const std::string& annotations) {
+    return shim::parse_pod_size(R"({"annotations": {)" + annotations + "}}", "s1");
+  };
+  CHECK(*shim::parse_pod_size(R"({"process": {}})", "s1") == shim::PodSize{256, 1});
+  CHECK(*size("") == shim::PodSize{256, 1});
+  // 100 MiB + 1 byte rounds up to 101 MiB; 1.5 CPUs (150000/100000) to 2 vCPUs.
+  CHECK(*size(R"("io.kubernetes.cri.sandbox-memory": "104857601", "io.kubernetes.cri.sandbox-cpu-quota": "150000",
+                  "io.kubernetes.cri.sandbox-cpu-period": "100000")") == shim::PodSize{357, 3});
+  // CRI writes 0 (and a quota of -1) when the kubelet sent no limit: the defaults.
+  CHECK(*size(R"("io.kubernetes.cri.sandbox-memory": "0", "io.kubernetes.cri.sandbox-cpu-quota": "-1",
+                  "io.kubernetes.cri.sandbox-cpu-period": "0")") == shim::PodSize{256, 1});
+  auto bad = size(R"("io.kubernetes.cri.sandbox-memory": "1G")");
+  REQUIRE(!bad);
+  CHECK(bad.error().message == "container 's1': annotations.io.kubernetes.cri.sandbox-memory: expected a decimal number of bytes, got '1G'");
+  bad = size(R"("io.kubernetes.cri.sandbox-cpu-quota": "50000")");
+  REQUIRE(!bad);
+  CHECK(bad.error().message.starts_with("container 's1': annotations.io.kubernetes.cri.sandbox-cpu-period: missing"));
+  bad = size(R"("io.kubernetes.cri.sandbox-cpu-quota": "10000000", "io.kubernetes.cri.sandbox-cpu-period": "100000")");
+  REQUIRE(!bad);
+  CHECK(bad.error().message.find("more than the VM's 64 vCPUs") != std::string::npos);
+  bad = size(R"("io.kubernetes.cri.sandbox-memory": 5)");
+  REQUIRE(!bad);
+  CHECK(bad.error().message == "container 's1': annotations.io.kubernetes.cri.sandbox-memory: expected a string");
+}
