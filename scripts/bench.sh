@@ -8,7 +8,7 @@
 # the data channel, connect set-up; in a network namespace of its own) by bench/p10_network.py,
 # P12 (`neshost run -- /bin/true` end to end, each boot-time step against the configuration before
 # it) by bench/p12_start.py, P11 (a pod's start through containerd's CRI and the host memory per
-# pod; runc's column now, ours once a pod is one VM) by bench/p11_cri.py, P13 (a detached VM's
+# pod, ours (one VM per pod) against containerd's runc runtime) by bench/p11_cri.py, P13 (a detached VM's
 # monitor SIGKILLed -> a replacement monitor has the lifecycle channel back, sandbox and VM) by
 # bench/p13_adopt.py, P14 (data channel resume: a host's death to output flowing again) by
 # tests/host/data_resume_e2e.py --bench.
@@ -36,5 +36,6 @@ python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe 
 python3 bench/p12_start.py build/host/cli/neshost >> "$out"
 python3 bench/p13_adopt.py build/host/cli/neshost build/nesinit/nesinit 10 3 >> "$out"
 python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10 >> "$out"
-/usr/bin/python3 bench/p11_cri.py build/tests/cri >> "$out"  # Debian's python3: python3-grpcio
+/usr/bin/python3 bench/p11_cri.py build/tests/cri 7 --nesinit build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost \
+  build/host/vm/initrd.cpio >> "$out"  # Debian's python3: python3-grpcio
 cat "$out"
