@@ -35,6 +35,7 @@
 #include "protocol/codec.hpp"
 #include "host/lib/record.hpp"
 #include "host/shim/identity.hpp"
+#include "host/shim/mount_points.hpp"
 #include "host/shim/oci_spec.hpp"
 #include "host/shim/pod.hpp"
 #include "host/shim/process.hpp"
@@ -673,6 +674,12 @@ struct TaskService::Impl {
       unmount_rootfs(bundle, rec);
       return fail(ttrpc::Code::invalid_argument, fmt::format("root.path: {} is not a directory", s->root.string()));
     }
+    // A read-only root gets its mount points first, as runc makes them (the guest cannot).
+    if (s->root_ro)
+      if (auto m = make_mount_points(s->root, s->volumes); !m) {
+        unmount_rootfs(bundle, rec);
+        return fail(ttrpc::Code::invalid_argument, m.error().message);
+      }
     if (pod) {
       // The pod's share: a bind of the directory on itself made shared, so the containers'
       // rootfs mounted under it later reach virtiofsd's mount namespace (a slave of it).

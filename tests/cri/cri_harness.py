@@ -144,17 +144,11 @@ def busybox_root(d):
 
 def pause_root(d):
     """A root for the pod sandbox image: Debian's static catatonit as /pause (run as `-P`: pause
-    mode, no program, reaps orphans, ends on SIGTERM/SIGINT; what Kubernetes' pause does)."""
+    mode, no program, reaps orphans, ends on SIGTERM/SIGINT; what Kubernetes' pause does) and
+    nothing else, as Kubernetes' own pause image: CRI runs it with a read-only root, so the
+    runtime makes the mount points (runc does; ours: host/shim/mount_points.hpp)."""
     os.makedirs(d)
     shutil.copy(shutil.which("catatonit") or "/usr/bin/catatonit", os.path.join(d, "pause"))
-    # The mount points a read-only root needs (CRI runs the sandbox with root.readonly): runc
-    # makes missing ones before it remounts the root read-only; nesinit's init cannot make them
-    # in a read-only share (`--read-only`: "root mount point /dev: Read-only file system"), nor
-    # the files CRI binds over (/etc/resolv.conf).
-    for m in ("dev", "proc", "sys", "etc", "tmp", "run"):
-        os.makedirs(os.path.join(d, m))
-    for f in ("resolv.conf", "hosts", "hostname"):
-        open(os.path.join(d, "etc", f), "w").close()
     return d
 
 
