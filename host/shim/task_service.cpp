@@ -947,6 +947,12 @@ struct TaskService::Impl {
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     if (req->signal() < 1 || req->signal() > 64) return fail(ttrpc::Code::invalid_argument, fmt::format("signal: {} is not 1..64", req->signal()));
     if (process(x).phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
+    // `all` (runc's `kill --all`: every process of the task): its execs are signalled too, each
+    // through its own process group, before the task's own.
+    if (req->all() && req->exec_id().empty())
+      for (auto& [k, e] : procs)
+        if (k.first == req->id() && e->exec && e->phase == Phase::running && e->proc != 0)
+          (void)exec_kill(*e, req->signal());
     if (x && !x->exec && x->phase == Phase::created) {  // a pod's container never started
       x->stop(128 + req->signal(), now_ns());
       x->report_exit(events, x->task);

@@ -539,6 +539,19 @@ def case_pod_shim(d):
         check(shims() == before and len(qemus()) == 1, f"after the bad input: shims {shims()}, QEMU {qemus()}")
         t = d.tasks()
         check(t.get("c1", ("", ""))[1] == "RUNNING" and t.get("pod1", ("", ""))[1] == "RUNNING", f"after the bad input: {t}")
+        # Kill --all reaches the container's execs too (each its own process group); c1's PID 1
+        # (sleep, no handler) ignores SIGUSR1 as a PID 1 does, so it runs on.
+        e2 = d.popen_ctr("task", "exec", "--exec-id", "e2", "c1", "/bin/sh", "-c", "echo e2-up; exec sleep 1000")
+        try:
+            wait_line(e2, "e2-up")
+            d.ctr("task", "kill", "--all", "-s", "SIGUSR1", "c1")
+            rc, _, err = finish(e2)
+            check(rc == 128 + signal.SIGUSR1, f"exec e2 after kill --all SIGUSR1: exit {rc}, want {128 + signal.SIGUSR1}; {err!r}")
+        finally:
+            if e2.poll() is None:
+                e2.kill()
+                e2.communicate()
+        check(d.tasks().get("c1", ("", ""))[1] == "RUNNING", f"c1 after kill --all SIGUSR1: {d.tasks()}")
         d.ctr("task", "kill", "-s", "SIGKILL", "c1")
         rc, _, err = finish(c1)
         check(rc == 137, f"c1: exit {rc}, want 137; {err!r}")
