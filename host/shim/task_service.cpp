@@ -55,6 +55,9 @@ using namespace std::chrono_literals;
 
 constexpr std::string_view kService = "containerd.task.v2.Task";
 constexpr const char* kTaskFile = "nesinit-task.json";
+/// What Delete answered (pid, exit status, exited_at), kept in the bundle so a retried Delete,
+/// a later shim or `shim delete` answers the same (containerd removes the bundle after).
+constexpr const char* kReceiptFile = "nesinit-deleted.json";
 /// A pod's share in the sandbox's bundle, and where the guest mounts it.
 constexpr const char* kPodShareDir = "nesinit-pod";
 constexpr std::string_view kPodShareGuest = "/run/nes/pod";
@@ -233,12 +236,41 @@ void apply_recorded_exit(const TaskRecord& r, std::uint32_t& status, std::int64_
 
 }  // namespace
 
+std::string encode_receipt(const Cleanup& c) {
+  return fmt::format(R"({{"schema_version":1,"pid":{},"exit_status":{},"exited_at_ns":{}}})"
+                     "\n",
+                     c.pid, c.exit_status, c.exited_at_ns);
+}
+
+host::Result<Cleanup> parse_receipt(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(json);
+  simdjson::dom::object o;
+  if (parser.parse(padded).get_object().get(o)) return Error{"nesinit-deleted.json: expected a JSON object"};
+  std::uint64_t u = 0;
+  std::int64_t i = 0;
+  Cleanup c;
+  if (o["schema_version"].get_uint64().get(u) || u != 1) return Error{"nesinit-deleted.json: schema_version: expected 1"};
+  if (o["pid"].get_uint64().get(u) || u > 0x7fffffff) return Error{"nesinit-deleted.json: pid: expected a pid"};
+  c.pid = static_cast<pid_t>(u);
+  if (o["exit_status"].get_uint64().get(u) || u > 0xffffffffu) return Error{"nesinit-deleted.json: exit_status: expected a u32"};
+  c.exit_status = static_cast<std::uint32_t>(u);
+  if (o["exited_at_ns"].get_int64().get(i)) return Error{"nesinit-deleted.json: exited_at_ns: expected an integer"};
+  c.exited_at_ns = i;
+  return c;
+}
+
 Cleanup cleanup_task(const fs::path& bundle) {
   Cleanup c;
   c.exit_status = 128 + SIGKILL;
   c.exited_at_ns = now_ns();
   auto rec = load_task_record(bundle);
-  if (!rec || !*rec) return c;
+  if (!rec || !*rec) {
+    // Deleted already: the Delete's receipt is the answer, identical.
+    if (auto t = base::read_small_file((bundle / kReceiptFile).c_str(), 4096))
+      if (auto r = parse_receipt(*t)) return *r;
+    return c;
+  }
   const TaskRecord& r = **rec;
   c.pid = r.pid;
   if (r.container) {  // the pod's VM is its sandbox's: only the container's rootfs goes
@@ -390,6 +422,18 @@ struct TaskService::Impl {
   std::map<Key, std::unique_ptr<ExecProc>> procs;
   /// The task is a pod's sandbox (its config.json says so): it serves the pod's containers.
   bool pod = false;
+  /// What Delete answered for each deleted exec and pod container, so a retry gets the same
+  /// (at most kMaxReceipts, the oldest forgotten first).
+  static constexpr std::size_t kMaxReceipts = 1024;
+  std::map<Key, v2::DeleteResponse> receipts;
+  std::vector<Key> receipt_order;
+  void keep_receipt(const Key& k, const v2::DeleteResponse& r) {
+    if (receipts.emplace(k, r).second) receipt_order.push_back(k);
+    if (receipt_order.size() > kMaxReceipts) {
+      receipts.erase(receipt_order.front());
+      receipt_order.erase(receipt_order.begin());
+    }
+  }
 
   ExecProc* find_proc(const Key& k) {
     auto it = procs.find(k);
@@ -439,6 +483,7 @@ struct TaskService::Impl {
       return fail(ttrpc::Code::invalid_argument, "exec_id: expected 1..256 bytes");
     if (find_proc({req->id(), req->exec_id()}))
       return fail(ttrpc::Code::already_exists, fmt::format("exec {}: already exists", req->exec_id()));
+    receipts.erase({req->id(), req->exec_id()});  // a reused exec id is a new process
     std::size_t n = 0;
     for (const auto& [k, x] : procs) n += k.first == req->id() && x->exec;
     if (n >= kMaxExecs)
@@ -657,6 +702,8 @@ struct TaskService::Impl {
       }
     }
     rec = TaskRecord{};
+    std::error_code rc;
+    fs::remove(bundle / kReceiptFile, rc);  // an earlier incarnation's answer is not this one's
     rec.id = cfg.id;
     rec.vm = vm_id(cfg.ns, cfg.id);
     rec.state_dir = bundle / "nesinit-state";
@@ -733,6 +780,7 @@ struct TaskService::Impl {
       return refuse(ttrpc::Code::failed_precondition, "id",
                     fmt::format("this shim serves task '{}', which is not a pod's sandbox", cfg.id));
     if (find_proc({cid, {}})) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", cid));
+    receipts.erase({cid, {}});  // a re-created container is a new task
     if (task.phase != Phase::created && task.phase != Phase::running)
       return refuse(ttrpc::Code::failed_precondition, kSandboxIdAnnotation,
                     fmt::format("sandbox '{}' has ended", cfg.id));
@@ -1002,12 +1050,16 @@ struct TaskService::Impl {
   ttrpc::Reply del(const std::string& p) {
     auto req = parse<v2::DeleteRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "DeleteRequest: malformed");
+    // A retried Delete gets the first one's answer (a receipt), not NOT_FOUND.
+    if (req->id() == cfg.id && req->exec_id().empty() && task.phase == Phase::deleted) return ok(task.delete_response());
+    if (auto it = receipts.find({req->id(), req->exec_id()}); it != receipts.end()) return ok(it->second);
     ExecProc* x = nullptr;
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     const Process& pr = process(x);
     if (pr.phase == Phase::running)
       return fail(ttrpc::Code::failed_precondition, fmt::format("{} {}: still running", x ? "exec" : "task", pr.id));
     v2::DeleteResponse r = pr.delete_response();
+    if (x) keep_receipt(key(*x), r);
     if (x && !x->exec) return ok(delete_container(*x));
     if (x) {
       boost::system::error_code ig;
@@ -1015,6 +1067,11 @@ struct TaskService::Impl {
       procs.erase(key(*x));
       return ok(r);
     }
+    // The receipt first: whatever asks after this (a retry, `shim delete`) gets the same answer.
+    (void)host::write_durable(cfg.bundle, kReceiptFile,
+                              encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(),
+                                                     static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 +
+                                                         r.exited_at().nanos()}));
     remove_task(cfg.bundle, rec);
     task.phase = Phase::deleted;
     // A Wait sent before a Start that failed is answered now (the task is gone).

@@ -66,12 +66,19 @@ struct Cleanup {
   pid_t pid = 0;
   std::uint32_t exit_status = 0;
   std::int64_t exited_at_ns = 0;  // Unix time, ns
+  bool operator==(const Cleanup&) const = default;
 };
+/// A deleted task's receipt (`<bundle>/nesinit-deleted.json`, schema_version 1): what its Delete
+/// answered. One JSON object plus '\n'; parse errors name the field.
+std::string encode_receipt(const Cleanup& c);
+host::Result<Cleanup> parse_receipt(std::string_view json);
+
 /// `shim delete`: end the task's VM if it still runs (SIGKILL to the `neshost run` session:
 /// QEMU and virtiofsd die with it), unmount what Create mounted (a sandbox's pod share with
 /// everything under it), remove the task's state. The exit status is the recorded one if the VM
 /// recorded an outcome, else 137 (128+SIGKILL). A pod's container (TaskRecord::container): only
 /// its rootfs is unmounted from the pod's share; the pod's VM is its sandbox's to end (137).
+/// After the task's Delete: that Delete's answer (its receipt), identical.
 Cleanup cleanup_task(const std::filesystem::path& bundle);
 
 /// The Task service, registered on a ttrpc Server. All calls on the io_context's thread.

@@ -160,6 +160,11 @@ TEST_CASE("Create, Wait before Start, Start, exit 7: the waiter and State get 7;
   auto d = parse<v2::DeleteResponse>(r.call("Delete", Rig::id_req<v2::DeleteRequest>()));
   CHECK(d.exit_status() == 7);
   CHECK(!fs::exists(r.bundle / "nesinit-task.json"));
+  // Delete's answer is a receipt: a retried Delete and `shim delete` answer the same, exactly.
+  auto again = parse<v2::DeleteResponse>(r.call("Delete", Rig::id_req<v2::DeleteRequest>()));
+  CHECK(again.SerializeAsString() == d.SerializeAsString());
+  const shim::Cleanup c = shim::cleanup_task(r.bundle);
+  CHECK(c == shim::Cleanup{static_cast<pid_t>(d.pid()), 7, d.exited_at().seconds() * 1000000000 + d.exited_at().nanos()});
   CHECK(r.call("Shutdown", Rig::id_req<v2::ShutdownRequest>()).status.ok());
   r.io.run_for(std::chrono::milliseconds(10));
   CHECK(r.shut_down);
@@ -378,10 +383,21 @@ TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and 
   CHECK(!fs::exists(r.tmp.path / "c3" / "nesinit-task.json"));
   CHECK(fs::exists(r.tmp.path / "c3" / "rootfs" / "mine"));  // its own files untouched
   CHECK(r.call("State", sr).status.code == ttrpc::Code::not_found);
+  CHECK(parse<v2::DeleteResponse>(r.call("Delete", dr)).SerializeAsString() == d.SerializeAsString());  // a receipt
 
   REQUIRE(r.call("Delete", Rig::id_req<v2::DeleteRequest>()).status.ok());
   CHECK(!mounted_at(share));
   CHECK(!fs::exists(share));
+}
+
+TEST_CASE("the Delete receipt round-trips; a malformed one names the field") {
+  shim::Cleanup c{4242, 137, 1764900000123456789};
+  auto back = shim::parse_receipt(shim::encode_receipt(c));
+  REQUIRE(back);
+  CHECK(*back == c);
+  auto bad = shim::parse_receipt(R"({"schema_version":1,"pid":1,"exit_status":-1,"exited_at_ns":0})");
+  REQUIRE(!bad);
+  CHECK(bad.error().message == "nesinit-deleted.json: exit_status: expected a u32");
 }
 
 TEST_CASE("the task record: a pod's fields round-trip; a record without them parses (an older shim's)") {
