@@ -84,7 +84,7 @@ Result<std::optional<std::int64_t>> number(dom::object a, std::string_view key, 
   std::int64_t v = 0;
   bool neg = !t.empty() && t[0] == '-';
   std::size_t i = neg ? 1 : 0;
-  if (i == t.size() || t.size() > 19) return pod_error(task_id, key, fmt::format("expected a decimal number of {}, got '{}'", unit, t));
+  if (i == t.size() || t.size() > 18) return pod_error(task_id, key, fmt::format("expected a decimal number of {}, got '{}'", unit, t));
   for (; i < t.size(); ++i) {
     if (t[i] < '0' || t[i] > '9') return pod_error(task_id, key, fmt::format("expected a decimal number of {}, got '{}'", unit, t));
     v = v * 10 + (t[i] - '0');

@@ -1207,7 +1207,8 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "ShutdownRequest: malformed");
     // A task not yet deleted keeps its shim (containerd's own shims exit only with no task left).
     if (task.phase != Phase::none && task.phase != Phase::deleted) return empty();
-    if (!procs.empty()) return empty();  // a pod's container not yet deleted
+    for (const auto& [k, x] : procs)
+      if (!x->exec) return empty();  // a pod's container not yet deleted
     asio::post(io, [this] { if (cfg.shutdown) cfg.shutdown(); });
     return empty();
   }
