@@ -229,11 +229,8 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
   return s;
 }
 
-Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle) {
-  const auto path = bundle / "config.json";
-  auto text = base::read_small_file(path.c_str(), kMaxSpecBytes);
-  if (!text) return text.error();
-  return parse_oci_spec(*text, bundle);
+Result<std::string> read_oci_config(const std::filesystem::path& bundle) {
+  return base::read_small_file((bundle / "config.json").c_str(), kMaxSpecBytes);
 }
 
 std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {

@@ -57,8 +57,9 @@ host::Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesyst
 /// name the field as parse_oci_spec's do ("process.args: ...").
 host::Result<TaskSpec> parse_oci_process(std::string_view json);
 
-/// Read and parse `<bundle>/config.json`; a missing or unreadable file is an error naming it.
-host::Result<TaskSpec> load_oci_spec(const std::filesystem::path& bundle);
+/// The text of `<bundle>/config.json` (at most 4 MiB), for parse_oci_spec and the pod's
+/// annotations (host/shim/pod.hpp) alike; a missing or unreadable file is an error naming it.
+host::Result<std::string> read_oci_config(const std::filesystem::path& bundle);
 
 /// What `neshost run` needs beyond the spec.
 struct RunPlan {

@@ -30,22 +30,35 @@ Result<std::optional<std::string>> annotation(dom::object a, std::string_view ke
   return std::optional<std::string>{std::string(s)};
 }
 
-}  // namespace
-
-Result<PodPlacement> parse_pod_placement(std::string_view config_json, std::string_view task_id) {
+// config.json's `annotations` object for task `task_id`, parsed into `text` with `parser` (the
+// object lives as long as both); nullopt when the spec has none. At most kMaxSpecBytes. Errors
+// name the container and the field.
+Result<std::optional<dom::object>> annotations_of(std::string_view config_json, std::string_view task_id,
+                                                  dom::parser& parser, simdjson::padded_string& text) {
   if (config_json.size() > kMaxSpecBytes)
     return Error{fmt::format("container '{}': config.json: larger than {} bytes", task_id, kMaxSpecBytes)};
-  dom::parser parser;
-  simdjson::padded_string text(config_json);
+  text = simdjson::padded_string(config_json);
   dom::element root;
   if (auto err = parser.parse(text).get(root); err)
     return Error{fmt::format("container '{}': config.json: {}", task_id, simdjson::error_message(err))};
   dom::object top;
   if (root.get_object().get(top)) return Error{fmt::format("container '{}': config.json: expected an object", task_id)};
   dom::element ae;
-  if (top.at_key("annotations").get(ae)) return PodPlacement{};
+  if (top.at_key("annotations").get(ae)) return std::optional<dom::object>{};
   dom::object a;
   if (ae.get_object().get(a)) return Error{fmt::format("container '{}': annotations: expected an object of strings", task_id)};
+  return std::optional<dom::object>{a};
+}
+
+}  // namespace
+
+Result<PodPlacement> parse_pod_placement(std::string_view config_json, std::string_view task_id) {
+  dom::parser parser;
+  simdjson::padded_string text;
+  auto ann = annotations_of(config_json, task_id, parser, text);
+  if (!ann) return ann.error();
+  if (!*ann) return PodPlacement{};
+  const dom::object a = **ann;
   auto type = annotation(a, kContainerTypeAnnotation, task_id);
   if (!type) return type.error();
   auto sandbox = annotation(a, kSandboxIdAnnotation, task_id);
@@ -94,14 +107,13 @@ Result<std::optional<std::int64_t>> number(dom::object a, std::string_view key, 
 }  // namespace
 
 Result<PodSize> parse_pod_size(std::string_view config_json, std::string_view task_id) {
-  if (config_json.size() > kMaxSpecBytes)
-    return Error{fmt::format("container '{}': config.json: larger than {} bytes", task_id, kMaxSpecBytes)};
   dom::parser parser;
-  simdjson::padded_string text(config_json);
-  dom::object top, a;
-  if (parser.parse(text).get_object().get(top)) return Error{fmt::format("container '{}': config.json: expected an object", task_id)};
+  simdjson::padded_string text;
+  auto ann = annotations_of(config_json, task_id, parser, text);
+  if (!ann) return ann.error();
   PodSize size;
-  if (top["annotations"].get_object().get(a)) return size;
+  if (!*ann) return size;
+  const dom::object a = **ann;
   auto mem = number(a, kSandboxMemoryAnnotation, task_id, "bytes");
   if (!mem) return mem.error();
   auto quota = number(a, kSandboxCpuQuotaAnnotation, task_id, "microseconds");

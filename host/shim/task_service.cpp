@@ -211,13 +211,9 @@ void unmount_pod_share(const fs::path& at) {
 void remove_task(const fs::path& bundle, const TaskRecord& r) {
   unmount_rootfs(bundle, r);
   std::error_code ec;
-  if (r.container) {
-    unmount_pod_share(r.pod_share);
-    ::rmdir(r.pod_share.parent_path().c_str());
-  } else {
-    unmount_pod_share(r.pod_share);
-    fs::remove_all(r.state_dir, ec);
-  }
+  unmount_pod_share(r.pod_share);
+  if (r.container) ::rmdir(r.pod_share.parent_path().c_str());
+  else fs::remove_all(r.state_dir, ec);
   fs::remove(bundle / kTaskFile, ec);
 }
 
@@ -293,6 +289,15 @@ Cleanup cleanup_task(const fs::path& bundle) {
 }
 
 namespace {
+
+/// The first of a request's stdin/stdout/stderr that names a scheme other than file:// (a FIFO
+/// path has none; containerd's binary:// loggers are not supported), or null.
+template <class Req>
+const std::string* unsupported_stdio(const Req& req) {
+  for (const std::string* io : {&req.stdin(), &req.stdout(), &req.stderr()})
+    if (io->find("://") != std::string::npos && !io->starts_with("file://")) return io;
+  return nullptr;
+}
 
 /// Spawns `prog` with `args` (argv[1..]) in a session of its own (a signal to the shim's group
 /// never reaches it; its group ends with it), `s` as its fds 0-2 and nothing else of the shim's
@@ -488,9 +493,8 @@ struct TaskService::Impl {
     for (const auto& [k, x] : procs) n += k.first == req->id() && x->exec;
     if (n >= kMaxExecs)
       return fail(ttrpc::Code::resource_exhausted, fmt::format("exec: {} execs exist already (delete ended ones)", kMaxExecs));
-    for (const auto* io : {&req->stdin(), &req->stdout(), &req->stderr()})
-      if (io->find("://") != std::string::npos && !io->starts_with("file://"))
-        return fail(ttrpc::Code::invalid_argument, fmt::format("stdio '{}': only FIFO paths and file:// are supported", *io));
+    if (const std::string* io = unsupported_stdio(*req))
+      return fail(ttrpc::Code::invalid_argument, fmt::format("stdio '{}': only FIFO paths and file:// are supported", *io));
     auto sp = parse_oci_process(req->spec().value());
     if (!sp) return fail(ttrpc::Code::invalid_argument, "spec: " + sp.error().message);
     auto x = std::make_unique<ExecProc>(io, req->id(), req->exec_id());
@@ -680,26 +684,25 @@ struct TaskService::Impl {
     if (req->id() != cfg.id) return create_container(*req);
     if (task.phase != Phase::none) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", req->id()));
     if (!req->checkpoint().empty()) return fail(ttrpc::Code::unimplemented, "checkpoint: restore is not supported");
-    for (const auto* io : {&req->stdin(), &req->stdout(), &req->stderr()}) {
-      if (io->find("://") != std::string::npos && !io->starts_with("file://"))
-        return fail(ttrpc::Code::invalid_argument,
-                    fmt::format("stdio '{}': only FIFO paths and file:// are supported (no binary:// loggers)", *io));
-    }
+    if (const std::string* io = unsupported_stdio(*req))
+      return fail(ttrpc::Code::invalid_argument,
+                  fmt::format("stdio '{}': only FIFO paths and file:// are supported (no binary:// loggers)", *io));
     if (!req->bundle().empty() && fs::path(req->bundle()) != cfg.bundle)
       return fail(ttrpc::Code::invalid_argument,
                   fmt::format("bundle: '{}' is not this shim's bundle '{}'", req->bundle(), cfg.bundle.string()));
     const fs::path bundle = cfg.bundle;
-    auto s = load_oci_spec(bundle);
+    auto text = read_oci_config(bundle);
+    if (!text) return fail(ttrpc::Code::invalid_argument, text.error().message);
+    auto s = parse_oci_spec(*text, bundle);
     if (!s) return fail(ttrpc::Code::invalid_argument, s.error().message);
-    // A pod's sandbox (`shim start` already refused a bad placement): the VM of the pod.
-    if (auto text = base::read_small_file((bundle / "config.json").c_str(), 4u << 20)) {
-      if (auto pl = parse_pod_placement(*text, cfg.id)) pod = pl->role == PodRole::sandbox;
-      if (pod) {  // the VM sized for the pod
-        auto size = parse_pod_size(*text, cfg.id);
-        if (!size) return fail(ttrpc::Code::invalid_argument, size.error().message);
-        if (size->mem_mib != kPodBaseMemMib) s->mem_mib = size->mem_mib;
-        if (size->cpus != kPodBaseCpus) s->cpus = size->cpus;
-      }
+    // A pod's sandbox (`shim start` already refused a bad placement): the VM of the pod, sized
+    // for it.
+    if (auto pl = parse_pod_placement(*text, cfg.id)) pod = pl->role == PodRole::sandbox;
+    if (pod) {
+      auto size = parse_pod_size(*text, cfg.id);
+      if (!size) return fail(ttrpc::Code::invalid_argument, size.error().message);
+      if (size->mem_mib != kPodBaseMemMib) s->mem_mib = size->mem_mib;
+      if (size->cpus != kPodBaseCpus) s->cpus = size->cpus;
     }
     rec = TaskRecord{};
     std::error_code rc;
@@ -785,16 +788,13 @@ struct TaskService::Impl {
       return refuse(ttrpc::Code::failed_precondition, kSandboxIdAnnotation,
                     fmt::format("sandbox '{}' has ended", cfg.id));
     if (!req.checkpoint().empty()) return refuse(ttrpc::Code::unimplemented, "checkpoint", "restore is not supported");
-    for (const auto* io : {&req.stdin(), &req.stdout(), &req.stderr()})
-      if (io->find("://") != std::string::npos && !io->starts_with("file://"))
-        return refuse(ttrpc::Code::invalid_argument, "stdio", fmt::format("'{}': only FIFO paths and file:// are supported", *io));
+    if (const std::string* io = unsupported_stdio(req))
+      return refuse(ttrpc::Code::invalid_argument, "stdio", fmt::format("'{}': only FIFO paths and file:// are supported", *io));
     if (req.bundle().empty() || req.bundle().front() != '/')
       return refuse(ttrpc::Code::invalid_argument, "bundle", "expected an absolute path");
     const fs::path bundle = req.bundle();
-    auto text = base::read_small_file((bundle / "config.json").c_str(), 4u << 20);
-    if (!text)
-      return refuse(ttrpc::Code::invalid_argument, "config.json",
-                    fmt::format("{}: {}", (bundle / "config.json").string(), std::strerror(text.error().err)));
+    auto text = read_oci_config(bundle);
+    if (!text) return fail(ttrpc::Code::invalid_argument, fmt::format("container '{}': {}", cid, text.error().message));
     auto pl = parse_pod_placement(*text, cid);
     if (!pl) return fail(ttrpc::Code::invalid_argument, pl.error().message);
     if (pl->role != PodRole::container || pl->sandbox_id != cfg.id)

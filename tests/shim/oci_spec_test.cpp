@@ -119,7 +119,7 @@ TEST_CASE("CRI's bind of the pod's shm directory over /dev/shm is met by the gue
 }
 
 TEST_CASE("a bundle without config.json is an error naming the file") {
-  auto s = shim::load_oci_spec("/nonexistent-bundle");
+  auto s = shim::read_oci_config("/nonexistent-bundle");
   REQUIRE(!s);
   CHECK(s.error().message.find("/nonexistent-bundle/config.json") != std::string::npos);
 }
