@@ -396,7 +396,8 @@ struct TaskService::Impl {
   // `exec.container` (its root under the pod's share), and its execs join it with `exec.in`.
   struct ExecProc : Process {
     /// Exec `exec_id` of task `task_id`, or with `exec_id` empty the pod's container `task_id`.
-    ExecProc(asio::io_context& io, std::string task_id, std::string exec_id) : sock(io), buf(64u << 10) {
+    ExecProc(asio::io_context& io, std::string task_id, std::string exec_id)
+        : sock(io), buf(std::make_shared<asio::streambuf>(64u << 10)) {
       exec = !exec_id.empty();
       id = exec ? std::move(exec_id) : task_id;
       task = std::move(task_id);
@@ -412,9 +413,12 @@ struct TaskService::Impl {
     std::optional<std::string> hostname;
     std::uint16_t proc = 0;       // the monitor's number for it (0 until started)
     asio::local::stream_protocol::socket sock;
-    asio::streambuf buf;
+    // Shared with the read in flight: a read cancelled by close() still completes into it, after
+    // Delete may have freed the process.
+    std::shared_ptr<asio::streambuf> buf;
     std::optional<ttrpc::Respond> start_respond;
     std::optional<std::pair<std::uint32_t, std::uint32_t>> pending_resize;  // height, width before it started
+    std::optional<std::uint32_t> pending_signal;  // a Kill that came while its Start was in flight
     // Until the monitor's control socket takes the request (a VM just started has none yet).
     cli::control::Exec request;
     Fd in, out, err;
@@ -438,6 +442,17 @@ struct TaskService::Impl {
       receipts.erase(receipt_order.front());
       receipt_order.erase(receipt_order.begin());
     }
+  }
+  /// A reused id is a new process: its old receipt goes (from the order too).
+  void forget_receipt(const Key& k) {
+    if (receipts.erase(k)) std::erase(receipt_order, k);
+  }
+  /// The receipt in `bundle`, durably, for `shim delete` after this shim is gone.
+  static void write_receipt(const fs::path& bundle, const v2::DeleteResponse& r) {
+    (void)host::write_durable(bundle, kReceiptFile,
+                              encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(),
+                                                     static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 +
+                                                         r.exited_at().nanos()}));
   }
 
   ExecProc* find_proc(const Key& k) {
@@ -488,7 +503,7 @@ struct TaskService::Impl {
       return fail(ttrpc::Code::invalid_argument, "exec_id: expected 1..256 bytes");
     if (find_proc({req->id(), req->exec_id()}))
       return fail(ttrpc::Code::already_exists, fmt::format("exec {}: already exists", req->exec_id()));
-    receipts.erase({req->id(), req->exec_id()});  // a reused exec id is a new process
+    forget_receipt({req->id(), req->exec_id()});
     std::size_t n = 0;
     for (const auto& [k, x] : procs) n += k.first == req->id() && x->exec;
     if (n >= kMaxExecs)
@@ -581,12 +596,12 @@ struct TaskService::Impl {
   void read_exec(const Key& id) {
     ExecProc* x = find_proc(id);
     if (!x) return;
-    asio::async_read_until(x->sock, x->buf, '\n', [this, id](boost::system::error_code ec, std::size_t n) {
+    asio::async_read_until(x->sock, *x->buf, '\n', [this, id, buf = x->buf](boost::system::error_code ec, std::size_t n) {
       ExecProc* x = find_proc(id);
-      if (!x || ec == asio::error::operation_aborted) return;
+      if (!x || x->buf != buf || ec == asio::error::operation_aborted) return;
       if (ec) return exec_ended(*x, 137, "the VM's monitor closed the connection");  // gone with the VM
-      std::string line(asio::buffers_begin(x->buf.data()), asio::buffers_begin(x->buf.data()) + n - 1);
-      x->buf.consume(n);
+      std::string line(asio::buffers_begin(buf->data()), asio::buffers_begin(buf->data()) + n - 1);
+      buf->consume(n);
       auto reply = cli::control::parse_reply(line);
       if (!reply) return exec_ended(*x, 125, "unexpected answer: " + line);
       if (std::holds_alternative<cli::control::Waiting>(*reply)) return read_exec(id);  // the VM is still booting
@@ -615,6 +630,7 @@ struct TaskService::Impl {
                                      cli::control::Resize{static_cast<std::uint16_t>(sz->first),
                                                           static_cast<std::uint16_t>(sz->second), x->proc},
                                      2s);
+        if (auto sig = std::exchange(x->pending_signal, std::nullopt)) (void)exec_kill(*x, *sig);
         return read_exec(id);
       }
       if (auto* exited = std::get_if<cli::control::Exited>(&*reply))
@@ -647,12 +663,19 @@ struct TaskService::Impl {
   }
 
   ttrpc::Reply exec_kill(ExecProc& x, std::uint32_t signal) {
-    if (x.phase != Phase::running || x.proc == 0) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: not started", x.id));
+    if (x.start_respond) {  // its Start is in flight: the signal goes once it runs
+      x.pending_signal = signal;
+      return empty();
+    }
+    if (x.phase != Phase::running || x.proc == 0) return fail(ttrpc::Code::failed_precondition, fmt::format("{}: not started", name(x)));
     auto done = cli::control_call(host::control_path(rec.state_dir, rec.vm),
                                   cli::control::Kill{static_cast<int>(signal), x.proc}, 2s);
     if (done) return empty();
     return fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, done.error().message));
   }
+
+  /// "exec ID", or "task ID" for a pod's container: what a message calls `x`.
+  static std::string name(const ExecProc& x) { return fmt::format("{} {}", x.exec ? "exec" : "task", x.id); }
 
   using Handler = ttrpc::Reply (Impl::*)(const std::string& payload);
 
@@ -783,7 +806,7 @@ struct TaskService::Impl {
       return refuse(ttrpc::Code::failed_precondition, "id",
                     fmt::format("this shim serves task '{}', which is not a pod's sandbox", cfg.id));
     if (find_proc({cid, {}})) return fail(ttrpc::Code::already_exists, fmt::format("task {}: already exists", cid));
-    receipts.erase({cid, {}});  // a re-created container is a new task
+    forget_receipt({cid, {}});  // a re-created container is a new task
     if (task.phase != Phase::created && task.phase != Phase::running)
       return refuse(ttrpc::Code::failed_precondition, kSandboxIdAnnotation,
                     fmt::format("sandbox '{}' has ended", cfg.id));
@@ -819,6 +842,8 @@ struct TaskService::Impl {
     x->bundle = bundle;
     x->rec = TaskRecord{cid, rec.vm, rec.state_dir, 0, 0, false, rec.pod_share / dir / "rootfs", true};
     x->guest_root = fmt::format("{}/{}/rootfs", kPodShareGuest, dir);
+    std::error_code rc;
+    fs::remove(bundle / kReceiptFile, rc);  // an earlier incarnation's answer is not this one's
     // Intent before effect: the record first, so `shim delete` finds whatever gets mounted.
     if (auto w = host::write_durable(bundle, kTaskFile, encode_task_record(x->rec)); !w)
       return refuse(ttrpc::Code::internal, "bundle", w.error().message);
@@ -862,8 +887,8 @@ struct TaskService::Impl {
     v2::DeleteResponse r = c.delete_response();
     for (auto it = procs.begin(); it != procs.end();) {
       if (it->first.first == c.id && it->second->exec) {
-        boost::system::error_code ig;
-        it->second->sock.close(ig);
+        // Gone with its container (its pid namespace ended): its exit told, its Start answered.
+        if (it->second->phase != Phase::stopped) exec_ended(*it->second, 137, "its container was deleted");
         it = procs.erase(it);
       } else {
         ++it;
@@ -871,6 +896,7 @@ struct TaskService::Impl {
     }
     boost::system::error_code ig;
     c.sock.close(ig);
+    write_receipt(c.bundle, r);
     remove_task(c.bundle, c.rec);
     ev::TaskDelete e;
     e.set_container_id(c.id);
@@ -951,7 +977,10 @@ struct TaskService::Impl {
       // neshost's own exit status is the workload's (docs/host.md); the record's is authoritative.
       status = WIFEXITED(st) ? static_cast<std::uint32_t>(WEXITSTATUS(st)) : static_cast<std::uint32_t>(128 + WTERMSIG(st));
     }
-    if (readopt()) return;
+    // A pod's containers were the dead monitor's execs (their stdio its fds): a replacement could
+    // not carry them on, so a pod's VM ends with its monitor (the kubelet restarts the pod).
+    if (pod) kill_vmm(rec);
+    else if (readopt()) return;
     std::int64_t at = now_ns();
     apply_recorded_exit(rec, status, at);
     finish(status, at);
@@ -999,9 +1028,9 @@ struct TaskService::Impl {
     // through its own process group, before the task's own.
     if (req->all() && req->exec_id().empty())
       for (auto& [k, e] : procs)
-        if (k.first == req->id() && e->exec && e->phase == Phase::running && e->proc != 0)
+        if (k.first == req->id() && e->exec && (e->phase == Phase::running || e->start_respond))
           (void)exec_kill(*e, req->signal());
-    if (x && !x->exec && x->phase == Phase::created) {  // a pod's container never started
+    if (x && !x->exec && x->phase == Phase::created && !x->start_respond) {  // a pod's container never started
       x->stop(128 + req->signal(), now_ns());
       x->report_exit(events, x->task);
       return empty();
@@ -1057,7 +1086,8 @@ struct TaskService::Impl {
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
     const Process& pr = process(x);
     if (pr.phase == Phase::running)
-      return fail(ttrpc::Code::failed_precondition, fmt::format("{} {}: still running", x ? "exec" : "task", pr.id));
+      return fail(ttrpc::Code::failed_precondition, fmt::format("{}: still running", x ? name(*x) : "task " + pr.id));
+    if (x && x->start_respond) return fail(ttrpc::Code::failed_precondition, fmt::format("{}: starting", name(*x)));
     v2::DeleteResponse r = pr.delete_response();
     if (x) keep_receipt(key(*x), r);
     if (x && !x->exec) return ok(delete_container(*x));
@@ -1068,10 +1098,7 @@ struct TaskService::Impl {
       return ok(r);
     }
     // The receipt first: whatever asks after this (a retry, `shim delete`) gets the same answer.
-    (void)host::write_durable(cfg.bundle, kReceiptFile,
-                              encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(),
-                                                     static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 +
-                                                         r.exited_at().nanos()}));
+    write_receipt(cfg.bundle, r);
     remove_task(cfg.bundle, rec);
     task.phase = Phase::deleted;
     // A Wait sent before a Start that failed is answered now (the task is gone).
@@ -1143,7 +1170,7 @@ struct TaskService::Impl {
     if (req->width() < 1 || req->height() < 1 || req->width() > 0xffff || req->height() > 0xffff)
       return fail(ttrpc::Code::invalid_argument, fmt::format("width {} height {}: each must be 1..65535", req->width(), req->height()));
     if (x) {
-      if (!x->terminal) return fail(ttrpc::Code::failed_precondition, fmt::format("exec {}: no terminal", x->id));
+      if (!x->terminal) return fail(ttrpc::Code::failed_precondition, fmt::format("{}: no terminal", name(*x)));
       if (x->phase == Phase::stopped) return fail(ttrpc::Code::not_found, "process already finished");
       if (x->proc == 0) {  // before it started: the size it starts with
         x->pending_resize = std::pair{req->height(), req->width()};

@@ -552,10 +552,20 @@ def case_pod_shim(d):
                 e2.kill()
                 e2.communicate()
         check(d.tasks().get("c1", ("", ""))[1] == "RUNNING", f"c1 after kill --all SIGUSR1: {d.tasks()}")
-        d.ctr("task", "kill", "-s", "SIGKILL", "c1")
-        rc, _, err = finish(c1)
-        check(rc == 137, f"c1: exit {rc}, want 137; {err!r}")
-        d.ctr("task", "delete", "c1", check_rc=False)
+        # An exec still in c1 when c1 ends and is deleted ends with it (137), told either way.
+        e3 = d.popen_ctr("task", "exec", "--exec-id", "e3", "c1", "/bin/sh", "-c", "echo e3-up; exec sleep 1000")
+        try:
+            wait_line(e3, "e3-up")
+            d.ctr("task", "kill", "-s", "SIGKILL", "c1")
+            rc, _, err = finish(c1)
+            check(rc == 137, f"c1: exit {rc}, want 137; {err!r}")
+            d.ctr("task", "delete", "c1", check_rc=False)
+            rc, _, err = finish(e3)
+            check(rc == 137, f"exec e3 after its container's end: exit {rc}, want 137; {err!r}")
+        finally:
+            if e3.poll() is None:
+                e3.kill()
+                e3.communicate()
         d.ctr("container", "delete", "c1", check_rc=False)
         check(d.tasks().get("pod1", ("", ""))[1] == "RUNNING", f"the sandbox after c1: {d.tasks()}")
         d.ctr("task", "kill", "pod1")

@@ -384,6 +384,9 @@ TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and 
   CHECK(fs::exists(r.tmp.path / "c3" / "rootfs" / "mine"));  // its own files untouched
   CHECK(r.call("State", sr).status.code == ttrpc::Code::not_found);
   CHECK(parse<v2::DeleteResponse>(r.call("Delete", dr)).SerializeAsString() == d.SerializeAsString());  // a receipt
+  // and durable in its bundle: `shim delete` of the container answers the same.
+  CHECK(shim::cleanup_task(r.tmp.path / "c3") ==
+        shim::Cleanup{0, 137, d.exited_at().seconds() * 1000000000 + d.exited_at().nanos()});
 
   REQUIRE(r.call("Delete", Rig::id_req<v2::DeleteRequest>()).status.ok());
   CHECK(!mounted_at(share));
