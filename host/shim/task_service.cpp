@@ -198,12 +198,31 @@ void remove_empty_dirs(const fs::path& dir) {
   ::rmdir(dir.c_str());
 }
 
-// A pod's share or a container's rootfs in it, unmounted with everything under it (MNT_DETACH:
-// recursive, and a busy one goes once released) and its empty mount points removed.
-void unmount_pod_share(const fs::path& at) {
+// The pod's share is a read-only view (`<bundle>/nesinit-pod`, what the guest gets) of a
+// directory only the shim writes (`<bundle>/nesinit-pod.d`): no guest can rename or replace a
+// path the shim later unmounts or removes (the containers' rootfs, mounted on the view, stay
+// writable: a mount's flags are its own). `view` under the share -> the same path under the
+// shim's directory.
+fs::path pod_share_real(const fs::path& share, const fs::path& under = {}) {
+  return under.empty() ? fs::path(share.string() + ".d") : fs::path(share.string() + ".d") / under;
+}
+
+// The pod's share (`container` false: the view and the shim's directory) or a container's
+// rootfs in it (`at` its mount point in the view), unmounted with everything under it
+// (MNT_DETACH: recursive, a busy one goes once released; never through a symlink) and the mount
+// points removed from the shim's directory.
+void unmount_pod_share(const fs::path& at, bool container) {
   if (at.empty()) return;
-  ::umount2(at.c_str(), MNT_DETACH);
-  remove_empty_dirs(at);
+  ::umount2(at.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
+  if (container) {
+    const fs::path share = at.parent_path().parent_path();
+    const fs::path real = pod_share_real(share, at.lexically_relative(share));
+    ::rmdir(real.c_str());
+    ::rmdir(real.parent_path().c_str());
+  } else {
+    remove_empty_dirs(pod_share_real(at));
+    ::rmdir(at.c_str());
+  }
 }
 
 // A deleted task leaves nothing: its rootfs mount, the VM's state, the task file. A container's
@@ -211,9 +230,8 @@ void unmount_pod_share(const fs::path& at) {
 void remove_task(const fs::path& bundle, const TaskRecord& r) {
   unmount_rootfs(bundle, r);
   std::error_code ec;
-  unmount_pod_share(r.pod_share);
-  if (r.container) ::rmdir(r.pod_share.parent_path().c_str());
-  else fs::remove_all(r.state_dir, ec);
+  unmount_pod_share(r.pod_share, r.container);
+  if (!r.container) fs::remove_all(r.state_dir, ec);
   fs::remove(bundle / kTaskFile, ec);
 }
 
@@ -756,10 +774,16 @@ struct TaskService::Impl {
     if (pod) {
       // The pod's share: a bind of the directory on itself made shared, so the containers'
       // rootfs mounted under it later reach virtiofsd's mount namespace (a slave of it).
+      // It is a read-only view of the shim's own directory (pod_share_real), made private
+      // first so it starts a peer group of its own rather than joining its parent's.
       rec.pod_share = bundle / kPodShareDir;
-      fs::create_directories(rec.pod_share, ec);
-      if (ec || ::mount(rec.pod_share.c_str(), rec.pod_share.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
-          ::mount(nullptr, rec.pod_share.c_str(), nullptr, MS_SHARED, nullptr) != 0) {
+      const fs::path real = pod_share_real(rec.pod_share);
+      fs::create_directories(real, ec);
+      if (!ec) fs::create_directories(rec.pod_share, ec);
+      const char* at = rec.pod_share.c_str();
+      if (ec || ::mount(real.c_str(), at, nullptr, MS_BIND, nullptr) != 0 ||
+          ::mount(nullptr, at, nullptr, MS_PRIVATE, nullptr) != 0 || ::mount(nullptr, at, nullptr, MS_SHARED, nullptr) != 0 ||
+          ::mount(nullptr, at, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0) {
         std::string why = ec ? ec.message() : std::strerror(errno);
         remove_task(bundle, rec);
         return fail(ttrpc::Code::internal, fmt::format("pod share {}: {}", rec.pod_share.string(), why));
@@ -847,10 +871,12 @@ struct TaskService::Impl {
     // Intent before effect: the record first, so `shim delete` finds whatever gets mounted.
     if (auto w = host::write_durable(bundle, kTaskFile, encode_task_record(x->rec)); !w)
       return refuse(ttrpc::Code::internal, "bundle", w.error().message);
+    // The mount point in the shim's own directory; the mount on the view (what propagates).
     std::error_code ec;
-    fs::create_directories(x->rec.pod_share, ec);
+    const fs::path real = pod_share_real(rec.pod_share, fs::path(dir) / "rootfs");
+    fs::create_directories(real, ec);
     host::Status m = host::Ok{};
-    if (ec) m = Error{fmt::format("mkdir {}: {}", x->rec.pod_share.string(), ec.message())};
+    if (ec) m = Error{fmt::format("rootfs: mkdir {}: {}", real.string(), ec.message())};
     else if (req.rootfs_size() == 1) m = mount_rootfs(req.rootfs(0), x->rec.pod_share);
     else if (::mount(sp->root.c_str(), x->rec.pod_share.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
       m = Error{fmt::format("root.path: bind {} on {}: {}", sp->root.string(), x->rec.pod_share.string(), std::strerror(errno))};

@@ -45,8 +45,8 @@ struct TaskRecord {
   pid_t pid = 0;                       // the `neshost run` process (its session leader), 0 before Start
   unsigned long long pid_start = 0;    // its start time (/proc/PID/stat field 22): a recycled pid differs
   bool mounted_rootfs = false;         // Create mounted req.rootfs on <bundle>/rootfs
-  /// A pod's sandbox: the pod's share (`<bundle>/nesinit-pod`, a shared bind mount on itself, the
-  /// guest's /run/nes/pod). A pod's container: where its rootfs is mounted under that share.
+  /// A pod's sandbox: the pod's share (`<bundle>/nesinit-pod`, a read-only shared view of the
+  /// shim's own `<bundle>/nesinit-pod.d`, the guest's /run/nes/pod). A pod's container: where its rootfs is mounted under that share.
   /// Empty: neither. Optional on the wire (absent: empty).
   std::filesystem::path pod_share;
   /// A pod's container (its process runs in the sandbox's VM, `vm` and `state_dir` are the

@@ -479,7 +479,7 @@ def case_pod_shim(d):
     roots = {}
     for name in ("pod1", "c1", "c2"):
         r = busybox_root(os.path.join(d.tmp, "rootfs-" + name))
-        for applet in ("httpd", "wget", "test", "readlink"):
+        for applet in ("httpd", "wget", "test", "readlink", "mkdir"):
             os.symlink("busybox", os.path.join(r, "bin", applet))
         open(os.path.join(r, "mine-" + name), "w").close()
         os.makedirs(os.path.join(r, "www"))
@@ -490,10 +490,13 @@ def case_pod_shim(d):
     shims = lambda: sorted(pid for pid, cmd in descendants_alive() if cmd.split(" ")[0].endswith("containerd-shim-nesinit-v2"))
     qemus = lambda: [q.pid for q in processes() if q.cmd.startswith("qemu-system") and d.tmp in q.cmd]
     sandbox = d.popen_ctr("run", "--runtime", RUNTIME, "--annotation", f"{ct}=sandbox", "--annotation", f"{sid}=pod1",
-                          "--rootfs", roots["pod1"], "pod1", "/bin/sh", "-c", "echo up; exec sleep 1000")
+                          "--rootfs", roots["pod1"], "pod1", "/bin/sh", "-c",
+                          "mkdir /run/nes/pod/x 2>/dev/null && echo share-writable || echo share-read-only; "
+                          "echo up; exec sleep 1000")
     c1 = None
     try:
-        wait_line(sandbox, "up")
+        got = wait_line(sandbox, "up").decode()
+        check("share-read-only" in got, f"the pod's share as the guest sees it: {got!r}")
         before = shims()
         check(len(before) == 1, f"one shim for the sandbox: {before}")
         check(len(qemus()) == 1, f"one QEMU for the pod: {qemus()}")

@@ -316,6 +316,9 @@ TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and 
   REQUIRE(r.create().status.ok());
   const fs::path share = r.bundle / "nesinit-pod";
   CHECK(mounted_at(share));
+  // A read-only view of the shim's own directory: nothing in it can be renamed or made by a guest.
+  CHECK(::mkdir((share / "x").c_str(), 0755) == -1);
+  CHECK(errno == EROFS);
   auto rec = shim::load_task_record(r.bundle);
   REQUIRE((rec && *rec));
   CHECK((*rec)->pod_share == share);
@@ -391,6 +394,7 @@ TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and 
   REQUIRE(r.call("Delete", Rig::id_req<v2::DeleteRequest>()).status.ok());
   CHECK(!mounted_at(share));
   CHECK(!fs::exists(share));
+  CHECK(!fs::exists(r.bundle / "nesinit-pod.d"));
 }
 
 TEST_CASE("the Delete receipt round-trips; a malformed one names the field") {
