@@ -5,18 +5,17 @@ Prints markdown rows for bench/results/latest.md.
 
 Configurations, alternating order between rounds, each a fresh VM (`--network none` unless
 named; state and runtime dirs in a private temp dir):
-  before     the configuration before these steps: Debian's compressed bzImage (--kernel
-             .cache/kernel/vmlinuz), kernel crypto self-tests on, every module of the initramfs
-             loaded, restored through NESHOST_APPEND (the last word wins):
-             `cryptomgr.notests=0 nesinit.modules=<all seven roots>`
-  notests    + the kernel skips its crypto self-tests (cryptomgr.notests), every module loaded
-  modules    + the init loads only the channel's modules (nesinit.modules=virtio_pci,
-             virtio_console)
-  now        + the decompressed kernel (.cache/kernel/vmlinux, started at its PVH entry: no
-             decompression in the guest): today's default
-  now+nic    today's default network (`--network user`: passt started, a NIC, virtio_net),
-             run in a network namespace of its own (tests/support/netns.py)
-Medians over rounds, each row with its per-round range; ratios against `before`.
+  cloud      the configuration before the lean kernel: q35 + Debian's cloud kernel, decompressed
+             (--kernel .cache/kernel/vmlinux), crypto self-tests off, the channel's modules loaded
+  lean       today's default: the lean kernel scripts/build-kernel.sh builds (everything built
+             in, no module loaded), the same initramfs (it carries the cloud kernel's modules for
+             the fallback)
+  lean-slim  + an initramfs without modules (mkinitrd --modules ""): what carrying them costs
+  cmdline    lean + Firecracker's kind of command line (tsc_early_khz, lpj, no_timer_check,
+             i8042 probing off, pci=lastbus=0, mitigations=off): kept only if it pays
+  lean+nic   today's default network (`--network user`: passt started, a NIC), run in a network
+             namespace of its own (tests/support/netns.py)
+Medians over rounds, each row with its per-round range; ratios against `cloud`.
 Usage: p12_start.py NESHOST [ROUNDS]   (default 10)
 """
 import os
@@ -30,17 +29,30 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
 import netns  # noqa: E402
 
-ALL_MODULES = ("virtio_pci,virtio_mmio,virtio_console,vmw_vsock_virtio_transport,virtio_blk,virtiofs,"
-               "virtio_net")
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BZIMAGE = ["--kernel", os.path.join(TOP, ".cache", "kernel", "vmlinuz")]
-CONFIGS = [  # name, NESHOST_APPEND, --network, more flags
-    ("before", f"cryptomgr.notests=0 nesinit.modules={ALL_MODULES}", "none", BZIMAGE),
-    ("notests", f"nesinit.modules={ALL_MODULES}", "none", BZIMAGE),
-    ("modules", "", "none", BZIMAGE),
-    ("now", "", "none", []),
-    ("now+nic", "", "user", []),
-]
+CLOUD = ["--kernel", os.path.join(TOP, ".cache", "kernel", "vmlinux")]
+
+
+def khz():
+    with open("/proc/cpuinfo") as f:
+        for l in f:
+            if l.startswith("cpu MHz"):
+                return int(float(l.split(":")[1]) * 1000)
+    return 0
+
+
+TUNED = (f"tsc_early_khz={khz()} lpj={khz() * 4} tsc=reliable no_timer_check i8042.noaux i8042.nomux i8042.nopnp "
+         "i8042.dumbkbd pci=lastbus=0 mitigations=off")
+
+
+def configs(slim_initrd):
+    return [  # name, NESHOST_APPEND, --network, more flags
+        ("cloud", "", "none", CLOUD),
+        ("lean", "", "none", []),
+        ("lean-slim", "", "none", ["--initrd", slim_initrd]),
+        ("cmdline", TUNED, "none", []),
+        ("lean+nic", "", "user", []),
+    ]
 
 
 def one_run(nh, append, network, flags):
@@ -66,26 +78,33 @@ def main():
     netns.isolate()  # passt needs a namespace with a default route; nothing leaves the machine
     nh = sys.argv[1]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-    res = {name: [] for name, *_ in CONFIGS}
-    for r in range(rounds):
-        order = CONFIGS if r % 2 == 0 else CONFIGS[::-1]
-        for name, append, network, flags in order:
-            res[name].append(one_run(nh, append, network, flags))
+    work = tempfile.mkdtemp(prefix="nes-p12-initrd.")
+    try:
+        slim = os.path.join(work, "initrd-slim.cpio")
+        subprocess.run([os.path.join(TOP, "scripts", "mkinitrd.sh"), "--modules", "", "-o", slim], check=True,
+                       capture_output=True, timeout=120)
+        cfgs = configs(slim)
+        res = {name: [] for name, *_ in cfgs}
+        for r in range(rounds):
+            for name, append, network, flags in (cfgs if r % 2 == 0 else cfgs[::-1]):
+                res[name].append(one_run(nh, append, network, flags))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     med = {n: statistics.median(xs) for n, xs in res.items()}
     rng = {n: f"{min(xs):.2f}-{max(xs):.2f}" for n, xs in res.items()}
-    base = med["before"]
-    what = f"`neshost run --network none -- /bin/true`, process start to exit (TCG, q35, Debian's cloud kernel 6.1; median of {rounds}, alternating)"
+    base = med["cloud"]
+    what = (f"`neshost run --network none -- /bin/true`, process start to exit (TCG, q35; median of {rounds}, "
+            "alternating)")
     rows = [
-        f"| P12 {what}, today's default ({rng['now']}) | s | {med['now']:.2f} | the configuration before "
-        f"(the bzImage, crypto self-tests, every module; {rng['before']}) | {base:.2f} | {med['now'] / base:.2f} |",
-        f"| P12 step: the kernel skips its crypto self-tests (cryptomgr.notests; {rng['notests']}) | s | "
-        f"{med['notests']:.2f} | before | {base:.2f} | {med['notests'] / base:.2f} |",
-        f"| P12 step: + only the channel's modules (nesinit.modules; {rng['modules']}) | s | {med['modules']:.2f} | "
-        f"the previous step | {med['notests']:.2f} | {med['modules'] / med['notests']:.2f} |",
-        f"| P12 step: + the decompressed kernel (vmlinux at its PVH entry; {rng['now']}) | s | {med['now']:.2f} | "
-        f"the previous step (the bzImage) | {med['modules']:.2f} | {med['now'] / med['modules']:.2f} |",
-        f"| P12 the default network's cost: `--network user` (passt, a NIC, virtio_net; {rng['now+nic']}) | s | "
-        f"{med['now+nic']:.2f} | `--network none` | {med['now']:.2f} | {med['now+nic'] / med['now']:.2f} |",
+        f"| P12 {what}, today's default: the lean kernel ({rng['lean']}) | s | {med['lean']:.2f} | q35 + Debian's "
+        f"cloud kernel, the default before ({rng['cloud']}) | {base:.2f} | {med['lean'] / base:.2f} |",
+        f"| P12 step: an initramfs without the cloud kernel's modules ({rng['lean-slim']}) | s | "
+        f"{med['lean-slim']:.2f} | the lean default | {med['lean']:.2f} | {med['lean-slim'] / med['lean']:.2f} |",
+        f"| P12 step: a tuned command line (TSC given, no timer check, i8042 and PCI probing off, "
+        f"mitigations=off; {rng['cmdline']}) | s | {med['cmdline']:.2f} | the lean default | {med['lean']:.2f} | "
+        f"{med['cmdline'] / med['lean']:.2f} |",
+        f"| P12 the default network's cost: `--network user` (passt, a NIC; {rng['lean+nic']}) | s | "
+        f"{med['lean+nic']:.2f} | `--network none` | {med['lean']:.2f} | {med['lean+nic'] / med['lean']:.2f} |",
     ]
     print("\n".join(rows))
     return 0

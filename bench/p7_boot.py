@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """P7: the init's own share of a VM boot, from the kernel handing over to /init to `ready` on the
 channel, against the floor measured in the same VM: a minimal busybox /init script that loads the
-same modules and writes one line to the same port.
+same modules (none on the lean kernel: everything built in) and writes one line to the same port.
 
 Both initramfs come from scripts/mkinitrd.sh with the same busybox userland and only the modules
 the channel needs (a virtio-serial port on q35: virtio_pci and virtio_console, with their
@@ -11,7 +11,8 @@ dependencies, in /etc/nesinit/modules); they differ only in /init. Each round bo
 the end is the first line on the port's socket; both are stamped by this script's clock
 (time.monotonic) as the bytes arrive, so the serial path's latency is in both alike. QEMU is
 killed as soon as the line is in. Medians. Prints one markdown row.
-usage: p7_boot.py INIT KERNEL [ROUNDS]
+usage: p7_boot.py INIT KERNEL [ROUNDS]   ($P7_MODULES: the root modules, default "virtio_pci
+virtio_console" for Debian's cloud kernel; "" for the lean kernel)
 """
 import os
 import selectors
@@ -26,7 +27,7 @@ import time
 INIT, KERNEL = sys.argv[1:3]
 ROUNDS = int(sys.argv[3]) if len(sys.argv) > 3 else 5
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULES = "virtio_pci virtio_console"
+MODULES = os.environ.get("P7_MODULES", "virtio_pci virtio_console")
 PORT = "nes.0"
 HANDOVER = b"Run /init as init process"
 LIMIT_S = 120  # one boot under TCG takes ~3 s; a hung one is killed
@@ -36,7 +37,7 @@ LIMIT_S = 120  # one boot under TCG takes ~3 s; a hung one is killed
 FLOOR = """#!/bin/sh
 mount -t devtmpfs dev /dev
 mount -t sysfs sys /sys
-while read -r m; do insmod "$m"; done < /etc/nesinit/modules
+[ -f /etc/nesinit/modules ] && while read -r m; do insmod "$m"; done < /etc/nesinit/modules
 p=
 while [ -z "$p" ]; do
   for d in /sys/class/virtio-ports/*; do
@@ -144,7 +145,7 @@ def main():
     print("| P7 the init's share of a VM boot (TCG, q35): kernel's hand-over to /init -> `ready` on virtio port %s, "
           "modules %s (median of %d, alternating; nesinit %s ms, floor %s ms; per-round ratio %s, median %.2f) "
           "| ms | %.0f | busybox /init script: same modules, one line to the same port | %.0f | %.2f |"
-          % (PORT, MODULES.replace(" ", "+"), ROUNDS, span(got["nesinit"]), span(got["floor"]),
+          % (PORT, MODULES.replace(" ", "+") or "none (" + os.path.basename(os.path.realpath(KERNEL)) + ")", ROUNDS, span(got["nesinit"]), span(got["floor"]),
              span(pairs, "%.2f"), statistics.median(pairs), n, f, n / f))
 
 

@@ -28,7 +28,8 @@ std::vector<std::string> parse_modules_list(std::string_view text);
 /// present); else, for each name, those in `dir`/modules.d/NAME (the module after its
 /// dependencies), each path once. A name without its group file (an initramfs from an older
 /// nesinit-mkinitrd) falls back to the whole list. EEXIST (already loaded or built in) is fine;
-/// other failures are logged and loading goes on. Returns the number that failed.
+/// other failures are logged and loading goes on. A kernel without module support (no
+/// /proc/modules) loads none. Returns the number that failed.
 int load_modules(const Log& log, const std::optional<std::vector<std::string>>& only = std::nullopt,
                  const std::string& dir = "/etc/nesinit");
 

@@ -28,9 +28,9 @@ mkdir -p bench/results
 NESINIT_BIN=build/nesinit/nesinit NES_STORM_BIN=build/bench/storm build/bench/bench "$@" --out "$out" >/dev/null
 build/bench/host_bench 1000 >> "$out"
 NESINIT_BIN=build/nesinit/nesinit build/bench/stdio_bench 256 3 >> "$out"
-python3 bench/vm_stdio_bench.py build/host/cli/neshost build/host/vm/initrd.cpio .cache/kernel/vmlinuz 40 3 >> "$out"
+python3 bench/vm_stdio_bench.py build/host/cli/neshost build/host/vm/initrd.cpio .cache/kernel/lean/vmlinux 40 3 >> "$out"
 python3 bench/p8_shares.py build/host/cli/neshost >> "$out"
-python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/vmlinuz 7 >> "$out"
+P7_MODULES= python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/lean/vmlinux 7 >> "$out"  # the default kernel
 python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost build/host/vm/initrd.cpio >> "$out"
 python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe >> "$out"
 python3 bench/p12_start.py build/host/cli/neshost >> "$out"

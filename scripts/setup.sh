@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up on a fresh Debian 12 machine, as root: Debian packages, the pinned
-# zig toolchain (npm ci), simdjson's amalgamation, the guest kernel (scripts/fetch-kernel.sh),
+# zig toolchain (npm ci), simdjson's amalgamation, the guest kernels (scripts/fetch-kernel.sh,
+# scripts/build-kernel.sh),
 # virtiofsd (scripts/fetch-virtiofsd.sh), passt (scripts/fetch-passt.sh), the CRI API's
 # api.proto (scripts/fetch-cri-api.sh), and a configured build directory `build/`.
 # Each step is skipped when already done. Usage: scripts/setup.sh [BUILD_DIR [meson options…]]
@@ -18,7 +19,9 @@ pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson
       golang-github-gogo-protobuf-dev libssl-dev containerd
       # the CRI tests and bench P11 (tests/cri): our CRI client's gRPC and protobuf for Debian's
       # python3, CNI's plugins (bridge, host-local, loopback), runc for containerd's runc runtime
-      python3-grpcio python3-protobuf containernetworking-plugins runc)
+      python3-grpcio python3-protobuf containernetworking-plugins runc
+      # the lean guest kernel (scripts/build-kernel.sh): Debian's source and what kbuild needs
+      linux-source-6.1 flex bison bc libelf-dev xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -41,6 +44,8 @@ fi
 scripts/fetch-simdjson.sh
 # The guest kernel for `neshost run` and the vm tests (Debian's cloud kernel, unpacked, not installed).
 scripts/fetch-kernel.sh >/dev/null
+# The default guest kernel: built once per machine from Debian's linux-source-6.1 (cached).
+scripts/build-kernel.sh >/dev/null
 # virtiofsd for shares and --rootfs (the system's Rust one, else Debian 13's unpacked into .cache/).
 scripts/fetch-virtiofsd.sh >/dev/null
 # passt for the default network (--network user): a new enough one (Debian 12's loses data).
