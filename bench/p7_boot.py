@@ -145,7 +145,7 @@ def main():
     print("| P7 the init's share of a VM boot (TCG, q35): kernel's hand-over to /init -> `ready` on virtio port %s, "
           "modules %s (median of %d, alternating; nesinit %s ms, floor %s ms; per-round ratio %s, median %.2f) "
           "| ms | %.0f | busybox /init script: same modules, one line to the same port | %.0f | %.2f |"
-          % (PORT, MODULES.replace(" ", "+") or "none (" + os.path.basename(os.path.realpath(KERNEL)) + ")", ROUNDS, span(got["nesinit"]), span(got["floor"]),
+          % (PORT, MODULES.replace(" ", "+") or "none (built into the kernel)", ROUNDS, span(got["nesinit"]), span(got["floor"]),
              span(pairs, "%.2f"), statistics.median(pairs), n, f, n / f))
 
 
