@@ -116,10 +116,11 @@ std::optional<std::vector<std::string>> read_modules_list(const Log& log, const 
 
 }  // namespace
 
-int load_modules(const Log& log, const std::optional<std::vector<std::string>>& only, const std::string& dir) {
+int load_modules(const Log& log, const std::optional<std::vector<std::string>>& only, const std::string& dir,
+                 const char* proc_modules) {
   // A kernel built without module support (the lean guest kernel, everything built in) has no
   // /proc/modules; one initramfs serves it and Debian's kernel, so its modules are not for this one.
-  if (::access("/proc/modules", F_OK) != 0) {
+  if (::access(proc_modules, F_OK) != 0) {
     log.info("modules", "the kernel has no module support (/proc/modules): none loaded");
     return 0;
   }

@@ -29,9 +29,9 @@ std::vector<std::string> parse_modules_list(std::string_view text);
 /// dependencies), each path once. A name without its group file (an initramfs from an older
 /// nesinit-mkinitrd) falls back to the whole list. EEXIST (already loaded or built in) is fine;
 /// other failures are logged and loading goes on. A kernel without module support (no
-/// /proc/modules) loads none. Returns the number that failed.
+/// `proc_modules`, /proc/modules) loads none. Returns the number that failed.
 int load_modules(const Log& log, const std::optional<std::vector<std::string>>& only = std::nullopt,
-                 const std::string& dir = "/etc/nesinit");
+                 const std::string& dir = "/etc/nesinit", const char* proc_modules = "/proc/modules");
 
 /// Bring `lo` up (SIOCSIFFLAGS IFF_UP); the kernel assigns 127.0.0.1/8. An error names the
 /// call that failed, with its errno.
