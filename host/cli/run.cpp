@@ -443,8 +443,8 @@ struct Running {
   std::unique_ptr<vm::Passt> passt;  // --network passt
   fs::path passt_log;
   int netns_fd = -1;  // --network netns: the namespace QEMU runs in (owned by run_main's attachment)
-  /// -i with a FIFO stdin and a VMM that outlives us: the bytes read from it, in stdin.pos.
-  std::optional<host::StdinTally> stdin_tally;
+  /// -i with a FIFO stdin and a VMM that outlives us: the bytes taken from it, in stdin.spool.
+  std::optional<host::StdinSpool> stdin_spool;
   /// A replacement monitor of a workload with stdin attached: it reopens `stdin_source` (when
   /// the original recorded one) once the guest said its stdin position, else ends stdin (EOF).
   bool adopt_stdin = false;
@@ -540,10 +540,14 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
       // -i: a replacement monitor goes on feeding the workload's stdin from where it comes.
       v.stdin_source = stdin_source_of(0);
       if (v.stdin_source && v.stdin_source->kind == host::VmmStdin::Kind::fifo) {
-        auto t = host::StdinTally::open(cfg.state_dir, vmid);
-        if (!t) return t.error();
-        if (auto s = t->set(0); !s) return s;
-        run.stdin_tally = std::move(*t);
+        auto sp = host::StdinSpool::open(cfg.state_dir, vmid, true);
+        if (!sp) {
+          // Unbounded or unwritable: no replacement feeds it; it ends with this monitor, said.
+          say("neshost run: {} (a replacement monitor gives the workload's stdin its EOF)\n", sp.error().message);
+          v.stdin_source.reset();
+        } else {
+          run.stdin_spool = std::move(*sp);
+        }
       }
     }
     // passt started before the state dir existed; it exits by itself while QEMU never held its
@@ -855,18 +859,14 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   out.on_drained = update_pause;
   errw.on_drained = update_pause;
   std::unique_ptr<StdinPump> pump;
-  bool tally_failed = false;
-  auto make_pump = [&](int fd) {
+  auto make_pump = [&](int fd, std::uint64_t from) {
     pump = std::make_unique<StdinPump>(
         io, fd, [&](std::string_view b) { return hostp && hostp->send_stdin(vmid, b).ok(); },
         [&] { if (hostp) (void)hostp->send_stdin_eof(vmid); });
-    if (run.stdin_tally)
-      pump->on_read([&](std::size_t n) {
-        if (auto s = run.stdin_tally->add(n); !s && !std::exchange(tally_failed, true))
-          say("neshost run: {} (a replacement monitor cannot count stdin it would lose)\n", s.error().message);
-      });
+    if (run.stdin_spool)
+      pump->through(*run.stdin_spool, from, [&](std::string why) { say("neshost monitor: VM {}: {}\n", vmid, why); });
   };
-  if (plan.interactive) make_pump(0);
+  if (plan.interactive) make_pump(0, 0);
   // A replacement monitor: the workload's stdin source reopened at the guest's stdin position.
   host::Fd adopted_in;
   bool stdin_adopted = false;
@@ -885,22 +885,22 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       if (::lseek(adopted_in.get(), static_cast<off_t>(src->offset + guest_pos), SEEK_SET) < 0)
         return end_stdin(fmt::format("seek {}: {}", src->path.string(), std::strerror(errno)));
     } else {
-      // A FIFO goes on where the monitor gone stopped reading; what it had read and the guest
-      // never received is gone with it: counted from stdin.pos, said once, the tally reset.
-      auto t = host::StdinTally::open(plan.state_dir, vmid);
-      if (!t) {
-        say("neshost monitor: VM {}: {} (stdin the monitor gone read and never sent is not counted)\n", vmid,
-            t.error().message);
-      } else {
-        const std::uint64_t read = t->total();
-        say("neshost monitor: VM {}: stdin continues from {} at byte {}: {} bytes read by the monitor gone never "
-            "reached the workload (lost)\n",
-            vmid, src->path.string(), guest_pos, read > guest_pos ? read - guest_pos : 0);
-        (void)t->set(guest_pos);
-        run.stdin_tally = std::move(*t);
-      }
+      // A FIFO: what the monitor gone took from it and the guest never received is in
+      // stdin.spool; it goes again from the guest's position, then the FIFO where it stopped.
+      auto sp = host::StdinSpool::open(plan.state_dir, vmid, false);
+      if (!sp) return end_stdin(sp.error().message);
+      run.stdin_spool = std::move(*sp);
+      const auto& p = *run.stdin_spool;
+      const std::uint64_t from = std::min(std::max(guest_pos, p.held_from()), p.size());
+      const std::uint64_t lost = from - std::min(guest_pos, from);
+      say("neshost monitor: VM {}: stdin continues at byte {}: {} bytes the monitor gone took from {} and the guest "
+          "never received go again from {}; {} bytes lost\n",
+          vmid, guest_pos, p.size() - from, src->path.string(), host::kStdinSpoolFile, lost);
+      make_pump(adopted_in.get(), from);
+      pump->start();
+      return;
     }
-    make_pump(adopted_in.get());
+    make_pump(adopted_in.get(), 0);
     pump->start();
   };
   // -t: SIGWINCH becomes a resize of the workload's terminal.

@@ -9,6 +9,7 @@
 
 #include <boost/asio/post.hpp>
 #include <fmt/format.h>
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -261,6 +262,7 @@ void StdinPump::deliver(std::string chunk) {
     held_ = std::move(chunk);  // resume() retries it
     return;
   }
+  sent_ += chunk.size();
   read_more();
 }
 
@@ -271,6 +273,7 @@ void StdinPump::read_more() {
     ended_ = true;
     if (eof_) eof_();
   };
+  if (spool_) return spool_more();
   if (sd_) {
     reading_ = true;
     buf_.resize(65536);
@@ -278,8 +281,7 @@ void StdinPump::read_more() {
       reading_ = false;
       if (stopped_) return;
       if (n > 0) {
-        if (on_read_) on_read_(n);
-        return deliver(buf_.substr(0, n));
+            return deliver(buf_.substr(0, n));
       }
       if (ec) end();
       else read_more();
@@ -295,8 +297,59 @@ void StdinPump::read_more() {
     ssize_t n;
     do n = ::read(fd_, b, sizeof b); while (n < 0 && errno == EINTR);
     if (n <= 0) return end();
-    if (on_read_) on_read_(static_cast<std::size_t>(n));
     deliver(std::string(b, static_cast<std::size_t>(n)));
+  });
+}
+
+void StdinPump::spool_more() {
+  reading_ = true;
+  auto fail = [this](std::string why) {
+    if (say_) say_(why + " (the workload's stdin ends here)");
+    ended_ = true;
+    if (eof_) eof_();
+  };
+  if (sent_ < spool_->size()) {
+    // Bytes taken from the FIFO and not yet sent: one chunk per turn of the loop.
+    asio::post(io_, [this, fail] {
+      reading_ = false;
+      if (stopped_) return;
+      buf_.resize(65536);
+      const std::uint64_t want = std::min<std::uint64_t>(buf_.size(), spool_->size() - sent_);
+      auto n = spool_->read_at(sent_, buf_.data(), static_cast<std::size_t>(want));
+      if (!n) return fail(n.error().message);
+      if (*n == 0) return fail(fmt::format("{} bytes of stdin.spool missing at byte {}", spool_->size() - sent_, sent_));
+      deliver(buf_.substr(0, *n));
+    });
+    return;
+  }
+  auto t = spool_->take(sd_ ? sd_->native_handle() : fd_, 65536);
+  if (!t) {
+    reading_ = false;
+    return fail(t.error().message);
+  }
+  if (t->eof) {
+    reading_ = false;
+    ended_ = true;
+    if (eof_) eof_();
+    return;
+  }
+  if (t->bytes > 0) {
+    reading_ = false;
+    return spool_more();  // sent_ < size() now: sends the chunk on the next turn
+  }
+  if (!sd_) {
+    reading_ = false;
+    return fail("stdin: not a FIFO the loop can wait on");
+  }
+  sd_->async_wait(asio::posix::stream_descriptor::wait_read, [this](error_code ec) {
+    reading_ = false;
+    if (stopped_) return;
+    if (ec) {
+      ended_ = true;
+      if (eof_) eof_();
+      return;
+    }
+    read_more();
   });
 }
 

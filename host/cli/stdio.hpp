@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "host/lib/base.hpp"
+#include "host/monitor/stdin_spool.hpp"
 
 namespace nes::cli {
 
@@ -98,12 +99,19 @@ class StdinPump {
   void resume();
   /// Stops reading for good (no eof callback).
   void stop() { stopped_ = true; }
-  /// Called with each read's byte count, before the chunk goes to `send` (the FIFO stdin tally
-  /// a replacement monitor counts losses from: host/monitor/vmm_record.hpp StdinTally).
-  void on_read(std::function<void(std::size_t)> f) { on_read_ = std::move(f); }
+  /// The fd (a FIFO) is never read directly: its bytes are spliced into `spool` and sent from
+  /// there, starting at spool offset `from` (a replacement: the guest's stdin position), so a
+  /// monitor killed at any instant loses nothing (host/monitor/stdin_spool.hpp). Before start().
+  /// A spool error ends stdin (eof), said through `say`.
+  void through(host::StdinSpool& spool, std::uint64_t from, std::function<void(std::string)> say) {
+    spool_ = &spool;
+    sent_ = from;
+    say_ = std::move(say);
+  }
 
  private:
   void read_more();
+  void spool_more();  // read_more() through the spool
   void deliver(std::string chunk);
 
   boost::asio::io_context& io_;
@@ -111,7 +119,9 @@ class StdinPump {
   std::optional<boost::asio::posix::stream_descriptor> sd_;  // pipes, terminals; else sync reads
   std::function<bool(std::string_view)> send_;
   std::function<void()> eof_;
-  std::function<void(std::size_t)> on_read_;
+  host::StdinSpool* spool_ = nullptr;
+  std::uint64_t sent_ = 0;  // the next spool byte to send
+  std::function<void(std::string)> say_;
   std::string held_;
   std::string buf_;
   bool started_ = false, reading_ = false, stopped_ = false, ended_ = false;

@@ -154,28 +154,6 @@ Result<std::optional<VmmInfo>> load_vmm(const fs::path& state_dir, std::string_v
   return std::optional<VmmInfo>{std::move(*v)};
 }
 
-Result<StdinTally> StdinTally::open(const fs::path& state_dir, std::string_view vm) {
-  StdinTally t;
-  t.path_ = vm_path(state_dir, vm, kStdinTallyFile);
-  auto f = open_vm_file(state_dir, vm, kStdinTallyFile, O_RDWR | O_CREAT);
-  if (!f) return Error{fmt::format("{}: {}", t.path_.string(), f.error().message)};
-  t.fd_ = std::move(*f);
-  char buf[32] = {};
-  ssize_t n = ::pread(t.fd_.get(), buf, sizeof buf - 1, 0);
-  if (n < 0) return Error{fmt::format("{}: read: {}", t.path_.string(), std::strerror(errno))};
-  t.total_ = std::strtoull(buf, nullptr, 10);
-  return t;
-}
-
-Status StdinTally::set(std::uint64_t total) {
-  total_ = total;
-  // Fixed width: each rewrite covers the whole previous value.
-  const std::string text = fmt::format("{:020}\n", total);
-  if (::pwrite(fd_.get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()))
-    return Error{fmt::format("{}: write: {}", path_.string(), std::strerror(errno))};
-  return Ok{};
-}
-
 Status write_boot(const fs::path& state_dir, std::string_view vm, const proto::Boot& b) {
   return write_durable(state_dir / std::string(vm), kBootFile, proto::encode_line(proto::HostMessage{b}));
 }

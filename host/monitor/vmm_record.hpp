@@ -36,11 +36,12 @@ struct VmmDaemon {
 };
 
 /// Where a `-i` workload's stdin comes from when another process can open it again, so that a
-/// replacement monitor goes on feeding it: a FIFO (a named pipe, as containerd's stdin: read on
-/// where the dead monitor stopped; what it had read and the guest never received is counted,
-/// from the tally in `stdin.pos`) or a regular file (read again from the guest's stdin position
-/// plus `offset`: exact). A terminal, an anonymous pipe or /dev/null cannot be reopened: no
-/// source is recorded and a replacement gives the workload's stdin its EOF, saying why.
+/// replacement monitor goes on feeding it: a FIFO (a named pipe, as containerd's stdin: spliced
+/// through `stdin.spool`, host/monitor/stdin_spool.hpp, so what the dead monitor had taken and
+/// the guest never received is sent again from there) or a regular file (read again from the
+/// guest's stdin position plus `offset`). Both exact. A terminal, an anonymous pipe or /dev/null
+/// cannot be reopened: no source is recorded and a replacement gives the workload's stdin its
+/// EOF, saying why.
 struct VmmStdin {
   enum class Kind { fifo, file };
   Kind kind = Kind::fifo;
@@ -81,28 +82,6 @@ Result<VmmInfo> parse_vmm(std::string_view json);
 Status write_vmm(const std::filesystem::path& state_dir, const VmmInfo& v);
 /// `<state_dir>/<vm>/vmm.json`: nullopt if absent; an error if unreadable or invalid.
 Result<std::optional<VmmInfo>> load_vmm(const std::filesystem::path& state_dir, std::string_view vm);
-
-/// `stdin.pos`: the bytes this generation's monitors have read from a FIFO stdin source
-/// (VmmStdin), rewritten (one pwrite, no fsync: a killed monitor loses nothing of it) after each
-/// read and before the bytes go to the guest. A replacement compares it with the guest's stdin
-/// position: the difference was read by the monitor gone and never received, and is reported.
-inline constexpr char kStdinTallyFile[] = "stdin.pos";
-class StdinTally {
- public:
-  /// Opens (creating) `<state_dir>/<vm>/stdin.pos`; `total` is what it holds (0 if new or empty).
-  /// Errors name the file.
-  static Result<StdinTally> open(const std::filesystem::path& state_dir, std::string_view vm);
-  std::uint64_t total() const { return total_; }
-  /// Adds n bytes read and rewrites the file. Errors (ENOSPC, EIO) name the file.
-  Status add(std::uint64_t n) { return set(total_ + n); }
-  /// Sets the total (a replacement: the guest's stdin position, once the loss is reported).
-  Status set(std::uint64_t total);
-
- private:
-  Fd fd_;
-  std::uint64_t total_ = 0;
-  std::filesystem::path path_;
-};
 
 /// `boot.json`: the descriptor as the `boot` message encodes it (protocol/codec.hpp), durably.
 Status write_boot(const std::filesystem::path& state_dir, std::string_view vm, const proto::Boot& b);

@@ -4,19 +4,26 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "host/monitor/reconcile.hpp"
+#include "host/monitor/stdin_spool.hpp"
 #include "host/monitor/vmm_record.hpp"
+#include "host/lib/state_dir.hpp"
 #include "protocol/status.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -456,23 +463,134 @@ TEST_CASE("vmm.json round-trips; bad fields are named") {
         "stdin.offset: expected bytes");
 }
 
-TEST_CASE("stdin.pos: the tally a replacement counts stdin lost with a monitor from") {
-  TempDir t;
-  {
-    auto tally = StdinTally::open(t.path, "vm-a");
-    REQUIRE(tally);
-    CHECK(tally->total() == 0);  // new
-    REQUIRE(tally->add(65536));
-    REQUIRE(tally->add(10));
+namespace {
+/// Byte i of a stdin stream the spool tests write: not periodic in any pipe or page size.
+char pattern_at(std::uint64_t i) { return static_cast<char>((i * 7 + i / 251) % 253); }
+std::string pattern(std::uint64_t from, std::size_t n) {
+  std::string s(n, '\0');
+  for (std::size_t i = 0; i < n; ++i) s[i] = pattern_at(from + i);
+  return s;
+}
+/// Writes pattern bytes [0, n) to fd in blocking writes of up to 1 MiB, then (once `before_close`
+/// is ready, if given) closes it.
+void write_pattern(int fd, std::uint64_t n, std::shared_future<void> before_close = {}) {
+  const std::string all = pattern(0, static_cast<std::size_t>(n));
+  for (std::uint64_t at = 0; at < n;) {
+    ssize_t w = ::write(fd, all.data() + at, static_cast<std::size_t>(std::min<std::uint64_t>(1u << 20, n - at)));
+    if (w <= 0) break;
+    at += static_cast<std::uint64_t>(w);
   }
-  auto again = StdinTally::open(t.path, "vm-a");  // what a replacement reads
+  if (before_close.valid()) before_close.wait();
+  ::close(fd);
+}
+}  // namespace
+
+TEST_CASE("stdin.spool: bytes move from a FIFO into the file, holes behind kKeep, a replacement sees both") {
+  TempDir t;
+  int p[2];
+  REQUIRE(::pipe2(p, O_NONBLOCK | O_CLOEXEC) == 0);
+  auto sp = StdinSpool::open(t.path, "vm-a", true);
+  REQUIRE(sp);
+  auto none = sp->take(p[0], 65536);
+  REQUIRE(none);
+  CHECK((none->bytes == 0 && !none->eof));  // EAGAIN: nothing yet
+  const std::uint64_t n = 6u << 20;
+  ::fcntl(p[1], F_SETFL, 0);  // the writer blocks on a full pipe
+  std::thread writer(write_pattern, p[1], n);
+  while (sp->size() < n) {
+    pollfd pf{p[0], POLLIN, 0};
+    REQUIRE(::poll(&pf, 1, 30000) == 1);
+    auto r = sp->take(p[0], 65536);
+    REQUIRE(r);
+    REQUIRE_FALSE(r->eof);
+  }
+  writer.join();
+  CHECK(sp->size() == n);
+  CHECK(sp->held_from() == n - StdinSpool::kKeep);  // 2 MiB: whole steps only
+  std::string got(1000, '\0');
+  auto r = sp->read_at(n - 1000, got.data(), got.size());
+  REQUIRE(r);
+  CHECK(*r == 1000);
+  CHECK(got == pattern(n - 1000, 1000));
+  auto eof = sp->take(p[0], 65536);
+  REQUIRE(eof);
+  CHECK(eof->eof);
+  ::close(p[0]);
+  auto again = StdinSpool::open(t.path, "vm-a", false);  // a replacement
   REQUIRE(again);
-  CHECK(again->total() == 65546);
-  REQUIRE(again->set(7));  // reset to the guest's position: a shorter number leaves no digits behind
-  auto third = StdinTally::open(t.path, "vm-a");
-  REQUIRE(third);
-  CHECK(third->total() == 7);
-  CHECK_FALSE(StdinTally::open(t.path, "../x"));  // the VM id is checked as for every state file
+  CHECK(again->size() == n);
+  CHECK(again->held_from() == n - StdinSpool::kKeep);
+  r = again->read_at(again->held_from(), got.data(), got.size());
+  REQUIRE(r);
+  CHECK(got == pattern(again->held_from(), 1000));
+  struct stat st {};
+  REQUIRE(::stat(vm_path(t.path, "vm-a", kStdinSpoolFile).c_str(), &st) == 0);
+  CHECK(static_cast<std::uint64_t>(st.st_blocks) * 512 <= StdinSpool::kKeep + (64u << 10));  // bounded on disk
+  auto fresh = StdinSpool::open(t.path, "vm-a", true);
+  REQUIRE(fresh);
+  CHECK((fresh->size() == 0 && fresh->held_from() == 0));
+  CHECK_FALSE(StdinSpool::open(t.path, "../x", true));  // the VM id is checked as for every state file
+}
+
+TEST_CASE("stdin.spool: a monitor SIGKILLed while it splices loses nothing: spool + FIFO = every byte written") {
+  // What read(2) then a tally could not give (the bytes a killed read had taken were gone
+  // uncounted): the kernel takes from the pipe exactly what it put in the file.
+  for (int round = 0; round < 12; ++round) {
+    CAPTURE(round);
+    TempDir t;
+    int p[2], note[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(note, O_CLOEXEC) == 0);
+    // A 1 MiB pipe taken 1 MiB at a time: the kill mostly lands inside a take's copy.
+    (void)::fcntl(p[0], F_SETPIPE_SZ, 1 << 20);
+    const std::uint64_t n = 8u << 20, kill_after = (256u << 10) + static_cast<std::uint64_t>(round) * 77777;
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(p[1]);
+      auto s = StdinSpool::open(t.path, "vm-a", true);
+      if (!s) ::_exit(2);
+      bool told = false;
+      for (;;) {
+        pollfd pf{p[0], POLLIN, -1};
+        ::poll(&pf, 1, -1);
+        auto r = s->take(p[0], 1u << 20);
+        if (!r) ::_exit(3);
+        if (r->eof) ::_exit(4);
+        if (!told && s->size() >= kill_after) {
+          told = true;
+          (void)!::write(note[1], "k", 1);  // the parent kills us while we go on splicing
+        }
+      }
+    }
+    ::close(note[1]);
+    std::promise<void> killed;  // the FIFO's EOF only after the kill: the child never ends by itself
+    std::thread writer(write_pattern, p[1], n, killed.get_future().share());
+    char c;
+    REQUIRE(::read(note[0], &c, 1) == 1);
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK((WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL));
+    killed.set_value();
+    ::close(note[0]);
+    // What the killed one left in the FIFO, read to the writer's end.
+    std::string rest;
+    char b[65536];
+    for (ssize_t k; (k = ::read(p[0], b, sizeof b)) > 0;) rest.append(b, static_cast<std::size_t>(k));
+    writer.join();
+    ::close(p[0]);
+    auto sp = StdinSpool::open(t.path, "vm-a", false);
+    REQUIRE(sp);
+    CHECK(sp->size() >= kill_after);
+    CHECK(sp->size() + rest.size() == n);  // nothing taken and not kept
+    std::string kept(static_cast<std::size_t>(sp->size() - sp->held_from()), '\0');
+    auto r = sp->read_at(sp->held_from(), kept.data(), kept.size());
+    REQUIRE(r);
+    CHECK(*r == kept.size());
+    CHECK(kept == pattern(sp->held_from(), kept.size()));
+    CHECK(rest == pattern(sp->size(), rest.size()));
+  }
 }
 
 TEST_CASE("monitor gone, its VMM alive -> running (orphaned), never failed; VMM gone too -> failed") {
