@@ -496,7 +496,7 @@ TEST_CASE("stdin.spool: bytes move from a FIFO into the file, holes behind kKeep
   CHECK((none->bytes == 0 && !none->eof));  // EAGAIN: nothing yet
   const std::uint64_t n = 6u << 20;
   ::fcntl(p[1], F_SETFL, 0);  // the writer blocks on a full pipe
-  std::thread writer(write_pattern, p[1], n);
+  std::thread writer([fd = p[1], n] { write_pattern(fd, n); });
   while (sp->size() < n) {
     pollfd pf{p[0], POLLIN, 0};
     REQUIRE(::poll(&pf, 1, 30000) == 1);
