@@ -406,6 +406,7 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
     spec.accel = in.accel;
     spec.channel_socket = p.channel_socket;
     spec.data_socket = p.data_socket;
+    spec.qmp_socket = in.runtime_dir / "qmp.sock";  // pause/unpause (host/cli/vm_pause.hpp)
     if (p.vmm_survives) spec.chardev_reconnect_s = 1;  // QEMU redials a replacement monitor's listeners
     for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
     host::NetBackendIo io;

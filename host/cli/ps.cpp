@@ -53,6 +53,16 @@ workload's process group in a running VM, through its monitor. Exit 1 if no such
 or the guest cannot take it (e.g. the workload has exited).
 )";
 
+constexpr std::string_view kPauseHelp = R"(usage: neshost pause [--state DIR] VM...
+       neshost unpause [--state DIR] VM...
+
+pause stops each running VM's vCPUs (QEMU's `stop`, through the VM's monitor): its workload and
+guest make no progress and the guest's clock stands still, memory and devices kept; `ps` shows
+it paused. unpause runs them again. As docker pause/unpause: exec into a paused VM is refused,
+`kill -s KILL` and `stop` resume it first, other signals wait for unpause. Prints each VM.
+Exit 1 if a VM is not running (pause), not paused (unpause), or runs without a VMM (--sandbox).
+)";
+
 constexpr std::string_view kTopHelp = R"(usage: neshost top [--state DIR] VM
 
 List the processes running in a VM's guest, as `docker top` does: PID, PPID, UID and the
@@ -83,7 +93,7 @@ fs::path state_of(const Parsed& p) {
 }
 
 std::string status_cell(const host::VmState& s) {
-  if (s.status == host::VmStatus::running) return s.stop_requested ? "stopping" : "running";
+  if (s.status == host::VmStatus::running) return s.stop_requested ? "stopping" : s.paused ? "paused" : "running";
   const bool lost = s.record && host::output_lost(*s.record);
   return fmt::format("{} ({}{})", host::to_string(s.status), s.exit_status.value_or(125), lost ? ", output lost" : "");
 }
@@ -322,6 +332,44 @@ int kill_main(const Args& args) {
   return 0;
 }
 
+/// pause / unpause: `resume` false / true.
+int pause_main(const Args& args, bool resume) {
+  const char* cmd = resume ? "unpause" : "pause";
+  static constexpr FlagSpec kFlags[] = {{"state"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error(cmd, p.error().message);
+  if (p->help) { fmt::print("{}", kPauseHelp); return 0; }
+  if (p->positional.empty()) return usage_error(cmd, "VM is required");
+  for (const auto& vm : p->positional)
+    if (auto id = host::check_vm_id(vm); !id) return usage_error(cmd, "VM: " + id.error().message);
+  fs::path state = state_of(*p);
+  int rc = 0;
+  for (const auto& vm : p->positional) {
+    auto s = load(cmd, state, vm);
+    if (!s) { rc = 1; continue; }
+    if (s->status != host::VmStatus::running || !monitor_pidfd(*s)) {
+      fmt::print(stderr, "neshost {}: no running VM '{}' in {} ({})\n", cmd, vm, state.string(), status_cell(*s));
+      rc = 1;
+      continue;
+    }
+    if (s->paused != resume) {  // docker's "Container X is (not) paused"
+      fmt::print(stderr, "neshost {}: VM '{}' is {}paused\n", cmd, vm, resume ? "not " : "already ");
+      rc = 1;
+      continue;
+    }
+    auto r = control_request(host::control_path(state, vm),
+                             control::Targeted{target_of(*s), resume ? control::Request{control::Resume{}}
+                                                                     : control::Request{control::Pause{}}});
+    if (!r || !std::holds_alternative<control::Ok>(*r)) {
+      fmt::print(stderr, "neshost {}: VM '{}': {}\n", cmd, vm, r ? control::encode(*r) : r.error().message);
+      rc = 1;
+      continue;
+    }
+    std::fputs((vm + "\n").c_str(), stdout);
+  }
+  return rc;
+}
+
 int top_main(const Args& args) {
   static constexpr FlagSpec kFlags[] = {{"state"}};
   auto p = parse_flags(kFlags, args);
@@ -407,6 +455,8 @@ const Registrar ps_reg{{"ps", "list VMs and their reconciled status", ps_main}};
 const Registrar port_reg{{"port", "list a VM's published ports (docker port)", port_main}};
 const Registrar stop_reg{{"stop", "stop a running VM (ordered shutdown, persisted as stopped)", stop_main}};
 const Registrar kill_reg{{"kill", "send a signal to a running VM's workload", kill_main}};
+const Registrar pause_reg{{"pause", "pause a running VM's vCPUs (docker pause)", [](const Args& a) { return pause_main(a, false); }}};
+const Registrar unpause_reg{{"unpause", "resume a paused VM (docker unpause)", [](const Args& a) { return pause_main(a, true); }}};
 const Registrar top_reg{{"top", "list the processes in a running VM's guest", top_main}};
 const Registrar rm_reg{{"rm", "remove a VM's state (-f: a running one too)", rm_main}};
 

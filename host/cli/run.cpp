@@ -39,6 +39,7 @@
 #include "host/monitor/monitor.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "host/monitor/vmm_record.hpp"
+#include "host/cli/vm_pause.hpp"
 #include "host/lib/record.hpp"
 #include "host/lib/state_dir.hpp"
 #include "host/vm/accel.hpp"
@@ -943,6 +944,10 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   emb.print_events = false;
   emb.channel_is_vm = false;
   std::unique_ptr<ControlServer> control;
+  // pause/unpause: QMP on the runtime dir's socket; a replacement finds the VM as the dead
+  // monitor's marker says (QEMU stays paused across it).
+  VmPause vm_pause(plan.sandbox ? fs::path() : plan.runtime_dir / "qmp.sock", cfg.state_dir, vmid,
+                   cfg.session.generation, host::paused_generation(cfg.state_dir, vmid) == cfg.session.generation);
   std::optional<host::Record> final_record;
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -961,13 +966,32 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     // (host/monitor/control.hpp): each request on this VM's Host.
     ControlHandlers ch;
     ch.generation = cfg.session.generation;  // requests aimed at another generation are refused
-    ch.stop = [&h, id] { return h.shutdown(id); };  // what SIGTERM to this process does
-    ch.kill = [&h, id](const control::Kill& k) {
+    // A paused VM: stop and SIGKILL resume it first (docker's); other signals wait in the
+    // channel for unpause (as a frozen cgroup's do); exec is refused (runc's).
+    ch.stop = [&h, id, &vm_pause]() -> host::Status {
+      if (auto r = vm_pause.resume(); !r) return r;
+      return h.shutdown(id);  // what SIGTERM to this process does
+    };
+    ch.kill = [&h, id, &vm_pause](const control::Kill& k) -> host::Status {
+      if (k.signal == SIGKILL)
+        if (auto r = vm_pause.resume(); !r) return r;
       return k.proc ? h.kill_exec(id, *k.proc, k.signal) : h.kill(id, k.signal);
+    };
+    ch.pause = [&vm_pause, id] {
+      auto r = vm_pause.pause();
+      if (r) say("neshost monitor: VM {}: paused\n", id);
+      return r;
+    };
+    ch.resume = [&vm_pause, id] {
+      const bool was = vm_pause.paused();
+      auto r = vm_pause.resume();
+      if (r && was) say("neshost monitor: VM {}: resumed\n", id);
+      return r;
     };
     ch.resize = [&h, id](const control::Resize& r) { return h.send_resize(id, r.rows, r.cols, r.proc.value_or(0)); };
     ch.ps = [&h, id](auto done) { h.async_list_processes(id, std::move(done)); };
-    ch.exec = [&execs](control::Exec x, std::vector<host::Fd> fds, ControlRespond respond) {
+    ch.exec = [&execs, &vm_pause](control::Exec x, std::vector<host::Fd> fds, ControlRespond respond) {
+      if (vm_pause.paused()) return respond(control::Error{"cannot exec in a paused VM (unpause it first)"});
       execs.start(std::move(x), std::move(fds), std::move(respond));
     };
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
@@ -1007,6 +1031,10 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     // channel only after `boot`, so the runtime dir stays until then.
     // A VMM that outlives us redials these sockets' paths (a replacement monitor binds them
     // again): the directory stays until the VM is over; only a generated initramfs goes.
+    if (m == Milestone::ready && !plan.sandbox && !vm_pause.paused()) {
+      // QMP now, while its socket's path exists (the runtime dir may go next).
+      if (auto c = vm_pause.connect(); !c) say("neshost monitor: VM {}: QMP (pause): {}\n", vmid, c.error().message);
+    }
     if (m == (plan.sandbox ? Milestone::data_connected : Milestone::ready)) {
       if (!plan.vmm_survives) rt.remove_now();
       else if (plan.initrd_from) fs::remove(plan.initrd, rm_ec);
@@ -1025,6 +1053,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       if (on_resumed) on_resumed();
     }
     if (m == Milestone::finished) {
+      vm_pause.ended();
       // The record as it ends (with what was lost of the output), for our last words; and from
       // here on SIGINT/SIGTERM are read from a signalfd by the last writes below.
       if (auto* sess = hostp ? hostp->session(vmid) : nullptr; sess && sess->outcome()) final_record = *sess->outcome();

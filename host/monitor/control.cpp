@@ -175,6 +175,8 @@ std::string encode(const Request& r) {
                     : fmt::format("resize {} {}", z.rows, z.cols);
     }
     std::string operator()(const Ps&) const { return "ps"; }
+    std::string operator()(const Pause&) const { return "pause"; }
+    std::string operator()(const Resume&) const { return "resume"; }
     std::string operator()(const Exec& x) const {
       char flags[3];
       std::size_t n = 0;
@@ -215,9 +217,12 @@ host::Result<Request> parse_request(std::string_view line) {
   const std::string_view verb = line.substr(0, sp);
   const std::string_view args = sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1);
   const bool bare = sp == std::string_view::npos;
-  if (verb == "stop" || verb == "ps") {
+  if (verb == "stop" || verb == "ps" || verb == "pause" || verb == "resume") {
     if (!bare) return host::Error{fmt::format("{}: expected no arguments, got {}", verb, quoted(args))};
-    return verb == "stop" ? Request{Stop{}} : Request{Ps{}};
+    if (verb == "stop") return Request{Stop{}};
+    if (verb == "pause") return Request{Pause{}};
+    if (verb == "resume") return Request{Resume{}};
+    return Request{Ps{}};
   }
   if (verb == "kill") return bare ? host::Error{"kill: expected SIGNAL [PROC]"} : parse_kill(args);
   if (verb == "resize")

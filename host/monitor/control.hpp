@@ -47,6 +47,19 @@ struct Stop {
   bool operator==(const Stop&) const = default;
 };
 
+/// `pause`: stop the VM's vCPUs (QMP `stop`; docker pause, containerd's Pause). The guest and its
+/// workload make no progress and its clock stands still until `resume`; the monitor keeps its
+/// channels. Reply: Ok (also when already paused) or Error (no VMM to pause: --sandbox; QMP's).
+struct Pause {
+  bool operator==(const Pause&) const = default;
+};
+
+/// `resume`: run the VM's vCPUs again (QMP `cont`; docker unpause). Reply: Ok (also when it was
+/// not paused) or Error.
+struct Resume {
+  bool operator==(const Resume&) const = default;
+};
+
 /// `kill SIGNAL` or `kill SIGNAL PROC`: signal SIGNAL (1..64) to the workload's process group, or
 /// to process PROC (1..65535, the number `ok started` gave) that `exec` started. Reply: Ok or
 /// Error.
@@ -87,7 +100,7 @@ struct Exec {
 };
 
 /// Any control request.
-using Request = std::variant<Stop, Kill, Resize, Ps, Exec>;
+using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume>;
 
 /// A request aimed at one generation of the VM (fencing, additive): on the wire the prefix
 /// `generation G ` (G 1..2^53-1) before the request, e.g. `generation 3 kill 9`. A monitor that

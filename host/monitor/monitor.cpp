@@ -353,6 +353,8 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
     if (std::holds_alternative<control::Stop>(*req)) return hs->stop ? answer(hs->stop()) : unserved("stop");
     if (auto* k = std::get_if<control::Kill>(&*req)) return hs->kill ? answer(hs->kill(*k)) : unserved("kill");
     if (auto* z = std::get_if<control::Resize>(&*req)) return hs->resize ? answer(hs->resize(*z)) : unserved("resize");
+    if (std::holds_alternative<control::Pause>(*req)) return hs->pause ? answer(hs->pause()) : unserved("pause");
+    if (std::holds_alternative<control::Resume>(*req)) return hs->resume ? answer(hs->resume()) : unserved("resume");
     if (std::holds_alternative<control::Ps>(*req)) {
       if (!hs->ps) return unserved("ps");
       return hs->ps([respond](host::Result<proto::Processes> r) {

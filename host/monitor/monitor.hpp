@@ -108,6 +108,8 @@ struct ControlHandlers {
   std::function<host::Status(const control::Kill&)> kill;
   /// `resize ROWS COLS [PROC]`, likewise.
   std::function<host::Status(const control::Resize&)> resize;
+  /// `pause` / `resume`, likewise.
+  std::function<host::Status()> pause, resume;
   /// `ps`: calls `done` once, now or later on the io_context; answered "ok JSON" / "error: WHY".
   std::function<void(std::function<void(host::Result<proto::Processes>)> done)> ps;
   /// `exec FLAGS JSON` with the fds it carried (at most 3): answers through `respond` at least

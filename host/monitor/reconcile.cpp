@@ -414,9 +414,12 @@ Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view
                                                           : VmStatus::failed;
     return std::optional<VmState>{std::move(s)};
   }
+  if (alive || vmm_alive) s.paused = paused_generation(state, vm) == s.generation;
   if (alive) {
     s.status = VmStatus::running;
-    s.reason = s.stop_requested ? "stopping (stop requested)" : "monitor alive, no outcome yet";
+    s.reason = s.stop_requested ? "stopping (stop requested)"
+               : s.paused       ? "paused (its vCPUs stopped; neshost unpause resumes it)"
+                                : "monitor alive, no outcome yet";
     return std::optional<VmState>{std::move(s)};
   }
   if (vmm_alive) {
@@ -458,11 +461,34 @@ std::string encode_state(const VmState& s) {
                        s.generation, s.exit_status ? std::to_string(*s.exit_status) : "null");
   }
   return fmt::format(R"({},"status":"{}","status_reason":{},"monitor_pid":{},"monitor_alive":{},)"
-                     R"("stop_requested":{},"vmm_pid":{},"vmm_alive":{}}})"
+                     R"("stop_requested":{},"vmm_pid":{},"vmm_alive":{},"paused":{}}})"
                      "\n",
                      head, to_string(s.status), json_string(s.reason),
                      s.monitor ? std::to_string(s.monitor->monitor.pid) : "null", s.monitor_alive,
-                     s.stop_requested, s.vmm ? std::to_string(s.vmm->pid) : "null", s.vmm_alive);
+                     s.stop_requested, s.vmm ? std::to_string(s.vmm->pid) : "null", s.vmm_alive, s.paused);
+}
+
+Status mark_paused(const fs::path& state, std::string_view vm, std::uint64_t generation) {
+  if (auto c = check_vm_id(vm); !c) return c;
+  return write_durable(state / std::string(vm), kPausedFile, fmt::format("{}\n", generation));
+}
+
+Status clear_paused(const fs::path& state, std::string_view vm) {
+  if (auto c = check_vm_id(vm); !c) return c;
+  const fs::path p = vm_path(state, vm, kPausedFile);
+  if (::unlink(p.c_str()) != 0 && errno != ENOENT)
+    return Error{fmt::format("{}: unlink: {}", p.string(), std::strerror(errno))};
+  return Ok{};
+}
+
+std::optional<std::uint64_t> paused_generation(const fs::path& state, std::string_view vm) {
+  if (!check_vm_id(vm)) return std::nullopt;
+  auto text = base::read_small_file(vm_path(state, vm, kPausedFile).c_str(), 64);
+  if (!text) return std::nullopt;
+  std::uint64_t g = 0;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), g);
+  if (ec != std::errc{} || g == 0) return std::nullopt;
+  return g;
 }
 
 std::vector<std::string> list_vms(const fs::path& state) {

@@ -111,6 +111,9 @@ struct VmState {
   std::optional<MonitorInfo> monitor;
   bool monitor_alive = false;
   bool stop_requested = false;     // a stop of the current generation is persisted
+  /// Running with its vCPUs stopped (`neshost pause`, the shim's Pause): the monitor's
+  /// `paused` marker names the current generation (mark_paused).
+  bool paused = false;
   /// The current generation's VMM (vmm.json, host/monitor/vmm_record.hpp: a detached VM's QEMU
   /// or sandbox, which outlives its monitor), and whether it still runs.
   std::optional<ProcessIdentity> vmm;
@@ -135,11 +138,21 @@ struct VmState {
 /// nullopt: no such VM (no directory, or neither file). Error: the state dir cannot be read.
 Result<std::optional<VmState>> reconcile(const std::filesystem::path& state_dir, std::string_view vm);
 
+/// `<state_dir>/<vm>/paused`: present, naming the generation ("G\n"), while the VM's monitor holds
+/// its vCPUs stopped; written durably before `pause` answers, removed before `resume` answers and
+/// when the VM ends. A marker of another generation is stale and ignored.
+inline constexpr char kPausedFile[] = "paused";
+Status mark_paused(const std::filesystem::path& state_dir, std::string_view vm, std::uint64_t generation);
+/// Removes the marker (absent: Ok). Errors name the file.
+Status clear_paused(const std::filesystem::path& state_dir, std::string_view vm);
+/// The generation the marker names; nullopt when absent or unreadable.
+std::optional<std::uint64_t> paused_generation(const std::filesystem::path& state_dir, std::string_view vm);
+
 /// One JSON object plus '\n' (what `neshost inspect` prints): the current generation's record
 /// fields when there is a valid record (schema_version .. finished_at, as encode_record), else
 /// vm, generation, outcome null, exit_status; then status, status_reason, monitor_pid (null
 /// without a monitor file), monitor_alive, stop_requested, vmm_pid (null without a recorded VMM),
-/// vmm_alive.
+/// vmm_alive, paused.
 std::string encode_state(const VmState& s);
 
 /// VM ids with a directory in `state_dir` (sorted; other entries ignored). Empty if none.

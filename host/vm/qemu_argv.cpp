@@ -98,6 +98,10 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
       return fail(fmt::format("net_args[{}]: '{}' '{}' is not -netdev/-device VALUE", i, s.net_args[i],
                               s.net_args[i + 1]));
 
+  if (s.qmp_socket && (s.qmp_socket->empty() || s.qmp_socket->native().size() > proto::kUnixPathMax ||
+                       s.qmp_socket->native().find(',') != std::string::npos))
+    return fail(fmt::format("qmp_socket: '{}' is empty, longer than sun_path or holds a ','", s.qmp_socket->native()));
+
   const std::string redial =
       s.chardev_reconnect_s ? ",reconnect=" + std::to_string(s.chardev_reconnect_s) : std::string();
   std::vector<std::string> a{s.qemu};
@@ -135,6 +139,7 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
          "-device", fmt::format("vhost-user-fs-pci,chardev=fs{},tag={}", i, d.tag)});
   }
   a.insert(a.end(), s.net_args.begin(), s.net_args.end());
+  if (s.qmp_socket) add({"-qmp", "unix:" + s.qmp_socket->native() + ",server=on,wait=off"});
   return a;
 }
 

@@ -75,6 +75,9 @@ struct QemuSpec {
   /// appended as given (already in QEMU's syntax). Empty: no NIC (-nodefaults gives none).
   /// A `stream` netdev on an fd names a number valid in QEMU (LaunchOptions::fds).
   std::vector<std::string> net_args;
+  /// QMP, QEMU's JSON control protocol, on this Unix socket (QEMU listens: `server=on,wait=off`):
+  /// the monitor pauses and resumes the VM through it (host/vm/qmp.hpp). Unset: no QMP.
+  std::optional<std::filesystem::path> qmp_socket;
 };
 
 /// Checks the spec's fields (names the bad one) and builds the argv, argv[0] = spec.qemu.
@@ -82,7 +85,7 @@ struct QemuSpec {
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
 /// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket,
 /// data_socket, data_port_name, fs_devices[i].tag/socket, net_args: not -netdev/-device VALUE
-/// pairs).
+/// pairs, qmp_socket).
 host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& spec);
 
 }  // namespace nes::vm

@@ -82,6 +82,8 @@ void check_reply(const ctl::Reply& r, std::string_view line) {
 TEST_CASE("every request: its exact line, and back") {
   check_request(ctl::Stop{}, "stop");
   check_request(ctl::Ps{}, "ps");
+  check_request(ctl::Pause{}, "pause");
+  check_request(ctl::Resume{}, "resume");
   check_request(ctl::Kill{9, std::nullopt}, "kill 9");
   check_request(ctl::Kill{15, 3}, "kill 15 3");
   check_request(ctl::Kill{1, 65535}, "kill 1 65535");
@@ -396,6 +398,8 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
   CHECK(*kill_reply == ctl::Reply{ctl::Error{"the workload has not started"}});
   // A handler left empty.
   CHECK(control_call(path, ctl::Resize{24, 80, std::nullopt}).error().message == "error: resize: not served here");
+  CHECK(control_call(path, ctl::Pause{}).error().message == "error: pause: not served here");
+  CHECK(raw_exchange(path, "pause now\n") == "error: pause: expected no arguments, got 'now'\n");
 
   // ps: the list, decoded.
   auto ps = guest_processes(path);

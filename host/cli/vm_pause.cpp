@@ -1,0 +1,65 @@
+#include "host/cli/vm_pause.hpp"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "host/monitor/reconcile.hpp"
+
+namespace nes::cli {
+
+namespace {
+constexpr std::chrono::milliseconds kQmpBound{2000};  // QEMU answers stop/cont from its main loop at once
+}
+
+VmPause::VmPause(std::filesystem::path qmp_socket, std::filesystem::path state_dir, std::string vm,
+                 std::uint64_t generation, bool paused)
+    : qmp_socket_(std::move(qmp_socket)),
+      state_dir_(std::move(state_dir)),
+      vm_(std::move(vm)),
+      generation_(generation),
+      paused_(paused) {}
+
+host::Status VmPause::connect() {
+  if (qmp_) return host::Ok{};
+  if (qmp_socket_.empty()) return host::Error{"no VMM to pause: --sandbox runs the init on this host"};
+  auto q = vm::Qmp::connect(qmp_socket_, std::chrono::milliseconds(0));
+  if (!q) return q.error();
+  qmp_ = std::move(*q);
+  return host::Ok{};
+}
+
+host::Status VmPause::pause() {
+  if (paused_) return host::Ok{};
+  if (auto c = connect(); !c) return c;
+  if (auto r = qmp_->execute("stop", "", kQmpBound); !r) {
+    qmp_.reset();  // a broken connection is not reused: the next request connects again
+    return r.error();
+  }
+  if (auto m = host::mark_paused(state_dir_, vm_, generation_); !m) {
+    (void)qmp_->execute("cont", "", kQmpBound);  // never paused without the record saying so
+    return m.error();
+  }
+  paused_ = true;
+  return host::Ok{};
+}
+
+host::Status VmPause::resume() {
+  if (!paused_) return host::Ok{};
+  if (auto c = connect(); !c) return c;
+  if (auto m = host::clear_paused(state_dir_, vm_); !m) return m.error();
+  if (auto r = qmp_->execute("cont", "", kQmpBound); !r) {
+    qmp_.reset();
+    (void)host::mark_paused(state_dir_, vm_, generation_);  // still paused, as recorded
+    return r.error();
+  }
+  paused_ = false;
+  return host::Ok{};
+}
+
+void VmPause::ended() {
+  if (paused_ || host::paused_generation(state_dir_, vm_) == generation_) (void)host::clear_paused(state_dir_, vm_);
+  paused_ = false;
+}
+
+}  // namespace nes::cli

@@ -1,0 +1,40 @@
+// A client of QMP, QEMU's JSON control protocol, on a Unix socket (`-qmp unix:PATH,server=on`):
+// the few commands the monitor needs (stop and cont for `neshost pause`/`unpause` and the shim's
+// Pause/Resume, query-status). Blocking, each wait bounded (QEMU answers these at once from its
+// main loop); QMP's asynchronous events are read and skipped. docs/vm.md "Pause".
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "base/fd.hpp"
+#include "host/lib/base.hpp"
+
+namespace nes::vm {
+
+class Qmp {
+ public:
+  /// Connects (retrying while QEMU has not yet made the socket, until `within` has passed; 0: one
+  /// attempt), reads QEMU's greeting and enters command mode (qmp_capabilities), each read
+  /// bounded by `within` plus 1 s. Error: the socket never accepted, or the greeting was not QMP's.
+  static host::Result<Qmp> connect(const std::filesystem::path& socket, std::chrono::milliseconds within);
+
+  /// Runs `command` with `arguments_json` (a JSON object, or empty for none) and returns the
+  /// `return` member's JSON text. Error: QMP's own `error` (its class and desc), a reply longer
+  /// than 1 MiB, the socket closed, or no reply within `within`.
+  host::Result<std::string> execute(std::string_view command, std::string_view arguments_json,
+                                    std::chrono::milliseconds within);
+
+  /// QEMU's version as its greeting says it ("7.2.0").
+  const std::string& qemu_version() const { return version_; }
+
+ private:
+  explicit Qmp(base::Fd fd) : fd_(std::move(fd)) {}
+  host::Result<std::string> read_line(std::chrono::steady_clock::time_point deadline);
+  base::Fd fd_;
+  std::string buf_, version_;
+};
+
+}  // namespace nes::vm
