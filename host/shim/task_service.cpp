@@ -1099,7 +1099,59 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "StateRequest: malformed");
     ExecProc* x = nullptr;
     if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
-    return ok(process(x).state(bundle_of(x).string()));
+    auto st = process(x).state(bundle_of(x).string());
+    if (!x && task.phase == Phase::running && vm_paused()) st.set_status(containerd::v1::types::Status::PAUSED);
+    return ok(st);
+  }
+
+  /// Whether the task's VM is paused: its monitor's marker of the current generation (the one
+  /// record ps and a replacement monitor read; a SIGKILL that resumed it cleared it).
+  bool vm_paused() const {
+    auto st = host::reconcile(rec.state_dir, rec.vm);
+    return st && *st && (*st)->status == host::VmStatus::running && (*st)->paused;
+  }
+
+  /// Pause / Resume (`resume`): the task's VM's vCPUs, through its monitor (QMP stop/cont). A pod's
+  /// container shares the pod's VM: only the sandbox task pauses it. Publishes /tasks/paused or
+  /// /tasks/resumed, as runc's shim.
+  ttrpc::Reply pause_resume(const std::string& id, bool resume) {
+    const char* what = resume ? "resume" : "pause";
+    ExecProc* x = nullptr;
+    if (auto c = check_exec(id, "", &x); !c.status.ok()) return c;
+    if (x)
+      return fail(ttrpc::Code::failed_precondition,
+                  fmt::format("{}: container {} runs in its pod's VM: {} the pod's sandbox task (every container "
+                              "of the pod with it)", what, id, what));
+    if (task.phase != Phase::running || !monitor_alive())
+      return fail(ttrpc::Code::failed_precondition, fmt::format("{}: task {} is not running", what, id));
+    if (vm_paused() != resume)
+      return fail(ttrpc::Code::failed_precondition,
+                  fmt::format("{}: task {} is {}paused", what, id, resume ? "not " : "already "));
+    host::Status r = cli::control_call(host::control_path(rec.state_dir, rec.vm),
+                                       resume ? cli::control::Request{cli::control::Resume{}}
+                                              : cli::control::Request{cli::control::Pause{}},
+                                       5s);
+    if (!r) return fail(ttrpc::Code::unknown, fmt::format("{} {}: {}", what, id, r.error().message));
+    if (resume) {
+      containerd::events::TaskResumed e;
+      e.set_container_id(id);
+      events.publish("/tasks/resumed", e);
+    } else {
+      containerd::events::TaskPaused e;
+      e.set_container_id(id);
+      events.publish("/tasks/paused", e);
+    }
+    return empty();
+  }
+  ttrpc::Reply pause(const std::string& p) {
+    auto req = parse<v2::PauseRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "PauseRequest: malformed");
+    return pause_resume(req->id(), false);
+  }
+  ttrpc::Reply resume(const std::string& p) {
+    auto req = parse<v2::ResumeRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "ResumeRequest: malformed");
+    return pause_resume(req->id(), true);
   }
 
   ttrpc::Reply del(const std::string& p) {
@@ -1300,9 +1352,11 @@ void TaskService::register_on(ttrpc::Server& server) {
   sync("ResizePty", &Impl::resize);
   sync("CloseIO", &Impl::close_io);
   sync("Shutdown", &Impl::shutdown);
+  sync("Pause", &Impl::pause);
+  sync("Resume", &Impl::resume);
   server.add(std::string(kService), "Wait", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->wait(std::move(c), std::move(r)); });
   // Known, and answered clearly: containerd maps UNIMPLEMENTED to ErrNotImplemented.
-  for (const char* m : {"Pause", "Resume", "Checkpoint", "Update", "Stats"}) {
+  for (const char* m : {"Checkpoint", "Update", "Stats"}) {
     std::string why = fmt::format("{}: not supported by the nesinit shim", m);
     server.add(std::string(kService), m, [why](ttrpc::Call&&, ttrpc::Respond r) {
       r(ttrpc::Reply{{ttrpc::Code::unimplemented, why}, {}});

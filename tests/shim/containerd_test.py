@@ -271,6 +271,39 @@ def case_kill(d):
         check(rc == want, f"{tid}: ctr run exit {rc}, want {want}; stderr {err!r}{d.tail()}")
 
 
+def case_pause(d):
+    """`ctr task pause` / `resume` (containerd's Pause/Resume): the shim has the VM's monitor stop
+    and resume its vCPUs (QMP). Judged by containerd's answers: `ctr task ls` says PAUSED, then
+    RUNNING; a second pause and an exec into the paused task are refused (runc's "cannot exec in a
+    paused container"); after resume an exec runs; SIGKILL to a paused task ends it (137), as it
+    ends a frozen runc container."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    p = d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--rootfs", root, "tp", "/bin/sh", "-c", "echo up; exec sleep 1000")
+    try:
+        wait_line(p, "up")
+        d.ctr("task", "pause", "tp")
+        check(d.tasks().get("tp", ("", ""))[1] == "PAUSED", f"after pause: {d.tasks()}{d.tail()}")
+        rc, _, err = d.ctr("task", "pause", "tp", check_rc=False)
+        check(rc != 0 and "already paused" in err, f"pause twice: exit {rc}: {err!r}")
+        rc, out, err = d.ctr("task", "exec", "--exec-id", "xp", "tp", "/bin/echo", "no", check_rc=False)
+        check(rc != 0 and "paused" in err and out == "", f"exec into a paused task: exit {rc}: {out!r} {err!r}")
+        d.ctr("task", "resume", "tp")
+        check(d.tasks().get("tp", ("", ""))[1] == "RUNNING", f"after resume: {d.tasks()}{d.tail()}")
+        rc, _, err = d.ctr("task", "resume", "tp", check_rc=False)
+        check(rc != 0 and "not paused" in err, f"resume of a running task: exit {rc}: {err!r}")
+        rc, out, err = d.ctr("task", "exec", "--exec-id", "xr", "tp", "/bin/echo", "resumed", check_rc=False)
+        check((rc, out) == (0, "resumed\n"), f"exec after resume: exit {rc}: {out!r} {err!r}{d.tail()}")
+        d.ctr("task", "pause", "tp")
+        d.ctr("task", "kill", "-s", "SIGKILL", "tp")
+        rc, out, err = finish(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(rc == 137, f"SIGKILL to a paused task: ctr run exit {rc}, want 137; stderr {err!r}{d.tail()}")
+    check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+
+
 def case_image(d):
     """An image made here (busybox-static in an OCI tarball, `ctr image import`): containerd's
     snapshot is mounted by the shim as the task's root and served to the guest over virtiofs."""
