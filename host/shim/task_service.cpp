@@ -1143,6 +1143,49 @@ struct TaskService::Impl {
     }
     return empty();
   }
+  /// Update: a microVM's memory and vCPUs are fixed when it boots and the guest applies no cgroup
+  /// limits of its own, so nothing can be changed live: an Update that asks for anything answers
+  /// FAILED_PRECONDITION naming each resource it asked for (the LinuxResources JSON containerd
+  /// sends: `memory.limit`, `cpu.quota`, ...; an annotation by its key). One that asks for nothing
+  /// is OK.
+  ttrpc::Reply update(const std::string& p) {
+    auto req = parse<v2::UpdateTaskRequest>(p);
+    if (!req) return fail(ttrpc::Code::invalid_argument, "UpdateTaskRequest: malformed");
+    ExecProc* x = nullptr;
+    if (auto c = check_exec(req->id(), "", &x); !c.status.ok()) return c;
+    std::vector<std::string> asked;
+    if (req->has_resources() && !req->resources().value().empty()) {
+      simdjson::dom::parser jp;
+      simdjson::dom::object o;
+      if (jp.parse(simdjson::padded_string(req->resources().value())).get(o)) {
+        asked.push_back(fmt::format("resources of type {}", req->resources().type_url()));
+      } else {
+        for (auto [k, v] : o) {
+          if (v.is_null()) continue;
+          simdjson::dom::object sub;
+          if (v.get(sub) == simdjson::SUCCESS) {
+            for (auto [k2, v2] : sub)
+              if (!v2.is_null()) asked.push_back(fmt::format("{}.{}", std::string_view(k), std::string_view(k2)));
+          } else {
+            asked.push_back(std::string(k));
+          }
+          if (asked.size() >= 16) break;  // bounded: the message names the first ones
+        }
+      }
+    }
+    for (const auto& [k, v] : req->annotations()) {
+      if (asked.size() >= 16) break;
+      asked.push_back("annotation " + k.substr(0, 128));
+    }
+    if (asked.empty()) return empty();
+    std::string list;
+    for (const auto& a : asked) list += (list.empty() ? "" : ", ") + a;
+    return fail(ttrpc::Code::failed_precondition,
+                fmt::format("Update: cannot change {} of task {} live: a microVM's memory and vCPUs are fixed when it "
+                            "boots and the guest applies no cgroup limits of its own (recreate the task)",
+                            list, req->id()));
+  }
+
   ttrpc::Reply pause(const std::string& p) {
     auto req = parse<v2::PauseRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "PauseRequest: malformed");
@@ -1354,9 +1397,10 @@ void TaskService::register_on(ttrpc::Server& server) {
   sync("Shutdown", &Impl::shutdown);
   sync("Pause", &Impl::pause);
   sync("Resume", &Impl::resume);
+  sync("Update", &Impl::update);
   server.add(std::string(kService), "Wait", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->wait(std::move(c), std::move(r)); });
   // Known, and answered clearly: containerd maps UNIMPLEMENTED to ErrNotImplemented.
-  for (const char* m : {"Checkpoint", "Update", "Stats"}) {
+  for (const char* m : {"Checkpoint", "Stats"}) {
     std::string why = fmt::format("{}: not supported by the nesinit shim", m);
     server.add(std::string(kService), m, [why](ttrpc::Call&&, ttrpc::Respond r) {
       r(ttrpc::Reply{{ttrpc::Code::unimplemented, why}, {}});

@@ -423,7 +423,7 @@ TEST_CASE("the task record: a pod's fields round-trip; a record without them par
   CHECK(bad.error().message == "nesinit-task.json: pod_share: required for a container");
 }
 
-TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec needs a running task; Pause is UNIMPLEMENTED") {
+TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec and Pause need a running task; Update names what it cannot change") {
   Rig r("exit 0");
   REQUIRE(r.create().status.ok());
   v2::StateRequest other;
@@ -438,7 +438,22 @@ TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec needs a running task; Pa
   auto ne = r.call("State", no_exec);
   CHECK(ne.status.code == ttrpc::Code::not_found);
   CHECK(ne.status.message == "exec nope: not found");
-  CHECK(r.call("Pause", Rig::id_req<v2::PauseRequest>()).status.code == ttrpc::Code::unimplemented);
+  auto pa = r.call("Pause", Rig::id_req<v2::PauseRequest>());
+  CHECK(pa.status.code == ttrpc::Code::failed_precondition);
+  CHECK(pa.status.message == "pause: task t1 is not running");
+  CHECK(r.call("Resume", Rig::id_req<v2::ResumeRequest>()).status.code == ttrpc::Code::failed_precondition);
+  CHECK(r.call("Stats", Rig::id_req<v2::StatsRequest>()).status.code == ttrpc::Code::unimplemented);
+  // Update: containerd's LinuxResources JSON; what it asks for is named, nothing is changed.
+  auto up = Rig::id_req<v2::UpdateTaskRequest>();
+  up.mutable_resources()->set_type_url("types.containerd.io/opencontainers/runtime-spec/1/LinuxResources");
+  up.mutable_resources()->set_value(R"({"memory":{"limit":268435456,"swap":null},"cpu":{"quota":50000,"period":100000}})");
+  auto u = r.call("Update", up);
+  CHECK(u.status.code == ttrpc::Code::failed_precondition);
+  CHECK(u.status.message.starts_with("Update: cannot change memory.limit, cpu.quota, cpu.period of task t1 live: "));
+  CHECK(r.call("Update", Rig::id_req<v2::UpdateTaskRequest>()).status.ok());  // asks for nothing
+  up.mutable_resources()->set_value("not json");
+  CHECK(r.call("Update", up).status.message.starts_with(
+      "Update: cannot change resources of type types.containerd.io/opencontainers/runtime-spec/1/LinuxResources"));
   auto bad = r.answer([&] {
     std::uint32_t s = r.next_stream;
     r.next_stream += 2;
