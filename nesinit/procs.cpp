@@ -39,6 +39,37 @@ std::string clip_utf8(std::string s, std::size_t max) {
   return s;
 }
 
+// The guest's totals (proto::GuestTotals) from <proc>/meminfo and <proc>/stat; nullopt when
+// either cannot be read. USER_HZ is 100 on every Linux architecture we boot (the ABI's
+// sysconf(_SC_CLK_TCK)): one tick is 10 000 µs.
+std::optional<proto::GuestTotals> read_totals(const std::string& proc) {
+  const std::string mi = read_proc(proc + "/meminfo", 8192), st = read_proc(proc + "/stat", 4096);
+  if (mi.empty() || !st.starts_with("cpu ")) return std::nullopt;
+  constexpr std::uint64_t kMax = 9007199254740991ull;  // 2^53-1: the wire's exact integers
+  auto clamp = [](std::uint64_t v) { return v > kMax ? kMax : v; };
+  auto kib = [&](const char* field) -> std::uint64_t {
+    auto at = mi.find(field);
+    if (at == std::string::npos) return 0;
+    const char* q = mi.c_str() + at + std::char_traits<char>::length(field);
+    const long v = number(q);
+    return v > 0 ? static_cast<std::uint64_t>(v) * 1024 : 0;
+  };
+  proto::GuestTotals t;
+  t.mem_total = clamp(kib("MemTotal:"));
+  t.mem_available = clamp(kib("MemAvailable:"));
+  // "cpu  user nice system idle iowait irq softirq steal ..." (proc(5)), in ticks.
+  const char* q = st.c_str() + 4;
+  std::uint64_t f[7] = {};
+  for (auto& v : f) {
+    const long n = number(q);
+    v = n > 0 ? static_cast<std::uint64_t>(n) : 0;
+  }
+  constexpr std::uint64_t kUsecPerTick = 10000;
+  t.cpu_user_usec = clamp((f[0] + f[1]) * kUsecPerTick);
+  t.cpu_system_usec = clamp((f[2] + f[5] + f[6]) * kUsecPerTick);
+  return t;
+}
+
 }  // namespace
 
 proto::Processes read_processes(const std::string& proc) {
@@ -90,6 +121,7 @@ proto::Processes read_processes(const std::string& proc) {
     }
     out.processes.push_back(std::move(pi));
   }
+  out.totals = read_totals(proc);
   return out;
 }
 

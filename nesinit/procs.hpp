@@ -12,7 +12,9 @@ namespace nes::init {
 /// The processes under `proc` (a procfs mount), by pid, at most proto::kProcessesMax (the rest
 /// counted in `truncated`). Each entry's `cmd` is its argv joined by spaces, cut to
 /// proto::kProcessCmdMax bytes at a UTF-8 boundary, or `[comm]` when it has none. A process that
-/// exits while it is read is left out. Never fails: an unreadable /proc gives an empty list.
+/// exits while it is read is left out. `totals`: the guest's memory and CPU time from
+/// <proc>/meminfo and <proc>/stat (absent when either is unreadable). Never fails: an unreadable
+/// /proc gives an empty list.
 proto::Processes read_processes(const std::string& proc = "/proc");
 
 }  // namespace nes::init

@@ -309,6 +309,19 @@ void enc(Buf& b, const Processes& m) {
     key(b, "truncated");
     put_int(b, m.truncated);
   }
+  if (m.totals) {
+    key(b, "totals");
+    b.push_back('{');
+    key(b, "mem_total", true);
+    put_int(b, m.totals->mem_total);
+    key(b, "mem_available");
+    put_int(b, m.totals->mem_available);
+    key(b, "cpu_user_usec");
+    put_int(b, m.totals->cpu_user_usec);
+    key(b, "cpu_system_usec");
+    put_int(b, m.totals->cpu_system_usec);
+    b.push_back('}');
+  }
 }
 
 void enc(Buf& b, const ExecStarted& m) {
@@ -1406,6 +1419,18 @@ bool dec(od::document& doc, const Path& p, Processes& out, Err& err) {
                  });
         if (k == "truncated")
           return get_ranged(fv, fp, 0, 4294967295LL, "integer 0..4294967295", out.truncated, err);
+        if (k == "totals") {
+          auto& t = out.totals.emplace();
+          constexpr std::int64_t kMax = 9007199254740991LL;
+          constexpr std::string_view kN = "integer 0..9007199254740991";
+          return each_field(fv, fp, "object", err, [&](std::string_view tk, od::value tv) {
+            if (tk == "mem_total") return get_ranged(tv, fp / tk, 0, kMax, kN, t.mem_total, err);
+            if (tk == "mem_available") return get_ranged(tv, fp / tk, 0, kMax, kN, t.mem_available, err);
+            if (tk == "cpu_user_usec") return get_ranged(tv, fp / tk, 0, kMax, kN, t.cpu_user_usec, err);
+            if (tk == "cpu_system_usec") return get_ranged(tv, fp / tk, 0, kMax, kN, t.cpu_system_usec, err);
+            return true;
+          });
+        }
         return true;
       }))
     return false;

@@ -144,11 +144,23 @@ inline constexpr std::size_t kProcessCmdMax = 256;
 /// stays far below the line cap: 512 x ~300 bytes.
 inline constexpr std::size_t kProcessesMax = 512;
 
+/// The guest's totals beside its process list, as top's summary area shows them: from the init's
+/// /proc/meminfo and /proc/stat (all CPUs, since boot). Each 0..2^53-1 (JSON's exact integers).
+/// Additive: an init that predates it sends none. What `neshost stats` and the shim's Stats report.
+struct GuestTotals {
+  std::uint64_t mem_total = 0;        // bytes: MemTotal
+  std::uint64_t mem_available = 0;    // bytes: MemAvailable
+  std::uint64_t cpu_user_usec = 0;    // µs: user + nice
+  std::uint64_t cpu_system_usec = 0;  // µs: system + irq + softirq
+  bool operator==(const GuestTotals&) const = default;
+};
+
 /// The answer to `list_processes`: the guest's user-space processes (kernel threads left out),
-/// by pid, at most kProcessesMax; `truncated` = how many more there were.
+/// by pid, at most kProcessesMax; `truncated` = how many more there were; `totals` the guest's.
 struct Processes {
   std::vector<ProcessInfo> processes;
   std::uint32_t truncated = 0;
+  std::optional<GuestTotals> totals;
   bool operator==(const Processes&) const = default;
 };
 

@@ -15,7 +15,7 @@ pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson
       debootstrap                            # scripts/mkdebroot.sh (a --rootfs to share)
       debhelper  # tests/install: dpkg-buildpackage -b
       # the containerd shim: protobuf, the task API .proto files, libcrypto; containerd for its tests
-      protobuf-compiler libprotobuf-dev golang-github-containerd-containerd-dev
+      protobuf-compiler libprotobuf-dev golang-github-containerd-containerd-dev golang-github-containerd-cgroups-dev
       golang-github-gogo-protobuf-dev libssl-dev containerd
       # the CRI tests and bench P11 (tests/cri): our CRI client's gRPC and protobuf for Debian's
       # python3, CNI's plugins (bridge, host-local, loopback), runc for containerd's runc runtime

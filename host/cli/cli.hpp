@@ -78,6 +78,9 @@ struct ServeEmbedder {
   /// Workload stdio (descriptors with `stdio`): callbacks and the built-in log (HostOptions).
   host::StdioHooks stdio;
   host::WorkloadLogOptions workload_log;
+  /// Called before a SIGINT/SIGTERM's ordered shutdown (run: a paused VM is resumed first, so
+  /// its guest can shut down in order).
+  std::function<void()> before_shutdown;
   /// Called with the Host once it exists (before listening), e.g. to keep a pointer for hooks.
   std::function<void(host::Host& host)> on_host;
 };

@@ -170,6 +170,7 @@ int serve_vm(const ServeConfig& cfg, ServeEmbedder emb) {
           fmt::print("{} signal {}: shutting down\n", vm, sig);
           std::fflush(stdout);
         }
+        if (emb.before_shutdown) emb.before_shutdown();
         (void)host.shutdown(vm);
         arm_signals();
       } else {

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <utility>
 #include <fmt/format.h>
@@ -16,6 +18,7 @@
 #include "host/lib/escape.hpp"
 #include "host/lib/network.hpp"
 #include "host/lib/base.hpp"
+#include "base/small_file.hpp"
 #include "host/monitor/monitor.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "protocol/status.hpp"
@@ -61,6 +64,17 @@ guest make no progress and the guest's clock stands still, memory and devices ke
 it paused. unpause runs them again. As docker pause/unpause: exec into a paused VM is refused,
 `kill -s KILL` and `stop` resume it first, other signals wait for unpause. Prints each VM.
 Exit 1 if a VM is not running (pause), not paused (unpause), or runs without a VMM (--sandbox).
+)";
+
+constexpr std::string_view kStatsHelp = R"(usage: neshost stats [--state DIR] VM...
+
+One line per running VM, as docker stats --no-stream: the guest's own figures (its init reads
+them with the process list: /proc/meminfo, /proc/stat) and what its VMM costs this host.
+  CPU        the guest's CPU time since boot, user + system, all vCPUs (s)
+  MEM USAGE / LIMIT, MEM %   MemTotal - MemAvailable of MemTotal
+  PIDS       the guest's user-space processes
+  VMM RSS, VMM CPU   the VMM process (QEMU) on this host: resident memory, CPU time (s)
+"-" where a figure is unknown (an init that predates the totals). Exit 1 if a VM is not running.
 )";
 
 constexpr std::string_view kTopHelp = R"(usage: neshost top [--state DIR] VM
@@ -370,6 +384,101 @@ int pause_main(const Args& args, bool resume) {
   return rc;
 }
 
+/// "12.3MiB", "1.5GiB": docker stats' units (binary).
+std::string human_bytes(std::uint64_t b) {
+  if (b < (1u << 10)) return fmt::format("{}B", b);
+  if (b < (1u << 20)) return fmt::format("{:.1f}KiB", b / 1024.0);
+  if (b < (1u << 30)) return fmt::format("{:.1f}MiB", b / 1048576.0);
+  return fmt::format("{:.2f}GiB", b / 1073741824.0);
+}
+
+/// The VM's VMM on this host: the one vmm.json records, else the monitor's child QEMU. 0: none.
+pid_t vmm_pid_of(const host::VmState& s) {
+  if (s.vmm && s.vmm_alive) return s.vmm->pid;
+  if (!s.monitor) return 0;
+  const pid_t mon = s.monitor->monitor.pid;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.empty() || name[0] < '1' || name[0] > '9') continue;
+    std::string st;
+    if (auto t = base::read_small_file((e.path() / "stat").c_str(), 1024); t) st = std::move(*t);
+    const auto open = st.find('('), close = st.rfind(')');
+    if (open == std::string::npos || close == std::string::npos || close + 4 > st.size()) continue;
+    if (!st.substr(open + 1, close - open - 1).starts_with("qemu-system")) continue;
+    if (std::strtol(st.c_str() + close + 4, nullptr, 10) == mon) return static_cast<pid_t>(std::stol(name));
+  }
+  return 0;
+}
+
+/// A host process's resident memory (bytes, VmRSS) and CPU time (utime + stime, s); nullopt
+/// when it is gone.
+std::optional<std::pair<std::uint64_t, double>> process_cost(pid_t pid) {
+  auto status = base::read_small_file(fmt::format("/proc/{}/status", pid).c_str(), 8192);
+  auto stat = base::read_small_file(fmt::format("/proc/{}/stat", pid).c_str(), 4096);
+  if (!status || !stat) return std::nullopt;
+  std::uint64_t rss = 0;
+  if (auto at = status->find("\nVmRSS:"); at != std::string::npos) rss = std::strtoull(status->c_str() + at + 7, nullptr, 10) * 1024;
+  const auto close = stat->rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  // After ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime (proc(5)).
+  const char* f = stat->c_str() + close + 2;
+  unsigned long long v[13] = {};
+  for (int i = 0; i < 13 && *f; ++i) {
+    while (*f == ' ') ++f;
+    v[i] = std::strtoull(f, const_cast<char**>(&f), 10);
+    while (*f && *f != ' ') ++f;
+  }
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return std::make_pair(rss, static_cast<double>(v[11] + v[12]) / ticks);
+}
+
+int stats_main(const Args& args) {
+  static constexpr FlagSpec kFlags[] = {{"state"}};
+  auto p = parse_flags(kFlags, args);
+  if (!p) return usage_error("stats", p.error().message);
+  if (p->help) { fmt::print("{}", kStatsHelp); return 0; }
+  if (p->positional.empty()) return usage_error("stats", "VM is required");
+  for (const auto& vm : p->positional)
+    if (auto id = host::check_vm_id(vm); !id) return usage_error("stats", "VM: " + id.error().message);
+  fs::path state = state_of(*p);
+  int rc = 0;
+  std::string out = fmt::format("{:<20} {:>9} {:>23} {:>7} {:>5} {:>10} {:>9}\n", "VM", "CPU", "MEM USAGE / LIMIT",
+                                "MEM %", "PIDS", "VMM RSS", "VMM CPU");
+  for (const auto& vm : p->positional) {
+    auto s = load("stats", state, vm);
+    if (!s) { rc = 1; continue; }
+    if (s->status != host::VmStatus::running || !monitor_pidfd(*s)) {
+      fmt::print(stderr, "neshost stats: no running VM '{}' in {} ({})\n", vm, state.string(), status_cell(*s));
+      rc = 1;
+      continue;
+    }
+    if (s->paused) {
+      fmt::print(stderr, "neshost stats: VM '{}' is paused: its guest cannot answer\n", vm);
+      rc = 1;
+      continue;
+    }
+    auto list = guest_processes(host::control_path(state, vm));
+    if (!list) { fmt::print(stderr, "neshost stats: VM '{}': {}\n", vm, list.error().message); rc = 1; continue; }
+    std::string cpu = "-", mem = "-", pct = "-", vrss = "-", vcpu = "-";
+    if (const auto& t = list->totals) {
+      cpu = fmt::format("{:.2f}s", static_cast<double>(t->cpu_user_usec + t->cpu_system_usec) / 1e6);
+      const std::uint64_t used = t->mem_total > t->mem_available ? t->mem_total - t->mem_available : 0;
+      mem = human_bytes(used) + " / " + human_bytes(t->mem_total);
+      if (t->mem_total) pct = fmt::format("{:.2f}%", 100.0 * static_cast<double>(used) / static_cast<double>(t->mem_total));
+    }
+    if (pid_t v = vmm_pid_of(*s))
+      if (auto c = process_cost(v)) {
+        vrss = human_bytes(c->first);
+        vcpu = fmt::format("{:.2f}s", c->second);
+      }
+    out += fmt::format("{:<20} {:>9} {:>23} {:>7} {:>5} {:>10} {:>9}\n", vm, cpu, mem, pct,
+                       list->processes.size() + list->truncated, vrss, vcpu);
+  }
+  fmt::print("{}", out);
+  return rc;
+}
+
 int top_main(const Args& args) {
   static constexpr FlagSpec kFlags[] = {{"state"}};
   auto p = parse_flags(kFlags, args);
@@ -457,6 +566,7 @@ const Registrar stop_reg{{"stop", "stop a running VM (ordered shutdown, persiste
 const Registrar kill_reg{{"kill", "send a signal to a running VM's workload", kill_main}};
 const Registrar pause_reg{{"pause", "pause a running VM's vCPUs (docker pause)", [](const Args& a) { return pause_main(a, false); }}};
 const Registrar unpause_reg{{"unpause", "resume a paused VM (docker unpause)", [](const Args& a) { return pause_main(a, true); }}};
+const Registrar stats_reg{{"stats", "a running VM's memory, CPU and processes (docker stats --no-stream)", stats_main}};
 const Registrar top_reg{{"top", "list the processes in a running VM's guest", top_main}};
 const Registrar rm_reg{{"rm", "remove a VM's state (-f: a running one too)", rm_main}};
 

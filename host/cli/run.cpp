@@ -892,7 +892,10 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       if (!sp) return end_stdin(sp.error().message);
       run.stdin_spool = std::move(*sp);
       const auto& p = *run.stdin_spool;
-      const std::uint64_t from = std::min(std::max(guest_pos, p.held_from()), p.size());
+      if (guest_pos > p.size())
+        return end_stdin(fmt::format("{} holds {} bytes, fewer than the {} the guest received: its offsets are not "
+                                     "the guest's", host::kStdinSpoolFile, p.size(), guest_pos));
+      const std::uint64_t from = std::max(guest_pos, p.held_from());
       const std::uint64_t lost = from - std::min(guest_pos, from);
       say("neshost monitor: VM {}: stdin continues at byte {}: {} bytes the monitor gone took from {} and the guest "
           "never received go again from {}; {} bytes lost\n",
@@ -948,6 +951,12 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   // monitor's marker says (QEMU stays paused across it).
   VmPause vm_pause(plan.sandbox ? fs::path() : plan.runtime_dir / "qmp.sock", cfg.state_dir, vmid,
                    cfg.session.generation, host::paused_generation(cfg.state_dir, vmid) == cfg.session.generation);
+  bool guest_ready = false;  // pause only a guest that runs (its ready, or a replacement's resumed session)
+  bool stopping = false;     // nor one that is stopping
+  emb.before_shutdown = [&] {
+    stopping = true;
+    if (auto r = vm_pause.resume(); !r) say("neshost monitor: VM {}: resume before shutting down: {}\n", vmid, r.error().message);
+  };
   std::optional<host::Record> final_record;
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -968,16 +977,27 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     ch.generation = cfg.session.generation;  // requests aimed at another generation are refused
     // A paused VM: stop and SIGKILL resume it first (docker's); other signals wait in the
     // channel for unpause (as a frozen cgroup's do); exec is refused (runc's).
-    ch.stop = [&h, id, &vm_pause]() -> host::Status {
+    ch.stop = [&h, id, &vm_pause, &stopping]() -> host::Status {
       if (auto r = vm_pause.resume(); !r) return r;
+      stopping = true;
       return h.shutdown(id);  // what SIGTERM to this process does
     };
-    ch.kill = [&h, id, &vm_pause](const control::Kill& k) -> host::Status {
-      if (k.signal == SIGKILL)
-        if (auto r = vm_pause.resume(); !r) return r;
+    ch.kill = [&h, id, &vm_pause, &vmm](const control::Kill& k) -> host::Status {
+      if (k.signal == SIGKILL && !k.proc && vm_pause.paused()) {
+        if (auto r = vm_pause.resume(); !r) {
+          // SIGKILL is never refused: a VM that cannot be resumed is ended by its VMM's death.
+          say("neshost monitor: VM {}: SIGKILL to a paused VM that cannot be resumed ({}): killing its VMM\n", id,
+              r.error().message);
+          vmm.kill();
+          return host::Ok{};
+        }
+        say("neshost monitor: VM {}: resumed for SIGKILL\n", id);
+      }
       return k.proc ? h.kill_exec(id, *k.proc, k.signal) : h.kill(id, k.signal);
     };
-    ch.pause = [&vm_pause, id] {
+    ch.pause = [&vm_pause, id, &guest_ready, &stopping]() -> host::Status {
+      if (!guest_ready) return host::Error{"the guest is not ready yet: pause it once it runs"};
+      if (stopping) return host::Error{"the VM is stopping"};
       auto r = vm_pause.pause();
       if (r) say("neshost monitor: VM {}: paused\n", id);
       return r;
@@ -1031,6 +1051,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     // channel only after `boot`, so the runtime dir stays until then.
     // A VMM that outlives us redials these sockets' paths (a replacement monitor binds them
     // again): the directory stays until the VM is over; only a generated initramfs goes.
+    if (m == Milestone::ready || ev.kind == "resumed") guest_ready = true;
     if (m == Milestone::ready && !plan.sandbox && !vm_pause.paused()) {
       // QMP now, while its socket's path exists (the runtime dir may go next).
       if (auto c = vm_pause.connect(); !c) say("neshost monitor: VM {}: QMP (pause): {}\n", vmid, c.error().message);
@@ -1269,6 +1290,17 @@ int monitor_main(const Args& args) {
   if (!mon) return nothing(fmt::format("not taken over: {}", mon.error().message));
   say("neshost monitor: VM {}: generation {} taken over from the monitor gone (VMM pid {})\n", vm, mon->generation,
       v.vmm->pid);
+  // A VM paused under the monitor gone runs again *before* we listen: QEMU's chardevs redial our
+  // listeners at most once a second, so the guest sees its ports' host side gone (and redials)
+  // before it sees them back. Resumed while paused, it would see both at once and never redial.
+  if (!v.sandbox && host::paused_generation(state, vm) == mon->generation) {
+    VmPause p(v.runtime_dir / "qmp.sock", state, vm, mon->generation, true);
+    if (auto r = p.resume(); r)
+      say("neshost monitor: VM {}: resumed: it was paused under the monitor gone, and its guest must redial\n", vm);
+    else
+      say("neshost monitor: VM {}: it was paused under the monitor gone and cannot be resumed: {}\n", vm,
+          r.error().message);
+  }
 
   RunPlan plan;
   plan.vm = vm;

@@ -327,6 +327,7 @@ void StdinPump::spool_more() {
     reading_ = false;
     return fail(t.error().message);
   }
+  if (!t->warning.empty() && say_) say_(t->warning);
   if (t->eof) {
     reading_ = false;
     ended_ = true;

@@ -32,13 +32,13 @@ host::Status VmPause::connect() {
 host::Status VmPause::pause() {
   if (paused_) return host::Ok{};
   if (auto c = connect(); !c) return c;
+  // The marker first: a monitor killed between the two leaves a marker over a running VM (its
+  // replacement resumes it: harmless), never a paused VM no reader knows of.
+  if (auto m = host::mark_paused(state_dir_, vm_, generation_); !m) return m.error();
   if (auto r = qmp_->execute("stop", "", kQmpBound); !r) {
     qmp_.reset();  // a broken connection is not reused: the next request connects again
+    (void)host::clear_paused(state_dir_, vm_);
     return r.error();
-  }
-  if (auto m = host::mark_paused(state_dir_, vm_, generation_); !m) {
-    (void)qmp_->execute("cont", "", kQmpBound);  // never paused without the record saying so
-    return m.error();
   }
   paused_ = true;
   return host::Ok{};
@@ -47,13 +47,13 @@ host::Status VmPause::pause() {
 host::Status VmPause::resume() {
   if (!paused_) return host::Ok{};
   if (auto c = connect(); !c) return c;
-  if (auto m = host::clear_paused(state_dir_, vm_); !m) return m.error();
+  // `cont` first, the marker after: in between, a marker over a running VM (as above).
   if (auto r = qmp_->execute("cont", "", kQmpBound); !r) {
     qmp_.reset();
-    (void)host::mark_paused(state_dir_, vm_, generation_);  // still paused, as recorded
     return r.error();
   }
   paused_ = false;
+  if (auto m = host::clear_paused(state_dir_, vm_); !m) return m.error();
   return host::Ok{};
 }
 

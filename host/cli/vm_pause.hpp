@@ -14,6 +14,8 @@
 
 namespace nes::cli {
 
+/// One monitor's pause state of its VM and its QMP connection (connected once, reused; dropped
+/// after an error). Used on the monitor's io_context thread only.
 class VmPause {
  public:
   /// `qmp_socket` empty: no VMM to pause (--sandbox). `paused`: how the VM stands when this
@@ -24,11 +26,13 @@ class VmPause {
   /// path exists (a run that is not detached removes its runtime dir once the guest is ready).
   /// Error: QMP's or the socket's.
   host::Status connect();
-  /// QMP `stop`, then the marker (durably). Ok when already paused. Error: no VMM (--sandbox),
-  /// QMP's; the marker's write (the VM is resumed again: never paused unrecorded).
+  /// The marker (durably), then QMP `stop`. Ok when already paused. Error: no VMM (--sandbox),
+  /// the marker's write, QMP's (the marker removed again).
   host::Status pause();
-  /// The marker removed, then QMP `cont`. Ok when not paused. Error: QMP's.
+  /// QMP `cont`, then the marker removed. Ok when not paused. Error: QMP's (still paused), the
+  /// marker's removal (running; a stale marker a replacement resumes through).
   host::Status resume();
+  /// Whether this monitor holds the VM paused.
   bool paused() const { return paused_; }
   /// The VM has ended: its marker goes (a later generation never reads it as its own anyway).
   void ended();

@@ -142,6 +142,7 @@ Result<std::optional<VmState>> reconcile(const std::filesystem::path& state_dir,
 /// its vCPUs stopped; written durably before `pause` answers, removed before `resume` answers and
 /// when the VM ends. A marker of another generation is stale and ignored.
 inline constexpr char kPausedFile[] = "paused";
+/// Writes the marker for `generation`, durably (write_durable). Errors name the file.
 Status mark_paused(const std::filesystem::path& state_dir, std::string_view vm, std::uint64_t generation);
 /// Removes the marker (absent: Ok). Errors name the file.
 Status clear_paused(const std::filesystem::path& state_dir, std::string_view vm);

@@ -13,23 +13,28 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <string_view>
 
 #include "host/lib/base.hpp"
 
 namespace nes::host {
 
+/// The spool's file name in a VM's state directory.
 inline constexpr char kStdinSpoolFile[] = "stdin.spool";
 
+/// One VM's stdin spool: the file, its size (bytes taken from the FIFO in all) and the first byte
+/// still held. Move-only (owns the fd).
 class StdinSpool {
  public:
   /// Bytes kept behind the file's end; holes are punched below, in kPunchStep steps.
   static constexpr std::uint64_t kKeep = 4u << 20;
   static constexpr std::uint64_t kPunchStep = 1u << 20;
 
-  /// Opens `<state_dir>/<vm>/stdin.spool`: `fresh` truncates it (the monitor that starts the
-  /// VM), else it is taken as it is (a replacement). Fails, naming the file, when it cannot be
-  /// opened or its filesystem cannot punch holes (EOPNOTSUPP: the file could not be bounded).
+  /// Opens `<state_dir>/<vm>/stdin.spool`: `fresh` creates or truncates it (the monitor that
+  /// starts the VM) and checks its filesystem can punch holes (EOPNOTSUPP: the file could not be
+  /// bounded: an error); else it must exist and is taken as it is (a replacement). Errors name
+  /// the file.
   static Result<StdinSpool> open(const std::filesystem::path& state_dir, std::string_view vm, bool fresh);
 
   /// Bytes taken from the FIFO in all, by every monitor of this generation: the file's size.
@@ -39,13 +44,15 @@ class StdinSpool {
 
   /// What one take() did: `bytes` moved from the FIFO to the file's end; `eof` the FIFO has no
   /// writer left; neither: nothing to take now (EAGAIN; wait for the FIFO to be readable).
+  /// `warning`: set once if punching failed (the bytes are kept; the file grows from then on).
   struct Take {
     std::size_t bytes = 0;
     bool eof = false;
+    std::string warning;
   };
   /// Moves at most `max` bytes from `fifo` (a pipe or FIFO, read without blocking) to the end of
   /// the file (splice(2)), then punches what fell behind kKeep. Errors (EIO, ENOSPC on the file,
-  /// not a pipe) name the file.
+  /// not a pipe: nothing was taken) name the file.
   Result<Take> take(int fifo, std::size_t max);
   /// Reads up to `n` bytes at `offset` (held_from() <= offset < size()) into `buf`; returns the
   /// count. Errors name the file.
@@ -54,6 +61,7 @@ class StdinSpool {
  private:
   Fd fd_;
   std::uint64_t size_ = 0, held_from_ = 0;
+  bool punch_failed_ = false;
   std::filesystem::path path_;
 };
 

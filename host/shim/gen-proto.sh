@@ -1,5 +1,6 @@
 #!/bin/sh
-# Generate C++ for containerd's runtime-v2 task API, its event types and its events service from
+# Generate C++ for containerd's runtime-v2 task API, its event types, its events service and the
+# cgroup v2 metrics type Stats answers with (golang-github-containerd-cgroups-dev) from
 # the .proto files Debian installs (golang-github-containerd-containerd-dev, gogo's gogo.proto from
 # golang-github-gogo-protobuf-dev; scripts/setup.sh installs both), plus our ttrpc.proto.
 # protoc's C++ generator refuses `import weak` outside Google, so each file is copied into the
@@ -17,11 +18,12 @@ github.com/containerd/containerd/api/types/mount.proto
 github.com/containerd/containerd/api/types/task/task.proto
 github.com/containerd/containerd/api/events/task.proto
 github.com/containerd/containerd/api/services/ttrpc/events/v1/events.proto
-github.com/containerd/containerd/protobuf/plugin/fieldpath.proto"
+github.com/containerd/containerd/protobuf/plugin/fieldpath.proto
+github.com/containerd/cgroups/v2/stats/metrics.proto"
 for f in $files; do
-  [ -f "$src/$f" ] || { echo "gen-proto.sh: $src/$f missing (apt-get install golang-github-containerd-containerd-dev)" >&2; exit 1; }
+  [ -f "$src/$f" ] || { echo "gen-proto.sh: $src/$f missing (apt-get install golang-github-containerd-containerd-dev golang-github-containerd-cgroups-dev)" >&2; exit 1; }
   mkdir -p "$stage/$(dirname "$f")"
-  sed 's/^import weak /import /' "$src/$f" > "$stage/$f"
+  sed 's/^ *import weak /import /' "$src/$f" > "$stage/$f"
 done
 g=$src/github.com/gogo/protobuf/gogoproto/gogo.proto
 [ -f "$g" ] || { echo "gen-proto.sh: $g missing (apt-get install golang-github-gogo-protobuf-dev)" >&2; exit 1; }

@@ -33,7 +33,9 @@ host::Result<Qmp> Qmp::connect(const std::filesystem::path& socket, std::chrono:
   const auto deadline = Clock::now() + within;
   int last = 0;
   for (;;) {
-    base::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    // Non-blocking: a connect to a full backlog (QEMU serves one QMP client at a time) fails
+    // with EAGAIN instead of waiting unbounded.
+    base::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd) return host::errno_error(errno, "qmp: socket");
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
       Qmp q(std::move(fd));
@@ -53,7 +55,7 @@ host::Result<Qmp> Qmp::connect(const std::filesystem::path& socket, std::chrono:
       return q;
     }
     last = errno;
-    if ((last != ENOENT && last != ECONNREFUSED) || Clock::now() >= deadline)
+    if ((last != ENOENT && last != ECONNREFUSED && last != EAGAIN) || Clock::now() >= deadline)
       return host::errno_error(last, fmt::format("qmp: connect {}", socket.native()));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // QEMU has not made it yet
   }
@@ -74,7 +76,7 @@ host::Result<std::string> Qmp::read_line(Clock::time_point deadline) {
     if (n == 0) return host::Error{"qmp: no reply in time"};
     char chunk[4096];
     ssize_t got = ::read(fd_.get(), chunk, sizeof chunk);
-    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (got < 0) return host::errno_error(errno, "qmp: read");
     if (got == 0) return host::Error{"qmp: QEMU closed the socket"};
     buf_.append(chunk, static_cast<std::size_t>(got));
@@ -91,6 +93,11 @@ host::Result<std::string> Qmp::execute(std::string_view command, std::string_vie
   for (std::size_t off = 0; off < req.size();) {
     ssize_t w = ::send(fd_.get(), req.data() + off, req.size() - off, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EAGAIN) {
+      pollfd p{fd_.get(), POLLOUT, 0};
+      if (::poll(&p, 1, ms_left(deadline)) == 0) return host::Error{fmt::format("qmp: {}: QEMU takes no request", command)};
+      continue;
+    }
     if (w < 0) return host::errno_error(errno, fmt::format("qmp: {}", command));
     off += static_cast<std::size_t>(w);
   }

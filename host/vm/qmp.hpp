@@ -14,6 +14,7 @@
 
 namespace nes::vm {
 
+/// One QMP connection in command mode. Move-only (owns the socket).
 class Qmp {
  public:
   /// Connects (retrying while QEMU has not yet made the socket, until `within` has passed; 0: one

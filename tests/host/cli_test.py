@@ -156,7 +156,7 @@ def test_serve_exit_code_then_wait_inspect_from_new_processes():
         rec = json.loads(r.stdout)
         check(list(rec) == ["schema_version", "vm", "generation", "outcome", "exit_code", "signal", "exit_status",
                             "reason", "started_at", "finished_at", "status", "status_reason", "monitor_pid",
-                            "monitor_alive", "stop_requested", "vmm_pid", "vmm_alive"], "record fields %s" % list(rec))
+                            "monitor_alive", "stop_requested", "vmm_pid", "vmm_alive", "paused"], "record fields %s" % list(rec))
         check((rec["status"], rec["monitor_pid"], rec["stop_requested"]) == ("exited", None, False),
               "serve has no monitor file; the record alone reconciles as exited: %s" % rec)
         check(rec["outcome"] == "exited" and rec["exit_code"] == 3 and rec["signal"] is None and rec["exit_status"] == 3,

@@ -465,7 +465,7 @@ TEST_CASE("vmm.json round-trips; bad fields are named") {
 
 namespace {
 /// Byte i of a stdin stream the spool tests write: not periodic in any pipe or page size.
-char pattern_at(std::uint64_t i) { return static_cast<char>((i * 7 + i / 251) % 253); }
+char pattern_at(std::uint64_t i) { return static_cast<char>((i * 7 + i / 251) % 253 + 1); }  // never 0
 std::string pattern(std::uint64_t from, std::size_t n) {
   std::string s(n, '\0');
   for (std::size_t i = 0; i < n; ++i) s[i] = pattern_at(from + i);
@@ -494,9 +494,33 @@ TEST_CASE("stdin.spool: bytes move from a FIFO into the file, holes behind kKeep
   auto none = sp->take(p[0], 65536);
   REQUIRE(none);
   CHECK((none->bytes == 0 && !none->eof));  // EAGAIN: nothing yet
+  CHECK_FALSE(StdinSpool::open(t.path, "vm-b", false));  // a replacement never creates one
+  {
+    // A replacement takes the file as it is: every byte from 0, none touched by the open.
+    const std::string head = pattern(0, 5);
+    REQUIRE(::write(p[1], head.data(), head.size()) == 5);
+    auto h = sp->take(p[0], 65536);
+    REQUIRE(h);
+    CHECK(h->bytes == 5);
+    auto again = StdinSpool::open(t.path, "vm-a", false);
+    REQUIRE(again);
+    std::string got(5, '\0');
+    auto r = again->read_at(0, got.data(), got.size());
+    REQUIRE(r);
+    CHECK((*r == 5 && got == head && again->held_from() == 0 && again->size() == 5));
+  }
   const std::uint64_t n = 6u << 20;
   ::fcntl(p[1], F_SETFL, 0);  // the writer blocks on a full pipe
-  std::thread writer([fd = p[1], n] { write_pattern(fd, n); });
+  // The writer goes on from byte 5.
+  std::thread writer([fd = p[1], n] {
+    const std::string all = pattern(0, static_cast<std::size_t>(n));
+    for (std::uint64_t at = 5; at < n;) {
+      ssize_t w = ::write(fd, all.data() + at, static_cast<std::size_t>(std::min<std::uint64_t>(1u << 20, n - at)));
+      if (w <= 0) break;
+      at += static_cast<std::uint64_t>(w);
+    }
+    ::close(fd);
+  });
   while (sp->size() < n) {
     pollfd pf{p[0], POLLIN, 0};
     REQUIRE(::poll(&pf, 1, 30000) == 1);

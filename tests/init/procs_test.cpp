@@ -30,7 +30,7 @@ void fake(const fs::path& proc, int pid, const std::string& stat, const std::str
 }
 }  // namespace
 
-TEST_CASE("read_processes: by pid, kernel threads left out, argv joined, [comm] without one") {
+TEST_CASE("read_processes: by pid, kernel threads left out, argv joined, [comm] without one; the totals") {
   nes::test::TempDir t;
   fake(t.path, 1, "1 (nesinit) S 0 1 1 0 -1 4194560", std::string("/init\0", 6), 0);
   fake(t.path, 2, "2 (kthreadd) S 0 0 0 0 -1 2129984", "", 0);  // flags with PF_KTHREAD
@@ -45,6 +45,16 @@ TEST_CASE("read_processes: by pid, kernel threads left out, argv joined, [comm] 
   CHECK(p.processes[0] == proto::ProcessInfo{1, 0, 0, "/init"});
   CHECK(p.processes[1] == proto::ProcessInfo{40, 1, 1000, "/bin/sh -c sleep 9"});
   CHECK(p.processes[2] == proto::ProcessInfo{41, 40, 1000, "[a) b]"});  // comm "a) b"
+  CHECK_FALSE(p.totals);  // no meminfo, no stat
+  // The totals beside the list (top's summary): meminfo in KiB, stat's cpu line in USER_HZ ticks.
+  std::ofstream(t.path / "meminfo") << "MemTotal:         250000 kB\nMemFree:          200000 kB\n"
+                                       "MemAvailable:     220000 kB\nBuffers:            1000 kB\n";
+  std::ofstream(t.path / "stat") << "cpu  10 2 30 900 5 4 3 0 0 0\ncpu0 10 2 30 900 5 4 3 0 0 0\nintr 1\n";
+  auto q = read_processes(t.path.string());
+  REQUIRE(q.totals);
+  CHECK(*q.totals == proto::GuestTotals{250000ull * 1024, 220000ull * 1024, (10 + 2) * 10000ull, (30 + 4 + 3) * 10000ull});
+  std::ofstream(t.path / "stat") << "intr 1\n";  // no cpu line: no totals rather than zeros
+  CHECK_FALSE(read_processes(t.path.string()).totals);
 }
 
 TEST_CASE("read_processes: commands cut at a UTF-8 boundary, the list at kProcessesMax") {

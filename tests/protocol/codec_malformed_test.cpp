@@ -116,6 +116,9 @@ const std::vector<Field> kSchema = {
     {"processes", {"processes", 0, "uid"}, "processes.processes[0].uid", Kind::u32, true, false, {"-1", "4294967296"}},
     {"processes", {"processes", 0, "cmd"}, "processes.processes[0].cmd", Kind::string, true},
     {"processes", {"truncated"}, "processes.truncated", Kind::u32, false, false, {"-1", "4294967296"}},
+    {"processes", {"totals"}, "processes.totals", Kind::object, false},
+    {"processes", {"totals", "mem_total"}, "processes.totals.mem_total", Kind::integer, false, false, {"-1", "9007199254740992"}},
+    {"processes", {"totals", "cpu_system_usec"}, "processes.totals.cpu_system_usec", Kind::integer, false, false, {"-1"}},
     {"exec_started", {"proc"}, "exec_started.proc", Kind::integer, true, false, {"0", "65536"}},
     {"exec_started", {"pid"}, "exec_started.pid", Kind::integer, true, false, {"0", "-1", "2147483648"}},
     {"exec_failed", {"proc"}, "exec_failed.proc", Kind::integer, true, false, {"0", "65536"}},
@@ -146,7 +149,9 @@ J base_tree(const std::string& name) {
   if (name == "processes")
     return J::obj({{"type", J::s("processes")},
                    {"processes", J::arr({J::obj({{"pid", J::n(1)}, {"ppid", J::n(0)}, {"uid", J::n(0)}, {"cmd", J::s("init")}})})},
-                   {"truncated", J::n(0)}});
+                   {"truncated", J::n(0)},
+                   {"totals", J::obj({{"mem_total", J::n(1)}, {"mem_available", J::n(1)}, {"cpu_user_usec", J::n(0)},
+                                      {"cpu_system_usec", J::n(0)}})}});
   if (name == "exec")
     return J::obj({{"type", J::s("exec")}, {"proc", J::n(1)},
                    {"exec", J::obj({{"argv", J::arr({J::s("sh")})}, {"uid", J::n(0)}, {"gid", J::n(0)}})},

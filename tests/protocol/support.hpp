@@ -173,6 +173,7 @@ inline std::vector<GuestMessage> guest_samples() {
   v.emplace_back(Processes{});
   v.emplace_back(Processes{{{1, 0, 0, "/sbin/init"}, {kI32Max, kI32Max, kU32Max, "sh -c 'x \"y\"' \xc3\xa9"}}, 0});
   v.emplace_back(Processes{{{7, 1, 1000, "[kworker]"}}, kU32Max});
+  v.emplace_back(Processes{{{1, 0, 0, "/init"}}, 0, GuestTotals{268435456, 0, 120000, 9007199254740991ull}});
   v.emplace_back(ExecStarted{1, 1});
   v.emplace_back(ExecStarted{65535, kI32Max});
   v.emplace_back(ExecFailed{2, "exec sh: No such file or directory", 2, StartFailClass::not_found});

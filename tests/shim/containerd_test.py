@@ -272,7 +272,8 @@ def case_kill(d):
 
 
 def case_pause(d):
-    """`ctr task pause` / `resume` (containerd's Pause/Resume): the shim has the VM's monitor stop
+    """`ctr task metrics` (containerd's Stats): the guest's processes, memory and CPU time in
+    containerd's cgroup v2 Metrics, refused while paused. `ctr task pause` / `resume` (containerd's Pause/Resume): the shim has the VM's monitor stop
     and resume its vCPUs (QMP). Judged by containerd's answers: `ctr task ls` says PAUSED, then
     RUNNING; a second pause and an exec into the paused task are refused (runc's "cannot exec in a
     paused container"); after resume an exec runs; SIGKILL to a paused task ends it (137), as it
@@ -281,7 +282,21 @@ def case_pause(d):
     p = d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--rootfs", root, "tp", "/bin/sh", "-c", "echo up; exec sleep 1000")
     try:
         wait_line(p, "up")
+        # Stats (`ctr task metrics`): io.containerd.cgroups.v2.Metrics with the guest's own figures.
+        _, out, _ = d.ctr("task", "metrics", "tp")
+        m = {l.split()[0]: l.split()[1] for l in out.splitlines() if len(l.split()) == 2}
+        try:
+            pids, usage, limit, cpu = (int(m["pids.current"]), int(m["memory.usage"]), int(m["memory.usage_limit"]),
+                                       int(m["cpu.usage_usec"]))
+        except (KeyError, ValueError):
+            raise Failure(f"ctr task metrics: {out!r}{d.tail()}")
+        check(pids >= 2 and 0 < usage < limit and 200 << 20 < limit <= 256 << 20 and cpu > 0,
+              f"metrics: pids {pids} (init and sleep at least), memory {usage} of {limit} (a 256 MiB guest), "
+              f"cpu {cpu} us: {out!r}")
         d.ctr("task", "pause", "tp")
+        # containerd skips a task whose Stats fails: none for a paused one.
+        rc, _, err = d.ctr("task", "metrics", "tp", check_rc=False)
+        check(rc != 0 and "no metrics received" in err, f"metrics of a paused task: exit {rc}: {err!r}")
         check(d.tasks().get("tp", ("", ""))[1] == "PAUSED", f"after pause: {d.tasks()}{d.tail()}")
         rc, _, err = d.ctr("task", "pause", "tp", check_rc=False)
         check(rc != 0 and "already paused" in err, f"pause twice: exit {rc}: {err!r}")

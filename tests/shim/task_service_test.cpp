@@ -423,7 +423,7 @@ TEST_CASE("the task record: a pod's fields round-trip; a record without them par
   CHECK(bad.error().message == "nesinit-task.json: pod_share: required for a container");
 }
 
-TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec and Pause need a running task; Update names what it cannot change") {
+TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec, Pause and Stats need a running task; Update names what it cannot change") {
   Rig r("exit 0");
   REQUIRE(r.create().status.ok());
   v2::StateRequest other;
@@ -442,7 +442,8 @@ TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec and Pause need a running
   CHECK(pa.status.code == ttrpc::Code::failed_precondition);
   CHECK(pa.status.message == "pause: task t1 is not running");
   CHECK(r.call("Resume", Rig::id_req<v2::ResumeRequest>()).status.code == ttrpc::Code::failed_precondition);
-  CHECK(r.call("Stats", Rig::id_req<v2::StatsRequest>()).status.code == ttrpc::Code::unimplemented);
+  CHECK(r.call("Stats", Rig::id_req<v2::StatsRequest>()).status.code == ttrpc::Code::failed_precondition);
+  CHECK(r.call("Checkpoint", Rig::id_req<v2::CheckpointTaskRequest>()).status.code == ttrpc::Code::unimplemented);
   // Update: containerd's LinuxResources JSON; what it asks for is named, nothing is changed.
   auto up = Rig::id_req<v2::UpdateTaskRequest>();
   up.mutable_resources()->set_type_url("types.containerd.io/opencontainers/runtime-spec/1/LinuxResources");

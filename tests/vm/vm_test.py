@@ -236,13 +236,15 @@ def case_bzimage(c):
 
 
 def case_pause(c):
-    """pause/unpause (docker's): the monitor stops the VM's vCPUs through QMP. The workload prints
+    """stats (docker stats --no-stream): the guest's CPU time, memory of a 256 MiB guest, processes,
+    the VMM's resident memory and CPU time; refused while paused. pause/unpause (docker's): the
+    monitor stops the VM's vCPUs through QMP. The workload prints
     the guest's uptime 10 times a second. While paused: ps and inspect say paused, the output stops
     (the test holds the pause 1.5 s, measured: this is what is asserted on, not a synchronisation),
-    exec is refused, a second pause is refused, SIGTERM waits for unpause. After unpause the
-    output goes on and the guest's clock gained less than a third of the hold (it stood still);
-    the queued SIGTERM then ends the workload (143). A second VM: `stop` resumes a paused VM and
-    shuts it down in order; the marker goes with the VM."""
+    exec is refused, a second pause is refused. After unpause the output goes on and the guest's
+    clock gained less than a third of the hold (it stood still). SIGTERM sent while paused waits for unpause, then ends the workload (143). A second VM:
+    SIGKILL to a paused VM resumes it first (137, said in monitor.log). A third: `stop` resumes a
+    paused VM and shuts it down in order (its workload's TERM trap runs)."""
     loop = "while :; do cat /proc/uptime; sleep 0.1; done"
     rc, out, err = c.neshost("run", "-d", "--accel", "tcg", "--ready-timeout", "100", "--state", c.state,
                              "--vm", "p", "--", "sh", "-c", loop)
@@ -252,11 +254,35 @@ def case_pause(c):
         _, log, _ = c.neshost("logs", "--state", c.state, "p")
         return [float(l.split()[0]) for l in log.splitlines() if l.strip()]
 
+    def grows(before):
+        return poll(lambda: (lambda u: u if len(u) > len(before) else None)(uptimes()), "the output goes on")
+
+    def monitor_pid(vm):
+        with open(os.path.join(c.state, vm, "monitor.json")) as f:
+            return json.load(f)["pid"]
+
+    def mlog(vm):
+        with open(os.path.join(c.state, vm, "monitor.log")) as f:
+            return f.read()
+
+    def status(vm):
+        _, out, _ = c.neshost("ps", "-a", "--state", c.state)
+        row = [l.split() for l in lines(out)[1:] if l.split() and l.split()[0] == vm]
+        return row[0][2] if row else None
+
+    reaped = []
     poll(lambda: len(uptimes()) >= 3, "the workload prints")
+    # stats: the guest's CPU time, memory and processes (its init's totals), the VMM's cost here.
+    rc, out, err = c.neshost("stats", "--state", c.state, "p")
+    f = lines(out)[1].split() if rc == 0 and len(lines(out)) == 2 else []
+    # VM CPU USED / LIMIT MEM% PIDS VMM-RSS VMM-CPU
+    check(len(f) == 9 and f[0] == "p" and f[1].endswith("s") and float(f[1][:-1]) > 0 and f[3] == "/"
+          and f[4].endswith("MiB") and 200 < float(f[4][:-3]) <= 256 and int(f[6]) >= 2
+          and f[7].endswith("MiB") and float(f[8][:-1]) > 0, f"stats: {rc} {out!r} {err!r}")
+    stats_line = lines(out)[1]
     rc, out, err = c.neshost("pause", "--state", c.state, "p")
     check((rc, out) == (0, "p\n"), f"pause: {rc} {out!r} {err!r}")
-    _, out, _ = c.neshost("ps", "--state", c.state)
-    check(lines(out)[1].split()[:3] == ["p", "1", "paused"], f"ps: {out!r}")
+    check(status("p") == "paused", "ps says paused")
     _, out, _ = c.neshost("inspect", "--state", c.state, "p")
     st = json.loads(out)
     check(st.get("status") == "running" and st.get("paused") is True, f"inspect: {st}")
@@ -264,6 +290,8 @@ def case_pause(c):
     check(rc != 0 and "cannot exec in a paused VM" in err, f"exec while paused: {rc} {err!r}")
     rc, _, err = c.neshost("pause", "--state", c.state, "p")
     check(rc == 1 and "already paused" in err, f"pause twice: {rc} {err!r}")
+    rc, _, err = c.neshost("stats", "--state", c.state, "p")
+    check(rc == 1 and "paused" in err, f"stats while paused: {rc} {err!r}")
     before = uptimes()
     t0 = time.monotonic()
     time.sleep(1.5)  # the hold being measured
@@ -271,45 +299,58 @@ def case_pause(c):
     check(uptimes() == before, "no output while paused")
     rc, out, err = c.neshost("unpause", "--state", c.state, "p")
     check((rc, out) == (0, "p\n"), f"unpause: {rc} {out!r} {err!r}")
-    after = poll(lambda: (lambda u: u if len(u) > len(before) else None)(uptimes()), "output goes on after unpause")
+    after = grows(before)
     gained = after[len(before)] - before[-1]
     check(0 < gained < held / 3, f"the guest's clock stood still: it gained {gained:.2f} s over a {held:.2f} s hold")
-    _, out, _ = c.neshost("ps", "--state", c.state)
-    check(lines(out)[1].split()[:3] == ["p", "1", "running"], f"ps after unpause: {out!r}")
+    check(status("p") == "running", "ps after unpause")
+
     # A signal other than SIGKILL waits for unpause, as a frozen cgroup's does.
     rc, _, err = c.neshost("pause", "--state", c.state, "p")
     check(rc == 0, f"pause again: {rc} {err!r}")
     rc, _, err = c.neshost("kill", "-s", "TERM", "--state", c.state, "p")
     check(rc == 0, f"kill -s TERM while paused: {rc} {err!r}")
-    _, out, _ = c.neshost("ps", "--state", c.state)
-    check(lines(out)[1].split()[:3] == ["p", "1", "paused"], f"the SIGTERM waits: {out!r}")
+    check(status("p") == "paused", "the SIGTERM waits")
     rc, out, err = c.neshost("unpause", "--state", c.state, "p")
     check(rc == 0, f"unpause: {rc} {out!r} {err!r}")
     rc, out, _ = c.neshost("wait", "--state", c.state, "p")
     check(rc == 143, f"the SIGTERM sent while paused ends the workload once resumed: {rc} {out!r}")
     rc, _, err = c.neshost("unpause", "--state", c.state, "p")
     check(rc == 1, f"unpause of an ended VM: {rc} {err!r}")
-    check(not os.path.exists(os.path.join(c.state, "p", "paused")), "the marker goes with the VM")
+    check(not os.path.exists(os.path.join(c.state, "p", "paused")), "no marker once the VM ended")
 
+    # SIGKILL to a paused VM: resumed first, then killed (137).
     rc, _, err = c.neshost("run", "-d", "--accel", "tcg", "--ready-timeout", "100", "--state", c.state,
                            "--vm", "q", "--", "sleep", "1000")
     check(rc == 0, f"run -d q: {rc} {err!r}")
     rc, _, err = c.neshost("pause", "--state", c.state, "q")
     check(rc == 0, f"pause q: {rc} {err!r}")
-    rc, out, err = c.neshost("stop", "--state", c.state, "q")
+    rc, _, err = c.neshost("kill", "--state", c.state, "q")
+    check(rc == 0, f"kill (SIGKILL) of a paused VM: {rc} {err!r}")
+    rc, out, _ = c.neshost("wait", "--state", c.state, "q")
+    check(rc == 137 and "resumed for SIGKILL" in mlog("q"), f"wait q: {rc} {out!r}; {mlog('q')[-600:]!r}")
+
+    # stop of a paused VM: resumed, then the ordered shutdown (its TERM trap runs).
+    rc, _, err = c.neshost("run", "-d", "--accel", "tcg", "--ready-timeout", "100", "--state", c.state, "--vm", "r",
+                           "--", "sh", "-c", "trap 'echo got-term; exit 3' TERM; echo up; while :; do sleep 0.1; done")
+    check(rc == 0, f"run -d r: {rc} {err!r}")
+    poll(lambda: c.neshost("logs", "--state", c.state, "r")[1] == "up\n", "r runs its trap")
+    rc, _, err = c.neshost("pause", "--state", c.state, "r")
+    check(rc == 0, f"pause r: {rc} {err!r}")
+    rc, out, err = c.neshost("stop", "--state", c.state, "r")
     check(rc == 0, f"stop of a paused VM: {rc} {out!r} {err!r}")
-    rc, out, _ = c.neshost("ps", "-a", "--state", c.state)
-    row = [l.split() for l in lines(out)[1:] if l.split()[0] == "q"]
-    check(row and row[0][2] == "stopped", f"stopped: {out!r}")
-    for vm in ("p", "q"):
-        with open(os.path.join(c.state, vm, "monitor.json")) as f:
-            pid = json.load(f)["pid"]
-        try:
-            os.waitpid(pid, 0)  # reparented to us (the subreaper)
-        except ChildProcessError:
-            pass
+    _, log, _ = c.neshost("logs", "--state", c.state, "r")
+    check(status("r") == "stopped" and log == "up\ngot-term\n", f"stopped in order: {status('r')} {log!r}")
+    for vm in ("p", "q", "r"):
+        pid = monitor_pid(vm)
+        if pid not in reaped:
+            try:
+                os.waitpid(pid, 0)  # reparented to us (the subreaper)
+            except ChildProcessError:
+                pass
+    print(f"stats: {stats_line}")
     print(f"pause: output and the guest's clock stood still for {held:.2f} s (clock +{gained:.2f} s); "
-          f"SIGTERM waited for unpause (143); stop resumed and stopped a paused VM")
+          f"SIGTERM waited for unpause (143); SIGKILL "
+          f"resumed and killed (137); stop resumed and stopped in order")
 
 
 def case_detached(c):
