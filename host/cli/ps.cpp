@@ -460,7 +460,7 @@ int stats_main(const Args& args) {
     }
     auto list = guest_processes(host::control_path(state, vm));
     if (!list) { fmt::print(stderr, "neshost stats: VM '{}': {}\n", vm, list.error().message); rc = 1; continue; }
-    std::string cpu = "-", mem = "-", pct = "-", vrss = "-", vcpu = "-";
+    std::string cpu = "-", mem = "- / -", pct = "-", vrss = "-", vcpu = "-";  // one token per column
     if (const auto& t = list->totals) {
       cpu = fmt::format("{:.2f}s", static_cast<double>(t->cpu_user_usec + t->cpu_system_usec) / 1e6);
       const std::uint64_t used = t->mem_total > t->mem_available ? t->mem_total - t->mem_available : 0;

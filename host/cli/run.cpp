@@ -979,8 +979,9 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     // channel for unpause (as a frozen cgroup's do); exec is refused (runc's).
     ch.stop = [&h, id, &vm_pause, &stopping]() -> host::Status {
       if (auto r = vm_pause.resume(); !r) return r;
-      stopping = true;
-      return h.shutdown(id);  // what SIGTERM to this process does
+      auto r = h.shutdown(id);  // what SIGTERM to this process does
+      if (r) stopping = true;
+      return r;
     };
     ch.kill = [&h, id, &vm_pause, &vmm](const control::Kill& k) -> host::Status {
       if (k.signal == SIGKILL && !k.proc && vm_pause.paused()) {

@@ -1,6 +1,7 @@
 #include "host/cli/vm_pause.hpp"
 
 #include <chrono>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -37,7 +38,15 @@ host::Status VmPause::pause() {
   if (auto m = host::mark_paused(state_dir_, vm_, generation_); !m) return m.error();
   if (auto r = qmp_->execute("stop", "", kQmpBound); !r) {
     qmp_.reset();  // a broken connection is not reused: the next request connects again
-    (void)host::clear_paused(state_dir_, vm_);
+    // QEMU may have stopped the VM all the same (a reply lost, late): run it again on a fresh
+    // connection before the marker goes; if even that fails, the marker stays and so does
+    // paused_ (a later resume retries): never a paused VM the record does not show.
+    if (auto c = connect(); c && qmp_->execute("cont", "", kQmpBound)) {
+      (void)host::clear_paused(state_dir_, vm_);
+    } else {
+      qmp_.reset();
+      paused_ = true;
+    }
     return r.error();
   }
   paused_ = true;
@@ -53,7 +62,11 @@ host::Status VmPause::resume() {
     return r.error();
   }
   paused_ = false;
-  if (auto m = host::clear_paused(state_dir_, vm_); !m) return m.error();
+  // The VM runs: a marker that cannot be removed is said, not a failed resume (a stale marker
+  // of this generation is removed again by ended()).
+  if (auto m = host::clear_paused(state_dir_, vm_); !m)
+    std::fprintf(stderr, "neshost monitor: VM %s: %s (the record says paused while it runs)\n", vm_.c_str(),
+                 m.error().message.c_str());
   return host::Ok{};
 }
 

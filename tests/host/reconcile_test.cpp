@@ -494,7 +494,10 @@ TEST_CASE("stdin.spool: bytes move from a FIFO into the file, holes behind kKeep
   auto none = sp->take(p[0], 65536);
   REQUIRE(none);
   CHECK((none->bytes == 0 && !none->eof));  // EAGAIN: nothing yet
-  CHECK_FALSE(StdinSpool::open(t.path, "vm-b", false));  // a replacement never creates one
+  // A replacement never creates one: in a VM directory that exists, without a spool, it fails.
+  REQUIRE(open_vm_dir(t.path, "vm-b", true));
+  CHECK_FALSE(StdinSpool::open(t.path, "vm-b", false));
+  CHECK_FALSE(fs::exists(vm_path(t.path, "vm-b", kStdinSpoolFile)));
   {
     // A replacement takes the file as it is: every byte from 0, none touched by the open.
     const std::string head = pattern(0, 5);
