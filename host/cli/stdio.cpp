@@ -268,11 +268,7 @@ void StdinPump::deliver(std::string chunk) {
 
 void StdinPump::read_more() {
   if (stopped_ || ended_ || reading_ || !held_.empty()) return;
-  auto end = [this] {
-    if (ended_) return;
-    ended_ = true;
-    if (eof_) eof_();
-  };
+  auto end = [this] { finish(); };
   if (spool_) return spool_more();
   if (sd_) {
     reading_ = true;
@@ -280,9 +276,7 @@ void StdinPump::read_more() {
     sd_->async_read_some(asio::buffer(buf_), [this, end](error_code ec, std::size_t n) {
       reading_ = false;
       if (stopped_) return;
-      if (n > 0) {
-            return deliver(buf_.substr(0, n));
-      }
+      if (n > 0) return deliver(buf_.substr(0, n));
       if (ec) end();
       else read_more();
     });
@@ -305,8 +299,7 @@ void StdinPump::spool_more() {
   reading_ = true;
   auto fail = [this](std::string why) {
     if (say_) say_(why + " (the workload's stdin ends here)");
-    ended_ = true;
-    if (eof_) eof_();
+    finish();
   };
   if (sent_ < spool_->size()) {
     // Bytes taken from the FIFO and not yet sent: one chunk per turn of the loop.
@@ -330,9 +323,7 @@ void StdinPump::spool_more() {
   if (!t->warning.empty() && say_) say_(t->warning);
   if (t->eof) {
     reading_ = false;
-    ended_ = true;
-    if (eof_) eof_();
-    return;
+    return finish();
   }
   if (t->bytes > 0) {
     reading_ = false;
@@ -345,13 +336,15 @@ void StdinPump::spool_more() {
   sd_->async_wait(asio::posix::stream_descriptor::wait_read, [this](error_code ec) {
     reading_ = false;
     if (stopped_) return;
-    if (ec) {
-      ended_ = true;
-      if (eof_) eof_();
-      return;
-    }
+    if (ec) return finish();
     read_more();
   });
+}
+
+void StdinPump::finish() {
+  if (ended_) return;
+  ended_ = true;
+  if (eof_) eof_();
 }
 
 }  // namespace nes::cli

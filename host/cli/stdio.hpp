@@ -112,6 +112,7 @@ class StdinPump {
  private:
   void read_more();
   void spool_more();  // read_more() through the spool
+  void finish();      // the end of stdin: eof_ once
   void deliver(std::string chunk);
 
   boost::asio::io_context& io_;
