@@ -177,6 +177,56 @@ def finish(p, bound=BOUND):
     return p.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+def monitor_logs(d, lines=25):
+    """The tail of every task's monitor log under the daemon's state (the shim keeps each VM's
+    state in its bundle: <bundle>/nesinit-state/<vm>/monitor.log), for a failure's message."""
+    found = []
+    base = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task")
+    for dirpath, _, files in os.walk(base):
+        for name in files:
+            if name == "monitor.log":
+                path = os.path.join(dirpath, name)
+                try:
+                    with open(path, errors="replace") as f:
+                        found.append(f"\n{os.path.relpath(path, base)} (tail):\n" + "".join(f.readlines()[-lines:]))
+                except OSError:
+                    pass
+    return "".join(found)
+
+
+def finish_all(d, procs, bound, extra=lambda: "", gone_early=lambda i, rc: False):
+    """Waits for every ctr in `procs` under one shared deadline, polling their exit (a state, not a
+    timing guess); returns [(rc, stdout, stderr)]. Fails at once when `gone_early(i, rc)` says an
+    exit came too soon (a peer the others wait for is gone: they would only wait out their bound),
+    or at the deadline; then every ctr still running is killed and the failure says, for each,
+    its exit or what it printed so far, with containerd's task list, the monitors' logs and
+    `extra()` (all read before anything is killed)."""
+    deadline = time.monotonic() + bound
+    why = None
+    while why is None:
+        codes = [p.poll() for p in procs]
+        early = [i for i, rc in enumerate(codes) if rc is not None and gone_early(i, rc)]
+        if early:
+            why = f"ctr #{early[0]} exited ({codes[early[0]]}) before its peers could finish"
+        elif all(rc is not None for rc in codes):
+            return [(p.returncode, p.stdout.read().decode(errors="replace"), p.stderr.read().decode(errors="replace"))
+                    for p in procs]
+        elif time.monotonic() >= deadline:
+            why = f"ctr still running after {bound} s"
+        else:
+            time.sleep(0.05)
+    state = f"tasks {d.tasks()}; {extra()}{monitor_logs(d)}"
+    lines = []
+    for i, p in enumerate(procs):
+        running = p.poll() is None
+        if running:
+            p.kill()
+        out, err = p.communicate()
+        lines.append(f"#{i}: {'still running' if running else f'exit {p.returncode}'}; stdout {out!r}, "
+                     f"stderr {err[-2000:]!r}")
+    raise Failure(why + ":\n" + "\n".join(lines) + f"\n{state}{d.tail()}")
+
+
 # ---- cases ----
 
 def case_exit7(d):
@@ -220,7 +270,10 @@ def case_parallel(d):
              f"n=$((n+1)); done; echo task{i} saw $(ls /sync | wc -l); exit {20 + i}")
         procs.append(d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--mount", f"type=bind,src={sync},dst=/sync,options=rbind",
                                  "--rootfs", root, f"p{i}", "/bin/sh", "-c", w))
-    results = [finish(p, bound=240) for p in procs]
+    # A ctr that ends while a marker is missing leaves the others waiting out their bound: fail
+    # then, saying why, rather than after it.
+    results = finish_all(d, procs, bound=240, extra=lambda: f"markers {sorted(os.listdir(sync))}",
+                         gone_early=lambda i, rc: len(os.listdir(sync)) < 4)
     for i, (rc, out, err) in enumerate(results):
         check(out == f"task{i} saw 4\n" and rc == 20 + i, f"p{i}: exit {rc}, stdout {out!r}, stderr {err!r}{d.tail()}")
     check(sorted(os.listdir(sync)) == ["0", "1", "2", "3"], f"markers {os.listdir(sync)}")
