@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -34,6 +33,8 @@
 #include "host/monitor/reconcile.hpp"
 #include "protocol/codec.hpp"
 #include "host/lib/record.hpp"
+#include "host/shim/fault_point.hpp"
+#include "host/shim/gated_spawn.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/mount_points.hpp"
 #include "host/shim/oci_spec.hpp"
@@ -315,37 +316,6 @@ const std::string* unsupported_stdio(const Req& req) {
   for (const std::string* io : {&req.stdin(), &req.stdout(), &req.stderr()})
     if (io->find("://") != std::string::npos && !io->starts_with("file://")) return io;
   return nullptr;
-}
-
-/// Spawns `prog` with `args` (argv[1..]) in a session of its own (a signal to the shim's group
-/// never reaches it; its group ends with it), `s` as its fds 0-2 and nothing else of the shim's
-/// (containerd's connections above all), every signal unblocked and default. Returns its pid;
-/// the error names `prog` and posix_spawn's errno.
-Result<pid_t> spawn_session(std::string prog, std::vector<std::string> args, const Streams& s) {
-  std::vector<char*> argv;
-  argv.push_back(prog.data());
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, s.in.get(), 0);
-  posix_spawn_file_actions_adddup2(&fa, s.out.get(), 1);
-  posix_spawn_file_actions_adddup2(&fa, s.err.get(), 2);
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
-  posix_spawnattr_t at;
-  posix_spawnattr_init(&at);
-  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  sigset_t none, all;
-  sigemptyset(&none);
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&at, &none);
-  posix_spawnattr_setsigdefault(&at, &all);
-  pid_t pid = 0;
-  int rc = ::posix_spawnp(&pid, prog.c_str(), &fa, &at, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&at);
-  if (rc != 0) return Error{fmt::format("spawn {}: {}", prog, std::strerror(rc))};
-  return pid;
 }
 
 /// The `exec` request for an exec's process `spec` (its number is the monitor's to give): its
@@ -753,22 +723,30 @@ struct TaskService::Impl {
     rec.state_dir = bundle / "nesinit-state";
     if (req->rootfs_size() > 1)
       return fail(ttrpc::Code::invalid_argument, fmt::format("rootfs: {} mounts; one is supported", req->rootfs_size()));
+    // Intent before effect: the record names every mount this Create may make before it makes
+    // one, so a shim killed in between leaves `shim delete` a record to undo it by (an unmount
+    // of what was not mounted yet fails harmlessly); never a mount nobody knows of.
+    rec.mounted_rootfs = req->rootfs_size() == 1;
+    if (pod) rec.pod_share = bundle / kPodShareDir;
+    if (auto w = persist(); !w) return fail(ttrpc::Code::internal, w.error().message);
     if (req->rootfs_size() == 1) {
       std::error_code ec;
       fs::create_directories(bundle / "rootfs", ec);
-      if (auto m = mount_rootfs(req->rootfs(0), bundle / "rootfs"); !m)
+      if (auto m = mount_rootfs(req->rootfs(0), bundle / "rootfs"); !m) {
+        remove_task(bundle, rec);
         return fail(ttrpc::Code::invalid_argument, m.error().message);
-      rec.mounted_rootfs = true;
+      }
+      fault_point("create:mounted");
     }
     std::error_code ec;
     if (!fs::is_directory(s->root, ec)) {
-      unmount_rootfs(bundle, rec);
+      remove_task(bundle, rec);
       return fail(ttrpc::Code::invalid_argument, fmt::format("root.path: {} is not a directory", s->root.string()));
     }
     // A read-only root gets its mount points first, as runc makes them (the guest cannot).
     if (s->root_ro)
       if (auto m = make_mount_points(s->root, s->volumes); !m) {
-        unmount_rootfs(bundle, rec);
+        remove_task(bundle, rec);
         return fail(ttrpc::Code::invalid_argument, m.error().message);
       }
     if (pod) {
@@ -776,7 +754,6 @@ struct TaskService::Impl {
       // rootfs mounted under it later reach virtiofsd's mount namespace (a slave of it).
       // It is a read-only view of the shim's own directory (pod_share_real), made private
       // first so it starts a peer group of its own rather than joining its parent's.
-      rec.pod_share = bundle / kPodShareDir;
       const fs::path real = pod_share_real(rec.pod_share);
       fs::create_directories(real, ec);
       if (!ec) fs::create_directories(rec.pod_share, ec);
@@ -788,6 +765,7 @@ struct TaskService::Impl {
         remove_task(bundle, rec);
         return fail(ttrpc::Code::internal, fmt::format("pod share {}: {}", rec.pod_share.string(), why));
       }
+      fault_point("create:pod-share");
       s->volumes.push_back(Volume{rec.pod_share, std::string(kPodShareGuest), false});
     }
     if (auto w = persist(); !w) {
@@ -942,22 +920,33 @@ struct TaskService::Impl {
     auto streams = task.open_streams();
     if (!streams) return fail(ttrpc::Code::invalid_argument, streams.error().message);
     RunPlan plan{rec.vm, rec.state_dir, !task.stdin_path.empty()};
-    auto spawned = spawn_session(cfg.neshost.string(), run_args(spec, plan), *streams);
+    // Intent before effect: the monitor's pid is recorded while it waits at its gate, so a shim
+    // killed at any point leaves `shim delete` the process to end, and one killed before the
+    // record leaves a child that exits at the closed gate having run nothing.
+    auto spawned = spawn_gated(cfg.neshost.string(), run_args(spec, plan), *streams);
     if (!spawned) return fail(ttrpc::Code::internal, spawned.error().message);
-    const pid_t pid = *spawned;
+    const pid_t pid = spawned->pid;
     pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     int watch_fd = pidfd ? ::fcntl(pidfd.get(), F_DUPFD_CLOEXEC, 3) : -1;
     rec.pid = pid;
     rec.pid_start = start_time(pid).value_or(0);
     auto w = watch_fd < 0 ? host::Status{Error{fmt::format("pidfd_open: {}", std::strerror(errno))}} : persist();
+    if (w) {
+      fault_point("start:recorded");
+      w = release(*spawned, cfg.neshost.string());
+    }
     if (!w) {
-      // Without the record `shim delete` could not find the VM, without the pidfd nobody would
-      // see it end: do not leave it running. Reaped here (SIGKILL: bounded).
+      // Not recorded (`shim delete` could not find the VM), no pidfd (nobody would see it end) or
+      // not run (execve failed): the child ends here, its gate closed, having started no VM.
+      // Reaped here (SIGKILL: bounded).
       if (watch_fd >= 0) ::close(watch_fd);
+      spawned->gate.reset();
       ::kill(-pid, SIGKILL);
       ::kill(pid, SIGKILL);
       while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {}
       rec.pid = 0;
+      rec.pid_start = 0;
+      (void)persist();
       pidfd.reset();
       return fail(ttrpc::Code::internal, w.error().message);
     }

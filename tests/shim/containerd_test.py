@@ -178,8 +178,8 @@ def finish(p, bound=BOUND):
 
 
 def monitor_logs(d, lines=25):
-    """The tail of every task's monitor log under the daemon's state (the shim keeps each VM's
-    state in its bundle: <bundle>/nesinit-state/<vm>/monitor.log), for a failure's message."""
+    """The tail of every replacement monitor's log under the daemon's state (<bundle>/nesinit-state/
+    <vm>/monitor.log; a task's own `neshost run` speaks on ctr's stderr), for a failure's message."""
     found = []
     base = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task")
     for dirpath, _, files in os.walk(base):
@@ -455,6 +455,59 @@ def case_monitor_killed(d):
     check(rc == 7, f"ctr run after the monitor's replacement: exit {rc}, want 7; stderr {err!r}{d.tail()}")
     until(lambda: not any(alive(q) for q in vm_procs), "QEMU ended")
     check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+
+
+def case_journal(d):
+    """issue 29's intent-before-effect gates: the shim SIGKILLed at a named fault point
+    (NESINIT_SHIM_FAULT, read only in test builds) between a journal intent and its effect:
+    after its rootfs mount in Create (an imported image: containerd's snapshot), after the pod
+    share's mount in a sandbox's Create, and in Start after the monitor's pid is recorded but
+    before it may run. Judged by containerd and the machine: the ctr run fails, containerd's
+    cleanup (`shim delete`) leaves no task, no mount under the daemon's directories in its mount
+    namespace, no shim, neshost, QEMU or virtiofsd, and the workload never ran (its marker is
+    absent); the shim's log says the fault fired (so the case cannot pass without it); and the same
+    id then runs to its own exit status."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    imgroot = busybox_root(os.path.join(d.tmp, "imgroot"))
+    tarball = os.path.join(d.tmp, "img.tar")
+    oci_archive(tarball, imgroot, "nesinit.test/busybox:1")
+    d.ctr("image", "import", "--base-name", "nesinit.test/busybox", "--digests", tarball)
+    img = next((l for l in d.ctr("image", "ls", "-q")[1].splitlines() if l.startswith("nesinit.test/busybox")), None)
+    check(img, "image not imported")
+    ct, sid = "io.kubernetes.cri.container-type", "io.kubernetes.cri.sandbox-id"
+    marker = os.path.join(root, "ran")
+    work = ["/bin/sh", "-c", "echo > /ran; exit 6"]
+    gates = (("create:mounted", "tj1", [img, "tj1"]),
+             ("create:pod-share", "tj2", ["--annotation", f"{ct}=sandbox", "--annotation", f"{sid}=tj2", "--rootfs", root, "tj2"]),
+             ("start:recorded", "tj3", ["--rootfs", root, "tj3"]))
+    mounts = lambda: [l.split()[4] for l in open(f"/proc/{d.proc.pid}/mountinfo") if d.tmp in l.split()[4]
+                      and "io.containerd.runtime.v2.task" in l.split()[4]]
+    ours = lambda: [(q.pid, q.cmd) for q in processes()
+                    if d.tmp in q.cmd and any(k in q.cmd for k in ("containerd-shim-nesinit-v2 ", "neshost", "qemu-system", "virtiofsd"))]
+    for point, tid, args in gates:
+        d.env["NESINIT_SHIM_FAULT"] = point
+        d.stop()
+        d.start()
+        with open(d.log, errors="replace") as f:
+            seen = f.read().count(f"fault point {point}")
+        rc, out, err = d.ctr("run", "--rm", "--runtime", RUNTIME, *args, *work, check_rc=False)
+        check(rc != 0, f"{point}: ctr run succeeded through a killed shim: {out!r}")
+        until(lambda: tid not in d.tasks(), f"{point}: the task cleaned up")
+        until(lambda: not ours(), f"{point}: no shim, neshost, QEMU or virtiofsd left ({ours()})", bound=30)
+        check(not mounts(), f"{point}: mounts left in containerd's namespace: {mounts()}{d.tail()}")
+        check(not os.path.exists(marker), f"{point}: the workload ran")
+        with open(d.log, errors="replace") as f:
+            check(f.read().count(f"fault point {point}") > seen, f"{point}: the fault never fired: ctr said {err!r}{d.tail()}")
+        d.ctr("container", "delete", tid, check_rc=False)
+        # The same id again, no fault: a run of its own.
+        del d.env["NESINIT_SHIM_FAULT"]
+        d.stop()
+        d.start()
+        rc, out, err = d.ctr("run", "--rm", "--runtime", RUNTIME, *args, *work, check_rc=False)
+        check(rc == 6, f"{point}: {tid} re-run: exit {rc}, want 6; stderr {err!r}{d.tail()}")
+        check(not mounts(), f"{point}: mounts left after the re-run: {mounts()}")
+        if os.path.exists(marker):
+            os.unlink(marker)
 
 
 def all_procs():
