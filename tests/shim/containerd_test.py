@@ -404,6 +404,42 @@ def case_restart(d):
     d.ctr("container", "delete", "tr")
 
 
+def case_restart_states(d):
+    """containerd restarted with a task Stopped (its exit recorded, not yet deleted) and with a
+    detached exec Running in a running task (issue 29's matrix rows): afterwards the stopped task
+    is STOPPED and `ctr task delete` reports its own status (9); the running task is RUNNING,
+    `ctr task ps` still lists the exec's process, a kill by exec id reaches it, an exec id used
+    again is a new process with its own status each time (4, then 5), and the task's SIGKILL
+    ends it (137 at delete)."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "rs", "/bin/sh", "-c", "exit 9")
+    until(lambda: d.tasks().get("rs", ("", ""))[1] == "STOPPED", "rs stopped")
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "re", "/bin/sh", "-c", "echo > /up; exec sleep 1000")
+    until(lambda: os.path.exists(os.path.join(root, "up")), "re's workload running")
+    d.ctr("task", "exec", "-d", "--exec-id", "x1", "re", "/bin/sh", "-c", "echo > /x1; exec sleep 999")
+    until(lambda: os.path.exists(os.path.join(root, "x1")), "the exec running")
+    d.stop()
+    d.start()
+    got = d.tasks()
+    check(got.get("rs", ("", ""))[1] == "STOPPED" and got.get("re", ("", ""))[1] == "RUNNING", f"after the restart: {got}")
+    rc, out, _ = d.ctr("task", "ps", "re")
+    check(len([l for l in out.splitlines()[1:] if l.split()]) >= 3, f"ctr task ps re (nesinit, sleep 1000, sleep 999): {out!r}")
+    d.ctr("task", "kill", "--exec-id", "x1", "-s", "SIGKILL", "re")
+    until(lambda: len([l for l in d.ctr("task", "ps", "re")[1].splitlines()[1:] if l.split()]) == 2,
+          "the exec's process gone from ctr task ps")
+    for want in (4, 5):
+        rc, out, err = d.ctr("task", "exec", "--exec-id", "x2", "re", "/bin/sh", "-c", f"echo again; exit {want}", check_rc=False)
+        check((rc, out) == (want, "again\n"), f"exec x2 after the restart: exit {rc}, {out!r}, {err!r}{d.tail()}")
+    rc, _, err = d.ctr("task", "delete", "rs", check_rc=False)
+    check("exit code 9" in err, f"ctr task delete rs: {err!r}, want its status 9{d.tail()}")
+    d.ctr("task", "kill", "-s", "SIGKILL", "re")
+    until(lambda: d.tasks().get("re", ("", ""))[1] == "STOPPED", "re stopped")
+    rc, _, err = d.ctr("task", "delete", "re", check_rc=False)
+    check("exit code 137" in err, f"ctr task delete re: {err!r}, want 137")
+    for c in ("rs", "re"):
+        d.ctr("container", "delete", c)
+
+
 def descendants_alive():
     """Live processes reparented to this subreaper (anything a shim or neshost left)."""
     me = os.getpid()
