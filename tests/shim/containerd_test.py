@@ -467,6 +467,52 @@ def case_shim_killed(d):
     d.ctr("container", "delete", "tsk", check_rc=False)
 
 
+def case_shim_killed_states(d):
+    """The shim SIGKILLed with its task Stopped (exit recorded, not deleted) and with an exec
+    running in a running task (issue 29's matrix rows; `shim_killed` is the running task): each
+    time containerd's cleanup leaves no task and no shim, QEMU or virtiofsd, the container's
+    metadata stays, and `ctr task start` on it runs a new incarnation to its own status."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    ours = lambda: [(q.pid, q.cmd) for q in processes()
+                    if d.tmp in q.cmd and any(k in q.cmd for k in ("containerd-shim-nesinit-v2 ", "neshost", "qemu-system", "virtiofsd"))]
+    shim_of = lambda tid: [p for p, cmd in all_procs() if "containerd-shim-nesinit-v2" in cmd and f"-id {tid}" in cmd]
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "ks", "/bin/sh", "-c", "exit 3")
+    until(lambda: d.tasks().get("ks", ("", ""))[1] == "STOPPED", "ks stopped")
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "kx", "/bin/sh", "-c", "echo > /up; exec sleep 1000")
+    until(lambda: os.path.exists(os.path.join(root, "up")), "kx's workload running")
+    d.ctr("task", "exec", "-d", "--exec-id", "x1", "kx", "/bin/sh", "-c", "echo > /x1; exec sleep 999")
+    until(lambda: os.path.exists(os.path.join(root, "x1")), "the exec running")
+    for tid in ("ks", "kx"):
+        shims = shim_of(tid)
+        check(len(shims) == 1, f"{tid}: shim processes: {shims}")
+        os.kill(shims[0], signal.SIGKILL)
+        until(lambda: tid not in d.tasks() or d.tasks()[tid][1] in ("STOPPED", "UNKNOWN"), f"{tid} cleaned up")
+        # A stopped task whose shim died is deleted by containerd's cleanup (its exit was already seen).
+        d.ctr("task", "delete", tid, check_rc=False)
+        until(lambda: tid not in d.tasks(), f"{tid} gone from ctr task ls")
+    until(lambda: not ours(), f"no shim, neshost, QEMU or virtiofsd left: {ours()}", bound=30)
+    rc, out, _ = d.ctr("container", "ls", "-q")
+    check(sorted(out.split()) == ["ks", "kx"], f"containers kept: {out!r}")
+    # A new incarnation of each: ctr task start (attached) exits with the workload's status.
+    rc, out, err = d.ctr("task", "start", "ks", check_rc=False)
+    check(rc == 3, f"ctr task start ks: exit {rc}; {err!r}{d.tail()}")
+    d.ctr("task", "delete", "ks", check_rc=False)
+    os.unlink(os.path.join(root, "up"))
+    p = d.popen_ctr("task", "start", "kx")
+    try:
+        until(lambda: os.path.exists(os.path.join(root, "up")), "kx's new incarnation running")
+        d.ctr("task", "kill", "kx")
+        rc, _, err = finish(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    check(rc == 143, f"kx's new incarnation: exit {rc}, want 143; {err!r}")
+    for tid in ("ks", "kx"):
+        d.ctr("task", "delete", tid, check_rc=False)
+        d.ctr("container", "delete", tid)
+
+
 def case_monitor_killed(d):
     """issue 28: the task's `neshost run` (its VM's monitor) SIGKILLed while the workload runs: the
     VM runs on (--vmm-outlives), the shim has a replacement monitor adopt it, and the attached
