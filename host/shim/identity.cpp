@@ -2,8 +2,13 @@
 #include "host/shim/identity.hpp"
 
 #include <openssl/evp.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <memory>
 
 #include <fmt/format.h>
@@ -29,6 +34,30 @@ std::string framed_sha256(std::initializer_list<std::string_view> fields) {
 }
 
 std::string vm_id(std::string_view ns, std::string_view id) { return "ctr-" + framed_sha256({ns, id}).substr(0, 24); }
+
+std::string new_incarnation() {
+  unsigned char b[8] = {};
+  std::size_t got = 0;
+  while (got < sizeof b) {
+    ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // No randomness (it cannot happen for 8 bytes after boot): the time and pid, still unique
+      // per Create on this machine.
+      const auto t = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) ^
+                     (static_cast<std::uint64_t>(::getpid()) << 48);
+      return fmt::format("{:016x}", t);
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char c : b) hex += fmt::format("{:02x}", c);
+  return hex;
+}
+
+std::string incarnation_vm_id(std::string_view ns, std::string_view id, std::string_view incarnation) {
+  return fmt::format("{}-{}", vm_id(ns, id), incarnation);
+}
 
 std::filesystem::path socket_path(std::string_view containerd_address, std::string_view ns, std::string_view id) {
   std::string_view a = containerd_address;

@@ -719,7 +719,10 @@ struct TaskService::Impl {
     std::error_code rc;
     fs::remove(bundle / kReceiptFile, rc);  // an earlier incarnation's answer is not this one's
     rec.id = cfg.id;
-    rec.vm = vm_id(cfg.ns, cfg.id);
+    // A new incarnation: a VM id of its own (identity.hpp), said in the shim's log.
+    const std::string incarnation = new_incarnation();
+    rec.vm = incarnation_vm_id(cfg.ns, cfg.id, incarnation);
+    fmt::print(stderr, "containerd-shim-nesinit-v2: task {}: incarnation {} (VM {})\n", cfg.id, incarnation, rec.vm);
     rec.state_dir = bundle / "nesinit-state";
     if (req->rootfs_size() > 1)
       return fail(ttrpc::Code::invalid_argument, fmt::format("rootfs: {} mounts; one is supported", req->rootfs_size()));

@@ -11,6 +11,7 @@ subreaper: anything left is reparented here and found), its directory removed.
 """
 import ctypes
 import os
+import re
 import select
 import shutil
 import signal
@@ -471,7 +472,8 @@ def case_shim_killed_states(d):
     """The shim SIGKILLed with its task Stopped (exit recorded, not deleted) and with an exec
     running in a running task (issue 29's matrix rows; `shim_killed` is the running task): each
     time containerd's cleanup leaves no task and no shim, QEMU or virtiofsd, the container's
-    metadata stays, and `ctr task start` on it runs a new incarnation to its own status."""
+    metadata stays, and `ctr task start` on it runs a new incarnation to its own status, in a VM
+    of a new id (the task's stem, a new incarnation id)."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
     ours = lambda: [(q.pid, q.cmd) for q in processes()
                     if d.tmp in q.cmd and any(k in q.cmd for k in ("containerd-shim-nesinit-v2 ", "neshost", "qemu-system", "virtiofsd"))]
@@ -482,6 +484,10 @@ def case_shim_killed_states(d):
     until(lambda: os.path.exists(os.path.join(root, "up")), "kx's workload running")
     d.ctr("task", "exec", "-d", "--exec-id", "x1", "kx", "/bin/sh", "-c", "echo > /x1; exec sleep 999")
     until(lambda: os.path.exists(os.path.join(root, "x1")), "the exec running")
+    state = lambda tid: os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", tid, "nesinit-state")
+    vms = lambda tid: sorted(os.listdir(state(tid))) if os.path.isdir(state(tid)) else []
+    first = {tid: vms(tid) for tid in ("ks", "kx")}
+    check(all(len(v) == 1 for v in first.values()), f"one VM per task: {first}")
     for tid in ("ks", "kx"):
         shims = shim_of(tid)
         check(len(shims) == 1, f"{tid}: shim processes: {shims}")
@@ -496,11 +502,13 @@ def case_shim_killed_states(d):
     # A new incarnation of each: ctr task start (attached) exits with the workload's status.
     rc, out, err = d.ctr("task", "start", "ks", check_rc=False)
     check(rc == 3, f"ctr task start ks: exit {rc}; {err!r}{d.tail()}")
+    again = {}
     d.ctr("task", "delete", "ks", check_rc=False)
     os.unlink(os.path.join(root, "up"))
     p = d.popen_ctr("task", "start", "kx")
     try:
         until(lambda: os.path.exists(os.path.join(root, "up")), "kx's new incarnation running")
+        again["kx"] = vms("kx")
         d.ctr("task", "kill", "kx")
         rc, _, err = finish(p)
     finally:
@@ -508,6 +516,15 @@ def case_shim_killed_states(d):
             p.kill()
             p.communicate()
     check(rc == 143, f"kx's new incarnation: exit {rc}, want 143; {err!r}")
+    # A new incarnation is a VM of a new id: the task's stem, another incarnation id (the shim
+    # says each in its log, which containerd keeps; kx's is also its state directory's name).
+    with open(d.log, errors="replace") as f:
+        log = f.read()
+    for tid in ("ks", "kx"):
+        said = re.findall(rf"task {tid}: incarnation ([0-9a-f]{{16}}) \(VM (ctr-[0-9a-f]{{24}})-\1\)", log)
+        check(len(said) == 2 and said[0][0] != said[1][0] and said[0][1] == said[1][1] and
+              first[tid] == [f"{said[0][1]}-{said[0][0]}"], f"{tid}: incarnations {said}, first VM {first[tid]}")
+    check(again["kx"] == [f"{said[1][1]}-{said[1][0]}"], f"kx's second VM: {again['kx']}, said {said}")
     for tid in ("ks", "kx"):
         d.ctr("task", "delete", tid, check_rc=False)
         d.ctr("container", "delete", tid)

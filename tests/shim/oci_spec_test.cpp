@@ -133,6 +133,15 @@ TEST_CASE("names from (namespace, id): length-framed, valid VM ids, stable") {
   CHECK(shim::vm_id("ab", "c") != shim::vm_id("a", "bc"));
   CHECK(host::check_vm_id(shim::vm_id("k8s.io", std::string(200, 'x'))));
   CHECK(shim::vm_id("default", "t1").size() == 28);
+  // Each incarnation its own VM id: valid, 45 bytes, the task's stem, never repeated.
+  const std::string a = shim::new_incarnation(), b = shim::new_incarnation();
+  CHECK(a.size() == 16);
+  CHECK(a != b);
+  const std::string va = shim::incarnation_vm_id("k8s.io", std::string(200, 'x'), a);
+  CHECK(host::check_vm_id(va));
+  CHECK(va.size() == 45);
+  CHECK(va.starts_with(shim::vm_id("k8s.io", std::string(200, 'x')) + "-"));
+  CHECK(va != shim::incarnation_vm_id("k8s.io", std::string(200, 'x'), b));
   CHECK(shim::socket_path("/run/containerd/containerd.sock", "default", "t1").parent_path() == "/run/containerd/s");
   CHECK(shim::socket_path("/tmp/x/c.sock", "default", "t1").parent_path() == "/tmp/x/s");
 }
