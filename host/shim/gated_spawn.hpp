@@ -30,8 +30,9 @@ struct GatedChild {
 host::Result<GatedChild> spawn_gated(const std::string& prog, const std::vector<std::string>& args, const Streams& s);
 
 /// Lets the child exec its program and waits until it has (bounded by its execve). Errors name
-/// `prog`: the gate's write errno (the child then never runs it: the gate is closed either way)
-/// or execve's errno (ENOENT: no such program; the child exits 127).
+/// `prog` and the child's errno when it could not run it (execve's ENOENT: no such program, the
+/// child exits 127; a failed dup2 before the gate: it exits 125), else the gate's write errno
+/// (the child never runs it: the gate is closed either way).
 host::Status release(GatedChild& c, std::string_view prog);
 
 }  // namespace nes::shim

@@ -932,8 +932,12 @@ struct TaskService::Impl {
     pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     int watch_fd = pidfd ? ::fcntl(pidfd.get(), F_DUPFD_CLOEXEC, 3) : -1;
     rec.pid = pid;
-    rec.pid_start = start_time(pid).value_or(0);
-    auto w = watch_fd < 0 ? host::Status{Error{fmt::format("pidfd_open: {}", std::strerror(errno))}} : persist();
+    const auto pid_start = start_time(pid);
+    rec.pid_start = pid_start.value_or(0);
+    // Without its start time the record's pid is no identity `shim delete` could act on.
+    auto w = watch_fd < 0  ? host::Status{Error{fmt::format("pidfd_open: {}", std::strerror(errno))}}
+             : !pid_start ? host::Status{Error{fmt::format("/proc/{}/stat: no start time", pid)}}
+                          : persist();
     if (w) {
       fault_point("start:recorded");
       w = release(*spawned, cfg.neshost.string());

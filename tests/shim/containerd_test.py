@@ -134,9 +134,8 @@ class Daemon:
     def run(self, *args, **kw):
         return self.ctr("run", "--rm", "--runtime", RUNTIME, *args, **kw)
 
-    def close(self):
-        """Every task killed and deleted (so its shim exits), every container deleted, then the
-        daemon stopped; bounded."""
+    def close_tasks(self):
+        """Every task killed and deleted (so its shim exits), every container deleted; bounded."""
         try:
             if self.proc and self.proc.poll() is None:
                 for t in list(self.tasks()):
@@ -147,7 +146,12 @@ class Daemon:
                 for c in out.split():
                     self.ctr("container", "delete", c, check_rc=False)
         except (Failure, subprocess.TimeoutExpired) as e:
-            print(f"cleanup: {e}", file=sys.stderr)
+            print(f"close_tasks: {e}", file=sys.stderr)
+
+    def close(self):
+        """Every task killed and deleted (so its shim exits), every container deleted, then the
+        daemon stopped; bounded."""
+        self.close_tasks()
         self.stop()
 
     def remove(self):
@@ -203,6 +207,15 @@ def finish_all(d, procs, bound, extra=lambda: "", gone_early=lambda i, rc: False
     its exit or what it printed so far, with containerd's task list, the monitors' logs and
     `extra()` (all read before anything is killed)."""
     deadline = time.monotonic() + bound
+    # Each pipe drained by a thread of its own, so no ctr blocks on a full pipe while we poll.
+    bufs = [[bytearray(), bytearray()] for _ in procs]
+    def drain(pipe, buf):
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            buf.extend(chunk)
+    readers = [threading.Thread(target=drain, args=(pipe, bufs[i][j]), daemon=True)
+               for i, p in enumerate(procs) for j, pipe in enumerate((p.stdout, p.stderr))]
+    for t in readers:
+        t.start()
     why = None
     while why is None:
         codes = [p.poll() for p in procs]
@@ -210,21 +223,24 @@ def finish_all(d, procs, bound, extra=lambda: "", gone_early=lambda i, rc: False
         if early:
             why = f"ctr #{early[0]} exited ({codes[early[0]]}) before its peers could finish"
         elif all(rc is not None for rc in codes):
-            return [(p.returncode, p.stdout.read().decode(errors="replace"), p.stderr.read().decode(errors="replace"))
-                    for p in procs]
+            break
         elif time.monotonic() >= deadline:
             why = f"ctr still running after {bound} s"
         else:
             time.sleep(0.05)
-    state = f"tasks {d.tasks()}; {extra()}{monitor_logs(d)}"
-    lines = []
-    for i, p in enumerate(procs):
-        running = p.poll() is None
-        if running:
+    state = f"tasks {d.tasks()}; {extra()}{monitor_logs(d)}" if why else ""
+    running = [p.poll() is None for p in procs]
+    for p, r in zip(procs, running):
+        if r:
             p.kill()
-        out, err = p.communicate()
-        lines.append(f"#{i}: {'still running' if running else f'exit {p.returncode}'}; stdout {out!r}, "
-                     f"stderr {err[-2000:]!r}")
+        p.wait()
+    for t in readers:
+        t.join(timeout=10)
+    text = [(b[0].decode(errors="replace"), b[1].decode(errors="replace")) for b in bufs]
+    if why is None:
+        return [(p.returncode, out, err) for p, (out, err) in zip(procs, text)]
+    lines = [f"#{i}: {'still running' if r else f'exit {p.returncode}'}; stdout {out!r}, stderr {err[-2000:]!r}"
+             for i, (p, r, (out, err)) in enumerate(zip(procs, running, text))]
     raise Failure(why + ":\n" + "\n".join(lines) + f"\n{state}{d.tail()}")
 
 
@@ -590,13 +606,14 @@ def case_journal(d):
         with open(d.log, errors="replace") as f:
             seen = f.read().count(f"fault point {point}")
         rc, out, err = d.ctr("run", "--rm", "--runtime", RUNTIME, *args, *work, check_rc=False)
+        with open(d.log, errors="replace") as f:
+            check(f.read().count(f"fault point {point}") > seen,
+                  f"{point}: the fault never fired (a build without fault points?): exit {rc}, {err!r}{d.tail()}")
         check(rc != 0, f"{point}: ctr run succeeded through a killed shim: {out!r}")
         until(lambda: tid not in d.tasks(), f"{point}: the task cleaned up")
         until(lambda: not ours(), f"{point}: no shim, neshost, QEMU or virtiofsd left ({ours()})", bound=30)
         check(not mounts(), f"{point}: mounts left in containerd's namespace: {mounts()}{d.tail()}")
         check(not os.path.exists(marker), f"{point}: the workload ran")
-        with open(d.log, errors="replace") as f:
-            check(f.read().count(f"fault point {point}") > seen, f"{point}: the fault never fired: ctr said {err!r}{d.tail()}")
         d.ctr("container", "delete", tid, check_rc=False)
         # The same id again, no fault: a run of its own.
         del d.env["NESINIT_SHIM_FAULT"]
@@ -902,7 +919,120 @@ def case_netns(d):
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
+def cgroup_dirs(top="/sys/fs/cgroup", depth=3):
+    """Every cgroup directory down to `depth` levels (for the qualification's audit: a new one
+    after a pass is a leak)."""
+    found = set()
+    def walk(d, n):
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        found.add(e.path)
+                        if n > 1:
+                            walk(e.path, n - 1)
+        except OSError:
+            pass
+    walk(top, depth)
+    return found
+
+
+def audit(d, keep, cgroups_before):
+    """What a pass (or a case) must not leave behind, against one private containerd: tasks,
+    containers, bundles, shim sockets, processes (shim, neshost, QEMU, virtiofsd, passt: anything
+    reparented here but the daemon), mounts under the daemon's directories in its mount
+    namespace, neshost's runtime dirs (TMPDIR is the daemon's), new cgroups. [] when clean."""
+    left = []
+    if d.tasks():
+        left.append(f"tasks {d.tasks()}")
+    rc, out, _ = d.ctr("container", "ls", "-q", check_rc=False)
+    if out.split():
+        left.append(f"containers {out.split()}")
+    bundles = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default")
+    if os.path.isdir(bundles) and os.listdir(bundles):
+        left.append(f"bundles {os.listdir(bundles)}")
+    sockdir = os.path.join(d.tmp, "s")
+    if os.path.isdir(sockdir) and os.listdir(sockdir):
+        left.append(f"shim sockets {os.listdir(sockdir)}")
+    daemon = {d.proc.pid} | {q.pid for q in processes() if q.ppid == d.proc.pid}
+    procs = [(pid, cmd) for pid, cmd in descendants_alive() if pid not in daemon]
+    procs += [(q.pid, q.cmd) for q in processes() if q.ppid in daemon and q.state != "Z" and "containerd" not in q.cmd.split(" ")[0]]
+    if procs:
+        left.append(f"processes {procs}")
+    with open(f"/proc/{d.proc.pid}/mountinfo") as f:
+        mounts = [l.split()[4] for l in f if d.tmp in l.split()[4]]
+    if mounts:
+        left.append(f"mounts {mounts}")
+    stray = sorted(n for n in os.listdir(d.tmp) if n not in keep)
+    if stray:
+        left.append(f"files {stray}")
+    new_cg = sorted(cgroup_dirs() - cgroups_before)
+    if new_cg:
+        left.append(f"cgroups {new_cg}")
+    return left
+
+
+def qualify(passes):
+    """The qualification matrix (issue 29): every case, `passes` times in a row, against ONE
+    private containerd (in a network namespace of its own, lo up, as the netns case needs),
+    each case's own files removed after it and the audit run after every case and every pass.
+    Prints the artifacts' SHA-256s and a table (pass, case, result, seconds); exit 0 only if
+    every case passed and every audit was clean."""
+    import hashlib
+    for name in ("NESHOST_SHIM", "NESHOST", "NESHOST_INITRD"):
+        path = os.environ.get(name, "")
+        if path and os.path.exists(path):
+            with open(path, "rb") as f:
+                print(f"artifact {name} {hashlib.sha256(f.read()).hexdigest()} {os.path.basename(path)}")
+    cgroups_before = cgroup_dirs()
+    d = Daemon()
+    keep = set(os.listdir(d.tmp)) | {"s"}
+    rows, ok = [], True
+    try:
+        for n in range(1, passes + 1):
+            t_pass = time.monotonic()
+            for name, case in CASES.items():
+                t0 = time.monotonic()
+                try:
+                    case(d)
+                    result = "pass"
+                except (Failure, subprocess.TimeoutExpired) as e:
+                    result = "FAIL: " + str(e).splitlines()[0][:200]
+                    d.close_tasks()
+                dt = time.monotonic() - t0
+                for e in os.listdir(d.tmp):  # the case's own files (rootfs dirs, images, markers)
+                    if e not in keep:
+                        p = os.path.join(d.tmp, e)
+                        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+                try:
+                    until(lambda: not audit(d, keep, cgroups_before), f"{name}: clean", bound=30)
+                except Failure:
+                    result += f" (audit: {audit(d, keep, cgroups_before)})"
+                ok = ok and result == "pass"
+                rows.append((n, name, result, dt))
+                print(f"pass {n} {name:<20} {result:<6} {dt:6.1f} s", flush=True)
+            left = audit(d, keep, cgroups_before)
+            print(f"pass {n}: {time.monotonic() - t_pass:.1f} s; audit: {'clean' if not left else left}", flush=True)
+            ok = ok and not left
+    finally:
+        d.close()
+        d.remove()
+    print("| pass | case | result | s |\n|---|---|---|---|")
+    for n, name, result, dt in rows:
+        print(f"| {n} | {name} | {result} | {dt:.1f} |")
+    print("QUALIFIED" if ok else "NOT QUALIFIED")
+    return 0 if ok else 1
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--qualify" and os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if libc.unshare(0x40000000) != 0:  # CLONE_NEWNET: the netns case's veths stay in ours
+            print("FAIL: unshare(CLONE_NEWNET)", file=sys.stderr)
+            return 1
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=BOUND)
+        return qualify(int(sys.argv[2]))
     if len(sys.argv) != 2 or sys.argv[1] not in CASES:
         print(f"usage: containerd_test.py {{{','.join(CASES)}}}", file=sys.stderr)
         return 2
