@@ -491,6 +491,7 @@ def case_shim_killed_states(d):
     metadata stays, and `ctr task start` on it runs a new incarnation to its own status, in a VM
     of a new id (the task's stem, a new incarnation id)."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    log_from = os.path.getsize(d.log)  # this case's part of the log (a qualification reuses the daemon)
     ours = lambda: [(q.pid, q.cmd) for q in processes()
                     if d.tmp in q.cmd and any(k in q.cmd for k in ("containerd-shim-nesinit-v2 ", "neshost", "qemu-system", "virtiofsd"))]
     shim_of = lambda tid: [p for p, cmd in all_procs() if "containerd-shim-nesinit-v2" in cmd and f"-id {tid}" in cmd]
@@ -535,6 +536,7 @@ def case_shim_killed_states(d):
     # A new incarnation is a VM of a new id: the task's stem, another incarnation id (the shim
     # says each in its log, which containerd keeps; kx's is also its state directory's name).
     with open(d.log, errors="replace") as f:
+        f.seek(log_from)
         log = f.read()
     for tid in ("ks", "kx"):
         said = re.findall(rf"task {tid}: incarnation ([0-9a-f]{{16}}) \(VM (ctr-[0-9a-f]{{24}})-\1\)", log)
