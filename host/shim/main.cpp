@@ -225,6 +225,8 @@ int do_serve(const Flags& f) {
     wait_idle();
   };
   shim::TaskService task(io, cfg, events);
+  // A shim started again on its bundle (the one before was SIGKILLed) serves the task it finds.
+  if (auto r = task.restore()) fmt::print(stderr, "containerd-shim-nesinit-v2: task {}: {}\n", f.id, *r);
   task.register_on(server);
   server.serve(host::Fd(3));
   // SIGTERM/SIGINT: containerd is gone for good or an operator asks; the VM keeps running until

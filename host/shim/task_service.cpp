@@ -983,6 +983,41 @@ struct TaskService::Impl {
     kill_vmm(rec);  // QEMU and its daemons outlive neshost (--vmm-outlives)
   }
 
+  /// A shim started again on a bundle whose task's monitor still runs (the one before was
+  /// SIGKILLed; containerd, restarted, finds this one at the bundle's address): the task as its
+  /// record says, RUNNING with the same pid. Its `neshost run` is not our child: watched by its
+  /// pidfd, its exit status the VM's outcome record's (as a replacement monitor's). Its stdio
+  /// stays as it was (containerd's FIFOs or files are the monitor's own fds: nothing of the
+  /// shim's is on that path, so no byte is lost or repeated). Execs started by the shim before
+  /// are not tracked again (their processes run on in the VM; Kill with `all` still reaches
+  /// them). A pod's tasks, or a record without a live monitor: nothing (containerd's cleanup
+  /// ends them). Returns what it did, for the shim's log.
+  std::optional<std::string> restore() {
+    auto r = load_task_record(cfg.bundle);
+    if (!r || !*r) return std::nullopt;
+    TaskRecord got = std::move(**r);
+    if (got.container || !got.pod_share.empty() || got.pid <= 0) return std::nullopt;
+    auto text = read_oci_config(cfg.bundle);
+    if (!text) return std::nullopt;
+    auto s = parse_oci_spec(*text, cfg.bundle);
+    if (!s) return std::nullopt;
+    Fd p{static_cast<int>(::syscall(SYS_pidfd_open, got.pid, 0))};
+    auto id = host::identity_of(got.pid);
+    // The pidfd first, the identity after: a recycled pid cannot pass for the monitor.
+    if (!p || !id || id->start_time != got.pid_start) return std::nullopt;
+    rec = std::move(got);
+    spec = std::move(*s);
+    task.phase = Phase::running;
+    task.pid = static_cast<std::uint32_t>(rec.pid);
+    task.terminal = spec.terminal;
+    adopted = *id;
+    exit_watch.emplace(io, p.release());
+    exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+      if (!ec) on_exit();
+    });
+    return fmt::format("re-adopted from its record: monitor pid {}, VM {}", rec.pid, rec.vm);
+  }
+
   /// The VM's monitor runs: `neshost run` (our child), or the replacement that adopted the VM.
   bool monitor_alive() const {
     return adopted ? host::is_alive(*adopted) : same_process_alive(rec.pid, rec.pid_start);
@@ -1420,6 +1455,8 @@ struct TaskService::Impl {
 TaskService::TaskService(asio::io_context& io, ServiceConfig cfg, Publisher& events)
     : impl_(std::make_unique<Impl>(io, std::move(cfg), events)) {}
 TaskService::~TaskService() = default;
+
+std::optional<std::string> TaskService::restore() { return impl_->restore(); }
 
 void TaskService::register_on(ttrpc::Server& server) {
   Impl* im = impl_.get();

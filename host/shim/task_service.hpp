@@ -92,6 +92,12 @@ class TaskService {
   /// Register every Task method on `server` (containerd.task.v2.Task).
   void register_on(ttrpc::Server& server);
 
+  /// A shim started again on its bundle (the one before was SIGKILLed): the task its
+  /// `nesinit-task.json` records, RUNNING with the same pid, if its `neshost run` still runs
+  /// (same pid and start time); a pod's tasks are not restored. Returns what was re-adopted, for
+  /// the log, or nullopt (nothing recorded, nothing alive: containerd's cleanup ends it).
+  std::optional<std::string> restore();
+
   struct Impl;
 
  private:

@@ -31,6 +31,7 @@ PR_SET_CHILD_SUBREAPER = 36
 SHIM = os.environ["NESHOST_SHIM"]
 NESHOST = os.environ["NESHOST"]
 RUNTIME = "io.containerd.nesinit.v2"
+SHIM_NAME = "containerd-shim-nesinit-v2"
 BOUND = 120  # seconds: the most any one ctr command may take
 
 
@@ -546,6 +547,48 @@ def case_shim_killed_states(d):
     for tid in ("ks", "kx"):
         d.ctr("task", "delete", tid, check_rc=False)
         d.ctr("container", "delete", tid)
+
+
+def case_shim_replaced(d):
+    """issue 29's live replacement: containerd stopped, the task's shim SIGKILLed, and a new shim
+    started on the same bundle and socket by hand (`start`, with the dead one's own arguments
+    and environment) before containerd starts again. The new shim re-adopts the running task from
+    its record: containerd finds it RUNNING with the same pid, its output (a numbered stream to
+    a --log-uri file, the monitor's own fd) goes on with no number lost or repeated, and a kill
+    through the new shim ends it with 143."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    out = os.path.join(d.tmp, "numbers.log")
+    d.ctr("run", "-d", "--log-uri", "file://" + out, "--runtime", RUNTIME, "--rootfs", root, "tl", "/bin/sh", "-c",
+          "i=0; while [ $i -lt 100000 ]; do echo $i; i=$((i+1)); sleep 0.02; done")
+    numbers = lambda: open(out).read().split("\n")[:-1] if os.path.exists(out) else []
+    until(lambda: len(numbers()) >= 10, "the numbered stream started")
+    pid = d.tasks()["tl"][0]
+    shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and "-id tl" in q.cmd]
+    check(len(shims) == 1, f"shim processes: {[(q.pid, q.cmd) for q in shims]}")
+    with open(f"/proc/{shims[0].pid}/cmdline", "rb") as f:
+        argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+    with open(f"/proc/{shims[0].pid}/environ", "rb") as f:
+        env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", "tl")
+    d.stop()
+    os.kill(shims[0].pid, signal.SIGKILL)
+    until(lambda: not alive(shims[0].pid), "the old shim gone")
+    check(alive(int(pid)), "the task's neshost run outlived its shim")
+    seen = len(numbers())
+    r = subprocess.run([os.path.join(d.bin, "containerd-shim-nesinit-v2")] + argv[1:] + ["start"], cwd=bundle, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=BOUND)
+    with open(os.path.join(bundle, "address")) as f:
+        check(r.returncode == 0 and r.stdout.decode() == f.read(), f"shim start: exit {r.returncode}, {r.stdout!r} {r.stderr!r}")
+    d.start()
+    check(d.tasks().get("tl") == (pid, "RUNNING"), f"after the replacement: {d.tasks()}, want ({pid}, RUNNING){d.tail()}")
+    until(lambda: len(numbers()) >= seen + 20, "the stream going on after the replacement")
+    d.ctr("task", "kill", "tl")
+    until(lambda: d.tasks().get("tl", ("", ""))[1] == "STOPPED", "tl stopped through the new shim")
+    rc, _, err = d.ctr("task", "delete", "tl", check_rc=False)
+    check("exit code 143" in err, f"ctr task delete tl: {err!r}, want 143{d.tail()}")
+    got = numbers()
+    check(got == [str(i) for i in range(len(got))], f"the numbered stream has a gap or a repeat: {got[:5]}..{got[-5:]}")
+    d.ctr("container", "delete", "tl")
 
 
 def case_monitor_killed(d):
