@@ -42,9 +42,11 @@ Result<Fd> open_stdio(const std::string& path, bool input) {
     return f;
   }
   // Non-blocking opens: a FIFO whose other end is not open yet must not hang the shim. An output
-  // FIFO without a reader (ENXIO) is opened read-write, so the workload's output waits in it.
-  Fd f(::open(path.c_str(), (input ? O_RDONLY : O_WRONLY) | O_NONBLOCK | O_CLOEXEC));
-  if (!f && !input && errno == ENXIO) f.reset(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+  // FIFO is opened read-write, as containerd's runc shim keeps a read end of its own: the pipe
+  // never loses its last reader, so output waits in it (and then backpressures) while no one
+  // reads (before an attach, across containerd's restart, after an attached ctr died) instead of
+  // failing with EPIPE; whoever opens it next reads on from there.
+  Fd f(::open(path.c_str(), (input ? O_RDONLY : O_RDWR) | O_NONBLOCK | O_CLOEXEC));
   if (!f) return Error{fmt::format("stdio {}: {}", path, std::strerror(errno))};
   int fl = ::fcntl(f.get(), F_GETFL);
   ::fcntl(f.get(), F_SETFL, fl & ~O_NONBLOCK);

@@ -25,7 +25,8 @@ struct Streams {
 };
 
 /// Opens containerd's stream at `path` for a child: its FIFO (non-blocking open, then blocking;
-/// an output FIFO without a reader is opened read-write, so output waits in it), `file://PATH`
+/// an output FIFO read-write, as runc's shim holds a read end: output waits in it while no one
+/// reads, never EPIPE), `file://PATH`
 /// (output only: appended to a regular file, as runc's shim takes ctr's --log-uri), or /dev/null
 /// when empty. Errors name the path and the errno.
 host::Result<host::Fd> open_stdio(const std::string& path, bool input);

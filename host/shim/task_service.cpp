@@ -69,6 +69,10 @@ std::string encode_task_record(const TaskRecord& r) {
   std::string pod;
   if (!r.pod_share.empty()) pod += fmt::format(R"(,"pod_share":{})", host::json_string(r.pod_share.string()));
   if (r.container) pod += R"(,"container":true)";
+  if (!r.stdin_path.empty()) pod += fmt::format(R"(,"stdin":{})", host::json_string(r.stdin_path));
+  if (!r.stdout_path.empty()) pod += fmt::format(R"(,"stdout":{})", host::json_string(r.stdout_path));
+  if (!r.stderr_path.empty()) pod += fmt::format(R"(,"stderr":{})", host::json_string(r.stderr_path));
+  if (r.terminal) pod += R"(,"terminal":true)";
   return fmt::format(R"({{"schema_version":1,"id":{},"vm":{},"state_dir":{},"pid":{},"pid_start":{},"mounted_rootfs":{}{}}})"
                      "\n",
                      host::json_string(r.id), host::json_string(r.vm), host::json_string(r.state_dir.string()), r.pid,
@@ -104,6 +108,14 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
   if (auto e = o["container"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.container))
     return Error{"nesinit-task.json: container: expected a boolean"};
   if (r.container && r.pod_share.empty()) return Error{"nesinit-task.json: pod_share: required for a container"};
+  for (auto [name, field] : {std::pair{"stdin", &r.stdin_path}, {"stdout", &r.stdout_path}, {"stderr", &r.stderr_path}}) {
+    if (auto e = o[name]; e.error() != simdjson::NO_SUCH_FIELD) {
+      if (e.get_string().get(s)) return Error{fmt::format("nesinit-task.json: {}: expected a string", name)};
+      *field = std::string(s);
+    }
+  }
+  if (auto e = o["terminal"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.terminal))
+    return Error{"nesinit-task.json: terminal: expected a boolean"};
   return r;
 }
 
@@ -730,6 +742,10 @@ struct TaskService::Impl {
     // one, so a shim killed in between leaves `shim delete` a record to undo it by (an unmount
     // of what was not mounted yet fails harmlessly); never a mount nobody knows of.
     rec.mounted_rootfs = req->rootfs_size() == 1;
+    rec.stdin_path = req->stdin();
+    rec.stdout_path = req->stdout();
+    rec.stderr_path = req->stderr();
+    rec.terminal = req->terminal();
     if (pod) rec.pod_share = bundle / kPodShareDir;
     if (auto w = persist(); !w) return fail(ttrpc::Code::internal, w.error().message);
     if (req->rootfs_size() == 1) {
@@ -1009,7 +1025,11 @@ struct TaskService::Impl {
     spec = std::move(*s);
     task.phase = Phase::running;
     task.pid = static_cast<std::uint32_t>(rec.pid);
-    task.terminal = spec.terminal;
+    task.stdin_path = rec.stdin_path;
+    task.stdout_path = rec.stdout_path;
+    task.stderr_path = rec.stderr_path;
+    task.terminal = rec.terminal;
+    spec.terminal = rec.terminal || spec.terminal;
     adopted = *id;
     exit_watch.emplace(io, p.release());
     exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {

@@ -52,6 +52,11 @@ struct TaskRecord {
   /// A pod's container (its process runs in the sandbox's VM, `vm` and `state_dir` are the
   /// sandbox's): `shim delete` unmounts its rootfs and never touches the VM. Optional (false).
   bool container = false;
+  /// containerd's stdio for the task (FIFO paths, `file://PATH` or empty) and whether it has a
+  /// terminal: what a replaced shim answers in State, so `ctr task attach` and a restarted
+  /// containerd find the FIFOs again. Optional (absent: empty, false).
+  std::string stdin_path, stdout_path, stderr_path;
+  bool terminal = false;
   bool operator==(const TaskRecord&) const = default;
 };
 /// One JSON object plus '\n'.

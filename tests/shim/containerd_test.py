@@ -563,7 +563,7 @@ def case_shim_replaced(d):
     numbers = lambda: open(out).read().split("\n")[:-1] if os.path.exists(out) else []
     until(lambda: len(numbers()) >= 10, "the numbered stream started")
     pid = d.tasks()["tl"][0]
-    shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and "-id tl" in q.cmd]
+    shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and "-id tl" in q.cmd and d.tmp in q.cmd]
     check(len(shims) == 1, f"shim processes: {[(q.pid, q.cmd) for q in shims]}")
     with open(f"/proc/{shims[0].pid}/cmdline", "rb") as f:
         argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
@@ -589,6 +589,76 @@ def case_shim_replaced(d):
     got = numbers()
     check(got == [str(i) for i in range(len(got))], f"the numbered stream has a gap or a repeat: {got[:5]}..{got[-5:]}")
     d.ctr("container", "delete", "tl")
+
+
+def case_fifo_reattach(d):
+    """The task's FIFOs across a reader that goes and a shim that is replaced (issue 29's exact
+    continuation): a numbered stream on `ctr run --fifo-dir` read by that attached ctr, then
+    ctr SIGKILLed (the FIFO keeps the shim's read end, as runc's shim keeps one: no EPIPE, the
+    stream waits), containerd stopped, the shim SIGKILLed and a new one started by hand, containerd
+    started, and a second `ctr task attach` reads on: every number it reads follows the one before
+    (no gap, no repeat within it) and its first comes after the first reader's last (none read
+    twice); the gap between the two readers is reported (a ctr killed between its read and its
+    write loses what it held: ctr's, not the task's)."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    fifos = os.path.join(d.tmp, "fifos")
+    os.mkdir(fifos)
+    run = ["run", "--fifo-dir", fifos, "--runtime", RUNTIME, "--rootfs", root, "tf", "/bin/sh", "-c",
+           "i=0; while [ $i -lt 100000 ]; do echo $i; i=$((i+1)); sleep 0.02; done"]
+
+    def attach_read(count, args=("task", "attach", "tf")):
+        """`ctr ARGS` (an attach, or the attached run) until it has printed `count` numbers;
+        SIGKILLed; [numbers]."""
+        a = d.popen_ctr(*args)
+        got = []
+        try:
+            deadline = time.monotonic() + BOUND
+            buf = b""
+            while len(got) < count and time.monotonic() < deadline:
+                if not select.select([a.stdout], [], [], max(0, deadline - time.monotonic()))[0]:
+                    break
+                chunk = os.read(a.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                got += [int(l) for l in lines]
+        finally:
+            a.kill()
+            a.communicate()
+        check(len(got) >= count, f"ctr task attach read {len(got)} numbers, want {count}{d.tail()}")
+        return got
+
+    # The first reader is the attached `ctr run` itself: the FIFOs had a reader when the shim
+    # opened them (a shim that opened them write-only would see EPIPE once it is killed).
+    first = attach_read(20, run)
+    pid = d.tasks()["tf"][0]
+    check(first == list(range(first[0], first[0] + len(first))), f"the first reader: {first}")
+    shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and "-id tf" in q.cmd and d.tmp in q.cmd]
+    check(len(shims) == 1, f"shim processes: {[(q.pid, q.cmd) for q in shims]}")
+    with open(f"/proc/{shims[0].pid}/cmdline", "rb") as f:
+        argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+    with open(f"/proc/{shims[0].pid}/environ", "rb") as f:
+        env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", "tf")
+    d.stop()
+    os.kill(shims[0].pid, signal.SIGKILL)
+    until(lambda: not alive(shims[0].pid), "the old shim gone")
+    r = subprocess.run([os.path.join(d.bin, SHIM_NAME)] + argv[1:] + ["start"], cwd=bundle, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=BOUND)
+    check(r.returncode == 0, f"shim start: exit {r.returncode}, {r.stderr!r}")
+    d.start()
+    check(d.tasks().get("tf") == (pid, "RUNNING"), f"after the replacement: {d.tasks()}{d.tail()}")
+    second = attach_read(40)
+    check(second == list(range(second[0], second[0] + len(second))), f"the second reader has a gap or a repeat: {second}")
+    check(second[0] > first[-1], f"read twice: the first reader ended at {first[-1]}, the second began at {second[0]}")
+    print(f"fifo_reattach: first reader {first[0]}..{first[-1]}, second {second[0]}..{second[-1]} "
+          f"(between them {second[0] - first[-1] - 1} held by the killed ctr)")
+    d.ctr("task", "kill", "-s", "SIGKILL", "tf")
+    until(lambda: d.tasks().get("tf", ("", ""))[1] == "STOPPED", "tf stopped")
+    rc, _, err = d.ctr("task", "delete", "tf", check_rc=False)
+    check("exit code 137" in err, f"ctr task delete tf: {err!r}, want 137")
+    d.ctr("container", "delete", "tf")
 
 
 def case_monitor_killed(d):
