@@ -300,9 +300,14 @@ Cleanup cleanup_task(const fs::path& bundle) {
   }
   const TaskRecord& r = **rec;
   c.pid = r.pid;
+  // A Delete answered before its removal was done (the shim killed in between): its receipt is
+  // the answer, identical; the removal is finished below.
+  std::optional<Cleanup> receipt;
+  if (auto t = base::read_small_file((bundle / kReceiptFile).c_str(), 4096))
+    if (auto p = parse_receipt(*t)) receipt = *p;
   if (r.container) {  // the pod's VM is its sandbox's: only the container's rootfs goes
     remove_task(bundle, r);
-    return c;
+    return receipt ? *receipt : c;
   }
   if (same_process_alive(r.pid, r.pid_start)) {
     ::kill(-r.pid, SIGKILL);  // its session's process group: neshost
@@ -316,7 +321,7 @@ Cleanup cleanup_task(const fs::path& bundle) {
   kill_vmm(r);
   apply_recorded_exit(r, c.exit_status, c.exited_at_ns);
   remove_task(bundle, r);
-  return c;
+  return receipt ? *receipt : c;
 }
 
 namespace {
@@ -1271,6 +1276,7 @@ struct TaskService::Impl {
     }
     // The receipt first: whatever asks after this (a retry, `shim delete`) gets the same answer.
     write_receipt(cfg.bundle, r);
+    fault_point("delete:receipt");
     remove_task(cfg.bundle, rec);
     task.phase = Phase::deleted;
     // A Wait sent before a Start that failed is answered now (the task is gone).

@@ -10,6 +10,7 @@ After every case: containerd stopped, every process it or the shim started gone 
 subreaper: anything left is reparented here and found), its directory removed.
 """
 import ctypes
+import json
 import os
 import re
 import select
@@ -696,7 +697,9 @@ def case_journal(d):
     cleanup (`shim delete`) leaves no task, no mount under the daemon's directories in its mount
     namespace, no shim, neshost, QEMU or virtiofsd, and the workload never ran (its marker is
     absent); the shim's log says the fault fired (so the case cannot pass without it); and the same
-    id then runs to its own exit status."""
+    id then runs to its own exit status. Then Delete killed between its receipt and the removal:
+    containerd's cleanup answers with the receipt (its /tasks/delete has the task's own 6 and
+    exit time)."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
     imgroot = busybox_root(os.path.join(d.tmp, "imgroot"))
     tarball = os.path.join(d.tmp, "img.tar")
@@ -739,6 +742,39 @@ def case_journal(d):
         check(not mounts(), f"{point}: mounts left after the re-run: {mounts()}")
         if os.path.exists(marker):
             os.unlink(marker)
+    # Delete: the receipt written, the shim killed before the removal. containerd's cleanup
+    # (`shim delete`) answers with the receipt: its /tasks/delete carries the task's own status
+    # and exit time, the ones its /tasks/exit had, and the bundle is cleaned up.
+    d.env["NESINIT_SHIM_FAULT"] = "delete:receipt"
+    d.stop()
+    d.start()
+    events = d.popen_ctr("events")
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(events.stdout.readline, b"")), daemon=True)
+    reader.start()
+    try:
+        d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "tj4", *work)
+        until(lambda: d.tasks().get("tj4", ("", ""))[1] == "STOPPED", "tj4 stopped")
+        d.ctr("task", "delete", "tj4", check_rc=False)
+        until(lambda: "tj4" not in d.tasks(), "tj4 deleted")
+        with open(d.log, errors="replace") as f:
+            check("fault point delete:receipt" in f.read(), f"delete:receipt never fired{d.tail()}")
+        tj4 = lambda topic: [json.loads(l.decode().split(topic + " ", 1)[1]) for l in list(lines)
+                             if f" {topic} ".encode() in l and b'"tj4"' in l]
+        until(lambda: tj4("/tasks/delete"), "tj4's /tasks/delete event")
+        exits, deletes = tj4("/tasks/exit"), tj4("/tasks/delete")
+        check(exits and all((e["exit_status"], e["exited_at"]) == (6, exits[0]["exited_at"]) for e in exits + deletes),
+              f"tj4's events: exit {exits}, delete {deletes}")
+    finally:
+        events.kill()
+        events.communicate()
+        reader.join(timeout=10)
+    until(lambda: not ours(), f"delete:receipt: no shim, neshost, QEMU or virtiofsd left ({ours()})", bound=30)
+    check(not mounts(), f"delete:receipt: mounts left: {mounts()}")
+    d.ctr("container", "delete", "tj4")
+    del d.env["NESINIT_SHIM_FAULT"]
+    d.stop()
+    d.start()
 
 
 def all_procs():
