@@ -657,7 +657,10 @@ int deliver_owed_output(FdWriter& out, FdWriter& errw, int stop_fd, const std::o
           final_record->outcome == proto::Outcome::signalled)
         status = host::kStatusOutputLost;
     } else {
-      say("neshost run: {} bytes of {} not delivered: its reader went away\n", f.left, name);
+      if (f.stalled)
+        say("neshost run: {} bytes of {} not delivered: left in its FIFO, which no one read for 2 s\n", f.left, name);
+      else
+        say("neshost run: {} bytes of {} not delivered: its reader went away\n", f.left, name);
     }
   }
   if (final_record)

@@ -165,17 +165,37 @@ FdWriter::Flushed FdWriter::flush(int stop_fd, std::optional<std::chrono::millis
   }
   Flushed f;
   const auto end = std::chrono::steady_clock::now() + limit.value_or(std::chrono::milliseconds(0));
+  // A named FIFO we hold open for reading too (containerd's shims pass one read-write, as their
+  // runc shim keeps a read end): its reader's going away never breaks it, so a reader that takes
+  // nothing for kFifoStall is taken for none (the bytes are said, not waited on forever). A
+  // write-only fd keeps the rule below: no deadline of our own.
+  struct stat fst {};
+  const bool held_fifo = (::fcntl(fd_, F_GETFL) & O_ACCMODE) == O_RDWR && ::fstat(fd_, &fst) == 0 &&
+                         S_ISFIFO(fst.st_mode) && named_fifo(fd_);
+  std::size_t last_queued = queued_;
+  auto last_progress = std::chrono::steady_clock::now();
   while (write_now()) {
     // No deadline of our own: the reader's going away (the write then fails), `stop_fd` or the
-    // caller's `limit` ends this.
-    int wait_ms = -1;
+    // caller's `limit` ends this (and a held FIFO's stall, above).
+    if (held_fifo) {
+      const auto now = std::chrono::steady_clock::now();
+      if (queued_ != last_queued) {
+        last_queued = queued_;
+        last_progress = now;
+      } else if (now - last_progress >= kFifoStall) {
+        f.broken = true;
+        f.stalled = true;
+        break;
+      }
+    }
+    int wait_ms = held_fifo ? 100 : -1;
     if (limit) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
         f.interrupted = true;
         break;
       }
-      wait_ms = static_cast<int>(std::min<long long>(left.count(), 1 << 30));
+      wait_ms = static_cast<int>(std::min<long long>(left.count(), held_fifo ? 100 : 1 << 30));
     }
     pollfd p[2] = {{fd_, POLLOUT, 0}, {stop_fd, POLLIN, 0}};
     int r = ::poll(p, stop_fd >= 0 ? 2 : 1, wait_ms);
@@ -195,9 +215,23 @@ FdWriter::Flushed FdWriter::flush(int stop_fd, std::optional<std::chrono::millis
   std::size_t unread_left = 0;  // in the pipe when its reader went away or we were stopped
   if (queued_ == 0 && !broken_ && !f.interrupted && ::fstat(fd_, &st) == 0 && S_ISFIFO(st.st_mode) &&
       named_fifo(fd_)) {
+    // A held FIFO (above) never reports POLLERR: a reader that takes nothing for kFifoStall is
+    // taken for none, and what is left stays in the FIFO for whoever opens it next (said by the
+    // caller as not delivered, never waited on forever).
+    int last_unread = -1;
     for (;;) {
       int unread = 0;
       if (::ioctl(fd_, FIONREAD, &unread) != 0 || unread <= 0) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (unread != last_unread) {
+        last_unread = unread;
+        last_progress = now;
+      } else if (held_fifo && now - last_progress >= kFifoStall) {
+        unread_left = static_cast<std::size_t>(unread);
+        f.broken = true;
+        f.stalled = true;
+        break;
+      }
       pollfd p[2] = {{fd_, 0, 0}, {stop_fd, POLLIN, 0}};
       int r = ::poll(p, stop_fd >= 0 ? 2 : 1, 10);
       if (r < 0 && errno == EINTR) continue;

@@ -58,7 +58,12 @@ class FdWriter {
     std::size_t left = 0;      // bytes not written (dropped), 0 when all went out
     bool interrupted = false;  // `stop_fd` became readable, or `limit` passed, with bytes left
     bool broken = false;       // the reader is gone (EPIPE, EIO): it takes nothing more
+    bool stalled = false;      // with `broken`: a named FIFO's reader took nothing for kFifoStall
   };
+  /// How long a named FIFO's unread bytes may sit untouched after the queue is written before
+  /// flush() stops waiting for a reader (2000 ms): a FIFO someone holds open for reading without
+  /// reading (containerd's shims keep a read end; `ctr run -d` never reads) reports no POLLERR.
+  static constexpr std::chrono::milliseconds kFifoStall{2000};
   /// At exit, synchronously: write everything while the reader lives, however slowly it takes it
   /// (a paused pager, a reader that sleeps between reads: no deadline, a slow consumer costs time,
   /// never bytes). Ends when the queue is written, when the fd breaks (the reader went away), when

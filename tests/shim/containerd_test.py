@@ -425,22 +425,28 @@ def case_restart(d):
 
 def case_restart_states(d):
     """containerd restarted with a task Stopped (its exit recorded, not yet deleted) and with a
-    detached exec Running in a running task (issue 29's matrix rows): afterwards the stopped task
-    is STOPPED and `ctr task delete` reports its own status (9); the running task is RUNNING,
+    detached exec Running in a paused task (issue 29's matrix rows): afterwards the stopped task
+    is STOPPED and `ctr task delete` reports its own status (9); the other is PAUSED, then
+    RUNNING after `ctr task resume`,
     `ctr task ps` still lists the exec's process, a kill by exec id reaches it, an exec id used
     again is a new process with its own status each time (4, then 5), and the task's SIGKILL
     ends it (137 at delete)."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
-    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "rs", "/bin/sh", "-c", "exit 9")
+    # Its output never read (ctr run -d): the task still ends (a FIFO no one reads is not waited on forever).
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "rs", "/bin/sh", "-c", "echo bye; echo err >&2; exit 9")
     until(lambda: d.tasks().get("rs", ("", ""))[1] == "STOPPED", "rs stopped")
     d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "re", "/bin/sh", "-c", "echo > /up; exec sleep 1000")
     until(lambda: os.path.exists(os.path.join(root, "up")), "re's workload running")
     d.ctr("task", "exec", "-d", "--exec-id", "x1", "re", "/bin/sh", "-c", "echo > /x1; exec sleep 999")
     until(lambda: os.path.exists(os.path.join(root, "x1")), "the exec running")
+    d.ctr("task", "pause", "re")
     d.stop()
     d.start()
     got = d.tasks()
-    check(got.get("rs", ("", ""))[1] == "STOPPED" and got.get("re", ("", ""))[1] == "RUNNING", f"after the restart: {got}")
+    check(got.get("rs", ("", ""))[1] == "STOPPED" and got.get("re", ("", ""))[1] == "PAUSED", f"after the restart: {got}")
+    d.ctr("task", "resume", "re")
+    got = d.tasks()
+    check(got.get("re", ("", ""))[1] == "RUNNING", f"after resume: {got}")
     rc, out, _ = d.ctr("task", "ps", "re")
     check(len([l for l in out.splitlines()[1:] if l.split()]) >= 3, f"ctr task ps re (nesinit, sleep 1000, sleep 999): {out!r}")
     d.ctr("task", "kill", "--exec-id", "x1", "-s", "SIGKILL", "re")
