@@ -378,6 +378,7 @@ struct TaskService::Impl {
   Fd pidfd;
   /// The replacement monitor serving the VM after `neshost run` died (readopt()); not our child.
   std::optional<host::ProcessIdentity> adopted;
+  bool restored = false;  // restore(): rec.pid is not our child (signalled by identity only)
   // Threads asking the guest for its processes (each bounded by the control socket's timeout);
   // joined before the service goes.
   std::list<std::thread> askers;
@@ -995,8 +996,12 @@ struct TaskService::Impl {
 
   void kill_session() {
     if (task.phase != Phase::running) return;
-    ::kill(-rec.pid, SIGKILL);  // neshost's session
-    ::kill(rec.pid, SIGKILL);
+    // Our child cannot be reaped behind our back; a re-adopted `neshost run` (restore()) can,
+    // and its pid be reused: signalled only while it is the recorded process.
+    if (!restored || same_process_alive(rec.pid, rec.pid_start)) {
+      ::kill(-rec.pid, SIGKILL);  // neshost's session
+      ::kill(rec.pid, SIGKILL);
+    }
     if (adopted) {
       Fd p{static_cast<int>(::syscall(SYS_pidfd_open, adopted->pid, 0))};
       if (p && host::is_alive(*adopted)) ::syscall(SYS_pidfd_send_signal, p.get(), SIGKILL, nullptr, 0);
@@ -1009,15 +1014,16 @@ struct TaskService::Impl {
   /// record says, RUNNING with the same pid. Its `neshost run` is not our child: watched by its
   /// pidfd, its exit status the VM's outcome record's (as a replacement monitor's). Its stdio
   /// stays as it was (containerd's FIFOs or files are the monitor's own fds: nothing of the
-  /// shim's is on that path, so no byte is lost or repeated). Execs started by the shim before
-  /// are not tracked again (their processes run on in the VM; Kill with `all` still reaches
-  /// them). A pod's tasks, or a record without a live monitor: nothing (containerd's cleanup
-  /// ends them). Returns what it did, for the shim's log.
+  /// shim's is on that path, so no byte is lost or repeated); its stdin FIFO is held again as
+  /// Start holds it (CloseIO works). Execs started by the shim before are not tracked again
+  /// (their processes run on in the VM until it ends; Kill by their exec id answers NOT_FOUND). A
+  /// pod's tasks, another task's record, or a record without a live monitor: nothing
+  /// (containerd's cleanup ends them). Returns what it did, for the shim's log.
   std::optional<std::string> restore() {
     auto r = load_task_record(cfg.bundle);
     if (!r || !*r) return std::nullopt;
     TaskRecord got = std::move(**r);
-    if (got.container || !got.pod_share.empty() || got.pid <= 0) return std::nullopt;
+    if (got.id != cfg.id || got.container || !got.pod_share.empty() || got.pid <= 0) return std::nullopt;
     auto text = read_oci_config(cfg.bundle);
     if (!text) return std::nullopt;
     auto s = parse_oci_spec(*text, cfg.bundle);
@@ -1035,6 +1041,11 @@ struct TaskService::Impl {
     task.stderr_path = rec.stderr_path;
     task.terminal = rec.terminal;
     spec.terminal = rec.terminal || spec.terminal;
+    if (!rec.stdin_path.empty()) {  // as open_streams() holds it (the monitor holds the read end)
+      task.stdin_hold.reset(::open(rec.stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+      task.stdin_reader.reset(::open(rec.stdin_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    }
+    restored = true;
     adopted = *id;
     exit_watch.emplace(io, p.release());
     exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
@@ -1143,7 +1154,7 @@ struct TaskService::Impl {
     // No control socket yet (the VM is still booting): SIGTERM still ends the task, as an
     // ordered shutdown of the VM (exit 143).
     if (req->signal() == SIGTERM) {
-      ::kill(rec.pid, SIGTERM);
+      if (!restored || same_process_alive(rec.pid, rec.pid_start)) ::kill(rec.pid, SIGTERM);
       return empty();
     }
     return fail(ttrpc::Code::unavailable,
