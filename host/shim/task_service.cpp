@@ -183,7 +183,8 @@ void unmount_rootfs(const fs::path& bundle, const TaskRecord& r) {
 }
 
 // The VM's VMM (QEMU and its daemons), which outlives `neshost run` (--vmm-outlives): SIGKILLed by
-// its recorded identity (vmm.json) when the task must end whatever its monitor does.
+// its recorded identity (vmm.json) when the task must end whatever its monitor does; its runtime
+// dir removed.
 void kill_vmm(const TaskRecord& r) {
   auto v = host::load_vmm(r.state_dir, r.vm);
   if (!v || !*v) return;
@@ -194,6 +195,11 @@ void kill_vmm(const TaskRecord& r) {
     Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, id.pid, 0))};
     if (pidfd && host::is_alive(id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
   }
+  // The VM's private runtime dir ($TMPDIR/neshost-XXXXXX: its sockets, a generated initramfs):
+  // its monitor, killed, cannot remove it. Only a path of that shape is removed.
+  const fs::path& rt = (*v)->runtime_dir;
+  std::error_code ec;
+  if (rt.is_absolute() && rt.filename().string().starts_with("neshost-")) fs::remove_all(rt, ec);
 }
 
 // Removes the directories of `dir` that are empty once their subdirectories are (the mount
