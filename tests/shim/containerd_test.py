@@ -1235,6 +1235,12 @@ def main():
                     break
             except ChildProcessError:
                 break
+        # No VM's runtime dir left in TMPDIR (the daemon's dir): a killed monitor's is removed
+        # with its VMM.
+        runtime = sorted(n for n in os.listdir(d.tmp) if n.startswith("neshost-"))
+        if runtime:
+            print(f"FAIL: neshost runtime dirs left: {runtime}", file=sys.stderr)
+            ok = False
         # Only now, with nothing left that could still write into it.
         d.remove()
     print("PASS" if ok else "FAIL")
