@@ -94,9 +94,7 @@ Result<Streams> Process::open_streams() {
   Streams s;
   auto in = open_stdio(stdin_path, true);
   if (!in) return std::move(in).error();
-  // The read end is open (ours), so a non-blocking writer's open succeeds at once.
-  if (!stdin_path.empty()) stdin_hold.reset(::open(stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
-  if (!stdin_path.empty() && !exec) stdin_reader.reset(::open(stdin_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  hold_stdin();  // the read end is open (ours), so a non-blocking writer's open succeeds at once
   auto out = open_stdio(stdout_path, false);
   if (!out) return std::move(out).error();
   auto err = open_stdio(stderr_path, false);
@@ -105,6 +103,11 @@ Result<Streams> Process::open_streams() {
   s.out = std::move(*out);
   s.err = std::move(*err);
   return s;
+}
+
+void Process::hold_stdin() {
+  if (!stdin_path.empty()) stdin_hold.reset(::open(stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!stdin_path.empty() && !exec) stdin_reader.reset(::open(stdin_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
 }
 
 void Process::stop(std::uint32_t status, std::int64_t at_ns) {

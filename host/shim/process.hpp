@@ -61,6 +61,10 @@ struct Process {
   /// Opens its three streams (open_stdio) and, with a stdin, the stdin hold (after the read end
   /// is open, so the non-blocking writer's open succeeds at once). Errors: open_stdio's.
   host::Result<Streams> open_streams();
+  /// With a stdin FIFO: its hold (a writer, so the reader never sees EOF before CloseIO) and,
+  /// for the task, a reader; non-blocking opens, which succeed once a read end is open (ours in
+  /// open_streams(), the monitor's after a shim's restore).
+  void hold_stdin();
   /// It ended with `status` at `at_ns`: stopped, its stdin hold closed.
   void stop(std::uint32_t status, std::int64_t at_ns);
   /// Publishes its /tasks/exit (`container`: the task's id) and answers every waiter.

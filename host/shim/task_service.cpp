@@ -297,20 +297,15 @@ Cleanup cleanup_task(const fs::path& bundle) {
   Cleanup c;
   c.exit_status = 128 + SIGKILL;
   c.exited_at_ns = now_ns();
-  auto rec = load_task_record(bundle);
-  if (!rec || !*rec) {
-    // Deleted already: the Delete's receipt is the answer, identical.
-    if (auto t = base::read_small_file((bundle / kReceiptFile).c_str(), 4096))
-      if (auto r = parse_receipt(*t)) return *r;
-    return c;
-  }
-  const TaskRecord& r = **rec;
-  c.pid = r.pid;
-  // A Delete answered before its removal was done (the shim killed in between): its receipt is
-  // the answer, identical; the removal is finished below.
+  // A Delete's receipt, when one answered already: the answer, identical, whether the task is
+  // gone or the shim was killed between the answer and the removal (finished below).
   std::optional<Cleanup> receipt;
   if (auto t = base::read_small_file((bundle / kReceiptFile).c_str(), 4096))
     if (auto p = parse_receipt(*t)) receipt = *p;
+  auto rec = load_task_record(bundle);
+  if (!rec || !*rec) return receipt ? *receipt : c;
+  const TaskRecord& r = **rec;
+  c.pid = r.pid;
   if (r.container) {  // the pod's VM is its sandbox's: only the container's rootfs goes
     remove_task(bundle, r);
     return receipt ? *receipt : c;
@@ -799,10 +794,7 @@ struct TaskService::Impl {
       fault_point("create:pod-share");
       s->volumes.push_back(Volume{rec.pod_share, std::string(kPodShareGuest), false});
     }
-    if (auto w = persist(); !w) {
-      remove_task(bundle, rec);
-      return fail(ttrpc::Code::internal, w.error().message);
-    }
+    // The record is the one persisted before the mounts: nothing to write again.
     spec = std::move(*s);
     task.stdin_path = req->stdin();
     task.stdout_path = req->stdout();
@@ -987,10 +979,7 @@ struct TaskService::Impl {
     }
     task.phase = Phase::running;
     task.pid = static_cast<std::uint32_t>(pid);
-    exit_watch.emplace(io, watch_fd);
-    exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
-      if (!ec) on_exit();
-    });
+    watch_exit(watch_fd);
     ev::TaskStart e;
     e.set_container_id(cfg.id);
     e.set_pid(static_cast<std::uint32_t>(pid));
@@ -1047,17 +1036,19 @@ struct TaskService::Impl {
     task.stderr_path = rec.stderr_path;
     task.terminal = rec.terminal;
     spec.terminal = rec.terminal || spec.terminal;
-    if (!rec.stdin_path.empty()) {  // as open_streams() holds it (the monitor holds the read end)
-      task.stdin_hold.reset(::open(rec.stdin_path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC));
-      task.stdin_reader.reset(::open(rec.stdin_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-    }
+    task.hold_stdin();  // as Start holds it (the monitor holds the read end)
     restored = true;
     adopted = *id;
-    exit_watch.emplace(io, p.release());
+    watch_exit(p.release());
+    return fmt::format("re-adopted from its record: monitor pid {}, VM {}", rec.pid, rec.vm);
+  }
+
+  /// on_exit() once the monitor's pidfd `fd` (owned from here on) is readable: it ended.
+  void watch_exit(int fd) {
+    exit_watch.emplace(io, fd);
     exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
       if (!ec) on_exit();
     });
-    return fmt::format("re-adopted from its record: monitor pid {}, VM {}", rec.pid, rec.vm);
   }
 
   /// The VM's monitor runs: `neshost run` (our child), or the replacement that adopted the VM.
@@ -1103,10 +1094,7 @@ struct TaskService::Impl {
     adopted = id;
     fmt::print(stderr, "containerd-shim-nesinit-v2: task {}: {}\n", cfg.id,
                said.empty() ? fmt::format("served by monitor pid {}", id.pid) : said);
-    exit_watch.emplace(io, p.release());
-    exit_watch->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
-      if (!ec) on_exit();
-    });
+    watch_exit(p.release());
     return true;
   }
 
