@@ -45,6 +45,8 @@ struct ExecAttachments::Attached {
   std::unique_ptr<FdWriter> wout, werr;       // declared after the fds: destroyed first
   std::unique_ptr<StdinPump> pump;
   ControlRespond reply;
+  std::vector<ControlRespond> waiters;        // `wait PROC` requests (at most control::kWaitersMax)
+  std::int32_t pid = 0;                       // in the guest, once started
   std::optional<int> status;                  // ended: the exit status to report
   std::string reason;
   std::vector<std::string> lost;              // its output the host could not deliver, one line each
@@ -99,13 +101,30 @@ void ExecAttachments::finish(std::uint16_t proc) {
   if (!a->reason.empty()) why += (why.empty() ? "" : "; ") + a->reason;
   for (char& c : why)
     if (c == '\n' || c == '\r') c = ' ';
-  a->reply(control::Exited{*a->status, std::move(why)});  // WHY cut to control::kExitWhyMax
+  const control::Exited end{*a->status, std::move(why)};  // WHY cut to control::kExitWhyMax
+  a->reply(end);
+  for (auto& w : std::exchange(a->waiters, {})) w(end);
+  ended_procs_.emplace_back(proc, end);
+  if (ended_procs_.size() > control::kWaitEndedKept) ended_procs_.pop_front();
   if (a->pump) a->pump->stop();
   // Not from inside a writer's callback: the entry goes on the next turn of the loop.
   asio::post(io_, [this, proc, a] {
     live_.erase(proc);
     pause_changed_();
   });
+}
+
+void ExecAttachments::wait(std::uint16_t proc, ControlRespond respond) {
+  if (auto it = live_.find(proc); it != live_.end() && !it->second->replied) {
+    if (it->second->waiters.size() >= control::kWaitersMax)
+      return respond(control::Error{fmt::format("wait: PROC {}: {} waits pending already", proc, control::kWaitersMax)});
+    auto& a = *it->second;
+    respond(a.pid ? control::Reply{control::Started{a.pid, proc}} : control::Reply{control::Waiting{}});
+    return a.waiters.push_back(std::move(respond));
+  }
+  for (auto it = ended_procs_.rbegin(); it != ended_procs_.rend(); ++it)
+    if (it->first == proc) return respond(it->second);
+  respond(control::Error{fmt::format("wait: PROC {}: no such process", proc)});
 }
 
 void ExecAttachments::workload_started() {
@@ -155,7 +174,9 @@ void ExecAttachments::start(control::Exec request, std::vector<host::Fd> fds, Co
   hooks.started = [this, wa, input](std::int32_t pid) {
     auto a = wa.lock();
     if (!a) return;
+    a->pid = pid;
     a->reply(control::Started{pid, a->proc});
+    for (auto& w : a->waiters) w(control::Started{pid, a->proc});
     if (!input) return;
     make_own_nonblocking(a->in.get());
     const std::uint16_t proc = a->proc;

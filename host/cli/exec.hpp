@@ -11,6 +11,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -48,6 +49,12 @@ class ExecAttachments {
   /// workload has started (the VM still booting) it waits, answering control::Waiting first (at
   /// most kExecMax waiting; they fail when the workload ends before it starts).
   void start(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond);
+  /// Serves `wait PROC` (ControlHandlers::wait): for a live process control::Started (Waiting
+  /// until it has started), then control::Exited once it ended and its output is written, as its
+  /// own `exec` connection gets them; for one of the last control::kWaitEndedKept that ended its
+  /// Exited at once; control::Error for a process this monitor never started or forgot, or a
+  /// (kWaitersMax+1)th wait on it.
+  void wait(std::uint16_t proc, ControlRespond respond);
   /// The workload started (Milestone::started): waiting requests go ahead.
   void workload_started();
   /// The workload's outcome is in: waiting requests fail.
@@ -80,6 +87,7 @@ class ExecAttachments {
     ControlRespond respond;
   };
   std::vector<Queued> waiting_;
+  std::deque<std::pair<std::uint16_t, control::Exited>> ended_procs_;  // newest last, at most kWaitEndedKept
   bool started_ = false, ended_ = false;
 };
 

@@ -1018,6 +1018,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       if (vm_pause.paused()) return respond(control::Error{"cannot exec in a paused VM (unpause it first)"});
       execs.start(std::move(x), std::move(fds), std::move(respond));
     };
+    ch.wait = [&execs](const control::Wait& w, ControlRespond respond) { execs.wait(w.proc, std::move(respond)); };
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);

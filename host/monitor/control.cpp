@@ -76,6 +76,14 @@ host::Result<Request> parse_kill(std::string_view args) {
   return Request{k};
 }
 
+host::Result<Request> parse_wait(std::string_view args) {
+  auto w = words(args, 2);
+  if (w.size() != 1) return host::Error{"wait: expected PROC"};
+  auto proc = number("wait", "PROC", w[0], 1, 0xffff);
+  if (!proc) return proc.error();
+  return Request{Wait{static_cast<std::uint16_t>(*proc)}};
+}
+
 host::Result<Request> parse_resize(std::string_view args) {
   auto w = words(args, 3);
   if (w.size() < 2 || w.size() > 3) return host::Error{"resize: expected ROWS COLS [PROC], each 1..65535"};
@@ -177,6 +185,7 @@ std::string encode(const Request& r) {
     std::string operator()(const Ps&) const { return "ps"; }
     std::string operator()(const Pause&) const { return "pause"; }
     std::string operator()(const Resume&) const { return "resume"; }
+    std::string operator()(const Wait& w) const { return fmt::format("wait {}", w.proc); }
     std::string operator()(const Exec& x) const {
       char flags[3];
       std::size_t n = 0;
@@ -228,6 +237,7 @@ host::Result<Request> parse_request(std::string_view line) {
   if (verb == "resize")
     return bare ? host::Error{"resize: expected ROWS COLS [PROC], each 1..65535"} : parse_resize(args);
   if (verb == "exec") return bare ? host::Error{"exec: expected FLAGS JSON"} : parse_exec(args);
+  if (verb == "wait") return bare ? host::Error{"wait: expected PROC"} : parse_wait(args);
   return host::Error{fmt::format("unknown request {}", quoted(line))};
 }
 

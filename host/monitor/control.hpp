@@ -99,8 +99,23 @@ struct Exec {
   bool operator==(const Exec&) const = default;
 };
 
+/// `wait PROC`: the end of process PROC (1..65535) that `exec` started, for a client that is not
+/// the one whose `exec` connection started it (a replaced containerd shim re-adopting its execs).
+/// Replies: for a process that runs, Started (Waiting before it has started), then Exited once it
+/// ended and its output is written, as its `exec` connection gets them; for one of the last
+/// kWaitEndedKept processes that ended, Exited at once; else Error (no such process; more than
+/// kWaitersMax waits on it).
+struct Wait {
+  std::uint16_t proc = 0;
+  bool operator==(const Wait&) const = default;
+};
+/// How many ended `exec` processes a monitor remembers for `wait` (the oldest forgotten first).
+inline constexpr std::size_t kWaitEndedKept = 64;
+/// How many `wait` requests one process may have pending at once.
+inline constexpr std::size_t kWaitersMax = 8;
+
 /// Any control request.
-using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume>;
+using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume, Wait>;
 
 /// A request aimed at one generation of the VM (fencing, additive): on the wire the prefix
 /// `generation G ` (G 1..2^53-1) before the request, e.g. `generation 3 kill 9`. A monitor that

@@ -175,7 +175,10 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
   local::acceptor acceptor;
   fs::path path;
   Handler handler;
-  int live = 0;  // connections being served (bounded)
+  // Connections being served: at most 8 short requests beside one `exec` and one `wait`
+  // connection for each process the guest may run at once (proto::kExecMax).
+  std::size_t live = 0;
+  static constexpr std::size_t kLiveMax = 8 + 2 * proto::kExecMax;
   bool closed = false;
   bool accepting = true;  // false: replies only (stop_accepting)
 
@@ -202,7 +205,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(sock.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-        (cred.uid != ::geteuid() && cred.uid != 0) || live >= 8)
+        (cred.uid != ::geteuid() && cred.uid != 0) || live >= kLiveMax)
       return;  // closed unanswered
     ++live;
     auto c = std::make_shared<Conn>(std::move(sock), io);
@@ -362,6 +365,7 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
                   : control::Reply{control::Error{r.error().message}});
       });
     }
+    if (auto* w = std::get_if<control::Wait>(&*req)) return hs->wait ? hs->wait(*w, std::move(respond)) : unserved("wait");
     auto& x = std::get<control::Exec>(*req);
     if (!hs->exec) return unserved("exec");
     hs->exec(std::move(x), std::move(fds), std::move(respond));

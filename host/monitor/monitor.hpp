@@ -115,6 +115,8 @@ struct ControlHandlers {
   /// `exec FLAGS JSON` with the fds it carried (at most 3): answers through `respond` at least
   /// once, a final reply last (Waiting and Started say more follows).
   std::function<void(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond)> exec;
+  /// `wait PROC`: answers through `respond` once (control::Exited or control::Error), now or later.
+  std::function<void(const control::Wait& request, ControlRespond respond)> wait;
 };
 
 /// The server's dispatch: each line parsed with control::parse_targeted (a line that does not

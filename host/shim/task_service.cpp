@@ -33,6 +33,7 @@
 #include "host/monitor/reconcile.hpp"
 #include "protocol/codec.hpp"
 #include "host/lib/record.hpp"
+#include "host/shim/exec_journal.hpp"
 #include "host/shim/fault_point.hpp"
 #include "host/shim/gated_spawn.hpp"
 #include "host/shim/identity.hpp"
@@ -73,6 +74,7 @@ std::string encode_task_record(const TaskRecord& r) {
   if (!r.stdout_path.empty()) pod += fmt::format(R"(,"stdout":{})", host::json_string(r.stdout_path));
   if (!r.stderr_path.empty()) pod += fmt::format(R"(,"stderr":{})", host::json_string(r.stderr_path));
   if (r.terminal) pod += R"(,"terminal":true)";
+  if (r.created) pod += R"(,"created":true)";
   return fmt::format(R"({{"schema_version":1,"id":{},"vm":{},"state_dir":{},"pid":{},"pid_start":{},"mounted_rootfs":{}{}}})"
                      "\n",
                      host::json_string(r.id), host::json_string(r.vm), host::json_string(r.state_dir.string()), r.pid,
@@ -116,6 +118,8 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
   }
   if (auto e = o["terminal"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.terminal))
     return Error{"nesinit-task.json: terminal: expected a boolean"};
+  if (auto e = o["created"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.created))
+    return Error{"nesinit-task.json: created: expected a boolean"};
   return r;
 }
 
@@ -251,6 +255,7 @@ void remove_task(const fs::path& bundle, const TaskRecord& r) {
   std::error_code ec;
   unmount_pod_share(r.pod_share, r.container);
   if (!r.container) fs::remove_all(r.state_dir, ec);
+  fs::remove(bundle / kExecJournalFile, ec);
   fs::remove(bundle / kTaskFile, ec);
 }
 
@@ -412,6 +417,8 @@ struct TaskService::Impl {
     }
     std::string task;  // the task it belongs to: the shim's own, or a pod's container
     TaskSpec spec;
+    std::string spec_json;  // containerd's OCI process JSON, for the exec journal
+    bool restored = false;  // running when a replaced shim took it over from the journal (its start was published)
     // A pod's container only: its bundle, its record there (its rootfs under the pod's share),
     // its root and hostname as the guest names them.
     fs::path bundle;
@@ -460,6 +467,51 @@ struct TaskService::Impl {
                               encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(),
                                                      static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 +
                                                          r.exited_at().nanos()}));
+  }
+
+  /// Whether `x` is kept in the exec journal: an exec of the shim's own task, which restore()
+  /// takes over (a pod's processes are not restored).
+  bool journaled(const ExecProc& x) const { return !pod && x.exec && x.task == cfg.id; }
+
+  /// Writes the exec journal (host/shim/exec_journal.hpp) from what the shim knows now: every
+  /// journaled exec and the newest kExecReceiptsKept receipts of deleted ones. Errors:
+  /// write_durable's.
+  host::Status persist_execs() {
+    if (pod) return host::Ok{};
+    std::vector<ExecEntry> out;
+    for (const auto& [k, x] : procs) {
+      if (!journaled(*x)) continue;
+      ExecEntry e{x->id, x->spec_json, x->stdin_path, x->stdout_path, x->stderr_path, x->terminal};
+      e.state = x->phase == Phase::running   ? ExecState::running
+                : x->phase == Phase::stopped ? ExecState::stopped
+                : x->start_respond           ? ExecState::starting
+                                             : ExecState::added;
+      e.proc = x->proc;
+      e.pid = x->pid;
+      e.exit_status = x->exit_status;
+      e.exited_at_ns = x->exited_at_ns;
+      out.push_back(std::move(e));
+    }
+    std::size_t kept = 0;
+    for (auto it = receipt_order.rbegin(); it != receipt_order.rend() && kept < kExecReceiptsKept; ++it) {
+      if (it->first != cfg.id || it->second.empty() || procs.count(*it)) continue;
+      const v2::DeleteResponse& r = receipts.at(*it);
+      ExecEntry e;
+      e.id = it->second;
+      e.state = ExecState::deleted;
+      e.pid = r.pid();
+      e.exit_status = r.exit_status();
+      e.exited_at_ns = static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 + r.exited_at().nanos();
+      out.push_back(std::move(e));
+      ++kept;
+    }
+    return host::write_durable(cfg.bundle, kExecJournalFile, encode_exec_journal(out));
+  }
+  /// persist_execs(), its failure a warning in the shim's log (what a later replacement would
+  /// not know).
+  void note_execs() {
+    if (auto w = persist_execs(); !w)
+      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec journal: {}\n", cfg.id, w.error().message);
   }
 
   ExecProc* find_proc(const Key& k) {
@@ -521,11 +573,20 @@ struct TaskService::Impl {
     if (!sp) return fail(ttrpc::Code::invalid_argument, "spec: " + sp.error().message);
     auto x = std::make_unique<ExecProc>(io, req->id(), req->exec_id());
     x->spec = std::move(*sp);
+    x->spec_json = req->spec().value();
     x->stdin_path = req->stdin();
     x->stdout_path = req->stdout();
     x->stderr_path = req->stderr();
     x->terminal = req->terminal() || x->spec.terminal;
-    procs.emplace(key(*x), std::move(x));
+    const Key k = key(*x);
+    const bool journal = journaled(*x);
+    procs.emplace(k, std::move(x));
+    // Journaled before it is answered: a replacement shim can start what containerd was told exists.
+    if (journal)
+      if (auto w = persist_execs(); !w) {
+        procs.erase(k);
+        return fail(ttrpc::Code::internal, fmt::format("exec {}: journal: {}", req->exec_id(), w.error().message));
+      }
     ev::TaskExecAdded e;
     e.set_container_id(req->id());
     e.set_exec_id(req->exec_id());
@@ -564,7 +625,20 @@ struct TaskService::Impl {
     x->out = std::move(streams->out);
     x->err = std::move(streams->err);
     x->start_respond = std::move(respond);
+    x->restored = false;  // an added one taken over: this Start's answer is published as any
     x->connect_deadline = std::chrono::steady_clock::now() + 30s;
+    // Intent before effect: the journal says it is starting before the request can reach the
+    // monitor (a replacement then knows the answer was lost, docs/containerd.md).
+    if (journaled(*x)) {
+      if (auto w = persist_execs(); !w) {
+        x->in.reset();
+        x->out.reset();
+        x->err.reset();
+        auto rs = std::exchange(x->start_respond, std::nullopt);
+        return (*rs)(fail(ttrpc::Code::internal, fmt::format("exec {}: journal: {}", x->id, w.error().message)));
+      }
+      fault_point("exec:recorded");
+    }
     connect_exec(key(*x));
   }
 
@@ -613,10 +687,12 @@ struct TaskService::Impl {
       if (!reply) return exec_ended(*x, 125, "unexpected answer: " + line);
       if (std::holds_alternative<cli::control::Waiting>(*reply)) return read_exec(id);  // the VM is still booting
       if (auto* started = std::get_if<cli::control::Started>(&*reply)) {
+        if (x->restored) return read_exec(id);  // `wait PROC`: the start was published by the shim before
         const auto pid = static_cast<std::uint32_t>(started->pid);
         x->pid = pid;
         x->proc = started->proc;
         x->phase = Phase::running;
+        if (journaled(*x)) note_execs();  // the result, before containerd hears it
         if (x->exec) {
           ev::TaskExecStarted e;
           e.set_container_id(x->task);
@@ -660,6 +736,7 @@ struct TaskService::Impl {
       fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}{}: {} (exit status {})\n", x.task,
                  x.exec ? " exec " + x.id : std::string(), why, status);
     x.stop(status, now_ns());
+    if (journaled(x)) note_execs();  // its end, before anyone is told
     if (auto rs = std::exchange(x.start_respond, std::nullopt)) {
       (*rs)(fail(ttrpc::Code::failed_precondition,
                  fmt::format("{}: {}{}", x.exec ? "exec " + x.id : fmt::format("container '{}'", x.id),
@@ -737,6 +814,7 @@ struct TaskService::Impl {
     rec = TaskRecord{};
     std::error_code rc;
     fs::remove(bundle / kReceiptFile, rc);  // an earlier incarnation's answer is not this one's
+    fs::remove(bundle / kExecJournalFile, rc);  // nor its execs
     rec.id = cfg.id;
     // A new incarnation: a VM id of its own (identity.hpp), said in the shim's log.
     const std::string incarnation = new_incarnation();
@@ -794,7 +872,12 @@ struct TaskService::Impl {
       fault_point("create:pod-share");
       s->volumes.push_back(Volume{rec.pod_share, std::string(kPodShareGuest), false});
     }
-    // The record is the one persisted before the mounts: nothing to write again.
+    // Done: what a replaced shim restores as CREATED (restore()).
+    rec.created = true;
+    if (auto w = persist(); !w) {
+      remove_task(bundle, rec);
+      return fail(ttrpc::Code::internal, w.error().message);
+    }
     spec = std::move(*s);
     task.stdin_path = req->stdin();
     task.stdout_path = req->stdout();
@@ -1010,19 +1093,33 @@ struct TaskService::Impl {
   /// pidfd, its exit status the VM's outcome record's (as a replacement monitor's). Its stdio
   /// stays as it was (containerd's FIFOs or files are the monitor's own fds: nothing of the
   /// shim's is on that path, so no byte is lost or repeated); its stdin FIFO is held again as
-  /// Start holds it (CloseIO works). Execs started by the shim before are not tracked again
-  /// (their processes run on in the VM until it ends; Kill by their exec id answers NOT_FOUND). A
-  /// pod's tasks, another task's record, or a record without a live monitor: nothing
+  /// Start holds it (CloseIO works). Its execs as the exec journal names them (restore_execs). A
+  /// task whose Create finished and that was never started: CREATED again. A pod's tasks,
+  /// another task's record, a Create cut short, or a record without a live monitor: nothing
   /// (containerd's cleanup ends them). Returns what it did, for the shim's log.
   std::optional<std::string> restore() {
     auto r = load_task_record(cfg.bundle);
     if (!r || !*r) return std::nullopt;
     TaskRecord got = std::move(**r);
-    if (got.id != cfg.id || got.container || !got.pod_share.empty() || got.pid <= 0) return std::nullopt;
+    if (got.id != cfg.id || got.container || !got.pod_share.empty()) return std::nullopt;
     auto text = read_oci_config(cfg.bundle);
     if (!text) return std::nullopt;
     auto s = parse_oci_spec(*text, cfg.bundle);
     if (!s) return std::nullopt;
+    if (got.pid <= 0) {
+      // Created, not started: CREATED again (Start spawns the monitor as ever); its pid is now
+      // this shim's, as a Created task's is.
+      if (!got.created) return std::nullopt;
+      rec = std::move(got);
+      spec = std::move(*s);
+      task.phase = Phase::created;
+      task.stdin_path = rec.stdin_path;
+      task.stdout_path = rec.stdout_path;
+      task.stderr_path = rec.stderr_path;
+      task.terminal = rec.terminal;
+      spec.terminal = rec.terminal || spec.terminal;
+      return fmt::format("restored from its record: created, VM {}", rec.vm);
+    }
     Fd p{static_cast<int>(::syscall(SYS_pidfd_open, got.pid, 0))};
     auto id = host::identity_of(got.pid);
     // The pidfd first, the identity after: a recycled pid cannot pass for the monitor.
@@ -1040,7 +1137,87 @@ struct TaskService::Impl {
     restored = true;
     adopted = *id;
     watch_exit(p.release());
-    return fmt::format("re-adopted from its record: monitor pid {}, VM {}", rec.pid, rec.vm);
+    std::string said = fmt::format("re-adopted from its record: monitor pid {}, VM {}", rec.pid, rec.vm);
+    if (auto n = restore_execs(); !n.empty()) said += "; execs: " + n;
+    return said;
+  }
+
+  /// The execs the journal names, taken over by restore() (host/shim/exec_journal.hpp): an added
+  /// one as created (containerd may Start it), a running one waited for through the monitor
+  /// (`wait PROC` on a connection of its own, read as Start's connection is: its end is this
+  /// shim's to report), a stopped one with its status and time, a deleted one's receipt kept. One
+  /// whose Start was in flight when the shim died (`starting`: its answer never reached
+  /// containerd, which failed the Start) is stopped with 125 and a warning: the monitor cannot
+  /// tell whether the request reached it. Returns a summary for the log ("" when none).
+  std::string restore_execs() {
+    auto text = base::read_small_file((cfg.bundle / kExecJournalFile).c_str(), kExecJournalMax);
+    if (!text) return {};
+    auto j = parse_exec_journal(*text);
+    if (!j) {
+      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {}: execs not restored\n", cfg.id, j.error().message);
+      return {};
+    }
+    std::string out;
+    for (auto& e : *j) {
+      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", e.id, to_string(e.state));
+      if (e.state == ExecState::deleted) {
+        v2::DeleteResponse r;
+        r.set_pid(e.pid);
+        r.set_exit_status(e.exit_status);
+        set_time(r.mutable_exited_at(), e.exited_at_ns);
+        keep_receipt({cfg.id, e.id}, r);
+        continue;
+      }
+      auto x = std::make_unique<ExecProc>(io, cfg.id, e.id);
+      auto sp = parse_oci_process(e.spec);
+      if (!sp) {
+        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec {}: spec: {}\n", cfg.id, e.id, sp.error().message);
+        if (e.state == ExecState::added) continue;  // nothing ran: as if never added
+      } else {
+        x->spec = std::move(*sp);
+      }
+      x->spec_json = std::move(e.spec);
+      x->stdin_path = e.stdin_path;
+      x->stdout_path = e.stdout_path;
+      x->stderr_path = e.stderr_path;
+      x->terminal = e.terminal;
+      x->restored = true;
+      x->pid = e.pid;
+      x->proc = e.proc;
+      const Key k = key(*x);
+      ExecProc* xp = x.get();
+      procs.emplace(k, std::move(x));
+      switch (e.state) {
+        case ExecState::added: break;
+        case ExecState::starting:
+          fmt::print(stderr,
+                     "containerd-shim-nesinit-v2: warning: task {}: exec {}: the shim before this one died while "
+                     "starting it (its Start failed); stopped with 125\n",
+                     cfg.id, e.id);
+          xp->stop(125, now_ns());
+          break;
+        case ExecState::stopped: xp->stop(e.exit_status, e.exited_at_ns); break;
+        case ExecState::running: {
+          xp->phase = Phase::running;
+          if (!xp->stdin_path.empty()) xp->hold_stdin();  // the monitor holds the read end
+          auto cs = cli::ControlSession::open(host::control_path(rec.state_dir, rec.vm), cli::control::Wait{e.proc}, {});
+          boost::system::error_code ec;
+          if (cs) {
+            Fd sock = cs->take();
+            xp->sock.assign(asio::local::stream_protocol(), sock.get(), ec);
+            if (!ec) sock.release();
+          }
+          if (!cs || ec) {
+            exec_ended(*xp, 137, fmt::format("its end cannot be waited for: {}", cs ? ec.message() : cs.error().message));
+            break;
+          }
+          read_exec(k);
+          break;
+        }
+        case ExecState::deleted: break;
+      }
+    }
+    return out;
   }
 
   /// on_exit() once the monitor's pidfd `fd` (owned from here on) is readable: it ended.
@@ -1276,7 +1453,9 @@ struct TaskService::Impl {
     if (x) {
       boost::system::error_code ig;
       x->sock.close(ig);
+      const bool journal = journaled(*x);
       procs.erase(key(*x));
+      if (journal) note_execs();  // the receipt, before the answer
       return ok(r);
     }
     // The receipt first: whatever asks after this (a retry, `shim delete`) gets the same answer.
@@ -1386,7 +1565,7 @@ struct TaskService::Impl {
     if (!req) return fail(ttrpc::Code::invalid_argument, "ConnectRequest: malformed");
     v2::ConnectResponse r;
     r.set_shim_pid(static_cast<std::uint32_t>(::getpid()));
-    r.set_task_pid(static_cast<std::uint32_t>(rec.pid));
+    r.set_task_pid(task.state(cfg.bundle.string()).pid());  // as State says it (the shim's before Start)
     r.set_version(NESINIT_SHIM_VERSION);
     return ok(r);
   }

@@ -57,6 +57,9 @@ struct TaskRecord {
   /// containerd find the FIFOs again. Optional (absent: empty, false).
   std::string stdin_path, stdout_path, stderr_path;
   bool terminal = false;
+  /// Create finished (every mount made, the task CREATED): a replaced shim restores a task that
+  /// was created and not started. Optional (absent: false).
+  bool created = false;
   bool operator==(const TaskRecord&) const = default;
 };
 /// One JSON object plus '\n'.
@@ -99,7 +102,9 @@ class TaskService {
 
   /// A shim started again on its bundle (the one before was SIGKILLed): the task its
   /// `nesinit-task.json` records, RUNNING with the same pid, if its `neshost run` still runs
-  /// (same pid and start time); a pod's tasks are not restored. Returns what was re-adopted, for
+  /// (same pid and start time), and its execs as the exec journal names them
+  /// (host/shim/exec_journal.hpp); a task created and not started, CREATED again; a pod's tasks
+  /// are not restored. Returns what was re-adopted, for
   /// the log, or nullopt (nothing recorded, nothing alive: containerd's cleanup ends it).
   std::optional<std::string> restore();
 

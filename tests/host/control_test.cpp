@@ -84,6 +84,8 @@ TEST_CASE("every request: its exact line, and back") {
   check_request(ctl::Ps{}, "ps");
   check_request(ctl::Pause{}, "pause");
   check_request(ctl::Resume{}, "resume");
+  check_request(ctl::Wait{1}, "wait 1");
+  check_request(ctl::Wait{65535}, "wait 65535");
   check_request(ctl::Kill{9, std::nullopt}, "kill 9");
   check_request(ctl::Kill{15, 3}, "kill 15 3");
   check_request(ctl::Kill{1, 65535}, "kill 1 65535");
@@ -153,6 +155,10 @@ TEST_CASE("malformed requests: each field refused, named") {
   CHECK(request_error("stop ") == "stop: expected no arguments, got ''");
   CHECK(request_error("ps -ef") == "ps: expected no arguments, got '-ef'");
 
+  CHECK(request_error("wait") == "wait: expected PROC");
+  CHECK(request_error("wait 1 2") == "wait: expected PROC");
+  CHECK(request_error("wait 0") == "wait: PROC: expected an integer 1..65535, got '0'");
+  CHECK(request_error("wait 65536") == "wait: PROC: expected an integer 1..65535, got '65536'");
   CHECK(request_error("kill") == "kill: expected SIGNAL [PROC]");
   CHECK(request_error("kill 9 1 2") == "kill: expected SIGNAL [PROC]");
   CHECK(request_error("kill 0") == "kill: SIGNAL: expected an integer 1..64, got '0'");
@@ -355,6 +361,7 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
     calls.push_back(std::move(s));
   };
   ControlRespond running_exec;  // the exec in flight (touched on the loop thread only)
+  std::vector<ControlRespond> waiting;  // `wait 7` requests (the loop thread only)
 
   ControlHandlers h;
   h.stop = [&] {
@@ -368,6 +375,7 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
       if (*k.proc != 7 || !running_exec) return host::Error{fmt::format("no process {}", *k.proc)};
       // The exec'd process dies of it: its final reply on the exec's own connection.
       std::exchange(running_exec, nullptr)(ctl::Exited{128 + k.signal, ""});
+      for (auto& w : std::exchange(waiting, {})) w(ctl::Exited{128 + k.signal, ""});
     }
     return host::Ok{};
   };
@@ -381,6 +389,13 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
     respond(ctl::Waiting{});
     respond(ctl::Started{42, 7});
     running_exec = std::move(respond);
+  };
+  // wait: process 7 ends when killed (below); any other is unknown.
+  h.wait = [&](const ctl::Wait& w, ControlRespond respond) {
+    note(fmt::format("wait {}", w.proc));
+    if (w.proc != 7) return respond(ctl::Error{fmt::format("wait: PROC {}: no such process", w.proc)});
+    respond(ctl::Started{42, 7});
+    waiting.push_back(std::move(respond));
   };
   // resize left unserved.
   Served served(path, std::move(h));
@@ -419,7 +434,18 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
   REQUIRE(r2.ok());
   CHECK(*r2 == ctl::Reply{ctl::Started{42, 7}});
   CHECK(control_call(path, ctl::Kill{9, 8}).error().message == "error: no process 8");
+  // Another client waits for process 7 on a connection of its own (a replaced shim).
+  auto ws = ControlSession::open(path, ctl::Wait{7}, {});
+  REQUIRE(ws.ok());
+  auto w0 = ws->read_reply(std::chrono::seconds(30));
+  REQUIRE(w0.ok());
+  CHECK(*w0 == ctl::Reply{ctl::Started{42, 7}});
+  CHECK(control_call(path, ctl::Wait{8}).error().message == "error: wait: PROC 8: no such process");
+  // Its Started was read only after the wait was registered: the kill comes after.
   CHECK(control_call(path, ctl::Kill{9, 7}).ok());
+  auto w1 = ws->read_reply(std::chrono::seconds(30));
+  REQUIRE(w1.ok());
+  CHECK(*w1 == ctl::Reply{ctl::Exited{137, ""}});
   auto r3 = cs->read_reply(std::chrono::seconds(30));
   REQUIRE(r3.ok());
   CHECK(*r3 == ctl::Reply{ctl::Exited{137, ""}});
@@ -452,7 +478,7 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
 
   std::lock_guard lock(mu);
   CHECK(calls == std::vector<std::string>{"stop", "kill 9 0", "kill 15 0", "kill 15 0", "ps", "exec sh fds 3",
-                                          "kill 9 8", "kill 9 7", "exec /missing fds 0", "kill 9 0", "ps"});
+                                          "kill 9 8", "wait 7", "wait 8", "kill 9 7", "exec /missing fds 0", "kill 9 0", "ps"});
 }
 
 TEST_CASE("fencing: a monitor refuses a request aimed at another generation; the right one and the bare one pass") {

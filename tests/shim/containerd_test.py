@@ -556,11 +556,13 @@ def case_shim_killed_states(d):
         d.ctr("container", "delete", tid)
 
 
-def replace_shim(d, tid, between=lambda: None):
+def replace_shim(d, tid, between=lambda: None, created=False):
     """The live replacement the seed's shim is qualified by: containerd stopped, task `tid`'s
     shim SIGKILLed, `between()` called, then a new shim started by hand on the same bundle and
     socket (`start`, with the dead one's own arguments and environment; it must print the
-    bundle's address) and containerd started again. The task's `neshost run` must outlive it."""
+    bundle's address) and containerd started again. The task's `neshost run` must outlive it
+    and the task be RUNNING with the same pid; a `created` task (its pid the shim's) must be
+    CREATED again."""
     pid = d.tasks()[tid][0]
     shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and f"-id {tid}" in q.cmd and d.tmp in q.cmd]
     check(len(shims) == 1, f"shim processes: {[(q.pid, q.cmd) for q in shims]}")
@@ -572,14 +574,78 @@ def replace_shim(d, tid, between=lambda: None):
     d.stop()
     os.kill(shims[0].pid, signal.SIGKILL)
     until(lambda: not alive(shims[0].pid), "the old shim gone")
-    check(alive(int(pid)), "the task's neshost run outlived its shim")
+    check(created or alive(int(pid)), "the task's neshost run outlived its shim")
     between()
     r = subprocess.run([os.path.join(d.bin, SHIM_NAME)] + argv[1:] + ["start"], cwd=bundle, env=env,
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=BOUND)
     with open(os.path.join(bundle, "address")) as f:
         check(r.returncode == 0 and r.stdout.decode() == f.read(), f"shim start: exit {r.returncode}, {r.stdout!r} {r.stderr!r}")
     d.start()
-    check(d.tasks().get(tid) == (pid, "RUNNING"), f"after the replacement: {d.tasks()}, want ({pid}, RUNNING){d.tail()}")
+    if created:
+        check(d.tasks().get(tid, ("", ""))[1] == "CREATED", f"after the replacement: {d.tasks()}, want {tid} CREATED{d.tail()}")
+    else:
+        check(d.tasks().get(tid) == (pid, "RUNNING"), f"after the replacement: {d.tasks()}, want ({pid}, RUNNING){d.tail()}")
+
+
+def case_created_states(d):
+    """issue 29's rows for a task Created and an exec added, neither started, which `ctr` cannot
+    leave so: made through containerd's own Tasks API (tasks_client.py). containerd restarted:
+    the task is CREATED with the same pid and its workload has not run, then Start runs it to its
+    own 7; an exec added before the restart is CREATED, then starts after it and ends with its own
+    4 (Wait and DeleteProcess agree). A shim replaced (containerd stopped, the shim SIGKILLed, a
+    new one started by hand): a created task is CREATED again and runs to its 7; an exec added
+    before its task's shim was replaced starts through the new one and ends with its 5."""
+    from tasks_client import Tasks
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    mark = lambda n: os.path.exists(os.path.join(root, n))
+    t = Tasks(d.sock)
+    try:
+        # `ctr container create` takes a `-c` after the id for a flag of its own: scripts instead.
+        for n in ("tc", "tc2"):
+            with open(os.path.join(root, n + ".sh"), "w") as f:
+                f.write(f"echo > /ran-{n}; exit 7\n")
+        d.ctr("container", "create", "--runtime", RUNTIME, "--rootfs", root, "tc", "/bin/sh", "/tc.sh")
+        pid = t.create("tc")
+        check(t.get("tc") == {"pid": pid, "status": "CREATED", "exit_status": 0}, f"tc after Create: {t.get('tc')}, Create said pid {pid}")
+        d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "te", "/bin/sh", "-c", "echo > /up; exec sleep 100000")
+        until(lambda: mark("up"), "te's workload running")
+        t.exec("te", "xa", ["/bin/sh", "-c", "echo > /ran-xa; exit 4"])
+        check(t.get("te", "xa")["status"] == "CREATED", f"exec xa after Exec: {t.get('te', 'xa')}")
+        d.stop()
+        d.start()
+        check(t.get("tc") == {"pid": pid, "status": "CREATED", "exit_status": 0}, f"tc after the restart: {t.get('tc')}")
+        check(t.get("te", "xa")["status"] == "CREATED", f"exec xa after the restart: {t.get('te', 'xa')}")
+        check(not mark("ran-tc") and not mark("ran-xa"), "a workload ran before its Start")
+        t.start("tc")
+        check(t.wait("tc") == 7 and mark("ran-tc"), f"tc after Start: {t.get('tc')}{d.tail()}")
+        t.start("te", "xa")
+        check(t.wait("te", "xa") == 4 and mark("ran-xa"), f"exec xa after Start: {t.get('te', 'xa')}{d.tail()}")
+        check(t.delete_process("te", "xa")["exit_status"] == 4, "exec xa's DeleteProcess")
+        rc, _, err = d.ctr("task", "delete", "tc", check_rc=False)
+        check("exit code 7" in err, f"ctr task delete tc: {err!r}, want 7")
+        # The shim replaced with its task created, and with an exec added.
+        d.ctr("container", "create", "--runtime", RUNTIME, "--rootfs", root, "tc2", "/bin/sh", "/tc2.sh")
+        t.create("tc2")
+        t.exec("te", "xb", ["/bin/sh", "-c", "echo > /ran-xb; exit 5"])
+        replace_shim(d, "tc2", created=True)
+        replace_shim(d, "te")
+        check(not mark("ran-tc2") and not mark("ran-xb"), "a workload ran before its Start")
+        check(t.get("te", "xb")["status"] == "CREATED", f"exec xb after the replacement: {t.get('te', 'xb')}")
+        t.start("tc2")
+        check(t.wait("tc2") == 7 and mark("ran-tc2"), f"tc2 after Start: {t.get('tc2')}{d.tail()}")
+        t.start("te", "xb")
+        check(t.wait("te", "xb") == 5 and mark("ran-xb"), f"exec xb after Start: {t.get('te', 'xb')}{d.tail()}")
+        check(t.delete_process("te", "xb")["exit_status"] == 5, "exec xb's DeleteProcess")
+    finally:
+        t.close()
+    rc, _, err = d.ctr("task", "delete", "tc2", check_rc=False)
+    check("exit code 7" in err, f"ctr task delete tc2: {err!r}, want 7")
+    d.ctr("task", "kill", "te")
+    until(lambda: d.tasks().get("te", ("", ""))[1] == "STOPPED", "te stopped")
+    rc, _, err = d.ctr("task", "delete", "te", check_rc=False)
+    check("exit code 143" in err, f"ctr task delete te: {err!r}, want 143")
+    for c in ("tc", "tc2", "te"):
+        d.ctr("container", "delete", c)
 
 
 def case_shim_replaced(d):
@@ -606,6 +672,60 @@ def case_shim_replaced(d):
     got = numbers()
     check(got == [str(i) for i in range(len(got))], f"the numbered stream has a gap or a repeat: {got[:5]}..{got[-5:]}")
     d.ctr("container", "delete", "tl")
+
+
+def case_exec_replaced(d):
+    """issue 29's live replacement with execs (the exec journal): before the replacement the task
+    has an exec running (a numbered stream to a --log-uri file until the host creates /gate, then
+    exit 5), one stopped and not deleted (exit 3, seen in containerd's /tasks/exit) and one
+    deleted (4). The new shim takes them over from the journal: the running one's stream goes on
+    with no number lost or repeated and it ends on the gate with its own 5 (its end waited for
+    through the monitor, `wait PROC`), the stopped one is
+    deleted with its own 3, a third exec starts and ends through the new shim (6), and the task
+    ends with 143."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    out = os.path.join(d.tmp, "exec.log")
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "tx", "/bin/sh", "-c", "echo > /up; exec sleep 100000")
+    until(lambda: os.path.exists(os.path.join(root, "up")), "tx's workload running")
+    events = d.popen_ctr("events")
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(events.stdout.readline, b"")), daemon=True)
+    reader.start()
+    try:
+        d.ctr("task", "exec", "-d", "--exec-id", "run", "--log-uri", "file://" + out, "tx", "/bin/sh", "-c",
+              "i=0; while [ ! -e /gate ]; do echo $i; i=$((i+1)); sleep 0.02; done; exit 5")
+        d.ctr("task", "exec", "-d", "--exec-id", "st", "tx", "/bin/sh", "-c", "exit 3")
+        rc, _, err = d.ctr("task", "exec", "--exec-id", "del", "tx", "/bin/sh", "-c", "exit 4", check_rc=False)
+        check(rc == 4, f"exec del: exit {rc}, {err!r}")
+        until(lambda: any(b"/tasks/exit " in l and b'"id":"st"' in l for l in list(lines)), "exec st's /tasks/exit")
+    finally:
+        events.kill()
+        events.communicate()
+        reader.join(timeout=10)
+    numbers = lambda: open(out).read().split("\n")[:-1] if os.path.exists(out) else []
+    until(lambda: len(numbers()) >= 10, "exec run's numbered stream started")
+    seen = []
+    replace_shim(d, "tx", between=lambda: seen.append(len(numbers())))
+    until(lambda: len(numbers()) >= seen[0] + 20, "exec run's stream going on after the replacement")
+    rc, _, err = d.ctr("task", "delete", "--exec-id", "st", "tx", check_rc=False)
+    check(rc == 3 or "exit code 3" in err, f"ctr task delete --exec-id st: exit {rc}, {err!r}, want its own 3{d.tail()}")
+    rc, o, err = d.ctr("task", "exec", "--exec-id", "new", "tx", "/bin/sh", "-c", "echo new; exit 6", check_rc=False)
+    check((rc, o) == (6, "new\n"), f"an exec through the new shim: exit {rc}, {o!r}, {err!r}{d.tail()}")
+    open(os.path.join(root, "gate"), "w").close()
+    # Its end reaches the new shim: until then its delete is refused (still running).
+    def deleted():
+        rc, _, err = d.ctr("task", "delete", "--exec-id", "run", "tx", check_rc=False)
+        return None if "running" in err else (rc, err)
+    got = []
+    until(lambda: got.append(deleted()) or got[-1] is not None, "exec run ended and deleted")
+    check(got[-1][0] == 5 or "exit code 5" in got[-1][1], f"ctr task delete --exec-id run: {got[-1]}, want its own 5{d.tail()}")
+    nums = numbers()
+    check(nums == [str(i) for i in range(len(nums))], f"exec run's stream has a gap or a repeat: {nums[:5]}..{nums[-5:]}")
+    d.ctr("task", "kill", "tx")
+    until(lambda: d.tasks().get("tx", ("", ""))[1] == "STOPPED", "tx stopped")
+    rc, _, err = d.ctr("task", "delete", "tx", check_rc=False)
+    check("exit code 143" in err, f"ctr task delete tx: {err!r}, want 143{d.tail()}")
+    d.ctr("container", "delete", "tx")
 
 
 def case_fifo_reattach(d):
@@ -700,7 +820,8 @@ def case_journal(d):
     absent); the shim's log says the fault fired (so the case cannot pass without it); and the same
     id then runs to its own exit status. Then Delete killed between its receipt and the removal:
     containerd's cleanup answers with the receipt (its /tasks/delete has the task's own 6 and
-    exit time)."""
+    exit time). Then an exec's Start killed after its journal intent, before its request reaches
+    the VM's monitor: the exec never ran and nothing is left."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
     imgroot = busybox_root(os.path.join(d.tmp, "imgroot"))
     tarball = os.path.join(d.tmp, "img.tar")
@@ -773,6 +894,26 @@ def case_journal(d):
     until(lambda: not ours(), f"delete:receipt: no shim, neshost, QEMU or virtiofsd left ({ours()})", bound=30)
     check(not mounts(), f"delete:receipt: mounts left: {mounts()}")
     d.ctr("container", "delete", "tj4")
+    # Exec: the shim killed after its journal says `starting`, before the request reaches the
+    # VM's monitor. The exec fails, the exec's process never ran, and containerd's cleanup of the
+    # task (its shim gone) leaves nothing.
+    d.env["NESINIT_SHIM_FAULT"] = "exec:recorded"
+    d.stop()
+    d.start()
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "tj5", "/bin/sh", "-c", "echo > /up5; exec sleep 1000")
+    until(lambda: os.path.exists(os.path.join(root, "up5")), "tj5 running")
+    xmarker = os.path.join(root, "ranx")
+    rc, out, err = d.ctr("task", "exec", "--exec-id", "fx", "tj5", "/bin/sh", "-c", "echo > /ranx", check_rc=False)
+    check(rc != 0, f"exec:recorded: ctr task exec succeeded through a killed shim: {out!r}")
+    with open(d.log, errors="replace") as f:
+        check("fault point exec:recorded" in f.read(), f"exec:recorded never fired: exit {rc}, {err!r}{d.tail()}")
+    until(lambda: "tj5" not in d.tasks() or d.tasks()["tj5"][1] == "STOPPED", "tj5 ended with its shim")
+    d.ctr("task", "delete", "tj5", check_rc=False)
+    until(lambda: "tj5" not in d.tasks(), "tj5 cleaned up")
+    until(lambda: not ours(), f"exec:recorded: no shim, neshost, QEMU or virtiofsd left ({ours()})", bound=30)
+    check(not os.path.exists(xmarker), "exec:recorded: the exec ran")
+    check(not mounts(), f"exec:recorded: mounts left: {mounts()}")
+    d.ctr("container", "delete", "tj5")
     del d.env["NESINIT_SHIM_FAULT"]
     d.stop()
     d.start()

@@ -10,4 +10,4 @@ build=$(cd "${1:-build}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 export NESHOST=$build/host/cli/neshost NESHOST_SHIM=$build/host/shim/containerd-shim-nesinit-v2 \
   NESHOST_INITRD=$build/host/vm/initrd.cpio NESHOST_NETWORK=none
-exec python3 "$here/containerd_test.py" --qualify "${2:-3}"
+exec /usr/bin/python3 "$here/containerd_test.py" --qualify "${2:-3}"

@@ -1,0 +1,60 @@
+// The task's exec journal (`<bundle>/nesinit-execs.json`): every exec of the shim's own task as
+// the shim last knew it, written durably (host/monitor/reconcile.hpp write_durable) before the
+// effect it announces (Start's intent before the request reaches the VM's monitor; a Delete's
+// answer before the exec is forgotten), so a shim started again on the bundle after a SIGKILL
+// (TaskService::restore) takes every exec over as it was: an added one can be started, a running
+// one is waited for through the monitor (`wait PROC`), a stopped one answers Wait and Delete with
+// its own status, and a deleted one's receipt answers a retried Delete identically. Why:
+// docs/containerd.md "A shim replaced".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "host/lib/base.hpp"
+
+namespace nes::shim {
+
+/// The journal's file name in the task's bundle.
+inline constexpr const char* kExecJournalFile = "nesinit-execs.json";
+/// The longest journal a shim reads back: bytes (16 live execs with a 64 KiB spec each, and the
+/// receipts, fit).
+inline constexpr std::size_t kExecJournalMax = 2u << 20;
+/// The most deleted execs' receipts the journal keeps (the oldest forgotten first).
+inline constexpr std::size_t kExecReceiptsKept = 64;
+
+/// Where an exec is, as the journal says it.
+enum class ExecState {
+  added,     // Exec answered: containerd may Start it
+  starting,  // Start's intent: the request may have reached the monitor, its answer did not reach the shim
+  running,   // the monitor answered `ok started PID PROC`
+  stopped,   // it ended (exit_status, exited_at_ns), or its Start failed
+  deleted,   // DeleteProcess answered (pid, exit_status, exited_at_ns: the receipt)
+};
+/// "added", "starting", ...: the journal's spelling.
+std::string_view to_string(ExecState s);
+
+/// One exec of the task.
+struct ExecEntry {
+  std::string id;    // containerd's exec id (1..256 bytes)
+  std::string spec;  // the OCI process JSON of its ExecProcessRequest (empty once deleted)
+  std::string stdin_path, stdout_path, stderr_path;  // containerd's; empty: none
+  bool terminal = false;
+  ExecState state = ExecState::added;
+  std::uint16_t proc = 0;          // the monitor's number for it (running and after; 0: never started)
+  std::uint32_t pid = 0;           // its pid in the guest (0: never started)
+  std::uint32_t exit_status = 0;   // stopped, deleted
+  std::int64_t exited_at_ns = 0;   // stopped, deleted: CLOCK_REALTIME ns
+  bool operator==(const ExecEntry&) const = default;
+};
+
+/// One JSON object plus '\n': `{"schema_version":1,"execs":[{...},...]}`, entries in order.
+std::string encode_exec_journal(const std::vector<ExecEntry>& execs);
+/// Parse; errors name the entry's index and the field (`nesinit-execs.json: execs[2].state:
+/// expected one of added, starting, running, stopped, deleted`), and refuse a duplicate id.
+host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json);
+
+}  // namespace nes::shim
