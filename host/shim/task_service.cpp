@@ -1336,7 +1336,21 @@ struct TaskService::Impl {
     auto req = parse<v2::StateRequest>(p);
     if (!req) return fail(ttrpc::Code::invalid_argument, "StateRequest: malformed");
     ExecProc* x = nullptr;
-    if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) return c;
+    if (auto c = check_exec(req->id(), req->exec_id(), &x); !c.status.ok()) {
+      // A deleted exec answers from its receipt (STOPPED, its status and time), so a retried
+      // DeleteProcess, which containerd sends after a State, gets the receipt, identical.
+      auto it = req->exec_id().empty() ? receipts.end() : receipts.find({req->id(), req->exec_id()});
+      if (it == receipts.end()) return c;
+      v2::StateResponse st;
+      st.set_id(req->exec_id());
+      st.set_exec_id(req->exec_id());
+      st.set_bundle(cfg.bundle.string());
+      st.set_pid(it->second.pid());
+      st.set_status(containerd::v1::types::Status::STOPPED);
+      st.set_exit_status(it->second.exit_status());
+      *st.mutable_exited_at() = it->second.exited_at();
+      return ok(st);
+    }
     auto st = process(x).state(bundle_of(x).string());
     if (!x && task.phase == Phase::running && vm_paused()) st.set_status(containerd::v1::types::Status::PAUSED);
     return ok(st);

@@ -425,9 +425,9 @@ def case_restart(d):
 
 def case_restart_states(d):
     """containerd restarted with a task Stopped (its exit recorded, not yet deleted) and with a
-    detached exec Running in a paused task (issue 29's matrix rows): afterwards the stopped task
-    is STOPPED and `ctr task delete` reports its own status (9); the other is PAUSED, then
-    RUNNING after `ctr task resume`,
+    detached exec Running and one Stopped in a paused task (issue 29's matrix rows): afterwards
+    the stopped task is STOPPED and `ctr task delete` reports its own status (9); the other is
+    PAUSED, then RUNNING after `ctr task resume`, the stopped exec's delete says its own 3,
     `ctr task ps` still lists the exec's process, a kill by exec id reaches it, an exec id used
     again is a new process with its own status each time (4, then 5), and the task's SIGKILL
     ends it (137 at delete)."""
@@ -439,6 +439,8 @@ def case_restart_states(d):
     until(lambda: os.path.exists(os.path.join(root, "up")), "re's workload running")
     d.ctr("task", "exec", "-d", "--exec-id", "x1", "re", "/bin/sh", "-c", "echo > /x1; exec sleep 999")
     until(lambda: os.path.exists(os.path.join(root, "x1")), "the exec running")
+    d.ctr("task", "exec", "-d", "--exec-id", "x3", "re", "/bin/sh", "-c", "echo > /x3; exit 3")
+    until(lambda: os.path.exists(os.path.join(root, "x3")), "exec x3 ran")
     d.ctr("task", "pause", "re")
     d.stop()
     d.start()
@@ -449,6 +451,13 @@ def case_restart_states(d):
     check(got.get("re", ("", ""))[1] == "RUNNING", f"after resume: {got}")
     rc, out, _ = d.ctr("task", "ps", "re")
     check(len([l for l in out.splitlines()[1:] if l.split()]) >= 3, f"ctr task ps re (nesinit, sleep 1000, sleep 999): {out!r}")
+    # The exec that stopped (not deleted) across the restart: deleted with its own 3.
+    def deleted_x3():
+        rc, _, err = d.ctr("task", "delete", "--exec-id", "x3", "re", check_rc=False)
+        return None if "running" in err else (rc, err)
+    got = []
+    until(lambda: got.append(deleted_x3()) or got[-1] is not None, "exec x3 deleted")
+    check(got[-1][0] == 3 or "exit code 3" in got[-1][1], f"ctr task delete --exec-id x3: {got[-1]}, want 3")
     d.ctr("task", "kill", "--exec-id", "x1", "-s", "SIGKILL", "re")
     until(lambda: len([l for l in d.ctr("task", "ps", "re")[1].splitlines()[1:] if l.split()]) == 2,
           "the exec's process gone from ctr task ps")
@@ -493,8 +502,9 @@ def case_shim_killed(d):
 
 
 def case_shim_killed_states(d):
-    """The shim SIGKILLed with its task Stopped (exit recorded, not deleted) and with an exec
-    running in a running task (issue 29's matrix rows; `shim_killed` is the running task): each
+    """The shim SIGKILLed with its task Stopped (exit recorded, not deleted), with an exec
+    running in a running task, and with its task Created and never started (issue 29's matrix
+    rows; `shim_killed` is the running task): each
     time containerd's cleanup leaves no task and no shim, QEMU or virtiofsd, the container's
     metadata stays, and `ctr task start` on it runs a new incarnation to its own status, in a VM
     of a new id (the task's stem, a new incarnation id)."""
@@ -509,11 +519,18 @@ def case_shim_killed_states(d):
     until(lambda: os.path.exists(os.path.join(root, "up")), "kx's workload running")
     d.ctr("task", "exec", "-d", "--exec-id", "x1", "kx", "/bin/sh", "-c", "echo > /x1; exec sleep 999")
     until(lambda: os.path.exists(os.path.join(root, "x1")), "the exec running")
+    # Created, never started (containerd's Tasks API: ctr cannot leave a task so).
+    from tasks_client import Tasks
+    with open(os.path.join(root, "kc.sh"), "w") as f:
+        f.write("echo > /ran-kc; exit 3\n")
+    d.ctr("container", "create", "--runtime", RUNTIME, "--rootfs", root, "kc", "/bin/sh", "/kc.sh")
+    Tasks(d.sock).create("kc")
+    check(d.tasks().get("kc", ("", ""))[1] == "CREATED", f"kc: {d.tasks()}")
     state = lambda tid: os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", tid, "nesinit-state")
     vms = lambda tid: sorted(os.listdir(state(tid))) if os.path.isdir(state(tid)) else []
     first = {tid: vms(tid) for tid in ("ks", "kx")}
     check(all(len(v) == 1 for v in first.values()), f"one VM per task: {first}")
-    for tid in ("ks", "kx"):
+    for tid in ("ks", "kx", "kc"):
         shims = shim_of(tid)
         check(len(shims) == 1, f"{tid}: shim processes: {shims}")
         os.kill(shims[0], signal.SIGKILL)
@@ -523,10 +540,13 @@ def case_shim_killed_states(d):
         until(lambda: tid not in d.tasks(), f"{tid} gone from ctr task ls")
     until(lambda: not ours(), f"no shim, neshost, QEMU or virtiofsd left: {ours()}", bound=30)
     rc, out, _ = d.ctr("container", "ls", "-q")
-    check(sorted(out.split()) == ["ks", "kx"], f"containers kept: {out!r}")
+    check(sorted(out.split()) == ["kc", "ks", "kx"], f"containers kept: {out!r}")
+    check(not os.path.exists(os.path.join(root, "ran-kc")), "kc's workload ran without a Start")
     # A new incarnation of each: ctr task start (attached) exits with the workload's status.
-    rc, out, err = d.ctr("task", "start", "ks", check_rc=False)
-    check(rc == 3, f"ctr task start ks: exit {rc}; {err!r}{d.tail()}")
+    for tid in ("ks", "kc"):
+        rc, out, err = d.ctr("task", "start", tid, check_rc=False)
+        check(rc == 3, f"ctr task start {tid}: exit {rc}; {err!r}{d.tail()}")
+    check(os.path.exists(os.path.join(root, "ran-kc")), "kc's new incarnation did not run")
     again = {}
     d.ctr("task", "delete", "ks", check_rc=False)
     os.unlink(os.path.join(root, "up"))
@@ -546,12 +566,13 @@ def case_shim_killed_states(d):
     with open(d.log, errors="replace") as f:
         f.seek(log_from)
         log = f.read()
-    for tid in ("ks", "kx"):
+    for tid in ("kc", "ks", "kx"):
         said = re.findall(rf"task {tid}: incarnation ([0-9a-f]{{16}}) \(VM (ctr-[0-9a-f]{{24}})-\1\)", log)
         check(len(said) == 2 and said[0][0] != said[1][0] and said[0][1] == said[1][1] and
-              first[tid] == [f"{said[0][1]}-{said[0][0]}"], f"{tid}: incarnations {said}, first VM {first[tid]}")
+              first.get(tid, [f"{said[0][1]}-{said[0][0]}"]) == [f"{said[0][1]}-{said[0][0]}"],
+              f"{tid}: incarnations {said}, first VM {first.get(tid)}")
     check(again["kx"] == [f"{said[1][1]}-{said[1][0]}"], f"kx's second VM: {again['kx']}, said {said}")
-    for tid in ("ks", "kx"):
+    for tid in ("ks", "kx", "kc"):
         d.ctr("task", "delete", tid, check_rc=False)
         d.ctr("container", "delete", tid)
 
@@ -592,7 +613,8 @@ def case_created_states(d):
     leave so: made through containerd's own Tasks API (tasks_client.py). containerd restarted:
     the task is CREATED with the same pid and its workload has not run, then Start runs it to its
     own 7; an exec added before the restart is CREATED, then starts after it and ends with its own
-    4 (Wait and DeleteProcess agree). A shim replaced (containerd stopped, the shim SIGKILLed, a
+    4 (Wait and DeleteProcess agree; DeleteProcess retried, then retried again after the shim's
+    replacement below, answers the same pid, status and exited_at: its receipt). A shim replaced (containerd stopped, the shim SIGKILLed, a
     new one started by hand): a created task is CREATED again and runs to its 7; an exec added
     before its task's shim was replaced starts through the new one and ends with its 5."""
     from tasks_client import Tasks
@@ -620,7 +642,9 @@ def case_created_states(d):
         check(t.wait("tc") == 7 and mark("ran-tc"), f"tc after Start: {t.get('tc')}{d.tail()}")
         t.start("te", "xa")
         check(t.wait("te", "xa") == 4 and mark("ran-xa"), f"exec xa after Start: {t.get('te', 'xa')}{d.tail()}")
-        check(t.delete_process("te", "xa")["exit_status"] == 4, "exec xa's DeleteProcess")
+        receipt = t.delete_process("te", "xa")
+        check(receipt["exit_status"] == 4 and receipt["exited_at"], f"exec xa's DeleteProcess: {receipt}")
+        check(t.delete_process("te", "xa") == receipt, "exec xa's DeleteProcess retried: another answer")
         rc, _, err = d.ctr("task", "delete", "tc", check_rc=False)
         check("exit code 7" in err, f"ctr task delete tc: {err!r}, want 7")
         # The shim replaced with its task created, and with an exec added.
@@ -629,6 +653,8 @@ def case_created_states(d):
         t.exec("te", "xb", ["/bin/sh", "-c", "echo > /ran-xb; exit 5"])
         replace_shim(d, "tc2", created=True)
         replace_shim(d, "te")
+        again = t.delete_process("te", "xa")
+        check(again == receipt, f"exec xa's DeleteProcess after the replacement: {again}, first {receipt}")
         check(not mark("ran-tc2") and not mark("ran-xb"), "a workload ran before its Start")
         check(t.get("te", "xb")["status"] == "CREATED", f"exec xb after the replacement: {t.get('te', 'xb')}")
         t.start("tc2")
