@@ -89,7 +89,7 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
       {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"},
       {"network"}, {"publish", true, "-p"}, {"dns"}, {"dns-search"}, {"dns-option"}, {"add-host"},
-      {"name"}, {"rm", false}, {"vmm-outlives", false}};
+      {"name"}, {"rm", false}, {"vmm-outlives", false}, {"stdin-hold", false}};
   auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
   if (!parsed) return parsed.error();
   RunFlags o;
@@ -101,6 +101,7 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
     else if (name == "detach") o.detach = true;
     else if (name == "rm") o.rm = true;
     else if (name == "vmm-outlives") o.vmm_outlives = true;
+    else if (name == "stdin-hold") o.stdin_hold = true;
     else if (name == "interactive") o.interactive = true;
     else if (name == "tty") o.tty = true;
     else if (name == "sandbox") o.sandbox = true;
@@ -210,6 +211,7 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
     return usage("--initrd and --rootfs --rootfs-mode initramfs exclude each other");
   if (o.rootfs && !in.rootfs_dir)
     return usage(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
+  if (o.stdin_hold && !o.interactive) return usage("--stdin-hold needs -i");
   if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
     return usage("--read-only needs --rootfs DIR over virtiofs");
   for (const auto& v : o.volumes)
@@ -417,6 +419,7 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
     p.qemu = std::move(spec);
   }
   p.interactive = o.interactive;
+  p.stdin_hold = o.stdin_hold;
   p.tty = o.tty;
   p.raw_terminal = o.tty && o.interactive && in.stdin_is_tty;
   p.console = o.console;

@@ -79,6 +79,10 @@ struct RunFlags {
   /// --vmm-outlives: as -d's VM, the VMM outlives this process and is adopted if it dies (for a
   /// supervisor that runs `neshost run` in the foreground: the containerd shim).
   bool vmm_outlives = false;
+  /// --stdin-hold (with -i): a FIFO stdin is held open for writing by this process until the
+  /// control request `close-stdin` (containerd's CloseIO), so the FIFO's writers going (a client
+  /// detached, a SIGKILLed shim) is not the workload's EOF.
+  bool stdin_hold = false;
 };
 
 /// The exit status of bad network input (`neshost run`): 125, as docker's daemon-side refusals.
@@ -146,6 +150,7 @@ struct RunPlan {
   /// Host-side stdio: forward our stdin (-i), the workload's terminal follows ours (-t, SIGWINCH),
   /// raw mode on our terminal (-it with a terminal on stdin).
   bool interactive = false, tty = false, raw_terminal = false;
+  bool stdin_hold = false;              // --stdin-hold (RunFlags::stdin_hold)
   bool console = false;                 // --console: the console and our events on stderr
   host::WorkloadLogOptions workload_log;  // STATE/VM/workload.log's rotation
   std::chrono::milliseconds grace{10000};  // --grace: also bounds the last writes after --timeout

@@ -145,6 +145,9 @@ STATE/VM/console.log.
   --vmm-outlives       the VMM outlives this process (as with -d: recorded in STATE/VM/vmm.json,
                        its channels redial) and a neshost command adopts it if this process dies
                        (for a supervisor running `run` in the foreground: the containerd shim)
+  --stdin-hold         with -i and a FIFO on stdin: hold the FIFO open for writing until the
+                       control request close-stdin (the shim's CloseIO), so its writers going
+                       (a client detached, a supervisor SIGKILLed) is not the workload's EOF
 
 Network (bad values exit 125, nothing started):
   --network MODE       connect the VM to a network: user (default; also passt, pasta: passt's
@@ -871,6 +874,15 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       pump->through(*run.stdin_spool, from, [&](std::string why) { say("neshost monitor: VM {}: {}\n", vmid, why); });
   };
   if (plan.interactive) make_pump(0, 0);
+  // --stdin-hold: a writer of our own on the stdin FIFO (a new open of it; non-blocking succeeds,
+  // our fd 0 being a reader), closed by `close-stdin`: until then no EOF reaches the workload.
+  host::Fd stdin_hold;
+  if (plan.stdin_hold) {
+    struct stat st{};
+    if (::fstat(0, &st) == 0 && S_ISFIFO(st.st_mode))
+      stdin_hold.reset(::open("/proc/self/fd/0", O_WRONLY | O_NONBLOCK | O_CLOEXEC));
+    if (!stdin_hold) say("neshost run: --stdin-hold: stdin is not a FIFO that can be held ({})\n", std::strerror(errno));
+  }
   // A replacement monitor: the workload's stdin source reopened at the guest's stdin position.
   host::Fd adopted_in;
   bool stdin_adopted = false;
@@ -1019,6 +1031,10 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       execs.start(std::move(x), std::move(fds), std::move(respond));
     };
     ch.wait = [&execs](const control::Wait& w, ControlRespond respond) { execs.wait(w.proc, std::move(respond)); };
+    ch.close_stdin = [&stdin_hold]() -> host::Status {
+      stdin_hold.reset();  // the workload's EOF once the FIFO's other writers are gone too
+      return host::Ok{};
+    };
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);

@@ -186,6 +186,7 @@ std::string encode(const Request& r) {
     std::string operator()(const Pause&) const { return "pause"; }
     std::string operator()(const Resume&) const { return "resume"; }
     std::string operator()(const Wait& w) const { return fmt::format("wait {}", w.proc); }
+    std::string operator()(const CloseStdin&) const { return "close-stdin"; }
     std::string operator()(const Exec& x) const {
       char flags[3];
       std::size_t n = 0;
@@ -226,9 +227,10 @@ host::Result<Request> parse_request(std::string_view line) {
   const std::string_view verb = line.substr(0, sp);
   const std::string_view args = sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1);
   const bool bare = sp == std::string_view::npos;
-  if (verb == "stop" || verb == "ps" || verb == "pause" || verb == "resume") {
+  if (verb == "stop" || verb == "ps" || verb == "pause" || verb == "resume" || verb == "close-stdin") {
     if (!bare) return host::Error{fmt::format("{}: expected no arguments, got {}", verb, quoted(args))};
     if (verb == "stop") return Request{Stop{}};
+    if (verb == "close-stdin") return Request{CloseStdin{}};
     if (verb == "pause") return Request{Pause{}};
     if (verb == "resume") return Request{Resume{}};
     return Request{Ps{}};

@@ -114,8 +114,15 @@ inline constexpr std::size_t kWaitEndedKept = 64;
 /// How many `wait` requests one process may have pending at once.
 inline constexpr std::size_t kWaitersMax = 8;
 
+/// `close-stdin`: the workload's stdin may end: a monitor run with --stdin-hold closes its own
+/// writer on its stdin FIFO, so the EOF comes once the FIFO's other writers are gone (containerd's
+/// CloseIO). Idempotent. Reply: Ok or Error.
+struct CloseStdin {
+  bool operator==(const CloseStdin&) const = default;
+};
+
 /// Any control request.
-using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume, Wait>;
+using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume, Wait, CloseStdin>;
 
 /// A request aimed at one generation of the VM (fencing, additive): on the wire the prefix
 /// `generation G ` (G 1..2^53-1) before the request, e.g. `generation 3 kill 9`. A monitor that

@@ -365,6 +365,8 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
                   : control::Reply{control::Error{r.error().message}});
       });
     }
+    if (std::holds_alternative<control::CloseStdin>(*req))
+      return hs->close_stdin ? answer(hs->close_stdin()) : unserved("close-stdin");
     if (auto* w = std::get_if<control::Wait>(&*req)) return hs->wait ? hs->wait(*w, std::move(respond)) : unserved("wait");
     auto& x = std::get<control::Exec>(*req);
     if (!hs->exec) return unserved("exec");

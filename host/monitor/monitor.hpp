@@ -117,6 +117,8 @@ struct ControlHandlers {
   std::function<void(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond)> exec;
   /// `wait PROC`: answers through `respond` once (control::Exited or control::Error), now or later.
   std::function<void(const control::Wait& request, ControlRespond respond)> wait;
+  /// `close-stdin`: Ok or the error, answered "ok" / "error: WHY".
+  std::function<host::Status()> close_stdin;
 };
 
 /// The server's dispatch: each line parsed with control::parse_targeted (a line that does not

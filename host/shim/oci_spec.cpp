@@ -249,7 +249,9 @@ std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
   if (s.cpus) a.insert(a.end(), {"--cpus", std::to_string(*s.cpus)});
   for (const auto& v : s.volumes) a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", v.host.string(), v.guest, v.ro ? ":ro" : "")});
   if (!s.netns.empty()) a.insert(a.end(), {"--network", "netns:" + s.netns.string()});
-  if (p.attach_stdin) a.push_back("--interactive");
+  // The FIFO held by the monitor until CloseIO: a shim SIGKILLed (its own writer gone) is not
+  // the workload's EOF, so a replaced shim's clients write on (docs/containerd.md).
+  if (p.attach_stdin) a.insert(a.end(), {"--interactive", "--stdin-hold"});
   if (s.terminal) a.push_back("--tty");
   a.push_back("--");
   a.insert(a.end(), s.argv.begin(), s.argv.end());

@@ -65,7 +65,7 @@ host::Result<std::string> read_oci_config(const std::filesystem::path& bundle);
 struct RunPlan {
   std::string vm;                   // VM id
   std::filesystem::path state_dir;  // neshost's --state
-  bool attach_stdin = false;        // containerd gave a stdin FIFO: -i
+  bool attach_stdin = false;        // containerd gave a stdin FIFO: -i --stdin-hold (CloseIO ends it)
 };
 
 /// `neshost run` arguments (without the program) that run `s` as planned: one VM in the

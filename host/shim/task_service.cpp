@@ -1094,10 +1094,24 @@ struct TaskService::Impl {
   /// stays as it was (containerd's FIFOs or files are the monitor's own fds: nothing of the
   /// shim's is on that path, so no byte is lost or repeated); its stdin FIFO is held again as
   /// Start holds it (CloseIO works). Its execs as the exec journal names them (restore_execs). A
-  /// task whose Create finished and that was never started: CREATED again. A pod's tasks,
+  /// task whose Create finished and that was never started: CREATED again. A deleted one (its
+  /// receipt in the bundle): deleted, a retried Delete answered with the receipt. A pod's tasks,
   /// another task's record, a Create cut short, or a record without a live monitor: nothing
   /// (containerd's cleanup ends them). Returns what it did, for the shim's log.
   std::optional<std::string> restore() {
+    // A task whose Delete answered (its receipt written first) and whose shim died before or
+    // after the removal: deleted, its receipt the answer to a retried Delete, the removal done.
+    if (auto t = base::read_small_file((cfg.bundle / kReceiptFile).c_str(), 4096)) {
+      if (auto c = parse_receipt(*t)) {
+        if (auto r = load_task_record(cfg.bundle); r && *r && (*r)->id == cfg.id && !(*r)->container)
+          remove_task(cfg.bundle, **r);
+        task.phase = Phase::deleted;
+        task.pid = static_cast<std::uint32_t>(c->pid);
+        task.exit_status = c->exit_status;
+        task.exited_at_ns = c->exited_at_ns;
+        return fmt::format("deleted: its receipt (exit status {}) answers Delete", c->exit_status);
+      }
+    }
     auto r = load_task_record(cfg.bundle);
     if (!r || !*r) return std::nullopt;
     TaskRecord got = std::move(**r);
@@ -1647,8 +1661,40 @@ struct TaskService::Impl {
     // client's close is the EOF the workload sees (ctr sends CloseIO when its stdin ends).
     ExecProc* x = nullptr;
     auto c = check_exec(req->id(), req->exec_id(), &x);
-    if (c.status.ok() && req->stdin()) process(x).stdin_hold.reset();
+    if (c.status.ok() && req->stdin()) {
+      process(x).stdin_hold.reset();
+      // The task's monitor holds a writer too (--stdin-hold): told to let go.
+      if (!x && !task.stdin_path.empty() && task.phase == Phase::running && !close_stdin_deadline) {
+        close_stdin_deadline = std::chrono::steady_clock::now() + 60s;
+        deliver_close_stdin();
+      }
+    }
     return c;
+  }
+
+  /// `close-stdin` to the task's monitor (CloseIO), tried again every 20 ms while its control
+  /// socket does not exist yet, for up to 60 s (then said in the log: the workload's stdin stays
+  /// open until the VM ends).
+  std::optional<std::chrono::steady_clock::time_point> close_stdin_deadline;
+  asio::steady_timer close_stdin_timer{io};
+  void deliver_close_stdin() {
+    if (task.phase != Phase::running) return;
+    auto path = host::control_path(rec.state_dir, rec.vm);
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) {
+      auto reply = cli::control_request(path, cli::control::CloseStdin{}, 2s);
+      if (reply) {
+        if (!std::holds_alternative<cli::control::Ok>(*reply))
+          fmt::print(stderr, "containerd-shim-nesinit-v2: {}: close-stdin: {}\n", cfg.id, cli::control::encode(*reply));
+        return;
+      }
+    }
+    if (std::chrono::steady_clock::now() > *close_stdin_deadline) {
+      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: close-stdin not delivered in 60 s\n", cfg.id);
+      return;
+    }
+    close_stdin_timer.expires_after(20ms);
+    close_stdin_timer.async_wait([this](boost::system::error_code e) { if (!e) deliver_close_stdin(); });
   }
 
   ttrpc::Reply shutdown(const std::string& p) {

@@ -505,6 +505,7 @@ TEST_CASE("every usage error, with the text neshost run prints") {
       {{"--read-only", "true"}, "--read-only needs --rootfs DIR over virtiofs"},
       {{"--read-only", "--rootfs", "/r", "--rootfs-mode", "initramfs", "true"},
        "--read-only needs --rootfs DIR over virtiofs", &in},
+      {{"--stdin-hold", "true"}, "--stdin-hold needs -i"},
   };
   for (const auto& c : cases) {
     std::string joined;

@@ -85,6 +85,7 @@ TEST_CASE("every request: its exact line, and back") {
   check_request(ctl::Pause{}, "pause");
   check_request(ctl::Resume{}, "resume");
   check_request(ctl::Wait{1}, "wait 1");
+  check_request(ctl::CloseStdin{}, "close-stdin");
   check_request(ctl::Wait{65535}, "wait 65535");
   check_request(ctl::Kill{9, std::nullopt}, "kill 9");
   check_request(ctl::Kill{15, 3}, "kill 15 3");
@@ -155,6 +156,7 @@ TEST_CASE("malformed requests: each field refused, named") {
   CHECK(request_error("stop ") == "stop: expected no arguments, got ''");
   CHECK(request_error("ps -ef") == "ps: expected no arguments, got '-ef'");
 
+  CHECK(request_error("close-stdin now") == "close-stdin: expected no arguments, got 'now'");
   CHECK(request_error("wait") == "wait: expected PROC");
   CHECK(request_error("wait 1 2") == "wait: expected PROC");
   CHECK(request_error("wait 0") == "wait: PROC: expected an integer 1..65535, got '0'");

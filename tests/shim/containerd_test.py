@@ -754,6 +754,47 @@ def case_exec_replaced(d):
     d.ctr("container", "delete", "tx")
 
 
+def case_stdin_replaced(d):
+    """issue 29's exact continuation of stdin across a live replacement: the workload appends
+    each line it reads to /in.txt: numbered lines from an attached `ctr run` (0..19, all in the guest's file), that ctr is
+    SIGKILLed (its stdin writer gone), the shim is replaced (its own writer gone too), and a
+    `ctr task attach` writes 20..39: the file holds 0..39, none lost or repeated, because the
+    monitor holds the FIFO open for writing until CloseIO (`neshost run --stdin-hold`; without
+    it the workload read EOF at the replacement and ended: checked). The task then ends through
+    the new shim (143)."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    fifos = os.path.join(d.tmp, "fifos-in")
+    os.mkdir(fifos)
+    got = lambda: open(os.path.join(root, "in.txt")).read().split("\n")[:-1] if os.path.exists(os.path.join(root, "in.txt")) else []
+
+    def feed(args, numbers):
+        p = subprocess.Popen(["ctr", "--address", d.sock] + args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=d.env)
+        try:
+            for i in numbers:
+                p.stdin.write(f"{i}\n".encode())
+                p.stdin.flush()
+            until(lambda: len(got()) >= numbers[-1] + 1, f"lines up to {numbers[-1]} in the guest's file")
+        finally:
+            p.kill()
+            p.communicate()
+
+    feed(["run", "--fifo-dir", fifos, "--runtime", RUNTIME, "--rootfs", root, "ti", "/bin/sh", "-c",
+          # a line at a time, each append closed (a FUSE flush: the host sees it at once)
+          "while read -r l; do echo \"$l\" >> /in.txt; done"],
+         list(range(0, 20)))
+    replace_shim(d, "ti")
+    feed(["task", "attach", "ti"], list(range(20, 40)))
+    lines = got()
+    check(lines == [str(i) for i in range(40)], f"stdin across the replacement: {lines[:5]}..{lines[-5:]} ({len(lines)} lines)")
+    check(d.tasks().get("ti", ("", ""))[1] == "RUNNING", f"ti after its clients left: {d.tasks()}")
+    d.ctr("task", "kill", "ti")
+    until(lambda: d.tasks().get("ti", ("", ""))[1] == "STOPPED", "ti stopped")
+    rc, _, err = d.ctr("task", "delete", "ti", check_rc=False)
+    check("exit code 143" in err, f"ctr task delete ti: {err!r}, want 143{d.tail()}")
+    d.ctr("container", "delete", "ti")
+
+
 def case_fifo_reattach(d):
     """The task's FIFOs across a reader that goes and a shim that is replaced (issue 29's exact
     continuation): a numbered stream on `ctr run --fifo-dir` read by that attached ctr, then

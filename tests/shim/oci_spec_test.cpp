@@ -51,7 +51,7 @@ TEST_CASE("ctr's default spec becomes the task; in-kernel confinement is ignored
   auto a = shim::run_args(*s, {"ctr-x", "/st", true});
   std::vector<std::string> want = {"run", "--vmm-outlives", "--vm", "ctr-x", "--state", "/st", "--rootfs", "/b/t1/rootfs", "--user", "0:0",
                                    "--workdir", "/", "--group-add", "10", "--hostname", "box", "--env", "PATH=/bin",
-                                   "--env", "A=b=c", "--volume", std::filesystem::canonical("/tmp").string() + ":/data:ro", "--interactive", "--",
+                                   "--env", "A=b=c", "--volume", std::filesystem::canonical("/tmp").string() + ":/data:ro", "--interactive", "--stdin-hold", "--",
                                    "/bin/sh", "-c", "echo hi"};
   CHECK(a == want);
 }

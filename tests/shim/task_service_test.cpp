@@ -42,9 +42,11 @@ struct Rig {
   ttrpc::FrameReader reader;
   std::uint32_t next_stream = 1;
 
-  explicit Rig(const std::string& fake_neshost_body, bool with_config = true) {
+  /// `on_bundle`: a shim started again on another rig's bundle (a replacement; nothing written).
+  explicit Rig(const std::string& fake_neshost_body, bool with_config = true, const fs::path& on_bundle = {}) {
+    if (!on_bundle.empty()) bundle = on_bundle;
     fs::create_directories(bundle / "rootfs");
-    if (with_config) {
+    if (with_config && on_bundle.empty()) {
       std::ofstream(bundle / "config.json")
           << R"({"process": {"args": ["/bin/true"], "cwd": "/"}, "root": {"path": "rootfs"}})";
     }
@@ -168,6 +170,12 @@ TEST_CASE("Create, Wait before Start, Start, exit 7: the waiter and State get 7;
   CHECK(r.call("Shutdown", Rig::id_req<v2::ShutdownRequest>()).status.ok());
   r.io.run_for(std::chrono::milliseconds(10));
   CHECK(r.shut_down);
+  // A shim started again on the bundle (the one that answered was SIGKILLed before containerd
+  // heard it): the task is deleted and a retried Delete gets the receipt, identical.
+  Rig replaced("exit 7", true, r.bundle);
+  CHECK(replaced.task->restore().value_or("").starts_with("deleted: its receipt (exit status 7)"));
+  auto third = parse<v2::DeleteResponse>(replaced.call("Delete", Rig::id_req<v2::DeleteRequest>()));
+  CHECK(third.SerializeAsString() == d.SerializeAsString());
 }
 
 TEST_CASE("output lost on the way to the task's FIFOs: the task exits as neshost run does (125), with a warning") {
