@@ -390,11 +390,30 @@ int main(int argc, char** argv) {
         }
       }
     }
-    Row p1{"P1 full cycle `/bin/true` (median of " + std::to_string(iterations) + ")", "ms",
-           median(t["nesinit"]), {}};
-    p1.peers.push_back({"bare ns (floor)", median(t["bare"])});
-    for (auto& p : ps) p1.peers.push_back({p.name, median(t[p.name])});
-    if (!base.empty()) p1.peers.push_back({"NESINIT_BASE (" + base + ")", median(t["base"])});
+    // How steady a ratio is within this run: the iterations cut into 5 consecutive fifths, the
+    // ratio of the medians in each; "lo-hi" over the fifths (a figure that moves between
+    // machines shows it here first).
+    auto fifths = [&](const std::string& a, const std::string& b) {
+      const auto& x = t[a];
+      const auto& y = t[b];
+      const std::size_t n = std::min(x.size(), y.size());
+      std::vector<double> r;
+      for (std::size_t k = 0; k < 5 && n >= 5; ++k) {
+        std::vector<double> xa(x.begin() + k * n / 5, x.begin() + (k + 1) * n / 5);
+        std::vector<double> yb(y.begin() + k * n / 5, y.begin() + (k + 1) * n / 5);
+        const double d = median(yb);
+        if (d > 0) r.push_back(median(xa) / d);
+      }
+      if (r.empty()) return std::string("-");
+      auto [lo, hi] = std::minmax_element(r.begin(), r.end());
+      return fmt::format("{:.2f}-{:.2f}", *lo, *hi);
+    };
+    Row p1{"P1 full cycle `/bin/true` (median of " + std::to_string(iterations) + "; each peer's ratio per fifth of the run)",
+           "ms", median(t["nesinit"]), {}};
+    p1.peers.push_back({fmt::format("bare ns (floor; {})", fifths("nesinit", "bare")), median(t["bare"])});
+    for (auto& p : ps) p1.peers.push_back({fmt::format("{} ({})", p.name, fifths("nesinit", p.name)), median(t[p.name])});
+    if (!base.empty())
+      p1.peers.push_back({fmt::format("NESINIT_BASE ({}; {})", base, fifths("nesinit", "base")), median(t["base"])});
     rows.push_back(p1);
     rows.push_back({"P1 nesinit protocol share (accept → workload_exited → ack)", "ms",
                     median(t["nesinit protocol share"]), {{"nesinit full cycle", median(t["nesinit"])}}});
@@ -465,12 +484,22 @@ int main(int argc, char** argv) {
       auto [lo, hi] = std::minmax_element(st[who].begin(), st[who].end());
       return fmt::format("{:.0f}-{:.0f}", *lo, *hi);
     };
+    // The per-round ratio (each round ran every contender once, back to back): "lo-hi".
+    auto per_round = [&](const std::string& who) {
+      std::vector<double> r;
+      for (std::size_t k = 0; k < st["nesinit"].size() && k < st[who].size(); ++k)
+        if (st[who][k] > 0) r.push_back(st["nesinit"][k] / st[who][k]);
+      if (r.empty()) return std::string("-");
+      auto [lo, hi] = std::minmax_element(r.begin(), r.end());
+      return fmt::format("{:.2f}-{:.2f}", *lo, *hi);
+    };
     Row p4{fmt::format("P4 reaping storm, {} orphans (median of {}, rotated; nesinit {} ms, zombies left {})",
                        storm, kStormRounds, spread("nesinit"), left["nesinit"]),
            "ms", median(st["nesinit"]), {}};
     for (auto& p : ps)
       if (p.name != "dumb-init")
-        p4.peers.push_back({fmt::format("{} ({} ms, left {})", p.name, spread(p.name), left[p.name]),
+        p4.peers.push_back({fmt::format("{} ({} ms, left {}; per-round ratio {})", p.name, spread(p.name), left[p.name],
+                                        per_round(p.name)),
                             median(st[p.name])});
     rows.push_back(p4);
     }
