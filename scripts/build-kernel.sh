@@ -6,6 +6,7 @@
 #   .cache/kernel/lean/<key>/config    the whole .config it was built from
 #   .cache/kernel/lean/<key>/release   its `uname -r`
 #   .cache/kernel/lean/vmlinux         symlink to the current <key>/vmlinux (release likewise)
+# Other keys' kernels and dead build dirs are pruned at each run (below).
 # <key>: the first 16 hex digits of the SHA-256 of the source package's version, the fragment and
 # this script: a new source, config or recipe builds anew; nothing else does. Debian's cloud
 # kernel (scripts/fetch-kernel.sh) stays the fallback (`neshost run --kernel .cache/kernel/vmlinux`).
@@ -50,4 +51,12 @@ if [[ ! -f $out/vmlinux ]]; then
 fi
 ln -sfn "$key/vmlinux" "$dest/vmlinux"
 ln -sfn "$key/release" "$dest/release"
+# Pruned: kernels of other keys (an older source, config or recipe: nothing points at them now;
+# a QEMU started from one has it loaded already) and build dirs of a build killed over 6 hours
+# ago (a build running now is younger); each kernel is ~14 MB, each dead build dir ~1.3 GB.
+for old in "$dest"/[0-9a-f]*; do
+  [[ -d $old && $(basename "$old") =~ ^[0-9a-f]{16}(\.tmp)?$ && $(basename "$old") != "$key" ]] || continue
+  rm -rf "$old" && echo "build-kernel: pruned $(basename "$old")" >&2
+done
+find "$dest" -maxdepth 1 -name 'build.*' -type d -mmin +360 -exec rm -rf {} + 2>/dev/null || true
 echo "$dest/vmlinux"
