@@ -116,9 +116,14 @@ void ExecAttachments::finish(std::uint16_t proc) {
 
 void ExecAttachments::wait(std::uint16_t proc, ControlRespond respond) {
   if (auto it = live_.find(proc); it != live_.end() && !it->second->replied) {
-    if (it->second->waiters.size() >= control::kWaitersMax)
-      return respond(control::Error{fmt::format("wait: PROC {}: {} waits pending already", proc, control::kWaitersMax)});
     auto& a = *it->second;
+    // At the bound the oldest wait goes (a client replaced since, most likely: its connection
+    // may be gone already), so a client waiting now is always served.
+    if (a.waiters.size() >= control::kWaitersMax) {
+      auto oldest = std::move(a.waiters.front());
+      a.waiters.erase(a.waiters.begin());
+      oldest(control::Error{fmt::format("wait: PROC {}: superseded by a newer wait ({} at most)", proc, control::kWaitersMax)});
+    }
     respond(a.pid ? control::Reply{control::Started{a.pid, proc}} : control::Reply{control::Waiting{}});
     return a.waiters.push_back(std::move(respond));
   }

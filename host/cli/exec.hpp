@@ -52,8 +52,8 @@ class ExecAttachments {
   /// Serves `wait PROC` (ControlHandlers::wait): for a live process control::Started (Waiting
   /// until it has started), then control::Exited once it ended and its output is written, as its
   /// own `exec` connection gets them; for one of the last control::kWaitEndedKept that ended its
-  /// Exited at once; control::Error for a process this monitor never started or forgot, or a
-  /// (kWaitersMax+1)th wait on it.
+  /// Exited at once; control::Error for a process this monitor never started or forgot. At most
+  /// control::kWaitersMax waits per process: a newer one ends the oldest with control::Error.
   void wait(std::uint16_t proc, ControlRespond respond);
   /// The workload started (Milestone::started): waiting requests go ahead.
   void workload_started();

@@ -879,9 +879,10 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   host::Fd stdin_hold;
   if (plan.stdin_hold) {
     struct stat st{};
-    if (::fstat(0, &st) == 0 && S_ISFIFO(st.st_mode))
-      stdin_hold.reset(::open("/proc/self/fd/0", O_WRONLY | O_NONBLOCK | O_CLOEXEC));
-    if (!stdin_hold) say("neshost run: --stdin-hold: stdin is not a FIFO that can be held ({})\n", std::strerror(errno));
+    if (::fstat(0, &st) != 0 || !S_ISFIFO(st.st_mode))
+      say("neshost run: --stdin-hold: stdin is not a FIFO: nothing to hold\n");
+    else if (stdin_hold.reset(::open("/proc/self/fd/0", O_WRONLY | O_NONBLOCK | O_CLOEXEC)); !stdin_hold)
+      say("neshost run: --stdin-hold: open /proc/self/fd/0: {}\n", std::strerror(errno));
   }
   // A replacement monitor: the workload's stdin source reopened at the guest's stdin position.
   host::Fd adopted_in;

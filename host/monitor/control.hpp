@@ -103,15 +103,15 @@ struct Exec {
 /// the one whose `exec` connection started it (a replaced containerd shim re-adopting its execs).
 /// Replies: for a process that runs, Started (Waiting before it has started), then Exited once it
 /// ended and its output is written, as its `exec` connection gets them; for one of the last
-/// kWaitEndedKept processes that ended, Exited at once; else Error (no such process; more than
-/// kWaitersMax waits on it).
+/// kWaitEndedKept processes that ended, Exited at once; else Error (no such process). A
+/// (kWaitersMax+1)th wait on one process ends the oldest with Error.
 struct Wait {
   std::uint16_t proc = 0;
   bool operator==(const Wait&) const = default;
 };
 /// How many ended `exec` processes a monitor remembers for `wait` (the oldest forgotten first).
 inline constexpr std::size_t kWaitEndedKept = 64;
-/// How many `wait` requests one process may have pending at once.
+/// How many `wait` requests one process may have pending at once (a newer one ends the oldest).
 inline constexpr std::size_t kWaitersMax = 8;
 
 /// `close-stdin`: the workload's stdin may end: a monitor run with --stdin-hold closes its own

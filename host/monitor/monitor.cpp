@@ -199,6 +199,7 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
     std::vector<host::Fd> fds;
     std::deque<std::string> out;
     bool writing = false, last_queued = false, done = false;
+    bool watching = false;  // a reply said more follows: the client's hang-up ends the connection
   };
 
   void serve(local::socket sock) {
@@ -269,11 +270,27 @@ struct ControlServer::Impl : std::enable_shared_from_this<Impl> {
       self->handler(line, std::move(c->fds), [w, c](std::string reply, bool more) {
         auto self = w.lock();
         if (!self || self->closed || c->done || c->last_queued) return;
-        if (more) c->timer.cancel();  // the sender bounds what follows
+        if (more) {
+          c->timer.cancel();  // the sender bounds what follows
+          if (!std::exchange(c->watching, true)) self->watch_hangup(c);
+        }
         c->last_queued = !more;
         c->out.push_back(std::move(reply) + "\n");
         self->write_next(c);
       });
+    });
+  }
+
+  /// A connection whose answer goes on (`exec`, `wait`): the client going (EOF, a reset) ends it
+  /// at once, so a SIGKILLed client frees its slot (kLiveMax) instead of holding it until the
+  /// process ends. A client has nothing more to say after its request: bytes are a hang-up too.
+  void watch_hangup(const std::shared_ptr<Conn>& c) {
+    c->sock.async_wait(local::socket::wait_read, [self = shared_from_this(), c](boost::system::error_code ec) {
+      if (ec || c->done) return;
+      char b;
+      const ssize_t n = ::recv(c->sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return self->watch_hangup(c);
+      self->end(c);
     });
   }
 

@@ -115,7 +115,8 @@ struct ControlHandlers {
   /// `exec FLAGS JSON` with the fds it carried (at most 3): answers through `respond` at least
   /// once, a final reply last (Waiting and Started say more follows).
   std::function<void(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond)> exec;
-  /// `wait PROC`: answers through `respond` once (control::Exited or control::Error), now or later.
+  /// `wait PROC`: answers through `respond`, now or later: Waiting or Started first while the
+  /// process runs, a final control::Exited or control::Error last.
   std::function<void(const control::Wait& request, ControlRespond respond)> wait;
   /// `close-stdin`: Ok or the error, answered "ok" / "error: WHY".
   std::function<host::Status()> close_stdin;

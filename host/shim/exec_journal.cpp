@@ -56,6 +56,8 @@ host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json) {
   std::vector<ExecEntry> out;
   std::set<std::string> ids;
   std::size_t i = 0;
+  if (a.size() > kExecLiveMax + kExecReceiptsKept)
+    return host::Error{fmt::format("{}: execs: over {} entries ({})", kFile, kExecLiveMax + kExecReceiptsKept, a.size())};
   for (simdjson::dom::element el : a) {
     auto bad = [&](std::string_view field, std::string_view want) {
       return host::Error{fmt::format("{}: execs[{}].{}: expected {}", kFile, i, field, want)};

@@ -20,11 +20,17 @@ namespace nes::shim {
 
 /// The journal's file name in the task's bundle.
 inline constexpr const char* kExecJournalFile = "nesinit-execs.json";
-/// The longest journal a shim reads back: bytes (16 live execs with a 64 KiB spec each, and the
-/// receipts, fit).
-inline constexpr std::size_t kExecJournalMax = 2u << 20;
-/// The most deleted execs' receipts the journal keeps (the oldest forgotten first).
+/// The longest process spec (OCI JSON) an exec may have: bytes. The VM's monitor takes an `exec`
+/// request of at most 64 KiB (host/monitor/control.hpp kRequestMax), so a longer spec could never
+/// start; the shim's Exec refuses it.
+inline constexpr std::size_t kExecSpecMax = 64u << 10;
+/// The most live execs (the shim's bound per task) and deleted execs' receipts (the oldest
+/// forgotten first) the journal holds.
+inline constexpr std::size_t kExecLiveMax = 16;
 inline constexpr std::size_t kExecReceiptsKept = 64;
+/// The longest journal a shim reads back: bytes (kExecLiveMax specs of kExecSpecMax, each at
+/// most doubled by JSON's escapes, and the receipts fit).
+inline constexpr std::size_t kExecJournalMax = 4u << 20;
 
 /// Where an exec is, as the journal says it.
 enum class ExecState {
@@ -54,7 +60,8 @@ struct ExecEntry {
 /// One JSON object plus '\n': `{"schema_version":1,"execs":[{...},...]}`, entries in order.
 std::string encode_exec_journal(const std::vector<ExecEntry>& execs);
 /// Parse; errors name the entry's index and the field (`nesinit-execs.json: execs[2].state:
-/// expected one of added, starting, running, stopped, deleted`), and refuse a duplicate id.
+/// expected one of added, starting, running, stopped, deleted`), and refuse a duplicate id and
+/// more than kExecLiveMax + kExecReceiptsKept entries.
 host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json);
 
 }  // namespace nes::shim

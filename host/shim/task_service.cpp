@@ -75,6 +75,7 @@ std::string encode_task_record(const TaskRecord& r) {
   if (!r.stderr_path.empty()) pod += fmt::format(R"(,"stderr":{})", host::json_string(r.stderr_path));
   if (r.terminal) pod += R"(,"terminal":true)";
   if (r.created) pod += R"(,"created":true)";
+  if (r.stdin_closed) pod += R"(,"stdin_closed":true)";
   return fmt::format(R"({{"schema_version":1,"id":{},"vm":{},"state_dir":{},"pid":{},"pid_start":{},"mounted_rootfs":{}{}}})"
                      "\n",
                      host::json_string(r.id), host::json_string(r.vm), host::json_string(r.state_dir.string()), r.pid,
@@ -120,6 +121,8 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
     return Error{"nesinit-task.json: terminal: expected a boolean"};
   if (auto e = o["created"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.created))
     return Error{"nesinit-task.json: created: expected a boolean"};
+  if (auto e = o["stdin_closed"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.stdin_closed))
+    return Error{"nesinit-task.json: stdin_closed: expected a boolean"};
   return r;
 }
 
@@ -439,7 +442,7 @@ struct TaskService::Impl {
     std::optional<asio::steady_timer> retry;
     std::chrono::steady_clock::time_point connect_deadline;
   };
-  static constexpr std::size_t kMaxExecs = 16;  // per task, as the guest's own bound (proto::kExecMax)
+  static constexpr std::size_t kMaxExecs = kExecLiveMax;  // per task, as the guest's own bound (proto::kExecMax)
   /// (task id, exec id): an exec; (container id, ""): a pod's container.
   using Key = std::pair<std::string, std::string>;
   std::map<Key, std::unique_ptr<ExecProc>> procs;
@@ -492,8 +495,9 @@ struct TaskService::Impl {
       e.exited_at_ns = x->exited_at_ns;
       out.push_back(std::move(e));
     }
-    std::size_t kept = 0;
-    for (auto it = receipt_order.rbegin(); it != receipt_order.rend() && kept < kExecReceiptsKept; ++it) {
+    // The newest kExecReceiptsKept receipts, written oldest first (the order restore keeps them in).
+    std::vector<ExecEntry> deleted;
+    for (auto it = receipt_order.rbegin(); it != receipt_order.rend() && deleted.size() < kExecReceiptsKept; ++it) {
       if (it->first != cfg.id || it->second.empty() || procs.count(*it)) continue;
       const v2::DeleteResponse& r = receipts.at(*it);
       ExecEntry e;
@@ -502,9 +506,9 @@ struct TaskService::Impl {
       e.pid = r.pid();
       e.exit_status = r.exit_status();
       e.exited_at_ns = static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 + r.exited_at().nanos();
-      out.push_back(std::move(e));
-      ++kept;
+      deleted.push_back(std::move(e));
     }
+    out.insert(out.end(), std::make_move_iterator(deleted.rbegin()), std::make_move_iterator(deleted.rend()));
     return host::write_durable(cfg.bundle, kExecJournalFile, encode_exec_journal(out));
   }
   /// persist_execs(), its failure a warning in the shim's log (what a later replacement would
@@ -569,6 +573,10 @@ struct TaskService::Impl {
       return fail(ttrpc::Code::resource_exhausted, fmt::format("exec: {} execs exist already (delete ended ones)", kMaxExecs));
     if (const std::string* io = unsupported_stdio(*req))
       return fail(ttrpc::Code::invalid_argument, fmt::format("stdio '{}': only FIFO paths and file:// are supported", *io));
+    if (req->spec().value().size() > kExecSpecMax)
+      return fail(ttrpc::Code::invalid_argument,
+                  fmt::format("spec: {} bytes, over {}: the VM's monitor takes an exec request of at most 64 KiB",
+                              req->spec().value().size(), kExecSpecMax));
     auto sp = parse_oci_process(req->spec().value());
     if (!sp) return fail(ttrpc::Code::invalid_argument, "spec: " + sp.error().message);
     auto x = std::make_unique<ExecProc>(io, req->id(), req->exec_id());
@@ -1147,7 +1155,12 @@ struct TaskService::Impl {
     task.stderr_path = rec.stderr_path;
     task.terminal = rec.terminal;
     spec.terminal = rec.terminal || spec.terminal;
-    task.hold_stdin();  // as Start holds it (the monitor holds the read end)
+    if (rec.stdin_closed) {  // CloseIO came before: the monitor is told again, no writer of ours
+      close_stdin_deadline = std::chrono::steady_clock::now() + 60s;
+      deliver_close_stdin();
+    } else {
+      task.hold_stdin();  // as Start holds it (the monitor holds the read end)
+    }
     restored = true;
     adopted = *id;
     watch_exit(p.release());
@@ -1165,13 +1178,21 @@ struct TaskService::Impl {
   /// tell whether the request reached it. Returns a summary for the log ("" when none).
   std::string restore_execs() {
     auto text = base::read_small_file((cfg.bundle / kExecJournalFile).c_str(), kExecJournalMax);
-    if (!text) return {};
+    if (!text) {
+      if (text.error().err != ENOENT)
+        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {}: execs not restored\n", cfg.id,
+                   text.error().message);
+      return {};
+    }
     auto j = parse_exec_journal(*text);
     if (!j) {
       fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {}: execs not restored\n", cfg.id, j.error().message);
       return {};
     }
+    // Every exec and receipt first, the journal written once, then the waits: an exec that
+    // cannot be waited for ends (and journals) with everything else already in place.
     std::string out;
+    std::vector<std::pair<Key, std::uint16_t>> to_wait;
     for (auto& e : *j) {
       out += fmt::format("{}{} {}", out.empty() ? "" : ", ", e.id, to_string(e.state));
       if (e.state == ExecState::deleted) {
@@ -1211,25 +1232,29 @@ struct TaskService::Impl {
           xp->stop(125, now_ns());
           break;
         case ExecState::stopped: xp->stop(e.exit_status, e.exited_at_ns); break;
-        case ExecState::running: {
+        case ExecState::running:
           xp->phase = Phase::running;
           if (!xp->stdin_path.empty()) xp->hold_stdin();  // the monitor holds the read end
-          auto cs = cli::ControlSession::open(host::control_path(rec.state_dir, rec.vm), cli::control::Wait{e.proc}, {});
-          boost::system::error_code ec;
-          if (cs) {
-            Fd sock = cs->take();
-            xp->sock.assign(asio::local::stream_protocol(), sock.get(), ec);
-            if (!ec) sock.release();
-          }
-          if (!cs || ec) {
-            exec_ended(*xp, 137, fmt::format("its end cannot be waited for: {}", cs ? ec.message() : cs.error().message));
-            break;
-          }
-          read_exec(k);
+          to_wait.emplace_back(k, e.proc);
           break;
-        }
         case ExecState::deleted: break;
       }
+    }
+    note_execs();  // as taken over (a `starting` one now stopped, with its time)
+    for (const auto& [k, proc] : to_wait) {
+      ExecProc* xp = find_proc(k);
+      auto cs = cli::ControlSession::open(host::control_path(rec.state_dir, rec.vm), cli::control::Wait{proc}, {});
+      boost::system::error_code ec;
+      if (cs) {
+        Fd sock = cs->take();
+        xp->sock.assign(asio::local::stream_protocol(), sock.get(), ec);
+        if (!ec) sock.release();
+      }
+      if (!cs || ec) {
+        exec_ended(*xp, 137, fmt::format("its end cannot be waited for: {}", cs ? ec.message() : cs.error().message));
+        continue;
+      }
+      read_exec(k);
     }
     return out;
   }
@@ -1665,6 +1690,10 @@ struct TaskService::Impl {
       process(x).stdin_hold.reset();
       // The task's monitor holds a writer too (--stdin-hold): told to let go.
       if (!x && !task.stdin_path.empty() && task.phase == Phase::running && !close_stdin_deadline) {
+        // Recorded first: a shim replaced before the monitor heard it tells it again (restore()).
+        rec.stdin_closed = true;
+        if (auto w = persist(); !w)
+          fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: CloseIO not recorded: {}\n", cfg.id, w.error().message);
         close_stdin_deadline = std::chrono::steady_clock::now() + 60s;
         deliver_close_stdin();
       }

@@ -60,6 +60,9 @@ struct TaskRecord {
   /// Create finished (every mount made, the task CREATED): a replaced shim restores a task that
   /// was created and not started. Optional (absent: false).
   bool created = false;
+  /// CloseIO closed the task's stdin: a replaced shim tells the monitor again (`close-stdin`,
+  /// idempotent) and holds no writer of its own. Optional (absent: false).
+  bool stdin_closed = false;
   bool operator==(const TaskRecord&) const = default;
 };
 /// One JSON object plus '\n'.

@@ -704,9 +704,11 @@ def case_exec_replaced(d):
     """issue 29's live replacement with execs (the exec journal): before the replacement the task
     has an exec running (a numbered stream to a --log-uri file until the host creates /gate, then
     exit 5), one stopped and not deleted (exit 3, seen in containerd's /tasks/exit) and one
-    deleted (4). The new shim takes them over from the journal: the running one's stream goes on
+    deleted (4). The shim is replaced twice. Each new shim takes them over from the journal: the
+    running one's stream goes on
     with no number lost or repeated and it ends on the gate with its own 5 (its end waited for
-    through the monitor, `wait PROC`), the stopped one is
+    through the monitor, `wait PROC`), the deleted one's retried delete gets its receipt (4),
+    the stopped one is
     deleted with its own 3, a third exec starts and ends through the new shim (6), and the task
     ends with 143."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
@@ -733,6 +735,13 @@ def case_exec_replaced(d):
     seen = []
     replace_shim(d, "tx", between=lambda: seen.append(len(numbers())))
     until(lambda: len(numbers()) >= seen[0] + 20, "exec run's stream going on after the replacement")
+    # Again: the second new shim waits for the running exec as the first did (its wait the
+    # monitor's second; the first one's connection died with its shim).
+    replace_shim(d, "tx", between=lambda: seen.append(len(numbers())))
+    until(lambda: len(numbers()) >= seen[1] + 20, "exec run's stream going on after the second replacement")
+    # The deleted one: a retried delete gets its receipt (containerd asks State first).
+    rc, _, err = d.ctr("task", "delete", "--exec-id", "del", "tx", check_rc=False)
+    check(rc == 4 or "exit code 4" in err, f"ctr task delete --exec-id del again: exit {rc}, {err!r}, want its receipt's 4{d.tail()}")
     rc, _, err = d.ctr("task", "delete", "--exec-id", "st", "tx", check_rc=False)
     check(rc == 3 or "exit code 3" in err, f"ctr task delete --exec-id st: exit {rc}, {err!r}, want its own 3{d.tail()}")
     rc, o, err = d.ctr("task", "exec", "--exec-id", "new", "tx", "/bin/sh", "-c", "echo new; exit 6", check_rc=False)

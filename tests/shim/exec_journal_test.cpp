@@ -76,5 +76,10 @@ TEST_CASE("malformed journals: the entry and the field named") {
         "nesinit-execs.json: execs[1].exit_status: expected a u32");
   CHECK(error_of(replace(R"("exited_at_ns":0)", R"("exited_at_ns":"x")")) ==
         "nesinit-execs.json: execs[1].exited_at_ns: expected an integer");
-  CHECK(error_of(std::string(shim::kExecJournalMax + 1, ' ')) == "nesinit-execs.json: over 2097152 bytes");
+  CHECK(error_of(std::string(shim::kExecJournalMax + 1, ' ')) == "nesinit-execs.json: over 4194304 bytes");
+  std::vector<ExecEntry> many;
+  for (int i = 0; i < 81; ++i) many.push_back(ExecEntry{"x" + std::to_string(i), "", "", "", "", false, ExecState::deleted});
+  CHECK(error_of(shim::encode_exec_journal(many)) == "nesinit-execs.json: execs: over 80 entries (81)");
+  many.pop_back();
+  CHECK(shim::parse_exec_journal(shim::encode_exec_journal(many)).ok());
 }

@@ -429,6 +429,22 @@ TEST_CASE("the task record: a pod's fields round-trip; a record without them par
       R"({"schema_version":1,"id":"t","vm":"ctr-0123456789abcdef01234567","state_dir":"/s","pid":0,"pid_start":0,"mounted_rootfs":false,"container":true})");
   REQUIRE(!bad);
   CHECK(bad.error().message == "nesinit-task.json: pod_share: required for a container");
+  // The task's own optional fields: stdio, terminal, created, stdin_closed.
+  shim::TaskRecord t{"t", "ctr-0123456789abcdef01234567-0011223344556677", "/b/s", 42, 7, true};
+  t.stdin_path = "/f/in";
+  t.stdout_path = "file:///l";
+  t.terminal = true;
+  t.created = true;
+  t.stdin_closed = true;
+  auto tb = shim::parse_task_record(shim::encode_task_record(t));
+  REQUIRE(tb);
+  CHECK(*tb == t);
+  CHECK(!old->created);
+  CHECK(!old->stdin_closed);
+  auto bad2 = shim::parse_task_record(
+      R"({"schema_version":1,"id":"t","vm":"ctr-0123456789abcdef01234567","state_dir":"/s","pid":0,"pid_start":0,"mounted_rootfs":false,"stdin_closed":1})");
+  REQUIRE(!bad2);
+  CHECK(bad2.error().message == "nesinit-task.json: stdin_closed: expected a boolean");
 }
 
 TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec, Pause and Stats need a running task; Update names what it cannot change") {
