@@ -2,6 +2,7 @@
 #include "host/shim/exec_journal.hpp"
 
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -37,6 +38,12 @@ std::string encode_exec_journal(const std::vector<ExecEntry>& execs) {
         host::json_string(e.id), host::json_string(e.spec), host::json_string(e.stdin_path),
         host::json_string(e.stdout_path), host::json_string(e.stderr_path), e.terminal, to_string(e.state), e.proc,
         e.pid, e.exit_status, e.exited_at_ns);
+    if (!e.task.empty() || e.container) {  // a pod's: the fields only a pod's entries have
+      out.pop_back();
+      if (!e.task.empty()) out += fmt::format(R"(,"task":{})", host::json_string(e.task));
+      if (e.container) out += fmt::format(R"(,"container":true,"bundle":{})", host::json_string(e.bundle));
+      out += "}";
+    }
   }
   return out + "]}\n";
 }
@@ -54,10 +61,10 @@ host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json) {
   simdjson::dom::array a;
   if (o["execs"].get_array().get(a)) return host::Error{fmt::format("{}: execs: expected an array", kFile)};
   std::vector<ExecEntry> out;
-  std::set<std::string> ids;
+  std::set<std::tuple<std::string, std::string, bool>> ids;
   std::size_t i = 0;
-  if (a.size() > kExecLiveMax + kExecReceiptsKept)
-    return host::Error{fmt::format("{}: execs: over {} entries ({})", kFile, kExecLiveMax + kExecReceiptsKept, a.size())};
+  if (a.size() > kExecJournalEntriesMax)
+    return host::Error{fmt::format("{}: execs: over {} entries ({})", kFile, kExecJournalEntriesMax, a.size())};
   for (simdjson::dom::element el : a) {
     auto bad = [&](std::string_view field, std::string_view want) {
       return host::Error{fmt::format("{}: execs[{}].{}: expected {}", kFile, i, field, want)};
@@ -68,7 +75,20 @@ host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json) {
     std::string_view s;
     if (x["id"].get_string().get(s) || s.empty() || s.size() > 256) return bad("id", "1..256 bytes");
     e.id = std::string(s);
-    if (!ids.insert(e.id).second) return bad("id", fmt::format("an id not given before ('{}' is)", e.id));
+    if (auto t = x["task"]; t.error() != simdjson::NO_SUCH_FIELD) {
+      if (t.get_string().get(s) || s.size() > 256) return bad("task", "a container id of at most 256 bytes");
+      e.task = std::string(s);
+    }
+    if (auto c = x["container"]; c.error() != simdjson::NO_SUCH_FIELD && c.get_bool().get(e.container))
+      return bad("container", "a boolean");
+    if (e.container) {
+      if (!e.task.empty()) return bad("task", "none for a container");
+      if (x["bundle"].get_string().get(s) || (!s.empty() && s.front() != '/'))
+        return bad("bundle", "an absolute path (or empty once deleted)");
+      e.bundle = std::string(s);
+    }
+    if (!ids.insert({e.task, e.id, e.container}).second)
+      return bad("id", fmt::format("an id not given before ('{}' is)", e.id));
     for (auto [name, field] : {std::pair{"spec", &e.spec}, {"stdin", &e.stdin_path}, {"stdout", &e.stdout_path},
                                {"stderr", &e.stderr_path}}) {
       if (x[name].get_string().get(s)) return bad(name, "a string");
@@ -83,6 +103,7 @@ host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json) {
         known = true;
       }
     if (!known) return bad("state", "one of added, starting, running, stopped, deleted");
+    if (e.container && e.bundle.empty() && e.state != ExecState::deleted) return bad("bundle", "an absolute path");
     if (x["proc"].get_uint64().get(u) || u > 0xffff) return bad("proc", "an integer 0..65535");
     e.proc = static_cast<std::uint16_t>(u);
     if (x["pid"].get_uint64().get(u) || u > 0x7fffffff) return bad("pid", "a pid or 0");

@@ -2,7 +2,8 @@
 // the shim last knew it, written durably (host/monitor/reconcile.hpp write_durable) before the
 // effect it announces (Start's intent before the request reaches the VM's monitor; a Delete's
 // answer before the exec is forgotten), so a shim started again on the bundle after a SIGKILL
-// (TaskService::restore) takes every exec over as it was: an added one can be started, a running
+// (TaskService::restore) takes every exec over as it was (a pod's sandbox journals the pod's
+// containers and the execs in them the same way): an added one can be started, a running
 // one is waited for through the monitor (`wait PROC`), a stopped one answers Wait and Delete with
 // its own status, and a deleted one's receipt answers a retried Delete identically. Why:
 // docs/containerd.md "A shim replaced".
@@ -28,8 +29,10 @@ inline constexpr std::size_t kExecSpecMax = 64u << 10;
 /// forgotten first) the journal holds.
 inline constexpr std::size_t kExecLiveMax = 16;
 inline constexpr std::size_t kExecReceiptsKept = 64;
-/// The longest journal a shim reads back: bytes (kExecLiveMax specs of kExecSpecMax, each at
-/// most doubled by JSON's escapes, and the receipts fit).
+/// The most entries a journal holds (a pod's sandbox journals its containers and their execs).
+inline constexpr std::size_t kExecJournalEntriesMax = 1024;
+/// The longest journal a shim reads back: bytes (a spec is kept only while its exec is not yet
+/// started: kExecLiveMax specs of kExecSpecMax, each at most doubled by JSON's escapes, fit).
 inline constexpr std::size_t kExecJournalMax = 4u << 20;
 
 /// Where an exec is, as the journal says it.
@@ -43,9 +46,9 @@ enum class ExecState {
 /// "added", "starting", ...: the journal's spelling.
 std::string_view to_string(ExecState s);
 
-/// One exec of the task.
+/// One exec of the task, or (a pod's sandbox) one of the pod's containers or an exec in one.
 struct ExecEntry {
-  std::string id;    // containerd's exec id (1..256 bytes)
+  std::string id;    // containerd's exec id (1..256 bytes); a pod's container: its container id
   std::string spec;  // the OCI process JSON of its ExecProcessRequest (empty once deleted)
   std::string stdin_path, stdout_path, stderr_path;  // containerd's; empty: none
   bool terminal = false;
@@ -54,14 +57,20 @@ struct ExecEntry {
   std::uint32_t pid = 0;           // its pid in the guest (0: never started)
   std::uint32_t exit_status = 0;   // stopped, deleted
   std::int64_t exited_at_ns = 0;   // stopped, deleted: CLOCK_REALTIME ns
+  /// A pod's: the container an exec runs in (empty: the shim's own task). Optional on the wire.
+  std::string task;
+  /// A pod's container itself (not an exec), its bundle (absolute; empty once deleted): its
+  /// record and config.json there say the rest. Optional on the wire (absent: false, empty).
+  bool container = false;
+  std::string bundle;
   bool operator==(const ExecEntry&) const = default;
 };
 
 /// One JSON object plus '\n': `{"schema_version":1,"execs":[{...},...]}`, entries in order.
 std::string encode_exec_journal(const std::vector<ExecEntry>& execs);
 /// Parse; errors name the entry's index and the field (`nesinit-execs.json: execs[2].state:
-/// expected one of added, starting, running, stopped, deleted`), and refuse a duplicate id and
-/// more than kExecLiveMax + kExecReceiptsKept entries.
+/// expected one of added, starting, running, stopped, deleted`), and refuse a duplicate (task,
+/// id, container) and more than kExecJournalEntriesMax entries.
 host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json);
 
 }  // namespace nes::shim

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <list>
@@ -472,19 +473,26 @@ struct TaskService::Impl {
                                                          r.exited_at().nanos()}));
   }
 
-  /// Whether `x` is kept in the exec journal: an exec of the shim's own task, which restore()
-  /// takes over (a pod's processes are not restored).
-  bool journaled(const ExecProc& x) const { return !pod && x.exec && x.task == cfg.id; }
-
   /// Writes the exec journal (host/shim/exec_journal.hpp) from what the shim knows now: every
-  /// journaled exec and the newest kExecReceiptsKept receipts of deleted ones. Errors:
-  /// write_durable's.
+  /// process in `procs` (the task's execs; a pod's containers and their execs) and the newest
+  /// kExecReceiptsKept receipts of deleted ones. A spec is kept only until its process started.
+  /// Errors: write_durable's.
   host::Status persist_execs() {
-    if (pod) return host::Ok{};
     std::vector<ExecEntry> out;
     for (const auto& [k, x] : procs) {
-      if (!journaled(*x)) continue;
-      ExecEntry e{x->id, x->spec_json, x->stdin_path, x->stdout_path, x->stderr_path, x->terminal};
+      const bool unstarted = x->phase == Phase::created;
+      ExecEntry e;
+      e.id = x->id;
+      if (unstarted) e.spec = x->spec_json;
+      e.stdin_path = x->stdin_path;
+      e.stdout_path = x->stdout_path;
+      e.stderr_path = x->stderr_path;
+      e.terminal = x->terminal;
+      if (x->task != cfg.id && x->exec) e.task = x->task;
+      if (!x->exec) {
+        e.container = true;
+        e.bundle = x->bundle.string();
+      }
       e.state = x->phase == Phase::running   ? ExecState::running
                 : x->phase == Phase::stopped ? ExecState::stopped
                 : x->start_respond           ? ExecState::starting
@@ -498,10 +506,17 @@ struct TaskService::Impl {
     // The newest kExecReceiptsKept receipts, written oldest first (the order restore keeps them in).
     std::vector<ExecEntry> deleted;
     for (auto it = receipt_order.rbegin(); it != receipt_order.rend() && deleted.size() < kExecReceiptsKept; ++it) {
-      if (it->first != cfg.id || it->second.empty() || procs.count(*it)) continue;
+      if (procs.count(*it)) continue;
       const v2::DeleteResponse& r = receipts.at(*it);
       ExecEntry e;
-      e.id = it->second;
+      // (task, exec id): an exec of the task or of a pod's container; (container, ""): a container.
+      if (it->second.empty()) {
+        e.id = it->first;
+        e.container = true;
+      } else {
+        e.id = it->second;
+        if (it->first != cfg.id) e.task = it->first;
+      }
       e.state = ExecState::deleted;
       e.pid = r.pid();
       e.exit_status = r.exit_status();
@@ -587,14 +602,12 @@ struct TaskService::Impl {
     x->stderr_path = req->stderr();
     x->terminal = req->terminal() || x->spec.terminal;
     const Key k = key(*x);
-    const bool journal = journaled(*x);
     procs.emplace(k, std::move(x));
     // Journaled before it is answered: a replacement shim can start what containerd was told exists.
-    if (journal)
-      if (auto w = persist_execs(); !w) {
-        procs.erase(k);
-        return fail(ttrpc::Code::internal, fmt::format("exec {}: journal: {}", req->exec_id(), w.error().message));
-      }
+    if (auto w = persist_execs(); !w) {
+      procs.erase(k);
+      return fail(ttrpc::Code::internal, fmt::format("exec {}: journal: {}", req->exec_id(), w.error().message));
+    }
     ev::TaskExecAdded e;
     e.set_container_id(req->id());
     e.set_exec_id(req->exec_id());
@@ -637,7 +650,7 @@ struct TaskService::Impl {
     x->connect_deadline = std::chrono::steady_clock::now() + 30s;
     // Intent before effect: the journal says it is starting before the request can reach the
     // monitor (a replacement then knows the answer was lost, docs/containerd.md).
-    if (journaled(*x)) {
+    {
       if (auto w = persist_execs(); !w) {
         x->in.reset();
         x->out.reset();
@@ -700,7 +713,7 @@ struct TaskService::Impl {
         x->pid = pid;
         x->proc = started->proc;
         x->phase = Phase::running;
-        if (journaled(*x)) note_execs();  // the result, before containerd hears it
+        note_execs();  // the result, before containerd hears it
         if (x->exec) {
           ev::TaskExecStarted e;
           e.set_container_id(x->task);
@@ -744,7 +757,7 @@ struct TaskService::Impl {
       fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}{}: {} (exit status {})\n", x.task,
                  x.exec ? " exec " + x.id : std::string(), why, status);
     x.stop(status, now_ns());
-    if (journaled(x)) note_execs();  // its end, before anyone is told
+    note_execs();  // its end, before anyone is told
     if (auto rs = std::exchange(x.start_respond, std::nullopt)) {
       (*rs)(fail(ttrpc::Code::failed_precondition,
                  fmt::format("{}: {}{}", x.exec ? "exec " + x.id : fmt::format("container '{}'", x.id),
@@ -956,7 +969,11 @@ struct TaskService::Impl {
     auto x = std::make_unique<ExecProc>(io, cid, std::string());
     const std::string dir = vm_id(cfg.ns, cid);
     x->bundle = bundle;
-    x->rec = TaskRecord{cid, rec.vm, rec.state_dir, 0, 0, false, rec.pod_share / dir / "rootfs", true};
+    x->rec.id = cid;
+    x->rec.vm = rec.vm;
+    x->rec.state_dir = rec.state_dir;
+    x->rec.pod_share = rec.pod_share / dir / "rootfs";
+    x->rec.container = true;
     x->guest_root = fmt::format("{}/{}/rootfs", kPodShareGuest, dir);
     std::error_code rc;
     fs::remove(bundle / kReceiptFile, rc);  // an earlier incarnation's answer is not this one's
@@ -994,6 +1011,7 @@ struct TaskService::Impl {
     e.set_pid(static_cast<std::uint32_t>(::getpid()));
     events.publish("/tasks/create", e);
     procs.emplace(key(*x), std::move(x));
+    note_execs();  // the pod's journal: a replaced shim serves this container too
     v2::CreateTaskResponse r;
     r.set_pid(static_cast<std::uint32_t>(::getpid()));
     return ok(r);
@@ -1023,6 +1041,7 @@ struct TaskService::Impl {
     *e.mutable_exited_at() = r.exited_at();
     events.publish("/tasks/delete", e);
     procs.erase(key(c));
+    note_execs();  // its receipt, its execs gone
     return r;
   }
 
@@ -1103,8 +1122,9 @@ struct TaskService::Impl {
   /// shim's is on that path, so no byte is lost or repeated); its stdin FIFO is held again as
   /// Start holds it (CloseIO works). Its execs as the exec journal names them (restore_execs). A
   /// task whose Create finished and that was never started: CREATED again. A deleted one (its
-  /// receipt in the bundle): deleted, a retried Delete answered with the receipt. A pod's tasks,
-  /// another task's record, a Create cut short, or a record without a live monitor: nothing
+  /// receipt in the bundle): deleted, a retried Delete answered with the receipt. A pod's sandbox
+  /// as any task, its containers and their execs from the journal. A pod's container's own
+  /// record, another task's record, a Create cut short, or a record without a live monitor: nothing
   /// (containerd's cleanup ends them). Returns what it did, for the shim's log.
   std::optional<std::string> restore() {
     // A task whose Delete answered (its receipt written first) and whose shim died before or
@@ -1123,7 +1143,8 @@ struct TaskService::Impl {
     auto r = load_task_record(cfg.bundle);
     if (!r || !*r) return std::nullopt;
     TaskRecord got = std::move(**r);
-    if (got.id != cfg.id || got.container || !got.pod_share.empty()) return std::nullopt;
+    if (got.id != cfg.id || got.container) return std::nullopt;
+    pod = !got.pod_share.empty();  // a pod's sandbox: its containers come back from the journal
     auto text = read_oci_config(cfg.bundle);
     if (!text) return std::nullopt;
     auto s = parse_oci_spec(*text, cfg.bundle);
@@ -1193,25 +1214,56 @@ struct TaskService::Impl {
     // cannot be waited for ends (and journals) with everything else already in place.
     std::string out;
     std::vector<std::pair<Key, std::uint16_t>> to_wait;
+    // A pod's containers before the execs in them (an exec joins its container's process).
+    std::stable_partition(j->begin(), j->end(), [](const ExecEntry& e) { return e.container; });
     for (auto& e : *j) {
-      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", e.id, to_string(e.state));
+      const std::string task_id = e.container ? e.id : e.task.empty() ? cfg.id : e.task;
+      const std::string what = e.container ? fmt::format("container {}", e.id)
+                               : e.task.empty() ? e.id
+                                                : fmt::format("{} (in {})", e.id, e.task);
+      out += fmt::format("{}{} {}", out.empty() ? "" : ", ", what, to_string(e.state));
+      const Key k{task_id, e.container ? std::string() : e.id};
       if (e.state == ExecState::deleted) {
         v2::DeleteResponse r;
         r.set_pid(e.pid);
         r.set_exit_status(e.exit_status);
         set_time(r.mutable_exited_at(), e.exited_at_ns);
-        keep_receipt({cfg.id, e.id}, r);
+        keep_receipt(k, r);
         continue;
       }
-      auto x = std::make_unique<ExecProc>(io, cfg.id, e.id);
-      auto sp = parse_oci_process(e.spec);
-      if (!sp) {
-        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec {}: spec: {}\n", cfg.id, e.id, sp.error().message);
-        if (e.state == ExecState::added) continue;  // nothing ran: as if never added
-      } else {
-        x->spec = std::move(*sp);
+      if (!e.container && task_id != cfg.id && !find_proc({task_id, {}})) {
+        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec {}: its container {} is not restored\n",
+                   cfg.id, e.id, task_id);
+        continue;
       }
-      x->spec_json = std::move(e.spec);
+      auto x = std::make_unique<ExecProc>(io, task_id, e.container ? std::string() : e.id);
+      if (e.container) {
+        // A pod's container: its record and config.json in its bundle say what Create made.
+        x->bundle = e.bundle;
+        auto crec = load_task_record(x->bundle);
+        auto text = read_oci_config(x->bundle);
+        auto sp = text ? parse_oci_spec(*text, x->bundle) : host::Result<TaskSpec>(text.error());
+        if (!crec || !*crec || !(*crec)->container || !sp) {
+          fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: container {}: its bundle {}: {}\n", cfg.id,
+                     e.id, e.bundle, !crec ? crec.error().message : !*crec || !(*crec)->container ? "no container record"
+                                                                                                 : sp.error().message);
+          continue;
+        }
+        x->rec = std::move(**crec);
+        x->guest_root = fmt::format("{}/{}/rootfs", kPodShareGuest, vm_id(cfg.ns, e.id));
+        if (!sp->hostname.empty()) x->hostname = sp->hostname;
+        else if (!spec.hostname.empty()) x->hostname = spec.hostname;
+        x->spec = std::move(*sp);
+      } else if (e.state == ExecState::added) {
+        auto sp = parse_oci_process(e.spec);
+        if (!sp) {  // nothing ran: as if never added
+          fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec {}: spec: {}\n", cfg.id, e.id,
+                     sp.error().message);
+          continue;
+        }
+        x->spec = std::move(*sp);
+        x->spec_json = std::move(e.spec);
+      }
       x->stdin_path = e.stdin_path;
       x->stdout_path = e.stdout_path;
       x->stderr_path = e.stderr_path;
@@ -1219,16 +1271,15 @@ struct TaskService::Impl {
       x->restored = true;
       x->pid = e.pid;
       x->proc = e.proc;
-      const Key k = key(*x);
       ExecProc* xp = x.get();
       procs.emplace(k, std::move(x));
       switch (e.state) {
         case ExecState::added: break;
         case ExecState::starting:
           fmt::print(stderr,
-                     "containerd-shim-nesinit-v2: warning: task {}: exec {}: the shim before this one died while "
+                     "containerd-shim-nesinit-v2: warning: task {}: {}: the shim before this one died while "
                      "starting it (its Start failed); stopped with 125\n",
-                     cfg.id, e.id);
+                     cfg.id, what);
           xp->stop(125, now_ns());
           break;
         case ExecState::stopped: xp->stop(e.exit_status, e.exited_at_ns); break;
@@ -1506,9 +1557,8 @@ struct TaskService::Impl {
     if (x) {
       boost::system::error_code ig;
       x->sock.close(ig);
-      const bool journal = journaled(*x);
       procs.erase(key(*x));
-      if (journal) note_execs();  // the receipt, before the answer
+      note_execs();  // the receipt, before the answer
       return ok(r);
     }
     // The receipt first: whatever asks after this (a retry, `shim delete`) gets the same answer.

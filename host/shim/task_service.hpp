@@ -106,9 +106,10 @@ class TaskService {
   /// A shim started again on its bundle (the one before was SIGKILLed): the task its
   /// `nesinit-task.json` records, RUNNING with the same pid, if its `neshost run` still runs
   /// (same pid and start time), and its execs as the exec journal names them
-  /// (host/shim/exec_journal.hpp); a task created and not started, CREATED again; a pod's tasks
-  /// are not restored. Returns what was re-adopted, for
-  /// the log, or nullopt (nothing recorded, nothing alive: containerd's cleanup ends it).
+  /// (host/shim/exec_journal.hpp; a pod's sandbox: the pod's containers and their execs too); a
+  /// task created and not started, CREATED again; a deleted one, its Delete's receipt. Returns
+  /// what was re-adopted, for the log, or nullopt (nothing recorded, nothing alive: containerd's
+  /// cleanup ends it).
   std::optional<std::string> restore();
 
   struct Impl;

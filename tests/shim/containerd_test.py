@@ -763,6 +763,54 @@ def case_exec_replaced(d):
     d.ctr("container", "delete", "tx")
 
 
+def case_pod_replaced(d):
+    """issue 29's live replacement of a pod's shim (the sandbox's, which serves every task of the
+    pod): a sandbox, a container c1 streaming numbers to a --log-uri file until the host opens a
+    gate (then exit 6), and an exec in c1 waiting for a gate of its own (then exit 4). The
+    sandbox's shim replaced: containerd finds the sandbox and c1 RUNNING, c1's stream goes on with
+    no number lost or repeated, the exec ends with its own 4 and c1 with its own 6 through the new
+    shim (their ends waited for through the monitor), and the sandbox's kill ends the pod (143)."""
+    ct, sid = "io.kubernetes.cri.container-type", "io.kubernetes.cri.sandbox-id"
+    rs = busybox_root(os.path.join(d.tmp, "rootfs-pod2"))
+    rc1 = busybox_root(os.path.join(d.tmp, "rootfs-pc1"))
+    out = os.path.join(d.tmp, "pc1.log")
+    d.ctr("run", "-d", "--runtime", RUNTIME, "--annotation", f"{ct}=sandbox", "--annotation", f"{sid}=pod2",
+          "--rootfs", rs, "pod2", "/bin/sh", "-c", "echo > /up; exec sleep 100000")
+    until(lambda: os.path.exists(os.path.join(rs, "up")), "the sandbox's workload running")
+    d.ctr("run", "-d", "--log-uri", "file://" + out, "--runtime", RUNTIME, "--annotation", f"{ct}=container",
+          "--annotation", f"{sid}=pod2", "--rootfs", rc1, "pc1", "/bin/sh", "-c",
+          "i=0; while [ ! -e /gate ]; do echo $i; i=$((i+1)); sleep 0.02; done; exit 6")
+    d.ctr("task", "exec", "-d", "--exec-id", "pe1", "pc1", "/bin/sh", "-c",
+          "echo > /pe1-up; while [ ! -e /gate2 ]; do sleep 0.05; done; exit 4")
+    until(lambda: os.path.exists(os.path.join(rc1, "pe1-up")), "the exec in pc1 running")
+    numbers = lambda: open(out).read().split("\n")[:-1] if os.path.exists(out) else []
+    until(lambda: len(numbers()) >= 10, "pc1's numbered stream started")
+    seen = []
+    replace_shim(d, "pod2", between=lambda: seen.append(len(numbers())))
+    check(d.tasks().get("pc1", ("", ""))[1] == "RUNNING", f"pc1 after its pod's shim was replaced: {d.tasks()}{d.tail()}")
+    until(lambda: len(numbers()) >= seen[0] + 20, "pc1's stream going on after the replacement")
+    open(os.path.join(rc1, "gate2"), "w").close()
+
+    def deleted(*args):
+        rc, _, err = d.ctr("task", "delete", *args, check_rc=False)
+        return None if "running" in err else (rc, err)
+    got = []
+    until(lambda: got.append(deleted("--exec-id", "pe1", "pc1")) or got[-1] is not None, "exec pe1 ended")
+    check(got[-1][0] == 4 or "exit code 4" in got[-1][1], f"ctr task delete --exec-id pe1 pc1: {got[-1]}, want 4{d.tail()}")
+    open(os.path.join(rc1, "gate"), "w").close()
+    until(lambda: d.tasks().get("pc1", ("", ""))[1] == "STOPPED", "pc1 stopped through the new shim")
+    rc, _, err = d.ctr("task", "delete", "pc1", check_rc=False)
+    check("exit code 6" in err, f"ctr task delete pc1: {err!r}, want its own 6{d.tail()}")
+    nums = numbers()
+    check(nums == [str(i) for i in range(len(nums))], f"pc1's stream has a gap or a repeat: {nums[:5]}..{nums[-5:]}")
+    d.ctr("task", "kill", "pod2")
+    until(lambda: d.tasks().get("pod2", ("", ""))[1] == "STOPPED", "pod2 stopped")
+    rc, _, err = d.ctr("task", "delete", "pod2", check_rc=False)
+    check("exit code 143" in err, f"ctr task delete pod2: {err!r}, want 143{d.tail()}")
+    for c in ("pc1", "pod2"):
+        d.ctr("container", "delete", c)
+
+
 def case_stdin_replaced(d):
     """issue 29's exact continuation of stdin across a live replacement: the workload appends
     each line it reads to /in.txt: numbered lines from an attached `ctr run` (0..19, all in the guest's file), that ctr is

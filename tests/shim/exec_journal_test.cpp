@@ -13,6 +13,19 @@ using shim::ExecEntry;
 using shim::ExecState;
 
 namespace {
+/// An entry with the fields these tests vary (the rest as ExecEntry's defaults).
+ExecEntry entry(std::string id, ExecState st, std::uint16_t proc = 0, std::uint32_t pid = 0, std::uint32_t status = 0,
+                std::int64_t at = 0) {
+  ExecEntry e;
+  e.id = std::move(id);
+  e.state = st;
+  e.proc = proc;
+  e.pid = pid;
+  e.exit_status = status;
+  e.exited_at_ns = at;
+  return e;
+}
+
 std::string error_of(std::string_view json) {
   auto r = shim::parse_exec_journal(json);
   REQUIRE_FALSE(r.ok());
@@ -22,14 +35,31 @@ std::string error_of(std::string_view json) {
 
 TEST_CASE("every state, through its line and back") {
   std::vector<ExecEntry> v;
-  v.push_back(ExecEntry{"a", R"({"args":["sh","-c","echo \"hi\"\n"]})", "/f/in", "/f/out", "", true, ExecState::added});
-  v.push_back(ExecEntry{"b", "{}", "", "file:///l", "", false, ExecState::starting});
-  ExecEntry r{"c", "{}", "", "", "", false, ExecState::running, 7, 42};
-  v.push_back(r);
-  ExecEntry s{"d\xc3\xa9", "{}", "", "", "", false, ExecState::stopped, 8, 43, 3, 1700000000123456789};
-  v.push_back(s);
-  ExecEntry d{"e", "", "", "", "", false, ExecState::deleted, 0, 44, 137, -5};
-  v.push_back(d);
+  ExecEntry a = entry("a", ExecState::added);
+  a.spec = R"({"args":["sh","-c","echo \"hi\"\n"]})";
+  a.stdin_path = "/f/in";
+  a.stdout_path = "/f/out";
+  a.terminal = true;
+  v.push_back(a);
+  ExecEntry b = entry("b", ExecState::starting);
+  b.spec = "{}";
+  b.stdout_path = "file:///l";
+  v.push_back(b);
+  v.push_back(entry("c", ExecState::running, 7, 42));
+  v.push_back(entry("d\xc3\xa9", ExecState::stopped, 8, 43, 3, 1700000000123456789));
+  v.push_back(entry("e", ExecState::deleted, 0, 44, 137, -5));
+  // A pod's: a container (its bundle), an exec in it, a deleted container.
+  ExecEntry c = entry("c1", ExecState::running, 3, 50);
+  c.stdout_path = "/f/c1-out";
+  c.container = true;
+  c.bundle = "/run/b/c1";
+  v.push_back(c);
+  ExecEntry ci = entry("a", ExecState::stopped, 4, 51, 4, 9);  // id "a" again: in c1
+  ci.task = "c1";
+  v.push_back(ci);
+  ExecEntry cd = entry("c0", ExecState::deleted, 0, 49, 0, 8);
+  cd.container = true;
+  v.push_back(cd);
   const std::string line = shim::encode_exec_journal(v);
   CHECK(line.back() == '\n');
   CHECK(line.find('\n') == line.size() - 1);
@@ -76,10 +106,18 @@ TEST_CASE("malformed journals: the entry and the field named") {
         "nesinit-execs.json: execs[1].exit_status: expected a u32");
   CHECK(error_of(replace(R"("exited_at_ns":0)", R"("exited_at_ns":"x")")) ==
         "nesinit-execs.json: execs[1].exited_at_ns: expected an integer");
+  CHECK(error_of(replace(R"("exited_at_ns":0)", R"("exited_at_ns":0,"container":true,"bundle":"rel")")) ==
+        "nesinit-execs.json: execs[1].bundle: expected an absolute path (or empty once deleted)");
+  CHECK(error_of(replace(R"("exited_at_ns":0)", R"("exited_at_ns":0,"container":true,"bundle":"")")) ==
+        "nesinit-execs.json: execs[1].bundle: expected an absolute path");
+  CHECK(error_of(replace(R"("exited_at_ns":0)", R"("exited_at_ns":0,"container":1)")) ==
+        "nesinit-execs.json: execs[1].container: expected a boolean");
+  CHECK(error_of(replace(R"("exited_at_ns":0)", R"("exited_at_ns":0,"task":"c","container":true,"bundle":"/b")")) ==
+        "nesinit-execs.json: execs[1].task: expected none for a container");
   CHECK(error_of(std::string(shim::kExecJournalMax + 1, ' ')) == "nesinit-execs.json: over 4194304 bytes");
   std::vector<ExecEntry> many;
-  for (int i = 0; i < 81; ++i) many.push_back(ExecEntry{"x" + std::to_string(i), "", "", "", "", false, ExecState::deleted});
-  CHECK(error_of(shim::encode_exec_journal(many)) == "nesinit-execs.json: execs: over 80 entries (81)");
+  for (int i = 0; i < 1025; ++i) many.push_back(entry("x" + std::to_string(i), ExecState::deleted));
+  CHECK(error_of(shim::encode_exec_journal(many)) == "nesinit-execs.json: execs: over 1024 entries (1025)");
   many.pop_back();
   CHECK(shim::parse_exec_journal(shim::encode_exec_journal(many)).ok());
 }
