@@ -452,12 +452,8 @@ def case_restart_states(d):
     rc, out, _ = d.ctr("task", "ps", "re")
     check(len([l for l in out.splitlines()[1:] if l.split()]) >= 3, f"ctr task ps re (nesinit, sleep 1000, sleep 999): {out!r}")
     # The exec that stopped (not deleted) across the restart: deleted with its own 3.
-    def deleted_x3():
-        rc, _, err = d.ctr("task", "delete", "--exec-id", "x3", "re", check_rc=False)
-        return None if "running" in err else (rc, err)
-    got = []
-    until(lambda: got.append(deleted_x3()) or got[-1] is not None, "exec x3 deleted")
-    check(got[-1][0] == 3 or "exit code 3" in got[-1][1], f"ctr task delete --exec-id x3: {got[-1]}, want 3")
+    rc, err = delete_when_ended(d, "--exec-id", "x3", "re")
+    check(rc == 3 or "exit code 3" in err, f"ctr task delete --exec-id x3: {rc}, {err!r}, want 3")
     d.ctr("task", "kill", "--exec-id", "x1", "-s", "SIGKILL", "re")
     until(lambda: len([l for l in d.ctr("task", "ps", "re")[1].splitlines()[1:] if l.split()]) == 2,
           "the exec's process gone from ctr task ps")
@@ -577,6 +573,27 @@ def case_shim_killed_states(d):
         d.ctr("container", "delete", tid)
 
 
+def delete_when_ended(d, *args):
+    """`ctr task delete ARGS` once the process has ended (until then containerd refuses it as
+    running; bounded by until()): (exit code, stderr)."""
+    got = []
+
+    def attempt():
+        rc, _, err = d.ctr("task", "delete", *args, check_rc=False)
+        got.append(None if "running" in err else (rc, err))
+        return got[-1] is not None
+    until(attempt, f"ctr task delete {' '.join(args)}: the process ended")
+    return got[-1]
+
+
+def kill_and_delete(d, tid, want):
+    """`ctr task kill TID` (SIGTERM), then its delete must report exit code `want`."""
+    d.ctr("task", "kill", tid)
+    until(lambda: d.tasks().get(tid, ("", ""))[1] == "STOPPED", f"{tid} stopped")
+    rc, _, err = d.ctr("task", "delete", tid, check_rc=False)
+    check(f"exit code {want}" in err, f"ctr task delete {tid}: {err!r}, want {want}{d.tail()}")
+
+
 def replace_shim(d, tid, between=lambda: None, created=False):
     """The live replacement the seed's shim is qualified by: containerd stopped, task `tid`'s
     shim SIGKILLed, `between()` called, then a new shim started by hand on the same bundle and
@@ -666,10 +683,7 @@ def case_created_states(d):
         t.close()
     rc, _, err = d.ctr("task", "delete", "tc2", check_rc=False)
     check("exit code 7" in err, f"ctr task delete tc2: {err!r}, want 7")
-    d.ctr("task", "kill", "te")
-    until(lambda: d.tasks().get("te", ("", ""))[1] == "STOPPED", "te stopped")
-    rc, _, err = d.ctr("task", "delete", "te", check_rc=False)
-    check("exit code 143" in err, f"ctr task delete te: {err!r}, want 143")
+    kill_and_delete(d, "te", 143)
     for c in ("tc", "tc2", "te"):
         d.ctr("container", "delete", c)
 
@@ -691,10 +705,7 @@ def case_shim_replaced(d):
     replace_shim(d, "tl", between=lambda: seen.append(len(numbers())))
     seen = seen[0]
     until(lambda: len(numbers()) >= seen + 20, "the stream going on after the replacement")
-    d.ctr("task", "kill", "tl")
-    until(lambda: d.tasks().get("tl", ("", ""))[1] == "STOPPED", "tl stopped through the new shim")
-    rc, _, err = d.ctr("task", "delete", "tl", check_rc=False)
-    check("exit code 143" in err, f"ctr task delete tl: {err!r}, want 143{d.tail()}")
+    kill_and_delete(d, "tl", 143)  # through the new shim
     got = numbers()
     check(got == [str(i) for i in range(len(got))], f"the numbered stream has a gap or a repeat: {got[:5]}..{got[-5:]}")
     d.ctr("container", "delete", "tl")
@@ -748,18 +759,11 @@ def case_exec_replaced(d):
     check((rc, o) == (6, "new\n"), f"an exec through the new shim: exit {rc}, {o!r}, {err!r}{d.tail()}")
     open(os.path.join(root, "gate"), "w").close()
     # Its end reaches the new shim: until then its delete is refused (still running).
-    def deleted():
-        rc, _, err = d.ctr("task", "delete", "--exec-id", "run", "tx", check_rc=False)
-        return None if "running" in err else (rc, err)
-    got = []
-    until(lambda: got.append(deleted()) or got[-1] is not None, "exec run ended and deleted")
-    check(got[-1][0] == 5 or "exit code 5" in got[-1][1], f"ctr task delete --exec-id run: {got[-1]}, want its own 5{d.tail()}")
+    rc, err = delete_when_ended(d, "--exec-id", "run", "tx")
+    check(rc == 5 or "exit code 5" in err, f"ctr task delete --exec-id run: {rc}, {err!r}, want its own 5{d.tail()}")
     nums = numbers()
     check(nums == [str(i) for i in range(len(nums))], f"exec run's stream has a gap or a repeat: {nums[:5]}..{nums[-5:]}")
-    d.ctr("task", "kill", "tx")
-    until(lambda: d.tasks().get("tx", ("", ""))[1] == "STOPPED", "tx stopped")
-    rc, _, err = d.ctr("task", "delete", "tx", check_rc=False)
-    check("exit code 143" in err, f"ctr task delete tx: {err!r}, want 143{d.tail()}")
+    kill_and_delete(d, "tx", 143)
     d.ctr("container", "delete", "tx")
 
 
@@ -791,22 +795,15 @@ def case_pod_replaced(d):
     until(lambda: len(numbers()) >= seen[0] + 20, "pc1's stream going on after the replacement")
     open(os.path.join(rc1, "gate2"), "w").close()
 
-    def deleted(*args):
-        rc, _, err = d.ctr("task", "delete", *args, check_rc=False)
-        return None if "running" in err else (rc, err)
-    got = []
-    until(lambda: got.append(deleted("--exec-id", "pe1", "pc1")) or got[-1] is not None, "exec pe1 ended")
-    check(got[-1][0] == 4 or "exit code 4" in got[-1][1], f"ctr task delete --exec-id pe1 pc1: {got[-1]}, want 4{d.tail()}")
+    rc, err = delete_when_ended(d, "--exec-id", "pe1", "pc1")
+    check(rc == 4 or "exit code 4" in err, f"ctr task delete --exec-id pe1 pc1: {rc}, {err!r}, want 4{d.tail()}")
     open(os.path.join(rc1, "gate"), "w").close()
     until(lambda: d.tasks().get("pc1", ("", ""))[1] == "STOPPED", "pc1 stopped through the new shim")
     rc, _, err = d.ctr("task", "delete", "pc1", check_rc=False)
     check("exit code 6" in err, f"ctr task delete pc1: {err!r}, want its own 6{d.tail()}")
     nums = numbers()
     check(nums == [str(i) for i in range(len(nums))], f"pc1's stream has a gap or a repeat: {nums[:5]}..{nums[-5:]}")
-    d.ctr("task", "kill", "pod2")
-    until(lambda: d.tasks().get("pod2", ("", ""))[1] == "STOPPED", "pod2 stopped")
-    rc, _, err = d.ctr("task", "delete", "pod2", check_rc=False)
-    check("exit code 143" in err, f"ctr task delete pod2: {err!r}, want 143{d.tail()}")
+    kill_and_delete(d, "pod2", 143)
     for c in ("pc1", "pod2"):
         d.ctr("container", "delete", c)
 
@@ -845,10 +842,7 @@ def case_stdin_replaced(d):
     lines = got()
     check(lines == [str(i) for i in range(40)], f"stdin across the replacement: {lines[:5]}..{lines[-5:]} ({len(lines)} lines)")
     check(d.tasks().get("ti", ("", ""))[1] == "RUNNING", f"ti after its clients left: {d.tasks()}")
-    d.ctr("task", "kill", "ti")
-    until(lambda: d.tasks().get("ti", ("", ""))[1] == "STOPPED", "ti stopped")
-    rc, _, err = d.ctr("task", "delete", "ti", check_rc=False)
-    check("exit code 143" in err, f"ctr task delete ti: {err!r}, want 143{d.tail()}")
+    kill_and_delete(d, "ti", 143)
     d.ctr("container", "delete", "ti")
 
 

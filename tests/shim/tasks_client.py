@@ -54,37 +54,36 @@ def encode(fields):
     return bytes(out)
 
 
+def _read_varint(data, i):
+    """(value, next index) of the varint at data[i]."""
+    v, shift = 0, 0
+    while True:
+        b = data[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return v, i
+
+
 def decode(data):
     """{number: value}: varints as int, length-delimited as bytes (the last of a repeated one)."""
     out, i = {}, 0
     while i < len(data):
-        key, shift = 0, 0
-        while True:
-            b = data[i]; i += 1
-            key |= (b & 0x7F) << shift; shift += 7
-            if not b & 0x80:
-                break
+        key, i = _read_varint(data, i)
         num, wt = key >> 3, key & 7
         if wt == 0:
-            v, shift = 0, 0
-            while True:
-                b = data[i]; i += 1
-                v |= (b & 0x7F) << shift; shift += 7
-                if not b & 0x80:
-                    break
-            out[num] = v
+            out[num], i = _read_varint(data, i)
         elif wt == 2:
-            n, shift = 0, 0
-            while True:
-                b = data[i]; i += 1
-                n |= (b & 0x7F) << shift; shift += 7
-                if not b & 0x80:
-                    break
-            out[num] = data[i:i + n]; i += n
+            n, i = _read_varint(data, i)
+            out[num] = data[i:i + n]
+            i += n
         elif wt == 5:
-            out[num] = data[i:i + 4]; i += 4
+            out[num] = data[i:i + 4]
+            i += 4
         elif wt == 1:
-            out[num] = data[i:i + 8]; i += 8
+            out[num] = data[i:i + 8]
+            i += 8
         else:
             raise ValueError(f"wire type {wt} of field {num}")
     return out
