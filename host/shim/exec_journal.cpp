@@ -38,10 +38,11 @@ std::string encode_exec_journal(const std::vector<ExecEntry>& execs) {
         host::json_string(e.id), host::json_string(e.spec), host::json_string(e.stdin_path),
         host::json_string(e.stdout_path), host::json_string(e.stderr_path), e.terminal, to_string(e.state), e.proc,
         e.pid, e.exit_status, e.exited_at_ns);
-    if (!e.task.empty() || e.container) {  // a pod's: the fields only a pod's entries have
+    if (!e.task.empty() || e.container || e.stdin_closed) {  // the optional fields, when set
       out.pop_back();
       if (!e.task.empty()) out += fmt::format(R"(,"task":{})", host::json_string(e.task));
       if (e.container) out += fmt::format(R"(,"container":true,"bundle":{})", host::json_string(e.bundle));
+      if (e.stdin_closed) out += R"(,"stdin_closed":true)";
       out += "}";
     }
   }
@@ -81,6 +82,8 @@ host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json) {
     }
     if (auto c = x["container"]; c.error() != simdjson::NO_SUCH_FIELD && c.get_bool().get(e.container))
       return bad("container", "a boolean");
+    if (auto c = x["stdin_closed"]; c.error() != simdjson::NO_SUCH_FIELD && c.get_bool().get(e.stdin_closed))
+      return bad("stdin_closed", "a boolean");
     if (e.container) {
       if (!e.task.empty()) return bad("task", "none for a container");
       if (x["bundle"].get_string().get(s) || (!s.empty() && s.front() != '/'))

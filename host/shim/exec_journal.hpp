@@ -63,6 +63,8 @@ struct ExecEntry {
   /// record and config.json there say the rest. Optional on the wire (absent: false, empty).
   bool container = false;
   std::string bundle;
+  /// CloseIO closed its stdin: a replacement holds no writer on its FIFO. Optional (false).
+  bool stdin_closed = false;
   bool operator==(const ExecEntry&) const = default;
 };
 

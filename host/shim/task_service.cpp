@@ -423,6 +423,7 @@ struct TaskService::Impl {
     TaskSpec spec;
     std::string spec_json;  // containerd's OCI process JSON, for the exec journal
     bool restored = false;  // running when a replaced shim took it over from the journal (its start was published)
+    bool stdin_closed = false;  // CloseIO came (journaled: a replacement holds no writer)
     // A pod's container only: its bundle, its record there (its rootfs under the pod's share),
     // its root and hostname as the guest names them.
     fs::path bundle;
@@ -488,6 +489,7 @@ struct TaskService::Impl {
       e.stdout_path = x->stdout_path;
       e.stderr_path = x->stderr_path;
       e.terminal = x->terminal;
+      e.stdin_closed = x->stdin_closed;
       if (x->task != cfg.id && x->exec) e.task = x->task;
       if (!x->exec) {
         e.container = true;
@@ -523,8 +525,20 @@ struct TaskService::Impl {
       e.exited_at_ns = static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 + r.exited_at().nanos();
       deleted.push_back(std::move(e));
     }
+    // Within what restore reads (kExecJournalEntriesMax, kExecJournalMax): the oldest receipts
+    // go first; a journal of live processes alone over the bounds is an error (the call that
+    // would add one fails).
+    const std::size_t live = out.size();
     out.insert(out.end(), std::make_move_iterator(deleted.rbegin()), std::make_move_iterator(deleted.rend()));
-    return host::write_durable(cfg.bundle, kExecJournalFile, encode_exec_journal(out));
+    std::string text = encode_exec_journal(out);
+    while ((out.size() > kExecJournalEntriesMax || text.size() > kExecJournalMax) && out.size() > live) {
+      out.erase(out.begin() + static_cast<std::ptrdiff_t>(live));
+      text = encode_exec_journal(out);
+    }
+    if (out.size() > kExecJournalEntriesMax || text.size() > kExecJournalMax)
+      return Error{fmt::format("{}: {} processes, {} bytes: over its bounds ({} entries, {} bytes)", kExecJournalFile,
+                               out.size(), text.size(), kExecJournalEntriesMax, kExecJournalMax)};
+    return host::write_durable(cfg.bundle, kExecJournalFile, text);
   }
   /// persist_execs(), its failure a warning in the shim's log (what a later replacement would
   /// not know).
@@ -1009,9 +1023,16 @@ struct TaskService::Impl {
     e.mutable_io()->set_stderr(x->stderr_path);
     e.mutable_io()->set_terminal(x->terminal);
     e.set_pid(static_cast<std::uint32_t>(::getpid()));
+    const Key k = key(*x);
+    const TaskRecord made = x->rec;
+    procs.emplace(k, std::move(x));
+    // The pod's journal before the answer: a replaced shim serves this container too.
+    if (auto w = persist_execs(); !w) {
+      procs.erase(k);
+      remove_task(bundle, made);
+      return refuse(ttrpc::Code::internal, "journal", w.error().message);
+    }
     events.publish("/tasks/create", e);
-    procs.emplace(key(*x), std::move(x));
-    note_execs();  // the pod's journal: a replaced shim serves this container too
     v2::CreateTaskResponse r;
     r.set_pid(static_cast<std::uint32_t>(::getpid()));
     return ok(r);
@@ -1144,7 +1165,7 @@ struct TaskService::Impl {
     if (!r || !*r) return std::nullopt;
     TaskRecord got = std::move(**r);
     if (got.id != cfg.id || got.container) return std::nullopt;
-    pod = !got.pod_share.empty();  // a pod's sandbox: its containers come back from the journal
+    const bool is_pod = !got.pod_share.empty();  // a sandbox: its containers come back from the journal
     auto text = read_oci_config(cfg.bundle);
     if (!text) return std::nullopt;
     auto s = parse_oci_spec(*text, cfg.bundle);
@@ -1152,7 +1173,8 @@ struct TaskService::Impl {
     if (got.pid <= 0) {
       // Created, not started: CREATED again (Start spawns the monitor as ever); its pid is now
       // this shim's, as a Created task's is.
-      if (!got.created) return std::nullopt;
+      // A pod's sandbox never started is not: its VM's size and share are Create's work.
+      if (!got.created || is_pod) return std::nullopt;
       rec = std::move(got);
       spec = std::move(*s);
       task.phase = Phase::created;
@@ -1167,6 +1189,7 @@ struct TaskService::Impl {
     auto id = host::identity_of(got.pid);
     // The pidfd first, the identity after: a recycled pid cannot pass for the monitor.
     if (!p || !id || id->start_time != got.pid_start) return std::nullopt;
+    pod = is_pod;
     rec = std::move(got);
     spec = std::move(*s);
     task.phase = Phase::running;
@@ -1214,15 +1237,26 @@ struct TaskService::Impl {
     // cannot be waited for ends (and journals) with everything else already in place.
     std::string out;
     std::vector<std::pair<Key, std::uint16_t>> to_wait;
-    // A pod's containers before the execs in them (an exec joins its container's process).
-    std::stable_partition(j->begin(), j->end(), [](const ExecEntry& e) { return e.container; });
-    for (auto& e : *j) {
+    // Two passes: a pod's live containers first (an exec joins its container's process), then
+    // everything else in the journal's order (its receipts oldest first, as they were kept).
+    std::vector<ExecEntry*> order;
+    for (auto& e : *j)
+      if (e.container && e.state != ExecState::deleted) order.push_back(&e);
+    for (auto& e : *j)
+      if (!e.container || e.state == ExecState::deleted) order.push_back(&e);
+    for (ExecEntry* ep : order) {
+      ExecEntry& e = *ep;
+      if (e.task == cfg.id) e.task.clear();  // the shim's own task, however written
       const std::string task_id = e.container ? e.id : e.task.empty() ? cfg.id : e.task;
       const std::string what = e.container ? fmt::format("container {}", e.id)
                                : e.task.empty() ? e.id
                                                 : fmt::format("{} (in {})", e.id, e.task);
       out += fmt::format("{}{} {}", out.empty() ? "" : ", ", what, to_string(e.state));
       const Key k{task_id, e.container ? std::string() : e.id};
+      if (procs.count(k) || receipts.count(k)) {  // a journal that names one process twice
+        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {} named twice in the exec journal\n", cfg.id, what);
+        continue;
+      }
       if (e.state == ExecState::deleted) {
         v2::DeleteResponse r;
         r.set_pid(e.pid);
@@ -1243,6 +1277,19 @@ struct TaskService::Impl {
         auto crec = load_task_record(x->bundle);
         auto text = read_oci_config(x->bundle);
         auto sp = text ? parse_oci_spec(*text, x->bundle) : host::Result<TaskSpec>(text.error());
+        if (crec && !*crec) {
+          // Its Delete removed the record (the receipt in its bundle written first) and the shim
+          // died before the journal said so: deleted, the receipt its answer.
+          if (auto t = base::read_small_file((x->bundle / kReceiptFile).c_str(), 4096))
+            if (auto c = parse_receipt(*t)) {
+              v2::DeleteResponse r;
+              r.set_pid(static_cast<std::uint32_t>(c->pid));
+              r.set_exit_status(c->exit_status);
+              set_time(r.mutable_exited_at(), c->exited_at_ns);
+              keep_receipt(k, r);
+              continue;
+            }
+        }
         if (!crec || !*crec || !(*crec)->container || !sp) {
           fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: container {}: its bundle {}: {}\n", cfg.id,
                      e.id, e.bundle, !crec ? crec.error().message : !*crec || !(*crec)->container ? "no container record"
@@ -1268,6 +1315,7 @@ struct TaskService::Impl {
       x->stdout_path = e.stdout_path;
       x->stderr_path = e.stderr_path;
       x->terminal = e.terminal;
+      x->stdin_closed = e.stdin_closed;
       x->restored = true;
       x->pid = e.pid;
       x->proc = e.proc;
@@ -1285,7 +1333,7 @@ struct TaskService::Impl {
         case ExecState::stopped: xp->stop(e.exit_status, e.exited_at_ns); break;
         case ExecState::running:
           xp->phase = Phase::running;
-          if (!xp->stdin_path.empty()) xp->hold_stdin();  // the monitor holds the read end
+          if (!xp->stdin_path.empty() && !xp->stdin_closed) xp->hold_stdin();  // the monitor holds the read end
           to_wait.emplace_back(k, e.proc);
           break;
         case ExecState::deleted: break;
@@ -1738,6 +1786,7 @@ struct TaskService::Impl {
     auto c = check_exec(req->id(), req->exec_id(), &x);
     if (c.status.ok() && req->stdin()) {
       process(x).stdin_hold.reset();
+      if (x && !std::exchange(x->stdin_closed, true)) note_execs();  // a replacement holds none again
       // The task's monitor holds a writer too (--stdin-hold): told to let go.
       if (!x && !task.stdin_path.empty() && task.phase == Phase::running && !close_stdin_deadline) {
         // Recorded first: a shim replaced before the monitor heard it tells it again (restore()).

@@ -772,8 +772,9 @@ def case_pod_replaced(d):
     pod): a sandbox, a container c1 streaming numbers to a --log-uri file until the host opens a
     gate (then exit 6), and an exec in c1 waiting for a gate of its own (then exit 4). The
     sandbox's shim replaced: containerd finds the sandbox and c1 RUNNING, c1's stream goes on with
-    no number lost or repeated, the exec ends with its own 4 and c1 with its own 6 through the new
-    shim (their ends waited for through the monitor), and the sandbox's kill ends the pod (143)."""
+    no number lost or repeated, a new exec joins c1 (7), the exec ends with its own 4 and c1 with
+    its own 6 through the new shim (their ends waited for through the monitor), and the sandbox's
+    kill ends the pod (143)."""
     ct, sid = "io.kubernetes.cri.container-type", "io.kubernetes.cri.sandbox-id"
     rs = busybox_root(os.path.join(d.tmp, "rootfs-pod2"))
     rc1 = busybox_root(os.path.join(d.tmp, "rootfs-pc1"))
@@ -793,6 +794,10 @@ def case_pod_replaced(d):
     replace_shim(d, "pod2", between=lambda: seen.append(len(numbers())))
     check(d.tasks().get("pc1", ("", ""))[1] == "RUNNING", f"pc1 after its pod's shim was replaced: {d.tasks()}{d.tail()}")
     until(lambda: len(numbers()) >= seen[0] + 20, "pc1's stream going on after the replacement")
+    # A new exec joins the restored container (its process number, from the journal).
+    rc, o, err = d.ctr("task", "exec", "--exec-id", "pe2", "pc1", "/bin/sh", "-c", "test -e /pe1-up && echo in-pc1; exit 7",
+                       check_rc=False)
+    check((rc, o) == (7, "in-pc1\n"), f"an exec into pc1 through the new shim: exit {rc}, {o!r}, {err!r}{d.tail()}")
     open(os.path.join(rc1, "gate2"), "w").close()
 
     rc, err = delete_when_ended(d, "--exec-id", "pe1", "pc1")

@@ -56,6 +56,7 @@ TEST_CASE("every state, through its line and back") {
   v.push_back(c);
   ExecEntry ci = entry("a", ExecState::stopped, 4, 51, 4, 9);  // id "a" again: in c1
   ci.task = "c1";
+  ci.stdin_closed = true;
   v.push_back(ci);
   ExecEntry cd = entry("c0", ExecState::deleted, 0, 49, 0, 8);
   cd.container = true;
