@@ -468,6 +468,9 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
     REQUIRE(g2.ok());
     CHECK(std::holds_alternative<ctl::Started>(*g2));
   }  // each closed here, its exec still "running"
+  // The last one's process ends (its reply goes nowhere): the handler lets go of its connection
+  // here, on the server's loop, not after the server is gone.
+  CHECK(control_call(path, ctl::Kill{9, 7}).ok());
 
   // An exec that fails: its one reply is the error.
   proto::ExecProcess missing = sample_exec();
@@ -496,7 +499,7 @@ TEST_CASE("the server over a Unix socket: stop, kill, resize, ps, exec, errors")
   std::vector<std::string> want{"stop", "kill 9 0", "kill 15 0", "kill 15 0", "ps", "exec sh fds 3",
                                 "kill 9 8", "wait 7", "wait 8", "kill 9 7"};
   want.insert(want.end(), 45, "exec sh fds 0");
-  want.insert(want.end(), {"exec /missing fds 0", "kill 9 0", "ps"});
+  want.insert(want.end(), {"kill 9 7", "exec /missing fds 0", "kill 9 0", "ps"});
   CHECK(calls == want);
 }
 
