@@ -466,12 +466,22 @@ struct TaskService::Impl {
   void forget_receipt(const Key& k) {
     if (receipts.erase(k)) std::erase(receipt_order, k);
   }
+  /// A Timestamp as CLOCK_REALTIME ns (set_time's inverse).
+  static std::int64_t ns_of(const google::protobuf::Timestamp& t) {
+    return static_cast<std::int64_t>(t.seconds()) * 1000000000 + t.nanos();
+  }
+  /// Delete's answer for `pid` that ended with `status` at `at_ns`: a receipt read back.
+  static v2::DeleteResponse receipt_response(std::uint32_t pid, std::uint32_t status, std::int64_t at_ns) {
+    v2::DeleteResponse r;
+    r.set_pid(pid);
+    r.set_exit_status(status);
+    set_time(r.mutable_exited_at(), at_ns);
+    return r;
+  }
   /// The receipt in `bundle`, durably, for `shim delete` after this shim is gone.
   static void write_receipt(const fs::path& bundle, const v2::DeleteResponse& r) {
     (void)host::write_durable(bundle, kReceiptFile,
-                              encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(),
-                                                     static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 +
-                                                         r.exited_at().nanos()}));
+                              encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(), ns_of(r.exited_at())}));
   }
 
   /// Writes the exec journal (host/shim/exec_journal.hpp) from what the shim knows now: every
@@ -522,7 +532,7 @@ struct TaskService::Impl {
       e.state = ExecState::deleted;
       e.pid = r.pid();
       e.exit_status = r.exit_status();
-      e.exited_at_ns = static_cast<std::int64_t>(r.exited_at().seconds()) * 1000000000 + r.exited_at().nanos();
+      e.exited_at_ns = ns_of(r.exited_at());
       deleted.push_back(std::move(e));
     }
     // Within what restore reads (kExecJournalEntriesMax, kExecJournalMax): the oldest receipts
@@ -1178,11 +1188,7 @@ struct TaskService::Impl {
       rec = std::move(got);
       spec = std::move(*s);
       task.phase = Phase::created;
-      task.stdin_path = rec.stdin_path;
-      task.stdout_path = rec.stdout_path;
-      task.stderr_path = rec.stderr_path;
-      task.terminal = rec.terminal;
-      spec.terminal = rec.terminal || spec.terminal;
+      stdio_from_record();
       return fmt::format("restored from its record: created, VM {}", rec.vm);
     }
     Fd p{static_cast<int>(::syscall(SYS_pidfd_open, got.pid, 0))};
@@ -1194,11 +1200,7 @@ struct TaskService::Impl {
     spec = std::move(*s);
     task.phase = Phase::running;
     task.pid = static_cast<std::uint32_t>(rec.pid);
-    task.stdin_path = rec.stdin_path;
-    task.stdout_path = rec.stdout_path;
-    task.stderr_path = rec.stderr_path;
-    task.terminal = rec.terminal;
-    spec.terminal = rec.terminal || spec.terminal;
+    stdio_from_record();
     if (rec.stdin_closed) {  // CloseIO came before: the monitor is told again, no writer of ours
       close_stdin_deadline = std::chrono::steady_clock::now() + 60s;
       deliver_close_stdin();
@@ -1211,6 +1213,15 @@ struct TaskService::Impl {
     std::string said = fmt::format("re-adopted from its record: monitor pid {}, VM {}", rec.pid, rec.vm);
     if (auto n = restore_execs(); !n.empty()) said += "; execs: " + n;
     return said;
+  }
+
+  /// The task's stdio paths and terminal as its record keeps them (restore()).
+  void stdio_from_record() {
+    task.stdin_path = rec.stdin_path;
+    task.stdout_path = rec.stdout_path;
+    task.stderr_path = rec.stderr_path;
+    task.terminal = rec.terminal;
+    spec.terminal = rec.terminal || spec.terminal;
   }
 
   /// The execs the journal names, taken over by restore() (host/shim/exec_journal.hpp): an added
@@ -1258,11 +1269,7 @@ struct TaskService::Impl {
         continue;
       }
       if (e.state == ExecState::deleted) {
-        v2::DeleteResponse r;
-        r.set_pid(e.pid);
-        r.set_exit_status(e.exit_status);
-        set_time(r.mutable_exited_at(), e.exited_at_ns);
-        keep_receipt(k, r);
+        keep_receipt(k, receipt_response(e.pid, e.exit_status, e.exited_at_ns));
         continue;
       }
       if (!e.container && task_id != cfg.id && !find_proc({task_id, {}})) {
@@ -1282,11 +1289,7 @@ struct TaskService::Impl {
           // died before the journal said so: deleted, the receipt its answer.
           if (auto t = base::read_small_file((x->bundle / kReceiptFile).c_str(), 4096))
             if (auto c = parse_receipt(*t)) {
-              v2::DeleteResponse r;
-              r.set_pid(static_cast<std::uint32_t>(c->pid));
-              r.set_exit_status(c->exit_status);
-              set_time(r.mutable_exited_at(), c->exited_at_ns);
-              keep_receipt(k, r);
+              keep_receipt(k, receipt_response(static_cast<std::uint32_t>(c->pid), c->exit_status, c->exited_at_ns));
               continue;
             }
         }
