@@ -2,7 +2,8 @@
 """P9: a task's start -> exit through containerd, `/bin/true` by `ctr run --rm`, with
 containerd-shim-nesinit-v2 (each task a microVM) against Debian's runc shim (a container on the
 host's kernel), on one private containerd in one invocation, contenders alternating, medians
-(scripts/bench.sh runs it; not a test). A third contender, `neshost run /bin/true` alone, shows
+(scripts/bench.sh runs it; not a test). Warm contenders restore each task's VM from
+one snapshot (`neshost snapshot create`; the shim's io.nesinit.snapshot annotation). A third contender, `neshost run /bin/true` alone, shows
 where the time goes: the microVM's own cycle (boot, ready, workload, power-off) against what
 containerd and the shim add around it. Prints markdown rows for bench/results/latest.md.
 
@@ -69,12 +70,24 @@ def main():
             time.sleep(0.05)
         root = os.path.join(tmp, "rootfs")
         userland(root)
+        # Warm: one snapshot (neshost snapshot create), each task's VM restored from it
+        # (the io.nesinit.snapshot annotation: `neshost run --snapshot DIR`).
+        nh_state = os.path.join(tmp, "nh-state")
+        r = subprocess.run([nh, "snapshot", "create", "--state", nh_state, "--accel", "tcg", "warm"], env=env,
+                           capture_output=True, timeout=BOUND)
+        if r.returncode != 0:
+            raise RuntimeError(f"snapshot create: {r.stderr.decode(errors='replace')}")
+        snap = os.path.join(nh_state, ".snapshots", "warm")
         contenders = {
+            "warm": lambda i: ctr + ["run", "--rm", "--runtime", "io.containerd.nesinit.v2", "--annotation",
+                                     f"io.nesinit.snapshot={snap}", "--rootfs", root, f"w{i}", "/bin/true"],
+            "neshost-warm": lambda i: [nh, "run", "--snapshot", snap, "--network", "none", "--state", nh_state,
+                                       "--on-exit", "remove", "--rootfs", root, "--", "/bin/true"],
             "nesinit": lambda i: ctr + ["run", "--rm", "--runtime", "io.containerd.nesinit.v2", "--rootfs", root,
                                         f"n{i}", "/bin/true"],
             "runc": lambda i: ctr + ["run", "--rm", "--runtime", "io.containerd.runc.v2", "--rootfs", root,
                                      f"r{i}", "/bin/true"],
-            "neshost": lambda i: [nh, "run", "--accel", "tcg", "--network", "none", "--state", os.path.join(tmp, "nh-state"),
+            "neshost": lambda i: [nh, "run", "--accel", "tcg", "--network", "none", "--state", nh_state,
                                   "--on-exit", "remove", "--rootfs", root, "--", "/bin/true"],
         }
         times = {k: [] for k in contenders}
@@ -91,6 +104,11 @@ def main():
               f"({spread['runc']}) | {r:.3f} | {n / r:.1f} |")
         print(f"| P9 where the time goes: the same microVM by `neshost run --rootfs` alone ({spread['neshost']}); "
               f"containerd + shim add {n - h:.2f} s | s | {n:.2f} | `neshost run` alone | {h:.2f} | {n / h:.2f} |")
+        w, hw = med["warm"], med["neshost-warm"]
+        print(f"| P9 warm: the same, each task's VM restored from a snapshot (annotation io.nesinit.snapshot; "
+              f"{spread['warm']}) | s | {w:.2f} | Debian's runc shim | {r:.3f} | {w / r:.1f} |")
+        print(f"| P9 warm, where the time goes: `neshost run --snapshot --rootfs` alone ({spread['neshost-warm']}); "
+              f"containerd + shim add {w - hw:.2f} s | s | {w:.2f} | `neshost run --snapshot` alone | {hw:.2f} | {w / hw:.2f} |")
     finally:
         if daemon and daemon.poll() is None:
             daemon.terminate()

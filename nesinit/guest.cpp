@@ -1,6 +1,7 @@
 #include "guest.hpp"
 
 #include <fcntl.h>
+#include <linux/random.h>
 #include <net/if.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -8,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -165,6 +167,36 @@ int load_modules(const Log& log, const std::optional<std::vector<std::string>>& 
   }
   log.info("modules", "{} loaded, {} failed", loaded, failed);
   return failed;
+}
+
+void seed(const std::optional<proto::Entropy>& entropy, const std::optional<std::uint64_t>& realtime_ns,
+          const Log& log) {
+  if (entropy) {
+    struct {  // struct rand_pool_info with its buffer
+      int entropy_count;  // bits credited
+      int buf_size;       // bytes
+      std::uint8_t buf[proto::kEntropyBytes];
+    } add{8 * static_cast<int>(proto::kEntropyBytes), static_cast<int>(proto::kEntropyBytes), {}};
+    std::memcpy(add.buf, entropy->data(), sizeof add.buf);
+    base::Fd fd(::open("/dev/urandom", O_WRONLY | O_CLOEXEC));
+    const char* step = !fd ? "open /dev/urandom"
+                       : ::ioctl(fd.get(), RNDADDENTROPY, &add) != 0 ? "RNDADDENTROPY"
+                       : ::ioctl(fd.get(), RNDRESEEDCRNG) != 0      ? "RNDRESEEDCRNG"
+                                                                    : nullptr;
+    if (step) log.warn("seed", "{}: {}", step, std::strerror(errno));
+    else log.info("seed", "{} bytes of entropy added, CRNG reseeded", proto::kEntropyBytes);
+  }
+  if (realtime_ns) {
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    const auto to = static_cast<std::int64_t>(*realtime_ns);
+    const std::int64_t off = to - (static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
+    if (off > kClockStepNs || off < -kClockStepNs) {
+      const timespec ts{static_cast<time_t>(to / 1000000000), static_cast<long>(to % 1000000000)};
+      if (::clock_settime(CLOCK_REALTIME, &ts) != 0) log.warn("seed", "clock_settime: {}", std::strerror(errno));
+      else log.info("seed", "clock stepped by {} ms", off / 1000000);
+    }
+  }
 }
 
 }  // namespace nes::init

@@ -8,6 +8,7 @@
 
 #include "base/result.hpp"
 #include "log.hpp"
+#include "protocol/messages.hpp"
 
 namespace nes::init {
 
@@ -32,6 +33,17 @@ std::vector<std::string> parse_modules_list(std::string_view text);
 /// `proc_modules`, /proc/modules) loads none. Returns the number that failed.
 int load_modules(const Log& log, const std::optional<std::vector<std::string>>& only = std::nullopt,
                  const std::string& dir = "/etc/nesinit", const char* proc_modules = "/proc/modules");
+
+/// How far the guest's CLOCK_REALTIME may be from boot.realtime_ns before seed() steps it: ns.
+/// A restored snapshot's clock is the moment it was saved; a fresh boot's is the host's RTC.
+inline constexpr std::int64_t kClockStepNs = 1000000000;
+
+/// act::Seed: `entropy` into the kernel's pool with RNDADDENTROPY (all its bits credited), then
+/// RNDRESEEDCRNG so the CRNG is reseeded now (a restored VM's is a copy of every other clone's);
+/// CLOCK_REALTIME set to `realtime_ns` if it is more than kClockStepNs off. Each failure is a
+/// warning, never fatal.
+void seed(const std::optional<proto::Entropy>& entropy, const std::optional<std::uint64_t>& realtime_ns,
+          const Log& log);
 
 /// Bring `lo` up (SIOCSIFFLAGS IFF_UP); the kernel assigns 127.0.0.1/8. An error names the
 /// call that failed, with its errno.

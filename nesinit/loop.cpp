@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "data_io.hpp"
+#include "guest.hpp"
 #include "mounts.hpp"
 #include "network.hpp"
 #include "procs.hpp"
@@ -59,7 +60,7 @@ class Pid1 final : private DataEvents {
         session_(SessionOptions{cfg.grace_ms, cfg.ack_timeout_ms, cfg.boot_timeout_ms, cfg.halt,
                                 cfg.connect_timeout_ms, mode == Mode::guest, may_set_hostname(mode),
                                 cfg.data_channel.has_value(), mode == Mode::guest,
-                                mode == Mode::guest || cfg.own_netns}) {}
+                                mode == Mode::guest || cfg.own_netns, mode == Mode::guest}) {}
 
   [[noreturn]] void run() {
     pending_.push_back(ev::Start{to_string(*cfg_.channel)});
@@ -170,6 +171,7 @@ class Pid1 final : private DataEvents {
                    [&](act::DialData& d) { do_dial_data(d); },
                    [&](act::DataGiveUp&) { data_.give_up(); },
                    [&](act::Dial& d) { do_dial(d); },
+                   [&](act::Seed& sd) { seed(sd.entropy, sd.realtime_ns, log_); },
                    [&](act::Mount& m) { do_mounts(m); },
                    [&](act::Spawn& s) { do_spawn(s); },
                    [&](act::SignalGroup& s) {

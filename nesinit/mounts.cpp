@@ -4,7 +4,9 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -93,6 +95,17 @@ unsigned long bind_remount_flags(const proto::Mount& m) {
   return MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | (m.ro ? MS_RDONLY : 0);
 }
 
+int mount_share(const char* source, const char* target, const char* fstype, unsigned long flags,
+                const char* data) {
+  const bool virtiofs = fstype && std::strcmp(fstype, "virtiofs") == 0;
+  for (int slept = 0, tick = 5;; slept += tick, tick = std::min(2 * tick, 100)) {
+    if (::mount(source, target, fstype, flags, data) == 0) return 0;
+    if (errno != EINVAL || !virtiofs || slept >= kShareWaitMs) return errno;
+    const timespec ts{0, tick * 1000000L};
+    ::nanosleep(&ts, nullptr);
+  }
+}
+
 MountStatus Shares::mount_all(const std::vector<proto::Mount>& mounts, const Log& log) {
   for (std::size_t i = 0; i < mounts.size(); ++i) {
     const proto::Mount& m = mounts[i];
@@ -114,8 +127,7 @@ MountStatus Shares::mount_all(const std::vector<proto::Mount>& mounts, const Log
       return proto::MountFailed{m.tag, fmt::format("mount point {}: {}", m.at, d.error().message), d.error().err};
     MountCall c = mount_call(m);
     const char* fstype = c.fstype.empty() ? nullptr : c.fstype.c_str();
-    if (::mount(c.source.c_str(), m.at.c_str(), fstype, c.flags, c.data.empty() ? nullptr : c.data.c_str()) != 0) {
-      int e = errno;
+    if (int e = mount_share(c.source.c_str(), m.at.c_str(), fstype, c.flags, c.data.empty() ? nullptr : c.data.c_str())) {
       return proto::MountFailed{m.tag, fmt::format("mount {} {} on {}: {}", proto::to_string(m.fs),
                                                    m.tag, m.at, std::strerror(e)), e};
     }

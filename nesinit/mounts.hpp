@@ -45,6 +45,18 @@ MountCall mount_call(const proto::Mount& m);
 /// Flags of the bind remount that applies nosuid,nodev (and ro).
 unsigned long bind_remount_flags(const proto::Mount& m);
 
+/// How long a virtiofs mount whose tag the guest kernel does not know (yet) is retried: ms slept
+/// between the attempts. A share hot-plugged right before `boot` (a warm start from a snapshot)
+/// is probed asynchronously, and until virtio-fs has registered its tag mount(2) fails with
+/// EINVAL (the kernel logs "virtio-fs: tag <T> not found"). A tag that never comes is reported
+/// this much later.
+inline constexpr int kShareWaitMs = 2000;
+
+/// mount(2); a virtiofs mount failing with EINVAL is tried again (5 ms apart, doubling to 100 ms)
+/// until kShareWaitMs have been slept. 0, or the last errno.
+int mount_share(const char* source, const char* target, const char* fstype, unsigned long flags,
+                const char* data);
+
 /// The shares this init mounted, in order; unmounted in reverse.
 class Shares {
  public:

@@ -20,8 +20,8 @@ MountStatus switch_root(const proto::Root& r, const Log& log) {
   if (auto d = mkdir_p(nr); !d) return fail("mkdir " + nr, d.error().err);
   const char* fstype = r.fs == proto::FsType::ninep ? "9p" : "virtiofs";
   const char* data = r.fs == proto::FsType::ninep ? "trans=virtio,version=9p2000.L" : nullptr;
-  if (::mount(r.tag.c_str(), nr.c_str(), fstype, r.ro ? MS_RDONLY : 0, data) != 0)
-    return fail(fmt::format("mount {} {} on {}", fstype, r.tag, nr), errno);
+  if (int e = mount_share(r.tag.c_str(), nr.c_str(), fstype, r.ro ? MS_RDONLY : 0, data))
+    return fail(fmt::format("mount {} {} on {}", fstype, r.tag, nr), e);
   // Everything the init mounted at bring-up moves along (MS_MOVE takes the subtree: /dev/pts,
   // /dev/shm, /sys/fs/cgroup). A missing mount point is created in the share, as a container
   // runtime does in a rootfs.

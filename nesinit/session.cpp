@@ -246,6 +246,11 @@ void Session::on_boot(const proto::Boot& b) {
   note(Severity::info, "boot",
        fmt::format("argv[0]={} mounts={} terminal={} stdio={}", b.exec.argv.empty() ? "" : b.exec.argv[0],
                    b.mounts.size(), b.on_exit.terminal, b.stdio ? "data channel" : "console"));
+  // A restored snapshot's clones share its CRNG state and clock: each gets its own first.
+  if (b.entropy || b.realtime_ns) {
+    if (opt_.may_seed) out_.push_back(act::Seed{b.entropy, b.realtime_ns});
+    else note(Severity::info, "seed", "a sandbox: entropy and realtime_ns are the machine's to set; skipped");
+  }
   // With stdio the data channel comes first: if it cannot be had, nothing is mounted or started.
   // Its dial is bounded and retried like the first dial's.
   if (!b.stdio) return mount();

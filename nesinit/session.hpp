@@ -176,6 +176,14 @@ struct Mount {
   std::optional<proto::Network> network;
   std::optional<std::string> hostname;
 };
+/// A warm start's first step (boot.entropy, boot.realtime_ns: either set), before the data
+/// channel, the shares and the network: add `entropy` to the kernel's pool (credited) and reseed
+/// its CRNG at once; step CLOCK_REALTIME to `realtime_ns` if it is more than kClockStepNs off.
+/// A failure is logged (warn), never fatal; no event follows.
+struct Seed {
+  std::optional<proto::Entropy> entropy;
+  std::optional<std::uint64_t> realtime_ns;
+};
 /// Set `hostname` (if set), then start `exec` in its own process group with `geometry` in its
 /// environment and its stdio as `stdio` says (unset: /dev/console with `console`, else the init's
 /// own fds): Started or StartFailed.
@@ -220,7 +228,7 @@ struct CloseExec { std::uint16_t proc; };
 /// Measure what process `proc` (0: the workload) still holds of its output: ev::Held.
 struct CheckHeld { std::uint16_t proc; };
 }  // namespace act
-using Action = std::variant<act::Send, act::DialData, act::DataGiveUp, act::Dial, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
+using Action = std::variant<act::Send, act::DialData, act::DataGiveUp, act::Dial, act::Seed, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff,
                             act::ListProcesses, act::SpawnExec, act::CloseExec, act::CheckHeld,
                             act::CloseChannel>;
@@ -256,6 +264,9 @@ struct SessionOptions {
   /// This PID 1 may configure boot.network: a guest, or a sandbox in a network namespace of its
   /// own (Config::own_netns). Without it boot.network is network_failed (EPERM), nothing starts.
   bool may_configure_network = true;
+  /// This PID 1 may seed the kernel's CRNG and set its clock (act::Seed): a guest only; a
+  /// sandbox's kernel and clock are the machine's. Without it both fields are skipped (logged).
+  bool may_seed = true;
 };
 /// The longest one redial attempt may hold the loop (a vsock connect in progress): ms. The
 /// backoff spaces the attempts; a pending signal cuts one short.

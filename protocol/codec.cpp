@@ -502,6 +502,16 @@ void enc(Buf& b, const Boot& m) {
     key(b, "network");
     enc(b, *m.network);
   }
+  if (m.entropy) {
+    key(b, "entropy");
+    b.push_back('"');
+    for (std::uint8_t x : *m.entropy) fmt::format_to(std::back_inserter(b), "{:02x}", x);
+    b.push_back('"');
+  }
+  if (m.realtime_ns) {
+    key(b, "realtime_ns");
+    put_int(b, *m.realtime_ns);
+  }
 }
 void enc(Buf& b, const Stop&) { open(b, "stop"); }
 void enc(Buf& b, const Shutdown&) { open(b, "shutdown"); }
@@ -1102,15 +1112,17 @@ constexpr std::string_view kMacText = "MAC address \"xx:xx:xx:xx:xx:xx\"";
   return true;
 }
 
+/// A hex digit's value (either case), or -1.
+int hex(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 [[gnu::noinline]] bool get_mac(od::value v, const Path& p, MacAddr& out, Err& err) {
   std::string s;
   if (!get_str(v, p, s, err)) return false;
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
   if (s.size() != 17) return err.expected(p, kMacText, excerpt_json(s));
   for (std::size_t i = 0; i < 6; ++i) {
     int hi = hex(s[3 * i]), lo = hex(s[3 * i + 1]);
@@ -1241,6 +1253,19 @@ bool get_list(od::value v, const Path& p, std::size_t max, std::string_view expe
 
 constexpr std::string_view kGeneration = "integer 1..9007199254740991";
 
+/// `boot.entropy`: exactly 2 * kEntropyBytes lowercase hex digits.
+bool get_entropy(od::value v, const Path& p, Entropy& out, Err& err) {
+  constexpr std::string_view kExpect = "64 lowercase hex digits";
+  std::string s;
+  if (!get_str(v, p, s, err)) return false;
+  if (s.size() != 2 * out.size()) return err.expected(p, kExpect, excerpt_json(s));
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (hex(s[i]) < 0 || (s[i] >= 'A' && s[i] <= 'F')) return err.expected(p, kExpect, excerpt_json(s));
+    out[i / 2] = static_cast<std::uint8_t>(out[i / 2] * 16 + hex(s[i]));
+  }
+  return true;
+}
+
 bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
   bool exec = false, geometry = false, on_exit = false;
   bool ok = each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
@@ -1268,6 +1293,10 @@ bool dec(od::document& doc, const Path& p, Boot& out, Err& err) {
       if (is_null(fv)) return out.network.reset(), true;
       return dec_network(fv, fp, out.network.emplace(), err);
     }
+    if (k == "entropy") return get_entropy(fv, fp, out.entropy.emplace(), err);
+    if (k == "realtime_ns")
+      return get_ranged(fv, fp, 0, std::numeric_limits<std::int64_t>::max(), "integer 0..9223372036854775807",
+                        out.realtime_ns.emplace(), err);
     return true;
   });
   if (!ok) return false;

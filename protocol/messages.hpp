@@ -381,6 +381,11 @@ struct Network {
   bool operator==(const Network&) const = default;
 };
 
+/// `boot.entropy`: bytes from the host's getrandom(2) the init mixes into the guest kernel's pool
+/// (credited) before anything else; wire: 64 lowercase hex digits.
+inline constexpr std::size_t kEntropyBytes = 32;
+using Entropy = std::array<std::uint8_t, kEntropyBytes>;
+
 /// The boot descriptor: exactly one per connection, host -> guest.
 struct Boot {
   Exec exec;
@@ -397,6 +402,12 @@ struct Boot {
   std::optional<std::string> vm;
   std::optional<std::uint64_t> generation;  // 1..kGenerationMax
   std::optional<Network> network;           // additive (feature "network")
+  /// Warm starts (additive): every VM restored from one snapshot has the same CRNG state and the
+  /// clock of the moment it was saved. `entropy`: seeds the guest's CRNG (credited, reseeded at
+  /// once); `realtime_ns`: the host's CLOCK_REALTIME when it sent `boot`, ns since the epoch
+  /// (0..2^63-1), set as the guest's clock when that is more than 1 s off.
+  std::optional<Entropy> entropy;
+  std::optional<std::uint64_t> realtime_ns;
   bool operator==(const Boot&) const = default;
 };
 

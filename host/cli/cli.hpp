@@ -45,6 +45,10 @@ std::vector<Subcommand> subcommands();
 /// Print "neshost CMD: MESSAGE" and a hint to stderr; returns kExitUsage.
 int usage_error(std::string_view cmd, std::string_view message);
 
+/// Where snapshot NAME lives (neshost snapshot, run --snapshot): STATE/.snapshots/NAME (a VM id
+/// never starts with '.', so no VM's directory is in the way).
+std::filesystem::path snapshot_path(const std::filesystem::path& state_dir, std::string_view name);
+
 /// Read a boot descriptor from a JSON file: a `boot` message (docs/protocol.md), with or without its
 /// `"type":"boot"` key. At most 1 MiB. Errors name the file and the field.
 host::Result<proto::Boot> load_descriptor(const std::filesystem::path& file);

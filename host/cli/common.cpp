@@ -207,6 +207,10 @@ void adopt_orphan(std::string_view cmd, const std::filesystem::path& state, std:
 
 // ---- the state dir of `neshost run` ----
 
+std::filesystem::path snapshot_path(const std::filesystem::path& state_dir, std::string_view name) {
+  return state_dir / ".snapshots" / std::string(name);
+}
+
 std::filesystem::path default_state_dir() {
   namespace fs = std::filesystem;
   if (const char* s = std::getenv("NESHOST_STATE"); s && *s) return s;

@@ -89,7 +89,7 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
       {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"},
       {"network"}, {"publish", true, "-p"}, {"dns"}, {"dns-search"}, {"dns-option"}, {"add-host"},
-      {"name"}, {"rm", false}, {"vmm-outlives", false}, {"stdin-hold", false}};
+      {"name"}, {"rm", false}, {"vmm-outlives", false}, {"stdin-hold", false}, {"snapshot"}};
   auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
   if (!parsed) return parsed.error();
   RunFlags o;
@@ -111,7 +111,12 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
     else if (name == "initrd") o.initrd = v;
     else if (name == "rootfs") o.rootfs = v;
     else if (name == "state") o.state = v;
-    else if (name == "volume") {
+    else if (name == "snapshot") {
+      // A NAME in the state dir's snapshots, or (with a '/') a snapshot's directory.
+      if (v.find('/') == std::string::npos)
+        if (auto c = vm::check_snapshot_name(v); !c) return host::Error{fmt::format("--snapshot: {}", c.error().message)};
+      o.snapshot = v;
+    } else if (name == "volume") {
       auto vol = vm::parse_volume(v);
       if (!vol) return vol.error();
       o.volumes.push_back(std::move(*vol));
@@ -136,10 +141,12 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       auto n = parse_uint("mem", v, 64, 1024 * 1024);
       if (!n) return n.error();
       o.mem = static_cast<std::uint32_t>(*n);
+      o.mem_given = true;
     } else if (name == "cpus") {
       auto n = parse_uint("cpus", v, 1, 64);
       if (!n) return n.error();
       o.cpus = static_cast<std::uint32_t>(*n);
+      o.cpus_given = true;
     } else if (name == "accel") {
       auto acc = vm::accel_from_string(v);
       if (!acc) return host::Error{fmt::format("--accel: expected tcg, kvm or auto, got '{}'", v)};
@@ -220,6 +227,18 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
                                "share in a private mount namespace, which needs root",
                                v.host.string(), v.guest));
   if (!o.help && o.argv.empty()) return usage("ARGV is required (neshost run [OPTIONS] -- ARGV...)");
+  // A snapshot is a booted kernel and init: what would change them is its own, not this run's.
+  if (o.snapshot) {
+    for (auto [given, flag] : {std::pair{o.sandbox, "--sandbox"}, {o.kernel.has_value(), "--kernel"},
+                               {o.initrd.has_value(), "--initrd"}, {o.rootfs && o.rootfs_initramfs, "--rootfs-mode initramfs"},
+                               {o.console, "--console"}})
+      if (given)
+        return usage(fmt::format("--snapshot restores a booted kernel and init: {} is the snapshot's "
+                                 "(neshost snapshot create ... {})", flag, flag));
+    if (o.volumes.size() + (o.network.mode != host::NetworkMode::none) > vm::kHotplugPorts)
+      return usage(fmt::format("--snapshot: at most {} volumes and a NIC are plugged in after a restore",
+                               vm::kHotplugPorts));
+  }
   // The network: bad input is refused as the host side's failure (125), before anything starts.
   const auto& net = o.network;
   if (o.sandbox && (net.mode != host::NetworkMode::none || !net.hosts.empty() || !net.dns.empty() ||
@@ -358,6 +377,7 @@ fs::path run_kernel(const RunFlags& o, const PlanInputs& in) { return o.kernel ?
 
 host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   if (auto c = check_run(o, in); !c) return host::Error{c.error().message};
+  if (o.snapshot && !in.snapshot) return host::Error{fmt::format("--snapshot {}: not loaded", *o.snapshot)};
   RunPlan p;
   p.serve.session = plan_session(o, in);
   p.vm = p.serve.session.vm;
@@ -410,12 +430,46 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
     spec.data_socket = p.data_socket;
     spec.qmp_socket = in.runtime_dir / "qmp.sock";  // pause/unpause (host/cli/vm_pause.hpp)
     if (p.vmm_survives) spec.chardev_reconnect_s = 1;  // QEMU redials a replacement monitor's listeners
-    for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
-    host::NetBackendIo io;
-    if (p.passt) io.passt_fd = vm::kPasstChildFd;
-    auto nic = host::qemu_net_args(p.network, io);
-    if (!nic) return nic.error();
-    spec.net_args = std::move(*nic);
+    if (in.snapshot) {
+      // A restore: the snapshot's machine, paused until its state is loaded; the shares and the
+      // NIC are plugged in after the load (docs/vm.md "Snapshots").
+      const auto& m = *in.snapshot;
+      p.kernel = spec.kernel = m.kernel.path;
+      p.initrd = m.initrd.path;
+      spec.initrd = m.initrd.path;
+      spec.append = m.append;
+      spec.mem_mib = m.mem_mib;
+      spec.cpus = m.cpus;
+      spec.firmware = m.firmware;
+      spec.snapshot_layout = spec.incoming = true;
+      for (const auto& d : p.daemons) p.hotplug_shares.push_back({d.share.tag, d.socket});
+      // RAM: copy-on-write over the snapshot's file; with shares (vhost-user maps guest memory,
+      // so it must be shared) a private copy, a memfd run.cpp makes and QEMU inherits.
+      if (p.hotplug_shares.empty()) spec.ram_file = vm::QemuSpec::RamFile{in.snapshot_dir / vm::kSnapshotRamFile, false};
+      else spec.ram_file = vm::QemuSpec::RamFile{fmt::format("/proc/self/fd/{}", kRamCopyChildFd), true};
+      if (p.network.mode != host::NetworkMode::none) {
+        // The backend on the command line (-netdev), the device plugged in on the last port.
+        host::NetBackendIo io;
+        if (p.passt) io.passt_fd = vm::kPasstChildFd;
+        auto nic = host::qemu_net_args(p.network, io);
+        if (!nic) return nic.error();
+        for (std::size_t i = 0; i + 1 < nic->size(); i += 2)
+          if ((*nic)[i] == "-netdev") spec.net_args.insert(spec.net_args.end(), {(*nic)[i], (*nic)[i + 1]});
+        auto dev = host::qmp_nic_device(p.network, vm::hotplug_port(vm::kHotplugPorts - 1));
+        if (!dev) return dev.error();
+        p.hotplug_nic = std::move(*dev);
+      }
+      p.serve.session.saved_ready = m.ready;
+      p.snapshot = m;
+      p.snapshot_dir = in.snapshot_dir;
+    } else {
+      for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
+      host::NetBackendIo io;
+      if (p.passt) io.passt_fd = vm::kPasstChildFd;
+      auto nic = host::qemu_net_args(p.network, io);
+      if (!nic) return nic.error();
+      spec.net_args = std::move(*nic);
+    }
     p.qemu = std::move(spec);
   }
   p.interactive = o.interactive;

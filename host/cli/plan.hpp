@@ -23,6 +23,7 @@
 #include "host/lib/network.hpp"
 #include "host/lib/session.hpp"
 #include "host/vm/qemu_argv.hpp"
+#include "host/vm/snapshot.hpp"
 #include "host/vm/virtiofsd.hpp"
 #include "host/vm/volume.hpp"
 
@@ -38,6 +39,10 @@ inline constexpr std::string_view kRootShareTag = "nes.root";
 inline constexpr std::string_view kFileShareTag = "nes.files";
 inline constexpr std::string_view kFileShareAt = "/run/nesinit/files";
 
+/// A restore with shares: the number QEMU inherits the private copy of the snapshot's RAM at
+/// (vm::copy_ram(); QemuSpec::ram_file names /proc/self/fd/N). Passt's socket is 3.
+inline constexpr int kRamCopyChildFd = 4;
+
 /// A `neshost run` flag error and the exit status it gets: kExitUsage (2) for most; 125 for bad
 /// network input (`--network`, `-p`, `--dns*`, `--add-host`: issue 26 wants them refused as the
 /// host side's failure, docker's 125, with no VM started).
@@ -52,6 +57,10 @@ struct RunFlags {
   bool rootfs_initramfs = false;   // --rootfs-mode initramfs
   std::vector<vm::Volume> volumes;
   std::uint32_t mem = 256, cpus = 1;  // MiB, vCPUs
+  bool mem_given = false, cpus_given = false;  // --mem / --cpus on the command line
+  /// --snapshot NAME|DIR: restore the VM from that snapshot (neshost snapshot create: STATE's NAME,
+  /// or a snapshot's directory, a value with a '/') instead of booting one (docs/vm.md "Snapshots").
+  std::optional<std::string> snapshot;
   vm::Accel accel = vm::Accel::auto_probe;
   std::map<std::string, std::string> env;
   std::optional<std::string> workdir, hostname, vm;
@@ -119,6 +128,10 @@ struct PlanInputs {
   /// iff a -v names a regular file.
   std::optional<std::filesystem::path> staging_dir;
   std::string append;  // $NESHOST_APPEND: extra kernel arguments, appended last; empty: none
+  /// --snapshot: the snapshot as loaded and checked (vm::load_snapshot, vm::check_snapshot), and
+  /// its directory.
+  std::optional<vm::SnapshotMeta> snapshot;
+  std::filesystem::path snapshot_dir;
 };
 
 /// Everything one `neshost run` does, decided up front.
@@ -170,6 +183,12 @@ struct RunPlan {
   /// replacement monitor can take the VM over (docs/host.md "Re-adoption"). A foreground run's VM
   /// dies with it (its terminal is its user's).
   bool vmm_survives = false;
+  /// --snapshot: QEMU starts paused (`-incoming defer`); the run loads the state, plugs these in
+  /// (shares in order on the hot-plug ports, the NIC on the last), then lets the guest run.
+  std::optional<vm::SnapshotMeta> snapshot;
+  std::filesystem::path snapshot_dir;
+  std::vector<vm::FsDevice> hotplug_shares;
+  std::optional<std::string> hotplug_nic;  // its device_add arguments (host::qmp_nic_device)
   /// This process's stderr is STATE/VM/monitor.log (a -d monitor, a replacement), not a user's
   /// terminal or a container's stderr: what becomes of the data channel is said there too.
   bool monitor_log = false;

@@ -42,6 +42,7 @@
 #include "host/cli/vm_pause.hpp"
 #include "host/lib/record.hpp"
 #include "host/lib/state_dir.hpp"
+#include "host/cli/snapshot.hpp"
 #include "host/vm/accel.hpp"
 #include "host/vm/console.hpp"
 #include "host/vm/netns.hpp"
@@ -102,6 +103,10 @@ STATE/VM/console.log.
   --kernel PATH        guest kernel (default: $NESHOST_KERNEL, else the one scripts/fetch-kernel.sh
                        fetched)
   --initrd PATH        initramfs with nesinit as /init (default: $NESHOST_INITRD, else the build's)
+  --snapshot NAME|DIR  restore the VM from a snapshot (neshost snapshot create NAME; a value with a
+                       '/' is a snapshot's directory) instead of booting it: its kernel, initramfs,
+                       RAM and vCPUs; shares and the NIC are plugged in after the restore. Refused
+                       (125) when missing, corrupt, or made by another init build, kernel or QEMU
   --rootfs DIR         DIR is the guest's root: the workload sees it as / (with /proc, /sys, /dev,
                        /run and a private /tmp), served over virtiofs, writes go to DIR
   --rootfs-mode MODE   virtiofs (default) or initramfs: copy DIR into an initramfs instead
@@ -353,6 +358,26 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
   if (!in.terminal) in.terminal = terminal_size(1);
   in.stdin_is_tty = ::isatty(0);
   if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
+  if (o.snapshot) {
+    // --snapshot: it must exist, be whole, and match what this run would boot (the init build,
+    // the kernel, the accelerator, --mem, --cpus); the accelerator is the snapshot's (no probe).
+    in.snapshot_dir = o.snapshot->find('/') != std::string::npos
+                          ? fs::path(*o.snapshot)
+                          : snapshot_path(o.state ? *o.state : in.state_dir, *o.snapshot);
+    auto m = vm::load_snapshot(in.snapshot_dir);
+    if (!m) return m.error();
+    if (o.accel == vm::Accel::auto_probe) in.accel = *vm::accel_from_string(m->accel);
+    else in.accel = o.accel;
+    vm::RestoreTarget t;
+    t.kernel = in.default_kernel;
+    t.initrd = in.default_initrd;
+    t.accel = std::string(vm::to_string(in.accel));
+    if (o.mem_given) t.mem_mib = o.mem;
+    if (o.cpus_given) t.cpus = o.cpus;
+    if (auto c = vm::check_snapshot(*m, t); !c) return c;
+    in.snapshot = std::move(*m);
+    return host::Ok{};
+  }
   // The accelerator, decided before anything else runs (the probe boot is bounded).
   std::string why;
   in.accel = o.sandbox ? vm::Accel::tcg : vm::resolve_accel(o.accel, [&] {
@@ -445,6 +470,7 @@ struct Running {
   std::vector<std::unique_ptr<vm::Virtiofsd>> daemons;
   std::vector<fs::path> daemon_logs;
   std::unique_ptr<vm::Passt> passt;  // --network passt
+  host::Fd ram_copy;  // --snapshot with shares: the private copy of its RAM (vm::copy_ram)
   fs::path passt_log;
   int netns_fd = -1;  // --network netns: the namespace QEMU runs in (owned by run_main's attachment)
   /// -i with a FIFO stdin and a VMM that outlives us: the bytes taken from it, in stdin.spool.
@@ -712,6 +738,27 @@ void remove_scratch_files(const RunPlan& plan, const Running& run) {
   fs::remove(wl, ec);
 }
 
+/// --snapshot: QEMU has started paused; load the snapshot's state, plug in the shares (their
+/// virtiofsds run already) and the NIC (its backend is on QEMU's command line), then run the guest.
+/// Each QMP step bounded; the whole load by kSnapshotLoadWait.
+constexpr std::chrono::milliseconds kSnapshotLoadWait{60000};
+host::Status restore_snapshot(const RunPlan& plan) {
+  const auto& m = *plan.snapshot;
+  auto q = vm::Qmp::connect(*plan.qemu->qmp_socket, 5s);
+  if (!q) return q.error();
+  if (q->qemu_version() != m.qemu_version)
+    return host::Error{fmt::format("snapshot {} was made with QEMU {}; this QEMU is {} (make the snapshot again)",
+                                   m.name, m.qemu_version, q->qemu_version())};
+  if (auto r = vm::load_vm_state(*q, plan.snapshot_dir / vm::kSnapshotStateFile, kSnapshotLoadWait); !r)
+    return host::Error{fmt::format("snapshot {}: {}", m.name, r.error().message)};
+  for (std::size_t i = 0; i < plan.hotplug_shares.size(); ++i)
+    if (auto r = vm::hotplug_share(*q, i, i, plan.hotplug_shares[i], 5s); !r) return r;
+  if (plan.hotplug_nic)
+    if (auto r = vm::hotplug_nic(*q, *plan.hotplug_nic, 5s); !r) return r;
+  if (auto r = q->execute("cont", "", 5s); !r) return r.error();
+  return host::Ok{};
+}
+
 /// The VMM side of a run: QEMU (or --sandbox's unshare) as our child, watched on the run's
 /// io_context together with the share daemons; its exit is the Host's vm_exited.
 class VmmProcess {
@@ -736,8 +783,26 @@ class VmmProcess {
     lo.argv = argv;
     lo.console = [console](std::string_view b) { console->write(b); };
     lo.diagnostics = [](std::string_view b) { put_bounded(2, b, 1s); };
+    if (restore_) {
+      // A restore's NIC backend waits on the command line for its device (plugged in after the
+      // load): QEMU's startup warning about it says nothing to our user. Read line by line (QEMU
+      // writes its program name and the message apart), that one line dropped.
+      lo.diagnostics = [pending = std::make_shared<std::string>()](std::string_view b) {
+        pending->append(b);
+        for (std::size_t nl; (nl = pending->find('\n')) != std::string::npos;) {
+          std::string_view line(pending->data(), nl + 1);
+          if (line.find("warning: netdev net0 has no peer") == std::string_view::npos) put_bounded(2, line, 1s);
+          pending->erase(0, nl + 1);
+        }
+        if (pending->size() > 8192) {
+          put_bounded(2, *pending, 1s);
+          pending->clear();
+        }
+      };
+    }
     // --network passt: QEMU's end of passt's socket, at the number its -netdev names.
     if (passt) lo.fds = {{passt->qemu_fd(), vm::kPasstChildFd}};
+    lo.fds.insert(lo.fds.end(), extra_fds_.begin(), extra_fds_.end());
     auto p = vm::VmProcess::launch(std::move(lo));
     if (passt) passt->close_qemu_fd();  // QEMU holds it now: passt sees QEMU go
     if (!p) {
@@ -747,10 +812,30 @@ class VmmProcess {
       return;
     }
     qemu_ = std::move(*p);
+    if (restore_) {
+      // --snapshot: the saved state loaded, the shares and the NIC plugged in, then `cont`. A
+      // restore that fails ends QEMU before the Host takes its channel (the saved `ready` is
+      // never taken): the session ends without one, 125.
+      if (auto r = restore_(); !r) {
+        say("neshost run: --snapshot: {}\n", r.error().message);
+        qemu_->terminate(200ms);
+        qemu_->finish_output(2s);
+        console->finish();
+        (void)h.vm_started(id);
+        (void)h.vm_exited(id);
+        return;
+      }
+    }
     (void)h.vm_started(id);
     watch_daemons(h, id, daemons, passt);
     watch_exit(h, id, console, show);
   }
+
+  /// --snapshot: run right after QEMU started (paused, `-incoming defer`) and before the Host
+  /// hears of it; an error kills QEMU.
+  void set_restore(std::function<host::Status()> r) { restore_ = std::move(r); }
+  /// A descriptor QEMU inherits at number `child` (as LaunchOptions::fds; ours stays open).
+  void add_fd(int fd, int child) { extra_fds_.emplace_back(fd, child); }
 
   /// A replacement monitor: `qemu` is the VMM it took over (VmProcess::adopt); watched as one we
   /// started (its helper daemons are not: they were the dead monitor's children).
@@ -832,6 +917,8 @@ class VmmProcess {
   std::unique_ptr<vm::VmProcess> qemu_;
   std::optional<asio::posix::stream_descriptor> exit_watch_;
   std::list<asio::posix::stream_descriptor> daemon_watch_;  // one per virtiofsd (stable addresses)
+  std::function<host::Status()> restore_;
+  std::vector<std::pair<int, int>> extra_fds_;
 };
 
 /// Serves the VM until its session is over (serve_vm() with QEMU as the VMM, the workload's
@@ -1039,6 +1126,8 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
+    if (plan.snapshot) vmm.set_restore([&plan] { return restore_snapshot(plan); });
+    if (run.ram_copy) vmm.add_fd(run.ram_copy.get(), kRamCopyChildFd);
     if (run.adopted) {
       vmm.adopt(h, id, std::move(run.adopted), console);
     } else {
@@ -1141,6 +1230,37 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   return status;
 }
 
+}  // namespace
+
+host::Result<vm::QemuSpec> snapshot_machine(const RunFlags& flags, const fs::path& runtime_dir) {
+  RunFlags o = flags;
+  o.argv = {"/bin/true"};
+  o.network = host::NetworkSpec{};
+  o.network.mode = host::NetworkMode::none;  // the NIC is plugged in after each restore
+  o.volumes.clear();
+  PlanInputs in = flag_inputs(o);
+  in.default_kernel = env_or("NESHOST_KERNEL", NESHOST_DEFAULT_KERNEL);
+  in.default_initrd = env_or("NESHOST_INITRD", NESHOST_DEFAULT_INITRD);
+  in.nesinit = env_or("NESHOST_NESINIT", NESHOST_NESINIT);
+  in.runtime_dir = runtime_dir;
+  if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
+  const fs::path kernel = run_kernel(o, in);
+  std::error_code ec;
+  if (!fs::is_regular_file(kernel, ec)) return host::Error{fmt::format("kernel '{}' not found", kernel.string())};
+  const fs::path initrd = o.initrd ? *o.initrd : in.default_initrd;
+  if (!fs::is_regular_file(initrd, ec)) return host::Error{fmt::format("initramfs '{}' not found", initrd.string())};
+  in.accel = vm::resolve_accel(o.accel, [&] {
+    return vm::probe_kvm_boot_cached("qemu-system-x86_64", kernel, vm::default_probe_cache(), ::time(nullptr));
+  });
+  auto plan = plan_run(o, in);
+  if (!plan) return plan.error();
+  vm::QemuSpec spec = std::move(*plan->qemu);
+  spec.snapshot_layout = true;
+  return spec;
+}
+
+namespace {
+
 // ---- run ----
 
 /// `neshost run`: parse the flags, gather what the plan needs from this host, plan, carry it out.
@@ -1203,6 +1323,15 @@ int run_main(const Args& args) {
   if (auto s = gather_inputs(o, in, rt, staging); !s) return fail(s.error().message);
   auto plan = plan_run(o, in);
   if (!plan) return fail(plan.error().message);
+  if (plan->snapshot) {
+    // Every restore of one snapshot starts with the same guest CRNG and the saved moment's clock:
+    // the descriptor reseeds the one from our getrandom(2) and sets the other (docs/vm.md "Snapshots").
+    proto::Entropy e{};
+    if (::getrandom(e.data(), e.size(), 0) != static_cast<ssize_t>(e.size()))
+      return fail(fmt::format("getrandom: {}", std::strerror(errno)));
+    plan->serve.session.descriptor.entropy = e;
+    plan->serve.session.descriptor.realtime_ns = 1;  // stamped when `boot` is sent
+  }
   plan->monitor_log = o.detach;  // the -d monitor's stderr is monitor.log
   if (auto s = prepare_boot_files(*plan); !s) return fail(s.error().message);
   Running run;
@@ -1220,6 +1349,11 @@ int run_main(const Args& args) {
     return status;
   };
   if (auto s = start_daemons(*plan, run); !s) return end(fail(s.error().message));
+  if (plan->snapshot && !plan->hotplug_shares.empty()) {
+    auto copy = vm::copy_ram(plan->snapshot_dir / vm::kSnapshotRamFile);
+    if (!copy) return end(fail(fmt::format("--snapshot: {}", copy.error().message)));
+    run.ram_copy = std::move(*copy);
+  }
   auto argv = launch_argv(*plan);
   if (!argv) return end(fail(argv.error().message));
   return end(serve_run(*plan, rt, run, started_notify, *argv));

@@ -4,6 +4,7 @@
 
 #include <charconv>
 
+#include "host/lib/record.hpp"
 #include "protocol/codec.hpp"
 
 namespace nes::host {
@@ -253,6 +254,14 @@ Result<std::vector<std::string>> qemu_net_args(const NetworkSpec& s, const NetBa
   // romfile=: no PXE option ROM (nothing boots from the network; it costs boot time and a file).
   a.insert(a.end(), {"-device", fmt::format("virtio-net-pci,netdev=net0,mac={},romfile=", proto::mac_text(mac))});
   return a;
+}
+
+Result<std::string> qmp_nic_device(const NetworkSpec& s, std::string_view bus) {
+  if (auto c = check_network(s); !c) return c.error();
+  if (s.mode == NetworkMode::none) return Error{"--network none: no NIC to plug in"};
+  const proto::MacAddr mac = s.mode == NetworkMode::netns && s.link ? s.link->mac : UserNet::mac();
+  return fmt::format(R"({{"driver":"virtio-net-pci","id":"nic0","netdev":"net0","mac":"{}","romfile":"","bus":{}}})",
+                     proto::mac_text(mac), json_string(bus));
 }
 
 Result<std::vector<std::string>> passt_argv(const NetworkSpec& s, const std::string& program, int fd) {

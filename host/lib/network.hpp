@@ -126,6 +126,14 @@ struct NetBackendIo {
 /// Errors: check_network()'s; passt mode without io.passt_fd.
 Result<std::vector<std::string>> qemu_net_args(const NetworkSpec& s, const NetBackendIo& io);
 
+/// The same NIC's device as QMP device_add arguments (id "nic0", on PCIe port `bus`, its netdev
+/// "net0" given on the command line as qemu_net_args() gives it): for plugging it into a
+/// restored snapshot (host/vm/snapshot.hpp), whose saved machine has no NIC. The backend stays
+/// on the command line: it is no device state, and QEMU 7.2's stream netdev connects a
+/// QMP-passed descriptor off the monitor's thread, where its name is unknown. Errors:
+/// check_network()'s; mode none (no NIC).
+Result<std::string> qmp_nic_device(const NetworkSpec& s, std::string_view bus);
+
 /// passt's command line for a `passt` guest (docs/network.md): foreground, quiet, serving the
 /// connected socket `fd` (an fd number valid in passt's process), IPv4, the UserNet addresses,
 /// DNS forwarded from 10.0.2.3, `-t`/`-u` per published port, and the gateway *not* mapped to

@@ -106,7 +106,7 @@ std::optional<std::string> missing_feature(const SessionConfig& cfg,
 
 }  // namespace
 
-void Session::send_boot() {
+void Session::send_boot(WallTime now) {
   stream_.link = Link::booted;
   reach(Phase::booted);
   proto::Boot b = cfg_.descriptor;
@@ -126,6 +126,8 @@ void Session::send_boot() {
   // The host's policy always wins over what the descriptor said: under `keep` the workload's
   // exit must not power the VM off, so the guest waits for our `shutdown`.
   b.on_exit.terminal = cfg_.on_exit != OnExitPolicy::keep;
+  // The guest's clock, when asked for (a restored snapshot's is the saved moment's): as it is now.
+  if (b.realtime_ns) b.realtime_ns = static_cast<std::uint64_t>(now.time_since_epoch().count());
   send(b);
   log("boot_sent", fmt::format("terminal={}", b.on_exit.terminal));
   // The workload's limit starts with the one boot (a restarted guest gets no second arming):
@@ -152,7 +154,7 @@ void Session::vm_started(WallTime now) {
   if (cfg_.wall_timeout && !cfg_.wall_from_started) arm(TimerKind::wall, *cfg_.wall_timeout);
 }
 
-bool Session::stream_opened(WallTime) {
+bool Session::stream_opened(WallTime now) {
   if (stream_open()) {
     log_guest("refused", "a session for this VM is already live");
     return false;
@@ -171,6 +173,14 @@ bool Session::stream_opened(WallTime) {
   lines_ = 0;
   overflowed_ = false;
   log_guest("connected", "");
+  if (cfg_.saved_ready && lines_ == 0 && !ready_taken_) {
+    // A restored guest's `ready` came before its snapshot was saved: it is this stream's first line.
+    ready_taken_ = true;
+    proto::Line l;
+    l.text = *cfg_.saved_ready;
+    l.length = l.text.size();
+    line(l, now);
+  }
   return true;
 }
 
@@ -313,7 +323,7 @@ void Session::handle_ready(const proto::Ready& r, WallTime now) {
     maybe_send_shutdown();
     return;
   }
-  send_boot();
+  send_boot(now);
   if (stop_pending_) {
     send(proto::Stop{});
     stop_pending_ = false;

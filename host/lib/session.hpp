@@ -38,7 +38,9 @@ std::optional<OnExitPolicy> on_exit_from_string(std::string_view s);
 struct SessionConfig {
   std::string vm;                    // identity (from the endpoint, never from guest data)
   std::uint64_t generation = 1;      // the embedder's restart counter; newer wins on disk
-  proto::Boot descriptor;            // sent after `ready`; on_exit.terminal is overridden
+  /// Sent after `ready`; on_exit.terminal is overridden, and a realtime_ns that is set becomes
+  /// the wall clock at the moment it is sent.
+  proto::Boot descriptor;
   OnExitPolicy on_exit = OnExitPolicy::stop;
   std::chrono::milliseconds ready_timeout{30000};  // from vm_started to `ready`
   std::chrono::milliseconds stop_timeout{10000};   // shutdown sent -> vm_exited, else destroy
@@ -61,6 +63,11 @@ struct SessionConfig {
   /// Take over a generation an earlier host process booted (its state dir): send no `boot`;
   /// accept only a resumed `ready` naming this VM and generation; ready_timeout bounds the wait.
   bool resume = false;
+  /// A VM restored from a snapshot (host/vm/snapshot.hpp): the `ready` line (without its '\n')
+  /// its guest sent before the VM was saved; that guest waits for its descriptor and will not say
+  /// it again. The first stream takes it as its first line, checked as any `ready` is. Unset:
+  /// the guest speaks first, as always.
+  std::optional<std::string> saved_ready;
   std::size_t line_cap = proto::kDefaultLineCap;          // bytes per guest line
   /// The bound the guest gets to count what it could not deliver and power off once the host
   /// closed the data channel early at the stop deadline (act::CutOutput). Host::add_vm sets it
@@ -297,7 +304,7 @@ class Session {
                 std::optional<proto::StartFailClass> cls, std::string reason, WallTime now);
   void protocol_violation(std::string reason, WallTime now);
   void send(const proto::HostMessage& m);
-  void send_boot();
+  void send_boot(WallTime now);
   void close_stream();
   void begin_shutdown();
   void request_end();
@@ -320,6 +327,7 @@ class Session {
   void log_guest(std::string kind, std::string detail);  // a guest-triggered event: rate-limited
 
   SessionConfig cfg_;
+  bool ready_taken_ = false;  // SessionConfig::saved_ready was taken (by the first stream)
   std::vector<Action> out_;
   std::optional<WallTime> started_at_;
   std::optional<Record> outcome_;

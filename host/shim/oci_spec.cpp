@@ -158,6 +158,14 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
     if (bool ro = false; !root["readonly"].get_bool().get(ro)) s.root_ro = ro;
   }
   if (std::string_view h; !top["hostname"].get_string().get(h)) s.hostname = std::string(h);
+  if (dom::element a; !top["annotations"].get(a)) {
+    std::string_view snap;
+    if (dom::element v; !a[kSnapshotAnnotation].get(v)) {
+      if (v.get_string().get(snap) || snap.empty() || snap.front() != '/' || snap.find('\0') != std::string_view::npos)
+        return field_error(fmt::format("annotations.{}", kSnapshotAnnotation), "expected an absolute path (a snapshot's directory)");
+      s.snapshot = std::filesystem::path(snap);
+    }
+  }
 
   if (dom::array mounts; !top["mounts"].get_array().get(mounts)) {
     std::vector<vm::Volume> checked;
@@ -247,6 +255,7 @@ std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
   for (const auto& e : s.env) a.insert(a.end(), {"--env", e});
   if (s.mem_mib) a.insert(a.end(), {"--mem", std::to_string(*s.mem_mib)});
   if (s.cpus) a.insert(a.end(), {"--cpus", std::to_string(*s.cpus)});
+  if (!s.snapshot.empty()) a.insert(a.end(), {"--snapshot", s.snapshot.string()});
   for (const auto& v : s.volumes) a.insert(a.end(), {"--volume", fmt::format("{}:{}{}", v.host.string(), v.guest, v.ro ? ":ro" : "")});
   if (!s.netns.empty()) a.insert(a.end(), {"--network", "netns:" + s.netns.string()});
   // The FIFO held by the monitor until CloseIO: a shim SIGKILLed (its own writer gone) is not

@@ -26,6 +26,9 @@ struct Volume {
 };
 
 /// The task as the microVM will run it.
+/// The OCI annotation that names a snapshot to restore the task's VM from (TaskSpec::snapshot).
+inline constexpr std::string_view kSnapshotAnnotation = "io.nesinit.snapshot";
+
 struct TaskSpec {
   std::vector<std::string> argv;  // process.args, non-empty
   std::vector<std::string> env;   // process.env, each "K=V"
@@ -44,6 +47,9 @@ struct TaskSpec {
   /// The VM's size (`--mem` MiB, `--cpus`): a pod's sandbox sized from CRI's annotations
   /// (host/shim/pod.hpp parse_pod_size); unset: neshost run's defaults.
   std::optional<std::uint32_t> mem_mib, cpus;
+  /// annotations["io.nesinit.snapshot"]: a snapshot's directory (absolute; `neshost snapshot
+  /// create`): the VM is restored from it (`--snapshot`) instead of booted. Empty: none.
+  std::filesystem::path snapshot;
   bool operator==(const TaskSpec&) const = default;
 };
 

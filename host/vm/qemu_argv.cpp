@@ -38,6 +38,8 @@ std::string kernel_cmdline(const KernelCmdline& c) {
   return s;
 }
 
+std::string hotplug_port(std::size_t i) { return "rp" + std::to_string(i); }
+
 namespace {
 // QEMU's option syntax: a ',' inside a value is written ",,".
 std::string qemu_escape(std::string_view v) {
@@ -102,6 +104,18 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
                        s.qmp_socket->native().find(',') != std::string::npos))
     return fail(fmt::format("qmp_socket: '{}' is empty, longer than sun_path or holds a ','", s.qmp_socket->native()));
 
+  if (s.snapshot_layout) {
+    bool device = false;
+    for (std::size_t i = 0; i < s.net_args.size(); i += 2) device = device || s.net_args[i] == "-device";
+    if (!s.fs_devices.empty() || device)
+      return fail("snapshot_layout: shares and the NIC are plugged in after a restore, not given on the command line");
+  }
+  if (s.snapshot_layout != s.ram_file.has_value())
+    return fail("ram_file: given exactly with snapshot_layout");
+  if (s.ram_file && s.ram_file->path.empty()) return fail("ram_file: empty path");
+  if (s.incoming && (!s.qmp_socket || !s.snapshot_layout))
+    return fail("incoming: a restore needs qmp_socket and snapshot_layout");
+
   const std::string redial =
       s.chardev_reconnect_s ? ",reconnect=" + std::to_string(s.chardev_reconnect_s) : std::string();
   std::vector<std::string> a{s.qemu};
@@ -111,7 +125,11 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
   add({"-M", "q35", "-accel", std::string(to_string(s.accel))});
   if (s.accel == Accel::kvm) add({"-cpu", "host"});
   add({"-m", std::to_string(s.mem_mib), "-smp", std::to_string(s.cpus)});
-  if (!s.fs_devices.empty())
+  if (s.snapshot_layout)
+    add({"-object", fmt::format("memory-backend-file,id=mem0,size={}M,mem-path={},share={}", s.mem_mib,
+                                qemu_escape(s.ram_file->path.native()), s.ram_file->shared ? "on" : "off"),
+         "-numa", "node,memdev=mem0"});
+  else if (!s.fs_devices.empty())
     add({"-object", fmt::format("memory-backend-memfd,id=mem0,size={}M,share=on", s.mem_mib),
          "-numa", "node,memdev=mem0"});
   add({"-no-reboot", "-nodefaults", "-no-user-config", "-display", "none"});
@@ -139,7 +157,11 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
          "-device", fmt::format("vhost-user-fs-pci,chardev=fs{},tag={}", i, d.tag)});
   }
   a.insert(a.end(), s.net_args.begin(), s.net_args.end());
+  if (s.snapshot_layout)
+    for (std::size_t i = 0; i < kHotplugPorts; ++i)
+      add({"-device", fmt::format("pcie-root-port,id={},bus=pcie.0,chassis={}", hotplug_port(i), i + 1)});
   if (s.qmp_socket) add({"-qmp", "unix:" + s.qmp_socket->native() + ",server=on,wait=off"});
+  if (s.incoming) add({"-S", "-incoming", "defer"});  // -S: paused after the load, until `cont`
   return a;
 }
 

@@ -78,14 +78,41 @@ struct QemuSpec {
   /// QMP, QEMU's JSON control protocol, on this Unix socket (QEMU listens: `server=on,wait=off`):
   /// the monitor pauses and resumes the VM through it (host/vm/qmp.hpp). Unset: no QMP.
   std::optional<std::filesystem::path> qmp_socket;
+  /// The layout a VM snapshot needs (host/vm/snapshot.hpp), the same when it is saved and each
+  /// time it is restored: guest RAM in a file (ram_file), and kHotplugPorts empty pcie-root-ports
+  /// `rp0`.. for the shares and the NIC plugged in
+  /// after a restore (fs_devices must then be empty and net_args hold no -device: they are
+  /// plugged, not built in; the NIC's -netdev backend stays here, it is no device state).
+  bool snapshot_layout = false;
+  /// With snapshot_layout: guest RAM is this file (memory-backend-file `mem0`, one NUMA node):
+  /// `shared` (MAP_SHARED: the guest's writes reach the file; a snapshot being made, or a
+  /// restore's private copy that a share's vhost-user daemon must map too) or not (MAP_PRIVATE:
+  /// copy-on-write over a snapshot's file, which stays as it was; clones share its page cache).
+  /// Needed by snapshot_layout: a snapshot's RAM is its file, never in the migration stream
+  /// (QEMU's x-ignore-shared), so a restore maps it instead of loading it.
+  struct RamFile {
+    std::filesystem::path path;
+    bool shared = false;
+  };
+  std::optional<RamFile> ram_file;
+  /// Start paused, waiting for a saved state through QMP's migrate-incoming (`-incoming defer`;
+  /// needs qmp_socket and snapshot_layout).
+  bool incoming = false;
 };
+
+/// Empty PCIe root ports a snapshot's VM has for what is plugged in after its restore: the shares
+/// (one each) and the NIC (the last port).
+inline constexpr std::size_t kHotplugPorts = 8;
+/// The id of hot-plug root port `i` (0..kHotplugPorts-1): "rp<i>".
+std::string hotplug_port(std::size_t i);
 
 /// Checks the spec's fields (names the bad one) and builds the argv, argv[0] = spec.qemu.
 /// The serial console is QEMU's stdout (`-chardev stdio`): the launcher gives QEMU /dev/null as
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
 /// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket,
 /// data_socket, data_port_name, fs_devices[i].tag/socket, net_args: not -netdev/-device VALUE
-/// pairs, qmp_socket).
+/// pairs, qmp_socket, snapshot_layout: fs_devices or a -device in net_args given, ram_file: without
+/// snapshot_layout or missing with it, incoming: without qmp_socket or snapshot_layout).
 host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& spec);
 
 }  // namespace nes::vm

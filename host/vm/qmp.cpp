@@ -84,14 +84,32 @@ host::Result<std::string> Qmp::read_line(Clock::time_point deadline) {
 }
 
 host::Result<std::string> Qmp::execute(std::string_view command, std::string_view arguments_json,
-                                       std::chrono::milliseconds within) {
+                                       std::chrono::milliseconds within, int pass_fd) {
   const auto deadline = Clock::now() + within;
   std::string req = arguments_json.empty()
                         ? fmt::format(R"({{"execute":"{}"}})", command)
                         : fmt::format(R"({{"execute":"{}","arguments":{}}})", command, arguments_json);
   req += '\n';
   for (std::size_t off = 0; off < req.size();) {
-    ssize_t w = ::send(fd_.get(), req.data() + off, req.size() - off, MSG_NOSIGNAL);
+    ssize_t w;
+    if (pass_fd >= 0 && off == 0) {
+      // The descriptor rides on the request's first byte(s): QEMU takes it with the command.
+      iovec iov{req.data(), req.size()};
+      alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int))]{};
+      msghdr mh{};
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      mh.msg_control = ctl;
+      mh.msg_controllen = sizeof ctl;
+      cmsghdr* c = CMSG_FIRSTHDR(&mh);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+      w = ::sendmsg(fd_.get(), &mh, MSG_NOSIGNAL);
+    } else {
+      w = ::send(fd_.get(), req.data() + off, req.size() - off, MSG_NOSIGNAL);
+    }
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && errno == EAGAIN) {
       pollfd p{fd_.get(), POLLOUT, 0};

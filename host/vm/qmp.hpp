@@ -25,8 +25,10 @@ class Qmp {
   /// Runs `command` with `arguments_json` (a JSON object, or empty for none) and returns the
   /// `return` member's JSON text. Error: QMP's own `error` (its class and desc), a reply longer
   /// than 1 MiB, the socket closed, or no reply within `within`.
+  /// `pass_fd` >= 0: that descriptor goes with the request (SCM_RIGHTS), as QMP's `getfd` and
+  /// `add-fd` take one; not consumed.
   host::Result<std::string> execute(std::string_view command, std::string_view arguments_json,
-                                    std::chrono::milliseconds within);
+                                    std::chrono::milliseconds within, int pass_fd = -1);
 
   /// QEMU's version as its greeting says it ("7.2.0").
   const std::string& qemu_version() const { return version_; }

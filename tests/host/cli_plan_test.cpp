@@ -3,6 +3,7 @@
 // usage error with its text. Volumes need real host paths: a temp dir, removed at the end.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -715,4 +716,82 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
   CHECK(refusal({"--network"}) == kExitUsage);  // needs a value
   CHECK(refusal({"--mem", "1", "true"}) == kExitUsage);
   CHECK(refusal({"-p", "127.0.0.1:8080:80", "true"}) == 0);
+}
+
+namespace {
+/// A snapshot as run.cpp would have loaded it (vm::load_snapshot).
+PlanInputs snapshot_inputs() {
+  PlanInputs in = inputs();
+  vm::SnapshotMeta m;
+  m.name = "warm";
+  m.mem_mib = 512;
+  m.cpus = 2;
+  m.accel = "tcg";
+  m.firmware = "qboot.rom";
+  m.append = "console=ttyS0 nesinit.channel=virtio-port:nes.0";
+  m.kernel.path = "/k/vmlinuz";
+  m.initrd.path = "/k/initrd.cpio";
+  m.ready = R"({"type":"ready","protocol_version":2})";
+  in.snapshot = m;
+  in.snapshot_dir = "/state/.snapshots/warm";
+  return in;
+}
+}  // namespace
+
+TEST_CASE("--snapshot: the snapshot's machine, paused for its state; shares and the NIC plugged in after") {
+  const PlanInputs in = snapshot_inputs();
+  auto p = plan({"--snapshot", "warm", "--network", "none", "true"}, in);
+  REQUIRE(p);
+  REQUIRE(p->qemu);
+  const auto& q = *p->qemu;
+  CHECK(q.snapshot_layout);
+  CHECK(q.incoming);
+  CHECK(q.mem_mib == 512);
+  CHECK(q.cpus == 2);
+  CHECK(q.append == "console=ttyS0 nesinit.channel=virtio-port:nes.0");  // the snapshot's, not this run's
+  CHECK(q.firmware == std::optional<std::string>("qboot.rom"));
+  // No share: copy-on-write over the snapshot's RAM file.
+  REQUIRE(q.ram_file);
+  CHECK(q.ram_file->path == "/state/.snapshots/warm/ram");
+  CHECK(!q.ram_file->shared);
+  CHECK(q.fs_devices.empty());
+  CHECK(q.net_args.empty());
+  CHECK(!p->hotplug_nic);
+  CHECK(p->serve.session.saved_ready == in.snapshot->ready);
+  CHECK(static_cast<bool>(vm::qemu_argv(q)));
+
+  // A share: RAM a shared copy (QEMU inherits it at kRamCopyChildFd), the share plugged in.
+  PlanInputs sin = in;
+  sin.rootfs_dir = "/real/root";
+  auto s = plan({"--snapshot", "/state/.snapshots/warm", "--rootfs", "root", "--network", "none", "true"}, sin);
+  REQUIRE(s);
+  CHECK(s->qemu->ram_file->path == fmt::format("/proc/self/fd/{}", kRamCopyChildFd));
+  CHECK(s->qemu->ram_file->shared);
+  CHECK(s->qemu->fs_devices.empty());
+  REQUIRE(s->hotplug_shares.size() == 1);
+  CHECK(s->hotplug_shares[0].tag == kRootShareTag);
+
+  // The NIC: its backend on the command line, the device plugged in on the last root port.
+  auto n = plan({"--snapshot", "warm", "--network", "slirp", "true"}, in);
+  REQUIRE(n);
+  REQUIRE(n->qemu->net_args.size() == 2);
+  CHECK(n->qemu->net_args[0] == "-netdev");
+  REQUIRE(n->hotplug_nic);
+  CHECK(n->hotplug_nic->find(R"("driver":"virtio-net-pci")") != std::string::npos);
+  CHECK(n->hotplug_nic->find(fmt::format(R"("bus":"{}")", vm::hotplug_port(vm::kHotplugPorts - 1))) != std::string::npos);
+  auto argv = vm::qemu_argv(n->qemu.value());
+  REQUIRE(argv);
+  CHECK(std::count(argv->begin(), argv->end(), std::string("-device")) >= static_cast<long>(vm::kHotplugPorts));
+}
+
+TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too") {
+  const PlanInputs in = snapshot_inputs();
+  CHECK(error_of({"--snapshot", "warm", "--kernel", "/k", "true"}, in).find("--kernel is the snapshot's") != std::string::npos);
+  CHECK(refusal({"--snapshot", "warm", "--initrd", "/i", "true"}, in) == 2);
+  CHECK(refusal({"--snapshot", "warm", "--sandbox", "true"}, in) == 2);
+  CHECK(refusal({"--snapshot", "warm", "--console", "true"}, in) == 2);
+  CHECK(refusal({"--snapshot", "warm", "--rootfs", "r", "--rootfs-mode", "initramfs", "true"}, in) == 2);
+  CHECK(refusal({"--snapshot", "../up", "true"}, in) == 0);   // a path: a snapshot's directory
+  CHECK(refusal({"--snapshot", ".hidden", "true"}, in) == 2);  // a name: no leading '.'
+  CHECK(error_of({"--snapshot", "warm", "--network", "none", "true"}, inputs()).find("not loaded") != std::string::npos);
 }

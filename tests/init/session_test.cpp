@@ -334,6 +334,66 @@ TEST_CASE("redial: its attempts are short and need the port's host side (need_pe
   CHECK(s.reconnecting());
 }
 
+TEST_CASE("warm start: boot.entropy and boot.realtime_ns are one act::Seed, before the data channel and the shares") {
+  auto first = [](const Actions& as, auto pick) {
+    for (std::size_t i = 0; i < as.size(); ++i)
+      if (pick(as[i])) return static_cast<int>(i);
+    return -1;
+  };
+  auto is_seed = [](const Action& x) { return std::holds_alternative<act::Seed>(x); };
+  proto::Boot b = make_boot();
+  b.mounts = {proto::Mount{"work", "/work", false, proto::FsType::virtiofs}};
+  b.entropy = proto::Entropy{};
+  (*b.entropy)[0] = 7;
+  (*b.entropy)[31] = 9;
+  b.realtime_ns = 1765000000123456789ull;
+  {
+    Session s(kOpt);
+    s.handle(ev::ChannelUp{});
+    auto a = s.handle(msg(b));
+    auto sd = only<act::Seed>(a);
+    REQUIRE(sd.size() == 1);
+    CHECK(sd[0].entropy == b.entropy);
+    CHECK(sd[0].realtime_ns == b.realtime_ns);
+    const int mount = first(a, [](const Action& x) { return std::holds_alternative<act::Mount>(x); });
+    REQUIRE(mount >= 0);
+    CHECK(first(a, is_seed) < mount);
+    CHECK(s.phase() == Phase::mounting);
+    // Nothing comes back from it: the shares' result goes on as without it.
+    CHECK(sent(s.handle(ev::MountsDone{})) == std::vector<std::string>{"mounted"});
+  }
+  {  // with stdio, before the data channel's dial; each field alone
+    proto::Boot e = make_boot();
+    e.stdio = proto::Stdio{};
+    e.realtime_ns = 5;
+    Session s(kOpt);
+    s.handle(ev::ChannelUp{});
+    auto a = s.handle(msg(e));
+    auto sd = only<act::Seed>(a);
+    REQUIRE(sd.size() == 1);
+    CHECK_FALSE(sd[0].entropy);
+    CHECK(sd[0].realtime_ns == std::optional<std::uint64_t>(5));
+    const int dial = first(a, [](const Action& x) { return std::holds_alternative<act::DialData>(x); });
+    REQUIRE(dial >= 0);
+    CHECK(first(a, is_seed) < dial);
+  }
+  {  // neither: no Seed
+    Session s(kOpt);
+    s.handle(ev::ChannelUp{});
+    CHECK(only<act::Seed>(s.handle(msg(make_boot()))).empty());
+  }
+  {  // a sandbox: the kernel's pool and clock are the machine's: skipped, the boot goes on
+    SessionOptions o = kOpt;
+    o.may_seed = false;
+    Session s(o);
+    s.handle(ev::ChannelUp{});
+    auto a = s.handle(msg(b));
+    CHECK(only<act::Seed>(a).empty());
+    CHECK(only<act::Mount>(a).size() == 1);
+    CHECK(sent(a).empty());
+  }
+}
+
 TEST_CASE("a sandbox: a root share is mount_failed (EPERM); a hostname is skipped with a warning") {
   SessionOptions o = kOpt;
   o.may_switch_root = false;

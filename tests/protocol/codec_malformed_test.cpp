@@ -85,6 +85,11 @@ const std::vector<Field> kSchema = {
     {"boot", {"root", "tag"}, "boot.root.tag", Kind::string, true, false, {R"("")"}},
     {"boot", {"root", "ro"}, "boot.root.ro", Kind::boolean, false},
     {"boot", {"root", "fs"}, "boot.root.fs", Kind::enumeration, false, false, {R"("tmpfs")", R"("bind")", R"("xfs")"}},
+    {"boot", {"entropy"}, "boot.entropy", Kind::string, false, false,
+     {R"("")", '"' + std::string(63, 'a') + '"', '"' + std::string(65, 'a') + '"', '"' + std::string(64, 'A') + '"',
+      '"' + std::string(62, '0') + "0g\"", '"' + std::string(62, '0') + "0 \"", '"' + std::string(32, '0') + '"'}},
+    {"boot", {"realtime_ns"}, "boot.realtime_ns", Kind::integer, false, false,
+     {"-1", "9223372036854775808", "18446744073709551615", "18446744073709551616"}},
     // kill
     {"kill", {"signal"}, "kill.signal", Kind::integer, true, false, {"0", "65", "-9", "4294967305"}},
     {"kill", {"proc"}, "kill.proc", Kind::integer, false, false, {"0", "65536", "-1"}},
@@ -281,6 +286,13 @@ TEST_CASE("schema table: the reasons read as the contract says") {
         "boot.stdio.buffer_bytes: expected integer 4096..67108864, got 4095");
   CHECK(boot_with({"stdio", "drain_ms"}, "60001") == "boot.stdio.drain_ms: expected integer 0..60000, got 60001");
   CHECK(boot_with({"geometry", "fps"}, "59.94") == "boot.geometry.fps: expected unsigned 32-bit integer, got 59.94");
+  CHECK(boot_with({"entropy"}, R"("00ff")") == R"(boot.entropy: expected 64 lowercase hex digits, got "00ff")");
+  CHECK(boot_with({"entropy"}, '"' + std::string(63, '0') + "F\"") ==
+        "boot.entropy: expected 64 lowercase hex digits, got \"" + std::string(48, '0') + "\"...");
+  CHECK(boot_with({"entropy"}, "[1]") == "boot.entropy: expected string, got array");
+  CHECK(boot_with({"realtime_ns"}, "-1") == "boot.realtime_ns: expected integer 0..9223372036854775807, got -1");
+  CHECK(boot_with({"realtime_ns"}, "1.7e18") ==
+        "boot.realtime_ns: expected integer 0..9223372036854775807, got 1.7e18");
   J t = boot_tree();
   t.remove({"exec", "uid"});
   CHECK(error_of(decode_host(t.dump())) == "boot.exec.uid: missing (expected unsigned 32-bit integer)");

@@ -396,6 +396,42 @@ TEST_CASE("channel survival fields: boot.reconnect_ms/vm/generation and ready.re
   CHECK(hbad(big).find("boot.reconnect_ms") != std::string::npos);
 }
 
+TEST_CASE("warm start fields: boot.entropy and boot.realtime_ns round-trip, after every other field") {
+  Boot b = reference_boot();
+  b.entropy.emplace();
+  for (std::size_t i = 0; i < kEntropyBytes; ++i) (*b.entropy)[i] = static_cast<std::uint8_t>(0xf0 + i % 16);
+  (*b.entropy)[0] = 0x00;
+  (*b.entropy)[31] = 0x0a;
+  b.realtime_ns = 1765000000123456789ull;
+  const std::string enc = encode(HostMessage{b});
+  CHECK(enc == std::string(kReferenceBootLine.substr(0, kReferenceBootLine.size() - 1)) +
+                   R"(,"entropy":"00f1f2f3f4f5f6f7f8f9fafbfcfdfeff)" + R"(f0f1f2f3f4f5f6f7f8f9fafbfcfdfe0a")" +
+                   R"(,"realtime_ns":1765000000123456789})");
+  auto d = decode_host(enc);
+  REQUIRE(std::holds_alternative<HostMessage>(d));
+  CHECK(std::get<Boot>(std::get<HostMessage>(d)) == b);
+  CHECK(validate(HostMessage{b}).ok());
+  // Each alone; the edges of realtime_ns.
+  for (std::uint64_t ns : {std::uint64_t{0}, std::uint64_t{9223372036854775807ull}}) {
+    Boot t = reference_boot();
+    t.realtime_ns = ns;
+    auto td = decode_host(encode(HostMessage{t}));
+    REQUIRE(std::holds_alternative<HostMessage>(td));
+    CHECK(std::get<Boot>(std::get<HostMessage>(td)) == t);
+  }
+  Boot e = reference_boot();
+  e.entropy = Entropy{};  // all zero bytes: still sent
+  CHECK(encode(HostMessage{e}).find(R"("entropy":")" + std::string(64, '0') + '"') != std::string::npos);
+  // Unset: absent, and the reference's boot is unchanged byte for byte.
+  CHECK(encode(HostMessage{reference_boot()}) == kReferenceBootLine);
+  // A realtime_ns beyond 2^63-1 cannot be sent: validate() says so before a host writes it.
+  Boot big = reference_boot();
+  big.realtime_ns = 9223372036854775808ull;
+  auto v = validate(HostMessage{big});
+  REQUIRE_FALSE(v.ok());
+  CHECK(v.error().reason.find("boot.realtime_ns") != std::string::npos);
+}
+
 TEST_CASE("fencing: every guest message carries the envelope's generation after its own fields, and back") {
   for (const GuestMessage& m : guest_samples()) {
     CAPTURE(encode(m));

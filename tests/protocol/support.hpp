@@ -135,6 +135,11 @@ inline std::vector<HostMessage> host_samples() {
   Boot net = reference_boot();
   net.network = sample_network();
   v.emplace_back(net);
+  Boot warm = full_boot();  // a warm start's fields, at their edges
+  warm.entropy.emplace();
+  for (std::size_t i = 0; i < kEntropyBytes; ++i) (*warm.entropy)[i] = static_cast<std::uint8_t>(i * 37 + 5);
+  warm.realtime_ns = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  v.emplace_back(warm);
   Boot net_empty = reference_boot();
   net_empty.network = Network{};  // loopback only, but said: the files are still written
   v.emplace_back(net_empty);
@@ -316,6 +321,8 @@ inline J boot_tree() {
                         {"buffer_bytes", J::n(65536)},
                         {"drain_ms", J::n(500)}})},
       {"root", J::obj({{"tag", J::s("nes.root")}, {"ro", J::b(false)}, {"fs", J::s("virtiofs")}})},
+      {"entropy", J::s("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff")},
+      {"realtime_ns", J::n(1765000000123456789)},
   });
 }
 

@@ -12,6 +12,7 @@ Env: NESHOST (the binary), NESHOST_INITRD (default initramfs), VM_STATIC_PROBE (
 for --rootfs), VM_NET_PROBE (the guest side of net_udp), NES_SOURCE_ROOT (for the kernel release).
 """
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -1748,6 +1749,143 @@ def case_net_bad(c):
     finally:
         held.close()
     check(not fails, "bad input not refused as it should be:\n  " + "\n  ".join(fails))
+
+
+# ---- snapshots (issue 30: warm starts; docs/vm.md "Snapshots") ----
+
+def make_snapshot(c, name="base", *args):
+    """`neshost snapshot create NAME` in the case's state dir; returns its directory."""
+    rc, out, err = c.neshost("snapshot", "create", "--state", c.state, "--accel", "tcg", "--ready-timeout", "100",
+                             *args, name)
+    check(rc == 0 and out.strip() == name, f"snapshot create {name}: {rc} {out!r} {err!r}")
+    d = os.path.join(c.state, ".snapshots", name)
+    check(sorted(os.listdir(d)) == ["ram", "snapshot.json", "state.qemu"], f"snapshot dir: {os.listdir(d)}")
+    for f in ("ram", "state.qemu"):
+        check(os.stat(os.path.join(d, f)).st_mode & 0o077 == 0, f"{f} (the guest's memory) is not private")
+    return d
+
+
+def case_snapshot(c):
+    """Create one snapshot, restore it twice at once: each restore is its own VM (its own id and
+    record, its own exit code), the guests' boot ids differ (the CRNG reseeded from the host's
+    entropy), each guest's clock is the host's now (not the saved moment's), and the init took
+    its descriptor as if freshly booted (its argv, env and cwd)."""
+    make_snapshot(c)
+    rc, out, _ = c.neshost("snapshot", "ls", "--state", c.state)
+    check(rc == 0 and lines(out)[1].split()[0] == "base", f"snapshot ls: {out!r}")
+    # Not a synchronisation: the saved guest clock must fall measurably behind the host's, or a
+    # restore that never sets it would pass the clock check below.
+    time.sleep(2.5)
+    w = "cat /proc/sys/kernel/random/boot_id; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s; pwd; echo $X; exit $CODE"
+    ps = [c.start("--snapshot", "base", "-e", f"CODE={code}", "-e", f"X=x{code}", "-w", "/tmp", "--",
+                  "/bin/sh", "-c", w, vm=vm) for vm, code in (("a", 3), ("b", 4))]
+    res = []
+    for p, want in zip(ps, (3, 4)):
+        rc = p.finish()
+        now = time.time()
+        out = lines(p.out.decode(errors="replace"))
+        check(rc == want, f"restore: exit {rc}, want {want}; stderr:\n{p.err.decode(errors='replace')}")
+        check(len(out) == 5 and out[3:] == ["/tmp", f"x{want}"], f"restore's stdout {out!r}")
+        check(abs(int(out[2]) - now) <= 2, f"the guest's clock {out[2]} is not the host's {now:.0f}")
+        res.append(out)
+    check(res[0][0] != res[1][0], f"two restores share a boot id: {res[0][0]}")
+    check(res[0][1] != res[1][1], f"two restores' /dev/urandom gave the same bytes: {res[0][1]}")
+    for vm, want in (("a", 3), ("b", 4)):
+        r = c.record(vm)
+        check((r["outcome"], r["exit_code"]) == ("exited", want), f"record {vm}: {r}")
+    rc, out, err = c.neshost("snapshot", "rm", "--state", c.state, "base")
+    check(rc == 0 and not os.path.exists(os.path.join(c.state, ".snapshots", "base")), f"snapshot rm: {rc} {err!r}")
+
+
+def case_snapshot_bad(c):
+    """Bad snapshots and restores: each a clear error naming what is wrong, exit 125, nothing
+    started or left (no VM state, no process: Case.close checks for descendants)."""
+    d = make_snapshot(c)
+    def refused(*args, want, env=None, code=125, started=False):
+        p = Proc([NESHOST, "run", "--state", c.state, "--vm", "x", *args, "--", "/bin/true"], env or c.env)
+        rc = p.finish()
+        err = p.err.decode(errors="replace")
+        check(rc == code and want in err, f"run {args}: exit {rc}, want {code} and {want!r}; stderr:\n{err}")
+        if not started:  # refused before anything started: no VM at all
+            check(not os.path.exists(os.path.join(c.state, "x", "monitor.json")), f"run {args} left a VM behind")
+            return
+        # QEMU started and refused the state: the VM is recorded as ended before `ready` (its
+        # QEMU reaped: Case.close finds no descendant), and goes with `neshost rm`.
+        r = c.record("x")
+        check((r["exit_status"], r["reason"]) == (125, "VM exited before `ready`"), f"record {r}")
+        rc, _, err = c.neshost("rm", "--state", c.state, "x")
+        check(rc == 0, f"rm x: {rc} {err!r}")
+    refused("--snapshot", "none", want="no snapshot at")
+    refused("--snapshot", "base", "--mem", "512", want="memory (--mem, MiB) 256; this run has 512")
+    refused("--snapshot", "base", "--cpus", "2", want="vCPUs (--cpus) 1; this run has 2")
+    refused("--snapshot", "base", "--kernel", "/nonexistent", want="--kernel is the snapshot's", code=2)
+    other = os.path.join(c.tmp, "other.cpio")  # another init build: the initramfs differs
+    shutil.copyfile(os.environ["NESHOST_INITRD"], other)
+    with open(other, "ab") as f:
+        f.write(b"\0" * 512)
+    refused("--snapshot", "base", want="another init build (initramfs): ", env=dict(c.env, NESHOST_INITRD=other))
+    def alter(name, at):  # one byte changed in place
+        with open(os.path.join(d, name), "r+b") as f:
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 1]))
+    alter("ram", 1 << 20)
+    refused("--snapshot", "base", want="snapshot base is corrupt: ram: ")
+    alter("ram", 1 << 20)  # back as it was: a touched, identical file is the snapshot's again
+    state = os.path.join(d, "state.qemu")
+    # A state QEMU cannot load, its metadata made to vouch for it: QEMU refuses it after it
+    # started, and the run still ends 125 with QEMU gone.
+    meta_file = os.path.join(d, "snapshot.json")
+    with open(meta_file) as f:
+        meta_text = f.read()
+    good = open(state, "rb").read()
+    with open(state, "wb") as f:
+        f.write(b"\0" * len(good))
+    meta = json.loads(meta_text)
+    st = os.stat(state)
+    meta["state"].update(bytes=st.st_size, mtime_ns=st.st_mtime_ns, sha256=hashlib.sha256(b"\0" * len(good)).hexdigest())
+    with open(meta_file, "w") as f:
+        json.dump(meta, f)
+    refused("--snapshot", "base", want="Not a migration stream", started=True)
+    with open(state, "wb") as f:
+        f.write(good)
+    with open(meta_file, "w") as f:
+        f.write(meta_text)
+    alter("state.qemu", 1000)
+    refused("--snapshot", "base", want="snapshot base is corrupt: state.qemu: ")
+    os.truncate(state, 4096)
+    refused("--snapshot", "base", want="has 4096 bytes; made with")
+    os.unlink(state)
+    refused("--snapshot", "base", want="state.qemu: No such file or directory")
+    with open(os.path.join(d, "snapshot.json"), "w") as f:
+        f.write('{"format":1,"name":"base"}')
+    refused("--snapshot", "base", want="snapshot.json: created: missing or not a string")
+    rc, _, err = c.neshost("snapshot", "create", "--state", c.state, "../x")
+    check(rc == 2 and "snapshot name" in err, f"snapshot create ../x: {rc} {err!r}")
+
+
+def case_snapshot_share(c):
+    """A restore with a share: the share is plugged in after the load (the snapshot has none)
+    and the guest reads and writes it."""
+    make_snapshot(c)
+    a = os.path.join(c.tmp, "a")
+    os.mkdir(a)
+    with open(os.path.join(a, "in.txt"), "w") as f:
+        f.write("from the host\n")
+    rc, out, err = c.run("--snapshot", "base", "-v", f"{a}:/a", "--", "/bin/sh", "-c",
+                         "cat /a/in.txt; echo from the guest > /a/out.txt; exit 5")
+    check(rc == 5, f"exit status {rc}, want 5; stderr:\n{err}")
+    check(lines(out) == ["from the host"], f"stdout {out!r}")
+    with open(os.path.join(a, "out.txt")) as f:
+        check(f.read() == "from the guest\n", "the guest's file is not on the host")
+
+
+def case_net_snapshot_publish(c):
+    """A restore with the default network (passt) and -p: the NIC is plugged in after the load
+    and the host fetches the guest's page through the published port."""
+    make_snapshot(c)
+    publish_check(c, "--snapshot", "base")
 
 
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}

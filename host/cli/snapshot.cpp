@@ -1,0 +1,328 @@
+// `neshost snapshot create|ls|rm`: a VM booted until its init waits for its descriptor, saved, to
+// be restored by `neshost run --snapshot NAME` (docs/vm.md "Snapshots"; host/vm/snapshot.hpp).
+#include "host/cli/snapshot.hpp"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "host/cli/cli.hpp"
+#include "host/cli/flags.hpp"
+#include "host/lib/endpoint.hpp"
+#include "host/lib/record.hpp"
+#include "host/lib/state_dir.hpp"
+#include "host/vm/process.hpp"
+#include "host/vm/qmp.hpp"
+#include "host/vm/snapshot.hpp"
+#include "protocol/codec.hpp"
+
+namespace nes::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kSnapshotHelp = R"(usage: neshost snapshot create [OPTIONS] NAME
+       neshost snapshot ls [--state DIR]
+       neshost snapshot rm [--state DIR] NAME...
+
+create: boot a microVM as `neshost run` would (the same kernel, initramfs, kernel command line and
+accelerator), wait until its init has said `ready` and waits for its descriptor, and save it (QEMU's
+migration stream, STATE/.snapshots/NAME). `neshost run --snapshot NAME ...` then restores it
+instead of booting: each restore is its own VM (its own id, generation, guest randomness and clock;
+shares and the NIC are plugged in after the restore). A snapshot is refused by a restore whose
+initramfs (the init build), kernel, QEMU, accelerator, --mem or --cpus differ, or whose state file
+is missing or corrupt (exit 125, nothing started).
+
+Options (create):
+  --state DIR          state directory (default: as neshost run)
+  --mem MIB            guest RAM (default 256); a restore runs with this
+  --cpus N             vCPUs (default 1)
+  --accel tcg|kvm|auto as neshost run
+  --kernel PATH        as neshost run (default: the lean kernel)
+  --initrd PATH        as neshost run (default: the build's initramfs)
+  --ready-timeout SECS how long the boot may take until `ready` (default 30)
+Exit: 0 done, 2 usage, 125 the snapshot could not be made (nothing is left).
+)";
+
+constexpr FlagSpec kCreateFlags[] = {{"state"}, {"mem"}, {"cpus"}, {"accel"}, {"kernel"}, {"initrd"}, {"ready-timeout"}};
+constexpr FlagSpec kStateFlags[] = {{"state"}};
+
+std::chrono::milliseconds left(Clock::time_point d) {
+  auto l = std::chrono::duration_cast<std::chrono::milliseconds>(d - Clock::now());
+  return l.count() < 0 ? 0ms : l;
+}
+
+/// Accepts one connection on `listener` (non-blocking) before `deadline`, or fails when QEMU
+/// (`pidfd`) has exited.
+host::Result<host::Fd> accept_before(int listener, int pidfd, Clock::time_point deadline, std::string_view what) {
+  for (;;) {
+    pollfd p[2] = {{listener, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    int n = ::poll(p, 2, static_cast<int>(left(deadline).count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return host::errno_error(errno, "poll");
+    if (n == 0) return host::Error{fmt::format("QEMU did not connect the {} in time", what)};
+    if (p[0].revents & POLLIN) {
+      host::Fd c(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+      if (c) return c;
+      if (errno != EAGAIN && errno != EINTR) return host::errno_error(errno, "accept");
+    }
+    if (p[1].revents & POLLIN) return host::Error{fmt::format("QEMU exited before it connected the {}", what)};
+  }
+}
+
+/// The guest's first line on the lifecycle channel (its `ready`), bounded in bytes and time.
+host::Result<std::string> read_ready(int fd, int pidfd, Clock::time_point deadline) {
+  std::string line;
+  for (;;) {
+    if (auto nl = line.find('\n'); nl != std::string::npos) {
+      if (nl + 1 != line.size()) return host::Error{"the guest said more than `ready` before its descriptor"};
+      line.pop_back();
+      return line;
+    }
+    if (line.size() > 64 * 1024) return host::Error{"the guest's first line is longer than 64 KiB"};
+    pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    int n = ::poll(p, 2, static_cast<int>(left(deadline).count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return host::errno_error(errno, "poll");
+    if (n == 0) return host::Error{"the guest did not say `ready` in time (--ready-timeout)"};
+    if (p[0].revents & (POLLIN | POLLHUP)) {
+      char buf[4096];
+      ssize_t got = ::read(fd, buf, sizeof buf);
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got < 0) return host::errno_error(errno, "read the channel");
+      if (got == 0) return host::Error{"the channel closed before the guest said `ready`"};
+      line.append(buf, static_cast<std::size_t>(got));
+      continue;
+    }
+    if (p[1].revents & POLLIN) return host::Error{"QEMU exited before the guest said `ready`"};
+  }
+}
+
+/// A private directory, removed with everything in it when this goes (every return path).
+struct TempDir {
+  fs::path path;
+  explicit TempDir(fs::path p) : path(std::move(p)) {}
+  ~TempDir() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+int create(const Args& args) {
+  auto p = parse_flags(kCreateFlags, args);
+  if (!p) return usage_error("snapshot", p.error().message);
+  if (p->help) { fmt::print("{}", kSnapshotHelp); return 0; }
+  if (p->positional.size() != 1) return usage_error("snapshot", "create takes one NAME");
+  const std::string name(p->positional[0]);
+  if (auto c = vm::check_snapshot_name(name); !c) return usage_error("snapshot", c.error().message);
+  // The machine: run's flags, parsed by run's parser (the same checks and defaults).
+  Args run_args;
+  std::vector<std::string> keep;
+  keep.reserve(2 * p->given.size() + 2);
+  for (const auto& [flag, v] : p->given) {
+    keep.push_back("--" + flag);
+    keep.push_back(v);
+  }
+  for (const auto& k : keep) run_args.push_back(k);
+  run_args.push_back("/bin/true");
+  auto flags = parse_run(run_args);
+  if (!flags) return usage_error("snapshot", flags.error().message);
+  const fs::path state = flags->state ? *flags->state : default_state_dir();
+  auto fail = [&](std::string_view why) {
+    fmt::print(stderr, "neshost snapshot create {}: {}\n", name, why);
+    return 125;
+  };
+  const fs::path dir = snapshot_path(state, name);
+  std::error_code ec;
+  if (fs::exists(dir, ec)) return fail(fmt::format("{} exists (neshost snapshot rm {} first)", dir.string(), name));
+  if (auto s = host::make_dirs_durable(dir.parent_path()); !s) return fail(s.error().message);
+  // Built beside its final place and renamed there once whole: a snapshot is all there or absent.
+  TempDir work(dir.parent_path() / fmt::format(".{}.{}.tmp", name, ::getpid()));
+  if (!fs::create_directory(work.path, ec)) return fail(fmt::format("mkdir {}: {}", work.path.string(), ec.message()));
+  const char* t = std::getenv("TMPDIR");
+  std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) return fail(fmt::format("mkdtemp {}: {}", tmpl, std::strerror(errno)));
+  TempDir rt(tmpl);
+
+  auto spec = snapshot_machine(*flags, rt.path);
+  if (!spec) return fail(spec.error().message);
+  spec->channel_socket = rt.path / "channel.sock";
+  spec->data_socket = rt.path / "data.sock";
+  spec->qmp_socket = rt.path / "qmp.sock";
+  // The guest's RAM is the snapshot's file from its first byte: nothing of it goes through the
+  // migration stream (x-ignore-shared).
+  const fs::path ram_file = work.path / vm::kSnapshotRamFile;
+  spec->ram_file = vm::QemuSpec::RamFile{ram_file, true};
+  host::UnixListenOptions lo;
+  lo.path = spec->channel_socket->string();
+  auto chan = host::listen_unix(lo);
+  if (!chan) return fail(chan.error().message);
+  lo.path = spec->data_socket->string();
+  auto data = host::listen_unix(lo);
+  if (!data) return fail(data.error().message);
+  auto argv = vm::qemu_argv(*spec);
+  if (!argv) return fail(argv.error().message);
+
+  const auto t0 = Clock::now();
+  vm::LaunchOptions l;
+  l.argv = *argv;
+  l.console = [](std::string_view) {};
+  l.diagnostics = [](std::string_view) {};
+  auto qemu = vm::VmProcess::launch(std::move(l));
+  if (!qemu) return fail(fmt::format("cannot start QEMU: {}", qemu.error().message));
+  auto& q = **qemu;
+  auto end = [&](std::string_view why) {
+    q.terminate(1s);
+    std::string tail = q.diagnostics_tail();
+    return fail(tail.empty() ? std::string(why) : fmt::format("{} (QEMU: {})", why, tail));
+  };
+  const auto deadline = Clock::now() + flags->ready_timeout;
+  auto c0 = accept_before(chan->get(), q.pidfd(), deadline, "channel");
+  if (!c0) return end(c0.error().message);
+  auto c1 = accept_before(data->get(), q.pidfd(), deadline, "data channel");
+  if (!c1) return end(c1.error().message);
+  auto ready = read_ready(c0->get(), q.pidfd(), deadline);
+  if (!ready) return end(ready.error().message);
+  // Only an init that speaks our protocol is worth saving: its `ready` is checked now, not at
+  // each restore.
+  auto decoded = proto::decode_guest(*ready);
+  const auto* msg = std::get_if<proto::GuestMessage>(&decoded);
+  const auto* r = msg ? std::get_if<proto::Ready>(msg) : nullptr;
+  if (!r || r->resume) return end(fmt::format("the guest's first line is not a fresh `ready`: {}", *ready));
+  if (r->protocol_version != proto::kProtocolVersion)
+    return end(fmt::format("the init speaks protocol {}, this neshost {}", r->protocol_version, proto::kProtocolVersion));
+  const auto booted = Clock::now();
+
+  auto qmp = vm::Qmp::connect(*spec->qmp_socket, 5s);
+  if (!qmp) return end(qmp.error().message);
+  const fs::path state_file = work.path / vm::kSnapshotStateFile;
+  if (auto s = vm::save_vm_state(*qmp, state_file, 120s); !s) return end(s.error().message);
+  const auto saved = Clock::now();
+  // The guest's memory: ours alone, as the state dir's records are.
+  fs::permissions(state_file, fs::perms::owner_read | fs::perms::owner_write, ec);
+  fs::permissions(ram_file, fs::perms::owner_read | fs::perms::owner_write, ec);
+  fs::permissions(work.path, fs::perms::owner_all, ec);
+  (void)qmp->execute("quit", "", 2s);
+  q.terminate(2s);
+
+  vm::SnapshotMeta m;
+  m.name = name;
+  m.created = host::format_rfc3339(host::wall_now());
+  m.qemu_version = qmp->qemu_version();
+  m.accel = std::string(vm::to_string(spec->accel));
+  m.mem_mib = spec->mem_mib;
+  m.cpus = spec->cpus;
+  m.firmware = spec->firmware;
+  m.append = spec->append;
+  m.ready = *ready;
+  auto k = vm::hash_file(fs::absolute(spec->kernel));
+  auto i = vm::hash_file(fs::absolute(*spec->initrd));
+  // Both files durable before the metadata that vouches for them; the directory renamed last.
+  for (const auto& f : {state_file, ram_file})
+    if (host::Fd fd(::open(f.c_str(), O_RDONLY | O_CLOEXEC)); !fd || ::fsync(fd.get()) != 0)
+      return fail(fmt::format("fsync {}: {}", f.string(), std::strerror(errno)));
+  auto st = vm::hash_file(state_file);
+  auto ram = vm::hash_file(ram_file);
+  if (!k || !i || !st || !ram)
+    return fail(!k ? k.error().message : !i ? i.error().message : !st ? st.error().message : ram.error().message);
+  m.kernel = *k;
+  m.initrd = *i;
+  m.state = *st;
+  m.state.path = vm::kSnapshotStateFile;
+  m.ram = *ram;
+  m.ram.path = vm::kSnapshotRamFile;
+  if (auto s = host::write_durable(work.path, vm::kSnapshotMetaFile, vm::encode_snapshot_meta(m) + "\n"); !s)
+    return fail(s.error().message);
+  fs::rename(work.path, dir, ec);
+  if (ec) return fail(fmt::format("rename {} -> {}: {}", work.path.string(), dir.string(), ec.message()));
+  work.path.clear();
+  if (host::Fd d(::open(dir.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); d) ::fsync(d.get());
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  fmt::print("{}\n", name);
+  fmt::print(stderr, "neshost snapshot: {}: booted in {} ms, saved in {} ms ({} bytes of device state, {} MiB RAM, {})\n",
+             name, duration_cast<milliseconds>(booted - t0).count(), duration_cast<milliseconds>(saved - booted).count(),
+             m.state.bytes, m.mem_mib, m.accel);
+  return 0;
+}
+
+int list(const Args& args) {
+  auto p = parse_flags(kStateFlags, args);
+  if (!p) return usage_error("snapshot", p.error().message);
+  if (!p->positional.empty()) return usage_error("snapshot", "ls takes no NAME");
+  const fs::path state = p->get("state") ? fs::path(*p->get("state")) : default_state_dir();
+  const fs::path root = snapshot_path(state, "x").parent_path();
+  fmt::print("{:<24} {:<32} {:>8} {:>5} {:>12}\n", "NAME", "CREATED", "MEM(MiB)", "CPUS", "STATE(bytes)");
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (vm::check_snapshot_name(n)) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) {
+    auto m = vm::load_snapshot(root / n);
+    if (!m) {
+      fmt::print("{:<24} unusable: {}\n", n, m.error().message);
+      continue;
+    }
+    fmt::print("{:<24} {:<32} {:>8} {:>5} {:>12}\n", n, m->created, m->mem_mib, m->cpus, m->state.bytes);
+  }
+  return 0;
+}
+
+int remove(const Args& args) {
+  auto p = parse_flags(kStateFlags, args);
+  if (!p) return usage_error("snapshot", p.error().message);
+  if (p->positional.empty()) return usage_error("snapshot", "rm takes NAME...");
+  const fs::path state = p->get("state") ? fs::path(*p->get("state")) : default_state_dir();
+  int status = 0;
+  for (auto n : p->positional) {
+    if (auto c = vm::check_snapshot_name(n); !c) return usage_error("snapshot", c.error().message);
+    std::error_code ec;
+    const fs::path dir = snapshot_path(state, n);
+    if (!fs::exists(dir / vm::kSnapshotMetaFile, ec)) {
+      fmt::print(stderr, "neshost snapshot rm: no snapshot '{}' in {}\n", n, state.string());
+      status = 1;
+      continue;
+    }
+    // A restore reads state.qemu through its own open descriptor: removing it under one is safe.
+    fs::remove_all(dir, ec);
+    if (ec) {
+      fmt::print(stderr, "neshost snapshot rm: {}: {}\n", dir.string(), ec.message());
+      status = 1;
+      continue;
+    }
+    fmt::print("{}\n", n);
+  }
+  return status;
+}
+
+int snapshot_main(const Args& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    fmt::print("{}", kSnapshotHelp);
+    return args.empty() ? kExitUsage : 0;
+  }
+  const Args rest(args.begin() + 1, args.end());
+  if (args[0] == "create") return create(rest);
+  if (args[0] == "ls") return list(rest);
+  if (args[0] == "rm") return remove(rest);
+  return usage_error("snapshot", fmt::format("unknown subcommand '{}' (create, ls, rm)", args[0]));
+}
+
+const Registrar reg{{"snapshot", "save a booted, waiting microVM; `run --snapshot` restores it", snapshot_main}};
+
+}  // namespace
+}  // namespace nes::cli
