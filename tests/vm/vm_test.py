@@ -1793,6 +1793,11 @@ def case_snapshot(c):
     for vm, want in (("a", 3), ("b", 4)):
         r = c.record(vm)
         check((r["outcome"], r["exit_code"]) == ("exited", want), f"record {vm}: {r}")
+        # The init reseeded the CRNG from the descriptor's entropy before anything ran (the
+        # boot ids above would differ anyway once the guest's own interrupts feed it).
+        with open(os.path.join(c.state, vm, "console.log"), errors="replace") as f:
+            con = f.read()
+        check("seed: 32 bytes of entropy added, CRNG reseeded" in con, f"{vm}: no reseed in the console:\n{con[-2000:]}")
     rc, out, err = c.neshost("snapshot", "rm", "--state", c.state, "base")
     check(rc == 0 and not os.path.exists(os.path.join(c.state, ".snapshots", "base")), f"snapshot rm: {rc} {err!r}")
 
