@@ -176,6 +176,7 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       auto ms = parse_seconds("grace", v);
       if (!ms) return ms.error();
       o.grace = *ms;
+      o.grace_given = true;
     } else if (name == "log-max-size") {
       auto n = parse_size("log-max-size", v);
       if (!n) return n.error();
@@ -231,13 +232,10 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
   if (o.snapshot) {
     for (auto [given, flag] : {std::pair{o.sandbox, "--sandbox"}, {o.kernel.has_value(), "--kernel"},
                                {o.initrd.has_value(), "--initrd"}, {o.rootfs && o.rootfs_initramfs, "--rootfs-mode initramfs"},
-                               {o.console, "--console"}})
+                               {o.console, "--console"}, {o.grace_given, "--grace"}})
       if (given)
         return usage(fmt::format("--snapshot restores a booted kernel and init: {} is the snapshot's "
                                  "(neshost snapshot create ... {})", flag, flag));
-    if (o.volumes.size() + (o.network.mode != host::NetworkMode::none) > vm::kHotplugPorts)
-      return usage(fmt::format("--snapshot: at most {} volumes and a NIC are plugged in after a restore",
-                               vm::kHotplugPorts));
   }
   // The network: bad input is refused as the host side's failure (125), before anything starts.
   const auto& net = o.network;
@@ -375,9 +373,26 @@ vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in, const Ru
 
 fs::path run_kernel(const RunFlags& o, const PlanInputs& in) { return o.kernel ? *o.kernel : in.default_kernel; }
 
+namespace {
+/// plan_run() once its flags are checked (and, for a restore, the snapshot's grace taken).
+host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in);
+}  // namespace
+
 host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   if (auto c = check_run(o, in); !c) return host::Error{c.error().message};
   if (o.snapshot && !in.snapshot) return host::Error{fmt::format("--snapshot {}: not loaded", *o.snapshot)};
+  if (!in.snapshot) return plan_from(o, in);
+  // The guest's grace is baked into the snapshot's command line (nesinit.grace_ms): the host's
+  // deadlines follow it, as they follow --grace on a cold boot.
+  RunFlags g = o;
+  constexpr std::string_view kGraceKey = "nesinit.grace_ms=";
+  if (auto at = in.snapshot->append.find(kGraceKey); at != std::string::npos)
+    g.grace = std::chrono::milliseconds(std::strtoull(in.snapshot->append.c_str() + at + kGraceKey.size(), nullptr, 10));
+  return plan_from(g, in);
+}
+
+namespace {
+host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
   RunPlan p;
   p.serve.session = plan_session(o, in);
   p.vm = p.serve.session.vm;
@@ -401,6 +416,11 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
     }
   }
   if (auto s = plan_shares(o, in, p); !s) return s.error();
+  // A restore plugs each share into a root port of its own, the NIC into the last one.
+  if (o.snapshot && p.daemons.size() + (o.network.mode != host::NetworkMode::none) > vm::kHotplugPorts)
+    return host::Error{fmt::format("--snapshot: at most {} shares ({} with a NIC) are plugged in after a restore; "
+                                   "this run has {} (--rootfs and file volumes are one each)",
+                                   vm::kHotplugPorts, vm::kHotplugPorts - 1, p.daemons.size())};
   // The network (netns mode: `link` filled by the caller from the namespace, else an error here).
   p.network = o.network;
   auto guest_net = host::guest_network(p.network);
@@ -434,9 +454,10 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
       // A restore: the snapshot's machine, paused until its state is loaded; the shares and the
       // NIC are plugged in after the load (docs/vm.md "Snapshots").
       const auto& m = *in.snapshot;
-      p.kernel = spec.kernel = m.kernel.path;
-      p.initrd = m.initrd.path;
-      spec.initrd = m.initrd.path;
+      // The kernel and initramfs checked against the snapshot's (run.cpp: vm::check_snapshot).
+      p.kernel = spec.kernel = in.default_kernel;
+      p.initrd = in.default_initrd;
+      spec.initrd = in.default_initrd;
       spec.append = m.append;
       spec.mem_mib = m.mem_mib;
       spec.cpus = m.cpus;
@@ -444,9 +465,9 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
       spec.snapshot_layout = spec.incoming = true;
       for (const auto& d : p.daemons) p.hotplug_shares.push_back({d.share.tag, d.socket});
       // RAM: copy-on-write over the snapshot's file; with shares (vhost-user maps guest memory,
-      // so it must be shared) a private copy, a memfd run.cpp makes and QEMU inherits.
-      if (p.hotplug_shares.empty()) spec.ram_file = vm::QemuSpec::RamFile{in.snapshot_dir / vm::kSnapshotRamFile, false};
-      else spec.ram_file = vm::QemuSpec::RamFile{fmt::format("/proc/self/fd/{}", kRamCopyChildFd), true};
+      // so it must be shared) a private copy, a memfd. Either is a descriptor run.cpp opened
+      // and checked (vm::open_snapshot) and QEMU inherits.
+      spec.ram_file = vm::QemuSpec::RamFile{fmt::format("/proc/self/fd/{}", kRamChildFd), !p.hotplug_shares.empty()};
       if (p.network.mode != host::NetworkMode::none) {
         // The backend on the command line (-netdev), the device plugged in on the last port.
         host::NetBackendIo io;
@@ -483,5 +504,6 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   p.command = o.argv;
   return p;
 }
+}  // namespace
 
 }  // namespace nes::cli

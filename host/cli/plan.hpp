@@ -39,9 +39,9 @@ inline constexpr std::string_view kRootShareTag = "nes.root";
 inline constexpr std::string_view kFileShareTag = "nes.files";
 inline constexpr std::string_view kFileShareAt = "/run/nesinit/files";
 
-/// A restore with shares: the number QEMU inherits the private copy of the snapshot's RAM at
-/// (vm::copy_ram(); QemuSpec::ram_file names /proc/self/fd/N). Passt's socket is 3.
-inline constexpr int kRamCopyChildFd = 4;
+/// A restore: the number QEMU inherits its RAM's file at (the snapshot's `ram`, or with shares a
+/// private copy: vm::copy_ram()); QemuSpec::ram_file names /proc/self/fd/N. Passt's socket is 3.
+inline constexpr int kRamChildFd = 4;
 
 /// A `neshost run` flag error and the exit status it gets: kExitUsage (2) for most; 125 for bad
 /// network input (`--network`, `-p`, `--dns*`, `--add-host`: issue 26 wants them refused as the
@@ -58,6 +58,7 @@ struct RunFlags {
   std::vector<vm::Volume> volumes;
   std::uint32_t mem = 256, cpus = 1;  // MiB, vCPUs
   bool mem_given = false, cpus_given = false;  // --mem / --cpus on the command line
+  bool grace_given = false;                    // --grace on the command line
   /// --snapshot NAME|DIR: restore the VM from that snapshot (neshost snapshot create: STATE's NAME,
   /// or a snapshot's directory, a value with a '/') instead of booting one (docs/vm.md "Snapshots").
   std::optional<std::string> snapshot;
@@ -128,7 +129,7 @@ struct PlanInputs {
   /// iff a -v names a regular file.
   std::optional<std::filesystem::path> staging_dir;
   std::string append;  // $NESHOST_APPEND: extra kernel arguments, appended last; empty: none
-  /// --snapshot: the snapshot as loaded and checked (vm::load_snapshot, vm::check_snapshot), and
+  /// --snapshot: the snapshot as opened and checked (vm::open_snapshot, vm::check_snapshot), and
   /// its directory.
   std::optional<vm::SnapshotMeta> snapshot;
   std::filesystem::path snapshot_dir;

@@ -333,8 +333,10 @@ PlanInputs flag_inputs(const RunFlags& o) {
 
 /// The rest of the inputs, in the process that runs the VM (after -d's fork: its own stdio): the
 /// defaults' paths, the private dirs (`rt`, `staging`), our terminal, the accelerator's probe.
+/// --snapshot: the snapshot opened and checked (`snapshot_files`: its files, for QEMU).
 /// Error: a missing kernel, or a dir that cannot be made (said by the caller, exit 125).
-host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, std::optional<RuntimeDir>& staging) {
+host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, std::optional<RuntimeDir>& staging,
+                           std::optional<vm::OpenSnapshot>& snapshot_files) {
   in.default_kernel = env_or("NESHOST_KERNEL", NESHOST_DEFAULT_KERNEL);
   in.default_initrd = env_or("NESHOST_INITRD", NESHOST_DEFAULT_INITRD);
   in.nesinit = env_or("NESHOST_NESINIT", NESHOST_NESINIT);
@@ -364,8 +366,9 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
     in.snapshot_dir = o.snapshot->find('/') != std::string::npos
                           ? fs::path(*o.snapshot)
                           : snapshot_path(o.state ? *o.state : in.state_dir, *o.snapshot);
-    auto m = vm::load_snapshot(in.snapshot_dir);
-    if (!m) return m.error();
+    auto opened = vm::open_snapshot(in.snapshot_dir);
+    if (!opened) return opened.error();
+    const vm::SnapshotMeta* m = &opened->meta;
     if (o.accel == vm::Accel::auto_probe) in.accel = *vm::accel_from_string(m->accel);
     else in.accel = o.accel;
     vm::RestoreTarget t;
@@ -375,7 +378,8 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
     if (o.mem_given) t.mem_mib = o.mem;
     if (o.cpus_given) t.cpus = o.cpus;
     if (auto c = vm::check_snapshot(*m, t); !c) return c;
-    in.snapshot = std::move(*m);
+    in.snapshot = opened->meta;
+    snapshot_files = std::move(*opened);
     return host::Ok{};
   }
   // The accelerator, decided before anything else runs (the probe boot is bounded).
@@ -470,7 +474,9 @@ struct Running {
   std::vector<std::unique_ptr<vm::Virtiofsd>> daemons;
   std::vector<fs::path> daemon_logs;
   std::unique_ptr<vm::Passt> passt;  // --network passt
-  host::Fd ram_copy;  // --snapshot with shares: the private copy of its RAM (vm::copy_ram)
+  /// --snapshot: the RAM QEMU maps (the snapshot's file, or with shares a private copy of it:
+  /// vm::copy_ram) and the device state it loads, both as checked (vm::open_snapshot).
+  host::Fd snapshot_ram, snapshot_state;
   fs::path passt_log;
   int netns_fd = -1;  // --network netns: the namespace QEMU runs in (owned by run_main's attachment)
   /// -i with a FIFO stdin and a VMM that outlives us: the bytes taken from it, in stdin.spool.
@@ -742,14 +748,14 @@ void remove_scratch_files(const RunPlan& plan, const Running& run) {
 /// virtiofsds run already) and the NIC (its backend is on QEMU's command line), then run the guest.
 /// Each QMP step bounded; the whole load by kSnapshotLoadWait.
 constexpr std::chrono::milliseconds kSnapshotLoadWait{60000};
-host::Status restore_snapshot(const RunPlan& plan) {
+host::Status restore_snapshot(const RunPlan& plan, const host::Fd& state) {
   const auto& m = *plan.snapshot;
   auto q = vm::Qmp::connect(*plan.qemu->qmp_socket, 5s);
   if (!q) return q.error();
   if (q->qemu_version() != m.qemu_version)
     return host::Error{fmt::format("snapshot {} was made with QEMU {}; this QEMU is {} (make the snapshot again)",
                                    m.name, m.qemu_version, q->qemu_version())};
-  if (auto r = vm::load_vm_state(*q, plan.snapshot_dir / vm::kSnapshotStateFile, kSnapshotLoadWait); !r)
+  if (auto r = vm::load_vm_state(*q, state, kSnapshotLoadWait); !r)
     return host::Error{fmt::format("snapshot {}: {}", m.name, r.error().message)};
   for (std::size_t i = 0; i < plan.hotplug_shares.size(); ++i)
     if (auto r = vm::hotplug_share(*q, i, i, plan.hotplug_shares[i], 5s); !r) return r;
@@ -1126,8 +1132,8 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
-    if (plan.snapshot) vmm.set_restore([&plan] { return restore_snapshot(plan); });
-    if (run.ram_copy) vmm.add_fd(run.ram_copy.get(), kRamCopyChildFd);
+    if (plan.snapshot) vmm.set_restore([&plan, &run] { return restore_snapshot(plan, run.snapshot_state); });
+    if (run.snapshot_ram) vmm.add_fd(run.snapshot_ram.get(), kRamChildFd);
     if (run.adopted) {
       vmm.adopt(h, id, std::move(run.adopted), console);
     } else {
@@ -1256,6 +1262,11 @@ host::Result<vm::QemuSpec> snapshot_machine(const RunFlags& flags, const fs::pat
   if (!plan) return plan.error();
   vm::QemuSpec spec = std::move(*plan->qemu);
   spec.snapshot_layout = true;
+  // Planned with neither a NIC nor a share, but a restore may plug in both: with a modular kernel
+  // (the cloud fallback) their modules must be loaded at boot, before the snapshot is taken.
+  constexpr std::string_view kModules = "nesinit.modules=virtio_pci,virtio_console";
+  if (auto at = spec.append.find(kModules); at != std::string::npos)
+    spec.append.insert(at + kModules.size(), ",virtio_net,virtiofs");
   return spec;
 }
 
@@ -1320,7 +1331,8 @@ int run_main(const Args& args) {
 
   RuntimeDir rt;
   std::optional<RuntimeDir> staging;  // file volumes' staging share, kept until the end
-  if (auto s = gather_inputs(o, in, rt, staging); !s) return fail(s.error().message);
+  std::optional<vm::OpenSnapshot> snapshot_files;
+  if (auto s = gather_inputs(o, in, rt, staging, snapshot_files); !s) return fail(s.error().message);
   auto plan = plan_run(o, in);
   if (!plan) return fail(plan.error().message);
   if (plan->snapshot) {
@@ -1349,10 +1361,17 @@ int run_main(const Args& args) {
     return status;
   };
   if (auto s = start_daemons(*plan, run); !s) return end(fail(s.error().message));
-  if (plan->snapshot && !plan->hotplug_shares.empty()) {
-    auto copy = vm::copy_ram(plan->snapshot_dir / vm::kSnapshotRamFile);
-    if (!copy) return end(fail(fmt::format("--snapshot: {}", copy.error().message)));
-    run.ram_copy = std::move(*copy);
+  if (snapshot_files) {
+    // QEMU maps the RAM we checked: the snapshot's file itself (copy-on-write), or with shares a
+    // private copy of it (shared with their daemons); it loads the state we checked.
+    if (plan->hotplug_shares.empty()) {
+      run.snapshot_ram = std::move(snapshot_files->ram);
+    } else {
+      auto copy = vm::copy_ram(snapshot_files->ram);
+      if (!copy) return end(fail(fmt::format("--snapshot: {}", copy.error().message)));
+      run.snapshot_ram = std::move(*copy);
+    }
+    run.snapshot_state = std::move(snapshot_files->state);
   }
   auto argv = launch_argv(*plan);
   if (!argv) return end(fail(argv.error().message));

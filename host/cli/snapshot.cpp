@@ -2,9 +2,14 @@
 // be restored by `neshost run --snapshot NAME` (docs/vm.md "Snapshots"; host/vm/snapshot.hpp).
 #include "host/cli/snapshot.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cerrno>
 #include <chrono>
@@ -35,8 +40,8 @@ constexpr std::string_view kSnapshotHelp = R"(usage: neshost snapshot create [OP
        neshost snapshot ls [--state DIR]
        neshost snapshot rm [--state DIR] NAME...
 
-create: boot a microVM as `neshost run` would (the same kernel, initramfs, kernel command line and
-accelerator), wait until its init has said `ready` and waits for its descriptor, and save it (QEMU's
+create: boot a microVM as `neshost run` would (its default kernel and initramfs, kernel command
+line and accelerator), wait until its init has said `ready` and waits for its descriptor, and save it (QEMU's
 migration stream, STATE/.snapshots/NAME). `neshost run --snapshot NAME ...` then restores it
 instead of booting: each restore is its own VM (its own id, generation, guest randomness and clock;
 shares and the NIC are plugged in after the restore). A snapshot is refused by a restore whose
@@ -48,13 +53,13 @@ Options (create):
   --mem MIB            guest RAM (default 256); a restore runs with this
   --cpus N             vCPUs (default 1)
   --accel tcg|kvm|auto as neshost run
-  --kernel PATH        as neshost run (default: the lean kernel)
-  --initrd PATH        as neshost run (default: the build's initramfs)
+  --grace SECS         the init's grace for the workload's SIGTERM (default 10): each restore's
+                       (baked into the kernel command line; `run --snapshot` takes no --grace)
   --ready-timeout SECS how long the boot may take until `ready` (default 30)
 Exit: 0 done, 2 usage, 125 the snapshot could not be made (nothing is left).
 )";
 
-constexpr FlagSpec kCreateFlags[] = {{"state"}, {"mem"}, {"cpus"}, {"accel"}, {"kernel"}, {"initrd"}, {"ready-timeout"}};
+constexpr FlagSpec kCreateFlags[] = {{"state"}, {"mem"}, {"cpus"}, {"accel"}, {"grace"}, {"ready-timeout"}};
 constexpr FlagSpec kStateFlags[] = {{"state"}};
 
 std::chrono::milliseconds left(Clock::time_point d) {
@@ -62,26 +67,34 @@ std::chrono::milliseconds left(Clock::time_point d) {
   return l.count() < 0 ? 0ms : l;
 }
 
-/// Accepts one connection on `listener` (non-blocking) before `deadline`, or fails when QEMU
-/// (`pidfd`) has exited.
-host::Result<host::Fd> accept_before(int listener, int pidfd, Clock::time_point deadline, std::string_view what) {
+/// Waits until `fd` is readable, before `deadline`. Errors (naming `what`): QEMU (`pidfd`) exited,
+/// a stop signal arrived (`sigfd`: SIGINT, SIGTERM, SIGHUP), or the deadline passed.
+host::Status wait_readable(int fd, int pidfd, int sigfd, Clock::time_point deadline, std::string_view what) {
   for (;;) {
-    pollfd p[2] = {{listener, POLLIN, 0}, {pidfd, POLLIN, 0}};
-    int n = ::poll(p, 2, static_cast<int>(left(deadline).count()));
+    pollfd p[3] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}, {sigfd, POLLIN, 0}};
+    int n = ::poll(p, 3, static_cast<int>(left(deadline).count()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return host::errno_error(errno, "poll");
-    if (n == 0) return host::Error{fmt::format("QEMU did not connect the {} in time", what)};
-    if (p[0].revents & POLLIN) {
-      host::Fd c(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
-      if (c) return c;
-      if (errno != EAGAIN && errno != EINTR) return host::errno_error(errno, "accept");
-    }
-    if (p[1].revents & POLLIN) return host::Error{fmt::format("QEMU exited before it connected the {}", what)};
+    if (n == 0) return host::Error{fmt::format("{}: not in time (--ready-timeout)", what)};
+    if (p[2].revents & POLLIN) return host::Error{fmt::format("{}: stopped by a signal", what)};
+    if (p[0].revents & (POLLIN | POLLHUP)) return host::Ok{};
+    if (p[1].revents & POLLIN) return host::Error{fmt::format("{}: QEMU exited first", what)};
   }
 }
 
-/// The guest's first line on the lifecycle channel (its `ready`), bounded in bytes and time.
-host::Result<std::string> read_ready(int fd, int pidfd, Clock::time_point deadline) {
+/// Accepts one connection on `listener` (non-blocking) within wait_readable()'s bounds.
+host::Result<host::Fd> accept_one(int listener, int pidfd, int sigfd, Clock::time_point deadline, std::string_view what) {
+  for (;;) {
+    if (auto w = wait_readable(listener, pidfd, sigfd, deadline, what); !w) return w.error();
+    host::Fd c(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+    if (c) return c;
+    if (errno != EAGAIN && errno != EINTR) return host::errno_error(errno, "accept");
+  }
+}
+
+/// The guest's first line on the lifecycle channel (its `ready`), bounded in bytes (64 KiB) and
+/// by wait_readable().
+host::Result<std::string> read_ready(int fd, int pidfd, int sigfd, Clock::time_point deadline) {
   std::string line;
   for (;;) {
     if (auto nl = line.find('\n'); nl != std::string::npos) {
@@ -90,35 +103,49 @@ host::Result<std::string> read_ready(int fd, int pidfd, Clock::time_point deadli
       return line;
     }
     if (line.size() > 64 * 1024) return host::Error{"the guest's first line is longer than 64 KiB"};
-    pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
-    int n = ::poll(p, 2, static_cast<int>(left(deadline).count()));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return host::errno_error(errno, "poll");
-    if (n == 0) return host::Error{"the guest did not say `ready` in time (--ready-timeout)"};
-    if (p[0].revents & (POLLIN | POLLHUP)) {
-      char buf[4096];
-      ssize_t got = ::read(fd, buf, sizeof buf);
-      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (got < 0) return host::errno_error(errno, "read the channel");
-      if (got == 0) return host::Error{"the channel closed before the guest said `ready`"};
-      line.append(buf, static_cast<std::size_t>(got));
-      continue;
-    }
-    if (p[1].revents & POLLIN) return host::Error{"QEMU exited before the guest said `ready`"};
+    if (auto w = wait_readable(fd, pidfd, sigfd, deadline, "the guest's `ready`"); !w) return w.error();
+    char buf[4096];
+    ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got < 0) return host::errno_error(errno, "read the channel");
+    if (got == 0) return host::Error{"the channel closed before the guest said `ready`"};
+    line.append(buf, static_cast<std::size_t>(got));
   }
 }
 
-/// A private directory, removed with everything in it when this goes (every return path).
+/// A private directory (mode 0700 from its creation), removed with everything in it when this
+/// goes (every return path; a SIGKILLed create's is swept by the next: sweep_stale()).
 struct TempDir {
   fs::path path;
-  explicit TempDir(fs::path p) : path(std::move(p)) {}
+  TempDir() = default;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   ~TempDir() {
     std::error_code ec;
     if (!path.empty()) fs::remove_all(path, ec);
   }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
 };
+
+/// Removes `.NAME.PID.tmp` directories under `root` whose creating process is gone (a create
+/// killed with SIGKILL runs no destructor).
+void sweep_stale(const fs::path& root) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() < 6 || n.front() != '.' || !n.ends_with(".tmp")) continue;
+    const auto dot = n.rfind('.', n.size() - 5);
+    if (dot == std::string::npos || dot == 0) continue;
+    const long pid = std::strtol(n.c_str() + dot + 1, nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+
+/// A new file of ours: O_EXCL, mode 0600 from its creation (it will hold guest memory).
+host::Result<host::Fd> create_private(const fs::path& p) {
+  host::Fd fd(::open(p.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) return host::errno_error(errno, fmt::format("create {}", p.string()));
+  return fd;
+}
 
 int create(const Args& args) {
   auto p = parse_flags(kCreateFlags, args);
@@ -128,14 +155,12 @@ int create(const Args& args) {
   const std::string name(p->positional[0]);
   if (auto c = vm::check_snapshot_name(name); !c) return usage_error("snapshot", c.error().message);
   // The machine: run's flags, parsed by run's parser (the same checks and defaults).
-  Args run_args;
   std::vector<std::string> keep;
-  keep.reserve(2 * p->given.size() + 2);
   for (const auto& [flag, v] : p->given) {
     keep.push_back("--" + flag);
     keep.push_back(v);
   }
-  for (const auto& k : keep) run_args.push_back(k);
+  Args run_args(keep.begin(), keep.end());
   run_args.push_back("/bin/true");
   auto flags = parse_run(run_args);
   if (!flags) return usage_error("snapshot", flags.error().message);
@@ -144,26 +169,46 @@ int create(const Args& args) {
     fmt::print(stderr, "neshost snapshot create {}: {}\n", name, why);
     return 125;
   };
+  // SIGINT/SIGTERM/SIGHUP end the waits below through a signalfd, so every return path cleans up.
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, sig);
+  ::sigprocmask(SIG_BLOCK, &stop, nullptr);
+  host::Fd sigfd(::signalfd(-1, &stop, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sigfd) return fail(fmt::format("signalfd: {}", std::strerror(errno)));
+
   const fs::path dir = snapshot_path(state, name);
+  if (auto s = host::make_dirs_durable(dir.parent_path()); !s) return fail(s.error().message);
+  sweep_stale(dir.parent_path());
   std::error_code ec;
   if (fs::exists(dir, ec)) return fail(fmt::format("{} exists (neshost snapshot rm {} first)", dir.string(), name));
-  if (auto s = host::make_dirs_durable(dir.parent_path()); !s) return fail(s.error().message);
   // Built beside its final place and renamed there once whole: a snapshot is all there or absent.
-  TempDir work(dir.parent_path() / fmt::format(".{}.{}.tmp", name, ::getpid()));
-  if (!fs::create_directory(work.path, ec)) return fail(fmt::format("mkdir {}: {}", work.path.string(), ec.message()));
+  TempDir work;
+  const fs::path wpath = dir.parent_path() / fmt::format(".{}.{}.tmp", name, ::getpid());
+  if (::mkdir(wpath.c_str(), 0700) != 0) return fail(fmt::format("mkdir {}: {}", wpath.string(), std::strerror(errno)));
+  work.path = wpath;
   const char* t = std::getenv("TMPDIR");
   std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
   if (!::mkdtemp(tmpl.data())) return fail(fmt::format("mkdtemp {}: {}", tmpl, std::strerror(errno)));
-  TempDir rt(tmpl);
+  TempDir rt;
+  rt.path = tmpl;
 
   auto spec = snapshot_machine(*flags, rt.path);
   if (!spec) return fail(spec.error().message);
+  // What it boots, hashed before it boots: a rebuild meanwhile is caught below.
+  auto k = vm::hash_file(spec->kernel);
+  auto i = vm::hash_file(*spec->initrd);
+  if (!k || !i) return fail(!k ? k.error().message : i.error().message);
   spec->channel_socket = rt.path / "channel.sock";
   spec->data_socket = rt.path / "data.sock";
   spec->qmp_socket = rt.path / "qmp.sock";
-  // The guest's RAM is the snapshot's file from its first byte: nothing of it goes through the
-  // migration stream (x-ignore-shared).
+  // The guest's RAM is the snapshot's file from its first byte (ours, 0600, before QEMU sizes it):
+  // nothing of it goes through the migration stream (x-ignore-shared).
   const fs::path ram_file = work.path / vm::kSnapshotRamFile;
+  const fs::path state_file = work.path / vm::kSnapshotStateFile;
+  auto ram_fd = create_private(ram_file);
+  auto state_fd = create_private(state_file);
+  if (!ram_fd || !state_fd) return fail(!ram_fd ? ram_fd.error().message : state_fd.error().message);
   spec->ram_file = vm::QemuSpec::RamFile{ram_file, true};
   host::UnixListenOptions lo;
   lo.path = spec->channel_socket->string();
@@ -182,18 +227,18 @@ int create(const Args& args) {
   l.diagnostics = [](std::string_view) {};
   auto qemu = vm::VmProcess::launch(std::move(l));
   if (!qemu) return fail(fmt::format("cannot start QEMU: {}", qemu.error().message));
-  auto& q = **qemu;
+  auto& q = **qemu;  // its destructor kills and reaps it on every path
   auto end = [&](std::string_view why) {
     q.terminate(1s);
     std::string tail = q.diagnostics_tail();
     return fail(tail.empty() ? std::string(why) : fmt::format("{} (QEMU: {})", why, tail));
   };
   const auto deadline = Clock::now() + flags->ready_timeout;
-  auto c0 = accept_before(chan->get(), q.pidfd(), deadline, "channel");
+  auto c0 = accept_one(chan->get(), q.pidfd(), sigfd.get(), deadline, "QEMU's channel");
   if (!c0) return end(c0.error().message);
-  auto c1 = accept_before(data->get(), q.pidfd(), deadline, "data channel");
+  auto c1 = accept_one(data->get(), q.pidfd(), sigfd.get(), deadline, "QEMU's data channel");
   if (!c1) return end(c1.error().message);
-  auto ready = read_ready(c0->get(), q.pidfd(), deadline);
+  auto ready = read_ready(c0->get(), q.pidfd(), sigfd.get(), deadline);
   if (!ready) return end(ready.error().message);
   // Only an init that speaks our protocol is worth saving: its `ready` is checked now, not at
   // each restore.
@@ -207,13 +252,8 @@ int create(const Args& args) {
 
   auto qmp = vm::Qmp::connect(*spec->qmp_socket, 5s);
   if (!qmp) return end(qmp.error().message);
-  const fs::path state_file = work.path / vm::kSnapshotStateFile;
-  if (auto s = vm::save_vm_state(*qmp, state_file, 120s); !s) return end(s.error().message);
+  if (auto s = vm::save_vm_state(*qmp, *state_fd, 120s); !s) return end(s.error().message);
   const auto saved = Clock::now();
-  // The guest's memory: ours alone, as the state dir's records are.
-  fs::permissions(state_file, fs::perms::owner_read | fs::perms::owner_write, ec);
-  fs::permissions(ram_file, fs::perms::owner_read | fs::perms::owner_write, ec);
-  fs::permissions(work.path, fs::perms::owner_all, ec);
   (void)qmp->execute("quit", "", 2s);
   q.terminate(2s);
 
@@ -227,26 +267,26 @@ int create(const Args& args) {
   m.firmware = spec->firmware;
   m.append = spec->append;
   m.ready = *ready;
-  auto k = vm::hash_file(fs::absolute(spec->kernel));
-  auto i = vm::hash_file(fs::absolute(*spec->initrd));
-  // Both files durable before the metadata that vouches for them; the directory renamed last.
-  for (const auto& f : {state_file, ram_file})
-    if (host::Fd fd(::open(f.c_str(), O_RDONLY | O_CLOEXEC)); !fd || ::fsync(fd.get()) != 0)
-      return fail(fmt::format("fsync {}: {}", f.string(), std::strerror(errno)));
-  auto st = vm::hash_file(state_file);
-  auto ram = vm::hash_file(ram_file);
-  if (!k || !i || !st || !ram)
-    return fail(!k ? k.error().message : !i ? i.error().message : !st ? st.error().message : ram.error().message);
   m.kernel = *k;
   m.initrd = *i;
+  // The kernel and initramfs must still be what booted (a rebuild meanwhile: the RAM holds the old).
+  if (auto c = vm::same_file("kernel", spec->kernel, m.kernel); !c) return fail(c.error().message + " (changed while booting)");
+  if (auto c = vm::same_file("initramfs", *spec->initrd, m.initrd); !c) return fail(c.error().message + " (changed while booting)");
+  // Both files durable before the metadata that vouches for them; the directory renamed last.
+  for (const auto* fd : {&*ram_fd, &*state_fd})
+    if (::fsync(fd->get()) != 0) return fail(fmt::format("fsync: {}", std::strerror(errno)));
+  auto st = vm::hash_file(state_file);
+  auto ram = vm::hash_file(ram_file);
+  if (!st || !ram) return fail(!st ? st.error().message : ram.error().message);
   m.state = *st;
   m.state.path = vm::kSnapshotStateFile;
   m.ram = *ram;
   m.ram.path = vm::kSnapshotRamFile;
   if (auto s = host::write_durable(work.path, vm::kSnapshotMetaFile, vm::encode_snapshot_meta(m) + "\n"); !s)
     return fail(s.error().message);
-  fs::rename(work.path, dir, ec);
-  if (ec) return fail(fmt::format("rename {} -> {}: {}", work.path.string(), dir.string(), ec.message()));
+  // Never over another: a snapshot made meanwhile under this name wins.
+  if (::renameat2(AT_FDCWD, work.path.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0)
+    return fail(fmt::format("rename {} -> {}: {}", work.path.string(), dir.string(), std::strerror(errno)));
   work.path.clear();
   if (host::Fd d(::open(dir.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); d) ::fsync(d.get());
   using std::chrono::duration_cast;
@@ -264,6 +304,7 @@ int list(const Args& args) {
   if (!p->positional.empty()) return usage_error("snapshot", "ls takes no NAME");
   const fs::path state = p->get("state") ? fs::path(*p->get("state")) : default_state_dir();
   const fs::path root = snapshot_path(state, "x").parent_path();
+  sweep_stale(root);
   fmt::print("{:<24} {:<32} {:>8} {:>5} {:>12}\n", "NAME", "CREATED", "MEM(MiB)", "CPUS", "STATE(bytes)");
   std::error_code ec;
   std::vector<std::string> names;
@@ -272,8 +313,9 @@ int list(const Args& args) {
     if (vm::check_snapshot_name(n)) names.push_back(n);
   }
   std::sort(names.begin(), names.end());
+  // The metadata only (a restore checks the files): listing never reads guest memory.
   for (const auto& n : names) {
-    auto m = vm::load_snapshot(root / n);
+    auto m = vm::read_snapshot_meta(root / n);
     if (!m) {
       fmt::print("{:<24} unusable: {}\n", n, m.error().message);
       continue;
@@ -287,10 +329,11 @@ int remove(const Args& args) {
   auto p = parse_flags(kStateFlags, args);
   if (!p) return usage_error("snapshot", p.error().message);
   if (p->positional.empty()) return usage_error("snapshot", "rm takes NAME...");
+  for (const auto& n : p->positional)  // every name checked before any is removed
+    if (auto c = vm::check_snapshot_name(n); !c) return usage_error("snapshot", c.error().message);
   const fs::path state = p->get("state") ? fs::path(*p->get("state")) : default_state_dir();
   int status = 0;
-  for (auto n : p->positional) {
-    if (auto c = vm::check_snapshot_name(n); !c) return usage_error("snapshot", c.error().message);
+  for (const auto& n : p->positional) {
     std::error_code ec;
     const fs::path dir = snapshot_path(state, n);
     if (!fs::exists(dir / vm::kSnapshotMetaFile, ec)) {
@@ -298,7 +341,7 @@ int remove(const Args& args) {
       status = 1;
       continue;
     }
-    // A restore reads state.qemu through its own open descriptor: removing it under one is safe.
+    // A restore maps `ram` through its own descriptor: unlinking it under a running VM is safe.
     fs::remove_all(dir, ec);
     if (ec) {
       fmt::print(stderr, "neshost snapshot rm: {}: {}\n", dir.string(), ec.message());

@@ -259,7 +259,9 @@ Result<std::vector<std::string>> qemu_net_args(const NetworkSpec& s, const NetBa
 Result<std::string> qmp_nic_device(const NetworkSpec& s, std::string_view bus) {
   if (auto c = check_network(s); !c) return c.error();
   if (s.mode == NetworkMode::none) return Error{"--network none: no NIC to plug in"};
-  const proto::MacAddr mac = s.mode == NetworkMode::netns && s.link ? s.link->mac : UserNet::mac();
+  if (s.mode == NetworkMode::netns && (!s.link || s.link->tap.empty()))
+    return Error{fmt::format("--network netns:{}: no tap was made in the namespace", s.netns.native())};
+  const proto::MacAddr mac = s.mode == NetworkMode::netns ? s.link->mac : UserNet::mac();
   return fmt::format(R"({{"driver":"virtio-net-pci","id":"nic0","netdev":"net0","mac":"{}","romfile":"","bus":{}}})",
                      proto::mac_text(mac), json_string(bus));
 }

@@ -173,13 +173,15 @@ bool Session::stream_opened(WallTime now) {
   lines_ = 0;
   overflowed_ = false;
   log_guest("connected", "");
-  if (cfg_.saved_ready && lines_ == 0 && !ready_taken_) {
-    // A restored guest's `ready` came before its snapshot was saved: it is this stream's first line.
+  if (cfg_.saved_ready && !ready_taken_) {
+    // A restored guest's `ready` came before its snapshot was saved: it is the first stream's
+    // first line (a later stream is a redial: the guest speaks for itself).
     ready_taken_ = true;
     proto::Line l;
     l.text = *cfg_.saved_ready;
     l.length = l.text.size();
     line(l, now);
+    return stream_open();  // the saved line may have ended it (a version mismatch)
   }
   return true;
 }

@@ -25,10 +25,10 @@ struct Volume {
   bool operator==(const Volume&) const = default;
 };
 
-/// The task as the microVM will run it.
 /// The OCI annotation that names a snapshot to restore the task's VM from (TaskSpec::snapshot).
 inline constexpr std::string_view kSnapshotAnnotation = "io.nesinit.snapshot";
 
+/// The task as the microVM will run it.
 struct TaskSpec {
   std::vector<std::string> argv;  // process.args, non-empty
   std::vector<std::string> env;   // process.env, each "K=V"

@@ -86,9 +86,10 @@ host::Result<std::string> Qmp::read_line(Clock::time_point deadline) {
 host::Result<std::string> Qmp::execute(std::string_view command, std::string_view arguments_json,
                                        std::chrono::milliseconds within, int pass_fd) {
   const auto deadline = Clock::now() + within;
+  const std::uint64_t id = next_id_++;
   std::string req = arguments_json.empty()
-                        ? fmt::format(R"({{"execute":"{}"}})", command)
-                        : fmt::format(R"({{"execute":"{}","arguments":{}}})", command, arguments_json);
+                        ? fmt::format(R"({{"execute":"{}","id":{}}})", command, id)
+                        : fmt::format(R"({{"execute":"{}","arguments":{},"id":{}}})", command, arguments_json, id);
   req += '\n';
   for (std::size_t off = 0; off < req.size();) {
     ssize_t w;
@@ -126,6 +127,7 @@ host::Result<std::string> Qmp::execute(std::string_view command, std::string_vie
     simdjson::dom::object o;
     if (p.parse(simdjson::padded_string(*line)).get(o)) return host::Error{fmt::format("qmp: {}: a reply that is not JSON", command)};
     if (o["event"].error() == simdjson::SUCCESS) continue;  // asynchronous: not our answer
+    if (std::uint64_t got = 0; o["id"].get_uint64().get(got) || got != id) continue;  // an earlier request's
     if (simdjson::dom::element r; !o["return"].get(r)) return std::string(simdjson::minify(r));
     std::string_view cls, desc;
     if (o["error"]["class"].get_string().get(cls)) cls = "?";

@@ -1,10 +1,13 @@
 // A client of QMP, QEMU's JSON control protocol, on a Unix socket (`-qmp unix:PATH,server=on`):
-// the few commands the monitor needs (stop and cont for `neshost pause`/`unpause` and the shim's
-// Pause/Resume, query-status). Blocking, each wait bounded (QEMU answers these at once from its
-// main loop); QMP's asynchronous events are read and skipped. docs/vm.md "Pause".
+// any command with JSON arguments and, optionally, a descriptor (SCM_RIGHTS): stop and cont for
+// `neshost pause`/`unpause` and the shim's Pause/Resume (docs/vm.md "Pause"), a snapshot's save,
+// load and hot-plugs (host/vm/snapshot.hpp). Blocking, each wait bounded (QEMU answers these at
+// once from its main loop); each request carries an id, so a late answer to one that timed out
+// is never taken for the next's; QMP's asynchronous events are read and skipped.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -38,6 +41,7 @@ class Qmp {
   host::Result<std::string> read_line(std::chrono::steady_clock::time_point deadline);
   base::Fd fd_;
   std::string buf_, version_;
+  std::uint64_t next_id_ = 1;
 };
 
 }  // namespace nes::vm

@@ -2,7 +2,7 @@
 // restored any number of times (docs/vm.md "Snapshots"). A snapshot is a directory:
 //   snapshot.json   what it was made from (SnapshotMeta: format, QEMU, accelerator, RAM, vCPUs,
 //                   kernel and initramfs with their SHA-256, the command line, the guest's `ready`)
-//   state.qemu      QEMU's migration stream of the paused VM: its device state (~170 KB)
+//   state.qemu      QEMU's migration stream of the paused VM: its device state (~200 KB)
 //   ram             the guest's RAM (a sparse file the size of it, the VM's memory backend while
 //                   it was made; QEMU's x-ignore-shared keeps it out of the stream)
 // A restore starts QEMU with the same machine (qemu_argv's snapshot_layout, `-incoming defer`),
@@ -28,6 +28,7 @@ namespace nes::vm {
 
 /// snapshot.json's `format`: a snapshot of another format is refused (made by another neshost).
 inline constexpr std::uint32_t kSnapshotFormat = 1;
+/// The files of a snapshot's directory (the header's comment says what each holds).
 inline constexpr std::string_view kSnapshotMetaFile = "snapshot.json";
 inline constexpr std::string_view kSnapshotStateFile = "state.qemu";
 inline constexpr std::string_view kSnapshotRamFile = "ram";
@@ -74,46 +75,56 @@ std::string encode_snapshot_meta(const SnapshotMeta& m);
 /// Parses snapshot.json. Errors name the field ("snapshot.json: mem_mib: ...").
 host::Result<SnapshotMeta> decode_snapshot_meta(std::string_view json);
 
-/// Reads `dir`'s snapshot.json and checks its state.qemu and ram against it (same_file()). Errors:
-/// no such snapshot, a field missing or malformed, a format of another neshost, a file missing,
-/// truncated or altered ("corrupt").
-host::Result<SnapshotMeta> load_snapshot(const std::filesystem::path& dir);
+/// Reads `dir`'s snapshot.json alone (no file checked). Errors: no such snapshot, not a regular
+/// file, a field missing or malformed, a format of another neshost.
+host::Result<SnapshotMeta> read_snapshot_meta(const std::filesystem::path& dir);
 
-/// What a restore would run with; check_snapshot() names the first that differs from the
-/// snapshot's: the initramfs (the init build) and the kernel by SHA-256, QEMU's version, the
-/// accelerator, RAM (MiB), vCPUs.
+/// A snapshot opened for a restore: its metadata and its two files, each opened once (never
+/// through a symlink, only a regular file) and checked on that descriptor (same_file()'s rule),
+/// so what QEMU gets is what was checked: `ram` (QEMU maps it as /proc/self/fd/N) and `state`.
+struct OpenSnapshot {
+  SnapshotMeta meta;
+  base::Fd state, ram;
+};
+/// read_snapshot_meta(), then state.qemu and ram opened and checked. Errors: its, a file
+/// missing, not regular, truncated or altered ("corrupt").
+host::Result<OpenSnapshot> open_snapshot(const std::filesystem::path& dir);
+
+/// What a restore would run with: the kernel and initramfs it would boot, QEMU's version, the
+/// accelerator, RAM (MiB) and vCPUs if given.
 struct RestoreTarget {
   std::filesystem::path kernel, initrd;
   std::string qemu_version;  // empty: not checked here (QMP tells it once QEMU runs)
   std::string accel;
   std::optional<std::uint32_t> mem_mib, cpus;  // unset: the snapshot's
 };
+/// Names the first of `t` that differs from the snapshot's: the initramfs (the init build) and the
+/// kernel (same_file(): size and mtime, else SHA-256), QEMU's version, the accelerator, RAM, vCPUs.
+/// Error: "snapshot NAME was made with another ... (make the snapshot again)".
 host::Status check_snapshot(const SnapshotMeta& m, const RestoreTarget& t);
 
-/// Saves a running VM: QMP `stop`, then its device state through `migrate` into `file` (written
-/// by `cat`; RAM in a shared file stays out: x-ignore-shared), waiting up to `within` for the
-/// migration to complete. QEMU stays paused. Error: QMP's, or the migration failed (its
+/// Saves a running VM: QMP `stop`, then its device state through `migrate` into the open `file`
+/// (passed with `getfd`; RAM in a shared file stays out: x-ignore-shared), waiting up to `within`
+/// in all for the migration to complete. QEMU stays paused. Error: QMP's, or the migration failed (its
 /// error-desc) or did not complete in time.
-host::Status save_vm_state(Qmp& qmp, const std::filesystem::path& file, std::chrono::milliseconds within);
+host::Status save_vm_state(Qmp& qmp, const base::Fd& file, std::chrono::milliseconds within);
 /// Loads `file` into a QEMU started with `-incoming defer` (x-ignore-shared, QMP `migrate-incoming`
 /// from a descriptor passed with `getfd`), waiting up to `within`; the VM is then paused (QMP
 /// `cont` runs it). Error: the stream did not load (a corrupt or foreign file: QEMU's
 /// error-desc), or not in time.
-host::Status load_vm_state(Qmp& qmp, const std::filesystem::path& file, std::chrono::milliseconds within);
+host::Status load_vm_state(Qmp& qmp, const base::Fd& file, std::chrono::milliseconds within);
 /// Plugs a virtio-fs share into a paused or running VM on hot-plug port `port` (QMP chardev-add of
-/// its virtiofsd socket, device_add vhost-user-fs-pci). Error: QMP's, naming the tag.
+/// its virtiofsd socket as chardev "fs<index>", device_add vhost-user-fs-pci "fsdev<index>";
+/// `index` distinct per share). Error: QMP's, naming the tag.
 host::Status hotplug_share(Qmp& qmp, std::size_t port, std::size_t index, const FsDevice& share,
                            std::chrono::milliseconds within);
 /// Plugs the NIC in (QMP device_add with `device_json`: its netdev is on the command line).
 /// Error: QMP's.
 host::Status hotplug_nic(Qmp& qmp, std::string_view device_json, std::chrono::milliseconds within);
 
-/// A private, shared-mappable copy of a snapshot's RAM file (a memfd the size of `ram`, only its
-/// data extents copied: SEEK_DATA/SEEK_HOLE), for a restore whose shares' vhost-user daemons map
-/// guest memory. Error: memfd/read/write failures, with errno text.
-host::Result<base::Fd> copy_ram(const std::filesystem::path& ram);
-
-/// `s` as one word for /bin/sh (single quotes; QMP's `exec:` URIs run through it).
-std::string shell_quote(std::string_view s);
+/// A private, shared-mappable copy of a snapshot's RAM file `ram` (open_snapshot()'s): a memfd of
+/// its size, only its data extents copied (SEEK_DATA/SEEK_HOLE), for a restore whose shares'
+/// vhost-user daemons map guest memory. Error: memfd/read/write failures, with errno text.
+host::Result<base::Fd> copy_ram(const base::Fd& ram);
 
 }  // namespace nes::vm

@@ -750,22 +750,24 @@ TEST_CASE("--snapshot: the snapshot's machine, paused for its state; shares and 
   CHECK(q.cpus == 2);
   CHECK(q.append == "console=ttyS0 nesinit.channel=virtio-port:nes.0");  // the snapshot's, not this run's
   CHECK(q.firmware == std::optional<std::string>("qboot.rom"));
-  // No share: copy-on-write over the snapshot's RAM file.
+  // No share: copy-on-write over the snapshot's RAM file (the descriptor run.cpp checked).
   REQUIRE(q.ram_file);
-  CHECK(q.ram_file->path == "/state/.snapshots/warm/ram");
+  CHECK(q.ram_file->path == fmt::format("/proc/self/fd/{}", kRamChildFd));
   CHECK(!q.ram_file->shared);
+  CHECK(q.kernel == "/k/vmlinuz");  // the files checked against the snapshot's
+  CHECK(q.initrd == std::optional<fs::path>("/k/initrd.cpio"));
   CHECK(q.fs_devices.empty());
   CHECK(q.net_args.empty());
   CHECK(!p->hotplug_nic);
   CHECK(p->serve.session.saved_ready == in.snapshot->ready);
   CHECK(static_cast<bool>(vm::qemu_argv(q)));
 
-  // A share: RAM a shared copy (QEMU inherits it at kRamCopyChildFd), the share plugged in.
+  // A share: RAM a shared copy (QEMU inherits it at kRamChildFd too), the share plugged in.
   PlanInputs sin = in;
   sin.rootfs_dir = "/real/root";
   auto s = plan({"--snapshot", "/state/.snapshots/warm", "--rootfs", "root", "--network", "none", "true"}, sin);
   REQUIRE(s);
-  CHECK(s->qemu->ram_file->path == fmt::format("/proc/self/fd/{}", kRamCopyChildFd));
+  CHECK(s->qemu->ram_file->path == fmt::format("/proc/self/fd/{}", kRamChildFd));
   CHECK(s->qemu->ram_file->shared);
   CHECK(s->qemu->fs_devices.empty());
   REQUIRE(s->hotplug_shares.size() == 1);
@@ -781,7 +783,24 @@ TEST_CASE("--snapshot: the snapshot's machine, paused for its state; shares and 
   CHECK(n->hotplug_nic->find(fmt::format(R"("bus":"{}")", vm::hotplug_port(vm::kHotplugPorts - 1))) != std::string::npos);
   auto argv = vm::qemu_argv(n->qemu.value());
   REQUIRE(argv);
-  CHECK(std::count(argv->begin(), argv->end(), std::string("-device")) >= static_cast<long>(vm::kHotplugPorts));
+  for (std::size_t i = 0; i < vm::kHotplugPorts; ++i)
+    CHECK(std::find(argv->begin(), argv->end(), fmt::format("pcie-root-port,id=rp{},bus=pcie.0,chassis={}", i, i + 1)) !=
+          argv->end());
+  CHECK(std::find(argv->begin(), argv->end(), "defer") != argv->end());
+
+  // The ports: the shares on rp0.., the NIC on the last: 8 shares, or 7 and a NIC.
+  PlanInputs full = in;
+  full.rootfs_dir = "/real/root";
+  std::vector<std::string> vols;
+  for (int i = 0; i < 7; ++i) vols.push_back(fmt::format("/tmp:/v{}", i));
+  Args many = {"--snapshot", "warm", "--rootfs", "root"};
+  for (const auto& v : vols) many.insert(many.end(), {"-v", v});
+  Args eight = many;
+  eight.insert(eight.end(), {"--network", "none", "true"});
+  CHECK(plan(eight, full));
+  Args seven_and_nic = many;
+  seven_and_nic.insert(seven_and_nic.end(), {"--network", "slirp", "true"});
+  CHECK(error_of(seven_and_nic, full).find("at most 8 shares (7 with a NIC)") != std::string::npos);
 }
 
 TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too") {

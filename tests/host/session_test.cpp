@@ -1187,3 +1187,38 @@ TEST_CASE("survival: a resumed ready on the stream that carried the session (a v
   CHECK(p.closes == 1);
   CHECK(p.writes.size() == 1);
 }
+
+TEST_CASE("a restored snapshot: the saved ready is the first stream's first line; realtime_ns stamped at send") {
+  SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  std::string saved = test::ready_line();
+  saved.pop_back();  // without its '\n', as snapshot.json keeps it
+  c.saved_ready = saved;
+  c.descriptor.realtime_ns = 1;  // "stamp it"
+  Probe p(c);
+  p.s.vm_started(p.t);
+  CHECK(p.s.stream_opened(p.t));  // no line from the guest: the saved one is taken
+  p.pump();
+  REQUIRE(p.sent.size() == 1);
+  auto boot = boot_of(p.sent[0]);
+  CHECK(boot.realtime_ns == std::optional<std::uint64_t>(static_cast<std::uint64_t>(p.t.time_since_epoch().count())));
+  CHECK(std::count(p.cancelled.begin(), p.cancelled.end(), TimerKind::ready) == 1);
+  // The guest goes on as after any boot.
+  p.feed("{\"type\":\"mounted\"}\n");
+  p.feed(test::started_line(7));
+  p.feed(test::exited_line(5));
+  REQUIRE(p.writes.size() == 1);
+  CHECK(p.writes[0].exit_status == 5);
+}
+
+TEST_CASE("a restored snapshot whose saved ready is another version: refused, the stream closed at once") {
+  SessionConfig c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  std::string saved = test::ready_line(1);
+  saved.pop_back();
+  c.saved_ready = saved;
+  Probe p(c);
+  p.s.vm_started(p.t);
+  CHECK(!p.s.stream_opened(p.t));  // the saved line ended it
+  p.pump();
+  CHECK(p.outcome().outcome == proto::Outcome::version_mismatch);
+  CHECK(p.sent.empty());
+}

@@ -1812,7 +1812,7 @@ def case_snapshot_bad(c):
         err = p.err.decode(errors="replace")
         check(rc == code and want in err, f"run {args}: exit {rc}, want {code} and {want!r}; stderr:\n{err}")
         if not started:  # refused before anything started: no VM at all
-            check(not os.path.exists(os.path.join(c.state, "x", "monitor.json")), f"run {args} left a VM behind")
+            check(not os.path.exists(os.path.join(c.state, "x")), f"run {args} left a VM behind")
             return
         # QEMU started and refused the state: the VM is recorded as ended before `ready` (its
         # QEMU reaped: Case.close finds no descendant), and goes with `neshost rm`.
@@ -1824,6 +1824,12 @@ def case_snapshot_bad(c):
     refused("--snapshot", "base", "--mem", "512", want="memory (--mem, MiB) 256; this run has 512")
     refused("--snapshot", "base", "--cpus", "2", want="vCPUs (--cpus) 1; this run has 2")
     refused("--snapshot", "base", "--kernel", "/nonexistent", want="--kernel is the snapshot's", code=2)
+    refused("--snapshot", "base", "--grace", "2", want="--grace is the snapshot's", code=2)
+    # A create that fails (its boot cut short) leaves no snapshot, no temporary dir, no process.
+    rc, out, err = c.neshost("snapshot", "create", "--state", c.state, "--accel", "tcg", "--ready-timeout", "0.01", "late")
+    check(rc == 125 and "not in time" in err, f"snapshot create late: {rc} {out!r} {err!r}")
+    check(sorted(os.listdir(os.path.join(c.state, ".snapshots"))) == ["base"],
+          f"a failed create left: {os.listdir(os.path.join(c.state, '.snapshots'))}")
     other = os.path.join(c.tmp, "other.cpio")  # another init build: the initramfs differs
     shutil.copyfile(os.environ["NESHOST_INITRD"], other)
     with open(other, "ab") as f:
