@@ -81,6 +81,8 @@ TEST_CASE("what a microVM cannot honour is refused, naming the field") {
                                                {"destination": "/x", "type": "bind", "source": "/"}]})", "mounts[1].destination"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/scratch", "type": "tmpfs", "source": "tmpfs"}]})", "mounts[0].type"},
            {R"({"process": {"args": ["x"], "user": {"uid": 4294967295}}, "root": {"path": "/r"}})", "process.user"},
+           {"{" + ok_process + R"(, "annotations": {"io.nesinit.snapshot": "rel/dir"}})", "annotations.io.nesinit.snapshot"},
+           {"{" + ok_process + R"(, "annotations": {"io.nesinit.snapshot": 1}})", "annotations.io.nesinit.snapshot"},
            {"[1]", "expected a JSON object"},
            {"{", "config.json"},
        }) {
@@ -187,4 +189,21 @@ TEST_CASE("linux.namespaces: a network namespace with a path is netns mode; with
     REQUIRE(!s);
     CHECK(s.error().message == b.error);
   }
+}
+
+TEST_CASE("io.nesinit.snapshot: the task's VM restored from that snapshot (--snapshot DIR)") {
+  auto s = shim::parse_oci_spec(
+      R"({"process": {"args": ["/bin/true"]}, "root": {"path": "/r"},
+          "annotations": {"io.nesinit.snapshot": "/var/lib/neshost/.snapshots/warm", "other": "x"}})", "/b");
+  REQUIRE(s);
+  CHECK(s->snapshot == "/var/lib/neshost/.snapshots/warm");
+  auto a = shim::run_args(*s, {"ctr-x", "/st", false});
+  auto at = std::find(a.begin(), a.end(), "--snapshot");
+  REQUIRE(at != a.end());
+  CHECK(*(at + 1) == "/var/lib/neshost/.snapshots/warm");
+  CHECK(std::find(a.begin(), at, "--") == at);  // an option, before ARGV
+  auto none = shim::parse_oci_spec(R"({"process": {"args": ["/bin/true"]}, "root": {"path": "/r"}})", "/b");
+  REQUIRE(none);
+  auto b = shim::run_args(*none, {"ctr-x", "/st", false});
+  CHECK(std::find(b.begin(), b.end(), "--snapshot") == b.end());
 }

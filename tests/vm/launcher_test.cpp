@@ -31,6 +31,7 @@
 #include "host/vm/passt.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
+#include "host/vm/snapshot.hpp"
 #include "tests/support/temp_dir.hpp"
 
 using namespace nes::vm;
@@ -754,4 +755,76 @@ TEST_CASE("adopt: a process that is not our child, by pid and start time; its st
   CHECK_FALSE(e->code);
   CHECK_FALSE(e->signal);
   (*p)->wait_for(std::chrono::seconds(10));  // the launcher reaps it
+}
+
+TEST_CASE("qemu_argv: a snapshot's layout (RAM in a file, hot-plug ports, paused for its state); its misuses named") {
+  QemuSpec s;
+  s.kernel = "/k";
+  s.snapshot_layout = true;
+  s.ram_file = QemuSpec::RamFile{"/proc/self/fd/4", false};
+  s.qmp_socket = "/run/q.sock";
+  s.incoming = true;
+  auto a = qemu_argv(s);
+  REQUIRE(a);
+  auto has = [&](std::string_view x) { return std::find(a->begin(), a->end(), std::string(x)) != a->end(); };
+  CHECK(has("memory-backend-file,id=mem0,size=256M,mem-path=/proc/self/fd/4,share=off"));
+  CHECK(has("node,memdev=mem0"));
+  CHECK(has("pcie-root-port,id=rp0,bus=pcie.0,chassis=1"));
+  CHECK(has(fmt::format("pcie-root-port,id=rp{},bus=pcie.0,chassis={}", kHotplugPorts - 1, kHotplugPorts)));
+  CHECK(has("-S"));
+  CHECK(has("defer"));
+  auto err = [](QemuSpec x) {
+    auto r = qemu_argv(x);
+    return r ? std::string() : r.error().message;
+  };
+  QemuSpec shares = s;
+  shares.fs_devices.push_back({"t", "/s.sock"});
+  CHECK(err(shares).starts_with("snapshot_layout:"));
+  QemuSpec nic = s;
+  nic.net_args = {"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0"};
+  CHECK(err(nic).starts_with("snapshot_layout:"));
+  nic.net_args.resize(2);  // the backend alone stays on the command line
+  CHECK(err(nic).empty());
+  QemuSpec noram = s;
+  noram.ram_file.reset();
+  CHECK(err(noram).starts_with("ram_file:"));
+  QemuSpec noqmp = s;
+  noqmp.qmp_socket.reset();
+  CHECK(err(noqmp).starts_with("incoming:"));
+}
+
+TEST_CASE("snapshot.json: round trip, and each bad field named") {
+  SnapshotMeta m;
+  m.name = "warm";
+  m.created = "2026-12-07T00:00:00.000000000Z";
+  m.qemu_version = "7.2.22";
+  m.accel = "tcg";
+  m.mem_mib = 256;
+  m.cpus = 1;
+  m.firmware = "qboot.rom";
+  m.append = "console=ttyS0 \"quoted\"";
+  m.kernel = {"/k", 10, std::string(64, 'a'), 1};
+  m.initrd = {"/i", 20, std::string(64, 'b'), 2};
+  m.state = {"state.qemu", 30, std::string(64, 'c'), 3};
+  m.ram = {"ram", 40, std::string(64, 'd'), 4};
+  m.ready = R"({"type":"ready","protocol_version":2})";
+  const std::string text = encode_snapshot_meta(m);
+  auto back = decode_snapshot_meta(text);
+  REQUIRE(back);
+  CHECK(*back == m);
+  auto bad = [&](std::string from, std::string to) {
+    std::string t = text;
+    auto at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    t.replace(at, from.size(), to);
+    auto r = decode_snapshot_meta(t);
+    return r ? std::string() : r.error().message;
+  };
+  CHECK(bad(R"("format":1)", R"("format":2)").find("format: 2") != std::string::npos);
+  CHECK(bad(R"("mem_mib":256)", R"("mem_mib":1)").find("mem_mib") != std::string::npos);
+  CHECK(bad(R"("path":"ram")", R"("path":"../x")").find("ram.path") != std::string::npos);
+  CHECK(bad(std::string(64, 'd'), "zz").find("ram.sha256") != std::string::npos);
+  CHECK(bad(R"("name":"warm")", R"("name":".x")").find("name") != std::string::npos);
+  CHECK(bad(R"("accel":"tcg")", R"("accel":"hvf")").find("accel") != std::string::npos);
+  CHECK(!decode_snapshot_meta("[]"));
 }
