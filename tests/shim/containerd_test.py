@@ -1108,6 +1108,26 @@ def case_bad_spec(d):
     check(d.tasks() == {}, f"tasks left: {d.tasks()}")
 
 
+def case_snapshot(d):
+    """Issue 30 through containerd: a task whose OCI annotation io.nesinit.snapshot names a
+    snapshot (`neshost snapshot create`) has its VM restored from it (its root share plugged in
+    after the restore): its output and exit status as from a booted one. A snapshot that is not
+    there fails the task's start, naming it, and leaves nothing running."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    state = os.path.join(d.tmp, "snapstate")
+    r = subprocess.run([NESHOST, "snapshot", "create", "--state", state, "--accel", "tcg", "--ready-timeout", "100",
+                        "warm"], env=d.env, capture_output=True, timeout=BOUND)
+    check(r.returncode == 0, f"snapshot create: {r.returncode} {r.stderr.decode(errors='replace')}")
+    snap = os.path.join(state, ".snapshots", "warm")
+    rc, out, err = d.run("--annotation", f"io.nesinit.snapshot={snap}", "--rootfs", root, "tw", "/bin/sh", "-c",
+                         "echo warm; cat /proc/sys/kernel/random/boot_id >&2; exit 6", check_rc=False)
+    check(rc == 6 and out == "warm\n", f"restored task: exit {rc}, stdout {out!r}; stderr {err!r}{d.tail()}")
+    rc, out, err = d.run("--annotation", f"io.nesinit.snapshot={snap}-gone", "--rootfs", root, "tg", "/bin/true",
+                         check_rc=False)
+    check(rc != 0 and "no snapshot at" in err, f"a missing snapshot: exit {rc}; stderr {err!r}")
+    check(d.tasks() == {}, f"tasks left: {d.tasks()}")
+
+
 def case_slow_stdout(d):
     """Issue 24 through containerd: `ctr run` (attached: the task's stdout FIFO is ctr's to read)
     with its own stdout piped into a reader that takes 1 MB/s, so the backpressure goes reader ->
