@@ -467,6 +467,10 @@ int main(int argc, char** argv) {
     std::vector<std::string> order = {"nesinit"};
     for (auto& p : ps)
       if (p.name != "dumb-init") order.push_back(p.name);
+    // The floor: a PID 1 that only blocks in wait(2) (bench/floor_init.cpp, beside the storm).
+    const std::string floor_bin = (fs::path(storm_bin).parent_path() / "floor_init").string();
+    const bool has_floor = access(floor_bin.c_str(), X_OK) == 0;
+    if (has_floor) order.push_back("floor");
     // 5 rounds, each contender once per round, the order rotated every round: a load burst from
     // elsewhere on the machine then lands on each of them alike.
     constexpr int kStormRounds = 5;
@@ -475,6 +479,10 @@ int main(int argc, char** argv) {
         const std::string& who = order[(k + i) % order.size()];
         if (who == "nesinit") {
           parse(who, nesinit_cycle(init, dir, storm_cmd, true).output);
+        } else if (who == "floor") {
+          std::vector<std::string> c = {floor_bin};
+          c.insert(c.end(), storm_cmd.begin(), storm_cmd.end());
+          parse(who, run_capture(ns(c)));
         } else {
           for (auto& p : ps)
             if (p.name == who) parse(who, run_capture(p.cmd(storm_cmd)));
@@ -501,6 +509,10 @@ int main(int argc, char** argv) {
         p4.peers.push_back({fmt::format("{} ({} ms, left {}; per-round ratio {})", p.name, spread(p.name), left[p.name],
                                         per_round(p.name)),
                             median(st[p.name])});
+    if (has_floor)
+      p4.peers.push_back({fmt::format("floor: a PID 1 that only blocks in wait(2) ({} ms, left {}; per-round ratio {})",
+                                      spread("floor"), left["floor"], per_round("floor")),
+                          median(st["floor"])});
     rows.push_back(p4);
     }
   } catch (const std::exception& e) {
