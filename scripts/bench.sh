@@ -21,7 +21,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 scripts/setup.sh build
-ninja -C build bench/bench bench/storm bench/host_bench bench/stdio_bench nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
+ninja -C build bench/bench bench/storm bench/floor_init bench/host_bench bench/stdio_bench nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
   host/shim/containerd-shim-nesinit-v2 tests/vm/vm_net_probe tests/cri/api_pb2.py
 out=bench/results/latest.md
 mkdir -p bench/results
