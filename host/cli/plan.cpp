@@ -233,9 +233,15 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
     for (auto [given, flag] : {std::pair{o.sandbox, "--sandbox"}, {o.kernel.has_value(), "--kernel"},
                                {o.initrd.has_value(), "--initrd"}, {o.rootfs && o.rootfs_initramfs, "--rootfs-mode initramfs"},
                                {o.console, "--console"}, {o.grace_given, "--grace"}})
-      if (given)
-        return usage(fmt::format("--snapshot restores a booted kernel and init: {} is the snapshot's "
-                                 "(neshost snapshot create ... {})", flag, flag));
+      if (given) {
+        const std::string_view f = flag;
+        const std::string how = f == "--kernel"   ? " (a snapshot of another kernel: NESHOST_KERNEL=PATH neshost snapshot create NAME)"
+                                : f == "--initrd" ? " (a snapshot of another initramfs: NESHOST_INITRD=PATH neshost snapshot create NAME)"
+                                : f == "--grace"  ? " (a snapshot with another: neshost snapshot create --grace SECS NAME)"
+                                                  : "";
+        return usage(fmt::format("{} cannot be used with --snapshot: a restore keeps the snapshot's kernel, "
+                                 "initramfs, command line and grace{}", flag, how));
+      }
   }
   // The network: bad input is refused as the host side's failure (125), before anything starts.
   const auto& net = o.network;

@@ -105,8 +105,12 @@ STATE/VM/console.log.
   --initrd PATH        initramfs with nesinit as /init (default: $NESHOST_INITRD, else the build's)
   --snapshot NAME|DIR  restore the VM from a snapshot (neshost snapshot create NAME; a value with a
                        '/' is a snapshot's directory) instead of booting it: its kernel, initramfs,
-                       RAM and vCPUs; shares and the NIC are plugged in after the restore. Refused
-                       (125) when missing, corrupt, or made by another init build, kernel or QEMU
+                       command line, grace, accelerator, RAM and vCPUs (--mem, --cpus, --accel may
+                       be left out; if given they must match). Shares (at most 8; 7 with a NIC)
+                       and the NIC are plugged in after the restore. Refused (125) when missing,
+                       corrupt, made by another init build, kernel or QEMU, or another --mem,
+                       --cpus, --accel; --kernel, --initrd, --console, --grace, --sandbox and
+                       --rootfs-mode initramfs cannot be used with it (2)
   --rootfs DIR         DIR is the guest's root: the workload sees it as / (with /proc, /sys, /dev,
                        /run and a private /tmp), served over virtiofs, writes go to DIR
   --rootfs-mode MODE   virtiofs (default) or initramfs: copy DIR into an initramfs instead
@@ -753,8 +757,9 @@ host::Status restore_snapshot(const RunPlan& plan, const host::Fd& state) {
   auto q = vm::Qmp::connect(*plan.qemu->qmp_socket, 5s);
   if (!q) return q.error();
   if (q->qemu_version() != m.qemu_version)
-    return host::Error{fmt::format("snapshot {} was made with QEMU {}; this QEMU is {} (make the snapshot again)",
-                                   m.name, m.qemu_version, q->qemu_version())};
+    return host::Error{fmt::format("snapshot {} was made with QEMU {}; this QEMU is {} (make it again: neshost "
+                                   "snapshot rm {}; neshost snapshot create {})",
+                                   m.name, m.qemu_version, q->qemu_version(), m.name, m.name)};
   if (auto r = vm::load_vm_state(*q, state, kSnapshotLoadWait); !r)
     return host::Error{fmt::format("snapshot {}: {}", m.name, r.error().message)};
   for (std::size_t i = 0; i < plan.hotplug_shares.size(); ++i)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include <cerrno>
 #include <chrono>
@@ -40,23 +41,29 @@ constexpr std::string_view kSnapshotHelp = R"(usage: neshost snapshot create [OP
        neshost snapshot ls [--state DIR]
        neshost snapshot rm [--state DIR] NAME...
 
-create: boot a microVM as `neshost run` would (its default kernel and initramfs, kernel command
-line and accelerator), wait until its init has said `ready` and waits for its descriptor, and save it (QEMU's
-migration stream, STATE/.snapshots/NAME). `neshost run --snapshot NAME ...` then restores it
-instead of booting: each restore is its own VM (its own id, generation, guest randomness and clock;
-shares and the NIC are plugged in after the restore). A snapshot is refused by a restore whose
-initramfs (the init build), kernel, QEMU, accelerator, --mem or --cpus differ, or whose state file
-is missing or corrupt (exit 125, nothing started).
+create: boot a microVM as `neshost run` would (the same kernel and initramfs: $NESHOST_KERNEL and
+$NESHOST_INITRD, else the build's; the same kernel command line and accelerator) up to the point
+just before it would start a workload, and save it in STATE/.snapshots/NAME (its RAM as a sparse
+file, QEMU's device state, snapshot.json). Prints NAME on stdout, the boot and save times on
+stderr. `neshost run --snapshot NAME ...` then restores a VM from it instead of booting one: each
+restore is its own VM (its own id, generation, guest randomness and clock; shares and the NIC are
+plugged in after the restore). A restore refuses a snapshot (125, nothing started) that is missing
+or corrupt, or made with another initramfs (every rebuild of the init makes one), kernel, QEMU,
+accelerator, --mem or --cpus; make it again: neshost snapshot rm NAME; neshost snapshot create
+NAME. A snapshot file touched since it was made is hashed at each restore (slower, still checked).
+ls: the snapshots in STATE, from their snapshot.json (NAME, when made, RAM, vCPUs, state bytes).
+rm: removes each NAME; a VM restored from it runs on (it holds its RAM file open).
 
 Options (create):
   --state DIR          state directory (default: as neshost run)
-  --mem MIB            guest RAM (default 256); a restore runs with this
+  --mem MIB            guest RAM (default 256); every restore runs with this
   --cpus N             vCPUs (default 1)
   --accel tcg|kvm|auto as neshost run
   --grace SECS         the init's grace for the workload's SIGTERM (default 10): each restore's
-                       (baked into the kernel command line; `run --snapshot` takes no --grace)
-  --ready-timeout SECS how long the boot may take until `ready` (default 30)
-Exit: 0 done, 2 usage, 125 the snapshot could not be made (nothing is left).
+                       (in the kernel command line; `run --snapshot` takes no --grace)
+  --ready-timeout SECS how long the boot may take until the init is ready (default 30)
+Exit: create 0 done, 2 usage, 125 the snapshot could not be made (nothing is left), 130
+interrupted (SIGINT/SIGTERM; nothing is left); ls 0; rm 0, or 1 if a NAME was not there.
 )";
 
 constexpr FlagSpec kCreateFlags[] = {{"state"}, {"mem"}, {"cpus"}, {"accel"}, {"grace"}, {"ready-timeout"}};
@@ -230,7 +237,12 @@ int create(const Args& args) {
   auto& q = **qemu;  // its destructor kills and reaps it on every path
   auto end = [&](std::string_view why) {
     q.terminate(1s);
+    if (pollfd pf{sigfd.get(), POLLIN, 0}; ::poll(&pf, 1, 0) == 1) {
+      fmt::print(stderr, "neshost snapshot create {}: interrupted; nothing saved\n", name);
+      return 130;
+    }
     std::string tail = q.diagnostics_tail();
+    while (!tail.empty() && std::isspace(static_cast<unsigned char>(tail.back()))) tail.pop_back();
     return fail(tail.empty() ? std::string(why) : fmt::format("{} (QEMU: {})", why, tail));
   };
   const auto deadline = Clock::now() + flags->ready_timeout;
@@ -301,6 +313,7 @@ int create(const Args& args) {
 int list(const Args& args) {
   auto p = parse_flags(kStateFlags, args);
   if (!p) return usage_error("snapshot", p.error().message);
+  if (p->help) { fmt::print("{}", kSnapshotHelp); return 0; }
   if (!p->positional.empty()) return usage_error("snapshot", "ls takes no NAME");
   const fs::path state = p->get("state") ? fs::path(*p->get("state")) : default_state_dir();
   const fs::path root = snapshot_path(state, "x").parent_path();
@@ -328,6 +341,7 @@ int list(const Args& args) {
 int remove(const Args& args) {
   auto p = parse_flags(kStateFlags, args);
   if (!p) return usage_error("snapshot", p.error().message);
+  if (p->help) { fmt::print("{}", kSnapshotHelp); return 0; }
   if (p->positional.empty()) return usage_error("snapshot", "rm takes NAME...");
   for (const auto& n : p->positional)  // every name checked before any is removed
     if (auto c = vm::check_snapshot_name(n); !c) return usage_error("snapshot", c.error().message);
@@ -354,9 +368,13 @@ int remove(const Args& args) {
 }
 
 int snapshot_main(const Args& args) {
-  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+  if (args.empty()) {
+    fmt::print(stderr, "{}", kSnapshotHelp);
+    return kExitUsage;
+  }
+  if (args[0] == "--help" || args[0] == "-h") {
     fmt::print("{}", kSnapshotHelp);
-    return args.empty() ? kExitUsage : 0;
+    return 0;
   }
   const Args rest(args.begin() + 1, args.end());
   if (args[0] == "create") return create(rest);

@@ -31,6 +31,11 @@ std::chrono::milliseconds left(Clock::time_point deadline) {
   return l.count() < 0 ? std::chrono::milliseconds(0) : l;
 }
 
+/// How to make snapshot `name` again (the hint every refusal ends with).
+std::string remake(std::string_view name) {
+  return fmt::format("make it again: neshost snapshot rm {0}; neshost snapshot create {0}", name);
+}
+
 std::string file_json(const SnapshotFile& f) {
   return fmt::format(R"({{"path":{},"bytes":{},"sha256":{},"mtime_ns":{}}})", host::json_string(f.path.native()),
                      f.bytes, host::json_string(f.sha256), f.mtime_ns);
@@ -202,7 +207,8 @@ host::Result<SnapshotMeta> read_snapshot_meta(const fs::path& dir) {
   auto fd = open_own(meta);
   if (!fd) {
     if (fd.error().err == ENOENT)
-      return host::Error{fmt::format("no snapshot at {} ({} missing)", dir.native(), kSnapshotMetaFile)};
+      return host::Error{fmt::format("no snapshot at {} ({} missing; `neshost snapshot ls` lists them)", dir.native(),
+                                     kSnapshotMetaFile)};
     return fd.error();
   }
   std::string text;
@@ -226,10 +232,11 @@ host::Result<OpenSnapshot> open_snapshot(const fs::path& dir) {
   OpenSnapshot o{std::move(*m), {}, {}};
   for (auto [f, fd] : {std::pair<const SnapshotFile*, base::Fd*>{&o.meta.state, &o.state}, {&o.meta.ram, &o.ram}}) {
     auto opened = open_own(dir / f->path);
-    if (!opened) return host::Error{fmt::format("snapshot {}: {} (make it again)", o.meta.name, opened.error().message)};
+    if (!opened)
+      return host::Error{fmt::format("snapshot {}: {} ({})", o.meta.name, opened.error().message, remake(o.meta.name))};
     *fd = std::move(*opened);
     if (auto c = same_fd(f->path.native(), fd->get(), dir / f->path, *f); !c)
-      return host::Error{fmt::format("snapshot {} is corrupt: {} (make it again)", o.meta.name, c.error().message)};
+      return host::Error{fmt::format("snapshot {} is corrupt: {} ({})", o.meta.name, c.error().message, remake(o.meta.name))};
   }
   return o;
 }
@@ -242,13 +249,13 @@ host::Status same_file(std::string_view what, const fs::path& p, const SnapshotF
 
 host::Status check_snapshot(const SnapshotMeta& m, const RestoreTarget& t) {
   auto differs = [&](std::string_view what, std::string_view now, std::string_view then) {
-    return host::Error{fmt::format("snapshot {} was made with {} {}; this run has {} (make the snapshot again)",
-                                   m.name, what, then, now)};
+    return host::Error{fmt::format("snapshot {} was made with {} {}; this run has {} ({})", m.name, what, then, now,
+                                   remake(m.name))};
   };
   auto same = [&](std::string_view what, const fs::path& p, const SnapshotFile& then) -> host::Status {
     if (auto c = same_file(what, p, then); !c)
-      return host::Error{fmt::format("snapshot {} was made with another {} (make the snapshot again)", m.name,
-                                     c.error().message)};
+      return host::Error{fmt::format("snapshot {} was made with another {} ({})", m.name, c.error().message,
+                                     remake(m.name))};
     return host::Ok{};
   };
   // The initramfs first: it holds the init, whose build is what a snapshot is most often stale for.

@@ -100,7 +100,7 @@ struct RestoreTarget {
 };
 /// Names the first of `t` that differs from the snapshot's: the initramfs (the init build) and the
 /// kernel (same_file(): size and mtime, else SHA-256), QEMU's version, the accelerator, RAM, vCPUs.
-/// Error: "snapshot NAME was made with another ... (make the snapshot again)".
+/// Error: "snapshot NAME was made with another ... (make it again: neshost snapshot rm NAME; ...)".
 host::Status check_snapshot(const SnapshotMeta& m, const RestoreTarget& t);
 
 /// Saves a running VM: QMP `stop`, then its device state through `migrate` into the open `file`

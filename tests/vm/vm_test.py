@@ -1821,10 +1821,11 @@ def case_snapshot_bad(c):
         rc, _, err = c.neshost("rm", "--state", c.state, "x")
         check(rc == 0, f"rm x: {rc} {err!r}")
     refused("--snapshot", "none", want="no snapshot at")
-    refused("--snapshot", "base", "--mem", "512", want="memory (--mem, MiB) 256; this run has 512")
+    refused("--snapshot", "base", "--mem", "512", want="memory (--mem, MiB) 256; this run has 512 (make it again: "
+            "neshost snapshot rm base; neshost snapshot create base)")
     refused("--snapshot", "base", "--cpus", "2", want="vCPUs (--cpus) 1; this run has 2")
-    refused("--snapshot", "base", "--kernel", "/nonexistent", want="--kernel is the snapshot's", code=2)
-    refused("--snapshot", "base", "--grace", "2", want="--grace is the snapshot's", code=2)
+    refused("--snapshot", "base", "--kernel", "/nonexistent", want="--kernel cannot be used with --snapshot", code=2)
+    refused("--snapshot", "base", "--grace", "2", want="--grace cannot be used with --snapshot", code=2)
     # A create that fails (its boot cut short) leaves no snapshot, no temporary dir, no process.
     rc, out, err = c.neshost("snapshot", "create", "--state", c.state, "--accel", "tcg", "--ready-timeout", "0.01", "late")
     check(rc == 125 and "not in time" in err, f"snapshot create late: {rc} {out!r} {err!r}")
