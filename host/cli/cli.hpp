@@ -4,7 +4,10 @@
 // name the flag.
 #pragma once
 
+#include <stdlib.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -44,6 +47,29 @@ std::vector<Subcommand> subcommands();
 
 /// Print "neshost CMD: MESSAGE" and a hint to stderr; returns kExitUsage.
 int usage_error(std::string_view cmd, std::string_view message);
+
+/// A private directory for one run's sockets and generated initramfs (`neshost run`, `neshost
+/// snapshot create`), removed on every path that unwinds. Under $TMPDIR (default /tmp), not the
+/// state dir: the socket path must fit sun_path. `path` is empty if mkdtemp failed (errno says
+/// why); clearing it keeps the directory.
+struct RuntimeDir {
+  std::filesystem::path path;
+  RuntimeDir() {
+    const char* t = std::getenv("TMPDIR");
+    std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
+    if (::mkdtemp(tmpl.data())) path = tmpl;
+  }
+  /// An existing one, made by the monitor a replacement takes over from (vmm.json's runtime_dir).
+  explicit RuntimeDir(std::filesystem::path existing) : path(std::move(existing)) {}
+  ~RuntimeDir() { remove_now(); }
+  /// Removes it (idempotent).
+  void remove_now() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  RuntimeDir(const RuntimeDir&) = delete;
+  RuntimeDir& operator=(const RuntimeDir&) = delete;
+};
 
 /// Where snapshot NAME lives (neshost snapshot, run --snapshot): STATE/.snapshots/NAME (a VM id
 /// never starts with '.', so no VM's directory is in the way).

@@ -219,26 +219,6 @@ std::string random_vm_id() {
   return fmt::format("vm-{:02x}{:02x}{:02x}{:02x}", b[0], b[1], b[2], b[3]);
 }
 
-/// A private directory for one run's sockets and generated initramfs, removed on every path that
-/// unwinds. Under $TMPDIR (default /tmp), not the state dir: the socket path must fit sun_path.
-struct RuntimeDir {
-  fs::path path;
-  RuntimeDir() {
-    const char* t = std::getenv("TMPDIR");
-    std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
-    if (::mkdtemp(tmpl.data())) path = tmpl;
-  }
-  /// An existing one, made by the monitor a replacement takes over from (vmm.json's runtime_dir).
-  explicit RuntimeDir(fs::path existing) : path(std::move(existing)) {}
-  ~RuntimeDir() { remove_now(); }
-  /// Removes it (idempotent).
-  void remove_now() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-  RuntimeDir(const RuntimeDir&) = delete;
-  RuntimeDir& operator=(const RuntimeDir&) = delete;
-};
 
 /// One line on stderr, never blocking for long (stderr is our own non-blocking description,
 /// make_own_nonblocking): a stderr nobody reads loses the line, it never holds up neshost.

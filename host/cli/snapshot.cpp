@@ -120,19 +120,6 @@ host::Result<std::string> read_ready(int fd, int pidfd, int sigfd, Clock::time_p
   }
 }
 
-/// A private directory (mode 0700 from its creation), removed with everything in it when this
-/// goes (every return path; a SIGKILLed create's is swept by the next: sweep_stale()).
-struct TempDir {
-  fs::path path;
-  TempDir() = default;
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
 /// Removes `.NAME.PID.tmp` directories under `root` whose creating process is gone (a create
 /// killed with SIGKILL runs no destructor).
 void sweep_stale(const fs::path& root) {
@@ -190,15 +177,12 @@ int create(const Args& args) {
   std::error_code ec;
   if (fs::exists(dir, ec)) return fail(fmt::format("{} exists (neshost snapshot rm {} first)", dir.string(), name));
   // Built beside its final place and renamed there once whole: a snapshot is all there or absent.
-  TempDir work;
+  // Mode 0700 from its creation; removed on every return (a SIGKILLed create's: sweep_stale()).
   const fs::path wpath = dir.parent_path() / fmt::format(".{}.{}.tmp", name, ::getpid());
   if (::mkdir(wpath.c_str(), 0700) != 0) return fail(fmt::format("mkdir {}: {}", wpath.string(), std::strerror(errno)));
-  work.path = wpath;
-  const char* t = std::getenv("TMPDIR");
-  std::string tmpl = std::string(t && *t == '/' ? t : "/tmp") + "/neshost-XXXXXX";
-  if (!::mkdtemp(tmpl.data())) return fail(fmt::format("mkdtemp {}: {}", tmpl, std::strerror(errno)));
-  TempDir rt;
-  rt.path = tmpl;
+  RuntimeDir work(wpath);
+  RuntimeDir rt;
+  if (rt.path.empty()) return fail(fmt::format("mkdtemp $TMPDIR/neshost-XXXXXX: {}", std::strerror(errno)));
 
   auto spec = snapshot_machine(*flags, rt.path);
   if (!spec) return fail(spec.error().message);
