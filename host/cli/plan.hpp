@@ -129,6 +129,9 @@ struct PlanInputs {
   /// iff a -v names a regular file.
   std::optional<std::filesystem::path> staging_dir;
   std::string append;  // $NESHOST_APPEND: extra kernel arguments, appended last; empty: none
+  /// $NESHOST_TCG_APIC_TIMER=1: under TCG, keep the local APIC timer (and its 100 ms calibration)
+  /// instead of `nolapic_timer` (vm::KernelCmdline::apic_timer): bench P12's A/B of the step.
+  bool tcg_apic_timer = false;
   /// --snapshot: the snapshot as opened and checked (vm::open_snapshot, vm::check_snapshot), and
   /// its directory.
   std::optional<vm::SnapshotMeta> snapshot;

@@ -190,6 +190,12 @@ fs::path env_or(const char* var, const char* dflt) {
   return dflt;
 }
 
+/// True iff the environment variable `var` is set to "1".
+bool env_flag(const char* var) {
+  const char* s = std::getenv(var);
+  return s && std::string_view(s) == "1";
+}
+
 /// The virtiofsd to run: $NESHOST_VIRTIOFSD, else the one scripts/fetch-virtiofsd.sh provided,
 /// else the system's (Debian 13+, Ubuntu: /usr/libexec/virtiofsd).
 std::string virtiofsd_program() {
@@ -344,6 +350,7 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
   if (!in.terminal) in.terminal = terminal_size(1);
   in.stdin_is_tty = ::isatty(0);
   if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
+  in.tcg_apic_timer = env_flag("NESHOST_TCG_APIC_TIMER");
   if (o.snapshot) {
     // --snapshot: it must exist, be whole, and match what this run would boot (the init build,
     // the kernel, the accelerator, --mem, --cpus); the accelerator is the snapshot's (no probe).
@@ -1235,6 +1242,7 @@ host::Result<vm::QemuSpec> snapshot_machine(const RunFlags& flags, const fs::pat
   in.nesinit = env_or("NESHOST_NESINIT", NESHOST_NESINIT);
   in.runtime_dir = runtime_dir;
   if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
+  in.tcg_apic_timer = env_flag("NESHOST_TCG_APIC_TIMER");
   const fs::path kernel = run_kernel(o, in);
   std::error_code ec;
   if (!fs::is_regular_file(kernel, ec)) return host::Error{fmt::format("kernel '{}' not found", kernel.string())};

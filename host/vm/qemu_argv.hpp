@@ -31,11 +31,17 @@ struct KernelCmdline {
   ConsoleLevel console = ConsoleLevel::quiet;
   /// nesinit.channel=…: the lifecycle channel's virtio-serial port (protocol/channels.hpp).
   std::string channel = std::string("virtio-port:") + proto::kLifecyclePortName;
+  /// The kernel's tick. false adds `nolapic_timer`: the kernel ticks on the HPET instead of
+  /// calibrating the local APIC timer against the PIT for 100 ms at every boot, which is what it
+  /// must do under TCG (no TSC-deadline timer, no APIC frequency told; docs/vm.md "Boot time").
+  /// true for KVM: its APIC timer runs in TSC-deadline mode (no calibration, no exits to QEMU).
+  bool apic_timer = false;
   std::vector<std::string> extra;             // appended verbatim, in order (e.g. nesinit.log=debug)
 };
 /// `console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 …`.
 /// panic=-1: a panic reboots at once, which -no-reboot turns into QEMU exiting;
-/// cryptomgr.notests: the kernel skips its crypto self-tests (boot time, docs/vm.md "Boot").
+/// cryptomgr.notests: the kernel skips its crypto self-tests (boot time, docs/vm.md "Boot");
+/// `nolapic_timer` unless KernelCmdline::apic_timer.
 std::string kernel_cmdline(const KernelCmdline& c);
 
 /// One virtio-fs device: QEMU's vhost-user-fs-pci, backed by a virtiofsd listening on `socket`;

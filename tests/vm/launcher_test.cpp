@@ -102,12 +102,21 @@ QemuSpec base_spec() {
 
 TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log level") {
   KernelCmdline c;
+  c.apic_timer = true;
   CHECK(kernel_cmdline(c) ==
         "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0");
   c.console = ConsoleLevel::full;
   c.extra = {"nesinit.log=debug"};
   CHECK(kernel_cmdline(c) ==
         "console=ttyS0 loglevel=7 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 nesinit.log=debug");
+}
+
+TEST_CASE("kernel_cmdline: under TCG the kernel ticks on the HPET, no APIC timer calibration") {
+  KernelCmdline c;  // apic_timer false: the planner's choice under TCG
+  CHECK(kernel_cmdline(c) ==
+        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nolapic_timer nesinit.channel=virtio-port:nes.0");
+  c.apic_timer = true;
+  CHECK(kernel_cmdline(c).find("nolapic_timer") == std::string::npos);
 }
 
 TEST_CASE("qemu_argv: the measured q35 recipe with the channel as virtio-serial port nes.0") {
