@@ -98,7 +98,7 @@ unsigned long bind_remount_flags(const proto::Mount& m) {
 int mount_share(const char* source, const char* target, const char* fstype, unsigned long flags,
                 const char* data) {
   const bool virtiofs = fstype && std::strcmp(fstype, "virtiofs") == 0;
-  for (int slept = 0, tick = 5;; slept += tick, tick = std::min(2 * tick, 100)) {
+  for (int slept = 0, tick = 5;; slept += tick, tick = std::min(2 * tick, kShareTickMs)) {
     if (::mount(source, target, fstype, flags, data) == 0) return 0;
     if (errno != EINVAL || !virtiofs || slept >= kShareWaitMs) return errno;
     const timespec ts{0, tick * 1000000L};

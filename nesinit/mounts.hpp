@@ -51,9 +51,13 @@ unsigned long bind_remount_flags(const proto::Mount& m);
 /// EINVAL (the kernel logs "virtio-fs: tag <T> not found"). A tag that never comes is reported
 /// this much later.
 inline constexpr int kShareWaitMs = 2000;
+/// The longest pause between two of those attempts, ms: a tag that comes is mounted at most this
+/// late (the NIC's link is looked for as often: network.cpp). At most ~100 attempts in all, each
+/// one failed mount(2) and one kernel log line.
+inline constexpr int kShareTickMs = 20;
 
-/// mount(2); a virtiofs mount failing with EINVAL is tried again (5 ms apart, doubling to 100 ms)
-/// until kShareWaitMs have been slept. 0, or the last errno.
+/// mount(2); a virtiofs mount failing with EINVAL is tried again (5 ms apart, doubling to
+/// kShareTickMs) until kShareWaitMs have been slept. 0, or the last errno.
 int mount_share(const char* source, const char* target, const char* fstype, unsigned long flags,
                 const char* data);
 
