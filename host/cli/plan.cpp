@@ -391,12 +391,10 @@ host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
   if (auto c = check_run(o, in); !c) return host::Error{c.error().message};
   if (o.snapshot && !in.snapshot) return host::Error{fmt::format("--snapshot {}: not loaded", *o.snapshot)};
   if (!in.snapshot) return plan_from(o, in);
-  // The guest's grace is baked into the snapshot's command line (nesinit.grace_ms): the host's
-  // deadlines follow it, as they follow --grace on a cold boot.
+  // The guest's grace is the snapshot's (recorded in snapshot.json): the host's deadlines follow
+  // it, as they follow --grace on a cold boot.
   RunFlags g = o;
-  constexpr std::string_view kGraceKey = "nesinit.grace_ms=";
-  if (auto at = in.snapshot->append.find(kGraceKey); at != std::string::npos)
-    g.grace = std::chrono::milliseconds(std::strtoull(in.snapshot->append.c_str() + at + kGraceKey.size(), nullptr, 10));
+  g.grace = std::chrono::milliseconds(in.snapshot->grace_ms);
   return plan_from(g, in);
 }
 

@@ -60,7 +60,7 @@ Options (create):
   --cpus N             vCPUs (default 1)
   --accel tcg|kvm|auto as neshost run
   --grace SECS         the init's grace for the workload's SIGTERM (default 10): each restore's
-                       (in the kernel command line; `run --snapshot` takes no --grace)
+                       (recorded in the snapshot; `run --snapshot` takes no --grace)
   --ready-timeout SECS how long the boot may take until the init is ready (default 30)
 Exit: create 0 done, 2 usage, 125 the snapshot could not be made (nothing is left), 130
 interrupted (SIGINT/SIGTERM; nothing is left); ls 0; rm 0, or 1 if a NAME was not there.
@@ -260,6 +260,7 @@ int create(const Args& args) {
   m.accel = std::string(vm::to_string(spec->accel));
   m.mem_mib = spec->mem_mib;
   m.cpus = spec->cpus;
+  m.grace_ms = static_cast<std::uint32_t>(flags->grace.count());  // parse_run: 1 ms .. 31 days
   m.firmware = spec->firmware;
   m.append = spec->append;
   m.ready = *ready;

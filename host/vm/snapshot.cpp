@@ -140,10 +140,11 @@ host::Result<SnapshotFile> hash_file(const fs::path& path) {
 
 std::string encode_snapshot_meta(const SnapshotMeta& m) {
   return fmt::format(
-      R"({{"format":{},"name":{},"created":{},"qemu_version":{},"accel":{},"mem_mib":{},"cpus":{},"firmware":{},)"
+      R"({{"format":{},"name":{},"created":{},"qemu_version":{},"accel":{},"mem_mib":{},"cpus":{},"grace_ms":{},)"
+      R"("firmware":{},)"
       R"("append":{},"kernel":{},"initrd":{},"state":{},"ram":{},"ready":{}}})",
       m.format, host::json_string(m.name), host::json_string(m.created), host::json_string(m.qemu_version),
-      host::json_string(m.accel), m.mem_mib, m.cpus, m.firmware ? host::json_string(*m.firmware) : "null",
+      host::json_string(m.accel), m.mem_mib, m.cpus, m.grace_ms, m.firmware ? host::json_string(*m.firmware) : "null",
       host::json_string(m.append), file_json(m.kernel), file_json(m.initrd), file_json(m.state), file_json(m.ram),
       host::json_string(m.ready));
 }
@@ -174,6 +175,9 @@ host::Result<SnapshotMeta> decode_snapshot_meta(std::string_view json) {
   m.mem_mib = static_cast<std::uint32_t>(u);
   if (o["cpus"].get_uint64().get(u) || u < 1 || u > 64) return bad("cpus", "missing or outside 1..64");
   m.cpus = static_cast<std::uint32_t>(u);
+  if (o["grace_ms"].get_uint64().get(u) || u < 1 || u > kSnapshotMaxGraceMs)
+    return bad("grace_ms", fmt::format("missing or outside 1..{}", kSnapshotMaxGraceMs));
+  m.grace_ms = static_cast<std::uint32_t>(u);
   if (std::string_view fw; !o["firmware"].get_string().get(fw)) m.firmware = std::string(fw);
   else if (!o["firmware"].is_null()) return bad("firmware", "not a string or null");
   auto file = [&](std::string_view key, SnapshotFile& f) -> host::Status {

@@ -1,7 +1,7 @@
 // VM snapshots: a QEMU microVM saved once its init has said `ready` and waits for its descriptor,
 // restored any number of times (docs/vm.md "Snapshots"). A snapshot is a directory:
 //   snapshot.json   what it was made from (SnapshotMeta: format, QEMU, accelerator, RAM, vCPUs,
-//                   kernel and initramfs with their SHA-256, the command line, the guest's `ready`)
+//                   the init's grace, kernel and initramfs with their SHA-256, the command line, the guest's `ready`)
 //   state.qemu      QEMU's migration stream of the paused VM: its device state (~200 KB)
 //   ram             the guest's RAM (a sparse file the size of it, the VM's memory backend while
 //                   it was made; QEMU's x-ignore-shared keeps it out of the stream)
@@ -27,7 +27,10 @@
 namespace nes::vm {
 
 /// snapshot.json's `format`: a snapshot of another format is refused (made by another neshost).
-inline constexpr std::uint32_t kSnapshotFormat = 1;
+/// 2: `grace_ms` recorded.
+inline constexpr std::uint32_t kSnapshotFormat = 2;
+/// snapshot.json's `grace_ms` bounds (ms): --grace's (1 ms .. 31 days).
+inline constexpr std::uint32_t kSnapshotMaxGraceMs = 31u * 24 * 3600 * 1000;
 /// The files of a snapshot's directory (the header's comment says what each holds).
 inline constexpr std::string_view kSnapshotMetaFile = "snapshot.json";
 inline constexpr std::string_view kSnapshotStateFile = "state.qemu";
@@ -53,6 +56,9 @@ struct SnapshotMeta {
   std::string accel;          // "tcg" or "kvm"
   std::uint32_t mem_mib = 0;  // guest RAM, MiB
   std::uint32_t cpus = 0;
+  /// The init's grace (ms) for the workload's SIGTERM, as `snapshot create --grace` gave it (also
+  /// in `append` as nesinit.grace_ms): a restore's host deadlines follow it.
+  std::uint32_t grace_ms = 0;
   std::optional<std::string> firmware;  // -bios, as the VM was started with it
   std::string append;         // the kernel command line it booted with
   SnapshotFile kernel, initrd;

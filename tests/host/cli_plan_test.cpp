@@ -726,6 +726,7 @@ PlanInputs snapshot_inputs() {
   m.name = "warm";
   m.mem_mib = 512;
   m.cpus = 2;
+  m.grace_ms = 2500;
   m.accel = "tcg";
   m.firmware = "qboot.rom";
   m.append = "console=ttyS0 nesinit.channel=virtio-port:nes.0";
@@ -760,6 +761,9 @@ TEST_CASE("--snapshot: the snapshot's machine, paused for its state; shares and 
   CHECK(q.net_args.empty());
   CHECK(!p->hotplug_nic);
   CHECK(p->serve.session.saved_ready == in.snapshot->ready);
+  CHECK(p->grace == 2500ms);  // the snapshot's recorded grace, not --grace's default
+  CHECK(p->serve.session.grace == 2500ms);
+  CHECK(p->serve.session.stop_timeout == 7500ms);
   CHECK(static_cast<bool>(vm::qemu_argv(q)));
 
   // A share: RAM a shared copy (QEMU inherits it at kRamChildFd too), the share plugged in.

@@ -810,6 +810,7 @@ TEST_CASE("snapshot.json: round trip, and each bad field named") {
   m.accel = "tcg";
   m.mem_mib = 256;
   m.cpus = 1;
+  m.grace_ms = 2500;
   m.firmware = "qboot.rom";
   m.append = "console=ttyS0 \"quoted\"";
   m.kernel = {"/k", 10, std::string(64, 'a'), 1};
@@ -829,7 +830,10 @@ TEST_CASE("snapshot.json: round trip, and each bad field named") {
     auto r = decode_snapshot_meta(t);
     return r ? std::string() : r.error().message;
   };
-  CHECK(bad(R"("format":1)", R"("format":2)").find("format: 2") != std::string::npos);
+  CHECK(bad(R"("format":2)", R"("format":1)").find("format: 1 (this neshost reads format 2: make the snapshot again)") !=
+        std::string::npos);
+  CHECK(bad(R"("grace_ms":2500)", R"("grace_ms":0)").find("snapshot.json: grace_ms:") != std::string::npos);
+  CHECK(bad(R"("grace_ms":2500,)", "").find("snapshot.json: grace_ms:") != std::string::npos);
   CHECK(bad(R"("mem_mib":256)", R"("mem_mib":1)").find("mem_mib") != std::string::npos);
   CHECK(bad(R"("path":"ram")", R"("path":"../x")").find("ram.path") != std::string::npos);
   CHECK(bad(std::string(64, 'd'), "zz").find("ram.sha256") != std::string::npos);

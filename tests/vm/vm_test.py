@@ -1872,6 +1872,9 @@ def case_snapshot_bad(c):
     refused("--snapshot", "base", want="state.qemu: No such file or directory")
     with open(os.path.join(d, "snapshot.json"), "w") as f:
         f.write('{"format":1,"name":"base"}')
+    refused("--snapshot", "base", want="snapshot.json: format: 1 (this neshost reads format 2: make the snapshot again)")
+    with open(os.path.join(d, "snapshot.json"), "w") as f:
+        f.write('{"format":2,"name":"base"}')
     refused("--snapshot", "base", want="snapshot.json: created: missing or not a string")
     rc, _, err = c.neshost("snapshot", "create", "--state", c.state, "../x")
     check(rc == 2 and "snapshot name" in err, f"snapshot create ../x: {rc} {err!r}")
