@@ -353,12 +353,13 @@ host::Status plan_shares(const RunFlags& o, const PlanInputs& in, RunPlan& p) {
 /// The kernel command line: the channel, the console's verbosity, the init's log level.
 /// The guest's kernel modules, as `nesinit.modules=…` (the init loads only their groups, built by
 /// scripts/mkinitrd.sh): the virtio-serial channel's (virtio_pci, virtio_console), virtio_net
-/// for a NIC, virtiofs for shares. Not vsock (the channel is a virtio port here) nor virtio_blk
+/// for a NIC, virtiofs for shares; a snapshot's machine (PlanInputs::snapshot_machine) both, as a
+/// restore may plug in either. Not vsock (the channel is a virtio port here) nor virtio_blk
 /// (no disks): each module not loaded is boot time saved (docs/vm.md "Boot").
-std::string guest_modules(const RunPlan& p) {
+std::string guest_modules(const RunPlan& p, const PlanInputs& in) {
   std::string m = "nesinit.modules=virtio_pci,virtio_console";
-  if (p.network.mode != host::NetworkMode::none) m += ",virtio_net";
-  if (!p.daemons.empty()) m += ",virtiofs";
+  if (p.network.mode != host::NetworkMode::none || in.snapshot_machine) m += ",virtio_net";
+  if (!p.daemons.empty() || in.snapshot_machine) m += ",virtiofs";
   return m;
 }
 
@@ -372,7 +373,7 @@ vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in, const Ru
               fmt::format("nesinit.grace_ms={}", o.grace.count())};
   // The data channel's port, named (it is also the init's default next to virtio-port:nes.0).
   kc.extra.push_back(std::string("nesinit.data=virtio-port:") + proto::kDataPortName);
-  kc.extra.push_back(guest_modules(p));
+  kc.extra.push_back(guest_modules(p, in));
   // Extra kernel arguments for debugging (e.g. nesinit.log=debug), appended last.
   if (!in.append.empty()) kc.extra.push_back(in.append);
   return kc;
@@ -457,6 +458,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
     spec.data_socket = p.data_socket;
     spec.qmp_socket = in.runtime_dir / "qmp.sock";  // pause/unpause (host/cli/vm_pause.hpp)
     if (p.vmm_survives) spec.chardev_reconnect_s = 1;  // QEMU redials a replacement monitor's listeners
+    spec.snapshot_layout = in.snapshot_machine;  // a snapshot's machine: what a restore starts too
     if (in.snapshot) {
       // A restore: the snapshot's machine, paused until its state is loaded; the shares and the
       // NIC are plugged in after the load (docs/vm.md "Snapshots").

@@ -132,6 +132,11 @@ struct PlanInputs {
   /// $NESHOST_TCG_APIC_TIMER=1: under TCG, keep the local APIC timer (and its 100 ms calibration)
   /// instead of `nolapic_timer` (vm::KernelCmdline::apic_timer): bench P12's A/B of the step.
   bool tcg_apic_timer = false;
+  /// The machine `neshost snapshot create` saves (snapshot_machine()), planned with neither a
+  /// NIC nor a share: in a snapshot's layout (QemuSpec::snapshot_layout), its
+  /// `nesinit.modules=` listing virtio_net and virtiofs too (a restore may plug in both; with a
+  /// modular kernel their modules must be loaded before the snapshot is taken).
+  bool snapshot_machine = false;
   /// --snapshot: the snapshot as opened and checked (vm::open_snapshot, vm::check_snapshot), and
   /// its directory.
   std::optional<vm::SnapshotMeta> snapshot;

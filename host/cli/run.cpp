@@ -1243,6 +1243,7 @@ host::Result<vm::QemuSpec> snapshot_machine(const RunFlags& flags, const fs::pat
   in.runtime_dir = runtime_dir;
   if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
   in.tcg_apic_timer = env_flag("NESHOST_TCG_APIC_TIMER");
+  in.snapshot_machine = true;  // the layout and the modules a restore needs
   const fs::path kernel = run_kernel(o, in);
   std::error_code ec;
   if (!fs::is_regular_file(kernel, ec)) return host::Error{fmt::format("kernel '{}' not found", kernel.string())};
@@ -1253,14 +1254,7 @@ host::Result<vm::QemuSpec> snapshot_machine(const RunFlags& flags, const fs::pat
   });
   auto plan = plan_run(o, in);
   if (!plan) return plan.error();
-  vm::QemuSpec spec = std::move(*plan->qemu);
-  spec.snapshot_layout = true;
-  // Planned with neither a NIC nor a share, but a restore may plug in both: with a modular kernel
-  // (the cloud fallback) their modules must be loaded at boot, before the snapshot is taken.
-  constexpr std::string_view kModules = "nesinit.modules=virtio_pci,virtio_console";
-  if (auto at = spec.append.find(kModules); at != std::string::npos)
-    spec.append.insert(at + kModules.size(), ",virtio_net,virtiofs");
-  return spec;
+  return std::move(*plan->qemu);
 }
 
 namespace {

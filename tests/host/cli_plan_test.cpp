@@ -198,6 +198,27 @@ TEST_CASE("nesinit.modules: the channel's modules, virtio_net for a NIC, virtiof
   CHECK(own->cmdline.extra.back() == in.append);
 }
 
+TEST_CASE("a snapshot's machine (snapshot create): both hot-pluggable modules, the snapshot layout") {
+  PlanInputs in = inputs();
+  in.snapshot_machine = true;
+  auto p = plan({"--network", "none", "--grace", "2.5", "/bin/true"}, in);
+  REQUIRE(p);
+  REQUIRE(p->qemu);
+  const auto& q = *p->qemu;
+  // Planned with neither a NIC nor a share; a restore may plug in both.
+  CHECK(q.append.find(" nesinit.modules=virtio_pci,virtio_console,virtio_net,virtiofs") != std::string::npos);
+  CHECK(q.append.find("nesinit.grace_ms=2500") != std::string::npos);
+  CHECK(q.snapshot_layout);
+  CHECK(!q.incoming);
+  CHECK(q.fs_devices.empty());
+  CHECK(q.net_args.empty());
+  // A plain run: neither.
+  auto cold = plan({"--network", "none", "/bin/true"});
+  REQUIRE(cold);
+  CHECK(!cold->qemu->snapshot_layout);
+  CHECK(cold->qemu->append.find("virtio_net") == std::string::npos);
+}
+
 TEST_CASE("--vm, --state, --hostname, --console, NESHOST_APPEND") {
   PlanInputs in = inputs();
   in.append = "nesinit.log=debug";
