@@ -366,9 +366,9 @@ std::string guest_modules(const RunPlan& p, const PlanInputs& in) {
 vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in, const RunPlan& p) {
   vm::KernelCmdline kc;
   kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
-  // Under TCG the HPET ticks (no APIC timer calibration at boot: P12, bench/results/latest.md);
-  // $NESHOST_TCG_APIC_TIMER=1 keeps the APIC timer (the step's A/B).
-  kc.apic_timer = in.accel == vm::Accel::kvm || in.tcg_apic_timer;
+  // Under TCG the boot words that spare TCG's own costs (P12, bench/results/latest.md);
+  // $NESHOST_TCG_BOOT_WORDS=0 leaves them out (the steps' A/B).
+  kc.tcg_words = in.accel == vm::Accel::tcg && in.tcg_boot_words;
   kc.extra = {"edd=off",  // the boot stub's "Probing EDD" line, before any log level applies
               fmt::format("nesinit.grace_ms={}", o.grace.count())};
   // The data channel's port, named (it is also the init's default next to virtio-port:nes.0).

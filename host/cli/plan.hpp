@@ -129,9 +129,10 @@ struct PlanInputs {
   /// iff a -v names a regular file.
   std::optional<std::filesystem::path> staging_dir;
   std::string append;  // $NESHOST_APPEND: extra kernel arguments, appended last; empty: none
-  /// $NESHOST_TCG_APIC_TIMER=1: under TCG, keep the local APIC timer (and its 100 ms calibration)
-  /// instead of `nolapic_timer` (vm::KernelCmdline::apic_timer): bench P12's A/B of the step.
-  bool tcg_apic_timer = false;
+  /// Under TCG the command line carries `nolapic_timer noreplace-smp` (vm::KernelCmdline::tcg_words);
+  /// $NESHOST_TCG_BOOT_WORDS=0 sets this false: the kernel boots as it would by default (bench
+  /// P12's A/B of those steps).
+  bool tcg_boot_words = true;
   /// The machine `neshost snapshot create` saves (snapshot_machine()), planned with neither a
   /// NIC nor a share: in a snapshot's layout (QemuSpec::snapshot_layout), its
   /// `nesinit.modules=` listing virtio_net and virtiofs too (a restore may plug in both; with a

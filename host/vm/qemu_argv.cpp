@@ -34,10 +34,11 @@ std::string kernel_cmdline(const KernelCmdline& c) {
   // cryptomgr.notests: no crypto self-tests at boot (docs/vm.md "Boot": the largest single
   // cost a command line can remove: P12, 2.99 -> 2.54 s end to end under TCG).
   s += " panic=-1 cryptomgr.notests";
-  // nolapic_timer (the planner's choice under TCG): the HPET is the tick; no 100 ms of APIC timer
-  // calibration against the PIT. Under KVM the APIC timer needs no calibration (TSC-deadline
-  // mode) and is cheaper than the HPET, which lives in QEMU.
-  if (!c.apic_timer) s += " nolapic_timer";
+  // Under TCG (the planner's choice): the HPET is the tick, no 100 ms of APIC timer calibration
+  // against the PIT; a 1-vCPU kernel keeps its SMP lock prefixes, no patching them one by one.
+  // Under KVM the APIC timer needs no calibration (TSC-deadline mode) and is cheaper than the
+  // HPET, which lives in QEMU.
+  if (c.tcg_words) s += " nolapic_timer noreplace-smp";
   s += " nesinit.channel=" + c.channel;
   for (const auto& e : c.extra) s += " " + e;
   return s;

@@ -31,17 +31,19 @@ struct KernelCmdline {
   ConsoleLevel console = ConsoleLevel::quiet;
   /// nesinit.channel=…: the lifecycle channel's virtio-serial port (protocol/channels.hpp).
   std::string channel = std::string("virtio-port:") + proto::kLifecyclePortName;
-  /// The kernel's tick. false adds `nolapic_timer`: the kernel ticks on the HPET instead of
-  /// calibrating the local APIC timer against the PIT for 100 ms at every boot, which is what it
-  /// must do under TCG (no TSC-deadline timer, no APIC frequency told; docs/vm.md "Boot time").
-  /// true for KVM: its APIC timer runs in TSC-deadline mode (no calibration, no exits to QEMU).
-  bool apic_timer = false;
+  /// The boot words for a TCG guest (docs/vm.md "Boot time"), which spare it two costs that are
+  /// TCG's alone: `nolapic_timer` (the HPET ticks: no 100 ms of local APIC timer calibration
+  /// against the PIT, which a kernel without a TSC-deadline timer or a told APIC frequency must
+  /// do) and `noreplace-smp` (a 1-vCPU kernel keeps its SMP `lock` prefixes instead of patching
+  /// thousands of sites to their UP form, ~85 ms under TCG; with 2+ vCPUs nothing is patched
+  /// anyway). false under KVM: its APIC timer runs in TSC-deadline mode, and patching is quick.
+  bool tcg_words = true;
   std::vector<std::string> extra;             // appended verbatim, in order (e.g. nesinit.log=debug)
 };
 /// `console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 …`.
 /// panic=-1: a panic reboots at once, which -no-reboot turns into QEMU exiting;
 /// cryptomgr.notests: the kernel skips its crypto self-tests (boot time, docs/vm.md "Boot");
-/// `nolapic_timer` unless KernelCmdline::apic_timer.
+/// `nolapic_timer noreplace-smp` with KernelCmdline::tcg_words.
 std::string kernel_cmdline(const KernelCmdline& c);
 
 /// One virtio-fs device: QEMU's vhost-user-fs-pci, backed by a virtiofsd listening on `socket`;

@@ -176,6 +176,27 @@ TEST_CASE("defaults: the descriptor, the session's policy, the QEMU spec") {
   CHECK(p->command == Strings{"sh", "-c", "echo hi"});
 }
 
+TEST_CASE("the TCG boot words: under TCG only, and left out with NESHOST_TCG_BOOT_WORDS=0") {
+  EnvVar net("NESHOST_NETWORK", nullptr);
+  PlanInputs in = inputs();
+  in.accel = vm::Accel::tcg;
+  auto tcg = plan({"--network", "none", "true"}, in);
+  REQUIRE(tcg);
+  CHECK(tcg->cmdline.tcg_words);
+  REQUIRE(tcg->qemu);
+  CHECK(tcg->qemu->append.find(" nolapic_timer noreplace-smp ") != std::string::npos);
+  in.accel = vm::Accel::kvm;
+  auto kvm = plan({"--network", "none", "true"}, in);
+  REQUIRE(kvm);
+  CHECK(!kvm->cmdline.tcg_words);
+  CHECK(kvm->qemu->append.find("nolapic_timer") == std::string::npos);
+  in.accel = vm::Accel::tcg;
+  in.tcg_boot_words = false;
+  auto plain = plan({"--network", "none", "true"}, in);
+  REQUIRE(plain);
+  CHECK(plain->qemu->append.find("noreplace-smp") == std::string::npos);
+}
+
 TEST_CASE("nesinit.modules: the channel's modules, virtio_net for a NIC, virtiofs for shares") {
   EnvVar net("NESHOST_NETWORK", nullptr);
   auto has = [](const RunPlan& p, const std::string& word) {

@@ -102,7 +102,7 @@ QemuSpec base_spec() {
 
 TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log level") {
   KernelCmdline c;
-  c.apic_timer = true;
+  c.tcg_words = false;
   CHECK(kernel_cmdline(c) ==
         "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0");
   c.console = ConsoleLevel::full;
@@ -111,12 +111,14 @@ TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log le
         "console=ttyS0 loglevel=7 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 nesinit.log=debug");
 }
 
-TEST_CASE("kernel_cmdline: under TCG the kernel ticks on the HPET, no APIC timer calibration") {
-  KernelCmdline c;  // apic_timer false: the planner's choice under TCG
+TEST_CASE("kernel_cmdline: under TCG the HPET ticks and a 1-vCPU kernel keeps its SMP lock prefixes") {
+  KernelCmdline c;  // tcg_words by default: the planner's choice under TCG
   CHECK(kernel_cmdline(c) ==
-        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nolapic_timer nesinit.channel=virtio-port:nes.0");
-  c.apic_timer = true;
+        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nolapic_timer noreplace-smp "
+        "nesinit.channel=virtio-port:nes.0");
+  c.tcg_words = false;
   CHECK(kernel_cmdline(c).find("nolapic_timer") == std::string::npos);
+  CHECK(kernel_cmdline(c).find("noreplace-smp") == std::string::npos);
 }
 
 TEST_CASE("qemu_argv: the measured q35 recipe with the channel as virtio-serial port nes.0") {
@@ -800,6 +802,15 @@ TEST_CASE("qemu_argv: a snapshot's layout (RAM in a file, hot-plug ports, paused
   QemuSpec noqmp = s;
   noqmp.qmp_socket.reset();
   CHECK(err(noqmp).starts_with("incoming:"));
+}
+
+TEST_CASE("check_snapshot_name: the shared name rule, no leading '.'") {
+  for (const std::string& ok : std::vector<std::string>{"warm", "-x", "a.b_c-1", std::string(64, 'w')}) CHECK_MESSAGE(check_snapshot_name(ok), ok);
+  for (const std::string& bad : std::vector<std::string>{"", ".x", "..", "a/b", "a b", std::string(65, 'w')}) {
+    auto s = check_snapshot_name(bad);
+    REQUIRE_MESSAGE(!s, bad);
+    CHECK(s.error().message == fmt::format("snapshot name '{}': not 1..64 of [A-Za-z0-9._-] (no leading '.')", bad));
+  }
 }
 
 TEST_CASE("snapshot.json: round trip, and each bad field named") {
