@@ -91,18 +91,23 @@ std::atomic<std::uint64_t> g_temp_counter{0};  // unique temp names within this 
 
 std::string virtiofsd_log_name(std::string_view tag) { return fmt::format("virtiofsd-{}.log", tag); }
 
-Status check_vm_id(std::string_view id) {
-  if (id.empty()) return Error{"vm id is empty"};
-  if (id.size() > 64) return Error{fmt::format("vm id is {} bytes; at most 64", id.size())};
-  if (id.front() == '.' || id.front() == '-')
-    return Error{fmt::format("vm id '{}' starts with '{}'", id, id.front())};
-  for (char c : id) {
+Status check_name(std::string_view what, std::string_view name) {
+  if (name.empty()) return Error{fmt::format("{} is empty", what)};
+  if (name.size() > kMaxNameBytes) return Error{fmt::format("{} is {} bytes; at most {}", what, name.size(), kMaxNameBytes)};
+  for (char c : name) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-';
     if (!ok)
-      return Error{fmt::format("vm id may hold only [A-Za-z0-9._-]; got byte 0x{:02x}", static_cast<unsigned char>(c))};
+      return Error{fmt::format("{} may hold only [A-Za-z0-9._-]; got byte 0x{:02x}", what, static_cast<unsigned char>(c))};
   }
   return Ok{};
+}
+
+Status check_vm_id(std::string_view id) {
+  // The leading byte is checked once the length is (an empty or long id says that first).
+  if (!id.empty() && id.size() <= kMaxNameBytes && (id.front() == '.' || id.front() == '-'))
+    return Error{fmt::format("vm id '{}' starts with '{}'", id, id.front())};
+  return check_name("vm id", id);
 }
 
 fs::path vm_path(const fs::path& state_dir, std::string_view vm, std::string_view name) {

@@ -7,6 +7,7 @@
 // <nes/host/lib/state_dir.hpp>.
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -40,8 +41,16 @@ std::string virtiofsd_log_name(std::string_view tag);
 
 // ---- the VM id ----
 
-/// A VM id is used as a directory name: 1..64 bytes of [A-Za-z0-9._-], not starting with '.' or
-/// '-'. An error names the problem.
+/// The longest name check_name() allows, in bytes.
+inline constexpr std::size_t kMaxNameBytes = 64;
+/// The one name rule of VM ids, snapshot names (vm::check_snapshot_name) and QEMU's port names:
+/// 1..kMaxNameBytes (64) bytes of [A-Za-z0-9._-]; what may not start one is each caller's own.
+/// Error, naming `what`: "WHAT is empty", "WHAT is N bytes; at most 64", "WHAT may hold only
+/// [A-Za-z0-9._-]; got byte 0xNN".
+Status check_name(std::string_view what, std::string_view name);
+
+/// A VM id is used as a directory name: check_name()'s rule, not starting with '.' or '-'. An
+/// error names the problem.
 Status check_vm_id(std::string_view id);
 
 // ---- paths ----

@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <cctype>
 
+#include "host/lib/state_dir.hpp"
 #include "host/vm/virtiofsd.hpp"
 #include "protocol/limits.hpp"
 
@@ -56,13 +56,6 @@ std::string qemu_escape(std::string_view v) {
   }
   return out;
 }
-bool valid_port_name(std::string_view n) {
-  if (n.empty() || n.size() > 64) return false;
-  for (char ch : n)
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-'))
-      return false;
-  return true;
-}
 }  // namespace
 
 host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
@@ -73,7 +66,7 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
     return fail(fmt::format("mem_mib: {} MiB is outside 64..1048576", s.mem_mib));
   if (s.cpus < 1 || s.cpus > 64) return fail(fmt::format("cpus: {} is outside 1..64", s.cpus));
   if (s.accel == Accel::auto_probe) return fail("accel: 'auto' must be resolved before building argv");
-  if (!valid_port_name(s.port_name))
+  if (!host::check_name("port_name", s.port_name))
     return fail(fmt::format("port_name: '{}' is not 1..64 of [A-Za-z0-9._-]", s.port_name));
   if (s.channel_socket && s.channel_socket->native().size() > proto::kUnixPathMax)
     return fail(fmt::format("channel_socket: '{}' is longer than sun_path ({} bytes)",
@@ -81,7 +74,7 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
 
   if (s.data_socket) {
     if (!s.channel_socket) return fail("data_socket: needs channel_socket (same virtio-serial bus)");
-    if (!valid_port_name(s.data_port_name) || s.data_port_name == s.port_name)
+    if (!host::check_name("data_port_name", s.data_port_name) || s.data_port_name == s.port_name)
       return fail(fmt::format("data_port_name: '{}' is not 1..64 of [A-Za-z0-9._-] distinct from "
                               "port_name", s.data_port_name));
     if (s.data_socket->native().size() > proto::kUnixPathMax)

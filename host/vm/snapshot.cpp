@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -19,6 +18,7 @@
 
 #include "base/fd.hpp"
 #include "host/lib/record.hpp"
+#include "host/lib/state_dir.hpp"
 
 namespace nes::vm {
 
@@ -70,9 +70,8 @@ host::Status await_migration(Qmp& qmp, std::string_view what, Clock::time_point 
 }  // namespace
 
 host::Status check_snapshot_name(std::string_view n) {
-  bool ok = !n.empty() && n.size() <= 64 && n.front() != '.';
-  for (char c : n) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-');
-  if (!ok) return host::Error{fmt::format("snapshot name '{}': not 1..64 of [A-Za-z0-9._-] (no leading '.')", n)};
+  if (!host::check_name("snapshot name", n) || n.front() == '.')
+    return host::Error{fmt::format("snapshot name '{}': not 1..64 of [A-Za-z0-9._-] (no leading '.')", n)};
   return host::Ok{};
 }
 

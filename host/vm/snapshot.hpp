@@ -68,7 +68,8 @@ struct SnapshotMeta {
   bool operator==(const SnapshotMeta&) const = default;
 };
 
-/// A snapshot's name: 1..64 of [A-Za-z0-9._-], not starting with '.'. Error names it.
+/// A snapshot's name: host::check_name()'s rule (1..64 of [A-Za-z0-9._-]), not starting with '.'.
+/// Error names it.
 host::Status check_snapshot_name(std::string_view name);
 /// SHA-256 of a file (hex), its size in bytes and mtime. Error: open/read failures, with errno text.
 host::Result<SnapshotFile> hash_file(const std::filesystem::path& p);

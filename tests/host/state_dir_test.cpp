@@ -181,6 +181,14 @@ TEST_CASE("check_vm_id: 1..64 bytes of [A-Za-z0-9._-], not starting with '.' or 
   CHECK(why("a\n") == "vm id may hold only [A-Za-z0-9._-]; got byte 0x0a");
 }
 
+TEST_CASE("check_name: the shared rule, 1..64 of [A-Za-z0-9._-], any first byte; errors name `what`") {
+  for (const std::string& ok : std::vector<std::string>{"a", ".x", "-x", "_", std::string(64, 'z')})
+    CHECK_MESSAGE(check_name("name", ok), ok);
+  CHECK(check_name("port_name", "").error().message == "port_name is empty");
+  CHECK(check_name("port_name", std::string(65, 'a')).error().message == "port_name is 65 bytes; at most 64");
+  CHECK(check_name("port_name", "nes 0").error().message == "port_name may hold only [A-Za-z0-9._-]; got byte 0x20");
+}
+
 TEST_CASE("every way into a VM's dir checks the id first: a bad one touches nothing") {
   TempDir t;
   fs::path state = t.path / "state";

@@ -805,7 +805,8 @@ TEST_CASE("qemu_argv: a snapshot's layout (RAM in a file, hot-plug ports, paused
 }
 
 TEST_CASE("check_snapshot_name: the shared name rule, no leading '.'") {
-  for (const std::string& ok : std::vector<std::string>{"warm", "-x", "a.b_c-1", std::string(64, 'w')}) CHECK_MESSAGE(check_snapshot_name(ok), ok);
+  for (const std::string& ok : std::vector<std::string>{"warm", "-x", "a.b_c-1", std::string(64, 'w')})
+    CHECK_MESSAGE(check_snapshot_name(ok), ok);
   for (const std::string& bad : std::vector<std::string>{"", ".x", "..", "a/b", "a b", std::string(65, 'w')}) {
     auto s = check_snapshot_name(bad);
     REQUIRE_MESSAGE(!s, bad);
