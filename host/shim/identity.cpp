@@ -1,7 +1,6 @@
-// Length-framed SHA-256 names (host/shim/identity.hpp), with OpenSSL's libcrypto.
+// Length-framed SHA-256 names (host/shim/identity.hpp), hashed with vm::Sha256 (libcrypto).
 #include "host/shim/identity.hpp"
 
-#include <openssl/evp.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -9,28 +8,23 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <memory>
 
 #include <fmt/format.h>
+
+#include "host/vm/sha256.hpp"
 
 namespace nes::shim {
 
 std::string framed_sha256(std::initializer_list<std::string_view> fields) {
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
+  vm::Sha256 sha;
   for (auto f : fields) {
-    std::array<unsigned char, 8> len{};
+    std::array<char, 8> len{};
     std::uint64_t n = f.size();
-    for (int i = 7; i >= 0; --i, n >>= 8) len[static_cast<std::size_t>(i)] = static_cast<unsigned char>(n & 0xff);
-    EVP_DigestUpdate(ctx.get(), len.data(), len.size());
-    EVP_DigestUpdate(ctx.get(), f.data(), f.size());
+    for (int i = 7; i >= 0; --i, n >>= 8) len[static_cast<std::size_t>(i)] = static_cast<char>(n & 0xff);
+    sha.update(std::string_view(len.data(), len.size()));
+    sha.update(f);
   }
-  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
-  unsigned int mdlen = 0;
-  EVP_DigestFinal_ex(ctx.get(), md.data(), &mdlen);
-  std::string hex;
-  for (unsigned int i = 0; i < mdlen; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
+  return sha.hex();
 }
 
 std::string vm_id(std::string_view ns, std::string_view id) { return "ctr-" + framed_sha256({ns, id}).substr(0, 24); }

@@ -3,13 +3,11 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <memory>
 #include <thread>
 #include <vector>
 
@@ -19,6 +17,7 @@
 #include "base/fd.hpp"
 #include "host/lib/record.hpp"
 #include "host/lib/state_dir.hpp"
+#include "host/vm/sha256.hpp"
 
 namespace nes::vm {
 
@@ -76,28 +75,30 @@ host::Status check_snapshot_name(std::string_view n) {
 }
 
 namespace {
+/// A file's modification time, in ns since the epoch (SnapshotFile::mtime_ns).
+std::int64_t mtime_ns(const struct stat& st) {
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 /// SHA-256, size and mtime of an open file, read from its start (pread: the offset is kept).
 host::Result<SnapshotFile> hash_fd(int fd, const fs::path& path) {
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) return host::Error{"sha256: no context"};
+  Sha256 sha;
+  if (!sha.ok()) return host::Error{"sha256: no context"};
   std::vector<char> buf(1 << 20);
   SnapshotFile f{path, 0, {}, 0};
   struct stat st{};
   if (::fstat(fd, &st) != 0) return host::errno_error(errno, fmt::format("stat {}", path.native()));
   if (!S_ISREG(st.st_mode)) return host::Error{fmt::format("{}: not a regular file", path.native())};
-  f.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  f.mtime_ns = mtime_ns(st);
   for (;;) {
     ssize_t n = ::pread(fd, buf.data(), buf.size(), static_cast<off_t>(f.bytes));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return host::errno_error(errno, fmt::format("read {}", path.native()));
     if (n == 0) break;
-    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<std::size_t>(n));
+    sha.update(std::string_view(buf.data(), static_cast<std::size_t>(n)));
     f.bytes += static_cast<std::uint64_t>(n);
   }
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_DigestFinal_ex(ctx.get(), md, &len);
-  for (unsigned i = 0; i < len; ++i) f.sha256 += fmt::format("{:02x}", md[i]);
+  f.sha256 = sha.hex();
   return f;
 }
 
@@ -106,8 +107,7 @@ host::Status same_fd(std::string_view what, int fd, const fs::path& p, const Sna
   struct stat st{};
   if (::fstat(fd, &st) != 0) return host::errno_error(errno, fmt::format("{}: {}", what, p.native()));
   if (!S_ISREG(st.st_mode)) return host::Error{fmt::format("{}: {} is not a regular file", what, p.native())};
-  const std::int64_t mtime = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  if (static_cast<std::uint64_t>(st.st_size) == then.bytes && mtime == then.mtime_ns) return host::Ok{};
+  if (static_cast<std::uint64_t>(st.st_size) == then.bytes && mtime_ns(st) == then.mtime_ns) return host::Ok{};
   // Touched since: only its bytes can say whether it is still the same file.
   auto h = hash_fd(fd, p);
   if (!h) return host::Error{fmt::format("{}: {}", what, h.error().message)};

@@ -31,6 +31,7 @@
 #include "host/vm/passt.hpp"
 #include "host/vm/process.hpp"
 #include "host/vm/qemu_argv.hpp"
+#include "host/vm/sha256.hpp"
 #include "host/vm/snapshot.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -802,6 +803,27 @@ TEST_CASE("qemu_argv: a snapshot's layout (RAM in a file, hot-plug ports, paused
   QemuSpec noqmp = s;
   noqmp.qmp_socket.reset();
   CHECK(err(noqmp).starts_with("incoming:"));
+}
+
+TEST_CASE("Sha256 and hash_file: lowercase hex, size, mtime in ns") {
+  Sha256 empty;
+  REQUIRE(empty.ok());
+  CHECK(empty.hex() == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  Sha256 abc;
+  abc.update("a");
+  abc.update("bc");
+  CHECK(abc.hex() == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  nes::test::TempDir d;
+  const auto f = d.path / "abc";
+  std::ofstream(f) << "abc";
+  auto h = hash_file(f);
+  REQUIRE(h);
+  CHECK(h->sha256 == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(h->bytes == 3);
+  struct stat st{};
+  REQUIRE(::stat(f.c_str(), &st) == 0);
+  CHECK(h->mtime_ns == static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
+  CHECK(same_file("file", f, *h));
 }
 
 TEST_CASE("check_snapshot_name: the shared name rule, no leading '.'") {

@@ -1,0 +1,31 @@
+#include "host/vm/sha256.hpp"
+
+#include <openssl/evp.h>
+
+#include <fmt/format.h>
+
+namespace nes::vm {
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  if (ctx_ && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) {
+    EVP_MD_CTX_free(ctx_);
+    ctx_ = nullptr;
+  }
+}
+
+Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
+
+void Sha256::update(std::string_view bytes) {
+  if (ctx_) EVP_DigestUpdate(ctx_, bytes.data(), bytes.size());
+}
+
+std::string Sha256::hex() {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  if (!ctx_ || EVP_DigestFinal_ex(ctx_, md, &len) != 1) return {};
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) out += fmt::format("{:02x}", md[i]);
+  return out;
+}
+
+}  // namespace nes::vm

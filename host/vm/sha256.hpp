@@ -1,0 +1,31 @@
+// SHA-256 with libcrypto, as lowercase hex: a snapshot's files (host/vm/snapshot.hpp) and the
+// shim's names (host/shim/identity.hpp).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+
+namespace nes::vm {
+
+/// An incremental SHA-256: update() with bytes any number of times, then hex() once.
+class Sha256 {
+ public:
+  /// A fresh digest; ok() says whether libcrypto made its context (else update() does nothing
+  /// and hex() is "").
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  bool ok() const { return ctx_ != nullptr; }
+  /// Feeds `bytes` into the digest.
+  void update(std::string_view bytes);
+  /// The digest of everything fed: 64 lowercase hex digits. Ends the digest (call it once).
+  std::string hex();
+
+ private:
+  evp_md_ctx_st* ctx_;
+};
+
+}  // namespace nes::vm
