@@ -210,6 +210,20 @@ host::Result<RunFlags, RunError> parse_run(const Args& args) {
   return std::move(*o);
 }
 
+namespace {
+/// The shares (virtiofsd daemons) `o` asks for, as plan_shares() makes them: the root over
+/// virtiofs, each directory volume, one for all file volumes.
+std::size_t share_count(const RunFlags& o) {
+  const auto files = std::count_if(o.volumes.begin(), o.volumes.end(), [](const vm::Volume& v) { return v.file; });
+  return (o.rootfs && !o.rootfs_initramfs) + (o.volumes.size() - static_cast<std::size_t>(files)) + (files > 0);
+}
+}  // namespace
+
+host::Error snapshot_refusal(std::string_view given, host::Error e) {
+  if (given.find('/') == std::string_view::npos || e.message.find(given) != std::string::npos) return e;
+  return host::Error{fmt::format("--snapshot {}: {}", given, e.message), e.err};
+}
+
 host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
   using host::Error;
   auto usage = [](std::string m) { return RunError{std::move(m)}; };
@@ -231,7 +245,7 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
   // A snapshot is a booted kernel and init: what would change them is its own, not this run's.
   if (o.snapshot) {
     for (auto [given, flag] : {std::pair{o.sandbox, "--sandbox"}, {o.kernel.has_value(), "--kernel"},
-                               {o.initrd.has_value(), "--initrd"}, {o.rootfs && o.rootfs_initramfs, "--rootfs-mode initramfs"},
+                               {o.initrd.has_value(), "--initrd"}, {o.rootfs_initramfs, "--rootfs-mode initramfs"},
                                {o.console, "--console"}, {o.grace_given, "--grace"}})
       if (given) {
         const std::string_view f = flag;
@@ -242,6 +256,12 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
         return usage(fmt::format("{} cannot be used with --snapshot: a restore keeps the snapshot's kernel, "
                                  "initramfs, command line and grace{}", flag, how));
       }
+    // A restore plugs each share into a root port of its own, the NIC into the last one.
+    const std::size_t shares = share_count(o);
+    if (shares + (o.network.mode != host::NetworkMode::none) > vm::kHotplugPorts)
+      return usage(fmt::format("--snapshot: at most {} shares ({} with a NIC) are plugged in after a restore; "
+                               "this run has {} (--rootfs and file volumes are one each)",
+                               vm::kHotplugPorts, vm::kHotplugPorts - 1, shares));
   }
   // The network: bad input is refused as the host side's failure (125), before anything starts.
   const auto& net = o.network;
@@ -424,11 +444,6 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
     }
   }
   if (auto s = plan_shares(o, in, p); !s) return s.error();
-  // A restore plugs each share into a root port of its own, the NIC into the last one.
-  if (o.snapshot && p.daemons.size() + (o.network.mode != host::NetworkMode::none) > vm::kHotplugPorts)
-    return host::Error{fmt::format("--snapshot: at most {} shares ({} with a NIC) are plugged in after a restore; "
-                                   "this run has {} (--rootfs and file volumes are one each)",
-                                   vm::kHotplugPorts, vm::kHotplugPorts - 1, p.daemons.size())};
   // The network (netns mode: `link` filled by the caller from the namespace, else an error here).
   p.network = o.network;
   auto guest_net = host::guest_network(p.network);
@@ -492,6 +507,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
       p.serve.session.saved_ready = m.ready;
       p.snapshot = m;
       p.snapshot_dir = in.snapshot_dir;
+      p.snapshot_given = o.snapshot.value_or("");
     } else {
       for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
       host::NetBackendIo io;

@@ -197,12 +197,19 @@ struct RunPlan {
   /// (shares in order on the hot-plug ports, the NIC on the last), then lets the guest run.
   std::optional<vm::SnapshotMeta> snapshot;
   std::filesystem::path snapshot_dir;
+  std::string snapshot_given;  // --snapshot's value as given (snapshot_refusal())
   std::vector<vm::FsDevice> hotplug_shares;
   std::optional<std::string> hotplug_nic;  // its device_add arguments (host::qmp_nic_device)
   /// This process's stderr is STATE/VM/monitor.log (a -d monitor, a replacement), not a user's
   /// terminal or a container's stderr: what becomes of the data channel is said there too.
   bool monitor_log = false;
 };
+
+/// A --snapshot refusal (the snapshot missing, corrupt, stale, or refused by QEMU) as `neshost run`
+/// says it: `given` a directory (a value with a '/'), the message names it as given ("--snapshot
+/// DIR: ..."; the snapshot's own messages name its recorded NAME) unless it does already; a NAME,
+/// the message as is.
+host::Error snapshot_refusal(std::string_view given, host::Error e);
 
 /// boot.reconnect_ms of a detached VM: how long the guest keeps its workload (and an outcome not
 /// yet acknowledged) while no monitor serves it, redialling; a replacement monitor must be started
@@ -214,7 +221,9 @@ inline constexpr std::chrono::milliseconds kDetachedReconnect{300000};
 /// The flags' cross-checks, each an error naming the flags (as `neshost run` prints them): usage
 /// errors (exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs
 /// not a directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume
-/// without root (inputs.euid); no ARGV (unless --help). Network errors (exit 125):
+/// without root (inputs.euid); no ARGV (unless --help); with --snapshot, a flag the snapshot
+/// decides (--sandbox, --kernel, --initrd, --rootfs-mode initramfs, --console, --grace) or more
+/// shares than hot-plug ports (vm::kHotplugPorts, one fewer with a NIC). Network errors (exit 125):
 /// host::check_network()'s (-p without user/passt, a port published twice, ...); an IPv6 -p host
 /// address (both backends are IPv4 here); --sandbox with any network but none (it has no NIC and
 /// shares the host's network).

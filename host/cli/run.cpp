@@ -110,7 +110,7 @@ STATE/VM/console.log.
                        and the NIC are plugged in after the restore. Refused (125) when missing,
                        corrupt, made by another init build, kernel or QEMU, or another --mem,
                        --cpus, --accel; --kernel, --initrd, --console, --grace, --sandbox and
-                       --rootfs-mode initramfs cannot be used with it (2)
+                       --rootfs-mode initramfs cannot be used with it, nor more shares (2)
   --rootfs DIR         DIR is the guest's root: the workload sees it as / (with /proc, /sys, /dev,
                        /run and a private /tmp), served over virtiofs, writes go to DIR
   --rootfs-mode MODE   virtiofs (default) or initramfs: copy DIR into an initramfs instead
@@ -358,7 +358,7 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
                           ? fs::path(*o.snapshot)
                           : snapshot_path(o.state ? *o.state : in.state_dir, *o.snapshot);
     auto opened = vm::open_snapshot(in.snapshot_dir);
-    if (!opened) return opened.error();
+    if (!opened) return snapshot_refusal(*o.snapshot, opened.error());
     const vm::SnapshotMeta* m = &opened->meta;
     if (o.accel == vm::Accel::auto_probe) in.accel = *vm::accel_from_string(m->accel);
     else in.accel = o.accel;
@@ -368,7 +368,7 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
     t.accel = std::string(vm::to_string(in.accel));
     if (o.mem_given) t.mem_mib = o.mem;
     if (o.cpus_given) t.cpus = o.cpus;
-    if (auto c = vm::check_snapshot(*m, t); !c) return c;
+    if (auto c = vm::check_snapshot(*m, t); !c) return snapshot_refusal(*o.snapshot, c.error());
     in.snapshot = opened->meta;
     snapshot_files = std::move(*opened);
     return host::Ok{};
@@ -815,7 +815,9 @@ class VmmProcess {
       // restore that fails ends QEMU before the Host takes its channel (the saved `ready` is
       // never taken): the session ends without one, 125.
       if (auto r = restore_(); !r) {
-        say("neshost run: --snapshot: {}\n", r.error().message);
+        // A directory given is named already (snapshot_refusal(): "--snapshot DIR: ...").
+        const std::string& msg = r.error().message;
+        say("neshost run: {}{}\n", msg.starts_with("--snapshot ") ? "" : "--snapshot: ", msg);
         qemu_->terminate(200ms);
         qemu_->finish_output(2s);
         console->finish();
@@ -1124,7 +1126,11 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
-    if (plan.snapshot) vmm.set_restore([&plan, &run] { return restore_snapshot(plan, run.snapshot_state); });
+    if (plan.snapshot)
+      vmm.set_restore([&plan, &run]() -> host::Status {
+        if (auto r = restore_snapshot(plan, run.snapshot_state); !r) return snapshot_refusal(plan.snapshot_given, r.error());
+        return host::Ok{};
+      });
     if (run.snapshot_ram) vmm.add_fd(run.snapshot_ram.get(), kRamChildFd);
     if (run.adopted) {
       vmm.adopt(h, id, std::move(run.adopted), console);

@@ -847,6 +847,13 @@ TEST_CASE("--snapshot: the snapshot's machine, paused for its state; shares and 
   Args seven_and_nic = many;
   seven_and_nic.insert(seven_and_nic.end(), {"--network", "slirp", "true"});
   CHECK(error_of(seven_and_nic, full).find("at most 8 shares (7 with a NIC)") != std::string::npos);
+  CHECK(refusal(seven_and_nic, full) == kExitUsage);  // a flag combination: usage, before anything starts
+  CHECK(refusal(eight, full) == 0);
+  // File volumes are one share in all; a ninth directory share is one too many.
+  Args files = many;
+  files.insert(files.end(), {"-v", "/etc/hostname:/h", "-v", "/etc/hosts:/hs", "--network", "none", "true"});
+  CHECK(refusal(files, full) == kExitUsage);
+  CHECK(error_of(files, full).find("this run has 9 (--rootfs and file volumes are one each)") != std::string::npos);
 }
 
 TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too") {
@@ -856,7 +863,27 @@ TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too"
   CHECK(refusal({"--snapshot", "warm", "--sandbox", "true"}, in) == 2);
   CHECK(refusal({"--snapshot", "warm", "--console", "true"}, in) == 2);
   CHECK(refusal({"--snapshot", "warm", "--rootfs", "r", "--rootfs-mode", "initramfs", "true"}, in) == 2);
+  // Without --rootfs too: the snapshot's initramfs is what a restore runs.
+  CHECK(refusal({"--snapshot", "warm", "--rootfs-mode", "initramfs", "true"}, in) == 2);
+  CHECK(error_of({"--snapshot", "warm", "--rootfs-mode", "initramfs", "true"}, in)
+            .starts_with("--rootfs-mode initramfs cannot be used with --snapshot"));
   CHECK(refusal({"--snapshot", "../up", "true"}, in) == 0);   // a path: a snapshot's directory
   CHECK(refusal({"--snapshot", ".hidden", "true"}, in) == 2);  // a name: no leading '.'
   CHECK(error_of({"--snapshot", "warm", "--network", "none", "true"}, inputs()).find("not loaded") != std::string::npos);
+}
+
+TEST_CASE("--snapshot DIR: a refusal names the directory as given; a NAME's is said as is") {
+  const host::Error stale{"snapshot warm was made with another kernel (make it again: ...)"};
+  CHECK(snapshot_refusal("/srv/snaps/warm", stale).message ==
+        "--snapshot /srv/snaps/warm: snapshot warm was made with another kernel (make it again: ...)");
+  CHECK(snapshot_refusal("../warm", stale).message == "--snapshot ../warm: " + stale.message);
+  CHECK(snapshot_refusal("warm", stale).message == stale.message);
+  // Named already (read_snapshot_meta's "no snapshot at DIR", "DIR: snapshot.json: ..."): as is.
+  const host::Error missing{"no snapshot at /srv/snaps/warm (snapshot.json missing; ...)", 2};
+  CHECK(snapshot_refusal("/srv/snaps/warm", missing).message == missing.message);
+  CHECK(snapshot_refusal("/srv/snaps/warm", host::Error{"x", 5}).err == 5);
+  // The plan keeps the value for the restore's own refusals (QEMU's version, a state it cannot load).
+  auto p = plan({"--snapshot", "/state/.snapshots/warm", "--network", "none", "true"}, snapshot_inputs());
+  REQUIRE(p);
+  CHECK(p->snapshot_given == "/state/.snapshots/warm");
 }
