@@ -1128,7 +1128,8 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
     if (plan.snapshot)
       vmm.set_restore([&plan, &run]() -> host::Status {
-        if (auto r = restore_snapshot(plan, run.snapshot_state); !r) return snapshot_refusal(plan.snapshot_given, r.error());
+        if (auto r = restore_snapshot(plan, run.snapshot_state); !r)
+          return snapshot_refusal(plan.snapshot_given, r.error());
         return host::Ok{};
       });
     if (run.snapshot_ram) vmm.add_fd(run.snapshot_ram.get(), kRamChildFd);

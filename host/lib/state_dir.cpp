@@ -93,12 +93,14 @@ std::string virtiofsd_log_name(std::string_view tag) { return fmt::format("virti
 
 Status check_name(std::string_view what, std::string_view name) {
   if (name.empty()) return Error{fmt::format("{} is empty", what)};
-  if (name.size() > kMaxNameBytes) return Error{fmt::format("{} is {} bytes; at most {}", what, name.size(), kMaxNameBytes)};
+  if (name.size() > kMaxNameBytes)
+    return Error{fmt::format("{} is {} bytes; at most {}", what, name.size(), kMaxNameBytes)};
   for (char c : name) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-';
     if (!ok)
-      return Error{fmt::format("{} may hold only [A-Za-z0-9._-]; got byte 0x{:02x}", what, static_cast<unsigned char>(c))};
+      return Error{fmt::format("{} may hold only [A-Za-z0-9._-]; got byte 0x{:02x}", what,
+                               static_cast<unsigned char>(c))};
   }
   return Ok{};
 }

@@ -1829,7 +1829,8 @@ def case_snapshot_bad(c):
     refused("--snapshot", "base", "--rootfs-mode", "initramfs", want="--rootfs-mode initramfs cannot be used with "
             "--snapshot", code=2)
     # A snapshot's directory given: its refusals name it as given, then the snapshot's NAME.
-    refused("--snapshot", d, "--mem", "512", want=f"--snapshot {d}: snapshot base was made with memory (--mem, MiB) 256")
+    refused("--snapshot", d, "--mem", "512",
+            want=f"--snapshot {d}: snapshot base was made with memory (--mem, MiB) 256")
     # A create that fails (its boot cut short) leaves no snapshot, no temporary dir, no process.
     rc, out, err = c.neshost("snapshot", "create", "--state", c.state, "--accel", "tcg", "--ready-timeout", "0.01", "late")
     check(rc == 125 and "not in time" in err, f"snapshot create late: {rc} {out!r} {err!r}")
