@@ -165,7 +165,12 @@ class Case:
             return json.load(f)
 
     def close(self, ok):
-        for vm in self.detached if not ok else []:  # what a failed case left up: monitor and QEMU end
+        # What a failed case left up (monitor, QEMU, daemons) ends: each VM it started with run -d,
+        # and any other VM its state dir holds (a case may start one with c.neshost("run", "-d")).
+        left = list(self.detached)
+        if not ok and os.path.isdir(self.state):
+            left += [d for d in sorted(os.listdir(self.state)) if not d.startswith(".") and d not in left]
+        for vm in left if not ok else []:
             if os.path.isdir(os.path.join(self.state, vm)):
                 subprocess.run([NESHOST, "rm", "-f", "--state", self.state, vm], capture_output=True,
                                env=self.env, timeout=BOUND)
