@@ -13,6 +13,7 @@
 
 #include "host/cli/cli.hpp"
 #include "host/monitor/adopt.hpp"
+#include "host/vm/snapshot.hpp"
 #include "host/lib/base.hpp"
 #include "base/small_file.hpp"
 #include "protocol/codec.hpp"
@@ -208,7 +209,7 @@ void adopt_orphan(std::string_view cmd, const std::filesystem::path& state, std:
 // ---- the state dir of `neshost run` ----
 
 std::filesystem::path snapshot_path(const std::filesystem::path& state_dir, std::string_view name) {
-  return state_dir / ".snapshots" / std::string(name);
+  return state_dir / vm::kSnapshotsDir / std::string(name);
 }
 
 std::filesystem::path default_state_dir() {

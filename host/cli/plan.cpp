@@ -220,7 +220,25 @@ std::size_t share_count(const RunFlags& o) {
 }  // namespace
 
 host::Error snapshot_refusal(std::string_view given, host::Error e) {
-  if (given.find('/') == std::string_view::npos || e.message.find(given) != std::string::npos) return e;
+  if (given.find('/') == std::string_view::npos) return e;
+  const bool named = e.message.find(given) != std::string::npos;
+  // The hint names the snapshot as `snapshot create` makes it in the default state directory; a
+  // directory given gets its own: STATE/.snapshots/NAME is remade with --state STATE, any other
+  // directory by a create whose result is moved there.
+  constexpr std::string_view kHint = "(make it again: ";
+  if (auto at = e.message.find(kHint); at != std::string::npos) {
+    const fs::path dir = fs::path(given).lexically_normal();
+    const fs::path d = dir.has_filename() ? dir : dir.parent_path();
+    const std::string name = d.filename().string();
+    const std::string hint =
+        d.parent_path().filename() == vm::kSnapshotsDir
+            ? fmt::format("neshost snapshot rm --state {0} {1}; neshost snapshot create --state {0} {1}",
+                          d.parent_path().parent_path().string(), name)
+            : fmt::format("neshost snapshot create --state STATE {0}, then move STATE/{1}/{0} to {2}", name,
+                          vm::kSnapshotsDir, d.string());
+    e.message = e.message.substr(0, at) + std::string(kHint) + hint + ")";
+  }
+  if (named) return e;
   return host::Error{fmt::format("--snapshot {}: {}", given, e.message), e.err};
 }
 

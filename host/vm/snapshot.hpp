@@ -31,6 +31,9 @@ namespace nes::vm {
 inline constexpr std::uint32_t kSnapshotFormat = 2;
 /// snapshot.json's `grace_ms` bounds (ms): --grace's (1 ms .. 31 days).
 inline constexpr std::uint32_t kSnapshotMaxGraceMs = 31u * 24 * 3600 * 1000;
+/// The directory of a state directory that holds its snapshots: STATE/.snapshots/NAME (a VM id
+/// never starts with '.', so no VM's directory is in the way).
+inline constexpr std::string_view kSnapshotsDir = ".snapshots";
 /// The files of a snapshot's directory (the header's comment says what each holds).
 inline constexpr std::string_view kSnapshotMetaFile = "snapshot.json";
 inline constexpr std::string_view kSnapshotStateFile = "state.qemu";

@@ -874,9 +874,14 @@ TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too"
 
 TEST_CASE("--snapshot DIR: a refusal names the directory as given; a NAME's is said as is") {
   const host::Error stale{"snapshot warm was made with another kernel (make it again: ...)"};
+  // A directory's own recipe replaces the hint: STATE/.snapshots/NAME is remade with --state STATE.
   CHECK(snapshot_refusal("/srv/snaps/warm", stale).message ==
-        "--snapshot /srv/snaps/warm: snapshot warm was made with another kernel (make it again: ...)");
-  CHECK(snapshot_refusal("../warm", stale).message == "--snapshot ../warm: " + stale.message);
+        "--snapshot /srv/snaps/warm: snapshot warm was made with another kernel (make it again: neshost snapshot "
+        "create --state STATE warm, then move STATE/.snapshots/warm to /srv/snaps/warm)");
+  CHECK(snapshot_refusal("/srv/state/.snapshots/warm/", stale).message ==
+        "--snapshot /srv/state/.snapshots/warm/: snapshot warm was made with another kernel (make it again: neshost "
+        "snapshot rm --state /srv/state warm; neshost snapshot create --state /srv/state warm)");
+  CHECK(snapshot_refusal("../warm", stale).message.starts_with("--snapshot ../warm: snapshot warm was made"));
   CHECK(snapshot_refusal("warm", stale).message == stale.message);
   // Named already (read_snapshot_meta's "no snapshot at DIR", "DIR: snapshot.json: ..."): as is.
   const host::Error missing{"no snapshot at /srv/snaps/warm (snapshot.json missing; ...)", 2};
