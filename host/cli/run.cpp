@@ -27,7 +27,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -1355,24 +1354,16 @@ int run_main(const Args& args) {
       if (auto r = host::remove_vm(plan->state_dir, plan->vm, self); !r) say("neshost run: --rm: {}\n", r.error().message);
     return status;
   };
-  // A restore with shares runs on a private copy of the snapshot's RAM (shared with their
-  // daemons): made on a thread of its own while the daemons start (~40 MB of data extents, ~15 ms
-  // on 2 cores, which their start-up hides); joined before anything reads it.
-  std::optional<host::Result<base::Fd>> ram_copy;
-  std::thread copier;
-  if (snapshot_files && !plan->hotplug_shares.empty())
-    copier = std::thread([&ram_copy, &ram = snapshot_files->ram] { ram_copy.emplace(vm::copy_ram(ram)); });
-  auto daemons = start_daemons(*plan, run);
-  if (copier.joinable()) copier.join();
-  if (!daemons) return end(fail(daemons.error().message));
+  if (auto s = start_daemons(*plan, run); !s) return end(fail(s.error().message));
   if (snapshot_files) {
-    // QEMU maps the RAM we checked: the snapshot's file itself (copy-on-write), or the copy; it
-    // loads the state we checked.
-    if (!ram_copy) {
+    // QEMU maps the RAM we checked: the snapshot's file itself (copy-on-write), or with shares a
+    // private copy of it (shared with their daemons); it loads the state we checked.
+    if (plan->hotplug_shares.empty()) {
       run.snapshot_ram = std::move(snapshot_files->ram);
     } else {
-      if (!*ram_copy) return end(fail(fmt::format("--snapshot: {}", ram_copy->error().message)));
-      run.snapshot_ram = std::move(**ram_copy);
+      auto copy = vm::copy_ram(snapshot_files->ram);
+      if (!copy) return end(fail(fmt::format("--snapshot: {}", copy.error().message)));
+      run.snapshot_ram = std::move(*copy);
     }
     run.snapshot_state = std::move(snapshot_files->state);
   }
