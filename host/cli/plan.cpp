@@ -404,9 +404,10 @@ std::string guest_modules(const RunPlan& p, const PlanInputs& in) {
 vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in, const RunPlan& p) {
   vm::KernelCmdline kc;
   kc.console = o.console ? vm::ConsoleLevel::full : vm::ConsoleLevel::quiet;
-  // Under TCG the boot words that spare TCG's own costs (P12, bench/results/latest.md);
+  // A 1-vCPU TCG guest gets the boot words that spare TCG's own costs (P12,
+  // bench/results/latest.md; vm::KernelCmdline::tcg_words says why not with 2+ vCPUs or KVM);
   // $NESHOST_TCG_BOOT_WORDS=0 leaves them out (the steps' A/B).
-  kc.tcg_words = in.accel == vm::Accel::tcg && in.tcg_boot_words;
+  kc.tcg_words = in.accel == vm::Accel::tcg && o.cpus == 1 && in.tcg_boot_words;
   kc.extra = {"edd=off",  // the boot stub's "Probing EDD" line, before any log level applies
               fmt::format("nesinit.grace_ms={}", o.grace.count())};
   // The data channel's port, named (it is also the init's default next to virtio-port:nes.0).
@@ -420,6 +421,12 @@ vm::KernelCmdline plan_cmdline(const RunFlags& o, const PlanInputs& in, const Ru
 }  // namespace
 
 fs::path run_kernel(const RunFlags& o, const PlanInputs& in) { return o.kernel ? *o.kernel : in.default_kernel; }
+
+void env_inputs(PlanInputs& in) {
+  if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
+  const char* w = std::getenv("NESHOST_TCG_BOOT_WORDS");
+  in.tcg_boot_words = !(w && std::string_view(w) == "0");
+}
 
 namespace {
 /// plan_run() once its flags are checked (and, for a restore, the snapshot's grace taken).

@@ -233,6 +233,11 @@ host::StatusOf<RunError> check_run(const RunFlags& flags, const PlanInputs& inpu
 /// boots too, before the plan exists).
 std::filesystem::path run_kernel(const RunFlags& flags, const PlanInputs& inputs);
 
+/// The inputs taken from the environment, for `run` and `snapshot create` alike: $NESHOST_APPEND
+/// (PlanInputs::append; unset or empty: none) and $NESHOST_TCG_BOOT_WORDS ("0": tcg_boot_words
+/// false; unset or any other value: true).
+void env_inputs(PlanInputs& inputs);
+
 /// The plan: pure (no I/O, no clock, no environment). Runs check_run() first and returns its
 /// error; else an error only if a file volume is given without inputs.staging_dir.
 host::Result<RunPlan> plan_run(const RunFlags& flags, const PlanInputs& inputs);

@@ -190,12 +190,6 @@ fs::path env_or(const char* var, const char* dflt) {
   return dflt;
 }
 
-/// True iff the environment variable `var` is set to `value`.
-bool env_is(const char* var, std::string_view value) {
-  const char* s = std::getenv(var);
-  return s && std::string_view(s) == value;
-}
-
 /// The virtiofsd to run: $NESHOST_VIRTIOFSD, else the one scripts/fetch-virtiofsd.sh provided,
 /// else the system's (Debian 13+, Ubuntu: /usr/libexec/virtiofsd).
 std::string virtiofsd_program() {
@@ -349,8 +343,7 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
   in.terminal = terminal_size(0);
   if (!in.terminal) in.terminal = terminal_size(1);
   in.stdin_is_tty = ::isatty(0);
-  if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
-  in.tcg_boot_words = !env_is("NESHOST_TCG_BOOT_WORDS", "0");
+  env_inputs(in);
   if (o.snapshot) {
     // --snapshot: it must exist, be whole, and match what this run would boot (the init build,
     // the kernel, the accelerator, --mem, --cpus); the accelerator is the snapshot's (no probe).
@@ -1248,8 +1241,7 @@ host::Result<vm::QemuSpec> snapshot_machine(const RunFlags& flags, const fs::pat
   in.default_initrd = env_or("NESHOST_INITRD", NESHOST_DEFAULT_INITRD);
   in.nesinit = env_or("NESHOST_NESINIT", NESHOST_NESINIT);
   in.runtime_dir = runtime_dir;
-  if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
-  in.tcg_boot_words = !env_is("NESHOST_TCG_BOOT_WORDS", "0");
+  env_inputs(in);
   in.snapshot_machine = true;  // the layout and the modules a restore needs
   const fs::path kernel = run_kernel(o, in);
   std::error_code ec;

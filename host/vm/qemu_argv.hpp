@@ -31,13 +31,15 @@ struct KernelCmdline {
   ConsoleLevel console = ConsoleLevel::quiet;
   /// nesinit.channel=…: the lifecycle channel's virtio-serial port (protocol/channels.hpp).
   std::string channel = std::string("virtio-port:") + proto::kLifecyclePortName;
-  /// The boot words for a TCG guest (docs/vm.md "Boot time"), which spare it two costs that are
-  /// TCG's alone: `nolapic_timer` (the HPET ticks: no 100 ms of local APIC timer calibration
-  /// against the PIT, which a kernel without a TSC-deadline timer or a told APIC frequency must
-  /// do) and `noreplace-smp` (a 1-vCPU kernel keeps its SMP `lock` prefixes instead of patching
-  /// thousands of sites to their UP form, ~85 ms under TCG; with 2+ vCPUs nothing is patched
-  /// anyway). false under KVM: its APIC timer runs in TSC-deadline mode, and patching is quick.
-  bool tcg_words = true;
+  /// The boot words for a 1-vCPU TCG guest (docs/vm.md "Boot time"), which spare it two costs
+  /// that are TCG's alone: `nolapic_timer` (the HPET ticks: no 100 ms of local APIC timer
+  /// calibration against the PIT, which a kernel without a TSC-deadline timer or a told APIC
+  /// frequency must do) and `noreplace-smp` (the kernel keeps its SMP `lock` prefixes instead of
+  /// patching ~6 000 sites to their UP form, ~85 ms under TCG). Not for 2+ vCPUs: there the
+  /// other CPUs' APIC timers would be dummies fed by the HPET's periodic broadcast (no
+  /// high-resolution timers, 1000 interrupts/s per CPU for the whole run), and nothing is patched
+  /// anyway. Not for KVM: its APIC timer runs in TSC-deadline mode, and patching is quick.
+  bool tcg_words = false;
   std::vector<std::string> extra;             // appended verbatim, in order (e.g. nesinit.log=debug)
 };
 /// `console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 …`.

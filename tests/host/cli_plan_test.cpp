@@ -176,7 +176,7 @@ TEST_CASE("defaults: the descriptor, the session's policy, the QEMU spec") {
   CHECK(p->command == Strings{"sh", "-c", "echo hi"});
 }
 
-TEST_CASE("the TCG boot words: under TCG only, and left out with NESHOST_TCG_BOOT_WORDS=0") {
+TEST_CASE("the TCG boot words: a 1-vCPU TCG guest only, left out with NESHOST_TCG_BOOT_WORDS=0") {
   EnvVar net("NESHOST_NETWORK", nullptr);
   PlanInputs in = inputs();
   in.accel = vm::Accel::tcg;
@@ -190,11 +190,25 @@ TEST_CASE("the TCG boot words: under TCG only, and left out with NESHOST_TCG_BOO
   REQUIRE(kvm);
   CHECK(!kvm->cmdline.tcg_words);
   CHECK(kvm->qemu->append.find("nolapic_timer") == std::string::npos);
+  // 2+ vCPUs: the other CPUs' APIC timers would be the HPET broadcast's dummies; nothing is patched.
   in.accel = vm::Accel::tcg;
+  auto two = plan({"--network", "none", "--cpus", "2", "true"}, in);
+  REQUIRE(two);
+  CHECK(!two->cmdline.tcg_words);
+  CHECK(two->qemu->append.find("nolapic_timer") == std::string::npos);
   in.tcg_boot_words = false;
   auto plain = plan({"--network", "none", "true"}, in);
   REQUIRE(plain);
   CHECK(plain->qemu->append.find("noreplace-smp") == std::string::npos);
+  // The environment: only "0" leaves them out.
+  for (auto [value, words] : {std::pair<const char*, bool>{nullptr, true}, {"0", false}, {"1", true}, {"", true}}) {
+    EnvVar w("NESHOST_TCG_BOOT_WORDS", value);
+    EnvVar a("NESHOST_APPEND", "nesinit.log=debug");
+    PlanInputs e = inputs();
+    env_inputs(e);
+    CHECK(e.tcg_boot_words == words);
+    CHECK(e.append == "nesinit.log=debug");
+  }
 }
 
 TEST_CASE("nesinit.modules: the channel's modules, virtio_net for a NIC, virtiofs for shares") {

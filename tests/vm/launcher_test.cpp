@@ -102,8 +102,7 @@ QemuSpec base_spec() {
 }  // namespace
 
 TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log level") {
-  KernelCmdline c;
-  c.tcg_words = false;
+  KernelCmdline c;  // tcg_words false by default: KVM, 2+ vCPUs
   CHECK(kernel_cmdline(c) ==
         "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0");
   c.console = ConsoleLevel::full;
@@ -113,7 +112,8 @@ TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log le
 }
 
 TEST_CASE("kernel_cmdline: under TCG the HPET ticks and a 1-vCPU kernel keeps its SMP lock prefixes") {
-  KernelCmdline c;  // tcg_words by default: the planner's choice under TCG
+  KernelCmdline c;
+  c.tcg_words = true;  // the planner's choice for a 1-vCPU TCG guest
   CHECK(kernel_cmdline(c) ==
         "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nolapic_timer noreplace-smp "
         "nesinit.channel=virtio-port:nes.0");
