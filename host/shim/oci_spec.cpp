@@ -2,11 +2,13 @@
 #include "host/shim/oci_spec.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <fmt/format.h>
 #include <simdjson.h>
 
 #include "base/small_file.hpp"
+#include "host/vm/qemu_argv.hpp"
 #include "host/vm/volume.hpp"
 #include "protocol/messages.hpp"
 
@@ -59,6 +61,33 @@ bool guest_provided(std::string_view type, std::string_view dst) {
 // would refuse fails Create, naming the field, instead of a task that exits 2.
 constexpr std::size_t kMaxVolumes = 16;
 constexpr std::size_t kMaxGroups = 64;
+
+// Whether the `neshost run` of run_args(s) gives the VM a NIC: `--network netns:PATH` for a spec's
+// network namespace; else no --network flag, so neshost's default from the environment it
+// inherits from the shim: $NESHOST_NETWORK (only "none" means no NIC; any other mode has one)
+// or, unset or empty, user mode (passt), which has one.
+bool run_has_nic(const TaskSpec& s) {
+  if (!s.netns.empty()) return true;
+  const char* env = std::getenv("NESHOST_NETWORK");
+  return !(env && std::string_view(env) == "none");
+}
+
+// `neshost run --snapshot` plugs each share into a hot-plug root port of its own after the
+// restore, the NIC into the last one, and refuses (exit 2) more than fit: checked here, counted as
+// it counts run_args(s)'s shares (plan.cpp share_count): --rootfs one, each directory volume one,
+// the file volumes one together (their staging share). `files`: how many of s.volumes are files.
+host::Status check_snapshot_shares(const TaskSpec& s, std::size_t files) {
+  if (s.snapshot.empty()) return host::Ok{};
+  const std::size_t shares = 1 + (s.volumes.size() - files) + (files > 0);
+  const bool nic = run_has_nic(s);
+  const std::size_t limit = vm::kHotplugPorts - (nic ? 1 : 0);
+  if (shares <= limit) return host::Ok{};
+  return field_error(fmt::format("annotations.{}", kSnapshotAnnotation),
+                     fmt::format("a restore plugs in at most {} shares{} (one hot-plug port each, of {}); this task "
+                                 "has {} (the root file system, each directory bind mount, and its file bind "
+                                 "mounts one together)",
+                                 limit, nic ? " beside its NIC" : "", vm::kHotplugPorts, shares));
+}
 
 }  // namespace
 
@@ -167,8 +196,8 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
     }
   }
 
+  std::vector<vm::Volume> checked;  // s.volumes as neshost run parses them (Volume::file)
   if (dom::array mounts; !top["mounts"].get_array().get(mounts)) {
-    std::vector<vm::Volume> checked;
     std::size_t i = 0;
     for (dom::element m : mounts) {
       const std::string f = fmt::format("mounts[{}]", i++);
@@ -234,6 +263,9 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
       }
     }
   }
+  const auto files = static_cast<std::size_t>(
+      std::count_if(checked.begin(), checked.end(), [](const vm::Volume& v) { return v.file; }));
+  if (auto c = check_snapshot_shares(s, files); !c) return c.error();
   return s;
 }
 

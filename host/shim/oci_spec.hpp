@@ -55,7 +55,10 @@ struct TaskSpec {
 
 /// Parse config.json text. `bundle` resolves a relative root.path. At most 4 MiB. Errors name the
 /// field: "process.args: expected a non-empty array of strings", "linux.seccomp: not supported:
-/// ...". Unknown fields are ignored (the spec's extension rule).
+/// ...". Unknown fields are ignored (the spec's extension rule). With the snapshot annotation, more
+/// shares than `neshost run --snapshot` takes (vm::kHotplugPorts, one fewer when the VM gets a NIC:
+/// a network namespace, or $NESHOST_NETWORK, which the shim's neshost inherits, not "none") is an
+/// error naming annotations.io.nesinit.snapshot.
 host::Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle);
 
 /// Parse an OCI `process` object alone (the spec of containerd's Exec): the process fields of

@@ -5,11 +5,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
+
+#include <fmt/format.h>
 
 #include "host/lib/record.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
+#include "host/vm/qemu_argv.hpp"
 #include "tests/support/temp_dir.hpp"
 
 using namespace nes;
@@ -206,4 +211,79 @@ TEST_CASE("io.nesinit.snapshot: the task's VM restored from that snapshot (--sna
   REQUIRE(none);
   auto b = shim::run_args(*none, {"ctr-x", "/st", false});
   CHECK(std::find(b.begin(), b.end(), "--snapshot") == b.end());
+}
+
+namespace {
+// $NESHOST_NETWORK as the shim's `neshost run` would inherit it, for one scope; restored after.
+struct NetworkEnv {
+  std::optional<std::string> saved;
+  explicit NetworkEnv(const char* v) {
+    if (const char* e = std::getenv("NESHOST_NETWORK")) saved = e;
+    if (v) ::setenv("NESHOST_NETWORK", v, 1);
+    else ::unsetenv("NESHOST_NETWORK");
+  }
+  ~NetworkEnv() {
+    if (saved) ::setenv("NESHOST_NETWORK", saved->c_str(), 1);
+    else ::unsetenv("NESHOST_NETWORK");
+  }
+  NetworkEnv(const NetworkEnv&) = delete;
+  NetworkEnv& operator=(const NetworkEnv&) = delete;
+};
+}  // namespace
+
+TEST_CASE("io.nesinit.snapshot: at most kHotplugPorts shares, one fewer with a NIC (neshost run --snapshot's limit)") {
+  static_assert(vm::kHotplugPorts == 8);  // the counts below
+  nes::test::TempDir d;
+  for (int i = 0; i < 9; ++i) std::filesystem::create_directory(d.path / fmt::format("d{}", i));
+  for (int i = 0; i < 3; ++i) std::ofstream(d.path / fmt::format("f{}", i)) << "x";
+  // A spec with the snapshot annotation, `dirs` directory binds, `files` file binds, and a CNI
+  // network namespace if `netns`.
+  auto spec = [&](int dirs, int files, bool netns, bool snapshot = true) {
+    std::string mounts;
+    for (int i = 0; i < dirs; ++i)
+      mounts += fmt::format(R"({}{{"destination": "/v{}", "type": "bind", "source": "{}"}})", mounts.empty() ? "" : ", ", i,
+                            (d.path / fmt::format("d{}", i)).string());
+    for (int i = 0; i < files; ++i)
+      mounts += fmt::format(R"({}{{"destination": "/etc/f{}", "type": "bind", "source": "{}"}})", mounts.empty() ? "" : ", ",
+                            i, (d.path / fmt::format("f{}", i)).string());
+    return shim::parse_oci_spec(
+        fmt::format(R"({{"process": {{"args": ["/bin/true"]}}, "root": {{"path": "/r"}}, "mounts": [{}]{}{}}})", mounts,
+                    snapshot ? R"(, "annotations": {"io.nesinit.snapshot": "/s/warm"})" : "",
+                    netns ? R"(, "linux": {"namespaces": [{"type": "network", "path": "/var/run/netns/cni-1"}]})" : ""),
+        "/b");
+  };
+  auto refused = [](const host::Result<shim::TaskSpec>& s, std::string_view limit, std::string_view count) {
+    REQUIRE(!s);
+    INFO(s.error().message);
+    CHECK(s.error().message.starts_with("config.json: annotations.io.nesinit.snapshot: "));
+    CHECK(s.error().message.find(fmt::format("at most {} shares", limit)) != std::string::npos);
+    CHECK(s.error().message.find(fmt::format("this task has {}", count)) != std::string::npos);
+  };
+  {
+    NetworkEnv none("none");  // no NIC: 8 shares
+    auto at = spec(7, 0, false);  // --rootfs and 7 volumes
+    REQUIRE_MESSAGE(at, (at ? "" : at.error().message));
+    const auto args = shim::run_args(*at, {"ctr-x", "/st", false});
+    CHECK(std::count(args.begin(), args.end(), std::string("--volume")) == 7);
+    refused(spec(8, 0, false), "8", "9");
+    // The file binds share one staging share: 6 directories and 3 files are 8 shares, 7 and 3 are 9.
+    auto files = spec(6, 3, false);
+    REQUIRE_MESSAGE(files, (files ? "" : files.error().message));
+    refused(spec(7, 3, false), "8", "9");
+    // A network namespace is a NIC whatever $NESHOST_NETWORK says: 7 shares.
+    refused(spec(7, 0, true), "7", "8");
+    auto nic_at = spec(6, 0, true);
+    REQUIRE_MESSAGE(nic_at, (nic_at ? "" : nic_at.error().message));
+    // Without the annotation, only the 16 volumes' limit.
+    auto plain = spec(9, 3, true, false);
+    REQUIRE_MESSAGE(plain, (plain ? "" : plain.error().message));
+  }
+  for (const char* v : {static_cast<const char*>(nullptr), "", "user", "slirp"}) {
+    NetworkEnv nic(v);  // neshost run's default network (user), or another mode with a NIC: 7 shares
+    INFO("NESHOST_NETWORK=", v ? v : "(unset)");
+    auto at = spec(6, 0, false);
+    REQUIRE_MESSAGE(at, (at ? "" : at.error().message));
+    refused(spec(7, 0, false), "7", "8");
+    refused(spec(6, 1, false), "7", "8");
+  }
 }
