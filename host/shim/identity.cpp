@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -17,6 +19,12 @@ namespace nes::shim {
 
 std::string framed_sha256(std::initializer_list<std::string_view> fields) {
   vm::Sha256 sha;
+  // No context only when libcrypto's allocation failed: an empty digest would give every
+  // container the one VM id "ctr-" (and the one socket), so stop here instead.
+  if (!sha.ok()) {
+    std::fputs("containerd-shim-nesinit-v2: libcrypto: no SHA-256 context\n", stderr);
+    std::abort();
+  }
   for (auto f : fields) {
     std::array<char, 8> len{};
     std::uint64_t n = f.size();

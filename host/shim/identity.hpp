@@ -10,6 +10,8 @@
 namespace nes::shim {
 
 /// Lower-case hex SHA-256 of the fields, each preceded by its length as 8 bytes big-endian.
+/// Never "": if libcrypto cannot make its context (an allocation failure) it prints
+/// "containerd-shim-nesinit-v2: libcrypto: no SHA-256 context" to stderr and aborts.
 std::string framed_sha256(std::initializer_list<std::string_view> fields);
 
 /// The stem of a task's VM ids: "ctr-" and the first 24 hex digits of framed_sha256({ns, id})

@@ -9,7 +9,7 @@ struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
 
 namespace nes::vm {
 
-/// An incremental SHA-256: update() with bytes any number of times, then hex() once.
+/// An incremental SHA-256: update() with bytes any number of times, then hex() (as often as wanted).
 class Sha256 {
  public:
   /// A fresh digest; ok() says whether libcrypto made its context (else update() does nothing
@@ -19,13 +19,16 @@ class Sha256 {
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
   bool ok() const { return ctx_ != nullptr; }
-  /// Feeds `bytes` into the digest.
+  /// Feeds `bytes` into the digest; after hex() it does nothing (the digest is ended).
   void update(std::string_view bytes);
-  /// The digest of everything fed: 64 lowercase hex digits. Ends the digest (call it once).
+  /// The digest of everything fed before the first call: 64 lowercase hex digits. The first call
+  /// ends the digest and keeps the result, which every later call returns ("" if !ok()).
   std::string hex();
 
  private:
   evp_md_ctx_st* ctx_;
+  bool ended_ = false;  // hex() ran: ctx_ is finished, hex_ is the digest
+  std::string hex_;
 };
 
 }  // namespace nes::vm

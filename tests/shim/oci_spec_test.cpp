@@ -15,6 +15,7 @@
 #include "host/shim/identity.hpp"
 #include "host/shim/oci_spec.hpp"
 #include "host/vm/qemu_argv.hpp"
+#include "host/vm/sha256.hpp"
 #include "tests/support/temp_dir.hpp"
 
 using namespace nes;
@@ -135,6 +136,16 @@ TEST_CASE("names from (namespace, id): length-framed, valid VM ids, stable") {
   // SHA-256 of the framing itself, checked against an independent computation:
   // printf '\0\0\0\0\0\0\0\1a' | sha256sum
   CHECK(shim::framed_sha256({"a"}) == "3b196fd4907bedf51c3090e9835f2f7cb61e7ee1b2299ea3b8fed9b4183a822a");
+  // hex() a second time: the same digest (not a second EVP_DigestFinal_ex), and update() after it
+  // changes nothing.
+  vm::Sha256 sha;
+  REQUIRE(sha.ok());
+  sha.update("abc");
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  CHECK(sha.hex() == abc);
+  CHECK(sha.hex() == abc);
+  sha.update("more");
+  CHECK(sha.hex() == abc);
   CHECK(shim::vm_id("default", "t1") == shim::vm_id("default", "t1"));
   CHECK(shim::vm_id("a/b", "c") != shim::vm_id("a", "b/c"));
   CHECK(shim::vm_id("ab", "c") != shim::vm_id("a", "bc"));
