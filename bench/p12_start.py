@@ -73,13 +73,21 @@ def configs(slim_initrd):
     ]
 
 
+def neshost_env(tmp, more_env=None):
+    """The environment of a neshost the bench runs: ours with TMPDIR and XDG_RUNTIME_DIR `tmp`, without
+    the variables that change a VM's boot or NIC (NESHOST_NETWORK, NESHOST_APPEND,
+    NESHOST_TCG_BOOT_WORDS: a stray one would change every row), then `more_env`."""
+    env = dict(os.environ, TMPDIR=tmp, XDG_RUNTIME_DIR=tmp)
+    for k in ("NESHOST_NETWORK", "NESHOST_APPEND", "NESHOST_TCG_BOOT_WORDS"):
+        env.pop(k, None)
+    env.update(more_env or {})
+    return env
+
+
 def one_run(nh, more_env, network, flags):
     tmp = tempfile.mkdtemp(prefix="nes-p12.")
     try:
-        env = dict(os.environ, TMPDIR=tmp, XDG_RUNTIME_DIR=tmp)
-        for k in ("NESHOST_NETWORK", "NESHOST_APPEND", "NESHOST_TCG_BOOT_WORDS"):
-            env.pop(k, None)
-        env.update(more_env)
+        env = neshost_env(tmp, more_env)
         t0 = time.monotonic()
         p = subprocess.run([nh, "run", "--accel", "tcg", "--state", os.path.join(tmp, "state"), "--network",
                             network, *flags, "--", "/bin/true"], env=env, capture_output=True, timeout=300)
@@ -104,9 +112,10 @@ def main():
     SHARE = os.path.join(work, "share")
     os.mkdir(SHARE)
     try:
-        # The snapshot every warm round restores (its own state dir; a directory path for --snapshot).
+        # The snapshot every warm round restores (its own state dir; a directory path for --snapshot),
+        # made in the environment the rounds run in (neshost_env: no stray boot words or network).
         subprocess.run([nh, "snapshot", "create", "--accel", "tcg", "--state", work, "warm"], check=True,
-                       capture_output=True, timeout=300)
+                       env=neshost_env(work), capture_output=True, timeout=300)
         os.rename(os.path.join(work, ".snapshots", "warm"), SNAP)
         slim = os.path.join(work, "initrd-slim.cpio")
         subprocess.run([os.path.join(TOP, "scripts", "mkinitrd.sh"), "--modules", "", "-o", slim], check=True,
