@@ -219,27 +219,65 @@ std::size_t share_count(const RunFlags& o) {
 }
 }  // namespace
 
-host::Error snapshot_refusal(std::string_view given, host::Error e) {
-  if (given.find('/') == std::string_view::npos) return e;
-  const bool named = e.message.find(given) != std::string::npos;
-  // The hint names the snapshot as `snapshot create` makes it in the default state directory; a
-  // directory given gets its own: STATE/.snapshots/NAME is remade with --state STATE, any other
-  // directory by a create whose result is moved there.
-  constexpr std::string_view kHint = "(make it again: ";
-  if (auto at = e.message.find(kHint); at != std::string::npos) {
-    const fs::path dir = fs::path(given).lexically_normal();
-    const fs::path d = dir.has_filename() ? dir : dir.parent_path();
-    const std::string name = d.filename().string();
-    const std::string hint =
-        d.parent_path().filename() == vm::kSnapshotsDir
-            ? fmt::format("neshost snapshot rm --state {0} {1}; neshost snapshot create --state {0} {1}",
-                          d.parent_path().parent_path().string(), name)
-            : fmt::format("neshost snapshot create --state STATE {0}, then move STATE/{1}/{0} to {2}", name,
-                          vm::kSnapshotsDir, d.string());
-    e.message = e.message.substr(0, at) + std::string(kHint) + hint + ")";
+SnapshotRef snapshot_ref(const RunFlags& o) {
+  SnapshotRef r;
+  r.given = o.snapshot.value_or("");
+  r.state = o.state;
+  if (o.mem_given) r.flags.insert(r.flags.end(), {"--mem", std::to_string(o.mem)});
+  if (o.cpus_given) r.flags.insert(r.flags.end(), {"--cpus", std::to_string(o.cpus)});
+  if (o.accel != vm::Accel::auto_probe) r.flags.insert(r.flags.end(), {"--accel", std::string(vm::to_string(o.accel))});
+  return r;
+}
+
+namespace {
+/// `s` as one shell word: as is when it has only [A-Za-z0-9._/=:+-], else single-quoted.
+std::string shell_word(std::string_view s) {
+  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("._/=:+-").find(c) != std::string_view::npos;
+  });
+  if (plain) return std::string(s);
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+}  // namespace
+
+host::Error snapshot_refusal(const SnapshotRef& ref, host::Error e, bool remake) {
+  std::string msg = fmt::format("--snapshot {}: {}", ref.given, e.message);
+  // Where the snapshot lives: a NAME in its state directory (std::nullopt: the default one), or a
+  // directory of its own (`dir` set, `state` unused).
+  std::optional<fs::path> state = ref.state;
+  std::optional<fs::path> dir;
+  std::string name = ref.given;
+  if (ref.given.find('/') != std::string::npos) {
+    std::error_code ec;
+    fs::path d = fs::absolute(fs::path(ref.given), ec).lexically_normal();
+    if (!d.has_filename()) d = d.parent_path();
+    name = d.filename().string();
+    if (d.parent_path().filename() == vm::kSnapshotsDir && vm::check_snapshot_name(name)) {
+      state = d.parent_path().parent_path();
+    } else {
+      dir = d;
+      if (!vm::check_snapshot_name(name)) name = "NAME";
+    }
   }
-  if (named) return e;
-  return host::Error{fmt::format("--snapshot {}: {}", given, e.message), e.err};
+  const std::string at = state ? " --state " + shell_word(state->native()) : "";
+  const bool missing = e.err == ENOENT && e.message.starts_with("no snapshot at ");
+  if (missing) {
+    if (!dir) msg += fmt::format("; `neshost snapshot ls{}` lists the snapshots there", at);
+    return host::Error{std::move(msg), e.err};
+  }
+  if (!remake) return host::Error{std::move(msg), e.err};
+  std::string flags;
+  for (const auto& f : ref.flags) flags += " " + f;
+  if (dir)
+    msg += fmt::format(" (make it again: rm -r {0}; neshost snapshot create --state S{1} {2}; mv S/{3}/{2} {0}, "
+                       "S being any state directory)",
+                       shell_word(dir->native()), flags, shell_word(name), vm::kSnapshotsDir);
+  else
+    msg += fmt::format(" (make it again: neshost snapshot rm{0} {1}; neshost snapshot create{0}{2} {1})", at,
+                       shell_word(name), flags);
+  return host::Error{std::move(msg), e.err};
 }
 
 host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
@@ -267,19 +305,26 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
                                {o.console, "--console"}, {o.grace_given, "--grace"}})
       if (given) {
         const std::string_view f = flag;
+        const std::string why =
+            f == "--sandbox"   ? "a snapshot is a VM's, and --sandbox runs none"
+            : f == "--console" ? "the snapshot's kernel command line (its log level) is kept; the kernel's and the "
+                                 "init's messages still go to STATE/VM/console.log"
+                               : "a restore keeps the snapshot's kernel, initramfs, command line and grace";
         const std::string how = f == "--kernel"   ? " (a snapshot of another kernel: NESHOST_KERNEL=PATH neshost snapshot create NAME)"
                                 : f == "--initrd" ? " (a snapshot of another initramfs: NESHOST_INITRD=PATH neshost snapshot create NAME)"
                                 : f == "--grace"  ? " (a snapshot with another: neshost snapshot create --grace SECS NAME)"
                                                   : "";
-        return usage(fmt::format("{} cannot be used with --snapshot: a restore keeps the snapshot's kernel, "
-                                 "initramfs, command line and grace{}", flag, how));
+        return usage(fmt::format("{} cannot be used with --snapshot: {}{}", flag, why, how));
       }
     // A restore plugs each share into a root port of its own, the NIC into the last one.
     const std::size_t shares = share_count(o);
-    if (shares + (o.network.mode != host::NetworkMode::none) > vm::kHotplugPorts)
-      return usage(fmt::format("--snapshot: at most {} shares ({} with a NIC) are plugged in after a restore; "
-                               "this run has {} (--rootfs and file volumes are one each)",
-                               vm::kHotplugPorts, vm::kHotplugPorts - 1, shares));
+    const bool nic = o.network.mode != host::NetworkMode::none;
+    if (shares + nic > vm::kHotplugPorts)
+      return usage(fmt::format("--snapshot: a restore plugs in at most {} shares{}, one hot-plug port each; this run "
+                               "has {} (each -v/--volume directory, --rootfs, and all file volumes together are one "
+                               "each){}",
+                               vm::kHotplugPorts - nic, nic ? " beside its NIC" : "", shares,
+                               nic ? "; --network none frees the NIC's port" : ""));
   }
   // The network: bad input is refused as the host side's failure (125), before anything starts.
   const auto& net = o.network;
@@ -532,7 +577,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
       p.serve.session.saved_ready = m.ready;
       p.snapshot = m;
       p.snapshot_dir = in.snapshot_dir;
-      p.snapshot_given = o.snapshot.value_or("");
+      p.snapshot_ref = snapshot_ref(o);
     } else {
       for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
       host::NetBackendIo io;

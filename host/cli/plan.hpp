@@ -144,6 +144,15 @@ struct PlanInputs {
   std::filesystem::path snapshot_dir;
 };
 
+/// How `neshost run` names a --snapshot in its refusals and says how to make it again.
+struct SnapshotRef {
+  std::string given;                           // --snapshot's value as given: NAME, or DIR (has a '/')
+  std::optional<std::filesystem::path> state;  // --state as given (a NAME's state directory); unset: the default
+  /// The run's --mem, --cpus and --accel as given ({"--mem", "512", ...}): a snapshot made again
+  /// with them matches this run.
+  std::vector<std::string> flags;
+};
+
 /// Everything one `neshost run` does, decided up front.
 struct RunPlan {
   /// serve_vm()'s config: the session (VM id, boot descriptor, on_exit, ready/wall/stop
@@ -197,7 +206,7 @@ struct RunPlan {
   /// (shares in order on the hot-plug ports, the NIC on the last), then lets the guest run.
   std::optional<vm::SnapshotMeta> snapshot;
   std::filesystem::path snapshot_dir;
-  std::string snapshot_given;  // --snapshot's value as given (snapshot_refusal())
+  SnapshotRef snapshot_ref;  // how its refusals name it (snapshot_refusal())
   std::vector<vm::FsDevice> hotplug_shares;
   std::optional<std::string> hotplug_nic;  // its device_add arguments (host::qmp_nic_device)
   /// This process's stderr is STATE/VM/monitor.log (a -d monitor, a replacement), not a user's
@@ -205,11 +214,17 @@ struct RunPlan {
   bool monitor_log = false;
 };
 
-/// A --snapshot refusal (the snapshot missing, corrupt, stale, or refused by QEMU) as `neshost run`
-/// says it: `given` a directory (a value with a '/'), the message names it as given ("--snapshot
-/// DIR: ..."; the snapshot's own messages name its recorded NAME) unless it does already; a NAME,
-/// the message as is.
-host::Error snapshot_refusal(std::string_view given, host::Error e);
+/// The SnapshotRef of a run's flags (--snapshot, --state, --mem, --cpus, --accel as given).
+SnapshotRef snapshot_ref(const RunFlags& flags);
+
+/// A --snapshot refusal as `neshost run` says it: "--snapshot GIVEN: MESSAGE", then what to do.
+/// A NAME that is not there: `neshost snapshot ls` (with the --state given) lists the snapshots.
+/// A directory that is not one: nothing more. Anything else (stale, corrupt, refused by QEMU), with
+/// `remake`: how to make it again, with this run's --mem/--cpus/--accel so that the new one
+/// matches: `snapshot rm` and `snapshot create` in its state directory (a NAME's: the --state
+/// given, else the default; a DIR inside STATE/.snapshots: that STATE), or for another directory:
+/// remove it, create one in any state directory and move it there. Paths are shell-quoted.
+host::Error snapshot_refusal(const SnapshotRef& ref, host::Error e, bool remake = true);
 
 /// boot.reconnect_ms of a detached VM: how long the guest keeps its workload (and an outcome not
 /// yet acknowledged) while no monitor serves it, redialling; a replacement monitor must be started

@@ -351,7 +351,7 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
                           ? fs::path(*o.snapshot)
                           : snapshot_path(o.state ? *o.state : in.state_dir, *o.snapshot);
     auto opened = vm::open_snapshot(in.snapshot_dir);
-    if (!opened) return snapshot_refusal(*o.snapshot, opened.error());
+    if (!opened) return snapshot_refusal(snapshot_ref(o), opened.error());
     const vm::SnapshotMeta* m = &opened->meta;
     if (o.accel == vm::Accel::auto_probe) in.accel = *vm::accel_from_string(m->accel);
     else in.accel = o.accel;
@@ -361,7 +361,7 @@ host::Status gather_inputs(const RunFlags& o, PlanInputs& in, RuntimeDir& rt, st
     t.accel = std::string(vm::to_string(in.accel));
     if (o.mem_given) t.mem_mib = o.mem;
     if (o.cpus_given) t.cpus = o.cpus;
-    if (auto c = vm::check_snapshot(*m, t); !c) return snapshot_refusal(*o.snapshot, c.error());
+    if (auto c = vm::check_snapshot(*m, t); !c) return snapshot_refusal(snapshot_ref(o), c.error());
     in.snapshot = opened->meta;
     snapshot_files = std::move(*opened);
     return host::Ok{};
@@ -730,18 +730,17 @@ void remove_scratch_files(const RunPlan& plan, const Running& run) {
 
 /// --snapshot: QEMU has started paused; load the snapshot's state, plug in the shares (their
 /// virtiofsds run already) and the NIC (its backend is on QEMU's command line), then run the guest.
-/// Each QMP step bounded; the whole load by kSnapshotLoadWait.
+/// Each QMP step bounded; the whole load by kSnapshotLoadWait. Error: another QEMU or a state it
+/// cannot load, as snapshot_refusal() says them (with how to make the snapshot again); QMP's.
 constexpr std::chrono::milliseconds kSnapshotLoadWait{60000};
 host::Status restore_snapshot(const RunPlan& plan, const host::Fd& state) {
   const auto& m = *plan.snapshot;
   auto q = vm::Qmp::connect(*plan.qemu->qmp_socket, 5s);
   if (!q) return q.error();
   if (q->qemu_version() != m.qemu_version)
-    return host::Error{fmt::format("snapshot {} was made with QEMU {}; this QEMU is {} (make it again: neshost "
-                                   "snapshot rm {}; neshost snapshot create {})",
-                                   m.name, m.qemu_version, q->qemu_version(), m.name, m.name)};
-  if (auto r = vm::load_vm_state(*q, state, kSnapshotLoadWait); !r)
-    return host::Error{fmt::format("snapshot {}: {}", m.name, r.error().message)};
+    return snapshot_refusal(plan.snapshot_ref, host::Error{fmt::format("made with QEMU {}; this QEMU is {}",
+                                                                       m.qemu_version, q->qemu_version())});
+  if (auto r = vm::load_vm_state(*q, state, kSnapshotLoadWait); !r) return snapshot_refusal(plan.snapshot_ref, r.error());
   for (std::size_t i = 0; i < plan.hotplug_shares.size(); ++i)
     if (auto r = vm::hotplug_share(*q, i, i, plan.hotplug_shares[i], 5s); !r) return r;
   if (plan.hotplug_nic)
@@ -808,7 +807,7 @@ class VmmProcess {
       // restore that fails ends QEMU before the Host takes its channel (the saved `ready` is
       // never taken): the session ends without one, 125.
       if (auto r = restore_(); !r) {
-        // A directory given is named already (snapshot_refusal(): "--snapshot DIR: ...").
+        // A refusal of the snapshot itself names it (snapshot_refusal(): "--snapshot GIVEN: ...").
         const std::string& msg = r.error().message;
         say("neshost run: {}{}\n", msg.starts_with("--snapshot ") ? "" : "--snapshot: ", msg);
         qemu_->terminate(200ms);
@@ -1119,12 +1118,7 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
-    if (plan.snapshot)
-      vmm.set_restore([&plan, &run]() -> host::Status {
-        if (auto r = restore_snapshot(plan, run.snapshot_state); !r)
-          return snapshot_refusal(plan.snapshot_given, r.error());
-        return host::Ok{};
-      });
+    if (plan.snapshot) vmm.set_restore([&plan, &run] { return restore_snapshot(plan, run.snapshot_state); });
     if (run.snapshot_ram) vmm.add_fd(run.snapshot_ram.get(), kRamChildFd);
     if (run.adopted) {
       vmm.adopt(h, id, std::move(run.adopted), console);

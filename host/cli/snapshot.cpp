@@ -175,7 +175,9 @@ int create(const Args& args) {
   if (auto s = host::make_dirs_durable(dir.parent_path()); !s) return fail(s.error().message);
   sweep_stale(dir.parent_path());
   std::error_code ec;
-  if (fs::exists(dir, ec)) return fail(fmt::format("{} exists (neshost snapshot rm {} first)", dir.string(), name));
+  if (fs::exists(dir, ec))
+    return fail(fmt::format("{} exists (neshost snapshot rm{} {} first)", dir.string(),
+                            flags->state ? " --state " + flags->state->string() : "", name));
   // Built beside its final place and renamed there once whole: a snapshot is all there or absent.
   // Mode 0700 from its creation; removed on every return (a SIGKILLed create's: sweep_stale()).
   const fs::path wpath = dir.parent_path() / fmt::format(".{}.{}.tmp", name, ::getpid());

@@ -30,11 +30,6 @@ std::chrono::milliseconds left(Clock::time_point deadline) {
   return l.count() < 0 ? std::chrono::milliseconds(0) : l;
 }
 
-/// How to make snapshot `name` again (the hint every refusal ends with).
-std::string remake(std::string_view name) {
-  return fmt::format("make it again: neshost snapshot rm {0}; neshost snapshot create {0}", name);
-}
-
 std::string file_json(const SnapshotFile& f) {
   return fmt::format(R"({{"path":{},"bytes":{},"sha256":{},"mtime_ns":{}}})", host::json_string(f.path.native()),
                      f.bytes, host::json_string(f.sha256), f.mtime_ns);
@@ -151,7 +146,10 @@ std::string encode_snapshot_meta(const SnapshotMeta& m) {
 host::Result<SnapshotMeta> decode_snapshot_meta(std::string_view json) {
   simdjson::dom::parser p;
   simdjson::dom::object o;
-  if (p.parse(simdjson::padded_string(json)).get(o)) return host::Error{"snapshot.json: not a JSON object"};
+  simdjson::dom::element root;
+  if (auto e = p.parse(simdjson::padded_string(json)).get(root); e)
+    return host::Error{fmt::format("snapshot.json: not valid JSON ({}; truncated?)", simdjson::error_message(e))};
+  if (root.get(o)) return host::Error{"snapshot.json: not a JSON object"};
   auto bad = [](std::string_view field, std::string_view why) {
     return host::Error{fmt::format("snapshot.json: {}: {}", field, why)};
   };
@@ -159,7 +157,7 @@ host::Result<SnapshotMeta> decode_snapshot_meta(std::string_view json) {
   std::uint64_t u = 0;
   if (o["format"].get_uint64().get(u)) return bad("format", "missing or not a number");
   if (u != kSnapshotFormat)
-    return bad("format", fmt::format("{} (this neshost reads format {}: make the snapshot again)", u, kSnapshotFormat));
+    return bad("format", fmt::format("{} (this neshost reads format {})", u, kSnapshotFormat));
   m.format = static_cast<std::uint32_t>(u);
   auto str = [&](std::string_view key, std::string& out) -> host::Status {
     std::string_view v;
@@ -210,8 +208,7 @@ host::Result<SnapshotMeta> read_snapshot_meta(const fs::path& dir) {
   auto fd = open_own(meta);
   if (!fd) {
     if (fd.error().err == ENOENT)
-      return host::Error{fmt::format("no snapshot at {} ({} missing; `neshost snapshot ls` lists them)", dir.native(),
-                                     kSnapshotMetaFile)};
+      return host::Error{fmt::format("no snapshot at {} ({} missing)", dir.native(), kSnapshotMetaFile), ENOENT};
     return fd.error();
   }
   std::string text;
@@ -236,10 +233,10 @@ host::Result<OpenSnapshot> open_snapshot(const fs::path& dir) {
   for (auto [f, fd] : {std::pair<const SnapshotFile*, base::Fd*>{&o.meta.state, &o.state}, {&o.meta.ram, &o.ram}}) {
     auto opened = open_own(dir / f->path);
     if (!opened)
-      return host::Error{fmt::format("snapshot {}: {} ({})", o.meta.name, opened.error().message, remake(o.meta.name))};
+      return opened.error();
     *fd = std::move(*opened);
     if (auto c = same_fd(f->path.native(), fd->get(), dir / f->path, *f); !c)
-      return host::Error{fmt::format("snapshot {} is corrupt: {} ({})", o.meta.name, c.error().message, remake(o.meta.name))};
+      return host::Error{fmt::format("corrupt: {}", c.error().message)};
   }
   return o;
 }
@@ -252,13 +249,11 @@ host::Status same_file(std::string_view what, const fs::path& p, const SnapshotF
 
 host::Status check_snapshot(const SnapshotMeta& m, const RestoreTarget& t) {
   auto differs = [&](std::string_view what, std::string_view now, std::string_view then) {
-    return host::Error{fmt::format("snapshot {} was made with {} {}; this run has {} ({})", m.name, what, then, now,
-                                   remake(m.name))};
+    return host::Error{fmt::format("made with {} {}; this run has {}", what, then, now)};
   };
   auto same = [&](std::string_view what, const fs::path& p, const SnapshotFile& then) -> host::Status {
     if (auto c = same_file(what, p, then); !c)
-      return host::Error{fmt::format("snapshot {} was made with another {} ({})", m.name, c.error().message,
-                                     remake(m.name))};
+      return host::Error{fmt::format("made with another {}", c.error().message)};
     return host::Ok{};
   };
   // The initramfs first: it holds the init, whose build is what a snapshot is most often stale for.

@@ -85,8 +85,10 @@ std::string encode_snapshot_meta(const SnapshotMeta& m);
 /// Parses snapshot.json. Errors name the field ("snapshot.json: mem_mib: ...").
 host::Result<SnapshotMeta> decode_snapshot_meta(std::string_view json);
 
-/// Reads `dir`'s snapshot.json alone (no file checked). Errors: no such snapshot, not a regular
-/// file, a field missing or malformed, a format of another neshost.
+/// Reads `dir`'s snapshot.json alone (no file checked). Errors: no such snapshot ("no snapshot at
+/// DIR (snapshot.json missing)", err ENOENT), not a regular file, not valid JSON, a field missing
+/// or malformed, a format of another neshost. Messages never name the snapshot: its caller does
+/// (host/cli: snapshot_refusal()), and says how to make it again.
 host::Result<SnapshotMeta> read_snapshot_meta(const std::filesystem::path& dir);
 
 /// A snapshot opened for a restore: its metadata and its two files, each opened once (never
@@ -97,7 +99,7 @@ struct OpenSnapshot {
   base::Fd state, ram;
 };
 /// read_snapshot_meta(), then state.qemu and ram opened and checked. Errors: its, a file
-/// missing, not regular, truncated or altered ("corrupt").
+/// missing, not regular ("open PATH: ..."), truncated or altered ("corrupt: ram: PATH has ...").
 host::Result<OpenSnapshot> open_snapshot(const std::filesystem::path& dir);
 
 /// What a restore would run with: the kernel and initramfs it would boot, QEMU's version, the
@@ -110,7 +112,8 @@ struct RestoreTarget {
 };
 /// Names the first of `t` that differs from the snapshot's: the initramfs (the init build) and the
 /// kernel (same_file(): size and mtime, else SHA-256), QEMU's version, the accelerator, RAM, vCPUs.
-/// Error: "snapshot NAME was made with another ... (make it again: neshost snapshot rm NAME; ...)".
+/// Error: "made with another kernel: PATH has SHA-256 X; made with Y", "made with memory (--mem,
+/// MiB) 256; this run has 512".
 host::Status check_snapshot(const SnapshotMeta& m, const RestoreTarget& t);
 
 /// Saves a running VM: QMP `stop`, then its device state through `migrate` into the open `file`

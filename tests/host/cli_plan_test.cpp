@@ -860,14 +860,19 @@ TEST_CASE("--snapshot: the snapshot's machine, paused for its state; shares and 
   CHECK(plan(eight, full));
   Args seven_and_nic = many;
   seven_and_nic.insert(seven_and_nic.end(), {"--network", "slirp", "true"});
-  CHECK(error_of(seven_and_nic, full).find("at most 8 shares (7 with a NIC)") != std::string::npos);
+  CHECK(error_of(seven_and_nic, full) ==
+        "--snapshot: a restore plugs in at most 7 shares beside its NIC, one hot-plug port each; this run has 8 (each "
+        "-v/--volume directory, --rootfs, and all file volumes together are one each); --network none frees the NIC's port");
   CHECK(refusal(seven_and_nic, full) == kExitUsage);  // a flag combination: usage, before anything starts
   CHECK(refusal(eight, full) == 0);
   // File volumes are one share in all; a ninth directory share is one too many.
   Args files = many;
   files.insert(files.end(), {"-v", "/etc/hostname:/h", "-v", "/etc/hosts:/hs", "--network", "none", "true"});
   CHECK(refusal(files, full) == kExitUsage);
-  CHECK(error_of(files, full).find("this run has 9 (--rootfs and file volumes are one each)") != std::string::npos);
+  CHECK(error_of(files, full).starts_with("--snapshot: a restore plugs in at most 8 shares, one hot-plug port each; this "
+                                          "run has 9 ("));
+  CHECK(error_of({"--snapshot", "warm", "--sandbox", "true"}, full).starts_with(
+      "--sandbox cannot be used with --snapshot: a snapshot is a VM's"));
 }
 
 TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too") {
@@ -886,23 +891,52 @@ TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too"
   CHECK(error_of({"--snapshot", "warm", "--network", "none", "true"}, inputs()).find("not loaded") != std::string::npos);
 }
 
-TEST_CASE("--snapshot DIR: a refusal names the directory as given; a NAME's is said as is") {
-  const host::Error stale{"snapshot warm was made with another kernel (make it again: ...)"};
-  // A directory's own recipe replaces the hint: STATE/.snapshots/NAME is remade with --state STATE.
-  CHECK(snapshot_refusal("/srv/snaps/warm", stale).message ==
-        "--snapshot /srv/snaps/warm: snapshot warm was made with another kernel (make it again: neshost snapshot "
-        "create --state STATE warm, then move STATE/.snapshots/warm to /srv/snaps/warm)");
-  CHECK(snapshot_refusal("/srv/state/.snapshots/warm/", stale).message ==
-        "--snapshot /srv/state/.snapshots/warm/: snapshot warm was made with another kernel (make it again: neshost "
-        "snapshot rm --state /srv/state warm; neshost snapshot create --state /srv/state warm)");
-  CHECK(snapshot_refusal("../warm", stale).message.starts_with("--snapshot ../warm: snapshot warm was made"));
-  CHECK(snapshot_refusal("warm", stale).message == stale.message);
-  // Named already (read_snapshot_meta's "no snapshot at DIR", "DIR: snapshot.json: ..."): as is.
-  const host::Error missing{"no snapshot at /srv/snaps/warm (snapshot.json missing; ...)", 2};
-  CHECK(snapshot_refusal("/srv/snaps/warm", missing).message == missing.message);
-  CHECK(snapshot_refusal("/srv/snaps/warm", host::Error{"x", 5}).err == 5);
-  // The plan keeps the value for the restore's own refusals (QEMU's version, a state it cannot load).
-  auto p = plan({"--snapshot", "/state/.snapshots/warm", "--network", "none", "true"}, snapshot_inputs());
+TEST_CASE("--snapshot refusals: named as given, with how to make the snapshot again there") {
+  const host::Error stale{"made with another kernel: /k has SHA-256 1; made with 2"};
+  auto ref = [](std::string given, std::optional<fs::path> state = std::nullopt, Strings flags = {}) {
+    return SnapshotRef{std::move(given), std::move(state), std::move(flags)};
+  };
+  // A NAME: in the default state directory, or the --state given, with this run's flags.
+  CHECK(snapshot_refusal(ref("warm"), stale).message ==
+        "--snapshot warm: made with another kernel: /k has SHA-256 1; made with 2 (make it again: neshost snapshot "
+        "rm warm; neshost snapshot create warm)");
+  CHECK(snapshot_refusal(ref("warm", fs::path("/srv/my state"), {"--mem", "512"}), stale).message ==
+        "--snapshot warm: made with another kernel: /k has SHA-256 1; made with 2 (make it again: neshost snapshot "
+        "rm --state '/srv/my state' warm; neshost snapshot create --state '/srv/my state' --mem 512 warm)");
+  // A directory inside STATE/.snapshots: that STATE (a trailing slash, a relative path resolved).
+  CHECK(snapshot_refusal(ref("/srv/state/.snapshots/warm/"), stale).message.ends_with(
+      "(make it again: neshost snapshot rm --state /srv/state warm; neshost snapshot create --state /srv/state warm)"));
+  const std::string cwd = fs::current_path().string();
+  CHECK(snapshot_refusal(ref(".snapshots/warm", std::nullopt, {"--cpus", "2"}), stale).message.ends_with(
+      fmt::format("(make it again: neshost snapshot rm --state {0} warm; neshost snapshot create --state {0} --cpus 2 "
+                  "warm)", cwd)));
+  // Any other directory: removed, made in some state directory, moved there.
+  CHECK(snapshot_refusal(ref("/srv/snaps/warm"), stale).message ==
+        "--snapshot /srv/snaps/warm: made with another kernel: /k has SHA-256 1; made with 2 (make it again: rm -r "
+        "/srv/snaps/warm; neshost snapshot create --state S warm; mv S/.snapshots/warm /srv/snaps/warm, S being any "
+        "state directory)");
+  CHECK(snapshot_refusal(ref("/srv/.hidden/"), stale).message.ends_with(
+      "(make it again: rm -r /srv/.hidden; neshost snapshot create --state S NAME; mv S/.snapshots/NAME "
+      "/srv/.hidden, S being any state directory)"));
+  // Not there: a NAME's state directory is listed (a directory inside one too); another
+  // directory is named, nothing more.
+  const host::Error missing{"no snapshot at /s/.snapshots/warm (snapshot.json missing)", ENOENT};
+  CHECK(snapshot_refusal(ref("warm", fs::path("/s")), missing).message ==
+        "--snapshot warm: no snapshot at /s/.snapshots/warm (snapshot.json missing); `neshost snapshot ls --state /s` "
+        "lists the snapshots there");
+  CHECK(snapshot_refusal(ref("/s/.snapshots/warm"), missing).message.ends_with("`neshost snapshot ls --state /s` lists "
+                                                                               "the snapshots there"));
+  const host::Error gone{"no snapshot at /srv/snaps/warm (snapshot.json missing)", ENOENT};
+  CHECK(snapshot_refusal(ref("/srv/snaps/warm"), gone).message ==
+        "--snapshot /srv/snaps/warm: no snapshot at /srv/snaps/warm (snapshot.json missing)");
+  // Not the snapshot's fault (a share's hot-plug): named, no recipe; errno kept.
+  CHECK(snapshot_refusal(ref("warm"), host::Error{"device_add: x", 5}, false).message == "--snapshot warm: device_add: x");
+  CHECK(snapshot_refusal(ref("warm"), host::Error{"x", 5}).err == 5);
+  // The plan keeps how to name it for the restore's own refusals (QEMU's version, a state it cannot load).
+  auto p = plan({"--snapshot", "/state/.snapshots/warm", "--state", "/st", "--mem", "256", "--network", "none", "true"},
+                snapshot_inputs());
   REQUIRE(p);
-  CHECK(p->snapshot_given == "/state/.snapshots/warm");
+  CHECK(p->snapshot_ref.given == "/state/.snapshots/warm");
+  CHECK(p->snapshot_ref.state == std::optional<fs::path>("/st"));
+  CHECK(p->snapshot_ref.flags == Strings{"--mem", "256"});
 }

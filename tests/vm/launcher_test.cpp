@@ -864,7 +864,7 @@ TEST_CASE("snapshot.json: round trip, and each bad field named") {
     auto r = decode_snapshot_meta(t);
     return r ? std::string() : r.error().message;
   };
-  CHECK(bad(R"("format":2)", R"("format":1)").find("format: 1 (this neshost reads format 2: make the snapshot again)") !=
+  CHECK(bad(R"("format":2)", R"("format":1)").find("format: 1 (this neshost reads format 2)") !=
         std::string::npos);
   CHECK(bad(R"("grace_ms":2500)", R"("grace_ms":0)").find("snapshot.json: grace_ms:") != std::string::npos);
   CHECK(bad(R"("grace_ms":2500,)", "").find("snapshot.json: grace_ms:") != std::string::npos);

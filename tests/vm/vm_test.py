@@ -1825,17 +1825,24 @@ def case_snapshot_bad(c):
         check((r["exit_status"], r["reason"]) == (125, "VM exited before `ready`"), f"record {r}")
         rc, _, err = c.neshost("rm", "--state", c.state, "x")
         check(rc == 0, f"rm x: {rc} {err!r}")
-    refused("--snapshot", "none", want="no snapshot at")
-    refused("--snapshot", "base", "--mem", "512", want="memory (--mem, MiB) 256; this run has 512 (make it again: "
-            "neshost snapshot rm base; neshost snapshot create base)")
+    refused("--snapshot", "none", want=f"no snapshot at {c.state}/.snapshots/none (snapshot.json missing); "
+            f"`neshost snapshot ls --state {c.state}` lists the snapshots there")
+    refused("--snapshot", "base", "--mem", "512", want=f"--snapshot base: made with memory (--mem, MiB) 256; this run "
+            f"has 512 (make it again: neshost snapshot rm --state {c.state} base; neshost snapshot create --state "
+            f"{c.state} --mem 512 base)")
     refused("--snapshot", "base", "--cpus", "2", want="vCPUs (--cpus) 1; this run has 2")
     refused("--snapshot", "base", "--kernel", "/nonexistent", want="--kernel cannot be used with --snapshot", code=2)
     refused("--snapshot", "base", "--grace", "2", want="--grace cannot be used with --snapshot", code=2)
     refused("--snapshot", "base", "--rootfs-mode", "initramfs", want="--rootfs-mode initramfs cannot be used with "
             "--snapshot", code=2)
-    # A snapshot's directory given: its refusals name it as given, then the snapshot's NAME.
-    refused("--snapshot", d, "--mem", "512",
-            want=f"--snapshot {d}: snapshot base was made with memory (--mem, MiB) 256")
+    # A snapshot's directory given: its refusals name it as given; inside STATE/.snapshots it is
+    # made again there; any other directory is removed, made and moved there.
+    refused("--snapshot", d, "--mem", "512", want=f"--snapshot {d}: made with memory (--mem, MiB) 256")
+    moved = os.path.join(c.tmp, "moved")
+    shutil.copytree(d, moved)
+    refused("--snapshot", moved + "/", "--cpus", "2", want=f"(make it again: rm -r {moved}; neshost snapshot create "
+            f"--state S --cpus 2 moved; mv S/.snapshots/moved {moved}, S being any state directory)")
+    shutil.rmtree(moved)
     # A create that fails (its boot cut short) leaves no snapshot, no temporary dir, no process.
     rc, out, err = c.neshost("snapshot", "create", "--state", c.state, "--accel", "tcg", "--ready-timeout", "0.01", "late")
     check(rc == 125 and "not in time" in err, f"snapshot create late: {rc} {out!r} {err!r}")
@@ -1853,7 +1860,7 @@ def case_snapshot_bad(c):
             f.seek(at)
             f.write(bytes([b[0] ^ 1]))
     alter("ram", 1 << 20)
-    refused("--snapshot", "base", want="snapshot base is corrupt: ram: ")
+    refused("--snapshot", "base", want="--snapshot base: corrupt: ram: ")
     alter("ram", 1 << 20)  # back as it was: a touched, identical file is the snapshot's again
     state = os.path.join(d, "state.qemu")
     # A state QEMU cannot load, its metadata made to vouch for it: QEMU refuses it after it
@@ -1875,17 +1882,20 @@ def case_snapshot_bad(c):
     with open(meta_file, "w") as f:
         f.write(meta_text)
     alter("state.qemu", 1000)
-    refused("--snapshot", "base", want="snapshot base is corrupt: state.qemu: ")
+    refused("--snapshot", "base", want="--snapshot base: corrupt: state.qemu: ")
     os.truncate(state, 4096)
     refused("--snapshot", "base", want="has 4096 bytes; made with")
     os.unlink(state)
     refused("--snapshot", "base", want="state.qemu: No such file or directory")
     with open(os.path.join(d, "snapshot.json"), "w") as f:
         f.write('{"format":1,"name":"base"}')
-    refused("--snapshot", "base", want="snapshot.json: format: 1 (this neshost reads format 2: make the snapshot again)")
+    refused("--snapshot", "base", want="snapshot.json: format: 1 (this neshost reads format 2) (make it again: ")
     with open(os.path.join(d, "snapshot.json"), "w") as f:
         f.write('{"format":2,"name":"base"}')
     refused("--snapshot", "base", want="snapshot.json: created: missing or not a string")
+    with open(os.path.join(d, "snapshot.json"), "w") as f:
+        f.write(meta_text[:200])  # cut short
+    refused("--snapshot", "base", want="snapshot.json: not valid JSON (")
     rc, _, err = c.neshost("snapshot", "create", "--state", c.state, "../x")
     check(rc == 2 and "snapshot name" in err, f"snapshot create ../x: {rc} {err!r}")
 
