@@ -514,6 +514,12 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
     }
   }
   if (auto s = plan_shares(o, in, p); !s) return s.error();
+  // check_run() refused too many shares for the hot-plug ports by share_count(); the daemons
+  // planned here are what a restore plugs in, so a count that ever disagrees fails here, before
+  // anything starts, not at QMP's device_add.
+  if (o.snapshot && p.daemons.size() + (o.network.mode != host::NetworkMode::none) > vm::kHotplugPorts)
+    return host::Error{fmt::format("--snapshot: {} shares planned, more than the {} hot-plug ports (share_count() "
+                                   "said {})", p.daemons.size(), vm::kHotplugPorts, share_count(o))};
   // The network (netns mode: `link` filled by the caller from the namespace, else an error here).
   p.network = o.network;
   auto guest_net = host::guest_network(p.network);
