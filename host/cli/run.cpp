@@ -181,6 +181,9 @@ at once). Once the workload has ended, a signal ends the wait for the output sti
 it cuts is counted and reported, exit 125); the last writes to our stdout/stderr wait for
 their readers however slow, until a signal (then the bytes left are counted, exit 125) or, after
 --timeout, for --grace at most (counted too; the exit stays 124).
+Environment: NESHOST_APPEND (extra kernel command-line words, appended last, e.g. nesinit.log=debug);
+NESHOST_TCG_BOOT_WORDS=0 (a 1-vCPU TCG guest boots without `nolapic_timer noreplace-smp`, which
+spare it ~0.18 s: docs/vm.md "Boot time"; any other value keeps them).
 )";
 
 // ---- small helpers ----
