@@ -1268,12 +1268,13 @@ int run_main(const Args& args) {
   auto parsed = parse_run(args);
   if (!parsed) return refuse(parsed.error());
   RunFlags o = std::move(*parsed);
-  PlanInputs in = flag_inputs(o);
-  if (auto c = check_run(o, in); !c) return refuse(c.error());
+  // --help is help whatever else is given (docker's: `docker run --help -i --rm` prints help).
   if (o.help) {
     fmt::print("{}", kRunHelp);
     return 0;
   }
+  PlanInputs in = flag_inputs(o);
+  if (auto c = check_run(o, in); !c) return refuse(c.error());
   // Before anything starts (and before -d's fork, so the creator says it): the network's own
   // checks, each a 125 with nothing left behind.
   // netns mode's tap and redirects live until the VM has ended (torn down when this returns).

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -62,8 +63,14 @@ KvmProbe probe_kvm_boot(const std::string& qemu, const std::filesystem::path& ke
   (*p)->finish_output(std::chrono::milliseconds(1000));
   std::lock_guard lk(mu);
   if (console.find("Kernel panic") == std::string::npos)
+  {
+    // QEMU's last words on one line (they are said inside another line: `accel tcg (...)`).
+    std::string tail = (*p)->diagnostics_tail().substr(0, 200);
+    std::replace(tail.begin(), tail.end(), '\n', ' ');
+    while (!tail.empty() && tail.back() == ' ') tail.pop_back();
     return {false, fmt::format("the KVM probe guest {} without reaching the kernel's panic line ({})",
-                               describe(*exited), (*p)->diagnostics_tail().substr(0, 200))};
+                               describe(*exited), tail)};
+  }
   return {true, "a KVM probe guest booted to its expected panic"};
 }
 

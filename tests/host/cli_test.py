@@ -370,8 +370,12 @@ def test_run_network_refusals():
         check(r.returncode == 2 and "--name a and --vm b name two VMs" in r.stderr, "name/vm: %d %r" % (r.returncode, r.stderr))
         r = run(["run", "--help"])
         for flag in ("--network MODE", "-p, --publish", "--dns IP", "--dns-search", "--dns-option", "--add-host",
-                     "--name NAME", "--rm"):
+                     "--name NAME", "--rm", "NESHOST_TCG_BOOT_WORDS"):
             check(flag in r.stdout, "run --help lists %s" % flag)
+        # --help is help whatever other flags are given (as docker's), even ones that exclude each other.
+        r = run(["run", "--help", "--snapshot", "warm", "--kernel", "/k", "--sandbox"])
+        check(r.returncode == 0 and "usage: neshost run" in r.stdout and not r.stderr,
+              "run --help with conflicting flags: %d %r" % (r.returncode, r.stderr))
         try:
             check(os.waitpid(-1, os.WNOHANG) is None, "no child left")
         except ChildProcessError:
