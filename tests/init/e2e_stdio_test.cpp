@@ -422,6 +422,7 @@ TEST_CASE("the host dies mid-output: the init counts what it gave up in its log 
   // "stdout: U byte(s) given up, S sent": U + S is every byte head wrote.
   const std::string& log = sb.err();
   const auto at = log.find("stdout: ");
+  INFO("the init's log:\n" << log);  // a failure says what the init said instead (seen once, 1 in ~50)
   REQUIRE(at != std::string::npos);
   unsigned long long unsent = 0, sent = 0;
   REQUIRE(std::sscanf(log.c_str() + at, "stdout: %llu byte(s) given up, %llu sent", &unsent, &sent) == 2);
