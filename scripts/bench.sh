@@ -12,7 +12,10 @@
 # monitor SIGKILLed -> a replacement monitor has the lifecycle channel back, sandbox and VM) by
 # bench/p13_adopt.py, P14 (data channel resume: a host's death to output flowing again) by
 # tests/host/data_resume_e2e.py --bench.
-# Writes bench/results/latest.md and prints it.
+# Each bench's rows replace its figures' rows in bench/results/latest.md (one row per figure, with
+# the date, load and commit it was measured at), the replaced rows appended to
+# bench/results/history.md (scripts/bench-results.py), right after that bench: a run cut short
+# keeps what it measured. Prints latest.md at the end.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
 # of them, alike): chrt -f 10 build/bench/bench --p1-only [--iterations N]; NESINIT_BASE=OTHER_INIT
@@ -23,19 +26,30 @@ cd "$top"
 scripts/setup.sh build
 ninja -C build bench/bench bench/storm bench/floor_init bench/host_bench bench/stdio_bench nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
   host/shim/containerd-shim-nesinit-v2 tests/vm/vm_net_probe tests/cri/api_pb2.py
-out=bench/results/latest.md
+latest=bench/results/latest.md history=bench/results/history.md
 mkdir -p bench/results
-NESINIT_BIN=build/nesinit/nesinit NES_STORM_BIN=build/bench/storm build/bench/bench "$@" --out "$out" >/dev/null
-build/bench/host_bench 1000 >> "$out"
-NESINIT_BIN=build/nesinit/nesinit build/bench/stdio_bench 256 3 >> "$out"
-python3 bench/vm_stdio_bench.py build/host/cli/neshost build/host/vm/initrd.cpio .cache/kernel/lean/vmlinux 40 3 >> "$out"
-python3 bench/p8_shares.py build/host/cli/neshost >> "$out"
-P7_MODULES= python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/lean/vmlinux 7 >> "$out"  # the default kernel
-python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost build/host/vm/initrd.cpio >> "$out"
-python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe >> "$out"
-python3 bench/p12_start.py build/host/cli/neshost >> "$out"
-python3 bench/p13_adopt.py build/host/cli/neshost build/nesinit/nesinit 10 3 >> "$out"
-python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10 >> "$out"
-/usr/bin/python3 bench/p11_cri.py build/tests/cri 7 --nesinit build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost \
-  build/host/vm/initrd.cpio >> "$out"  # Debian's python3: python3-grpcio
-cat "$out"
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo +dirty)
+# record CMD...: runs one bench (its rows on stdout), then merges them into latest.md with the UTC
+# time it started, the 1-minute load average before and after it, and the commit.
+record() {
+  local date load rows
+  date=$(date -u '+%Y-%m-%d %H:%M')
+  load=$(cut -d' ' -f1 /proc/loadavg)
+  rows=$("$@")
+  load+=-$(cut -d' ' -f1 /proc/loadavg)
+  python3 scripts/bench-results.py "$latest" "$history" --date "$date" --load "$load" --commit "$commit" <<<"$rows"
+}
+record env NESINIT_BIN=build/nesinit/nesinit NES_STORM_BIN=build/bench/storm build/bench/bench "$@"
+record build/bench/host_bench 1000
+record env NESINIT_BIN=build/nesinit/nesinit build/bench/stdio_bench 256 3
+record python3 bench/vm_stdio_bench.py build/host/cli/neshost build/host/vm/initrd.cpio .cache/kernel/lean/vmlinux 40 3
+record python3 bench/p8_shares.py build/host/cli/neshost
+record env P7_MODULES= python3 bench/p7_boot.py build/nesinit/nesinit .cache/kernel/lean/vmlinux 7  # the default kernel
+record python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost build/host/vm/initrd.cpio
+record python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe
+record python3 bench/p12_start.py build/host/cli/neshost
+record python3 bench/p13_adopt.py build/host/cli/neshost build/nesinit/nesinit 10 3
+record python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10
+record /usr/bin/python3 bench/p11_cri.py build/tests/cri 7 --nesinit build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost \
+  build/host/vm/initrd.cpio  # Debian's python3: python3-grpcio
+cat "$latest"
