@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# README command 2: every test. Sets up what is missing (scripts/setup.sh), builds `build/`, runs
-# the whole meson test suite, then builds `build-asan/` (host library, CLI and tests under
-# ASan+UBSan) and runs the suites marked `asan` there, then the fuzz harnesses for a bounded time
-# (scripts/fuzz.sh --ci). Ends with one line "N passed, N failed" over all three.
+# README command 2: every test. Sets up whatever is missing (scripts/setup.sh without --main:
+# everything, also what README command 1 left out, and `build/` switched to -Dcontainerd=true),
+# builds `build/`, runs the whole meson test suite, then builds `build-asan/` (host library, CLI
+# and tests under ASan+UBSan) and runs the suites marked `asan` there, then the fuzz harnesses for
+# a bounded time (scripts/fuzz.sh --ci). Ends with one line "N passed, N failed" over all three.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
