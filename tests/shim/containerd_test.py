@@ -608,6 +608,7 @@ def replace_shim(d, tid, between=lambda: None, created=False):
         argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
     with open(f"/proc/{shims[0].pid}/environ", "rb") as f:
         env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    env.pop("NESINIT_SHIM_FAULT", None)  # the replacement runs without the old shim's fault point
     bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", tid)
     d.stop()
     os.kill(shims[0].pid, signal.SIGKILL)
@@ -1088,6 +1089,51 @@ def case_journal_eio(d):
         d.env.pop("NESINIT_SHIM_FAULT", None)
         d.stop()
         d.start()
+
+
+def case_journal_eio_exit(d):
+    """issue 44: an exec's end that the journal cannot take (eio:journal:exec-exit) is held, not
+    announced: the shim's log says so and no /tasks/exit is published for it. The shim is then
+    replaced (containerd stopped, the shim SIGKILLed, a new one without the fault): the journal
+    said `running`, so the replacement asks the monitor (`wait PROC`), which kept the exec's end,
+    and journals it with the exec's own status (3), not 137 or a Start failure. The task then ends
+    with 143."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    d.env["NESINIT_SHIM_FAULT"] = "eio:journal:exec-exit"
+    d.stop()
+    d.start()
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", "jx")
+    try:
+        d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, "jx", "/bin/sh", "-c", "echo > /up; exec sleep 1000")
+        until(lambda: os.path.exists(os.path.join(root, "up")), "jx running")
+        events, lines, reader = event_lines(d)
+        try:
+            d.ctr("task", "exec", "-d", "--exec-id", "ex", "jx", "/bin/sh", "-c", "exit 3")
+            held = "task jx: exec ex: its end (exit status 3) is held until the exec journal takes it"
+            until(lambda: held in open(d.log, errors="replace").read(), "the exec's end held")
+            # A fence published after the hold: the exec's /tasks/exit would have come before it.
+            d.ctr("run", "--rm", "--runtime", RUNTIME, "--rootfs", root, "jfence", "/bin/sh", "-c", "exit 0")
+            until(lambda: topic_events(lines, "/tasks/delete", "jfence"), "the fence's /tasks/delete")
+            check(not any(b" /tasks/exit " in l and b'"id":"ex"' in l for l in list(lines)),
+                  f"/tasks/exit published for an end the journal did not take: {[l for l in lines if b'ex' in l]}")
+            with open(os.path.join(bundle, "nesinit-execs.json")) as f:
+                got = [e for e in json.load(f)["execs"] if e["id"] == "ex"]
+            check(got and got[0]["state"] == "running", f"the journal before the replacement: {got}")
+        finally:
+            events.kill()
+            events.communicate()
+            reader.join(timeout=10)
+        d.env.pop("NESINIT_SHIM_FAULT", None)
+        replace_shim(d, "jx")
+        def journaled():
+            with open(os.path.join(bundle, "nesinit-execs.json")) as f:
+                e = [e for e in json.load(f)["execs"] if e["id"] == "ex"]
+            return e and e[0]["state"] == "stopped" and e[0]["exit_status"] == 3
+        until(journaled, "the replacement journals the exec's own end (3)")
+        kill_and_delete(d, "jx", 143)
+        d.ctr("container", "delete", "jx")
+    finally:
+        d.env.pop("NESINIT_SHIM_FAULT", None)
 
 
 def all_procs():
