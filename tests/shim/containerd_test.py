@@ -1050,12 +1050,14 @@ def case_journal_eio(d):
     sent (its marker absent). `eio:journal:exec-started` (the journal's `running` after the guest
     started it): Start fails naming the journal, no /tasks/exec-started is published and the
     process is ended in the guest (its `sleep` does not outlive the failure: the task's
-    `ctr task ps` lists no second sleep). The task runs on and is killed with 143."""
+    `ctr task ps` lists no second sleep). `eio:journal:exec-delete`: the exec runs to its 4, its
+    DeleteProcess fails (ctr ignores that error), so it is not forgotten: the same exec id again
+    is ALREADY_EXISTS. The task runs on and is killed with 143."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
     for applet in ("ps",):
         os.symlink("busybox", os.path.join(root, "bin", applet))
     try:
-        for point, tid in (("exec-start", "je1"), ("exec-started", "je2")):
+        for point, tid in (("exec-start", "je1"), ("exec-started", "je2"), ("exec-delete", "je3")):
             d.env["NESINIT_SHIM_FAULT"] = f"eio:journal:{point}"
             d.stop()
             d.start()
@@ -1064,10 +1066,18 @@ def case_journal_eio(d):
                 d.ctr("run", "-d", "--runtime", RUNTIME, "--rootfs", root, tid, "/bin/sh", "-c",
                       f"echo > /up-{tid}; exec sleep 1000")
                 until(lambda: os.path.exists(os.path.join(root, f"up-{tid}")), f"{tid} running")
-                rc, out, err = d.ctr("task", "exec", "--exec-id", "x", tid, "/bin/sh", "-c",
-                                     f"echo > /ran-{tid}; exec sleep 999", check_rc=False)
-                check(rc != 0 and "nesinit-execs.json" in err and "Input/output error" in err,
-                      f"eio:journal:{point}: ctr task exec: exit {rc}, {err!r}{d.tail()}")
+                if point == "exec-delete":
+                    # The exec runs and ends (4); ctr's DeleteProcess fails (ctr ignores its error),
+                    # so the exec is still there: the same id again is ALREADY_EXISTS.
+                    rc, out, err = d.ctr("task", "exec", "--exec-id", "x", tid, "/bin/sh", "-c", "exit 4", check_rc=False)
+                    check(rc == 4, f"eio:journal:exec-delete: the exec itself: exit {rc}, {err!r}")
+                    rc, out, err = d.ctr("task", "exec", "--exec-id", "x", tid, "/bin/sh", "-c", "exit 5", check_rc=False)
+                    check(rc != 0 and "already exists" in err, f"eio:journal:exec-delete: the id again: exit {rc}, {err!r}")
+                else:
+                    rc, out, err = d.ctr("task", "exec", "--exec-id", "x", tid, "/bin/sh", "-c",
+                                         f"echo > /ran-{tid}; exec sleep 999", check_rc=False)
+                    check(rc != 0 and "nesinit-execs.json" in err and "Input/output error" in err,
+                          f"eio:journal:{point}: ctr task exec: exit {rc}, {err!r}{d.tail()}")
                 with open(d.log, errors="replace") as f:
                     check(f"fault point eio:journal:{point}: EIO" in f.read(), f"eio:journal:{point} never fired")
                 if point == "exec-start":
@@ -1076,7 +1086,7 @@ def case_journal_eio(d):
                 until(lambda: "sleep 999" not in d.ctr("task", "exec", "--exec-id", "ps", tid, "ps", "-o", "args",
                                                       check_rc=False)[1] if point == "exec-started" else True,
                       f"{point}: the failed exec's process gone from the guest")
-                check(not any(b"/tasks/exec-started" in l and b'"exec_id":"x"' in l for l in list(lines)),
+                check(point == "exec-delete" or not any(b"/tasks/exec-started" in l and b'"exec_id":"x"' in l for l in list(lines)),
                       f"{point}: /tasks/exec-started published for a Start that failed")
             finally:
                 events.kill()

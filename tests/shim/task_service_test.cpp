@@ -571,3 +571,23 @@ TEST_CASE("durable writes: a CloseIO whose record cannot be written fails naming
   CHECK((*rec)->stdin_closed);
   CHECK(parse<v2::WaitResponse>(r.answer(w)).exit_status() == 5);
 }
+
+TEST_CASE("durable writes: a Create whose record cannot be written fails naming the file and errno; nothing is left") {
+  if (!shim::fault_points_built()) {
+    MESSAGE("skipped: this build has no fault points (meson option fault_points)");
+    return;
+  }
+  for (const char* point : {"eio:record:create", "eio:record:created"}) {
+    CAPTURE(point);
+    Rig r("exit 0");
+    Fault f(point);
+    auto a = r.create();
+    CHECK(a.status.code == ttrpc::Code::internal);
+    CHECK(names_eio(a, r.bundle / "nesinit-task.json"));
+    CHECK(!fs::exists(r.bundle / "nesinit-task.json"));  // the intent undone, or never written
+    auto s = r.call("State", Rig::id_req<v2::StateRequest>());
+    CHECK(s.status.code == ttrpc::Code::not_found);
+    f.clear();
+    CHECK(r.create().status.ok());  // the retry
+  }
+}
