@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
@@ -16,6 +17,29 @@ void fault_point(std::string_view name) {
   ::raise(SIGKILL);
 #else
   (void)name;
+#endif
+}
+
+int fault_errno(std::string_view name) {
+#ifdef NES_FAULT_POINTS
+  const char* want = std::getenv("NESINIT_SHIM_FAULT");
+  if (!want) return 0;
+  std::string_view w(want);
+  if (!w.starts_with("eio:") || w.substr(4) != name) return 0;
+  std::fprintf(stderr, "containerd-shim-nesinit-v2: fault point %s: EIO\n", want);
+  std::fflush(stderr);
+  return EIO;
+#else
+  (void)name;
+  return 0;
+#endif
+}
+
+bool fault_points_built() {
+#ifdef NES_FAULT_POINTS
+  return true;
+#else
+  return false;
 #endif
 }
 

@@ -1,4 +1,5 @@
-// Named fault points for the shim's qualification tests (tests/shim: the journal's gates).
+// Named fault points for the shim's qualification tests (tests/shim: the journal's gates, the
+// durable writes' failures).
 #pragma once
 
 #include <string_view>
@@ -11,5 +12,14 @@ namespace nes::shim {
 /// (e.g. "create:mounted"), the shim says so on stderr and SIGKILLs itself there, so a test puts
 /// a kill between an intent and its effect without timing it. Otherwise nothing.
 void fault_point(std::string_view name);
+
+/// Where a test may fail a durable write as a full or broken disk would: with fault points built
+/// and NESINIT_SHIM_FAULT equal to "eio:" + `name` (e.g. "eio:receipt:delete"), EIO (the write
+/// is not attempted; the shim says so on stderr); otherwise 0. Read at each call, so a unit test
+/// may set and unset the variable between calls.
+int fault_errno(std::string_view name);
+
+/// Whether this build has fault points (a test that needs them skips without).
+bool fault_points_built();
 
 }  // namespace nes::shim

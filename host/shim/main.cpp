@@ -34,6 +34,7 @@
 #include "containerd_pb.h"
 #include "host/monitor/reconcile.hpp"
 #include "host/shim/identity.hpp"
+#include "host/shim/log.hpp"
 #include "host/shim/pod.hpp"
 #include "host/shim/task_service.hpp"
 #include "host/shim/ttrpc.hpp"
@@ -53,7 +54,7 @@ struct Flags {
 };
 
 int bail(std::string_view msg) {
-  fmt::print(stderr, "containerd-shim-nesinit-v2: {}\n", msg);
+  shim::log("{}", msg);
   return 1;
 }
 
@@ -226,7 +227,7 @@ int do_serve(const Flags& f) {
   };
   shim::TaskService task(io, cfg, events);
   // A shim started again on its bundle (the one before was SIGKILLed) serves the task it finds.
-  if (auto r = task.restore()) fmt::print(stderr, "containerd-shim-nesinit-v2: task {}: {}\n", f.id, *r);
+  if (auto r = task.restore()) shim::log("task {}: {}", f.id, *r);
   task.register_on(server);
   server.serve(host::Fd(3));
   // SIGTERM/SIGINT: containerd is gone for good or an operator asks; the VM keeps running until
@@ -239,7 +240,7 @@ int do_serve(const Flags& f) {
   server.close();
   std::error_code ec;
   fs::remove(shim::socket_path(f.address, f.ns, f.id), ec);
-  if (f.debug) fmt::print(stderr, "containerd-shim-nesinit-v2: {} exits ({} events dropped)\n", f.id, events.dropped());
+  if (f.debug) shim::log("{} exits ({} events dropped, {} log lines lost)", f.id, events.dropped(), shim::log_lines_lost());
   return 0;
 }
 

@@ -34,10 +34,13 @@
 #include "host/monitor/reconcile.hpp"
 #include "protocol/codec.hpp"
 #include "host/lib/record.hpp"
+#include "host/shim/deliver.hpp"
+#include "host/shim/durable.hpp"
 #include "host/shim/exec_journal.hpp"
 #include "host/shim/fault_point.hpp"
 #include "host/shim/gated_spawn.hpp"
 #include "host/shim/identity.hpp"
+#include "host/shim/log.hpp"
 #include "host/shim/mount_points.hpp"
 #include "host/shim/oci_spec.hpp"
 #include "host/shim/pod.hpp"
@@ -271,7 +274,7 @@ void apply_recorded_exit(const TaskRecord& r, std::uint32_t& status, std::int64_
     status = static_cast<std::uint32_t>(host::reported_status(**o));
     at_ns = (*o)->finished_at.time_since_epoch().count();
     for (const auto& l : host::describe_loss(**o))
-      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {} (exit status {} instead of {})\n", r.id, l,
+      log("warning: task {}: {} (exit status {} instead of {})", r.id, l,
                  status, (*o)->exit_status);
   }
 }
@@ -443,6 +446,9 @@ struct TaskService::Impl {
     Fd in, out, err;
     std::optional<asio::steady_timer> retry;
     std::chrono::steady_clock::time_point connect_deadline;
+    // Its end not yet journaled (announce_end): the next try, and how many failed.
+    std::optional<asio::steady_timer> end_retry;
+    unsigned end_tries = 0;
   };
   static constexpr std::size_t kMaxExecs = kExecLiveMax;  // per task, as the guest's own bound (proto::kExecMax)
   /// (task id, exec id): an exec; (container id, ""): a pod's container.
@@ -478,17 +484,24 @@ struct TaskService::Impl {
     set_time(r.mutable_exited_at(), at_ns);
     return r;
   }
-  /// The receipt in `bundle`, durably, for `shim delete` after this shim is gone.
-  static void write_receipt(const fs::path& bundle, const v2::DeleteResponse& r) {
-    (void)host::write_durable(bundle, kReceiptFile,
-                              encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(), ns_of(r.exited_at())}));
+  /// The receipt in `bundle`, durably, for `shim delete` after this shim is gone (and a retry
+  /// that reaches a replacement). `point`: its fault point (durable.hpp). Errors name the file.
+  static host::Status write_receipt(std::string_view point, const fs::path& bundle, const v2::DeleteResponse& r) {
+    return write_durable_at(point, bundle, kReceiptFile,
+                            encode_receipt(Cleanup{static_cast<pid_t>(r.pid()), r.exit_status(), ns_of(r.exited_at())}));
   }
 
   /// Writes the exec journal (host/shim/exec_journal.hpp) from what the shim knows now: every
   /// process in `procs` (the task's execs; a pod's containers and their execs) and the newest
   /// kExecReceiptsKept receipts of deleted ones. A spec is kept only until its process started.
-  /// Errors: write_durable's.
-  host::Status persist_execs() {
+  /// `point`: the write's fault point (durable.hpp: "journal:exec-add", ...). Errors:
+  /// write_durable's, naming the file and the errno.
+  host::Status persist_execs(std::string_view point) {
+    // A pod's sandbox deleted before its containers: its bundle, the journal's home, is
+    // containerd's to remove once that Delete answered (no replacement shim can restore the pod
+    // from it); each remaining container's receipt is written in its own bundle before its
+    // Delete answers (delete_container), which is what `shim delete` and a retry read.
+    if (task.phase == Phase::deleted) return host::Ok{};
     std::vector<ExecEntry> out;
     for (const auto& [k, x] : procs) {
       const bool unstarted = x->phase == Phase::created;
@@ -548,13 +561,13 @@ struct TaskService::Impl {
     if (out.size() > kExecJournalEntriesMax || text.size() > kExecJournalMax)
       return Error{fmt::format("{}: {} processes, {} bytes: over its bounds ({} entries, {} bytes)", kExecJournalFile,
                                out.size(), text.size(), kExecJournalEntriesMax, kExecJournalMax)};
-    return host::write_durable(cfg.bundle, kExecJournalFile, text);
+    return write_durable_at(point, cfg.bundle, kExecJournalFile, text);
   }
   /// persist_execs(), its failure a warning in the shim's log (what a later replacement would
   /// not know).
-  void note_execs() {
-    if (auto w = persist_execs(); !w)
-      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec journal: {}\n", cfg.id, w.error().message);
+  void note_execs(std::string_view point) {
+    if (auto w = persist_execs(point); !w)
+      log("warning: task {}: exec journal: {}", cfg.id, w.error().message);
   }
 
   ExecProc* find_proc(const Key& k) {
@@ -628,7 +641,7 @@ struct TaskService::Impl {
     const Key k = key(*x);
     procs.emplace(k, std::move(x));
     // Journaled before it is answered: a replacement shim can start what containerd was told exists.
-    if (auto w = persist_execs(); !w) {
+    if (auto w = persist_execs("journal:exec-add"); !w) {
       procs.erase(k);
       return fail(ttrpc::Code::internal, fmt::format("exec {}: journal: {}", req->exec_id(), w.error().message));
     }
@@ -675,7 +688,7 @@ struct TaskService::Impl {
     // Intent before effect: the journal says it is starting before the request can reach the
     // monitor (a replacement then knows the answer was lost, docs/containerd.md).
     {
-      if (auto w = persist_execs(); !w) {
+      if (auto w = persist_execs("journal:exec-start"); !w) {
         x->in.reset();
         x->out.reset();
         x->err.reset();
@@ -737,7 +750,20 @@ struct TaskService::Impl {
         x->pid = pid;
         x->proc = started->proc;
         x->phase = Phase::running;
-        note_execs();  // the result, before containerd hears it
+        // The result, durable before containerd hears it. Not durable: the process is ended in
+        // the guest (SIGKILL: nothing runs that no journal names) and Start fails naming the
+        // journal; nothing is published. The journal still says `starting`, which a replacement
+        // reports as a failed Start (125), as containerd was told.
+        if (auto w = persist_execs("journal:exec-started"); !w) {
+          (void)cli::control_call(host::control_path(rec.state_dir, rec.vm), cli::control::Kill{SIGKILL, x->proc}, 2s);
+          x->phase = Phase::created;
+          x->pid = 0;
+          auto rs = std::exchange(x->start_respond, std::nullopt);
+          const std::string what = x->exec ? "exec " + x->id : fmt::format("container '{}'", x->id);
+          exec_ended(*x, 125, "its start was not journaled: " + w.error().message);
+          if (rs) (*rs)(fail(ttrpc::Code::internal, fmt::format("{}: journal: {}", what, w.error().message)));
+          return;
+        }
         if (x->exec) {
           ev::TaskExecStarted e;
           e.set_container_id(x->task);
@@ -770,18 +796,53 @@ struct TaskService::Impl {
 
   /// Exec `x` is over with `status` (`why`: what went wrong, if anything). If it never started,
   /// its Start fails with `why` instead (containerd reports that to the client), as runc's
-  /// shim fails Start for an exec whose program cannot run.
-  void exec_ended(ExecProc& x, std::uint32_t status, std::string why) {
+  /// shim fails Start for an exec whose program cannot run. Told once its end is journaled
+  /// (announce_end; `hold` false: at once, see there).
+  void exec_ended(ExecProc& x, std::uint32_t status, std::string why, bool hold = true) {
     boost::system::error_code ig;
     x.sock.close(ig);
     const bool started = x.phase == Phase::running;
     // What went wrong after it ran (e.g. its output lost on the way to its FIFOs: 125) goes to
     // the shim's log, naming the task and the exec.
     if (started && !why.empty())
-      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}{}: {} (exit status {})\n", x.task,
+      log("warning: task {}{}: {} (exit status {})", x.task,
                  x.exec ? " exec " + x.id : std::string(), why, status);
     x.stop(status, now_ns());
-    note_execs();  // its end, before anyone is told
+    announce_end(key(x), started, std::move(why), hold);
+  }
+
+  /// Tells exec `k`'s end (exec_ended: its Start's failure answered, its /tasks/exit published,
+  /// its waiters answered) once the journal holds it. A journal write that fails holds all of
+  /// that back: the exec stays as it was before its end (State RUNNING, Wait waiting, Delete
+  /// refused) and the write is tried again every second, said in the log at the first failure
+  /// and when it succeeds. A replacement shim meanwhile finds it running in the journal and gets
+  /// its end from the monitor (`wait PROC`: the last 64 ended processes' status). `hold` false (it
+  /// ends with its container's Delete, which is durable by the container's receipt): told at
+  /// once, the failure a warning.
+  void announce_end(const Key& k, bool started, std::string why, bool hold) {
+    ExecProc* xp = find_proc(k);
+    if (!xp) return;
+    ExecProc& x = *xp;
+    const std::uint32_t status = x.exit_status;
+    if (auto w = persist_execs("journal:exec-exit"); !w) {
+      if (hold) {
+        if (x.end_tries++ == 0)
+          log("warning: task {}: {}: its end (exit status {}) is held until the exec journal takes it: {}", x.task,
+              name(x), status, w.error().message);
+        x.phase = started ? Phase::running : Phase::created;  // as before its end, until it is durable
+        x.end_retry.emplace(io, 1s);
+        x.end_retry->async_wait([this, k, started, why](boost::system::error_code e) {
+          ExecProc* x = find_proc(k);
+          if (e || !x) return;
+          x->phase = Phase::stopped;
+          announce_end(k, started, why, true);
+        });
+        return;
+      }
+      log("warning: task {}: {}: its end is told, not journaled: {}", x.task, name(x), w.error().message);
+    }
+    if (x.end_tries) log("task {}: {}: its end journaled after {} failed writes", x.task, name(x), x.end_tries);
+    x.end_tries = 0;
     if (auto rs = std::exchange(x.start_respond, std::nullopt)) {
       (*rs)(fail(ttrpc::Code::failed_precondition,
                  fmt::format("{}: {}{}", x.exec ? "exec " + x.id : fmt::format("container '{}'", x.id),
@@ -826,7 +887,10 @@ struct TaskService::Impl {
     return empty();
   }
 
-  host::Status persist() { return host::write_durable(cfg.bundle, kTaskFile, encode_task_record(rec)); }
+  /// The task's record, durably (`point`: its fault point, durable.hpp). Errors name the file.
+  host::Status persist(std::string_view point) {
+    return write_durable_at(point, cfg.bundle, kTaskFile, encode_task_record(rec));
+  }
 
   ttrpc::Reply create(const std::string& p) {
     auto req = parse<v2::CreateTaskRequest>(p);
@@ -864,7 +928,7 @@ struct TaskService::Impl {
     // A new incarnation: a VM id of its own (identity.hpp), said in the shim's log.
     const std::string incarnation = new_incarnation();
     rec.vm = incarnation_vm_id(cfg.ns, cfg.id, incarnation);
-    fmt::print(stderr, "containerd-shim-nesinit-v2: task {}: incarnation {} (VM {})\n", cfg.id, incarnation, rec.vm);
+    log("task {}: incarnation {} (VM {})", cfg.id, incarnation, rec.vm);
     rec.state_dir = bundle / "nesinit-state";
     if (req->rootfs_size() > 1)
       return fail(ttrpc::Code::invalid_argument, fmt::format("rootfs: {} mounts; one is supported", req->rootfs_size()));
@@ -877,7 +941,7 @@ struct TaskService::Impl {
     rec.stderr_path = req->stderr();
     rec.terminal = req->terminal();
     if (pod) rec.pod_share = bundle / kPodShareDir;
-    if (auto w = persist(); !w) return fail(ttrpc::Code::internal, w.error().message);
+    if (auto w = persist("record:create"); !w) return fail(ttrpc::Code::internal, w.error().message);
     if (req->rootfs_size() == 1) {
       std::error_code ec;
       fs::create_directories(bundle / "rootfs", ec);
@@ -919,7 +983,7 @@ struct TaskService::Impl {
     }
     // Done: what a replaced shim restores as CREATED (restore()).
     rec.created = true;
-    if (auto w = persist(); !w) {
+    if (auto w = persist("record:created"); !w) {
       remove_task(bundle, rec);
       return fail(ttrpc::Code::internal, w.error().message);
     }
@@ -1002,7 +1066,7 @@ struct TaskService::Impl {
     std::error_code rc;
     fs::remove(bundle / kReceiptFile, rc);  // an earlier incarnation's answer is not this one's
     // Intent before effect: the record first, so `shim delete` finds whatever gets mounted.
-    if (auto w = host::write_durable(bundle, kTaskFile, encode_task_record(x->rec)); !w)
+    if (auto w = write_durable_at("record:container-create", bundle, kTaskFile, encode_task_record(x->rec)); !w)
       return refuse(ttrpc::Code::internal, "bundle", w.error().message);
     // The mount point in the shim's own directory; the mount on the view (what propagates).
     std::error_code ec;
@@ -1037,7 +1101,7 @@ struct TaskService::Impl {
     const TaskRecord made = x->rec;
     procs.emplace(k, std::move(x));
     // The pod's journal before the answer: a replaced shim serves this container too.
-    if (auto w = persist_execs(); !w) {
+    if (auto w = persist_execs("journal:container-create"); !w) {
       procs.erase(k);
       remove_task(bundle, made);
       return refuse(ttrpc::Code::internal, "journal", w.error().message);
@@ -1048,14 +1112,18 @@ struct TaskService::Impl {
     return ok(r);
   }
 
-  /// Delete of a pod's container that is not running: its execs go with it, its rootfs is
-  /// unmounted from the pod's share, its record removed; /tasks/delete published.
-  v2::DeleteResponse delete_container(ExecProc& c) {
+  /// Delete of a pod's container that is not running: its receipt written in its bundle first
+  /// (its failure fails the Delete, nothing removed or told: the error names the file), then its
+  /// execs go with it, its rootfs is unmounted from the pod's share, its record removed;
+  /// /tasks/delete published.
+  host::Result<v2::DeleteResponse> delete_container(ExecProc& c) {
     v2::DeleteResponse r = c.delete_response();
+    if (auto w = write_receipt("receipt:container-delete", c.bundle, r); !w)
+      return Error{fmt::format("container '{}': delete: receipt: {}", c.id, w.error().message)};
     for (auto it = procs.begin(); it != procs.end();) {
       if (it->first.first == c.id && it->second->exec) {
         // Gone with its container (its pid namespace ended): its exit told, its Start answered.
-        if (it->second->phase != Phase::stopped) exec_ended(*it->second, 137, "its container was deleted");
+        if (it->second->phase != Phase::stopped) exec_ended(*it->second, 137, "its container was deleted", false);
         it = procs.erase(it);
       } else {
         ++it;
@@ -1063,7 +1131,6 @@ struct TaskService::Impl {
     }
     boost::system::error_code ig;
     c.sock.close(ig);
-    write_receipt(c.bundle, r);
     remove_task(c.bundle, c.rec);
     ev::TaskDelete e;
     e.set_container_id(c.id);
@@ -1072,7 +1139,9 @@ struct TaskService::Impl {
     *e.mutable_exited_at() = r.exited_at();
     events.publish("/tasks/delete", e);
     procs.erase(key(c));
-    note_execs();  // its receipt, its execs gone
+    // Its receipt, its execs gone. A failure leaves the journal naming it stopped; a replacement
+    // then finds its record gone and its receipt in its bundle, and answers with that receipt.
+    note_execs("journal:container-delete");
     return r;
   }
 
@@ -1098,7 +1167,7 @@ struct TaskService::Impl {
     // Without its start time the record's pid is no identity `shim delete` could act on.
     auto w = watch_fd < 0  ? host::Status{Error{fmt::format("pidfd_open: {}", std::strerror(errno))}}
              : !pid_start ? host::Status{Error{fmt::format("/proc/{}/stat: no start time", pid)}}
-                          : persist();
+                          : persist("record:start");
     if (w) {
       fault_point("start:recorded");
       w = release(*spawned, cfg.neshost.string());
@@ -1114,7 +1183,7 @@ struct TaskService::Impl {
       while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {}
       rec.pid = 0;
       rec.pid_start = 0;
-      (void)persist();
+      (void)persist("record:start-undone");
       pidfd.reset();
       return fail(ttrpc::Code::internal, w.error().message);
     }
@@ -1235,13 +1304,13 @@ struct TaskService::Impl {
     auto text = base::read_small_file((cfg.bundle / kExecJournalFile).c_str(), kExecJournalMax);
     if (!text) {
       if (text.error().err != ENOENT)
-        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {}: execs not restored\n", cfg.id,
+        log("warning: task {}: {}: execs not restored", cfg.id,
                    text.error().message);
       return {};
     }
     auto j = parse_exec_journal(*text);
     if (!j) {
-      fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {}: execs not restored\n", cfg.id, j.error().message);
+      log("warning: task {}: {}: execs not restored", cfg.id, j.error().message);
       return {};
     }
     // Every exec and receipt first, the journal written once, then the waits: an exec that
@@ -1265,7 +1334,7 @@ struct TaskService::Impl {
       out += fmt::format("{}{} {}", out.empty() ? "" : ", ", what, to_string(e.state));
       const Key k{task_id, e.container ? std::string() : e.id};
       if (procs.count(k) || receipts.count(k)) {  // a journal that names one process twice
-        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: {} named twice in the exec journal\n", cfg.id, what);
+        log("warning: task {}: {} named twice in the exec journal", cfg.id, what);
         continue;
       }
       if (e.state == ExecState::deleted) {
@@ -1273,7 +1342,7 @@ struct TaskService::Impl {
         continue;
       }
       if (!e.container && task_id != cfg.id && !find_proc({task_id, {}})) {
-        fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec {}: its container {} is not restored\n",
+        log("warning: task {}: exec {}: its container {} is not restored",
                    cfg.id, e.id, task_id);
         continue;
       }
@@ -1294,7 +1363,7 @@ struct TaskService::Impl {
             }
         }
         if (!crec || !*crec || !(*crec)->container || !sp) {
-          fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: container {}: its bundle {}: {}\n", cfg.id,
+          log("warning: task {}: container {}: its bundle {}: {}", cfg.id,
                      e.id, e.bundle, !crec ? crec.error().message : !*crec || !(*crec)->container ? "no container record"
                                                                                                  : sp.error().message);
           continue;
@@ -1307,7 +1376,7 @@ struct TaskService::Impl {
       } else if (e.state == ExecState::added) {
         auto sp = parse_oci_process(e.spec);
         if (!sp) {  // nothing ran: as if never added
-          fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: exec {}: spec: {}\n", cfg.id, e.id,
+          log("warning: task {}: exec {}: spec: {}", cfg.id, e.id,
                      sp.error().message);
           continue;
         }
@@ -1327,10 +1396,9 @@ struct TaskService::Impl {
       switch (e.state) {
         case ExecState::added: break;
         case ExecState::starting:
-          fmt::print(stderr,
-                     "containerd-shim-nesinit-v2: warning: task {}: {}: the shim before this one died while "
-                     "starting it (its Start failed); stopped with 125\n",
-                     cfg.id, what);
+          log("warning: task {}: {}: the shim before this one died while starting it (its Start failed); "
+              "stopped with 125",
+              cfg.id, what);
           xp->stop(125, now_ns());
           break;
         case ExecState::stopped: xp->stop(e.exit_status, e.exited_at_ns); break;
@@ -1342,7 +1410,7 @@ struct TaskService::Impl {
         case ExecState::deleted: break;
       }
     }
-    note_execs();  // as taken over (a `starting` one now stopped, with its time)
+    note_execs("journal:restore");  // as taken over (a `starting` one now stopped, with its time)
     for (const auto& [k, proc] : to_wait) {
       ExecProc* xp = find_proc(k);
       auto cs = cli::ControlSession::open(host::control_path(rec.state_dir, rec.vm), cli::control::Wait{proc}, {});
@@ -1410,7 +1478,7 @@ struct TaskService::Impl {
     Fd p{static_cast<int>(::syscall(SYS_pidfd_open, id.pid, 0))};
     if (!p || !host::is_alive(id)) return false;
     adopted = id;
-    fmt::print(stderr, "containerd-shim-nesinit-v2: task {}: {}\n", cfg.id,
+    log("task {}: {}", cfg.id,
                said.empty() ? fmt::format("served by monitor pid {}", id.pid) : said);
     watch_exit(p.release());
     return true;
@@ -1469,8 +1537,28 @@ struct TaskService::Impl {
       if (!restored || same_process_alive(rec.pid, rec.pid_start)) ::kill(rec.pid, SIGTERM);
       return empty();
     }
+    // Another signal waits for the guest (kill_async), as Pause does.
+    if (not_ready_yet(reply.error())) return fail(ttrpc::Code::unavailable, kNotReadyYet);
     return fail(ttrpc::Code::unavailable,
                 fmt::format("kill {}: {}", req->signal(), reply.error().message));
+  }
+  /// kill()'s answer for a signal the guest cannot take yet (it boots): kill_async delivers it.
+  static constexpr const char* kNotReadyYet = "kill: the guest is not ready yet";
+
+  /// Kill: kill(); a signal (other than SIGKILL and SIGTERM, which end a booting VM at once) to
+  /// the task of a VM that still boots is delivered once its guest runs, waiting at most
+  /// kControlWait (deliver_when_ready), and answered then.
+  void kill_async(ttrpc::Call&& c, ttrpc::Respond respond) {
+    ttrpc::Reply r = kill(c.payload);
+    if (r.status.code != ttrpc::Code::unavailable || r.status.message != kNotReadyYet) return respond(std::move(r));
+    auto req = parse<v2::KillRequest>(c.payload);
+    const std::uint32_t sig = req->signal();
+    deliver_when_ready(io, host::control_path(rec.state_dir, rec.vm), cli::control::Kill{static_cast<int>(sig), std::nullopt},
+                       kControlWait, [this] { return task.phase == Phase::running && monitor_alive(); },
+                       [sig, respond = std::move(respond)](host::Status st) {
+                         if (st) return respond(empty());
+                         respond(fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", sig, st.error().message)));
+                       });
   }
 
   ttrpc::Reply state(const std::string& p) {
@@ -1506,36 +1594,41 @@ struct TaskService::Impl {
 
   /// Pause / Resume (`resume`): the task's VM's vCPUs, through its monitor (QMP stop/cont). A pod's
   /// container shares the pod's VM: only the sandbox task pauses it. Publishes /tasks/paused or
-  /// /tasks/resumed, as runc's shim.
-  ttrpc::Reply pause_resume(const std::string& id, bool resume) {
+  /// /tasks/resumed, as runc's shim. One that comes while the VM boots (containerd reports the task
+  /// RUNNING once Start answered) waits for its guest, at most kControlWait (deliver.hpp).
+  void pause_resume(const std::string& id, bool resume, ttrpc::Respond respond) {
     const char* what = resume ? "resume" : "pause";
     ExecProc* x = nullptr;
-    if (auto c = check_exec(id, "", &x); !c.status.ok()) return c;
+    if (auto c = check_exec(id, "", &x); !c.status.ok()) return respond(std::move(c));
     if (x)
-      return fail(ttrpc::Code::failed_precondition,
-                  fmt::format("{}: container {} runs in its pod's VM: {} the pod's sandbox task (every container "
-                              "of the pod with it)", what, id, what));
+      return respond(fail(ttrpc::Code::failed_precondition,
+                          fmt::format("{}: container {} runs in its pod's VM: {} the pod's sandbox task (every "
+                                      "container of the pod with it)", what, id, what)));
     if (task.phase != Phase::running || !monitor_alive())
-      return fail(ttrpc::Code::failed_precondition, fmt::format("{}: task {} is not running", what, id));
+      return respond(fail(ttrpc::Code::failed_precondition, fmt::format("{}: task {} is not running", what, id)));
     if (vm_paused() != resume)
-      return fail(ttrpc::Code::failed_precondition,
-                  fmt::format("{}: task {} is {}paused", what, id, resume ? "not " : "already "));
-    host::Status r = cli::control_call(host::control_path(rec.state_dir, rec.vm),
-                                       resume ? cli::control::Request{cli::control::Resume{}}
-                                              : cli::control::Request{cli::control::Pause{}},
-                                       5s);
-    if (!r) return fail(ttrpc::Code::unknown, fmt::format("{} {}: {}", what, id, r.error().message));
-    if (resume) {
-      containerd::events::TaskResumed e;
-      e.set_container_id(id);
-      events.publish("/tasks/resumed", e);
-    } else {
-      containerd::events::TaskPaused e;
-      e.set_container_id(id);
-      events.publish("/tasks/paused", e);
-    }
-    return empty();
+      return respond(fail(ttrpc::Code::failed_precondition,
+                          fmt::format("{}: task {} is {}paused", what, id, resume ? "not " : "already ")));
+    deliver_when_ready(io, host::control_path(rec.state_dir, rec.vm),
+                       resume ? cli::control::Request{cli::control::Resume{}} : cli::control::Request{cli::control::Pause{}},
+                       kControlWait, [this] { return task.phase == Phase::running; },
+                       [this, id, resume, what, respond = std::move(respond)](host::Status r) {
+                         if (!r) return respond(fail(ttrpc::Code::unknown, fmt::format("{} {}: {}", what, id, r.error().message)));
+                         if (resume) {
+                           containerd::events::TaskResumed e;
+                           e.set_container_id(id);
+                           events.publish("/tasks/resumed", e);
+                         } else {
+                           containerd::events::TaskPaused e;
+                           e.set_container_id(id);
+                           events.publish("/tasks/paused", e);
+                         }
+                         respond(empty());
+                       });
   }
+  /// How long a control (Pause, Resume, Kill with a signal other than SIGKILL and SIGTERM) that
+  /// comes while the VM boots waits for its guest: an exec's Start waits as long for the monitor.
+  static constexpr std::chrono::milliseconds kControlWait{30000};
   /// Update: a microVM's memory and vCPUs are fixed when it boots and the guest applies no cgroup
   /// limits of its own, so nothing can be changed live: an Update that asks for anything answers
   /// FAILED_PRECONDITION naming each resource it asked for (the LinuxResources JSON containerd
@@ -1579,15 +1672,15 @@ struct TaskService::Impl {
                             list, req->id()));
   }
 
-  ttrpc::Reply pause(const std::string& p) {
-    auto req = parse<v2::PauseRequest>(p);
-    if (!req) return fail(ttrpc::Code::invalid_argument, "PauseRequest: malformed");
-    return pause_resume(req->id(), false);
+  void pause(ttrpc::Call&& c, ttrpc::Respond respond) {
+    auto req = parse<v2::PauseRequest>(c.payload);
+    if (!req) return respond(fail(ttrpc::Code::invalid_argument, "PauseRequest: malformed"));
+    pause_resume(req->id(), false, std::move(respond));
   }
-  ttrpc::Reply resume(const std::string& p) {
-    auto req = parse<v2::ResumeRequest>(p);
-    if (!req) return fail(ttrpc::Code::invalid_argument, "ResumeRequest: malformed");
-    return pause_resume(req->id(), true);
+  void resume(ttrpc::Call&& c, ttrpc::Respond respond) {
+    auto req = parse<v2::ResumeRequest>(c.payload);
+    if (!req) return respond(fail(ttrpc::Code::invalid_argument, "ResumeRequest: malformed"));
+    pause_resume(req->id(), true, std::move(respond));
   }
 
   ttrpc::Reply del(const std::string& p) {
@@ -1603,17 +1696,32 @@ struct TaskService::Impl {
       return fail(ttrpc::Code::failed_precondition, fmt::format("{}: still running", x ? name(*x) : "task " + pr.id));
     if (x && x->start_respond) return fail(ttrpc::Code::failed_precondition, fmt::format("{}: starting", name(*x)));
     v2::DeleteResponse r = pr.delete_response();
-    if (x) keep_receipt(key(*x), r);
-    if (x && !x->exec) return ok(delete_container(*x));
+    if (x && !x->exec) {
+      auto d = delete_container(*x);
+      if (!d) return fail(ttrpc::Code::internal, d.error().message);
+      keep_receipt({req->id(), {}}, *d);
+      return ok(*d);
+    }
     if (x) {
+      // The receipt journaled before the answer; not durable: the exec stays as it was (stopped,
+      // not deleted) and the Delete fails naming the journal.
+      const Key k = key(*x);
+      auto held = std::move(procs.at(k));
+      procs.erase(k);
+      keep_receipt(k, r);
+      if (auto w = persist_execs("journal:exec-delete"); !w) {
+        forget_receipt(k);
+        procs.emplace(k, std::move(held));
+        return fail(ttrpc::Code::internal, fmt::format("exec {}: delete: journal: {}", k.second, w.error().message));
+      }
       boost::system::error_code ig;
-      x->sock.close(ig);
-      procs.erase(key(*x));
-      note_execs();  // the receipt, before the answer
+      held->sock.close(ig);
       return ok(r);
     }
     // The receipt first: whatever asks after this (a retry, `shim delete`) gets the same answer.
-    write_receipt(cfg.bundle, r);
+    // Not durable: nothing is removed or told, the task stays stopped, the Delete fails.
+    if (auto w = write_receipt("receipt:delete", cfg.bundle, r); !w)
+      return fail(ttrpc::Code::internal, fmt::format("task {}: delete: receipt: {}", cfg.id, w.error().message));
     fault_point("delete:receipt");
     remove_task(cfg.bundle, rec);
     task.phase = Phase::deleted;
@@ -1765,13 +1873,13 @@ struct TaskService::Impl {
       auto reply = cli::control_request(path, *pending_resize, 2s);
       if (reply) {  // "ok", or neshost's final word on it
         if (!std::holds_alternative<cli::control::Ok>(*reply))
-          fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {}\n", cfg.id, cli::control::encode(*reply));
+          log("{}: {}", cfg.id, cli::control::encode(*reply));
         pending_resize.reset();
         return;
       }
     }
     if (std::chrono::steady_clock::now() > resize_deadline) {
-      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: {} not delivered in 30 s\n", cfg.id,
+      log("{}: {} not delivered in 30 s", cfg.id,
                  cli::control::encode(cli::control::Request{*pending_resize}));
       pending_resize.reset();
       return;
@@ -1788,14 +1896,27 @@ struct TaskService::Impl {
     ExecProc* x = nullptr;
     auto c = check_exec(req->id(), req->exec_id(), &x);
     if (c.status.ok() && req->stdin()) {
-      process(x).stdin_hold.reset();
-      if (x && !std::exchange(x->stdin_closed, true)) note_execs();  // a replacement holds none again
+      // Recorded first (an exec's in the journal, the task's in its record: a replacement then
+      // holds no writer again and tells the monitor again); not durable: nothing is closed and
+      // CloseIO fails naming the file, so a retry does it all.
+      if (x && !x->stdin_closed) {
+        x->stdin_closed = true;
+        if (auto w = persist_execs("journal:close-io"); !w) {
+          x->stdin_closed = false;
+          return fail(ttrpc::Code::internal, fmt::format("{}: CloseIO: journal: {}", name(*x), w.error().message));
+        }
+      }
       // The task's monitor holds a writer too (--stdin-hold): told to let go.
-      if (!x && !task.stdin_path.empty() && task.phase == Phase::running && !close_stdin_deadline) {
-        // Recorded first: a shim replaced before the monitor heard it tells it again (restore()).
+      const bool tell_monitor = !x && !task.stdin_path.empty() && task.phase == Phase::running && !close_stdin_deadline;
+      if (tell_monitor && !rec.stdin_closed) {
         rec.stdin_closed = true;
-        if (auto w = persist(); !w)
-          fmt::print(stderr, "containerd-shim-nesinit-v2: warning: task {}: CloseIO not recorded: {}\n", cfg.id, w.error().message);
+        if (auto w = persist("record:close-io"); !w) {
+          rec.stdin_closed = false;
+          return fail(ttrpc::Code::internal, fmt::format("task {}: CloseIO: record: {}", cfg.id, w.error().message));
+        }
+      }
+      process(x).stdin_hold.reset();
+      if (tell_monitor) {
         close_stdin_deadline = std::chrono::steady_clock::now() + 60s;
         deliver_close_stdin();
       }
@@ -1816,12 +1937,12 @@ struct TaskService::Impl {
       auto reply = cli::control_request(path, cli::control::CloseStdin{}, 2s);
       if (reply) {
         if (!std::holds_alternative<cli::control::Ok>(*reply))
-          fmt::print(stderr, "containerd-shim-nesinit-v2: {}: close-stdin: {}\n", cfg.id, cli::control::encode(*reply));
+          log("{}: close-stdin: {}", cfg.id, cli::control::encode(*reply));
         return;
       }
     }
     if (std::chrono::steady_clock::now() > *close_stdin_deadline) {
-      fmt::print(stderr, "containerd-shim-nesinit-v2: {}: close-stdin not delivered in 60 s\n", cfg.id);
+      log("{}: close-stdin not delivered in 60 s", cfg.id);
       return;
     }
     close_stdin_timer.expires_after(20ms);
@@ -1868,7 +1989,7 @@ void TaskService::register_on(ttrpc::Server& server) {
   server.add(std::string(kService), "Start", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->start_any(std::move(c), std::move(r)); });
   sync("Exec", &Impl::exec_add);
   sync("State", &Impl::state);
-  sync("Kill", &Impl::kill);
+  server.add(std::string(kService), "Kill", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->kill_async(std::move(c), std::move(r)); });
   sync("Delete", &Impl::del);
   server.add(std::string(kService), "Pids", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->pids(std::move(c), std::move(r)); });
   server.add(std::string(kService), "Stats", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->stats(std::move(c), std::move(r)); });
@@ -1876,8 +1997,8 @@ void TaskService::register_on(ttrpc::Server& server) {
   sync("ResizePty", &Impl::resize);
   sync("CloseIO", &Impl::close_io);
   sync("Shutdown", &Impl::shutdown);
-  sync("Pause", &Impl::pause);
-  sync("Resume", &Impl::resume);
+  server.add(std::string(kService), "Pause", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->pause(std::move(c), std::move(r)); });
+  server.add(std::string(kService), "Resume", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->resume(std::move(c), std::move(r)); });
   sync("Update", &Impl::update);
   server.add(std::string(kService), "Wait", [im](ttrpc::Call&& c, ttrpc::Respond r) { im->wait(std::move(c), std::move(r)); });
   // Known, and answered clearly: containerd maps UNIMPLEMENTED to ErrNotImplemented.

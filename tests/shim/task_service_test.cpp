@@ -19,6 +19,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "containerd_pb.h"
+#include "host/shim/fault_point.hpp"
 #include "host/shim/task_service.hpp"
 #include "host/shim/ttrpc.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -488,4 +489,105 @@ TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec, Pause and Stats need a 
     return s;
   }());
   CHECK(bad.status.code == ttrpc::Code::invalid_argument);
+}
+
+namespace {
+/// NESINIT_SHIM_FAULT set for as long as it lives (fault_point.hpp: read at each write).
+struct Fault {
+  explicit Fault(const char* point) { ::setenv("NESINIT_SHIM_FAULT", point, 1); }
+  ~Fault() { clear(); }
+  void clear() { ::unsetenv("NESINIT_SHIM_FAULT"); }
+};
+bool names_eio(const ttrpc::Reply& a, const fs::path& file) {
+  return a.status.message.find(file.string()) != std::string::npos &&
+         a.status.message.find("Input/output error") != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE("durable writes: a Delete whose receipt cannot be written fails naming the file and errno; nothing is removed or told; the retry answers") {
+  if (!shim::fault_points_built()) {
+    MESSAGE("skipped: this build has no fault points (meson option fault_points)");
+    return;
+  }
+  Rig r("exit 7");
+  REQUIRE(r.create().status.ok());
+  auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+  REQUIRE(r.call("Start", Rig::id_req<v2::StartRequest>()).status.ok());
+  auto wr = parse<v2::WaitResponse>(r.answer(w));
+  REQUIRE(wr.exit_status() == 7);
+  Fault f("eio:receipt:delete");
+  auto d = r.call("Delete", Rig::id_req<v2::DeleteRequest>());
+  CHECK(d.status.code == ttrpc::Code::internal);
+  CHECK(names_eio(d, r.bundle / "nesinit-deleted.json"));
+  CHECK(d.status.message.starts_with("task t1: delete: receipt: "));
+  CHECK(fs::exists(r.bundle / "nesinit-task.json"));  // nothing removed
+  CHECK(!fs::exists(r.bundle / "nesinit-deleted.json"));
+  auto s = parse<v2::StateResponse>(r.call("State", Rig::id_req<v2::StateRequest>()));
+  CHECK(s.status() == containerd::v1::types::STOPPED);  // still there, not deleted
+  CHECK(s.exit_status() == 7);
+  CHECK(r.call("Shutdown", Rig::id_req<v2::ShutdownRequest>()).status.ok());
+  r.io.run_for(std::chrono::milliseconds(10));
+  CHECK(!r.shut_down);  // an undeleted task keeps its shim
+  f.clear();
+  auto again = parse<v2::DeleteResponse>(r.call("Delete", Rig::id_req<v2::DeleteRequest>()));
+  CHECK(again.exit_status() == 7);
+  CHECK(again.exited_at().SerializeAsString() == wr.exited_at().SerializeAsString());
+  CHECK(fs::exists(r.bundle / "nesinit-deleted.json"));
+  CHECK(!fs::exists(r.bundle / "nesinit-task.json"));
+}
+
+TEST_CASE("durable writes: a CloseIO whose record cannot be written fails naming the file and errno; stdin stays held; the retry closes it") {
+  if (!shim::fault_points_built()) {
+    MESSAGE("skipped: this build has no fault points (meson option fault_points)");
+    return;
+  }
+  Rig r("cat > \"$(dirname \"$0\")/got\"; exit 5");
+  const fs::path fifo = r.tmp.path / "stdin";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  v2::CreateTaskRequest c;
+  c.set_id("t1");
+  c.set_bundle(r.bundle.string());
+  c.set_stdin(fifo.string());
+  REQUIRE(r.call("Create", c).status.ok());
+  REQUIRE(r.call("Start", Rig::id_req<v2::StartRequest>()).status.ok());
+  auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
+  auto ci = Rig::id_req<v2::CloseIORequest>();
+  ci.set_stdin(true);
+  Fault f("eio:record:close-io");
+  auto a = r.call("CloseIO", ci);
+  CHECK(a.status.code == ttrpc::Code::internal);
+  CHECK(names_eio(a, r.bundle / "nesinit-task.json"));
+  CHECK(writers_of(fifo) == 1);  // nothing closed: the workload has not seen EOF
+  auto rec = shim::load_task_record(r.bundle);
+  REQUIRE(rec);
+  REQUIRE(*rec);
+  CHECK(!(*rec)->stdin_closed);
+  f.clear();
+  REQUIRE(r.call("CloseIO", ci).status.ok());
+  CHECK(writers_of(fifo) == 0);
+  rec = shim::load_task_record(r.bundle);
+  REQUIRE(rec);
+  REQUIRE(*rec);
+  CHECK((*rec)->stdin_closed);
+  CHECK(parse<v2::WaitResponse>(r.answer(w)).exit_status() == 5);
+}
+
+TEST_CASE("durable writes: a Create whose record cannot be written fails naming the file and errno; nothing is left") {
+  if (!shim::fault_points_built()) {
+    MESSAGE("skipped: this build has no fault points (meson option fault_points)");
+    return;
+  }
+  for (const char* point : {"eio:record:create", "eio:record:created"}) {
+    CAPTURE(point);
+    Rig r("exit 0");
+    Fault f(point);
+    auto a = r.create();
+    CHECK(a.status.code == ttrpc::Code::internal);
+    CHECK(names_eio(a, r.bundle / "nesinit-task.json"));
+    CHECK(!fs::exists(r.bundle / "nesinit-task.json"));  // the intent undone, or never written
+    auto s = r.call("State", Rig::id_req<v2::StateRequest>());
+    CHECK(s.status.code == ttrpc::Code::not_found);
+    f.clear();
+    CHECK(r.create().status.ok());  // the retry
+  }
 }

@@ -1,0 +1,33 @@
+// A control request delivered once the VM's monitor and its guest can take it (the VM may still
+// be booting when containerd, which reports the task RUNNING once Start answered, sends it).
+// docs/containerd.md "Controls while the guest boots".
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+
+#include <boost/asio/io_context.hpp>
+
+#include "host/lib/base.hpp"
+#include "host/monitor/monitor.hpp"
+
+namespace nes::shim {
+
+/// Whether a control request's failure means only "not yet": the VM's control socket does not
+/// exist or nothing listens on it yet (`no monitor at PATH: ...`), or the monitor answered that
+/// its guest has not booted (`the guest is not ready yet`, pause; `no booted session`, kill).
+/// Anything else (a refusal, a finished session, a timeout) is the answer.
+bool not_ready_yet(const host::Error& e);
+
+/// Sends `request` to the control socket `control` on `io`'s thread: at once, then every 20 ms
+/// while not_ready_yet() says so and `still_wanted()` is true, for at most `bound` from the first
+/// try; then `done` gets the monitor's answer: Ok, the last error (after the bound, "... (still
+/// not ready after N s)"), or, when `still_wanted()` turned false, "the task is no longer
+/// running". Each try is one blocking control_call of at most 2 s. `still_wanted` and `done` are
+/// called on `io`'s thread only, `done` exactly once (unless `io` is destroyed first).
+void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Request request,
+                        std::chrono::milliseconds bound, std::function<bool()> still_wanted,
+                        std::function<void(host::Status)> done);
+
+}  // namespace nes::shim
