@@ -1233,6 +1233,15 @@ def case_adopt_duties(c):
     os.waitpid(qemu, 0)
     for d in daemons:
         os.waitpid(d, 0)
+    # virtiofsd's sandboxed child lost its parent and ends (its death signal), reparented to us.
+    def all_reaped():
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return False
+            except ChildProcessError:
+                return True
+    poll(all_reaped, "every process of the VM ended")
 
 
 def case_netns_adopt(c):
