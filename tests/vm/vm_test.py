@@ -1730,6 +1730,43 @@ def case_net_none(c):
     check(lines(out) == ["lo"], f"the guest's interfaces: {out!r}")
 
 
+def case_net_passt_dies(c):
+    """issue 44: passt dies mid-run under a replacement monitor (the kill point "monitor killed,
+    then passt"): the replacement watches the passt the monitor gone recorded and ends the VM in
+    order, the cause recorded (passt is not restarted: docs/host.md "Re-adoption" says why):
+    stopped, 143, the reason naming passt. Lost: the guest's network, said and recorded."""
+    pid = c.detach("p", "--grace", "1", "--", "/bin/sh", "-c", "echo up; exec sleep 1000")
+    with open(os.path.join(c.state, "p", "vmm.json")) as f:
+        vmm = json.load(f)
+    passt = [d["process"]["pid"] for d in vmm["daemons"] if d["name"] == "passt"]
+    check(len(passt) == 1, f"vmm.json records passt: {vmm}")
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    rc, out, err = c.neshost("inspect", "--state", c.state, "p")
+    st = json.loads(out) if rc == 0 else {}
+    check(st.get("status") == "running" and st.get("monitor_alive"), f"inspect adopts it: {rc} {out!r} {err!r}")
+    log = os.path.join(c.state, "p", "monitor.log")
+    poll(lambda: "the guest resumed its session" in open(log).read(), "the replacement has the channel back")
+    os.kill(passt[0], signal.SIGKILL)
+    rc, out, err = c.neshost("wait", "--state", c.state, "--format", "json", "p")
+    w = json.loads(out) if out.strip() else {}
+    check(rc == 143 and (w.get("outcome"), w.get("signal"), w.get("status")) == ("signalled", 15, "stopped"),
+          f"the replacement ended it in order: {rc} {w} {err!r}\n{open(log).read()[-3000:]}")
+    check("stopped by its monitor" in w.get("reason", "") and "passt" in w.get("reason", "") and
+          "lost its network" in w.get("reason", ""), f"the cause is recorded: {w.get('reason')!r}")
+    os.waitpid(st["monitor_pid"], 0)
+    os.waitpid(vmm["vmm"]["pid"], 0)
+
+    def all_reaped():
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return False
+            except ChildProcessError:
+                return True
+    poll(all_reaped, "every process of the VM ended")
+
+
 def case_net_bulk(c):
     """32 MiB of random bytes guest -> host over TCP (nc to host-gateway): the host's SHA-256 of
     what it received equals the guest's sha256sum of the bytes it sent."""
