@@ -18,6 +18,7 @@
 
 #include "host/lib/state_dir.hpp"
 #include "host/monitor/removal.hpp"
+#include "host/vm/netns.hpp"
 #include "host/monitor/vmm_record.hpp"
 
 namespace nes::cli {
@@ -127,8 +128,14 @@ host::Result<std::optional<host::VmState>> ensure_monitor(const fs::path& state,
   if (!(*s)->orphaned()) {
     // Monitor and VMM gone (reconciled as failed, or stopped): what they left must not linger.
     if (!(*s)->monitor_alive && !(*s)->vmm_alive)
-      if (auto v = host::load_vmm(state, vm); v && *v && (*v)->generation == (*s)->generation)
+      if (auto v = host::load_vmm(state, vm); v && *v && (*v)->generation == (*s)->generation) {
         host::end_leftovers(**v);
+        // netns mode: the tap and redirects its monitor made, while the namespace's path still
+        // names it (else nothing holds the namespace and they went with it).
+        if (const auto& n = (*v)->netns; n && n->tap.starts_with("nes"))
+          if (auto ns = vm::open_netns(n->path))
+            vm::NetnsAttachment::reclaim(std::move(*ns), n->path, n->tap, n->interface, [](std::string_view) {});
+      }
     return s;
   }
   const auto deadline = std::chrono::steady_clock::now() + bound;

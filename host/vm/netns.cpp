@@ -420,16 +420,20 @@ NetnsAttachment NetnsAttachment::reclaim(host::Fd ns, const std::filesystem::pat
   a.ns_ = std::move(ns);
   a.link_.name = ifname;
   a.link_.tap = tap;
-  a.tap_made_ = true;
   if (a.ns_) {
+    // Only while the tap is there: without it the attachment is gone already, and a qdisc on the
+    // interface may be another attachment's.
+    int tap_index = 0;
     auto found = in_netns(a.ns_.get(), path, [&]() -> host::Status {
       nl::Socket s;
       if (auto o = s.open(); !o) return Error{o.error().message, o.error().err};
       int err = 0;
+      tap_index = index_of(s, tap, err);
       a.link_index_ = index_of(s, ifname, err);
       return host::Ok{};
     });
-    a.link_qdisc_made_ = found && a.link_index_ > 0;
+    a.tap_made_ = found && tap_index > 0;
+    a.link_qdisc_made_ = a.tap_made_ && a.link_index_ > 0;
   }
   return a;
 }

@@ -1245,9 +1245,10 @@ def case_adopt_duties(c):
 
 
 def case_netns_adopt(c):
-    """issue 44's kill point in netns mode: a detached VM's monitor SIGKILLed; `stop` adopts and
+    """issue 44's kill points in netns mode: a detached VM's monitor SIGKILLed; `stop` adopts and
     ends it; the replacement tears down the tap and the redirects the monitor gone made (recorded
-    in vmm.json): A is as it was. Lost: nothing."""
+    in vmm.json): A is as it was. Then the monitor and QEMU both killed: `ps` tears them down.
+    Lost: nothing."""
     libc = ctypes.CDLL(None, use_errno=True)
     outer = os.readlink("/proc/self/ns/net")
     check(libc.unshare(CLONE_NEWNET) == 0, f"unshare(CLONE_NEWNET): errno {ctypes.get_errno()}")
@@ -1280,6 +1281,22 @@ def case_netns_adopt(c):
               f"{open(os.path.join(c.state, 'n', 'monitor.log')).read()[-2000:]}")
         a_after = a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
         check(a_after == a_before, f"eth0 changed: {a_before!r} -> {a_after!r}")
+        # The monitor and its QEMU both SIGKILLed: nobody is left to end the VM; the next command
+        # (ps) finds it failed and tears down what its monitor made (the namespace's path lives).
+        pid = c.detach("m", "--network", f"netns:{a.path}", "--", "/bin/sh", "-c", "echo up; exec sleep 1000")
+        with open(os.path.join(c.state, "m", "vmm.json")) as f:
+            qemu = json.load(f)["vmm"]["pid"]
+        check(": nes" in a.sh("ip -o link show"), "a tap in A while the second VM runs")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.kill(qemu, signal.SIGKILL)
+        os.waitpid(qemu, 0)
+        rc, out, err = c.neshost("ps", "-a", "--state", c.state)
+        check(rc == 0 and "failed" in out, f"ps: the VM failed: {rc} {out!r} {err!r}")
+        left = a.sh("ip -o link show; tc qdisc show dev eth0")
+        check(": nes" not in left and "ingress" not in left, f"A after the monitor and QEMU were killed: {left!r}")
+        check(a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0") == a_before,
+              "eth0 as it was")
     finally:
         a.close()
         b.close()
