@@ -177,11 +177,18 @@ class Case:
         return t
 
     def finish(self):
-        """Every descendant exited and reaped (bounded), no runtime dir or socket left; remove all."""
+        """Every descendant exited and reaped (bounded), no runtime dir or socket left; remove all.
+        A VM a failed case left running (a workload blocked on a FIFO) is ended through its state
+        dir first (`rm -f`: adopted if orphaned, then stopped), never by a broad kill."""
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
             p.communicate()
+        for vm in (os.listdir(self.state) if os.path.isdir(self.state) else []):
+            st, _ = self.inspect(vm)
+            if st.get("status") == "running":
+                check(False, "%s: VM %s still running at the end: ended with rm -f" % (self.name, vm))
+                self.nh("rm", "-f", "--state", self.state, vm)
         signal.alarm(60)
         try:
             while True:
