@@ -312,6 +312,10 @@ int exec_main(const Args& args) {
     ::sigprocmask(SIG_BLOCK, &winch, nullptr);
     sfd.reset(::signalfd(-1, &winch, SFD_CLOEXEC | SFD_NONBLOCK));
   }
+  // The monitor that serves us (its pid): if the connection ends early, whether it died.
+  pid_t served_by = 0;
+  if (auto now = host::reconcile(state ? fs::path(*state) : default_state_dir(), vm); now && *now && (*now)->monitor)
+    served_by = (*now)->monitor->monitor.pid;
   auto cs = ControlSession::open(ctl, control::Request{std::move(request)}, {0, 1, 2});
   auto not_running = [&](const host::Error& e) { return exec_error(fmt::format("VM '{}' is not running ({})", vm, e.message)); };
   if (!cs) return not_running(cs.error());
@@ -352,6 +356,16 @@ int exec_main(const Args& args) {
       auto l = cs->read_reply(2s);
       if (!l) {
         if (raw) raw->restore();
+        // The monitor we are attached to died (a replacement cannot take this client over: the
+        // process's stdio went to the monitor gone as our own fds): said as such, 125.
+        const fs::path st = state ? fs::path(*state) : default_state_dir();
+        if (auto now = host::reconcile(st, vm);
+            served_by && now && *now && (*now)->status == host::VmStatus::running &&
+            (!(*now)->monitor_alive || ((*now)->monitor && (*now)->monitor->monitor.pid != served_by)))
+          return exec_error(fmt::format(
+              "VM '{}': its monitor (pid {}) died while the process ran: its further output and its exit status "
+              "are not known (the process may still run in the guest: neshost top {})",
+              vm, served_by, vm));
         return exec_error(fmt::format("VM '{}': {}", vm, l.error().message));
       }
       last = std::move(*l);

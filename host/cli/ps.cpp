@@ -21,6 +21,7 @@
 #include "base/small_file.hpp"
 #include "host/monitor/monitor.hpp"
 #include "host/monitor/reconcile.hpp"
+#include "host/monitor/removal.hpp"
 #include "protocol/status.hpp"
 
 namespace nes::cli {
@@ -515,6 +516,12 @@ int rm_main(const Args& args) {
   fs::path state = state_of(*p);
   int rc = 0;
   for (const auto& vm : p->positional) {
+    // A removal a crash cut short (its intent: host/monitor/removal.hpp) is finished first; one
+    // of the whole VM means it is removed, as asked.
+    if (auto f = host::finish_removal(state, vm); f && *f == host::Finished::all) {
+      std::fputs((vm + "\n").c_str(), stdout);
+      continue;
+    }
     auto s = load("rm", state, vm);
     if (!s) {
       // A directory with neither a record nor a monitor file is still removable debris.

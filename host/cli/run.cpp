@@ -36,8 +36,11 @@
 #include "host/cli/stdio.hpp"
 #include "host/cli/terminal.hpp"
 #include "host/lib/base.hpp"
+#include "host/monitor/daemon_watch.hpp"
+#include "host/monitor/duties.hpp"
 #include "host/monitor/monitor.hpp"
 #include "host/monitor/reconcile.hpp"
+#include "host/monitor/removal.hpp"
 #include "host/monitor/vmm_record.hpp"
 #include "host/cli/vm_pause.hpp"
 #include "host/lib/record.hpp"
@@ -459,7 +462,6 @@ struct Running {
   std::shared_ptr<ConsoleOut> console;
   fs::path console_log;
   std::vector<std::unique_ptr<vm::Virtiofsd>> daemons;
-  std::vector<fs::path> daemon_logs;
   std::unique_ptr<vm::Passt> passt;  // --network passt
   /// --snapshot: the RAM QEMU maps (the snapshot's file, or with shares a private copy of it:
   /// vm::copy_ram) and the device state it loads, both as checked (vm::open_snapshot).
@@ -573,6 +575,9 @@ host::Status open_vm_state(RunPlan& plan, Running& run) {
         }
       }
     }
+    // netns mode: the tap and redirects, so that whoever ends the VM tears them down.
+    if (plan.network.mode == host::NetworkMode::netns && plan.network.link)
+      v.netns = host::VmmNetns{plan.network.netns, plan.network.link->tap, plan.network.link->name};
     // passt started before the state dir existed; it exits by itself while QEMU never held its
     // socket's other end (ours closes with us), so it is recorded only now.
     if (run.passt)
@@ -599,7 +604,6 @@ host::Status start_daemons(const RunPlan& plan, Running& run) {
   for (vm::VirtiofsdOptions vo : plan.daemons) {
     const auto& sh = vo.share;
     vo.log = host::vm_path(cfg.state_dir, vmid, host::virtiofsd_log_name(sh.tag));
-    run.daemon_logs.push_back(vo.log);
     vo.outlive = plan.vmm_survives;
     vo.before_exec = record_gate(plan, run, "virtiofsd " + sh.tag);
     auto d = vm::Virtiofsd::start(vo, 10s);
@@ -717,20 +721,6 @@ void reap_daemons(const RunPlan& plan, Running& run) {
   run.adopted_daemons.clear();
 }
 
-/// --on-exit remove: the VM's scratch files go (the console log, the daemons' logs, workload.log
-/// and its rotations); the record stays.
-void remove_scratch_files(const RunPlan& plan, const Running& run) {
-  const ServeConfig& cfg = plan.serve;
-  const std::string& vmid = plan.vm;
-  std::error_code ec;
-  fs::remove(run.console_log, ec);
-  for (const auto& l : run.daemon_logs) fs::remove(l, ec);
-  if (!run.passt_log.empty()) fs::remove(run.passt_log, ec);
-  const fs::path wl = host::vm_path(cfg.state_dir, vmid, host::kWorkloadLog);
-  for (auto& r : host::rotated_logs(wl)) fs::remove(r, ec);
-  fs::remove(wl, ec);
-}
-
 /// --snapshot: QEMU has started paused; load the snapshot's state, plug in the shares (their
 /// virtiofsds run already) and the NIC (its backend is on QEMU's command line), then run the guest.
 /// Each QMP step bounded; the whole load by kSnapshotLoadWait. Error: another QEMU or a state it
@@ -833,15 +823,45 @@ class VmmProcess {
   void add_fd(int fd, int child) { extra_fds_.emplace_back(fd, child); }
 
   /// A replacement monitor: `qemu` is the VMM it took over (VmProcess::adopt); watched as one we
-  /// started (its helper daemons are not: they were the dead monitor's children).
+  /// started, and so are its helper `daemons` (the dead monitor's children, by identity:
+  /// host/monitor/daemon_watch.hpp), whose death ends the VM as the first monitor's would.
   void adopt(host::Host& h, const std::string& id, std::unique_ptr<vm::VmProcess> qemu,
-             std::shared_ptr<ConsoleOut> console) {
+             std::shared_ptr<ConsoleOut> console, const std::vector<host::VmmDaemon>& daemons) {
     qemu_ = std::move(qemu);
     (void)h.vm_started(id);
+    for (const auto& d : daemons)
+      adopted_watch_.watch(d, [this, &h, id](const host::VmmDaemon& gone, bool already) {
+        const std::string tag = monitor::share_tag_of(gone);
+        end_for_daemon(h, id,
+                       tag.empty() ? fmt::format("{} (pid {}) {} while the guest ran: the VM lost its network",
+                                                 gone.name, gone.id.pid, already ? "was gone at the takeover" : "exited")
+                                   : fmt::format("share '{}': virtiofsd (pid {}) {} while the guest ran", tag,
+                                                 gone.id.pid, already ? "was gone at the takeover" : "exited"));
+      });
     watch_exit(h, id, console, false);
+  }
+  /// Where a daemon's death is recorded (stop.json's reason: host::persist_stop): the state dir
+  /// and the generation. Unset: only said.
+  void set_record(fs::path state, std::uint64_t generation) {
+    state_ = std::move(state);
+    generation_ = generation;
   }
 
  private:
+  /// A helper daemon the guest needs died while it runs (and before its outcome): the VM is ended
+  /// in order (the workload's stop, grace, shutdown), the cause recorded first in stop.json, so
+  /// the VM reconciles as "stopped by its monitor: CAUSE" (docs/host.md "Re-adoption": why a dead
+  /// virtiofsd or passt is not restarted).
+  void end_for_daemon(host::Host& h, const std::string& id, const std::string& why) {
+    if (!qemu_ || qemu_->wait_for(0ms)) return;  // its exit after QEMU's is the normal end
+    if (auto* sess = h.session(id); !sess || sess->outcome()) return;
+    if (!state_.empty())
+      if (auto r = host::persist_stop(state_, id, generation_, why); !r)
+        say("neshost monitor: VM {}: recording why it ends: {}\n", id, r.error().message);
+    say("neshost run: {}; shutting the VM down\n", why);
+    (void)h.shutdown(id);
+  }
+
   void watch_daemons(host::Host& h, const std::string& id, std::vector<std::unique_ptr<vm::Virtiofsd>>& daemons,
                      vm::Passt* passt) {
     for (auto& d : daemons) {
@@ -849,26 +869,24 @@ class VmmProcess {
       w.async_wait(asio::posix::stream_descriptor::wait_read,
                    [this, &h, id, dp = d.get()](boost::system::error_code ec) {
                      // Its exit after QEMU's, or once the outcome is in, is the normal end.
-                     if (ec || !qemu_ || qemu_->wait_for(0ms)) return;
-                     if (auto* sess = h.session(id); sess && sess->outcome()) return;
+                     if (ec) return;
                      auto e = dp->exited();
-                     say("neshost run: share '{}' ({}): virtiofsd {} while the guest runs; "
-                         "shutting the VM down\n", dp->share().tag, dp->share().dir.string(),
-                         e ? vm::describe(*e) : "exited");
-                     (void)h.shutdown(id);
+                     end_for_daemon(h, id, fmt::format("share '{}' ({}): virtiofsd {} while the guest ran",
+                                                       dp->share().tag, dp->share().dir.string(),
+                                                       e ? vm::describe(*e) : "exited"));
                    });
     }
-    // passt gone while QEMU runs: the guest has lost its network (outbound and published ports);
-    // said with passt's last words, the workload goes on.
+    // passt gone while QEMU runs: the guest has lost its network (outbound and published ports),
+    // for good (QEMU holds passt's socket as an inherited fd: no redial), so the VM is ended in
+    // order, the cause (with passt's last words) recorded.
     if (passt) {
       auto& w = daemon_watch_.emplace_back(io_, ::fcntl(passt->pidfd(), F_DUPFD_CLOEXEC, 3));
       w.async_wait(asio::posix::stream_descriptor::wait_read, [this, &h, id, passt](boost::system::error_code ec) {
-        if (ec || !qemu_ || qemu_->wait_for(0ms)) return;
-        if (auto* sess = h.session(id); sess && sess->outcome()) return;
+        if (ec) return;
         auto e = passt->exited();
         std::string why = passt->last_words();
-        say("neshost run: passt {} while the guest runs: the VM has lost its network{}{}\n",
-            e ? vm::describe(*e) : "exited", why.empty() ? "" : ": ", why);
+        end_for_daemon(h, id, fmt::format("passt {} while the guest ran: the VM lost its network{}{}",
+                                          e ? vm::describe(*e) : "exited", why.empty() ? "" : ": ", why));
       });
     }
   }
@@ -904,6 +922,7 @@ class VmmProcess {
   void reset() {
     exit_watch_.reset();
     daemon_watch_.clear();
+    adopted_watch_.clear();
     qemu_.reset();
   }
 
@@ -912,6 +931,9 @@ class VmmProcess {
   std::unique_ptr<vm::VmProcess> qemu_;
   std::optional<asio::posix::stream_descriptor> exit_watch_;
   std::list<asio::posix::stream_descriptor> daemon_watch_;  // one per virtiofsd (stable addresses)
+  monitor::DaemonWatch adopted_watch_{io_};                  // a replacement's: the recorded daemons
+  fs::path state_;
+  std::uint64_t generation_ = 0;
   std::function<host::Status()> restore_;
   std::vector<std::pair<int, int>> extra_fds_;
 };
@@ -1121,13 +1143,21 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
     auto cs = ControlServer::start(io, host::control_path(cfg.state_dir, id), control_handler(std::move(ch)));
     if (cs) control = std::move(*cs);
     else fmt::print(stderr, "neshost run: control socket: {}\n", cs.error().message);
+    vmm.set_record(cfg.state_dir, cfg.session.generation);
     if (plan.snapshot) vmm.set_restore([&plan, &run] { return restore_snapshot(plan, run.snapshot_state); });
     if (run.snapshot_ram) vmm.add_fd(run.snapshot_ram.get(), kRamChildFd);
     if (run.adopted) {
-      vmm.adopt(h, id, std::move(run.adopted), console);
+      vmm.adopt(h, id, std::move(run.adopted), console, run.adopted_daemons);
     } else {
       vmm.start(h, id, argv, console, daemons, run.passt.get(), run.netns_fd, plan.console,
                 record_gate(plan, run, ""));
+      // The VM's start and its --timeout deadline, for a replacement (host/monitor/duties.hpp).
+      if (auto* sess = h.session(id); run.vmm_info && sess && sess->started_at())
+        if (auto r = monitor::record_started(cfg.state_dir, *run.vmm_info, *sess->started_at(),
+                                             cfg.session.wall_timeout);
+            !r)
+          say("neshost monitor: VM {}: {} (a replacement would not know the VM's start or deadline)\n", id,
+              r.error().message);
     }
   };
   emb.hooks.destroy = [&](const std::string&, std::uint64_t) {
@@ -1167,6 +1197,10 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
       else if (plan.initrd_from) fs::remove(plan.initrd, rm_ec);
     }
     if (m == Milestone::started) {
+      if (run.vmm_info)  // where the session arms its --timeout again: the deadline a replacement re-arms
+        if (auto r = monitor::record_wall_deadline(cfg.state_dir, *run.vmm_info); !r)
+          say("neshost monitor: VM {}: {} (a replacement would end it at the earlier deadline)\n", vmid,
+              r.error().message);
       notify_started(started_notify);
       execs.workload_started();
     }
@@ -1221,7 +1255,11 @@ int serve_run(const RunPlan& plan, RuntimeDir& rt, Running& run, host::Fd& start
   control.reset();
   status = deliver_owed_output(out, errw, stop_fd.get(), final_record, plan.grace, status);
   reap_daemons(plan, run);
-  if (remove_scratch) remove_scratch_files(plan, run);
+  // --on-exit remove: its intent first, so a crash mid-removal is finished by the next command
+  // (host/monitor/removal.hpp).
+  if (remove_scratch)
+    if (auto r = host::remove_scratch(plan.state_dir, vmid, cfg.session.generation); !r)
+      say("neshost monitor: VM {}: --on-exit remove: {}\n", vmid, r.error().message);
   return status;
 }
 
@@ -1474,6 +1512,11 @@ int monitor_main(const Args& args) {
   sc.grace = v.grace;
   sc.reconnect = v.reconnect;
   sc.resume = true;  // no boot: only the guest's resumed `ready` (docs/protocol.md "Channel survival")
+  // Its start (the record's started_at) and what is left of its --timeout (host/monitor/duties.hpp).
+  monitor::take_over_duties(v, sc, host::boottime_ns());
+  if (sc.wall_left)
+    say("neshost monitor: VM {}: its --timeout ({} ms) goes on: {} ms left\n", vm, sc.wall_timeout->count(),
+        std::max<long long>(sc.wall_left->count(), 0));
   plan.serve.listen.kind = host::ListenSpec::Kind::unix_path;
   plan.serve.listen.path = v.channel_socket.string();
   plan.runtime_dir = v.runtime_dir;
@@ -1496,10 +1539,23 @@ int monitor_main(const Args& args) {
   run.adopt_stdin = sc.descriptor.stdio && sc.descriptor.stdio->attach_stdin;
   run.stdin_source = v.stdin_source;
   RuntimeDir rt(v.runtime_dir);
+  // netns mode: the namespace as QEMU holds it (the path may be gone), taken now while it runs;
+  // the tap and redirects the monitor gone made are torn down once the VM has ended.
+  host::Fd netns_fd;
+  if (v.netns && v.vmm)
+    netns_fd.reset(::open(fmt::format("/proc/{}/ns/net", v.vmm->pid).c_str(), O_RDONLY | O_CLOEXEC));
   host::Fd no_notify;
   // The caller (ensure_monitor) is told once the guest has resumed its session with us, so its
   // next request (kill, exec, ...) finds a booted session; or, if it never does, when we end.
   int status = serve_run(plan, rt, run, no_notify, {}, [&] { tell("adopted"); });
+  if (v.netns) {
+    if (!netns_fd)
+      if (auto f = vm::open_netns(v.netns->path)) netns_fd = std::move(*f);
+    vm::NetnsAttachment::reclaim(std::move(netns_fd), v.netns->path, v.netns->tap, v.netns->interface,
+                                 [](std::string_view line) { say("neshost monitor: {}\n", line); });
+    say("neshost monitor: VM {}: netns {}: tap {} torn down (by the replacement of the monitor that made it)\n", vm,
+        v.netns->path.string(), v.netns->tap);
+  }
   tell(fmt::format("served to its end (exit status {})", status));
   if (plan.rm)
     if (auto r = host::remove_vm(state, vm, self); !r) say("neshost monitor: --rm: {}\n", r.error().message);

@@ -17,7 +17,7 @@
 namespace nes::cli {
 namespace {
 
-constexpr std::string_view kWaitHelp = R"(usage: neshost wait [--state DIR] [--generation N] [--timeout S] VM
+constexpr std::string_view kWaitHelp = R"(usage: neshost wait [--state DIR] [--generation N] [--timeout S] [--format json] VM
 
 Wait until the VM is no longer running (of generation N or newer, if given): exited, failed or
 stopped, as `neshost ps` and `inspect` say. Print its exit status and exit with it (a failed VM
@@ -28,6 +28,11 @@ outcome ends the wait as failed, never a wait forever). A VM that does not exist
 for until it appears and ends (unlike docker wait: give --timeout if it may never come). DIR
 defaults as for `neshost run`.
   --timeout S   give up after S seconds: exit 124 (timeout(1))
+  --format json print one JSON object instead of the bare status, saying a code from a signal
+                (137 is exit(137) or SIGKILL): vm, generation, status (exited, failed, stopped),
+                outcome (the record's; null without one), exit_code (only for outcome exited),
+                signal (only for signalled: its number), exit_status (the status printed without
+                --format, and the exit status), reason, started_at, finished_at, lost, truncated
 Exit 1 if the state dir cannot be read.
 )";
 
@@ -42,7 +47,7 @@ exited, failed, stopped), status_reason, monitor_pid, monitor_alive, stop_reques
 Exit 1 if there is no such VM.
 )";
 
-constexpr FlagSpec kWaitFlags[] = {{"state"}, {"generation"}, {"timeout"}};
+constexpr FlagSpec kWaitFlags[] = {{"state"}, {"generation"}, {"timeout"}, {"format"}};
 constexpr FlagSpec kInspectFlags[] = {{"state"}};
 
 struct Target {
@@ -96,6 +101,11 @@ int wait_main(const Args& args) {
     if (!ms) return usage_error("wait", ms.error().message);
     deadline = std::chrono::steady_clock::now() + *ms;
   }
+  bool json = false;
+  if (auto f = p->get("format")) {
+    if (*f != "json") return usage_error("wait", fmt::format("--format: expected json, got '{}'", *f));
+    json = true;
+  }
   std::error_code ec;
   if (!std::filesystem::is_directory(t->state, ec)) {
     fmt::print(stderr, "neshost wait: --state: {} is not a directory\n", t->state.string());
@@ -124,7 +134,8 @@ int wait_main(const Args& args) {
     if (*r && (*r)->generation >= min_gen) {
       if ((*r)->status != host::VmStatus::running) {
         int st = (*r)->exit_status.value_or(proto::kStatusHostFailure);
-        fmt::print("{}\n", st);
+        if (json) std::fputs(host::encode_wait(**r).c_str(), stdout);
+        else fmt::print("{}\n", st);
         if ((*r)->status == host::VmStatus::failed && !(*r)->record)
           fmt::print(stderr, "neshost wait: VM '{}' failed: {}\n", t->vm, (*r)->reason);
         // Output lost: 125 instead of the workload's status, and one line per stream.

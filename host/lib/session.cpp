@@ -147,11 +147,18 @@ void Session::close_stream() {
 
 void Session::vm_started(WallTime now) {
   if (started_at_) return;
-  started_at_ = now;
+  started_at_ = cfg_.started_at.value_or(now);
   log("vm_started", "");
   if (outcome_) return;
   if (phase_ < Phase::ready) arm(TimerKind::ready, cfg_.ready_timeout);
-  if (cfg_.wall_timeout && !cfg_.wall_from_started) arm(TimerKind::wall, *cfg_.wall_timeout);
+  if (cfg_.resume && cfg_.wall_timeout && cfg_.wall_left) {
+    // A takeover: the deadline the first host armed, not a new one.
+    arm(TimerKind::wall, std::max(*cfg_.wall_left, std::chrono::milliseconds(0)));
+    log("wall_rearmed", fmt::format("{} ms left of the {} ms limit", std::max<std::int64_t>(cfg_.wall_left->count(), 0),
+                                    cfg_.wall_timeout->count()));
+  } else if (cfg_.wall_timeout && !cfg_.wall_from_started) {
+    arm(TimerKind::wall, *cfg_.wall_timeout);
+  }
 }
 
 bool Session::stream_opened(WallTime now) {

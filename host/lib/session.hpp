@@ -63,6 +63,16 @@ struct SessionConfig {
   /// Take over a generation an earlier host process booted (its state dir): send no `boot`;
   /// accept only a resumed `ready` naming this VM and generation; ready_timeout bounds the wait.
   bool resume = false;
+  /// A generation taken over (`resume`): when its VM started, as the host process that started
+  /// it recorded (neshost's vmm.json): vm_started() keeps it instead of its own `now`, so the
+  /// record's started_at is the VM's start, not the takeover's. Unset: vm_started's `now`.
+  std::optional<WallTime> started_at;
+  /// A generation taken over (`resume`) under a wall limit: what is left of the deadline the
+  /// host process before armed (its recorded deadline minus now; zero or less: already due).
+  /// vm_started() arms the wall timer with it, so the limit ends the workload when it would have
+  /// under the first host (a later first `started` re-arms it with wall_timeout, as there).
+  /// wall_timeout must be set too (the outcome's reason names it). Unset: nothing armed.
+  std::optional<std::chrono::milliseconds> wall_left;
   /// A VM restored from a snapshot (host/vm/snapshot.hpp): the `ready` line (without its '\n')
   /// its guest sent before the VM was saved; that guest waits for its descriptor and will not say
   /// it again. The first stream takes it as its first line, checked as any `ready` is. Unset:
@@ -286,6 +296,9 @@ class Session {
   RecordState record_state() const { return record_; }
   const StreamState& stream() const { return stream_; }
   const SessionConfig& config() const { return cfg_; }
+  /// When vm_started() was first reported (SessionConfig::started_at if set): the record's
+  /// started_at. nullopt before it.
+  const std::optional<WallTime>& started_at() const { return started_at_; }
 
  private:
   void handle_message(const proto::GuestMessage& m, WallTime now);

@@ -36,6 +36,10 @@ inline constexpr char kMonitorLog[] = "monitor.log";
 inline constexpr char kLockFile[] = ".lock";
 /// passt's log (`--network passt`: its stderr, host/vm/passt.hpp).
 inline constexpr char kPasstLog[] = "passt.log";
+/// A removal's intent (host/monitor/removal.hpp): "scratch G\n" (`--on-exit remove`: generation
+/// G's scratch files go) or "all G\n" (`--rm`, `neshost rm`: the whole directory goes), written
+/// durably before the first file is removed; whoever finds it finishes the removal.
+inline constexpr char kRemovingFile[] = "removing";
 /// The log of the virtiofsd serving share `tag`: `virtiofsd-TAG.log`.
 std::string virtiofsd_log_name(std::string_view tag);
 

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "host/lib/state_dir.hpp"
+#include "host/monitor/removal.hpp"
+#include "host/vm/netns.hpp"
 #include "host/monitor/vmm_record.hpp"
 
 namespace nes::cli {
@@ -25,25 +27,6 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 namespace {
-
-/// SIGKILL to each recorded helper daemon that still runs (identity checked through a pidfd).
-void kill_leftover_daemons(const host::VmmInfo& v) {
-  for (const auto& d : v.daemons) {
-    host::Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0))};
-    if (pidfd && host::is_alive(d.id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
-  }
-}
-
-/// The runtime dir a dead monitor left (its VMM gone too): removed if it is what run makes, a
-/// `neshost-XXXXXX` directory of ours (never through a symlink).
-void remove_runtime_dir(const fs::path& dir) {
-  struct stat st {};
-  if (!dir.is_absolute() || !dir.filename().string().starts_with("neshost-") || ::lstat(dir.c_str(), &st) != 0 ||
-      !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
-    return;
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-}
 
 /// Starts `neshost monitor` detached (double fork). Returns the read end of its notify pipe.
 host::Result<host::Fd> spawn_replacement(const fs::path& state, std::string_view vm, const fs::path& neshost) {
@@ -132,6 +115,13 @@ fs::path self_program() {
 host::Result<std::optional<host::VmState>> ensure_monitor(const fs::path& state, std::string_view vm,
                                                           const fs::path& neshost, std::chrono::milliseconds bound,
                                                           std::string* said) {
+  // A removal a crash cut short (host/monitor/removal.hpp) is finished before anything reads it.
+  if (auto f = host::finish_removal(state, vm); f && *f != host::Finished::nothing && said)
+    *said = fmt::format("VM {}: finished a removal its monitor began and did not end ({})", vm,
+                        *f == host::Finished::all ? "the whole VM" : *f == host::Finished::scratch ? "its scratch files"
+                                                                                                 : "a stale intent");
+  else if (!f && said)
+    *said = fmt::format("VM {}: an unfinished removal: {}", vm, f.error().message);
   auto s = host::reconcile(state, vm);
   if (!s) return s.error();
   if (!*s) return s;
@@ -139,8 +129,12 @@ host::Result<std::optional<host::VmState>> ensure_monitor(const fs::path& state,
     // Monitor and VMM gone (reconciled as failed, or stopped): what they left must not linger.
     if (!(*s)->monitor_alive && !(*s)->vmm_alive)
       if (auto v = host::load_vmm(state, vm); v && *v && (*v)->generation == (*s)->generation) {
-        kill_leftover_daemons(**v);
-        remove_runtime_dir((*v)->runtime_dir);
+        host::end_leftovers(**v);
+        // netns mode: the tap and redirects its monitor made, while the namespace's path still
+        // names it (else nothing holds the namespace and they went with it).
+        if (const auto& n = (*v)->netns; n && n->tap.starts_with("nes"))
+          if (auto ns = vm::open_netns(n->path))
+            vm::NetnsAttachment::reclaim(std::move(*ns), n->path, n->tap, n->interface, [](std::string_view) {});
       }
     return s;
   }

@@ -18,6 +18,7 @@
 
 #include "host/lib/base.hpp"
 #include "base/small_file.hpp"
+#include "host/monitor/removal.hpp"
 #include "host/monitor/vmm_record.hpp"
 #include "protocol/status.hpp"
 
@@ -98,12 +99,14 @@ Loaded<T> load(const fs::path& p, Parse parse) {
 struct StopRequest {
   std::uint64_t generation = 0;
   WallTime requested_at{};
+  std::string reason;  // the monitor's own cause (empty: a user's request)
 };
 
 std::string encode_stop(std::string_view vm, const StopRequest& s) {
-  return fmt::format(R"({{"schema_version":1,"vm":{},"generation":{},"requested_at":"{}"}})"
+  return fmt::format(R"({{"schema_version":1,"vm":{},"generation":{},"requested_at":"{}"{}}})"
                      "\n",
-                     json_string(vm), s.generation, format_rfc3339(s.requested_at));
+                     json_string(vm), s.generation, format_rfc3339(s.requested_at),
+                     s.reason.empty() ? std::string() : R"(,"reason":)" + json_string(s.reason));
 }
 
 Result<StopRequest> parse_stop(std::string_view json) {
@@ -118,6 +121,8 @@ Result<StopRequest> parse_stop(std::string_view json) {
   std::string_view at;
   if (!obj["requested_at"].get_string().get(at))
     if (auto t = parse_rfc3339(at)) s.requested_at = *t;
+  std::string_view why;
+  if (!obj["reason"].get_string().get(why)) s.reason = std::string(why.substr(0, 1024));
   return s;
 }
 
@@ -327,7 +332,8 @@ Result<MonitorInfo> take_over_generation(const fs::path& state, std::string_view
   return m;
 }
 
-Result<StopResult> persist_stop(const fs::path& state, std::string_view vm, std::uint64_t generation) {
+Result<StopResult> persist_stop(const fs::path& state, std::string_view vm, std::uint64_t generation,
+                                std::string_view reason) {
   auto locked = lock_existing_vm(state, vm);
   if (!locked) return locked.error();
   const fs::path& dir = locked->dir;
@@ -335,7 +341,7 @@ Result<StopResult> persist_stop(const fs::path& state, std::string_view vm, std:
     return StopResult{StopResult::Kind::already_final, rec.value};
   if (auto st = load_stop(state, vm); st.value && st.value->generation == generation)
     return StopResult{StopResult::Kind::already_requested, std::nullopt};
-  if (auto s = write_durable(dir, kStopFile, encode_stop(vm, {generation, wall_now()})); !s)
+  if (auto s = write_durable(dir, kStopFile, encode_stop(vm, {generation, wall_now(), std::string(reason)})); !s)
     return s.error();
   return StopResult{StopResult::Kind::persisted, std::nullopt};
 }
@@ -398,11 +404,12 @@ Result<std::optional<VmState>> reconcile(const fs::path& state, std::string_view
   if (s.stop_requested && (rec_same || !served)) {
     s.status = VmStatus::stopped;
     s.exit_status = rec_same ? reported_status(*rec.value) : kStoppedStatus;
-    s.reason = rec_same ? fmt::format("stopped on request at {}; then {}",
-                                      format_rfc3339(stop.value->requested_at), describe(*rec.value))
-                        : fmt::format("stopped on request at {}; the monitor exited without "
-                                      "recording an outcome",
-                                      format_rfc3339(stop.value->requested_at));
+    const std::string by = stop.value->reason.empty()
+                               ? fmt::format("stopped on request at {}", format_rfc3339(stop.value->requested_at))
+                               : fmt::format("stopped by its monitor at {}: {}",
+                                             format_rfc3339(stop.value->requested_at), stop.value->reason);
+    s.reason = rec_same ? fmt::format("{}; then {}", by, describe(*rec.value))
+                        : fmt::format("{}; the monitor exited without recording an outcome", by);
     return std::optional<VmState>{std::move(s)};
   }
   if (rec_same) {
@@ -468,6 +475,30 @@ std::string encode_state(const VmState& s) {
                      s.stop_requested, s.vmm ? std::to_string(s.vmm->pid) : "null", s.vmm_alive, s.paused);
 }
 
+std::string encode_wait(const VmState& s) {
+  auto opt = [](const auto& v) { return v ? std::to_string(static_cast<int>(*v)) : std::string("null"); };
+  std::string tail;
+  if (s.record) {
+    tail = fmt::format(R"(,"started_at":"{}","finished_at":"{}")", format_rfc3339(s.record->started_at),
+                       format_rfc3339(s.record->finished_at));
+    for (auto [name, c] : {std::pair{"lost", &s.record->lost}, std::pair{"truncated", &s.record->truncated}}) {
+      if (c->empty()) continue;
+      tail += fmt::format(R"(,"{}":{{)", name);
+      if (c->out) tail += fmt::format(R"("stdout":{})", *c->out);
+      if (c->err) tail += fmt::format(R"({}"stderr":{})", c->out ? "," : "", *c->err);
+      tail += "}";
+    }
+  }
+  const int status = s.exit_status.value_or(proto::kStatusHostFailure);
+  return fmt::format(R"({{"vm":{},"generation":{},"status":"{}","outcome":{},"exit_code":{},"signal":{},)"
+                     R"("exit_status":{},"reason":{}{}}})"
+                     "\n",
+                     json_string(s.vm), s.generation, to_string(s.status),
+                     s.record ? fmt::format(R"("{}")", proto::to_string(s.record->outcome)) : std::string("null"),
+                     s.record ? opt(s.record->exit_code) : "null", s.record ? opt(s.record->signal) : "null", status,
+                     json_string(s.reason), tail);
+}
+
 Status mark_paused(const fs::path& state, std::string_view vm, std::uint64_t generation) {
   if (auto c = check_vm_id(vm); !c) return c;
   return write_durable(state / std::string(vm), kPausedFile, fmt::format("{}\n", generation));
@@ -507,7 +538,6 @@ Status remove_vm(const fs::path& state, std::string_view vm, const std::optional
   auto locked = lock_existing_vm(state, vm);
   if (!locked) return locked.error();
   const fs::path& dir = locked->dir;
-  std::error_code ec;
   if (auto mon = load_monitor(state, vm); mon.value && mon.value->monitor != self && is_alive(mon.value->monitor)) {
     auto rec = load_record(state, vm);
     bool newer_rec = rec.value && rec.value->generation > mon.value->generation;
@@ -520,14 +550,12 @@ Status remove_vm(const fs::path& state, std::string_view vm, const std::optional
       if (auto v = vmm_of(state, vm, mon.value->generation); v && is_alive(*v))
         return Error{fmt::format("VM '{}' is running (its monitor is gone; its VMM pid {} runs)", vm, v->pid)};
   }
-  // Everything but the lock first, then the lock, then the directory: a writer that opens the
-  // lock meanwhile finds no directory to write into afterwards.
-  for (auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename() != kLockFile) fs::remove_all(e.path(), ec);
-  ::unlink((dir / kLockFile).c_str());
-  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT)
-    return Error{fmt::format("rmdir {}: {}", dir.string(), errno_text(errno))};
-  return Ok{};
+  // The intent first (host/monitor/removal.hpp): a removal a crash cuts short is finished by
+  // the next command that finds it.
+  std::uint64_t gen = 1;
+  if (auto mon = load_monitor(state, vm); mon.value) gen = std::max(gen, mon.value->generation);
+  if (auto rec = load_record(state, vm); rec.value) gen = std::max(gen, rec.value->generation);
+  return remove_dir_with_intent(dir, gen);
 }
 
 }  // namespace nes::host

@@ -92,8 +92,11 @@ struct StopResult {
 /// Persist an explicit stop of `generation` (compare-and-set under the VM's lock): written only if
 /// no outcome of that generation is recorded yet, so whichever of the stop and the natural exit
 /// takes the lock first decides the status, and a later exit never turns `stopped` into `exited`.
+/// `reason` (stop.json's additive `reason`): set when the VM's monitor ends it for a cause of its
+/// own, not a user's request (a helper daemon died: docs/host.md "Re-adoption"); reconcile then
+/// says "stopped by its monitor at T: REASON; then …".
 Result<StopResult> persist_stop(const std::filesystem::path& state_dir, std::string_view vm,
-                                std::uint64_t generation);
+                                std::uint64_t generation, std::string_view reason = {});
 
 /// A VM's status as every reader reports it.
 enum class VmStatus { running, exited, failed, stopped };
@@ -155,6 +158,14 @@ std::optional<std::uint64_t> paused_generation(const std::filesystem::path& stat
 /// without a monitor file), monitor_alive, stop_requested, vmm_pid (null without a recorded VMM),
 /// vmm_alive, paused.
 std::string encode_state(const VmState& s);
+
+/// One JSON object plus '\n' (what `neshost wait --format json` prints, docker's `wait` status
+/// with what tells a code from a signal): vm, generation, status (exited, failed, stopped),
+/// outcome (the record's, null without one), exit_code (set only for `exited`), signal (only for
+/// `signalled`: the number, e.g. 9), exit_status (what plain `wait` prints and exits with: the
+/// code, 128+N for signal N, 125 when output was lost or there is no record), reason (the
+/// status_reason), and started_at, finished_at, lost, truncated as the record has them.
+std::string encode_wait(const VmState& s);
 
 /// VM ids with a directory in `state_dir` (sorted; other entries ignored). Empty if none.
 std::vector<std::string> list_vms(const std::filesystem::path& state_dir);

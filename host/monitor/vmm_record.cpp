@@ -1,6 +1,7 @@
 #include "host/monitor/vmm_record.hpp"
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,7 +41,58 @@ Result<ProcessIdentity> parse_identity(simdjson::dom::element e, std::string_vie
   return id;
 }
 
+/// The duty fields (VmmInfo::started_at .. netns), each with its leading comma; absent when unset.
+std::string duties(const VmmInfo& v) {
+  std::string out;
+  if (v.started_at) out += fmt::format(R"(,"started_at":"{}")", format_rfc3339(*v.started_at));
+  if (v.wall_timeout) out += fmt::format(R"(,"timeout_ms":{})", v.wall_timeout->count());
+  if (v.wall_deadline_ns) out += fmt::format(R"(,"deadline_boottime_ns":{})", *v.wall_deadline_ns);
+  if (v.netns)
+    out += fmt::format(R"(,"netns":{{"path":{},"tap":{},"interface":{}}})", json_string(v.netns->path.native()),
+                       json_string(v.netns->tap), json_string(v.netns->interface));
+  return out;
+}
+
+/// Parses the duty fields into `v` (each optional). Errors name the field.
+Status parse_duties(simdjson::dom::object obj, VmmInfo& v) {
+  std::string_view s;
+  std::uint64_t u = 0;
+  std::int64_t i = 0;
+  simdjson::dom::element e;
+  if (!obj["started_at"].get(e)) {
+    auto t = e.get_string().get(s) ? std::nullopt : parse_rfc3339(s);
+    if (!t) return Error{"started_at: expected an RFC 3339 time"};
+    v.started_at = *t;
+  }
+  if (!obj["timeout_ms"].get(e)) {
+    if (e.get_uint64().get(u) || u > 365ull * 86400 * 1000) return Error{"timeout_ms: expected milliseconds"};
+    v.wall_timeout = std::chrono::milliseconds(u);
+  }
+  if (!obj["deadline_boottime_ns"].get(e)) {
+    if (e.get_int64().get(i) || i < 0) return Error{"deadline_boottime_ns: expected nanoseconds"};
+    v.wall_deadline_ns = i;
+  }
+  if (!obj["netns"].get(e) && !e.is_null()) {
+    VmmNetns n;
+    if (e["path"].get_string().get(s) || s.empty() || s.size() > 4096) return Error{"netns.path: expected a path"};
+    n.path = std::string(s);
+    if (e["tap"].get_string().get(s) || s.empty() || s.size() > 15) return Error{"netns.tap: expected an interface name"};
+    n.tap = std::string(s);
+    if (e["interface"].get_string().get(s) || s.empty() || s.size() > 15)
+      return Error{"netns.interface: expected an interface name"};
+    n.interface = std::string(s);
+    v.netns = std::move(n);
+  }
+  return Ok{};
+}
+
 }  // namespace
+
+std::int64_t boottime_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 std::string encode_vmm(const VmmInfo& v) {
   std::string daemons = "[";
@@ -51,7 +103,7 @@ std::string encode_vmm(const VmmInfo& v) {
   return fmt::format(
       R"({{"schema_version":{},"vm":{},"generation":{},"vmm":{},"daemons":{},"runtime_dir":{},)"
       R"("channel_socket":{},"data_socket":{},"sandbox":{},"on_exit":"{}","stop_timeout_ms":{},)"
-      R"("grace_ms":{},"reconnect_ms":{},"log_max_size":{},"log_max_files":{},"rm":{},"stdin":{}}})"
+      R"("grace_ms":{},"reconnect_ms":{},"log_max_size":{},"log_max_files":{},"rm":{},"stdin":{}{}}})"
       "\n",
       VmmInfo::kSchemaVersion, json_string(v.vm), v.generation, v.vmm ? encode_identity(*v.vmm) : "null", daemons,
       json_string(v.runtime_dir.native()), json_string(v.channel_socket.native()), json_string(v.data_socket.native()),
@@ -60,7 +112,8 @@ std::string encode_vmm(const VmmInfo& v) {
       v.stdin_source ? fmt::format(R"({{"kind":"{}","path":{},"offset":{}}})",
                                    v.stdin_source->kind == VmmStdin::Kind::fifo ? "fifo" : "file",
                                    json_string(v.stdin_source->path.native()), v.stdin_source->offset)
-                     : std::string("null"));
+                     : std::string("null"),
+      duties(v));
 }
 
 Result<VmmInfo> parse_vmm(std::string_view json) {
@@ -135,6 +188,7 @@ Result<VmmInfo> parse_vmm(std::string_view json) {
     if (in["offset"].get_uint64().get(src.offset)) return Error{"stdin.offset: expected bytes"};
     v.stdin_source = std::move(src);
   }
+  if (auto d = parse_duties(obj, v); !d) return d.error();
   return v;
 }
 

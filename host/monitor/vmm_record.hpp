@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "host/lib/base.hpp"
+#include "host/lib/record.hpp"
 #include "host/lib/session.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "protocol/messages.hpp"
@@ -50,6 +51,15 @@ struct VmmStdin {
   bool operator==(const VmmStdin&) const = default;
 };
 
+/// netns mode's attachment (host/vm/netns.hpp), so that whoever ends the VM tears the tap and the
+/// redirects down, not only the monitor that made them: the namespace's path as given, the tap's
+/// name and the interface it is tied to.
+struct VmmNetns {
+  std::filesystem::path path;
+  std::string tap, interface;
+  bool operator==(const VmmNetns&) const = default;
+};
+
 /// `vmm.json` (schema_version 1), written durably (temp, fsync, rename, fsync dir) by the monitor
 /// that starts the VM: once per helper daemon and once for the VMM, each time from the spawner's
 /// gate (vm::LaunchOptions::before_exec), i.e. *after* fork and *before* the process may exec, so
@@ -71,6 +81,18 @@ struct VmmInfo {
   unsigned log_max_files = 5;
   bool rm = false;  // --rm
   std::optional<VmmStdin> stdin_source;  // `stdin`: absent or null without one (see VmmStdin)
+  /// Duties a replacement takes over (each absent in an older vmm.json, and then not taken):
+  /// `started_at` (RFC 3339): when the VM started, the session's vm_started (Session::started_at),
+  /// written right after it: the outcome record's started_at whoever records it.
+  std::optional<WallTime> started_at;
+  /// `timeout_ms`: `run --timeout`; `deadline_boottime_ns`: when it ends the workload, on
+  /// CLOCK_BOOTTIME (one clock for every process of this boot, never set back): first the VM's
+  /// start plus the limit (earlier than the session's own, which runs from `boot`), then, at the
+  /// workload's first `started`, the session's (started plus the limit). A replacement arms what
+  /// is left of it (SessionConfig::wall_left): never later than the first monitor would have.
+  std::optional<std::chrono::milliseconds> wall_timeout;
+  std::optional<std::int64_t> wall_deadline_ns;
+  std::optional<VmmNetns> netns;  // `netns`: netns mode's attachment (absent in other modes)
   bool operator==(const VmmInfo&) const = default;
 };
 
@@ -87,6 +109,9 @@ Result<std::optional<VmmInfo>> load_vmm(const std::filesystem::path& state_dir, 
 Status write_boot(const std::filesystem::path& state_dir, std::string_view vm, const proto::Boot& b);
 /// The descriptor back (decoded as the guest would); errors name the file and field.
 Result<proto::Boot> load_boot(const std::filesystem::path& state_dir, std::string_view vm);
+
+/// CLOCK_BOOTTIME now, ns (the clock of VmmInfo::wall_deadline_ns).
+std::int64_t boottime_ns();
 
 /// true iff `v` names a VMM that still runs (is_alive on its identity).
 bool vmm_alive(const VmmInfo& v);

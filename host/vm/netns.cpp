@@ -412,6 +412,32 @@ Result<NetnsAttachment> NetnsAttachment::attach(const std::filesystem::path& pat
   return a;
 }
 
+NetnsAttachment NetnsAttachment::reclaim(host::Fd ns, const std::filesystem::path& path, const std::string& tap,
+                                         const std::string& ifname, NetnsLog log) {
+  NetnsAttachment a;
+  a.path_ = path;
+  a.log_ = log ? std::move(log) : [](std::string_view line) { fmt::print(stderr, "neshost: {}\n", line); };
+  a.ns_ = std::move(ns);
+  a.link_.name = ifname;
+  a.link_.tap = tap;
+  if (a.ns_) {
+    // Only while the tap is there: without it the attachment is gone already, and a qdisc on the
+    // interface may be another attachment's.
+    int tap_index = 0;
+    auto found = in_netns(a.ns_.get(), path, [&]() -> host::Status {
+      nl::Socket s;
+      if (auto o = s.open(); !o) return Error{o.error().message, o.error().err};
+      int err = 0;
+      tap_index = index_of(s, tap, err);
+      a.link_index_ = index_of(s, ifname, err);
+      return host::Ok{};
+    });
+    a.tap_made_ = found && tap_index > 0;
+    a.link_qdisc_made_ = a.tap_made_ && a.link_index_ > 0;
+  }
+  return a;
+}
+
 void NetnsAttachment::teardown() {
   if (!ns_) return;
   if (tap_made_ || link_qdisc_made_) {

@@ -56,6 +56,15 @@ class NetnsAttachment {
   static host::Result<NetnsAttachment> attach(const std::filesystem::path& path, const std::string& tap,
                                               std::string_view ifname = {}, NetnsLog log = {});
 
+  /// What another process made for a VM (its attach(), recorded in vmm.json), to be torn down by
+  /// this one (a replacement monitor, or the command that finds the VM's monitor and VMM gone):
+  /// the namespace `ns` (an open fd of it: /proc/VMM/ns/net while QEMU runs there, else
+  /// open_netns(path)), `tap` and `ifname` by name (`path` for messages). Taken only while the tap
+  /// exists (without it the attachment is gone, and a qdisc on `ifname` may be another's); the
+  /// interface's qdisc only if `ifname` is there. An empty `ns`: nothing is taken.
+  static NetnsAttachment reclaim(host::Fd ns, const std::filesystem::path& path, const std::string& tap,
+                                 const std::string& ifname, NetnsLog log = {});
+
   NetnsAttachment(NetnsAttachment&&) noexcept = default;
   NetnsAttachment& operator=(NetnsAttachment&& o) noexcept;
   NetnsAttachment(const NetnsAttachment&) = delete;

@@ -17,7 +17,7 @@ case every descendant must have exited (reaped, bounded), the runtime dir ($TMPD
 control socket be left. No sleeps: workloads block on FIFOs the test opens, files are awaited with
 inotify, commands block on their own events.
 Exit 77 (meson: skipped) when the init or namespaces are unavailable.
-usage: adopt_test.py NESHOST_BIN NESINIT_BIN
+usage: adopt_test.py NESHOST_BIN NESINIT_BIN [CASE...]
 """
 import ctypes
 import json
@@ -177,11 +177,18 @@ class Case:
         return t
 
     def finish(self):
-        """Every descendant exited and reaped (bounded), no runtime dir or socket left; remove all."""
+        """Every descendant exited and reaped (bounded), no runtime dir or socket left; remove all.
+        A VM a failed case left running (a workload blocked on a FIFO) is ended through its state
+        dir first (`rm -f`: adopted if orphaned, then stopped), never by a broad kill."""
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
             p.communicate()
+        for vm in (os.listdir(self.state) if os.path.isdir(self.state) else []):
+            st, _ = self.inspect(vm)
+            if st.get("status") == "running":
+                check(False, "%s: VM %s still running at the end: ended with rm -f" % (self.name, vm))
+                self.nh("rm", "-f", "--state", self.state, vm)
         signal.alarm(60)
         try:
             while True:
@@ -412,12 +419,179 @@ def case_vmm_killed_monitor_alive():
         c.finish()
 
 
-case_kill_then_wait()
-case_killed_twice()
-case_exit_while_unmonitored()
-case_race_then_stop()
-case_monitor_and_vmm_killed()
-case_vmm_killed_monitor_alive()
+def boottime_ns():
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def wait_json(c, vm, *extra):
+    """`wait --format json` of `vm`: (rc, object or None, stderr)."""
+    rc, out, err = c.nh("wait", "--state", c.state, "--format", "json", *extra, vm)
+    try:
+        return rc, json.loads(out), err
+    except ValueError:
+        return rc, None, err
+
+
+def case_timeout_pending():
+    """Kill point: the monitor SIGKILLed with --timeout pending. The replacement re-arms the deadline
+    the first monitor recorded in vmm.json (never a fresh one): the workload, blocked for good, ends
+    at it with 124 / outcome timeout, and the record's started_at is the VM's start as vmm.json
+    recorded it, not the replacement's time. Lost: nothing."""
+    c = Case("timeout")
+    try:
+        never = c.fifo("never")  # nobody ever writes it: only the limit ends the workload
+        rc, _, err = c.nh("run", "-d", "--sandbox", "--state", c.state, "--vm", "to", "--grace", "2",
+                          "--ready-timeout", "20", "--timeout", "12", "--", "/bin/sh", "-c",
+                          "echo up; read x < %s; exit 0" % never)
+        check(rc == 0, "run -d --timeout: %d %r" % (rc, err))
+        check(c.await_log("to", "up") is not None, "the workload started")
+        vmm = c.vmm_json("to")
+        check(vmm.get("timeout_ms") == 12000 and vmm.get("deadline_boottime_ns") and vmm.get("started_at"),
+              "vmm.json records the VM's start, the limit and its deadline: %s" % vmm)
+        c.kill_monitor("to")
+        killed_at = boottime_ns()
+        # The precondition of this kill point: the deadline was still ahead when the monitor died.
+        check(vmm.get("deadline_boottime_ns", 0) > killed_at,
+              "the monitor was killed before its deadline (%s > %d)" % (vmm.get("deadline_boottime_ns"), killed_at))
+        kill_wall = time.time()
+        rc, st, err = wait_json(c, "to", "--timeout", "60")
+        check(rc == 124 and st and st.get("outcome") == "timeout" and st.get("exit_status") == 124,
+              "the replacement ends it at the recorded deadline: 124, timeout: %d %s %r" % (rc, st, err))
+        check(st and st.get("started_at") == vmm.get("started_at"),
+              "the record's started_at is the VM's start (vmm.json %s), not the replacement's: %s"
+              % (vmm.get("started_at"), st and st.get("started_at")))
+        if st and st.get("started_at"):
+            started = time.mktime(time.strptime(st["started_at"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+            check(started < kill_wall, "started_at precedes the monitor's kill")
+        with open(c.vm_file("to", "monitor.log")) as f:
+            log = f.read()
+        check("its --timeout (12000 ms) goes on" in log, "the replacement says it re-armed the limit: %r" % log[-800:])
+        check(taken_over(c, "to") == 1, "one replacement")
+    finally:
+        c.finish()
+
+
+def case_wait_json():
+    """`wait --format json` tells exit(137) from SIGKILL (plain `wait` prints 137 for both)."""
+    c = Case("waitjson")
+    try:
+        rc, _, err = c.run_d("code", "/bin/sh", "-c", "exit 137")
+        check(rc == 0, "run -d (exit 137): %r" % err)
+        rc, _, err = c.run_d("sig", "/bin/sh", "-c", "kill -KILL $$")
+        check(rc == 0, "run -d (SIGKILL): %r" % err)
+        for vm in ("code", "sig"):
+            rc, out, err = c.nh("wait", "--state", c.state, vm)
+            check((rc, out.strip()) == (137, "137"), "plain wait %s prints the status: %d %r %r" % (vm, rc, out, err))
+        rc, st, err = wait_json(c, "code")
+        check(rc == 137 and st and (st["status"], st["outcome"], st["exit_code"], st["signal"], st["exit_status"]) ==
+              ("exited", "exited", 137, None, 137), "wait --format json, exit 137: %d %s %r" % (rc, st, err))
+        rc, st, err = wait_json(c, "sig")
+        check(rc == 137 and st and (st["status"], st["outcome"], st["exit_code"], st["signal"], st["exit_status"]) ==
+              ("exited", "signalled", None, 9, 137), "wait --format json, SIGKILL: %d %s %r" % (rc, st, err))
+        check(st and st.get("vm") == "sig" and st.get("generation") == 1 and st.get("started_at") and st.get("reason"),
+              "the record's vm, generation, times and reason: %s" % st)
+        rc, out, err = c.nh("wait", "--state", c.state, "--format", "yaml", "sig")
+        check(rc == 2 and "--format" in err, "wait --format yaml is a usage error: %d %r" % (rc, err))
+    finally:
+        c.finish()
+
+
+def reap_killed(pid, what):
+    """Waits for our (subreaped) child `pid`; True iff SIGKILL ended it."""
+    got = bounded(lambda: os.waitpid(pid, 0), what, 30)
+    return bool(got) and os.WIFSIGNALED(got[1]) and os.WTERMSIG(got[1]) == signal.SIGKILL
+
+
+def case_removal_cut_short():
+    """Kill points: a monitor SIGKILLed in the middle of its removal (fault point remove:partial,
+    after the first file went). `--on-exit remove`: its intent (`removing`: scratch 1) is on disk,
+    `ps` finishes it (the scratch files go, the record stays). `--rm`: the intent (all 1) is on disk,
+    `rm` finishes it (the directory goes, rm says the id). Lost: nothing (the removal completes)."""
+    c = Case("removal")
+    try:
+        env = dict(c.env, NESHOST_FAULT="remove:partial")
+        for vm, flags in (("scr", ["--on-exit", "remove"]), ("all", ["--rm"])):
+            go = c.fifo("go-" + vm)  # the monitor's pid is read before the workload ends
+            r = subprocess.run([NESHOST, "run", "-d", "--sandbox", "--state", c.state, "--vm", vm, "--grace", "2",
+                                "--ready-timeout", "20"] + flags +
+                               ["--", "/bin/sh", "-c", "echo out; read x < %s; exit 3" % go],
+                               capture_output=True, text=True, timeout=60, env=env)
+            check(r.returncode == 0, "run -d %s: %d %r" % (flags, r.returncode, r.stderr))
+            pid = c.monitor_json(vm)["pid"] if os.path.exists(c.vm_file(vm, "monitor.json")) else None
+            check(pid is not None, "%s: the monitor is recorded" % vm)
+            if pid is None:
+                continue
+            c.release(go)
+            check(reap_killed(pid, "%s's monitor ends" % vm), "%s: the monitor died at the fault point" % vm)
+            with open(c.vm_file(vm, "removing")) as f:
+                check(f.read() == ("scratch 1\n" if vm == "scr" else "all 1\n"), "%s: its intent is on disk" % vm)
+        # --rm: half done; rm finishes it (and what its monitor left: the runtime dir).
+        check(os.path.isdir(os.path.join(c.state, "all")), "the --rm removal was cut short")
+        rc, out, err = c.nh("rm", "--state", c.state, "all")
+        check((rc, out.strip()) == (0, "all"), "rm finishes it and says the id: %d %r %r" % (rc, out, err))
+        check(not os.path.exists(os.path.join(c.state, "all")), "the directory is gone")
+        # --on-exit remove: half done; ps finishes it, the record stays.
+        left = sorted(os.listdir(os.path.join(c.state, "scr")))
+        rc, out, err = c.nh("ps", "-a", "--state", c.state)
+        check(rc == 0 and "scr" in out and "exited" in out, "ps -a after the cut removal: %d %r %r" % (rc, out, err))
+        now = sorted(os.listdir(os.path.join(c.state, "scr")))
+        check("removing" not in now and "workload.log" not in now and "console.log" not in now and
+              "outcome.json" in now, "ps finished the scratch removal: before %s, after %s" % (left, now))
+        rc, st, err = wait_json(c, "scr")
+        check(rc == 3 and st and st.get("exit_code") == 3, "its record stays: %d %s" % (rc, st))
+    finally:
+        c.finish()
+
+
+def case_exec_attached():
+    """Kill point: the monitor SIGKILLed with a `neshost exec` client attached. The client cannot be
+    taken over (its process's stdio went to the monitor gone as its own fds): it ends at once, 125,
+    saying its monitor died and that the process's further output and exit status are not known.
+    Lost: that process's output after the kill (the client says so; not a count: the guest holds
+    it, no host process has its destination). The workload itself loses nothing."""
+    c = Case("exec")
+    try:
+        go, go_x = c.fifo("go"), c.fifo("gox")
+        rc, _, err = c.run_d("x", "/bin/sh", "-c", "echo up; read x < %s; exit 4" % go)
+        check(rc == 0, "run -d: %r" % err)
+        check(c.await_log("x", "up") is not None, "the workload started")
+        p = c.spawn("exec", "--state", c.state, "x", "--", "/bin/sh", "-c", "echo attached; read y < %s" % go_x)
+        line = bounded(lambda: p.stdout.readline(), "the exec'd process's first line")
+        check(line == "attached\n", "the exec client is attached: %r" % line)
+        old = c.monitor_json("x")["pid"]
+        c.kill_monitor("x")
+        out, err = p.communicate(timeout=30)
+        check(p.returncode == 125 and ("its monitor (pid %d) died while the process ran" % old) in err
+              and "not known" in err, "the exec client ends, saying why: %d %r" % (p.returncode, err))
+        c.release(go_x)  # the exec'd process, still in the guest, ends
+        c.release(go)
+        rc, out, err = c.nh("wait", "--state", c.state, "x")
+        check(exit_ok(rc, out, err, 4), "the workload, adopted, ends as it would have: %d %r %r" % (rc, out, err))
+    finally:
+        c.finish()
+
+
+# The kill-point table (docs/host.md "Re-adoption"): where a monitor dies -> what is lost.
+KILL_POINTS = [
+    ("monitor SIGKILLed mid-stream (wait, twice)", "nothing: every line once"),
+    ("monitor SIGKILLed, the workload exits meanwhile (unmonitored)", "nothing: the outcome re-sent"),
+    ("monitor SIGKILLed with --timeout pending (timeout)", "nothing: the deadline re-armed, 124 at it, "
+                                                           "started_at the VM's"),
+    ("monitor SIGKILLed with an exec attached (exec)", "the exec'd process's further output and status: "
+                                                       "the client says so, exit 125"),
+    ("monitor SIGKILLed mid-removal, --on-exit remove / --rm (removal)", "nothing: the next command finishes it"),
+    ("monitor and VMM SIGKILLed (both)", "the outcome: failed 125, with the reason"),
+]
+
+CASES = {"wait": case_kill_then_wait, "twice": case_killed_twice, "unmonitored": case_exit_while_unmonitored,
+         "race": case_race_then_stop, "both": case_monitor_and_vmm_killed, "vmm": case_vmm_killed_monitor_alive,
+         "timeout": case_timeout_pending, "waitjson": case_wait_json, "removal": case_removal_cut_short,
+         "exec": case_exec_attached}
+# Extra arguments name the cases to run (development); meson runs them all.
+for name in (sys.argv[3:] or list(CASES)):
+    CASES[name]()
+for point, lost in KILL_POINTS:
+    print("kill point: %s -> lost: %s" % (point, lost), flush=True)
 if figures:
     print("monitor SIGKILL -> lifecycle channel back with a replacement (s): median %.3f, min %.3f, max %.3f, n=%d"
           % (statistics.median(figures), min(figures), max(figures), len(figures)), flush=True)

@@ -461,6 +461,25 @@ TEST_CASE("vmm.json round-trips; bad fields are named") {
         "stdin.path: expected an absolute path");
   CHECK(err(with("\"stdin\":null", R"("stdin":{"kind":"file","path":"/x","offset":-1})")) ==
         "stdin.offset: expected bytes");
+  // The duties a replacement takes over (host/monitor/duties.hpp): absent in an older file, each
+  // round-trips, bad ones are named.
+  CHECK_FALSE(older->started_at);
+  CHECK_FALSE(older->wall_timeout);
+  CHECK_FALSE(older->netns);
+  VmmInfo d = v;
+  d.started_at = WallTime(std::chrono::nanoseconds(1'700'000'000'123'456'789));
+  d.wall_timeout = std::chrono::milliseconds(12000);
+  d.wall_deadline_ns = 987'654'321'000;
+  d.netns = VmmNetns{"/var/run/netns/cni-1", "nes0123456789ab", "eth0"};
+  auto db = parse_vmm(encode_vmm(d));
+  REQUIRE(db);
+  CHECK(*db == d);
+  CHECK(err(with("\"stdin\":null", R"("stdin":null,"started_at":"yesterday")")) ==
+        "started_at: expected an RFC 3339 time");
+  CHECK(err(with("\"stdin\":null", R"("stdin":null,"deadline_boottime_ns":-1)")) ==
+        "deadline_boottime_ns: expected nanoseconds");
+  CHECK(err(with("\"stdin\":null", R"("stdin":null,"netns":{"path":"/x","tap":"","interface":"eth0"})")) ==
+        "netns.tap: expected an interface name");
 }
 
 namespace {

@@ -31,6 +31,7 @@ struct Probe {
   std::vector<std::pair<std::uint16_t, ExecEnd>> exec_ends;                   // act::ExecEnded
   std::vector<std::string> order;       // "report"/"end" per exec action, in order
   std::vector<std::chrono::milliseconds> stop_arms;  // each ArmTimer{stop}'s duration
+  std::vector<std::chrono::milliseconds> wall_arms;  // each ArmTimer{wall}'s duration
   WallTime t{std::chrono::seconds(1'700'000'000)};
 
   explicit Probe(OnExitPolicy p = OnExitPolicy::stop, std::size_t cap = proto::kDefaultLineCap)
@@ -57,6 +58,7 @@ struct Probe {
             else if constexpr (std::is_same_v<T, act::ArmTimer>) {
               armed.push_back(x.kind);
               if (x.kind == TimerKind::stop) stop_arms.push_back(x.after);
+              if (x.kind == TimerKind::wall) wall_arms.push_back(x.after);
             }
             else if constexpr (std::is_same_v<T, act::CancelTimer>) cancelled.push_back(x.kind);
             else if constexpr (std::is_same_v<T, act::WriteRecord>) writes.push_back(x.record);
@@ -489,6 +491,40 @@ TEST_CASE("wall timeout -> outcome timeout (124)") {
   p.s.timer_fired(TimerKind::grace, p.t);
   p.pump();
   CHECK(p.last_type() == "shutdown");
+}
+
+TEST_CASE("a takeover keeps the VM's start and re-arms what is left of the wall limit") {
+  auto c = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+  const WallTime first_start{std::chrono::seconds(1'699'999'000)};
+  c.resume = true;
+  c.started_at = first_start;
+  c.wall_timeout = std::chrono::milliseconds(5000);
+  c.wall_from_started = true;
+  c.wall_left = std::chrono::milliseconds(1234);
+  Probe p(c);
+  p.s.vm_started(p.t);  // the replacement's `now`
+  p.pump();
+  CHECK(p.s.started_at() == first_start);
+  REQUIRE(p.wall_arms.size() == 1);
+  CHECK(p.wall_arms[0] == std::chrono::milliseconds(1234));
+  CHECK(p.logged("wall_rearmed"));
+  p.s.timer_fired(TimerKind::wall, p.t);
+  p.pump();
+  CHECK(p.outcome().outcome == proto::Outcome::timeout);
+  CHECK(p.outcome().exit_status == 124);
+  CHECK(p.outcome().started_at == first_start);
+  // A deadline already due fires at once; without a recorded one nothing is armed.
+  c.wall_left = std::chrono::milliseconds(-50);
+  Probe due(c);
+  due.s.vm_started(due.t);
+  due.pump();
+  REQUIRE(due.wall_arms.size() == 1);
+  CHECK(due.wall_arms[0] == std::chrono::milliseconds(0));
+  c.wall_left.reset();
+  Probe none(c);
+  none.s.vm_started(none.t);
+  none.pump();
+  CHECK(none.wall_arms.empty());
 }
 
 TEST_CASE("API: stop before boot is queued, kill validates, shutdown before ready skips boot") {

@@ -604,7 +604,7 @@ def case_share_daemon_dies(c):
             break
         check(pid != 0, "a descendant of neshost is still alive")
     err = p.err.decode(errors="replace")
-    check("share 'nes.v0'" in err and "virtiofsd killed by signal 9 while the guest runs" in err,
+    check("share 'nes.v0'" in err and "virtiofsd killed by signal 9 while the guest ran; shutting the VM down" in err,
           f"no message naming the share; stderr tail:\n{err[-3000:]}")
     r = c.record()
     check((r["outcome"], r["signal"], r["exit_status"]) == ("signalled", 15, 143), f"record {r}")
@@ -1193,6 +1193,115 @@ def case_adopt(c):
     print(f"adopt: {resumed_ms:.0f} ms from the monitor's SIGKILL to the replacement's resumed session")
 
 
+def case_adopt_duties(c):
+    """issue 44's kill points in a real VM: the monitor SIGKILLed with --timeout pending and a share
+    served; `inspect` adopts; the replacement says the limit goes on from the recorded deadline
+    (lost: nothing). Then the share's virtiofsd SIGKILLed after the adoption: the replacement
+    notices (it watches the recorded daemons by identity) and ends the VM in order as the first
+    monitor would, the cause recorded first: stopped, 143, the reason naming the share (lost:
+    nothing: the workload was stopped, as it is when the first monitor sees its virtiofsd die)."""
+    share = os.path.join(c.tmp, "share")
+    os.mkdir(share)
+    pid = c.detach("d", "--timeout", "900", "--grace", "1", "-v", f"{share}:/d", "--", "/bin/sh", "-c",
+                   "echo armed > /d/armed && echo share-done; exec sleep 1000")
+    vmm_path = os.path.join(c.state, "d", "vmm.json")
+    poll(lambda: "share-done" in c.neshost("logs", "--state", c.state, "d")[1], "the workload is done with the share")
+    with open(vmm_path) as f:
+        vmm = json.load(f)
+    check(vmm.get("timeout_ms") == 900000 and vmm.get("deadline_boottime_ns") and vmm.get("started_at"),
+          f"vmm.json records the limit, its deadline and the VM's start: {vmm}")
+    qemu = vmm["vmm"]["pid"]
+    daemons = [d["process"]["pid"] for d in vmm["daemons"]]
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    rc, out, err = c.neshost("inspect", "--state", c.state, "d")
+    st = json.loads(out) if rc == 0 else {}
+    check(st.get("status") == "running" and st.get("monitor_alive") and st.get("monitor_pid") != pid,
+          f"inspect adopts it: {rc} {out!r} {err!r}")
+    log = os.path.join(c.state, "d", "monitor.log")
+    poll(lambda: "the guest resumed its session" in open(log).read(), "the replacement has the channel back")
+    check("its --timeout (900000 ms) goes on" in open(log).read(), "the replacement re-armed the limit")
+    os.kill(daemons[0], signal.SIGKILL)
+    rc, out, err = c.neshost("wait", "--state", c.state, "--format", "json", "d")
+    w = json.loads(out) if out.strip() else {}
+    check(rc == 143 and (w.get("outcome"), w.get("signal"), w.get("status")) == ("signalled", 15, "stopped"),
+          f"the replacement ended it in order: {rc} {w} {err!r}\n{open(log).read()[-3000:]}")
+    check("stopped by its monitor" in w.get("reason", "") and "share 'nes.v0': virtiofsd" in w.get("reason", ""),
+          f"the cause is recorded: {w.get('reason')!r}")
+    check(w.get("started_at") == vmm["started_at"], f"started_at is the VM's start: {w.get('started_at')} {vmm}")
+    os.waitpid(st["monitor_pid"], 0)  # the replacement exits once QEMU is down (reparented to us)
+    os.waitpid(qemu, 0)
+    for d in daemons:
+        os.waitpid(d, 0)
+    # virtiofsd's sandboxed child lost its parent and ends (its death signal), reparented to us.
+    def all_reaped():
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return False
+            except ChildProcessError:
+                return True
+    poll(all_reaped, "every process of the VM ended")
+
+
+def case_netns_adopt(c):
+    """issue 44's kill points in netns mode: a detached VM's monitor SIGKILLed; `stop` adopts and
+    ends it; the replacement tears down the tap and the redirects the monitor gone made (recorded
+    in vmm.json): A is as it was. Then the monitor and QEMU both killed: `ps` tears them down.
+    Lost: nothing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    outer = os.readlink("/proc/self/ns/net")
+    check(libc.unshare(CLONE_NEWNET) == 0, f"unshare(CLONE_NEWNET): errno {ctypes.get_errno()}")
+    check(os.readlink("/proc/self/ns/net") != outer, "still in the machine's namespace")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=BOUND)
+    a, b = NetnsHolder(), NetnsHolder()
+    try:
+        a.sh(f"ip link add eth0 address 02:00:00:99:00:02 mtu 1400 type veth peer name peer0 netns {b.p.pid}")
+        a.sh("ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.99.0.1")
+        b.sh("ip addr add 10.99.0.1/24 dev peer0 && ip link set peer0 up")
+        a_before = a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
+        pid = c.detach("n", "--network", f"netns:{a.path}", "--", "/bin/sh", "-c", "echo up; exec sleep 1000")
+        with open(os.path.join(c.state, "n", "vmm.json")) as f:
+            vmm = json.load(f)
+        check(vmm.get("netns", {}).get("interface") == "eth0" and vmm["netns"].get("tap", "").startswith("nes"),
+              f"vmm.json records the attachment: {vmm}")
+        tap = [l for l in a.sh("ip -o link show").split("\n") if ": nes" in l]
+        check(len(tap) == 1, f"one tap in A while the VM runs: {tap}")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        rc, _, err = c.neshost("stop", "--state", c.state, "n")
+        check(rc == 0, f"stop adopts and ends it: {rc} {err!r}")
+        rc, out, err = c.neshost("inspect", "--state", c.state, "n")
+        new = json.loads(out).get("monitor_pid") if rc == 0 else None
+        if new:
+            os.waitpid(new, 0)  # the replacement: tears down once the VM has ended, then exits
+        os.waitpid(vmm["vmm"]["pid"], 0)
+        left = a.sh("ip -o link show; tc qdisc show dev eth0")
+        check(": nes" not in left and "ingress" not in left, f"A after the VM: {left!r}\n"
+              f"{open(os.path.join(c.state, 'n', 'monitor.log')).read()[-2000:]}")
+        a_after = a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
+        check(a_after == a_before, f"eth0 changed: {a_before!r} -> {a_after!r}")
+        # The monitor and its QEMU both SIGKILLed: nobody is left to end the VM; the next command
+        # (ps) finds it failed and tears down what its monitor made (the namespace's path lives).
+        pid = c.detach("m", "--network", f"netns:{a.path}", "--", "/bin/sh", "-c", "echo up; exec sleep 1000")
+        with open(os.path.join(c.state, "m", "vmm.json")) as f:
+            qemu = json.load(f)["vmm"]["pid"]
+        check(": nes" in a.sh("ip -o link show"), "a tap in A while the second VM runs")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.kill(qemu, signal.SIGKILL)
+        os.waitpid(qemu, 0)
+        rc, out, err = c.neshost("ps", "-a", "--state", c.state)
+        check(rc == 0 and "failed" in out, f"ps: the VM failed: {rc} {out!r} {err!r}")
+        left = a.sh("ip -o link show; tc qdisc show dev eth0")
+        check(": nes" not in left and "ingress" not in left, f"A after the monitor and QEMU were killed: {left!r}")
+        check(a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0") == a_before,
+              "eth0 as it was")
+    finally:
+        a.close()
+        b.close()
+
+
 def case_adopt_stream(c):
     """issue 28 in a real VM: 64 MiB of random bytes and then 2000 numbered lines on stdout, the
     monitor SIGKILLed twice while it streams (after the first and after the second 16 MiB were
@@ -1636,6 +1745,43 @@ def case_net_none(c):
     rc, out, err = c.run("--network", "none", "--", "ls", "/sys/class/net")
     check(rc == 0, f"exit status {rc}; stderr:\n{err[-3000:]}")
     check(lines(out) == ["lo"], f"the guest's interfaces: {out!r}")
+
+
+def case_net_passt_dies(c):
+    """issue 44: passt dies mid-run under a replacement monitor (the kill point "monitor killed,
+    then passt"): the replacement watches the passt the monitor gone recorded and ends the VM in
+    order, the cause recorded (passt is not restarted: docs/host.md "Re-adoption" says why):
+    stopped, 143, the reason naming passt. Lost: the guest's network, said and recorded."""
+    pid = c.detach("p", "--grace", "1", "--", "/bin/sh", "-c", "echo up; exec sleep 1000")
+    with open(os.path.join(c.state, "p", "vmm.json")) as f:
+        vmm = json.load(f)
+    passt = [d["process"]["pid"] for d in vmm["daemons"] if d["name"] == "passt"]
+    check(len(passt) == 1, f"vmm.json records passt: {vmm}")
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    rc, out, err = c.neshost("inspect", "--state", c.state, "p")
+    st = json.loads(out) if rc == 0 else {}
+    check(st.get("status") == "running" and st.get("monitor_alive"), f"inspect adopts it: {rc} {out!r} {err!r}")
+    log = os.path.join(c.state, "p", "monitor.log")
+    poll(lambda: "the guest resumed its session" in open(log).read(), "the replacement has the channel back")
+    os.kill(passt[0], signal.SIGKILL)
+    rc, out, err = c.neshost("wait", "--state", c.state, "--format", "json", "p")
+    w = json.loads(out) if out.strip() else {}
+    check(rc == 143 and (w.get("outcome"), w.get("signal"), w.get("status")) == ("signalled", 15, "stopped"),
+          f"the replacement ended it in order: {rc} {w} {err!r}\n{open(log).read()[-3000:]}")
+    check("stopped by its monitor" in w.get("reason", "") and "passt" in w.get("reason", "") and
+          "lost its network" in w.get("reason", ""), f"the cause is recorded: {w.get('reason')!r}")
+    os.waitpid(st["monitor_pid"], 0)
+    os.waitpid(vmm["vmm"]["pid"], 0)
+
+    def all_reaped():
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return False
+            except ChildProcessError:
+                return True
+    poll(all_reaped, "every process of the VM ended")
 
 
 def case_net_bulk(c):
