@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -314,8 +315,13 @@ int exec_main(const Args& args) {
   }
   // The monitor that serves us (its pid): if the connection ends early, whether it died.
   pid_t served_by = 0;
-  if (auto now = host::reconcile(state ? fs::path(*state) : default_state_dir(), vm); now && *now && (*now)->monitor)
+  host::Fd served_pidfd;
+  if (auto now = host::reconcile(state ? fs::path(*state) : default_state_dir(), vm);
+      now && *now && (*now)->monitor && (*now)->monitor_alive) {
     served_by = (*now)->monitor->monitor.pid;
+    served_pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, served_by, 0)));
+    if (served_pidfd && !host::is_alive((*now)->monitor->monitor)) served_pidfd.reset();  // not that process
+  }
   auto cs = ControlSession::open(ctl, control::Request{std::move(request)}, {0, 1, 2});
   auto not_running = [&](const host::Error& e) { return exec_error(fmt::format("VM '{}' is not running ({})", vm, e.message)); };
   if (!cs) return not_running(cs.error());
@@ -358,10 +364,22 @@ int exec_main(const Args& args) {
         if (raw) raw->restore();
         // The monitor we are attached to died (a replacement cannot take this client over: the
         // process's stdio went to the monitor gone as our own fds): said as such, 125.
-        const fs::path st = state ? fs::path(*state) : default_state_dir();
-        if (auto now = host::reconcile(st, vm);
-            served_by && now && *now && (*now)->status == host::VmStatus::running &&
-            (!(*now)->monitor_alive || ((*now)->monitor && (*now)->monitor->monitor.pid != served_by)))
+        // Its pidfd turns readable once it has exited: its fds (our connection) close a moment
+        // before, so the EOF may come first; waited for, bounded.
+        pollfd pf{served_pidfd.get(), POLLIN, 0};
+        bool died = false;
+        while (served_pidfd && !died) {
+          const int n = ::poll(&pf, 1, 5000);
+          if (n < 0 && errno == EINTR) continue;
+          died = n > 0;
+          break;
+        }
+        // Died, not ended: the VM runs on without it (no outcome recorded).
+        if (died)
+          if (auto now = host::reconcile(state ? fs::path(*state) : default_state_dir(), vm);
+              !now || !*now || (*now)->status != host::VmStatus::running)
+            died = false;
+        if (died)
           return exec_error(fmt::format(
               "VM '{}': its monitor (pid {}) died while the process ran: its further output and its exit status "
               "are not known (the process may still run in the guest: neshost top {})",

@@ -525,6 +525,19 @@ def case_removal_cut_short():
             check(reap_killed(pid, "%s's monitor ends" % vm), "%s: the monitor died at the fault point" % vm)
             with open(c.vm_file(vm, "removing")) as f:
                 check(f.read() == ("scratch 1\n" if vm == "scr" else "all 1\n"), "%s: its intent is on disk" % vm)
+        # Uncut: --on-exit remove leaves the record and no intent.
+        rc, _, err = c.nh("run", "-d", "--sandbox", "--state", c.state, "--vm", "clean", "--grace", "2",
+                          "--ready-timeout", "20", "--on-exit", "remove", "--", "/bin/sh", "-c", "echo out; exit 5")
+        check(rc == 0, "run -d --on-exit remove: %r" % err)
+        rc, out, _ = c.nh("wait", "--state", c.state, "clean")
+        pid = c.monitor_json("clean")["pid"]
+        try:
+            bounded(lambda: os.waitpid(pid, 0), "the monitor of 'clean' ends", 30)
+        except ChildProcessError:
+            pass
+        now = sorted(os.listdir(os.path.join(c.state, "clean")))
+        check(rc == 5 and "removing" not in now and "workload.log" not in now and "console.log" not in now and
+              "outcome.json" in now, "--on-exit remove, uncut: %d %s" % (rc, now))
         # --rm: half done; rm finishes it (and what its monitor left: the runtime dir).
         check(os.path.isdir(os.path.join(c.state, "all")), "the --rm removal was cut short")
         rc, out, err = c.nh("rm", "--state", c.state, "all")
