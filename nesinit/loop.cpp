@@ -281,6 +281,15 @@ class Pid1 final : private DataEvents {
         return;
       }
     }
+    // A read-only root took its mount points (the shares', the /etc files') in memory: sealed
+    // now, before anything runs in it (rootfs.hpp).
+    if (b.root && b.root->ro) {
+      if (auto r = seal_read_only("/"); !r) {
+        pending_.push_front(ev::MountFailed{proto::MountFailed{b.root->tag, "root " + r.error().message, r.error().err}});
+        return;
+      }
+      log_.info("root", "/ sealed read-only");
+    }
     pending_.push_front(ev::MountsDone{});
   }
 

@@ -20,8 +20,21 @@ MountStatus switch_root(const proto::Root& r, const Log& log) {
   if (auto d = mkdir_p(nr); !d) return fail("mkdir " + nr, d.error().err);
   const char* fstype = r.fs == proto::FsType::ninep ? "9p" : "virtiofs";
   const char* data = r.fs == proto::FsType::ninep ? "trans=virtio,version=9p2000.L" : nullptr;
-  if (int e = mount_share(r.tag.c_str(), nr.c_str(), fstype, r.ro ? MS_RDONLY : 0, data))
-    return fail(fmt::format("mount {} {} on {}", fstype, r.tag, nr), e);
+  // Read-only: the share is the overlay's lower layer; the mount points go to its tmpfs.
+  const std::string share_at = r.ro ? kRootLower : nr;
+  if (r.ro)
+    if (auto d = mkdir_p(share_at); !d) return fail("mkdir " + share_at, d.error().err);
+  if (int e = mount_share(r.tag.c_str(), share_at.c_str(), fstype, r.ro ? MS_RDONLY : 0, data))
+    return fail(fmt::format("mount {} {} on {}", fstype, r.tag, share_at), e);
+  if (r.ro) {
+    auto st = stage_read_only(share_at, kRootUpper, nr);
+    ::umount2(share_at.c_str(), MNT_DETACH);  // the overlay holds its own reference
+    ::umount2(kRootUpper, MNT_DETACH);
+    if (!st) {
+      ::umount2(nr.c_str(), MNT_DETACH);
+      return proto::MountFailed{r.tag, "root " + st.error().message, st.error().err};
+    }
+  }
   // Everything the init mounted at bring-up moves along (MS_MOVE takes the subtree: /dev/pts,
   // /dev/shm, /sys/fs/cgroup). A missing mount point is created in the share, as a container
   // runtime does in a rootfs.
@@ -59,7 +72,32 @@ MountStatus switch_root(const proto::Root& r, const Log& log) {
   }
   if (::chroot(".") != 0) return fail("chroot", errno);
   if (::chdir("/") != 0) return fail("chdir /", errno);
-  log.info("root", "{} {} is / ({})", fstype, r.tag, r.ro ? "ro" : "rw");
+  log.info("root", "{} {} is / ({})", fstype, r.tag, r.ro ? "ro: its mount points in memory until sealed" : "rw");
+  return base::Ok{};
+}
+
+base::Status stage_read_only(const std::string& lower, const std::string& upper, const std::string& target) {
+  auto fail = [](const std::string& what, int e) { return base::errno_error(e, what); };
+  struct stat st {};
+  if (::stat(lower.c_str(), &st) != 0) return fail("stat " + lower, errno);
+  if (auto d = mkdir_p(upper); !d) return fail("mkdir " + upper, d.error().err);
+  if (::mount("tmpfs", upper.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0)
+    return fail("mount tmpfs on " + upper, errno);
+  const std::string u = upper + "/u", w = upper + "/w";
+  for (const std::string& d : {u, w})
+    if (::mkdir(d.c_str(), 0755) != 0) return fail("mkdir " + d, errno);
+  // The merged root is the upper layer's directory: it looks as the share's root does.
+  if (::chown(u.c_str(), st.st_uid, st.st_gid) != 0 || ::chmod(u.c_str(), st.st_mode & 07777) != 0)
+    return fail("chown/chmod " + u, errno);
+  const std::string opts = fmt::format("lowerdir={},upperdir={},workdir={}", lower, u, w);
+  if (::mount("overlay", target.c_str(), "overlay", 0, opts.c_str()) != 0)
+    return fail(fmt::format("mount overlay ({}) on {}", opts, target), errno);
+  return base::Ok{};
+}
+
+base::Status seal_read_only(const std::string& at) {
+  if (::mount(nullptr, at.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
+    return base::errno_error(errno, "remount " + at + " read-only");
   return base::Ok{};
 }
 

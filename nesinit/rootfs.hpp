@@ -18,6 +18,26 @@ inline constexpr const char* kNewRoot = "/nesinit.root";
 /// /tmp; then makes it `/` (chdir, MS_MOVE onto /, chroot). Only for a guest's PID 1 on its
 /// initramfs: call before any other share is mounted. On failure returns a MountFailed naming the
 /// root's tag and the step, with errno; a failure before the final move leaves `/` as it was.
+/// With `root.ro` the share is not mounted on kNewRoot itself but as the lower layer of an
+/// overlay whose upper layer is a tmpfs (stage_read_only): the mount points the init makes for
+/// /dev, /proc, /sys, /run, /tmp, the shares and the files bound over /etc land in memory, never
+/// in the host's directory (docker's --read-only over a plain root). seal_read_only("/") then
+/// makes it read-only once the shares and the network are in place, before the workload runs.
 MountStatus switch_root(const proto::Root& root, const Log& log);
+
+/// Where a read-only root's share and its tmpfs wait below the overlay (directories of the
+/// initramfs; detached once the overlay holds them).
+inline constexpr const char* kRootLower = "/nesinit.lower";
+inline constexpr const char* kRootUpper = "/nesinit.upper";
+
+/// Mounts on `target` an overlay of `lower` (a directory, read-only to us) under a fresh tmpfs
+/// mounted on `upper` (its layers `upper`/u and `upper`/w), the overlay's root taking the mode and
+/// owner of `lower`'s. Writes to `target` land in the tmpfs until seal_read_only(). Errors: the
+/// step that failed ("tmpfs", "overlay", ...) with its errno.
+base::Status stage_read_only(const std::string& lower, const std::string& upper, const std::string& target);
+
+/// Makes the mount on `at` read-only (a bind remount: MS_RDONLY on that mount alone; the mounts
+/// on top of it keep their own flags). Errors: mount(2)'s errno.
+base::Status seal_read_only(const std::string& at);
 
 }  // namespace nes::init

@@ -387,6 +387,9 @@ void Session::on_kill(int signo) {
 
 void Session::on_shutdown_msg() {
   host_shutdown_ = true;
+  // The host read the outcome, so every line before it on this connection: the accounts sent
+  // ahead of it are confirmed (a connection's lines arrive in order).
+  if (outcome_ && channel_open_ && acct_before_outcome_) acct_confirmed_ = true;
   if (outcome_ && !acked_) {
     acked_ = true;
     cancel(Timer::ack);
@@ -428,6 +431,7 @@ void Session::begin_reconnect() {
 void Session::resume_channel() {
   reconnecting_ = false;
   channel_open_ = true;
+  acct_before_outcome_ = false;  // the accounts went on the lost connection: its host may not have read them
   cancel(Timer::reconnect);
   cancel(Timer::redial);
   const bool pending = outcome_ && !acked_;
@@ -831,25 +835,47 @@ bool Session::account_workload(const ev::OutputAccount& out, const std::optional
                                std::string_view why) {
   if (workload_accounted_ || !data_up_ || !boot_ || !boot_->stdio) return false;
   workload_accounted_ = true;
-  send_accounts(0, out, err, why);
+  acct_out_ = out;
+  acct_err_ = err;
+  acct_before_outcome_ = channel_open_ && !outcome_;
+  acct_logged_ = send_accounts(0, out, err, why);
   return channel_open_ && (stage_ != Stage::flush || last_flush_.channel_open);
 }
 
-void Session::send_accounts(std::uint16_t proc, const ev::OutputAccount& out,
-                            const std::optional<ev::OutputAccount>& err, std::string_view why) {
+unsigned Session::send_accounts(std::uint16_t proc, const ev::OutputAccount& out,
+                                const std::optional<ev::OutputAccount>& err, std::string_view why) {
+  unsigned logged = 0;
   for (proto::Stream s : {proto::Stream::out, proto::Stream::err}) {
     if (s == proto::Stream::err && !err) continue;
     const ev::OutputAccount& a = s == proto::Stream::out ? out : *err;
     // At EOF (`why` empty) only bytes thrown away are given up; else also a stream not at its end.
-    if (a.unsent > 0 || (!why.empty() && !a.eof_framed))
+    if (a.unsent > 0 || (!why.empty() && !a.eof_framed)) {
       note(Severity::warn, proc == 0 ? "output" : "exec",
            fmt::format("{}{}: {} byte(s) given up, {} sent: {}", proc == 0 ? "" : fmt::format("process {} ", proc),
                        proto::to_string(s), a.unsent, a.sent, why.empty() ? "the data channel closed before its end" : why));
+      logged |= s == proto::Stream::out ? 1u : 2u;
+    }
     send(proto::OutputEnd{proc, s, a.sent, a.unsent});
+  }
+  return logged;
+}
+
+void Session::log_unconfirmed_accounts() {
+  if (!workload_accounted_ || acct_confirmed_) return;
+  for (proto::Stream s : {proto::Stream::out, proto::Stream::err}) {
+    const unsigned bit = s == proto::Stream::out ? 1u : 2u;
+    if ((acct_logged_ & bit) || (s == proto::Stream::err && !acct_err_)) continue;
+    const ev::OutputAccount& a = s == proto::Stream::out ? acct_out_ : *acct_err_;
+    note(Severity::warn, "output",
+         fmt::format("{}: {} byte(s) given up, {} sent: no host confirmed this account (a host that died lost "
+                     "what it had not read of those sent)",
+                     proto::to_string(s), a.unsent, a.sent));
+    acct_logged_ |= bit;
   }
 }
 
 void Session::enter_final() {
+  log_unconfirmed_accounts();
   stage_ = Stage::final;
   phase_ = Phase::done;
   for (int i = 0; i < kTimerCount; ++i)

@@ -374,9 +374,12 @@ class Session {
   bool account_workload(const ev::OutputAccount& out, const std::optional<ev::OutputAccount>& err,
                         std::string_view why);
   /// output_end for process `proc`'s streams (no `err`: a terminal's one stream), a warning for
-  /// each given up (`why`).
-  void send_accounts(std::uint16_t proc, const ev::OutputAccount& out, const std::optional<ev::OutputAccount>& err,
-                     std::string_view why);
+  /// each given up (`why`). Returns which streams were logged (bit 0 stdout, bit 1 stderr).
+  unsigned send_accounts(std::uint16_t proc, const ev::OutputAccount& out, const std::optional<ev::OutputAccount>& err,
+                         std::string_view why);
+  /// Before the final act: the workload's accounts no host confirmed (see acct_confirmed_) are
+  /// logged in full, each stream not logged yet, however little was given up.
+  void log_unconfirmed_accounts();
   void enter_final();
   void report_held_exit();  // settle the outcome held back for the workload's output
 
@@ -427,6 +430,15 @@ class Session {
   bool data_up_ = false;           // the data channel was connected (boot.stdio)
   bool resuming_data_ = false;     // data channel resume: lost, redialled until Timer::data_reconnect
   ev::Flushing last_flush_;        // the flush's last report: the workload's accounts
+  /// The workload's accounts as sent (output_end), which streams' are in the log, and whether a
+  /// host confirmed having them: it acknowledged (`shutdown`) an outcome sent after them on the
+  /// same connection. Unconfirmed at the final act (a host that died, or hung up unacknowledged),
+  /// the init's log is the only record of what it sent, so it is logged (issue 44).
+  ev::OutputAccount acct_out_;
+  std::optional<ev::OutputAccount> acct_err_;
+  unsigned acct_logged_ = 0;       // bit 0 stdout, bit 1 stderr
+  bool acct_before_outcome_ = false;  // sent on an open channel before the outcome
+  bool acct_confirmed_ = false;
 };
 
 }  // namespace nes::init

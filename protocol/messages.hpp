@@ -34,10 +34,20 @@ inline constexpr const char* kFeatureExec = "exec";            // exec, list_pro
 inline constexpr const char* kFeatureNetwork = "network";      // boot.network
 inline constexpr const char* kFeatureDataResume = "data_resume";  // boot.stdio.replay_bytes > 0
 inline constexpr const char* kFeatureContainer = "container";      // exec.container, exec.in
+// The v2 additive fields of the reference's own list, named since 0.3 (issue 44): an init that
+// predates them would run the workload with other groups, another hostname, the wrong clock or
+// CRNG, or power off instead of rebooting, and say nothing.
+inline constexpr const char* kFeatureGroups = "groups";      // exec.groups non-empty (boot and exec)
+inline constexpr const char* kFeatureMountFs = "mount_fs";   // mounts[].fs other than virtiofs
+inline constexpr const char* kFeatureHostname = "hostname";  // boot.hostname
+inline constexpr const char* kFeatureHalt = "halt";          // boot.on_exit.halt
+inline constexpr const char* kFeatureEntropy = "entropy";    // boot.entropy
+inline constexpr const char* kFeatureRealtime = "realtime";  // boot.realtime_ns
 /// Every feature this build's init implements, as it announces them.
 inline std::vector<std::string> all_features() {
-  return {kFeatureStdio,   kFeatureRoot,       kFeatureReconnect, kFeatureExec,
-          kFeatureNetwork, kFeatureDataResume, kFeatureContainer};
+  return {kFeatureStdio,    kFeatureRoot,    kFeatureReconnect, kFeatureExec,     kFeatureNetwork,
+          kFeatureDataResume, kFeatureContainer, kFeatureGroups, kFeatureMountFs, kFeatureHostname,
+          kFeatureHalt,     kFeatureEntropy, kFeatureRealtime};
 }
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").

@@ -90,17 +90,30 @@ std::optional<std::string> missing_feature(const SessionConfig& cfg,
   auto has = [&](std::string_view f) {
     return features && std::find(features->begin(), features->end(), f) != features->end();
   };
-  std::pair<bool, const char*> needs[] = {
-      {d.stdio.has_value(), proto::kFeatureStdio},
-      {d.root.has_value(), proto::kFeatureRoot},
-      {d.network.has_value(), proto::kFeatureNetwork},
-      {cfg.reconnect.count() > 0, proto::kFeatureReconnect},
+  const bool other_fs = std::any_of(d.mounts.begin(), d.mounts.end(),
+                                    [](const proto::Mount& m) { return m.fs != proto::FsType::virtiofs; });
+  struct Need {
+    bool needed;
+    const char* feature;
+    const char* field;  // after "boot."
   };
-  for (auto [needed, f] : needs)
-    if (needed && !has(f))
+  const Need needs[] = {
+      {d.stdio.has_value(), proto::kFeatureStdio, "stdio"},
+      {d.root.has_value(), proto::kFeatureRoot, "root"},
+      {d.network.has_value(), proto::kFeatureNetwork, "network"},
+      {cfg.reconnect.count() > 0, proto::kFeatureReconnect, "reconnect_ms"},
+      {!d.exec.groups.empty(), proto::kFeatureGroups, "exec.groups"},
+      {other_fs, proto::kFeatureMountFs, "mounts[].fs"},
+      {d.hostname.has_value(), proto::kFeatureHostname, "hostname"},
+      {d.on_exit.halt.has_value(), proto::kFeatureHalt, "on_exit.halt"},
+      {d.entropy.has_value(), proto::kFeatureEntropy, "entropy"},
+      {d.realtime_ns.has_value(), proto::kFeatureRealtime, "realtime_ns"},
+  };
+  for (const Need& n : needs)
+    if (n.needed && !has(n.feature))
       return fmt::format("the guest's init lacks feature '{}' that this descriptor needs (boot.{}); "
                          "an init without it would ignore the field: update the guest's init",
-                         f, std::string_view(f) == proto::kFeatureReconnect ? "reconnect_ms" : f);
+                         n.feature, n.field);
   return std::nullopt;
 }
 
@@ -891,6 +904,12 @@ Status Session::exec(const proto::ExecProcess& x) {
       !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureContainer) != features_->end()))
     return Error{fmt::format("exec.{}: the guest's init does not implement containers (no \"{}\" in ready.features)",
                              x.container ? "container" : "in", proto::kFeatureContainer)};
+  // An init without it would run the process with only its gid, and say nothing.
+  if (!x.exec.groups.empty() &&
+      !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureGroups) != features_->end()))
+    return Error{fmt::format("exec.groups: the guest's init does not implement supplementary groups (no \"{}\" in "
+                             "ready.features): update the guest's init",
+                             proto::kFeatureGroups)};
   send(x);
   execs_[x.proc] = ExecState{x.stdio.has_value(), x.stdio && x.stdio->terminal};
   arm_exec(x.proc, cfg_.exec_answer_wait);

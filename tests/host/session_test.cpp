@@ -1,6 +1,7 @@
 // Sans-I/O tests of host/lib/session.hpp: every guest message path, each on_exit policy, deadlines,
 // version mismatch, policy overriding `terminal`, finality, bounded memory. No sockets, no clock.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <map>
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -1068,6 +1069,18 @@ TEST_CASE("features: a descriptor field the guest's init lacks is refused before
   const std::vector<Case> cases = {
       {old_ready.c_str(), "", false}, {old_ready.c_str(), "stdio", true}, {old_ready.c_str(), "network", true},
       {some.c_str(), "stdio", false}, {some.c_str(), "root", true},      {some.c_str(), "network", true},
+      // Issue 44: the reference's additive fields, each refused by an init that does not name it.
+      {old_ready.c_str(), "exec.groups", true},  {some.c_str(), "exec.groups", true},
+      {old_ready.c_str(), "mounts[].fs", true},  {some.c_str(), "mounts[].fs", true},
+      {old_ready.c_str(), "hostname", true},     {some.c_str(), "hostname", true},
+      {old_ready.c_str(), "on_exit.halt", true}, {some.c_str(), "on_exit.halt", true},
+      {old_ready.c_str(), "entropy", true},      {some.c_str(), "entropy", true},
+      {old_ready.c_str(), "realtime_ns", true},  {some.c_str(), "realtime_ns", true},
+  };
+  const std::map<std::string, std::string> feature_of = {
+      {"stdio", "stdio"},         {"root", "root"},         {"network", "network"},
+      {"exec.groups", "groups"},  {"mounts[].fs", "mount_fs"}, {"hostname", "hostname"},
+      {"on_exit.halt", "halt"},   {"entropy", "entropy"},   {"realtime_ns", "realtime"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.ready);
@@ -1076,13 +1089,19 @@ TEST_CASE("features: a descriptor field the guest's init lacks is refused before
     if (c.field == "stdio") cfg.descriptor.stdio = proto::Stdio{};
     if (c.field == "root") cfg.descriptor.root = proto::Root{"r"};
     if (c.field == "network") cfg.descriptor.network = proto::Network{};
+    if (c.field == "exec.groups") cfg.descriptor.exec.groups = {10, 20};
+    if (c.field == "mounts[].fs") cfg.descriptor.mounts.push_back(proto::Mount{"scratch", "/scratch", false, proto::FsType::tmpfs});
+    if (c.field == "hostname") cfg.descriptor.hostname = "box";
+    if (c.field == "on_exit.halt") cfg.descriptor.on_exit.halt = proto::Halt::reboot;
+    if (c.field == "entropy") cfg.descriptor.entropy = proto::Entropy{};
+    if (c.field == "realtime_ns") cfg.descriptor.realtime_ns = 1;
     Probe p(cfg);
     p.start();
     p.feed(c.ready);
     if (c.refused) {
       CHECK(p.outcome().outcome == proto::Outcome::version_mismatch);
       CHECK(p.outcome().exit_status == 125);
-      CHECK(p.outcome().reason.find("lacks feature '" + c.field + "'") != std::string::npos);
+      CHECK(p.outcome().reason.find("lacks feature '" + feature_of.at(c.field) + "'") != std::string::npos);
       CHECK(p.outcome().reason.find("boot." + c.field) != std::string::npos);
       CHECK(p.sent.empty());  // no boot went out
       CHECK(p.closes == 1);
@@ -1091,6 +1110,36 @@ TEST_CASE("features: a descriptor field the guest's init lacks is refused before
       CHECK(std::holds_alternative<proto::Boot>(p.sent[0]));
     }
   }
+  // Our init names them all: every one of these fields goes out to it.
+  for (const auto& [field, feature] : feature_of) {
+    CAPTURE(field);
+    SessionConfig cfg = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
+    cfg.descriptor.exec.groups = {10};
+    cfg.descriptor.mounts.push_back(proto::Mount{"/srv", "/srv", true, proto::FsType::bind});
+    cfg.descriptor.hostname = "box";
+    cfg.descriptor.on_exit.halt = proto::Halt::reboot;
+    cfg.descriptor.entropy = proto::Entropy{};
+    cfg.descriptor.realtime_ns = 1;
+    Probe p(cfg);
+    p.start();
+    p.feed(test::ready_line());
+    REQUIRE(p.sent.size() == 1);
+    CHECK(std::holds_alternative<proto::Boot>(p.sent[0]));
+  }
+}
+
+TEST_CASE("features: an exec with supplementary groups is refused by an init that lacks 'groups'") {
+  Probe p;
+  p.start();
+  p.feed(R"({"type":"ready","protocol_version":2,"features":["stdio","exec"]})" "\n");
+  REQUIRE(p.sent.size() == 1);
+  proto::ExecProcess x = exec_of(1, false);
+  x.exec.groups = {10};
+  auto st = p.s.exec(x);
+  REQUIRE_FALSE(st);
+  CHECK(st.error().message.find("exec.groups: the guest's init does not implement supplementary groups") == 0);
+  x.exec.groups.clear();
+  CHECK(p.s.exec(x));  // without groups, as before
 }
 
 TEST_CASE("network_failed is a final outcome: 125, the reason names interface and step") {

@@ -429,3 +429,24 @@ TEST_CASE("the host dies mid-output: the init counts what it gave up in its log 
   CHECK(unsent + sent == 4194304u);
   CHECK(sent >= sb.data_out().size());
 }
+
+// Issue 44, what the case above once met in CI: a host that had read nearly everything before
+// it paused left the init with nothing to give up (all of it written to the socket, the eofs
+// too), so no "given up" line, and the output_end lines died with the host. Forced here: the
+// host reads nothing, the output fits in the socket's buffer, the host dies after the outcome.
+TEST_CASE("the host dies after the init wrote all of the output: the init's log still holds its account") {
+  Sandbox sb(with_data());
+  sb.pause_data(true);  // never read: what the init writes waits in the socket, and dies with it
+  REQUIRE(sb.start(stdio_boot({"/bin/sh", "-c", "head -c 32768 /dev/zero; exit 3"})));
+  CHECK(next_exit(sb) == proto::WorkloadExited::code(3));
+  // As the init sees it, every byte went out: nothing given up, nothing logged yet.
+  CHECK(account_of(sb, Stream::out) == proto::OutputEnd{0, Stream::out, 32768, 0});
+  CHECK(sb.err().find("given up") == std::string::npos);
+  sb.close_data();
+  sb.close_channel();  // the host is gone, the outcome unacknowledged
+  CHECK(powered_off(sb.wait_exit()));
+  INFO("the init's log:\n" << sb.err());
+  CHECK(sb.data_out().empty());
+  CHECK(sb.err().find("stdout: 0 byte(s) given up, 32768 sent: no host confirmed this account") != std::string::npos);
+  CHECK(sb.err().find("stderr: 0 byte(s) given up, 0 sent: no host confirmed this account") != std::string::npos);
+}

@@ -1365,6 +1365,80 @@ TEST_CASE("final flush: the host closes the data channel before the output's end
   CHECK(only<act::PowerOff>(a).size() == 1);
 }
 
+// Issue 44, the init-e2e-stdio failure: the init had written all of the workload's output to
+// the data channel (nothing given up: unsent 0) when the host died without reading it. Its
+// output_end lines died with the host, and the init logged nothing, since it gave up nothing
+// itself: the only record of what it sent was gone.
+TEST_CASE("output_end that no host confirmed: logged in full before the final act, however little was given up") {
+  Session s = running_with_stdio();
+  auto a = s.handle(ev::OutputsDone{{4194304, 0, true}, ev::OutputAccount{0, 0, true}});
+  REQUIRE(sent(a) == std::vector<std::string>{"output_end", "output_end"});
+  CHECK_FALSE(warned(a, "given up"));  // nothing given up: nothing to say yet
+  a = s.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  REQUIRE(sent(a) == std::vector<std::string>{"workload_exited"});
+  s.handle(ev::NoChildren{});
+  s.handle(ev::Eof{});  // the host died: no `shutdown` after the outcome
+  REQUIRE(s.stage() == Stage::flush);
+  ev::Flushing f;
+  f.channel_open = false;
+  f.outputs_done = true;
+  f.out = {4194304, 0, true};
+  f.err = ev::OutputAccount{0, 0, true};
+  a = s.handle(f);
+  REQUIRE(only<act::PowerOff>(a).size() == 1);
+  CHECK(warned(a, "stdout: 0 byte(s) given up, 4194304 sent: no host confirmed this account"));
+  CHECK(warned(a, "stderr: 0 byte(s) given up, 0 sent: no host confirmed this account"));
+  // The notes come before the final act (the loop performs actions in order).
+  std::size_t note_at = a.size(), off_at = a.size();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (auto* n = std::get_if<act::Note>(&a[i]); n && n->text.find("4194304 sent") != std::string::npos) note_at = i;
+    if (std::holds_alternative<act::PowerOff>(a[i])) off_at = i;
+  }
+  CHECK(note_at < off_at);
+
+  // The flush's bounds end it the same way (the 1 s idle bound with output still owed).
+  Session t = running_with_stdio();
+  t.handle(ev::OutputsDone{{100, 0, true}, ev::OutputAccount{0, 0, true}});
+  t.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  t.handle(ev::NoChildren{});
+  t.handle(ev::Eof{});
+  f.data_open = true;
+  f.data_unsent = true;
+  f.out = {100, 0, true};
+  CHECK(only<act::PowerOff>(t.handle(f)).empty());
+  a = t.handle(ev::TimerFired{Timer::flush_idle});
+  REQUIRE(only<act::PowerOff>(a).size() == 1);
+  CHECK(warned(a, "stdout: 0 byte(s) given up, 100 sent: no host confirmed this account"));
+
+  // A host that acknowledged the outcome sent after them read them: nothing more is logged.
+  Session u = running_with_stdio();
+  u.handle(ev::OutputsDone{{100, 0, true}, ev::OutputAccount{0, 0, true}});
+  u.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  u.handle(ev::NoChildren{});
+  u.handle(msg(proto::Shutdown{}));
+  ev::Flushing done;
+  done.data_open = true;
+  done.outputs_done = true;
+  done.receipt = true;
+  a = u.handle(done);
+  REQUIRE(only<act::PowerOff>(a).size() == 1);
+  CHECK_FALSE(warned(a, "no host confirmed"));
+
+  // Already logged (bytes given up when sent): not again; the stream that was not is.
+  Session v = running_with_stdio();
+  v.handle(ev::OutputsDone{{100, 7, true}, ev::OutputAccount{3, 0, true}});
+  v.handle(ev::Exited{proto::WorkloadExited::code(0)});
+  v.handle(ev::NoChildren{});
+  v.handle(ev::Eof{});
+  f = ev::Flushing{};
+  f.channel_open = false;
+  f.outputs_done = true;
+  a = v.handle(f);
+  REQUIRE(only<act::PowerOff>(a).size() == 1);
+  CHECK_FALSE(warned(a, "stdout"));
+  CHECK(warned(a, "stderr: 0 byte(s) given up, 3 sent: no host confirmed this account"));
+}
+
 TEST_CASE("exec: its streams closed after the data channel went: output_end with its accounts") {
   Session s = running_with_stdio();
   s.handle(msg(exec_of(3, true)));

@@ -7,17 +7,24 @@
 #include <linux/vm_sockets.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "base/fd.hpp"
 #include "nesinit/mounts.hpp"
+#include "nesinit/rootfs.hpp"
 #include "nesinit/transport.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -242,4 +249,60 @@ TEST_CASE("make_file: a single file's mount point, parents made, what is there k
   CHECK(!fs::exists(t.path / "elsewhere"));
   CHECK(make_file((t.path / "etc/kept/sub").string()).error().err == ENOTDIR);
   CHECK(make_file("relative").error().err == EINVAL);
+}
+
+// Issue 44: `neshost run --rootfs DIR --read-only` on a plain root (bin/ and an empty etc/). The
+// init stages the share under a tmpfs overlay, makes its mount points there, then seals it; the
+// share (here a read-only bind of DIR, as virtiofsd serves it) is never written.
+TEST_CASE("a read-only root: mount points made in memory, then sealed; nothing lands in the directory") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root (a mount namespace of its own)");
+    return;
+  }
+  TempDir t;
+  const fs::path dir = t.path / "root", lower = t.path / "lower", upper = t.path / "upper", nr = t.path / "new";
+  fs::create_directories(dir / "bin");
+  fs::create_directories(dir / "etc");
+  std::ofstream(dir / "bin/true") << "#!/bin/sh\n";
+  for (const fs::path& p : {lower, nr}) fs::create_directories(p);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // A mount namespace of its own, private: nothing reaches the machine's mount table, and all
+    // of it goes with this process.
+    int bad = 0;
+    auto expect = [&](bool ok, int bit) { bad |= ok ? 0 : bit; };
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(100);
+    if (::mount(dir.c_str(), lower.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
+        ::mount(nullptr, lower.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
+      ::_exit(101);
+    if (!stage_read_only(lower.string(), upper.string(), nr.string())) ::_exit(102);
+    const std::string n = nr.string();
+    for (const char* d : {"/dev", "/proc", "/sys", "/run", "/tmp", "/data"}) expect(static_cast<bool>(mkdir_p(n + d)), 1);
+    for (const char* f : {"/etc/resolv.conf", "/etc/hosts", "/etc/hostname"}) expect(static_cast<bool>(make_file(n + f)), 2);
+    expect(::mount("tmpfs", (n + "/tmp").c_str(), "tmpfs", 0, nullptr) == 0, 4);
+    expect(seal_read_only(n).ok(), 8);
+    // Sealed: writes fail as on a read-only root; the mounts on top keep their own flags.
+    errno = 0;
+    expect(::open((n + "/new-file").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644) < 0 && errno == EROFS, 16);
+    expect(::mkdir((n + "/etc/x").c_str(), 0755) != 0 && errno == EROFS, 32);
+    const int fd = ::open((n + "/tmp/scratch").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    expect(fd >= 0, 64);
+    if (fd >= 0) ::close(fd);
+    // The share's own files are there; the root looks as the share's does.
+    struct stat a {}, b {};
+    expect(::access((n + "/bin/true").c_str(), F_OK) == 0, 128);
+    expect(::stat(n.c_str(), &a) == 0 && ::stat(dir.c_str(), &b) == 0 && a.st_mode == b.st_mode && a.st_uid == b.st_uid, 256);
+    ::_exit(bad);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  // Nothing landed in the directory: still bin/ and an empty etc/.
+  std::vector<std::string> top;
+  for (const auto& e : fs::directory_iterator(dir)) top.push_back(e.path().filename().string());
+  std::sort(top.begin(), top.end());
+  CHECK(top == std::vector<std::string>{"bin", "etc"});
+  CHECK(fs::is_empty(dir / "etc"));
 }

@@ -114,7 +114,12 @@ TEST_CASE("ready.features: an array of strings; absent is none") {
   // Our init's list, and the reference's line unchanged when there is none.
   CHECK(encode(GuestMessage{Ready{}}) == R"({"type":"ready","protocol_version":2})");
   CHECK(encode(GuestMessage{Ready{2, std::nullopt, all_features()}}) ==
-        R"({"type":"ready","protocol_version":2,"features":["stdio","root","reconnect","exec","network","data_resume","container"]})");
+        R"({"type":"ready","protocol_version":2,"features":["stdio","root","reconnect","exec","network","data_resume","container",)"
+        R"("groups","mount_fs","hostname","halt","entropy","realtime"]})");
+  // Decoded back, every name survives (an older host ignores those it does not know).
+  auto back = decode_guest(encode(GuestMessage{Ready{2, std::nullopt, all_features()}}));
+  REQUIRE(summary(back) == "ok");
+  CHECK(std::get<Ready>(std::get<GuestMessage>(back)).features == all_features());
 }
 
 TEST_CASE("network_failed: interface, step and reason required; its status is 125") {

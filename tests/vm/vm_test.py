@@ -669,6 +669,32 @@ def case_rootfs_virtiofs(c):
     check(os.listdir(os.path.join(root, "tmp")) == [], "/tmp was DIR's, not a private tmpfs")
 
 
+def case_rootfs_read_only(c):
+    """issue 44: --rootfs DIR --read-only on a plain root (bin/ and an empty etc/) runs, as docker's
+    --read-only runs any image: the mount points (/dev, /proc, /sys, /run, /tmp, a -v share's)
+    are made in memory under an overlay sealed read-only before the workload starts; every write
+    to / fails; DIR is left exactly as it was."""
+    root = os.path.join(c.tmp, "rootfs")
+    os.makedirs(os.path.join(root, "bin"))
+    os.makedirs(os.path.join(root, "etc"))
+    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    for applet in ("sh", "cat", "mount", "grep", "touch", "cut"):
+        os.symlink("busybox", os.path.join(root, "bin", applet))
+    data = os.path.join(c.tmp, "data")
+    os.mkdir(data)
+    with open(os.path.join(data, "in.txt"), "w") as f:
+        f.write("share in a read-only root\n")
+    rc, out, err = c.run("--rootfs", root, "--read-only", "-v", f"{data}:/data:ro", "--", "/bin/sh", "-c",
+                         "touch /written 2>/dev/null; echo touch=$?; cat /data/in.txt; "
+                         "echo scratch > /tmp/s && echo tmp=ok; cat /proc/1/comm; "
+                         "mount | grep ' on / ' | cut -d' ' -f1-6 | cut -d, -f1; exit 3")
+    check(rc == 3, f"exit status {rc}, want 3; stderr:\n{err}")
+    check(lines(out) == ["touch=1", "share in a read-only root", "tmp=ok", "init",
+                         "overlay on / type overlay (ro"], f"stdout {out!r}")
+    check(sorted(os.listdir(root)) == ["bin", "etc"], f"DIR was written: {sorted(os.listdir(root))}")
+    check(os.listdir(os.path.join(root, "etc")) == [], "DIR's etc/ was written")
+
+
 def case_debian(c):
     """A real Debian userland (debootstrap --variant=minbase, cached under .cache/) as --rootfs:
     its own dpkg counts the same packages the host counts in that tree."""
