@@ -14,4 +14,8 @@ namespace nes::monitor {
 /// it. Otherwise nothing.
 void fault_point(std::string_view name);
 
+/// The same with the environment variable `env` and the program name `who` in its stderr line:
+/// the one implementation under the shim's (host/shim/fault_point.hpp: NESINIT_SHIM_FAULT).
+void fault_point(std::string_view name, const char* env, std::string_view who);
+
 }  // namespace nes::monitor

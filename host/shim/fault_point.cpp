@@ -1,6 +1,6 @@
 #include "host/shim/fault_point.hpp"
 
-#include <signal.h>
+#include "host/monitor/fault_point.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -9,15 +9,7 @@
 namespace nes::shim {
 
 void fault_point(std::string_view name) {
-#ifdef NES_FAULT_POINTS
-  const char* want = std::getenv("NESINIT_SHIM_FAULT");
-  if (!want || name != want) return;
-  std::fprintf(stderr, "containerd-shim-nesinit-v2: fault point %s: SIGKILL\n", want);
-  std::fflush(stderr);
-  ::raise(SIGKILL);
-#else
-  (void)name;
-#endif
+  monitor::fault_point(name, "NESINIT_SHIM_FAULT", "containerd-shim-nesinit-v2");
 }
 
 int fault_errno(std::string_view name) {
