@@ -208,6 +208,17 @@ class Case:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def all_children_reaped():
+    """Reaps every exited child (descendants reparented to this subreaper among them): True once
+    none is left, False while one still runs (a condition for poll())."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return False
+        except ChildProcessError:
+            return True
+
+
 def lines(s):
     return [l for l in s.split("\n") if l != ""]
 
@@ -1234,14 +1245,7 @@ def case_adopt_duties(c):
     for d in daemons:
         os.waitpid(d, 0)
     # virtiofsd's sandboxed child lost its parent and ends (its death signal), reparented to us.
-    def all_reaped():
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    return False
-            except ChildProcessError:
-                return True
-    poll(all_reaped, "every process of the VM ended")
+    poll(all_children_reaped, "every process of the VM ended")
 
 
 def case_netns_adopt(c):
@@ -1773,15 +1777,7 @@ def case_net_passt_dies(c):
           "lost its network" in w.get("reason", ""), f"the cause is recorded: {w.get('reason')!r}")
     os.waitpid(st["monitor_pid"], 0)
     os.waitpid(vmm["vmm"]["pid"], 0)
-
-    def all_reaped():
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    return False
-            except ChildProcessError:
-                return True
-    poll(all_reaped, "every process of the VM ended")
+    poll(all_children_reaped, "every process of the VM ended")
 
 
 def case_net_bulk(c):
