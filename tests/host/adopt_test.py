@@ -22,6 +22,7 @@ usage: adopt_test.py NESHOST_BIN NESINIT_BIN [CASE...]
 import ctypes
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -465,7 +466,14 @@ def case_timeout_pending():
             check(started < kill_wall, "started_at precedes the monitor's kill")
         with open(c.vm_file("to", "monitor.log")) as f:
             log = f.read()
-        check("its --timeout (12000 ms) goes on" in log, "the replacement says it re-armed the limit: %r" % log[-800:])
+        m = re.search(r"its --timeout \(12000 ms\) goes on: (\d+) ms left", log)
+        check(m is not None, "the replacement says it re-armed the limit: %r" % log[-800:])
+        # What is left of the recorded deadline, not a fresh limit: the replacement took over after
+        # the kill, so at most what was left then.
+        left_at_kill_ms = (vmm.get("deadline_boottime_ns", 0) - killed_at) // 1000000
+        check(m is not None and int(m.group(1)) <= left_at_kill_ms < 12000,
+              "the recorded deadline re-armed, not a new one: %s ms left, %d at the kill"
+              % (m and m.group(1), left_at_kill_ms))
         check(taken_over(c, "to") == 1, "one replacement")
     finally:
         c.finish()
