@@ -19,6 +19,7 @@ inotify, commands block on their own events.
 Exit 77 (meson: skipped) when the init or namespaces are unavailable.
 usage: adopt_test.py NESHOST_BIN NESINIT_BIN [CASE...]
 """
+import calendar
 import ctypes
 import json
 import os
@@ -462,7 +463,7 @@ def case_timeout_pending():
               "the record's started_at is the VM's start (vmm.json %s), not the replacement's: %s"
               % (vmm.get("started_at"), st and st.get("started_at")))
         if st and st.get("started_at"):
-            started = time.mktime(time.strptime(st["started_at"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+            started = calendar.timegm(time.strptime(st["started_at"][:19], "%Y-%m-%dT%H:%M:%S"))  # UTC
             check(started < kill_wall, "started_at precedes the monitor's kill")
         with open(c.vm_file("to", "monitor.log")) as f:
             log = f.read()
