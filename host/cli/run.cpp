@@ -709,8 +709,8 @@ void reap_daemons(const RunPlan& plan, Running& run) {
   // A replacement monitor's: the dead monitor's children, ended by identity (no exit status to
   // read: they are not ours). Each exits by itself once QEMU has gone.
   for (const auto& d : run.adopted_daemons) {
-    host::Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0))};
-    if (!pidfd || !host::is_alive(d.id)) continue;
+    host::Fd pidfd = host::pin_process(d.id);
+    if (!pidfd) continue;
     pollfd pf{pidfd.get(), POLLIN, 0};
     if (::poll(&pf, 1, 2000) == 0) {
       ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);

@@ -84,8 +84,7 @@ Status remove_scratch_files(const fs::path& dir) {
 
 void end_leftovers(const VmmInfo& v) {
   for (const auto& d : v.daemons) {
-    Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0))};
-    if (pidfd && is_alive(d.id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+    if (Fd pidfd = pin_process(d.id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
   }
   const fs::path& dir = v.runtime_dir;
   struct stat st {};
