@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -319,8 +318,7 @@ int exec_main(const Args& args) {
   if (auto now = host::reconcile(state ? fs::path(*state) : default_state_dir(), vm);
       now && *now && (*now)->monitor && (*now)->monitor_alive) {
     served_by = (*now)->monitor->monitor.pid;
-    served_pidfd.reset(static_cast<int>(::syscall(SYS_pidfd_open, served_by, 0)));
-    if (served_pidfd && !host::is_alive((*now)->monitor->monitor)) served_pidfd.reset();  // not that process
+    served_pidfd = host::pin_process((*now)->monitor->monitor);
   }
   auto cs = ControlSession::open(ctl, control::Request{std::move(request)}, {0, 1, 2});
   auto not_running = [&](const host::Error& e) { return exec_error(fmt::format("VM '{}' is not running ({})", vm, e.message)); };

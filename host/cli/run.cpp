@@ -709,8 +709,8 @@ void reap_daemons(const RunPlan& plan, Running& run) {
   // A replacement monitor's: the dead monitor's children, ended by identity (no exit status to
   // read: they are not ours). Each exits by itself once QEMU has gone.
   for (const auto& d : run.adopted_daemons) {
-    host::Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0))};
-    if (!pidfd || !host::is_alive(d.id)) continue;
+    host::Fd pidfd = host::pin_process(d.id);
+    if (!pidfd) continue;
     pollfd pf{pidfd.get(), POLLIN, 0};
     if (::poll(&pf, 1, 2000) == 0) {
       ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
@@ -853,7 +853,10 @@ class VmmProcess {
   /// the VM reconciles as "stopped by its monitor: CAUSE" (docs/host.md "Re-adoption": why a dead
   /// virtiofsd or passt is not restarted).
   void end_for_daemon(host::Host& h, const std::string& id, const std::string& why) {
-    if (!qemu_ || qemu_->wait_for(0ms)) return;  // its exit after QEMU's is the normal end
+    // Its exit after QEMU's is the normal end. QEMU's fds (the daemon's socket) close a moment
+    // before its pidfd turns readable, so a daemon that exits on that EOF can be seen first: a
+    // QEMU that is ending is given a bounded moment, never recorded as "stopped by its monitor".
+    if (!qemu_ || qemu_->wait_for(kDaemonVsQemuExit)) return;
     if (auto* sess = h.session(id); !sess || sess->outcome()) return;
     if (!state_.empty())
       if (auto r = host::persist_stop(state_, id, generation_, why); !r)
@@ -932,6 +935,9 @@ class VmmProcess {
   std::optional<asio::posix::stream_descriptor> exit_watch_;
   std::list<asio::posix::stream_descriptor> daemon_watch_;  // one per virtiofsd (stable addresses)
   monitor::DaemonWatch adopted_watch_{io_};                  // a replacement's: the recorded daemons
+  /// How long end_for_daemon() waits for a QEMU whose helper daemon just exited (taken from the
+  /// loop only then): ends QEMU's exit_files()..exit_notify() window under load.
+  static constexpr std::chrono::milliseconds kDaemonVsQemuExit{200};
   fs::path state_;
   std::uint64_t generation_ = 0;
   std::function<host::Status()> restore_;
@@ -1542,19 +1548,31 @@ int monitor_main(const Args& args) {
   // netns mode: the namespace as QEMU holds it (the path may be gone), taken now while it runs;
   // the tap and redirects the monitor gone made are torn down once the VM has ended.
   host::Fd netns_fd;
-  if (v.netns && v.vmm)
+  if (v.netns && v.vmm) {
     netns_fd.reset(::open(fmt::format("/proc/{}/ns/net", v.vmm->pid).c_str(), O_RDONLY | O_CLOEXEC));
+    // The pid is QEMU's only while QEMU (pinned above) still runs after the open: checked again.
+    if (netns_fd && !host::vmm_alive(v)) netns_fd.reset();
+  }
   host::Fd no_notify;
   // The caller (ensure_monitor) is told once the guest has resumed its session with us, so its
   // next request (kill, exec, ...) finds a booted session; or, if it never does, when we end.
   int status = serve_run(plan, rt, run, no_notify, {}, [&] { tell("adopted"); });
-  if (v.netns) {
+  // Only once QEMU is gone: serve_run may return early (its listener failed) with the VM running.
+  if (v.netns && host::vmm_alive(v)) {
+    say("neshost monitor: VM {}: netns {}: tap {} left in place: its QEMU still runs\n", vm,
+        v.netns->path.string(), v.netns->tap);
+  } else if (v.netns) {
     if (!netns_fd)
       if (auto f = vm::open_netns(v.netns->path)) netns_fd = std::move(*f);
+    const bool have_ns = static_cast<bool>(netns_fd);
     vm::NetnsAttachment::reclaim(std::move(netns_fd), v.netns->path, v.netns->tap, v.netns->interface,
                                  [](std::string_view line) { say("neshost monitor: {}\n", line); });
-    say("neshost monitor: VM {}: netns {}: tap {} torn down (by the replacement of the monitor that made it)\n", vm,
-        v.netns->path.string(), v.netns->tap);
+    if (have_ns)
+      say("neshost monitor: VM {}: netns {}: tap {} torn down (by the replacement of the monitor that made it)\n",
+          vm, v.netns->path.string(), v.netns->tap);
+    else
+      say("neshost monitor: VM {}: netns {}: gone, and tap {} with it\n", vm, v.netns->path.string(),
+          v.netns->tap);
   }
   tell(fmt::format("served to its end (exit status {})", status));
   if (plan.rm)

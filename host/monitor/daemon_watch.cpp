@@ -1,7 +1,6 @@
 #include "host/monitor/daemon_watch.hpp"
 
 #include <fcntl.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -11,14 +10,13 @@
 namespace nes::monitor {
 
 void DaemonWatch::watch(const host::VmmDaemon& d, OnExit on_exit) {
-  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0));
-  // Pinned first, then its identity: a pid reused by another process is not this daemon.
-  if (fd < 0 || !host::is_alive(d.id)) {
-    if (fd >= 0) ::close(fd);
+  // Pinned by identity: a pid reused by another process is not this daemon.
+  host::Fd fd = host::pin_process(d.id);
+  if (!fd) {
     boost::asio::post(io_, [d, on_exit = std::move(on_exit)] { on_exit(d, true); });
     return;
   }
-  auto& w = watches_.emplace_back(io_, fd);
+  auto& w = watches_.emplace_back(io_, fd.release());
   w.async_wait(boost::asio::posix::stream_descriptor::wait_read,
                [d, on_exit = std::move(on_exit)](boost::system::error_code ec) {
                  if (!ec) on_exit(d, false);

@@ -171,6 +171,12 @@ std::optional<ProcessIdentity> identity_of(pid_t pid) {
 
 std::optional<ProcessIdentity> self_identity() { return identity_of(::getpid()); }
 
+Fd pin_process(const ProcessIdentity& id) {
+  Fd fd{static_cast<int>(::syscall(SYS_pidfd_open, id.pid, 0))};
+  if (fd && !is_alive(id)) fd.reset();
+  return fd;
+}
+
 bool is_alive(const ProcessIdentity& id) {
   auto st = stat_of(id.pid);
   if (!st || st->second != id.start_time) return false;

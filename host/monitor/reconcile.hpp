@@ -37,6 +37,10 @@ std::optional<ProcessIdentity> self_identity();
 /// true iff the process `id` names still runs: same pid, same start time, same boot, and not a
 /// zombie (a zombie has exited; only its parent has not reaped it yet).
 bool is_alive(const ProcessIdentity& id);
+/// A pidfd (pidfd_open(2)) on the process `id` names, opened first and its identity checked after
+/// (is_alive), so a pid reused by another process is never pinned. Empty if it is gone, is another
+/// process now, or pidfd_open failed.
+Fd pin_process(const ProcessIdentity& id);
 
 /// `<state_dir>/<vm>/monitor.json` (schema_version 1): the process serving one generation of a VM
 /// (the `neshost run` process, detached or not). Written before the VMM starts; left behind when

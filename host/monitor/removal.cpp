@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <string>
+#include <vector>
 
 #include "base/small_file.hpp"
 #include "host/lib/log_writer.hpp"
@@ -83,8 +84,7 @@ Status remove_scratch_files(const fs::path& dir) {
 
 void end_leftovers(const VmmInfo& v) {
   for (const auto& d : v.daemons) {
-    Fd pidfd{static_cast<int>(::syscall(SYS_pidfd_open, d.id.pid, 0))};
-    if (pidfd && is_alive(d.id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+    if (Fd pidfd = pin_process(d.id)) ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
   }
   const fs::path& dir = v.runtime_dir;
   struct stat st {};
@@ -108,15 +108,25 @@ Status remove_dir_with_intent(const fs::path& dir, std::uint64_t generation) {
   if (auto s = write_durable(dir, kRemovingFile, fmt::format("all {}\n", generation)); !s) return s;
   nes::monitor::fault_point("remove:intent");
   // Everything but the lock and the intent first, then the intent, the lock, the directory: a
-  // writer that opens the lock meanwhile finds no directory to write into afterwards.
-  std::error_code ec;
+  // writer that opens the lock meanwhile finds no directory to write into afterwards. Listed
+  // again until nothing else is left (an entry readdir skipped while others went), so the intent
+  // goes only once the rest has: an error keeps it, and the next command tries again.
   bool first = true;
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    const auto n = e.path().filename();
-    if (n == kLockFile || n == kRemovingFile || n == kVmmFile) continue;
-    fs::remove_all(e.path(), ec);
-    if (ec) return Error{fmt::format("{}: remove: {}", e.path().string(), ec.message())};
-    if (std::exchange(first, false)) nes::monitor::fault_point("remove:partial");
+  for (int pass = 0;; ++pass) {
+    std::error_code ec;
+    std::vector<fs::path> left;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const auto n = it->path().filename();
+      if (n != kLockFile && n != kRemovingFile && n != kVmmFile) left.push_back(it->path());
+    }
+    if (ec) return Error{fmt::format("{}: list: {}", dir.string(), ec.message())};
+    if (left.empty()) break;
+    if (pass == 3) return Error{fmt::format("{}: still left after 3 passes", left.front().string())};
+    for (const auto& p : left) {
+      fs::remove_all(p, ec);
+      if (ec) return Error{fmt::format("{}: remove: {}", p.string(), ec.message())};
+      if (std::exchange(first, false)) nes::monitor::fault_point("remove:partial");
+    }
   }
   ::unlink((dir / kVmmFile).c_str());
   ::unlink((dir / kRemovingFile).c_str());
@@ -135,6 +145,12 @@ Result<Finished> finish_removal(const fs::path& state, std::string_view vm) {
                                      : Error{fmt::format("{}: open: {}", dir.string(), std::strerror(errno))};
   auto lock = lock_vm(dirfd.get(), dir);
   if (!lock) return lock.error();
+  // The lock is the directory we opened; the reads below go by path: while we waited, its owner
+  // may have removed that directory and a new run made another one of the same name.
+  struct stat held {}, now {};
+  if (::fstat(dirfd.get(), &held) != 0 || ::stat(dir.c_str(), &now) != 0 || held.st_ino != now.st_ino ||
+      held.st_dev != now.st_dev)
+    return Finished::nothing;
   auto in = read_intent(dir);  // again, under the lock: its owner may have finished meanwhile
   if (!in) {
     if (::access((dir / kRemovingFile).c_str(), F_OK) != 0) return Finished::nothing;

@@ -40,7 +40,9 @@ void end_leftovers(const VmmInfo& v);
 
 /// The whole directory of `vm`, locked (`dir` and its lock held by the caller): the intent "all G"
 /// durably, every entry but the lock, the intent and vmm.json (kept to the last: a finisher reads
-/// what to clean up from it), then vmm.json, the intent, the lock, the directory. Used by remove_vm().
+/// what to clean up from it; listed again until none is left, at most 3 passes), then vmm.json,
+/// the intent, the lock, the directory. Error (the intent kept): the entry or listing that failed.
+/// Used by remove_vm().
 Status remove_dir_with_intent(const std::filesystem::path& dir, std::uint64_t generation);
 
 }  // namespace nes::host

@@ -19,9 +19,11 @@ inotify, commands block on their own events.
 Exit 77 (meson: skipped) when the init or namespaces are unavailable.
 usage: adopt_test.py NESHOST_BIN NESINIT_BIN [CASE...]
 """
+import calendar
 import ctypes
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -461,11 +463,18 @@ def case_timeout_pending():
               "the record's started_at is the VM's start (vmm.json %s), not the replacement's: %s"
               % (vmm.get("started_at"), st and st.get("started_at")))
         if st and st.get("started_at"):
-            started = time.mktime(time.strptime(st["started_at"][:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+            started = calendar.timegm(time.strptime(st["started_at"][:19], "%Y-%m-%dT%H:%M:%S"))  # UTC
             check(started < kill_wall, "started_at precedes the monitor's kill")
         with open(c.vm_file("to", "monitor.log")) as f:
             log = f.read()
-        check("its --timeout (12000 ms) goes on" in log, "the replacement says it re-armed the limit: %r" % log[-800:])
+        m = re.search(r"its --timeout \(12000 ms\) goes on: (\d+) ms left", log)
+        check(m is not None, "the replacement says it re-armed the limit: %r" % log[-800:])
+        # What is left of the recorded deadline, not a fresh limit: the replacement took over after
+        # the kill, so at most what was left then.
+        left_at_kill_ms = (vmm.get("deadline_boottime_ns", 0) - killed_at) // 1000000
+        check(m is not None and int(m.group(1)) <= left_at_kill_ms < 12000,
+              "the recorded deadline re-armed, not a new one: %s ms left, %d at the kill"
+              % (m and m.group(1), left_at_kill_ms))
         check(taken_over(c, "to") == 1, "one replacement")
     finally:
         c.finish()

@@ -208,6 +208,17 @@ class Case:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def all_children_reaped():
+    """Reaps every exited child (descendants reparented to this subreaper among them): True once
+    none is left, False while one still runs (a condition for poll())."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return False
+        except ChildProcessError:
+            return True
+
+
 def lines(s):
     return [l for l in s.split("\n") if l != ""]
 
@@ -1260,14 +1271,7 @@ def case_adopt_duties(c):
     for d in daemons:
         os.waitpid(d, 0)
     # virtiofsd's sandboxed child lost its parent and ends (its death signal), reparented to us.
-    def all_reaped():
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    return False
-            except ChildProcessError:
-                return True
-    poll(all_reaped, "every process of the VM ended")
+    poll(all_children_reaped, "every process of the VM ended")
 
 
 def case_netns_adopt(c):
@@ -1275,17 +1279,9 @@ def case_netns_adopt(c):
     ends it; the replacement tears down the tap and the redirects the monitor gone made (recorded
     in vmm.json): A is as it was. Then the monitor and QEMU both killed: `ps` tears them down.
     Lost: nothing."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    outer = os.readlink("/proc/self/ns/net")
-    check(libc.unshare(CLONE_NEWNET) == 0, f"unshare(CLONE_NEWNET): errno {ctypes.get_errno()}")
-    check(os.readlink("/proc/self/ns/net") != outer, "still in the machine's namespace")
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=BOUND)
-    a, b = NetnsHolder(), NetnsHolder()
+    a, b = enter_netns_pair()
     try:
-        a.sh(f"ip link add eth0 address 02:00:00:99:00:02 mtu 1400 type veth peer name peer0 netns {b.p.pid}")
-        a.sh("ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.99.0.1")
-        b.sh("ip addr add 10.99.0.1/24 dev peer0 && ip link set peer0 up")
-        a_before = a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
+        a_before = wire_netns_pair(a, b)
         pid = c.detach("n", "--network", f"netns:{a.path}", "--", "/bin/sh", "-c", "echo up; exec sleep 1000")
         with open(os.path.join(c.state, "n", "vmm.json")) as f:
             vmm = json.load(f)
@@ -1500,23 +1496,35 @@ class NetnsHolder(netns.NetnsHolder):
     error = Failure
 
 
+def enter_netns_pair():
+    """This runner into a network namespace of its own (lo up, nothing else), then two namespaces
+    A and B held open (NetnsHolder): (a, b). The caller ends them (finally)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    outer = os.readlink("/proc/self/ns/net")
+    check(libc.unshare(CLONE_NEWNET) == 0, f"unshare(CLONE_NEWNET): errno {ctypes.get_errno()}")
+    check(os.readlink("/proc/self/ns/net") != outer, "still in the machine's namespace")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=BOUND)
+    return NetnsHolder(), NetnsHolder()
+
+
+def wire_netns_pair(a, b):
+    """A's eth0 10.99.0.2/24 (default via 10.99.0.1), its veth peer in B with 10.99.0.1/24.
+    Returns A's addresses, link, routes and qdiscs as `ip`/`tc` show them (to compare after)."""
+    a.sh(f"ip link add eth0 address 02:00:00:99:00:02 mtu 1400 type veth peer name peer0 netns {b.p.pid}")
+    a.sh("ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.99.0.1")
+    b.sh("ip addr add 10.99.0.1/24 dev peer0 && ip link set peer0 up")
+    return a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
+
+
 def case_netns(c):
     """--network netns:PATH (the CNI model) in a real VM. The whole case runs in a network namespace
     of its own (lo up, nothing else); namespace A holds eth0 10.99.0.2/24 (default via 10.99.0.1),
     the veth peer is in namespace B with 10.99.0.1/24. The guest takes eth0 over: it holds
     10.99.0.2 (its `ip addr`), reaches B (nc to B's listener) and B reaches its httpd at
     10.99.0.2. After the VM: the tap and the qdiscs are gone from A, eth0 is as it was."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    outer = os.readlink("/proc/self/ns/net")
-    check(libc.unshare(CLONE_NEWNET) == 0, f"unshare(CLONE_NEWNET): errno {ctypes.get_errno()}")
-    check(os.readlink("/proc/self/ns/net") != outer, "still in the machine's namespace")
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=BOUND)
-    a, b = NetnsHolder(), NetnsHolder()
+    a, b = enter_netns_pair()
     try:
-        a.sh(f"ip link add eth0 address 02:00:00:99:00:02 mtu 1400 type veth peer name peer0 netns {b.p.pid}")
-        a.sh("ip addr add 10.99.0.2/24 dev eth0 && ip link set eth0 up && ip route add default via 10.99.0.1")
-        b.sh("ip addr add 10.99.0.1/24 dev peer0 && ip link set peer0 up")
-        a_before = a.sh("ip -4 -o addr show dev eth0; ip link show dev eth0; ip route; tc qdisc show dev eth0")
+        a_before = wire_netns_pair(a, b)
         # B's listener: what the guest sends it says the guest reached B, after its httpd is up.
         listener = Proc(["nsenter", f"--net={b.path}", "busybox", "nc", "-l", "-p", "9090"], c.env)
         c.procs.append(listener)
@@ -1799,15 +1807,7 @@ def case_net_passt_dies(c):
           "lost its network" in w.get("reason", ""), f"the cause is recorded: {w.get('reason')!r}")
     os.waitpid(st["monitor_pid"], 0)
     os.waitpid(vmm["vmm"]["pid"], 0)
-
-    def all_reaped():
-        while True:
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    return False
-            except ChildProcessError:
-                return True
-    poll(all_reaped, "every process of the VM ended")
+    poll(all_children_reaped, "every process of the VM ended")
 
 
 def case_net_bulk(c):
