@@ -11,7 +11,8 @@
 # pod, ours (one VM per pod) against containerd's runc runtime) by bench/p11_cri.py, P13 (a detached VM's
 # monitor SIGKILLed -> a replacement monitor has the lifecycle channel back, sandbox and VM) by
 # bench/p13_adopt.py, P14 (data channel resume: a host's death to output flowing again) by
-# tests/host/data_resume_e2e.py --bench.
+# tests/host/data_resume_e2e.py --bench, P15 (an idle VM's host memory, each memory lever: TCG's
+# translation buffer, the guest's RAM size) by bench/p15_vm_memory.py.
 # Writes bench/results/latest.md and prints it.
 # Usage: scripts/bench.sh [--iterations N] [--storm N]   (defaults 200, 10000; needs root)
 # On a busy machine, P1 alone with every contender under SCHED_FIFO (other load then preempts none
@@ -35,6 +36,7 @@ python3 bench/p9_containerd.py build/host/shim/containerd-shim-nesinit-v2 build/
 python3 bench/p10_network.py build/host/cli/neshost build/tests/vm/vm_net_probe >> "$out"
 python3 bench/p12_start.py build/host/cli/neshost >> "$out"
 python3 bench/p13_adopt.py build/host/cli/neshost build/nesinit/nesinit 10 3 >> "$out"
+python3 bench/p15_vm_memory.py build/host/cli/neshost 5 >> "$out"
 python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10 >> "$out"
 /usr/bin/python3 bench/p11_cri.py build/tests/cri 7 --nesinit build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost \
   build/host/vm/initrd.cpio >> "$out"  # Debian's python3: python3-grpcio
