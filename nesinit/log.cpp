@@ -76,8 +76,9 @@ base::Status Log::make_nonblocking() {
     is_socket_ = true;
     return base::Ok{};
   }
-  char path[32];
-  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd_);
+  // fmt, not snprintf: the init's only printf-family call linked musl's printf core (~9 KiB).
+  char path[32]{};
+  fmt::format_to_n(path, sizeof path - 1, "/proc/self/fd/{}", fd_);
   int fd = ::open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     poll_first_ = true;

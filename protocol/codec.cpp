@@ -1761,9 +1761,35 @@ Decoded decode_line(std::string_view line, GuestEnvelope* env = nullptr) {
 }  // namespace
 
 std::string ip_text(const IpAddr& a) {
-  char t[INET6_ADDRSTRLEN] = {};
-  ::inet_ntop(a.family == 6 ? AF_INET6 : AF_INET, a.bytes.data(), t, sizeof t);
-  return t;
+  // RFC 5952's text, as musl's and glibc's inet_ntop(3) write it, without their snprintf (musl's
+  // printf core was ~9 KiB of the init for this one caller): lower-case hex without leading
+  // zeros, the longest run of 2+ zero groups (the first of equals) as "::", ::ffff:0:0/96
+  // (IPv4-mapped) in mixed notation. glibc also writes ::/96 (IPv4-compatible, deprecated by RFC
+  // 4291) mixed; this does not, as musl does not.
+  const auto& b = a.bytes;
+  if (a.family != 6) return fmt::format("{}.{}.{}.{}", b[0], b[1], b[2], b[3]);
+  std::array<unsigned, 8> w{};
+  for (std::size_t i = 0; i < 8; ++i) w[i] = b[2 * i] << 8 | b[2 * i + 1];
+  if (w[0] == 0 && w[1] == 0 && w[2] == 0 && w[3] == 0 && w[4] == 0 && w[5] == 0xffff)
+    return fmt::format("::ffff:{}.{}.{}.{}", b[12], b[13], b[14], b[15]);
+  std::size_t best = 8, best_len = 1;
+  for (std::size_t i = 0; i < 8;) {
+    std::size_t j = i;
+    while (j < 8 && w[j] == 0) ++j;
+    if (j - i > best_len) best = i, best_len = j - i;
+    i = j == i ? i + 1 : j;
+  }
+  std::string out;
+  for (std::size_t i = 0; i < 8; ++i) {
+    if (i == best) {
+      out += "::";
+      i += best_len - 1;
+      continue;
+    }
+    if (i && i != best + best_len) out += ':';
+    out += fmt::format("{:x}", w[i]);
+  }
+  return out;
 }
 std::string prefix_text(const IpPrefix& p) { return fmt::format("{}/{}", ip_text(p.addr), p.len); }
 std::string mac_text(const MacAddr& m) {

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Inspect the built init: fully static (no PT_INTERP, no DT_NEEDED), no glibc symbol versions and
 # no GNU ABI-tag note (musl), `--version` runs in an empty chroot holding only the binary; print
-# its stripped size. Usage: check-init-binary.sh PATH [musl|glibc]
+# its stripped size, which must not exceed MAX_BYTES when given (the size budget: docs/protocol.md
+# "Size"). Usage: check-init-binary.sh PATH [musl|glibc] [MAX_BYTES]
 set -euo pipefail
-bin=$1 libc=${2:-musl}
+bin=$1 libc=${2:-musl} max=${3:-}
 fail() { echo "FAIL: $*"; exit 1; }
 readelf -lW "$bin" | grep -q 'INTERP' && fail "has PT_INTERP (dynamically linked)"
 readelf -dW "$bin" | grep -q 'NEEDED' && fail "has DT_NEEDED entries"
@@ -17,5 +18,9 @@ strip -o "$root/nesinit" "$bin"
 out=$(chroot "$root" /nesinit --version) || fail "--version failed in an empty chroot"
 [[ $out == nesinit\ * ]] || fail "unexpected --version output: $out"
 echo "chroot --version: $out"
-echo "stripped size: $(stat -c %s "$root/nesinit") bytes ($libc)"
+size=$(stat -c %s "$root/nesinit")
+echo "stripped size: $size bytes ($libc)"
+if [[ -n $max ]] && (( size > max )); then
+  fail "stripped size $size bytes is over the budget of $max bytes (docs/protocol.md \"Size\": find what grew, e.g. nm --size-sort -S)"
+fi
 echo "unstripped size: $(stat -c %s "$bin") bytes"

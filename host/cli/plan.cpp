@@ -471,6 +471,13 @@ void env_inputs(PlanInputs& in) {
   if (const char* a = std::getenv("NESHOST_APPEND"); a && *a) in.append = a;
   const char* w = std::getenv("NESHOST_TCG_BOOT_WORDS");
   in.tcg_boot_words = !(w && std::string_view(w) == "0");
+  if (const char* tb = std::getenv("NESHOST_TCG_TB_MIB"); tb && *tb) {
+    // A measuring knob (bench P15's A/B): digits only, else the default stays.
+    std::uint32_t v = 0;
+    bool ok = std::string_view(tb).size() <= 5;
+    for (const char* c = tb; ok && *c; ++c) ok = *c >= '0' && *c <= '9', v = v * 10 + static_cast<std::uint32_t>(*c - '0');
+    if (ok) in.tcg_tb_mib = v;
+  }
 }
 
 namespace {
@@ -545,6 +552,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
     spec.mem_mib = o.mem;
     spec.cpus = o.cpus;
     spec.accel = in.accel;
+    spec.tcg_tb_mib = in.tcg_tb_mib;
     spec.channel_socket = p.channel_socket;
     spec.data_socket = p.data_socket;
     spec.qmp_socket = in.runtime_dir / "qmp.sock";  // pause/unpause (host/cli/vm_pause.hpp)

@@ -133,6 +133,10 @@ struct PlanInputs {
   /// $NESHOST_TCG_BOOT_WORDS=0 sets this false: the kernel boots as it would by default (bench
   /// P12's A/B of those steps).
   bool tcg_boot_words = true;
+  /// TCG's translation buffer in MiB (vm::QemuSpec::tcg_tb_mib): 16 (an idle VM's QEMU 14 MiB
+  /// smaller than with QEMU's 1 GiB default, no boot or workload time lost that we could measure:
+  /// docs/vm.md "Host memory per VM"); $NESHOST_TCG_TB_MIB sets it, 0 for QEMU's default.
+  std::uint32_t tcg_tb_mib = 16;
   /// The machine `neshost snapshot create` saves (snapshot_machine()), planned with neither a
   /// NIC nor a share: in a snapshot's layout (QemuSpec::snapshot_layout), its
   /// `nesinit.modules=` listing virtio_net and virtiofs too (a restore may plug in both; with a

@@ -66,6 +66,7 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
     return fail(fmt::format("mem_mib: {} MiB is outside 64..1048576", s.mem_mib));
   if (s.cpus < 1 || s.cpus > 64) return fail(fmt::format("cpus: {} is outside 1..64", s.cpus));
   if (s.accel == Accel::auto_probe) return fail("accel: 'auto' must be resolved before building argv");
+  if (s.tcg_tb_mib > 65536) return fail(fmt::format("tcg_tb_mib: {} MiB is outside 0..65536", s.tcg_tb_mib));
   if (!host::check_name("port_name", s.port_name))
     return fail(fmt::format("port_name: '{}' is not 1..64 of [A-Za-z0-9._-]", s.port_name));
   if (s.channel_socket && s.channel_socket->native().size() > proto::kUnixPathMax)
@@ -121,7 +122,9 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
   auto add = [&](std::initializer_list<std::string> xs) { a.insert(a.end(), xs); };
   // q35 boots reliably here (microvm hangs without tsc_early_khz). -no-reboot: a guest reboot or
   // a panic (panic=-1) ends QEMU, so every end of the guest is QEMU exiting.
-  add({"-M", "q35", "-accel", std::string(to_string(s.accel))});
+  std::string accel(to_string(s.accel));
+  if (s.accel == Accel::tcg && s.tcg_tb_mib) accel += fmt::format(",tb-size={}", s.tcg_tb_mib);
+  add({"-M", "q35", "-accel", accel});
   if (s.accel == Accel::kvm) add({"-cpu", "host"});
   add({"-m", std::to_string(s.mem_mib), "-smp", std::to_string(s.cpus)});
   if (s.snapshot_layout)

@@ -64,6 +64,10 @@ struct QemuSpec {
   std::uint32_t mem_mib = 256;              // guest RAM, MiB (>= 64)
   std::uint32_t cpus = 1;                   // vCPUs (1..64)
   Accel accel = Accel::tcg;                 // tcg or kvm (never auto_probe here)
+  /// TCG's translation buffer, MiB (`-accel tcg,tb-size=N`): the host memory QEMU fills with the
+  /// code it translated, kept resident once touched. 0: QEMU's default (1 GiB, of which an idle
+  /// VM of ours touched 30 MiB). Ignored under KVM. docs/vm.md "Host memory per VM".
+  std::uint32_t tcg_tb_mib = 0;
   std::optional<std::filesystem::path> channel_socket;  // a *listening* Unix socket: QEMU connects
   /// The virtio-serial port's name as the guest sees it (protocol/channels.hpp).
   std::string port_name = proto::kLifecyclePortName;
@@ -119,7 +123,7 @@ std::string hotplug_port(std::size_t i);
 /// Checks the spec's fields (names the bad one) and builds the argv, argv[0] = spec.qemu.
 /// The serial console is QEMU's stdout (`-chardev stdio`): the launcher gives QEMU /dev/null as
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
-/// Error: a message naming the field (kernel, mem_mib, cpus, accel, port_name, channel_socket,
+/// Error: a message naming the field (kernel, mem_mib, cpus, accel, tcg_tb_mib, port_name, channel_socket,
 /// data_socket, data_port_name, fs_devices[i].tag/socket, net_args: not -netdev/-device VALUE
 /// pairs, qmp_socket, snapshot_layout: fs_devices or a -device in net_args given, ram_file: without
 /// snapshot_layout or missing with it, incoming: without qmp_socket or snapshot_layout).

@@ -176,6 +176,20 @@ TEST_CASE("defaults: the descriptor, the session's policy, the QEMU spec") {
   CHECK(p->command == Strings{"sh", "-c", "echo hi"});
 }
 
+TEST_CASE("TCG's translation buffer: 16 MiB planned, QEMU's default with 0") {
+  EnvVar net("NESHOST_NETWORK", nullptr);
+  PlanInputs in = inputs();
+  in.accel = vm::Accel::tcg;
+  auto p = plan({"--network", "none", "true"}, in);
+  REQUIRE(p);
+  REQUIRE(p->qemu);
+  CHECK(p->qemu->tcg_tb_mib == 16);
+  in.tcg_tb_mib = 0;
+  p = plan({"--network", "none", "true"}, in);
+  REQUIRE(p);
+  CHECK(p->qemu->tcg_tb_mib == 0);
+}
+
 TEST_CASE("the TCG boot words: a 1-vCPU TCG guest only, left out with NESHOST_TCG_BOOT_WORDS=0") {
   EnvVar net("NESHOST_NETWORK", nullptr);
   PlanInputs in = inputs();

@@ -142,6 +142,23 @@ TEST_CASE("qemu_argv: the measured q35 recipe with the channel as virtio-serial 
   CHECK(std::find(a.begin(), a.end(), "-cpu") == a.end());  // tcg: QEMU's default model
 }
 
+TEST_CASE("qemu_argv: TCG's translation buffer as tb-size, under TCG only, bounded") {
+  auto s = base_spec();
+  s.tcg_tb_mib = 16;
+  auto r = qemu_argv(s);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-accel", "tcg,tb-size=16"));
+  s.accel = Accel::kvm;
+  r = qemu_argv(s);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-accel", "kvm"));
+  s.accel = Accel::tcg;
+  s.tcg_tb_mib = 65537;
+  r = qemu_argv(s);
+  REQUIRE(!r.ok());
+  CHECK(r.error().message == "tcg_tb_mib: 65537 MiB is outside 0..65536");
+}
+
 TEST_CASE("qemu_argv: kvm, sizes, no initrd, comma in the socket path") {
   auto s = base_spec();
   s.accel = Accel::kvm;
