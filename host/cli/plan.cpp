@@ -472,7 +472,7 @@ void env_inputs(PlanInputs& in) {
   const char* w = std::getenv("NESHOST_TCG_BOOT_WORDS");
   in.tcg_boot_words = !(w && std::string_view(w) == "0");
   if (const char* tb = std::getenv("NESHOST_TCG_TB_MIB"); tb && *tb) {
-    // A measuring knob (bench P15's A/B): digits only, else the default stays.
+    // A measuring knob (bench P16's A/B): digits only, else the default stays.
     std::uint32_t v = 0;
     bool ok = std::string_view(tb).size() <= 5;
     for (const char* c = tb; ok && *c; ++c) ok = *c >= '0' && *c <= '9', v = v * 10 + static_cast<std::uint32_t>(*c - '0');

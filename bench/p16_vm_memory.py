@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""P15: host memory of one idle VM, each memory lever side by side in one invocation (scripts/bench.sh
+"""P16: host memory of one idle VM, each memory lever side by side in one invocation (scripts/bench.sh
 runs it; not a test). Prints markdown rows for bench/results/latest.md.
 
 Each round starts, per configuration, one idle `neshost run -d --network none --accel tcg -- sleep
@@ -14,7 +14,7 @@ Configurations, the order rotated every round:
   tb-8        8 MiB
   mem-128     tb-16 with --mem 128 (the guest's struct pages and hash tables scale with its RAM)
 Medians over rounds, each with its per-round range; ratios against tb-default.
-Usage: p15_vm_memory.py NESHOST [ROUNDS]   (default 5)
+Usage: p16_vm_memory.py NESHOST [ROUNDS]   (default 5)
 """
 import json
 import os
@@ -63,7 +63,7 @@ def anon_maps(pid):
 
 def one(neshost, env, extra):
     """(qemu PSS, monitor PSS, ram PSS, tb PSS, workload run s) of one configuration."""
-    state = tempfile.mkdtemp(prefix="nes-p15-")
+    state = tempfile.mkdtemp(prefix="nes-p16-")
     vm = None
     try:
         args = [neshost, "run", "--state", state, "--network", "none", "--accel", "tcg"] + extra
@@ -110,7 +110,7 @@ def main():
     rng = lambda name, i, f: f"{f.format(min(x[i] for x in res[name]))}-{f.format(max(x[i] for x in res[name]))}"
     base = "tb-default"
     for name, errs in failed.items():
-        print(f"| P15 {name}: {len(errs)} of {rounds} round(s) failed, left out of the medians: {errs[0][:200]} | | | | | |")
+        print(f"| P16 {name}: {len(errs)} of {rounds} round(s) failed, left out of the medians: {errs[0][:200]} | | | | | |")
     if not res[base]:
         return
     for name, _, _ in CONFIGS:
@@ -119,12 +119,12 @@ def main():
         note = (f"{stamp}, commit {commit}, median of {len(res[name])}, rotated; QEMU {rng(name, 0, '{:.0f}')} KiB; guest RAM "
                 f"touched {med(name, 2) / 1024:.1f} MiB, TCG code buffer {med(name, 3) / 1024:.1f} MiB, monitor "
                 f"{med(name, 1) / 1024:.1f} MiB")
-        print(f"| P15 idle VM's QEMU PSS, `run -d --network none -- sleep 1000`, {name} ({note}) | MiB | "
+        print(f"| P16 idle VM's QEMU PSS, `run -d --network none -- sleep 1000`, {name} ({note}) | MiB | "
               f"{med(name, 0) / 1024:.1f} | {base} | {med(base, 0) / 1024:.1f} | {med(name, 0) / med(base, 0):.2f} |")
     for name, _, _ in CONFIGS:
         if not res[name]:
             continue
-        print(f"| P15 `run --rm -- sh -c '300 × /bin/true'` end to end, {name} (the same rounds; "
+        print(f"| P16 `run --rm -- sh -c '300 × /bin/true'` end to end, {name} (the same rounds; "
               f"{rng(name, 4, '{:.2f}')} s) | s | {med(name, 4):.2f} | {base} | {med(base, 4):.2f} | "
               f"{med(name, 4) / med(base, 4):.2f} |")
 
