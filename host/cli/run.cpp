@@ -937,8 +937,10 @@ class VmmProcess {
   std::list<asio::posix::stream_descriptor> daemon_watch_;  // one per virtiofsd (stable addresses)
   monitor::DaemonWatch adopted_watch_{io_};                  // a replacement's: the recorded daemons
   /// How long end_for_daemon() waits for a QEMU whose helper daemon just exited (taken from the
-  /// loop only then): ends QEMU's exit_files()..exit_notify() window under load.
-  static constexpr std::chrono::milliseconds kDaemonVsQemuExit{200};
+  /// loop only then, when the VM is being ended anyway): covers QEMU's last steps after its
+  /// sockets close (its own cleanup on a power-off, exit_files()..exit_notify() on a SIGKILL),
+  /// which a loaded 2-core host can stretch well past 200 ms.
+  static constexpr std::chrono::milliseconds kDaemonVsQemuExit{1000};
   fs::path state_;
   std::uint64_t generation_ = 0;
   std::function<host::Status()> restore_;
