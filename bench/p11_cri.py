@@ -25,6 +25,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "cri"))
 import cri_harness as h  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
+from procs import pss_kib  # noqa: E402
 
 BOUND = 300  # seconds: the most one pod's start may take
 
@@ -72,18 +74,6 @@ def start_pod(d, handler, name):
 def remove_pod(d, pod):
     d.cri.StopPodSandbox(pod_sandbox_id=pod, deadline=BOUND)
     d.cri.RemovePodSandbox(pod_sandbox_id=pod, deadline=BOUND)
-
-
-def pss_kib(pid):
-    """PSS of `pid` in KiB from /proc/PID/smaps_rollup (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def pods_pss(d):

@@ -25,23 +25,14 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
+from procs import pss_kib  # noqa: E402
+
 CONFIGS = [("tb-default", {"NESHOST_TCG_TB_MIB": "0"}, []),
            ("tb-16", {"NESHOST_TCG_TB_MIB": "16"}, []),
            ("tb-8", {"NESHOST_TCG_TB_MIB": "8"}, []),
            ("mem-128", {"NESHOST_TCG_TB_MIB": "16"}, ["--mem", "128"])]
 WORKLOAD = "i=0; while [ $i -lt 300 ]; do /bin/true; i=$((i+1)); done"
-
-
-def pss_kib(pid):
-    """PSS of `pid` in KiB from /proc/PID/smaps_rollup (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def anon_maps(pid):

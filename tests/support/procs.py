@@ -39,3 +39,15 @@ def alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     p = proc(pid)
     return p is not None and p.state != "Z"
+
+
+def pss_kib(pid):
+    """PSS of `pid` in KiB from /proc/PID/smaps_rollup (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
