@@ -104,18 +104,18 @@ QemuSpec base_spec() {
 TEST_CASE("kernel_cmdline: quiet keeps kernel messages off the console by log level") {
   KernelCmdline c;  // tcg_words false by default: KVM, 2+ vCPUs
   CHECK(kernel_cmdline(c) ==
-        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0");
+        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests no_timer_check nesinit.channel=virtio-port:nes.0");
   c.console = ConsoleLevel::full;
   c.extra = {"nesinit.log=debug"};
   CHECK(kernel_cmdline(c) ==
-        "console=ttyS0 loglevel=7 panic=-1 cryptomgr.notests nesinit.channel=virtio-port:nes.0 nesinit.log=debug");
+        "console=ttyS0 loglevel=7 panic=-1 cryptomgr.notests no_timer_check nesinit.channel=virtio-port:nes.0 nesinit.log=debug");
 }
 
 TEST_CASE("kernel_cmdline: under TCG the HPET ticks and a 1-vCPU kernel keeps its SMP lock prefixes") {
   KernelCmdline c;
   c.tcg_words = true;  // the planner's choice for a 1-vCPU TCG guest
   CHECK(kernel_cmdline(c) ==
-        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests nolapic_timer noreplace-smp "
+        "console=ttyS0 quiet loglevel=0 panic=-1 cryptomgr.notests no_timer_check nolapic_timer noreplace-smp "
         "nesinit.channel=virtio-port:nes.0");
   c.tcg_words = false;
   CHECK(kernel_cmdline(c).find("nolapic_timer") == std::string::npos);
