@@ -8,7 +8,7 @@
 
 namespace {
 
-namespace ctl = nes::cli::control;
+namespace ctl = nes::monitor::control;
 
 void check_error(const nes::base::Error& e) {
   nes::fuzz::require(!e.message.empty() && e.message.size() < 8192, "a parse error is named and bounded");

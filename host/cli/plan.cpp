@@ -555,7 +555,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
     spec.tcg_tb_mib = in.tcg_tb_mib;
     spec.channel_socket = p.channel_socket;
     spec.data_socket = p.data_socket;
-    spec.qmp_socket = in.runtime_dir / "qmp.sock";  // pause/unpause (host/cli/vm_pause.hpp)
+    spec.qmp_socket = in.runtime_dir / "qmp.sock";  // pause/unpause (host/monitor/pause.hpp)
     if (p.vmm_survives) spec.chardev_reconnect_s = 1;  // QEMU redials a replacement monitor's listeners
     spec.snapshot_layout = in.snapshot_machine;  // a snapshot's machine: what a restore starts too
     if (in.snapshot) {

@@ -21,7 +21,7 @@
 #include "host/vm/netns.hpp"
 #include "host/monitor/vmm_record.hpp"
 
-namespace nes::cli {
+namespace nes::monitor {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -171,4 +171,4 @@ host::Result<std::optional<host::VmState>> ensure_monitor(const fs::path& state,
   return after;
 }
 
-}  // namespace nes::cli
+}  // namespace nes::monitor

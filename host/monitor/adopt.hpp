@@ -14,7 +14,7 @@
 #include "host/lib/base.hpp"
 #include "host/monitor/reconcile.hpp"
 
-namespace nes::cli {
+namespace nes::monitor {
 
 /// If `vm` in `state` is orphaned (host::VmState::orphaned()), starts one replacement monitor,
 /// `NESHOST monitor --state STATE --notify-fd 3 VM` (`neshost` the program to run: the CLI's own
@@ -36,4 +36,11 @@ host::Result<std::optional<host::VmState>> ensure_monitor(const std::filesystem:
 /// This program's own path (/proc/self/exe), for ensure_monitor() from the CLI.
 std::filesystem::path self_program();
 
+}  // namespace nes::monitor
+
+// The names host/cli and host/shim spelled `nes::cli::` before this header moved to nes::monitor
+// (as in monitor.hpp).
+namespace nes::cli {
+using monitor::ensure_monitor;
+using monitor::self_program;
 }  // namespace nes::cli

@@ -7,7 +7,7 @@
 #include "host/lib/escape.hpp"
 #include "protocol/codec.hpp"
 
-namespace nes::cli::control {
+namespace nes::monitor::control {
 
 namespace {
 
@@ -298,4 +298,4 @@ host::Status validate(const Request& r) { return round_trips(r, parse_request(en
 host::Status validate(const Reply& r) { return round_trips(r, parse_reply(encode(r)), "reply"); }
 host::Status validate(const Targeted& t) { return round_trips(t, parse_targeted(encode(t)), "request"); }
 
-}  // namespace nes::cli::control
+}  // namespace nes::monitor::control

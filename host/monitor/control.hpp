@@ -26,7 +26,7 @@
 #include "host/lib/base.hpp"
 #include "protocol/messages.hpp"
 
-namespace nes::cli::control {
+namespace nes::monitor::control {
 
 /// The longest request line the control socket reads: bytes without '\n' (an `exec` with its
 /// environment).
@@ -217,4 +217,4 @@ host::Status validate(const Request& r);
 host::Status validate(const Targeted& t);
 host::Status validate(const Reply& r);
 
-}  // namespace nes::cli::control
+}  // namespace nes::monitor::control

@@ -20,7 +20,7 @@
 #include "host/lib/state_dir.hpp"
 #include "host/monitor/reconcile.hpp"
 
-namespace nes::cli {
+namespace nes::monitor {
 
 namespace asio = boost::asio;
 namespace fs = std::filesystem;
@@ -540,4 +540,4 @@ host::Result<proto::Processes> guest_processes(const fs::path& path) {
   return host::Error{fmt::format("{}: the reply to ps is not a process list", path.string())};
 }
 
-}  // namespace nes::cli
+}  // namespace nes::monitor

@@ -18,7 +18,7 @@
 #include "host/monitor/control.hpp"
 #include "protocol/messages.hpp"
 
-namespace nes::cli {
+namespace nes::monitor {
 
 /// What detach() left the calling process as.
 struct Detached {
@@ -174,4 +174,23 @@ host::Status control_call(const std::filesystem::path& path, const control::Requ
 host::Status control_call(const std::filesystem::path& path, const control::Targeted& request,
                           std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
+}  // namespace nes::monitor
+
+// The names host/cli and host/shim spelled `nes::cli::` before this header moved to nes::monitor;
+// kept until the shim (rewritten on another branch at the time) spells them nes::monitor:: too.
+namespace nes::cli {
+namespace control = monitor::control;
+using monitor::control_call;
+using monitor::control_handler;
+using monitor::control_request;
+using monitor::ControlHandlers;
+using monitor::ControlRespond;
+using monitor::ControlServer;
+using monitor::ControlSession;
+using monitor::detach;
+using monitor::Detached;
+using monitor::guest_processes;
+using monitor::kControlReplyMax;
+using monitor::kControlRequestMax;
+using monitor::notify_started;
 }  // namespace nes::cli

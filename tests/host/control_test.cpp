@@ -27,8 +27,8 @@
 #include "tests/support/temp_dir.hpp"
 
 using namespace nes;
-using namespace nes::cli;
-namespace ctl = nes::cli::control;
+using namespace nes::monitor;
+namespace ctl = nes::monitor::control;
 namespace fs = std::filesystem;
 
 namespace {

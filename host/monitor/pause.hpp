@@ -12,7 +12,7 @@
 #include "host/lib/base.hpp"
 #include "host/vm/qmp.hpp"
 
-namespace nes::cli {
+namespace nes::monitor {
 
 /// One monitor's pause state of its VM and its QMP connection (connected once, reused; dropped
 /// after an error). Used on the monitor's io_context thread only.
@@ -45,4 +45,4 @@ class VmPause {
   std::optional<vm::Qmp> qmp_;
 };
 
-}  // namespace nes::cli
+}  // namespace nes::monitor

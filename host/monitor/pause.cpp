@@ -1,4 +1,4 @@
-#include "host/cli/vm_pause.hpp"
+#include "host/monitor/pause.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -7,7 +7,7 @@
 
 #include "host/monitor/reconcile.hpp"
 
-namespace nes::cli {
+namespace nes::monitor {
 
 namespace {
 constexpr std::chrono::milliseconds kQmpBound{2000};  // QEMU answers stop/cont from its main loop at once
@@ -75,4 +75,4 @@ void VmPause::ended() {
   paused_ = false;
 }
 
-}  // namespace nes::cli
+}  // namespace nes::monitor
