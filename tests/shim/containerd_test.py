@@ -1189,7 +1189,14 @@ def on_pty(d, ctr_args, rows, cols):
     got = b""
     deadline = time.monotonic() + BOUND
     try:
-        while time.monotonic() < deadline:
+        while True:
+            # Bounded: a ctr that neither writes nor exits (its process's end never told) is
+            # SIGKILLed at the bound and the case fails saying so, instead of a read that never returns.
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([master], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise Failure(f"ctr {' '.join(ctr_args[:4])}: no end after {BOUND} s; output {got!r}{d.tail()}")
             try:
                 b = os.read(master, 4096)
             except OSError:
