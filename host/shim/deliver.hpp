@@ -20,12 +20,35 @@ namespace nes::shim {
 /// Anything else (a refusal, a finished session, a timeout) is the answer.
 bool not_ready_yet(const host::Error& e);
 
+/// One try of a delivery: `again` (not yet: tried again in 20 ms), else `status` is the answer.
+struct Attempt {
+  bool again = false;
+  host::Status status = host::Ok{};
+};
+/// How a delivery ended: answered (the status is the answer), gave_up (the bound passed: the
+/// last try's error, "... (still not ready after N s)"), unwanted (`still_wanted()` turned false:
+/// "the task is no longer running").
+enum class Delivered { answered, gave_up, unwanted };
+
+/// The one "deliver when the monitor listens" loop: `attempt` at once, then every 20 ms while it
+/// says `again` and `still_wanted()` is true, for at most `bound` from the first try; then
+/// `done(status, how)`. `attempt`, `still_wanted` and `done` are called on `io`'s thread only,
+/// `done` exactly once (unless `io` is destroyed first).
+void retry_when_ready(boost::asio::io_context& io, std::function<Attempt()> attempt, std::chrono::milliseconds bound,
+                      std::function<bool()> still_wanted, std::function<void(host::Status, Delivered)> done);
+
+/// One try that sends `request` to the control socket `control` (control_request, 2 s): again
+/// while the socket does not exist or the monitor does not answer (no reply, no connection);
+/// the monitor's reply is the answer (Ok, or its line, e.g. "error: ...", as the error).
+Attempt control_attempt(const std::filesystem::path& control, const cli::control::Request& request);
+
 /// Sends `request` to the control socket `control` on `io`'s thread: at once, then every 20 ms
 /// while not_ready_yet() says so and `still_wanted()` is true, for at most `bound` from the first
 /// try; then `done` gets the monitor's answer: Ok, the last error (after the bound, "... (still
 /// not ready after N s)"), or, when `still_wanted()` turned false, "the task is no longer
 /// running". Each try is one blocking control_call of at most 2 s. `still_wanted` and `done` are
-/// called on `io`'s thread only, `done` exactly once (unless `io` is destroyed first).
+/// called on `io`'s thread only, `done` exactly once (unless `io` is destroyed first). A
+/// retry_when_ready() whose try is one control_call.
 void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Request request,
                         std::chrono::milliseconds bound, std::function<bool()> still_wanted,
                         std::function<void(host::Status)> done);

@@ -75,4 +75,25 @@ std::string encode_exec_journal(const std::vector<ExecEntry>& execs);
 /// id, container) and more than kExecJournalEntriesMax entries.
 host::Result<std::vector<ExecEntry>> parse_exec_journal(std::string_view json);
 
+class Shim;  // host/shim/container.hpp
+
+/// Writes `<bundle>/nesinit-execs.json` durably from what `shim` knows now: every exec and pod
+/// container not deleted (a spec kept only until its process started), then the newest
+/// kExecReceiptsKept receipts of deleted ones, oldest first; the oldest receipts dropped to stay
+/// within kExecJournalEntriesMax and kExecJournalMax. `point`: the write's fault point
+/// (durable.hpp: "journal:exec-add", ...). Errors: live processes alone over the bounds, or
+/// write_durable's, naming the file and the errno. Nothing is written once the shim's own task
+/// is deleted (its bundle is containerd's to remove).
+host::Status save_exec_journal(Shim& shim, std::string_view point);
+
+/// Takes over what the journal names (TaskService::restore, the shim's own task running): an
+/// added exec as created (containerd may Start it), a running one waited for through the
+/// monitor (`wait PROC`: its end is this shim's to report), a stopped one with its status and
+/// time, a deleted one's receipt kept; a pod's containers first (from their bundles' records and
+/// config.json; one whose record is gone but whose receipt is there: deleted), then their execs.
+/// One whose Start was in flight when the shim died (`starting`: containerd failed that Start)
+/// is stopped with 125 and a warning. The journal is written back once, as taken over, before
+/// any wait. Returns a summary for the log ("" when none).
+std::string restore_exec_journal(Shim& shim);
+
 }  // namespace nes::shim

@@ -162,42 +162,13 @@ Result<TaskSpec> parse_oci_process(std::string_view json) {
   return s;
 }
 
-Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle) {
-  if (json.size() > kMaxSpecBytes)
-    return Error{fmt::format("config.json: {} bytes, more than {}", json.size(), kMaxSpecBytes)};
-  dom::parser parser;
-  simdjson::padded_string padded(json);
-  dom::element doc;
-  if (auto err = parser.parse(padded).get(doc)) return Error{fmt::format("config.json: {}", simdjson::error_message(err))};
-  dom::object top;
-  if (doc.get_object().get(top)) return Error{"config.json: expected a JSON object"};
-  TaskSpec s;
-
-  dom::object process;
-  if (top["process"].get_object().get(process)) return field_error("process", "missing (a task needs a process)");
-  if (auto ps = parse_process(process, s); !ps) return ps.error();
-
-  dom::object root;
-  if (top["root"].get_object().get(root)) return field_error("root", "missing (the task's root file system)");
+/// config.json's `mounts` into `s.volumes` (binds; the guest's own file systems where the init
+/// mounts them are accepted, anything else refused naming the field); `checked` gets each bind
+/// as neshost run parses it (vm::parse_volume).
+static host::Status parse_mounts(dom::object top, TaskSpec& s, std::vector<vm::Volume>& checked) {
+  dom::array mounts;
+  if (top["mounts"].get_array().get(mounts)) return host::Ok{};
   {
-    std::string_view p;
-    if (root["path"].get_string().get(p) || p.empty()) return field_error("root.path", "expected a path");
-    std::filesystem::path rp(p);
-    s.root = rp.is_absolute() ? rp : bundle / rp;
-    if (bool ro = false; !root["readonly"].get_bool().get(ro)) s.root_ro = ro;
-  }
-  if (std::string_view h; !top["hostname"].get_string().get(h)) s.hostname = std::string(h);
-  if (dom::element a; !top["annotations"].get(a)) {
-    std::string_view snap;
-    if (dom::element v; !a[kSnapshotAnnotation].get(v)) {
-      if (v.get_string().get(snap) || snap.empty() || snap.front() != '/' || snap.find('\0') != std::string_view::npos)
-        return field_error(fmt::format("annotations.{}", kSnapshotAnnotation), "expected an absolute path (a snapshot's directory)");
-      s.snapshot = std::filesystem::path(snap);
-    }
-  }
-
-  std::vector<vm::Volume> checked;  // s.volumes as neshost run parses them (Volume::file)
-  if (dom::array mounts; !top["mounts"].get_array().get(mounts)) {
     std::size_t i = 0;
     for (dom::element m : mounts) {
       const std::string f = fmt::format("mounts[{}]", i++);
@@ -238,8 +209,15 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
       }
     }
   }
+  return host::Ok{};
+}
 
-  if (dom::object linux_; !top["linux"].get_object().get(linux_)) {
+/// config.json's `linux`: seccomp and devices refused, a network namespace with a path taken
+/// (`s.netns`: the VM takes it over), the other namespaces ignored.
+static host::Status parse_linux(dom::object top, TaskSpec& s) {
+  dom::object linux_;
+  if (top["linux"].get_object().get(linux_)) return host::Ok{};
+  {
     if (dom::element v; !linux_["seccomp"].get(v))
       return field_error("linux.seccomp", "not supported: the guest kernel runs no seccomp filter for the task (the "
                                           "VM is its isolation boundary); remove the profile");
@@ -263,6 +241,46 @@ Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::pa
       }
     }
   }
+  return host::Ok{};
+}
+
+Result<TaskSpec> parse_oci_spec(std::string_view json, const std::filesystem::path& bundle) {
+  if (json.size() > kMaxSpecBytes)
+    return Error{fmt::format("config.json: {} bytes, more than {}", json.size(), kMaxSpecBytes)};
+  dom::parser parser;
+  simdjson::padded_string padded(json);
+  dom::element doc;
+  if (auto err = parser.parse(padded).get(doc)) return Error{fmt::format("config.json: {}", simdjson::error_message(err))};
+  dom::object top;
+  if (doc.get_object().get(top)) return Error{"config.json: expected a JSON object"};
+  TaskSpec s;
+
+  dom::object process;
+  if (top["process"].get_object().get(process)) return field_error("process", "missing (a task needs a process)");
+  if (auto ps = parse_process(process, s); !ps) return ps.error();
+
+  dom::object root;
+  if (top["root"].get_object().get(root)) return field_error("root", "missing (the task's root file system)");
+  {
+    std::string_view p;
+    if (root["path"].get_string().get(p) || p.empty()) return field_error("root.path", "expected a path");
+    std::filesystem::path rp(p);
+    s.root = rp.is_absolute() ? rp : bundle / rp;
+    if (bool ro = false; !root["readonly"].get_bool().get(ro)) s.root_ro = ro;
+  }
+  if (std::string_view h; !top["hostname"].get_string().get(h)) s.hostname = std::string(h);
+  if (dom::element a; !top["annotations"].get(a)) {
+    std::string_view snap;
+    if (dom::element v; !a[kSnapshotAnnotation].get(v)) {
+      if (v.get_string().get(snap) || snap.empty() || snap.front() != '/' || snap.find('\0') != std::string_view::npos)
+        return field_error(fmt::format("annotations.{}", kSnapshotAnnotation), "expected an absolute path (a snapshot's directory)");
+      s.snapshot = std::filesystem::path(snap);
+    }
+  }
+
+  std::vector<vm::Volume> checked;  // s.volumes as neshost run parses them (Volume::file)
+  if (auto m = parse_mounts(top, s, checked); !m) return m.error();
+  if (auto l = parse_linux(top, s); !l) return l.error();
   const auto files = static_cast<std::size_t>(
       std::count_if(checked.begin(), checked.end(), [](const vm::Volume& v) { return v.file; }));
   if (auto c = check_snapshot_shares(s, files); !c) return c.error();
@@ -275,7 +293,7 @@ Result<std::string> read_oci_config(const std::filesystem::path& bundle) {
 
 std::vector<std::string> run_args(const TaskSpec& s, const RunPlan& p) {
   // --vmm-outlives: the VM survives its monitor's death; the shim then has it adopted
-  // (task_service.cpp readopt()).
+  // (container_vm.cpp Container::readopt()).
   std::vector<std::string> a = {"run", "--vmm-outlives", "--vm", p.vm, "--state", p.state_dir.string(), "--rootfs", s.root.string(),
                                 "--user", fmt::format("{}:{}", s.uid, s.gid), "--workdir", s.cwd};
   for (auto g : s.groups) {

@@ -1,4 +1,4 @@
-// One process of a task as the task API sees it (host/shim/task_service.cpp): the task's own
+// One process of a task as the task API sees it (host/shim/container.hpp): the task's own
 // (neshost run, the VM's monitor) or one `Exec` added to it, as containerd's runc shim has one
 // process.Process for both. What every RPC reads or answers about a process lives here once:
 // its id, pid, stdio paths, terminal, phase, exit status and time, its stdin hold and waiters.

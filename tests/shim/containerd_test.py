@@ -1189,7 +1189,14 @@ def on_pty(d, ctr_args, rows, cols):
     got = b""
     deadline = time.monotonic() + BOUND
     try:
-        while time.monotonic() < deadline:
+        while True:
+            # Bounded: a ctr that neither writes nor exits (its process's end never told) is
+            # SIGKILLed at the bound and the case fails saying so, instead of a read that never returns.
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([master], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise Failure(f"ctr {' '.join(ctr_args[:4])}: no end after {BOUND} s; output {got!r}{d.tail()}")
             try:
                 b = os.read(master, 4096)
             except OSError:
@@ -1631,7 +1638,11 @@ def qualify(passes):
                     result = "pass"
                 except (Failure, subprocess.TimeoutExpired, OSError) as e:
                     result = "FAIL: " + str(e).splitlines()[0][:200]
-                    d.env.pop("NESINIT_SHIM_FAULT", None)  # a failed journal case leaves none behind
+                    # A failed journal case leaves no fault behind: not in the env, nor in the
+                    # daemon started with it (each shim it spawns inherits it: once a case failed
+                    # with eio:journal:exec-exit set, the next case's exec end was held forever).
+                    if d.env.pop("NESINIT_SHIM_FAULT", None) is not None and d.proc.poll() is None:
+                        d.stop()
                     if d.proc.poll() is not None:  # a case that failed with the daemon stopped
                         d.start()
                     d.close_tasks()

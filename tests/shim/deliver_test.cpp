@@ -78,49 +78,95 @@ TEST_CASE("not_ready_yet: no monitor yet and the guest's two not-ready answers; 
   CHECK(!shim::not_ready_yet(host::Error{"error: kill: the session is over"}));
 }
 
-TEST_CASE("a pause the guest cannot take yet is sent again until it can, then answered Ok, once") {
-  test::TempDir tmp("shimdeliver");
-  const fs::path sock = tmp.path / "control.sock";
-  FakeMonitor m(sock, 3, "ok", 4);
-  boost::asio::io_context io;
-  std::optional<host::Status> got;
-  int calls = 0;
-  shim::deliver_when_ready(io, sock, cli::control::Request{cli::control::Pause{}}, std::chrono::seconds(10),
-                           [] { return true; }, [&](host::Status s) { ++calls, got = std::move(s); });
-  run_until(io, got);
-  CHECK(*got);
-  CHECK(calls == 1);
-  CHECK(m.requests == 4);
-  CHECK(m.last == "pause\n");
-}
+/// One delivery and what it must come to.
+struct Case {
+  const char* what;
+  bool socket;             // a FakeMonitor listens (else the socket never appears)
+  int refusals;            // its "not ready" answers before `final`
+  const char* final;       // its answer after them
+  std::chrono::milliseconds bound;
+  bool wanted;             // still_wanted()'s answer
+  bool ok;                 // done's status
+  const char* message;     // its error: equal, or (ending in '*') starting with the rest
+  const char* contains;    // and containing this ("" none)
+  int requests;            // the monitor saw this many
+};
 
-TEST_CASE("a refusal other than not-ready is the answer at once; a socket that never appears, the bound's error") {
-  test::TempDir tmp("shimdeliver");
-  {
+const Case kCases[] = {
+    {"not ready three times, then ok: answered Ok, once", true, 3, "ok", std::chrono::seconds(10), true, true, "", "", 4},
+    {"a refusal other than not-ready: the answer at once", true, 0, "error: the VM is stopping",
+     std::chrono::seconds(10), true, false, "error: the VM is stopping", "", 1},
+    {"a socket that never appears: the bound's error", false, 0, "", std::chrono::milliseconds(100), true, false,
+     "no monitor at *", " (still not ready after ", 0},
+    {"the task ended meanwhile: given up, said so", false, 0, "", std::chrono::seconds(10), false, false,
+     "the task is no longer running", "", 0},
+};
+
+TEST_CASE("deliver_when_ready: each case's answer, once") {
+  for (const Case& k : kCases) {
+    CAPTURE(k.what);
+    test::TempDir tmp("shimdeliver");
     const fs::path sock = tmp.path / "control.sock";
-    FakeMonitor m(sock, 0, "error: the VM is stopping", 1);
+    std::optional<FakeMonitor> m;
+    if (k.socket) m.emplace(sock, k.refusals, k.final, k.refusals + 1);
     boost::asio::io_context io;
     std::optional<host::Status> got;
-    shim::deliver_when_ready(io, sock, cli::control::Request{cli::control::Pause{}}, std::chrono::seconds(10),
-                             [] { return true; }, [&](host::Status s) { got = std::move(s); });
+    int calls = 0;
+    const bool wanted = k.wanted;
+    shim::deliver_when_ready(io, sock, cli::control::Request{cli::control::Pause{}}, k.bound,
+                             [wanted] { return wanted; }, [&](host::Status s) { ++calls, got = std::move(s); });
     run_until(io, got);
-    REQUIRE(!*got);
-    CHECK(got->error().message == "error: the VM is stopping");
-    CHECK(m.requests == 1);
+    CHECK(calls == 1);
+    CHECK(bool(*got) == k.ok);
+    if (!k.ok) {
+      const std::string msg = got->error().message, want = k.message;
+      if (want.ends_with('*')) CHECK(msg.starts_with(want.substr(0, want.size() - 1)));
+      else CHECK(msg == want);
+      CHECK(msg.find(k.contains) != std::string::npos);
+    }
+    if (m) {
+      CHECK(m->requests == k.requests);
+      CHECK(m->last == "pause\n");
+    }
   }
+}
+
+TEST_CASE("control_attempt: no socket is 'again'; any reply of the monitor is the answer (not-ready too)") {
+  test::TempDir tmp("shimdeliver");
+  const fs::path sock = tmp.path / "control.sock";
+  auto none = shim::control_attempt(sock, cli::control::CloseStdin{});
+  CHECK(none.again);
+  REQUIRE(!none.status);
+  CHECK(none.status.error().message.starts_with("no monitor at "));
+  FakeMonitor m(sock, 1, "ok", 2);
+  auto first = shim::control_attempt(sock, cli::control::CloseStdin{});
+  CHECK(!first.again);
+  REQUIRE(!first.status);
+  CHECK(first.status.error().message == "error: the guest is not ready yet: pause it once it runs");
+  auto second = shim::control_attempt(sock, cli::control::CloseStdin{});
+  CHECK(!second.again);
+  CHECK(second.status);
+  CHECK(m.last == "close-stdin\n");
+}
+
+TEST_CASE("retry_when_ready: tries until its attempt answers; past the bound 'gave_up' with the last error") {
   boost::asio::io_context io;
+  int tries = 0;
   std::optional<host::Status> got;
-  shim::deliver_when_ready(io, tmp.path / "never.sock", cli::control::Request{cli::control::Resume{}},
-                           std::chrono::milliseconds(100), [] { return true; }, [&](host::Status s) { got = std::move(s); });
+  shim::Delivered how{};
+  shim::retry_when_ready(
+      io, [&] { return ++tries < 3 ? shim::Attempt{true, host::Error{"not yet"}} : shim::Attempt{false, host::Ok{}}; },
+      std::chrono::seconds(10), [] { return true; }, [&](host::Status s, shim::Delivered h) { got = std::move(s), how = h; });
+  run_until(io, got);
+  CHECK(*got);
+  CHECK(how == shim::Delivered::answered);
+  CHECK(tries == 3);
+  got.reset();
+  shim::retry_when_ready(
+      io, [] { return shim::Attempt{true, host::Error{"no monitor at /x yet"}}; }, std::chrono::milliseconds(60),
+      [] { return true; }, [&](host::Status s, shim::Delivered h) { got = std::move(s), how = h; });
   run_until(io, got);
   REQUIRE(!*got);
-  CHECK(got->error().message.starts_with("no monitor at "));
-  CHECK(got->error().message.find(" (still not ready after ") != std::string::npos);
-  // The task ended meanwhile: given up, said so.
-  std::optional<host::Status> gone;
-  shim::deliver_when_ready(io, tmp.path / "never.sock", cli::control::Request{cli::control::Resume{}},
-                           std::chrono::seconds(10), [] { return false; }, [&](host::Status s) { gone = std::move(s); });
-  run_until(io, gone);
-  REQUIRE(!*gone);
-  CHECK(gone->error().message == "the task is no longer running");
+  CHECK(how == shim::Delivered::gave_up);
+  CHECK(got->error().message.starts_with("no monitor at /x yet (still not ready after "));
 }

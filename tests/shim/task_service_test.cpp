@@ -223,8 +223,8 @@ static int writers_of(const fs::path& fifo) {
   return n;
 }
 
-TEST_CASE("stdin: the shim holds a writer on the FIFO from Start until CloseIO, as runc's shim does") {
-  Rig r("cat > \"$(dirname \"$0\")/got\"; exit 5");
+/// Creates task t1 of `r` with a stdin FIFO (made in the rig's temp dir): its path.
+static fs::path create_with_stdin(Rig& r) {
   const fs::path fifo = r.tmp.path / "stdin";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   v2::CreateTaskRequest c;
@@ -232,6 +232,12 @@ TEST_CASE("stdin: the shim holds a writer on the FIFO from Start until CloseIO, 
   c.set_bundle(r.bundle.string());
   c.set_stdin(fifo.string());
   REQUIRE(r.call("Create", c).status.ok());
+  return fifo;
+}
+
+TEST_CASE("stdin: the shim holds a writer on the FIFO from Start until CloseIO, as runc's shim does") {
+  Rig r("cat > \"$(dirname \"$0\")/got\"; exit 5");
+  const fs::path fifo = create_with_stdin(r);
   CHECK(writers_of(fifo) == 0);
   REQUIRE(r.call("Start", Rig::id_req<v2::StartRequest>()).status.ok());
   CHECK(writers_of(fifo) == 1);  // a client that detaches now is not the workload's EOF
@@ -542,13 +548,7 @@ TEST_CASE("durable writes: a CloseIO whose record cannot be written fails naming
     return;
   }
   Rig r("cat > \"$(dirname \"$0\")/got\"; exit 5");
-  const fs::path fifo = r.tmp.path / "stdin";
-  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  v2::CreateTaskRequest c;
-  c.set_id("t1");
-  c.set_bundle(r.bundle.string());
-  c.set_stdin(fifo.string());
-  REQUIRE(r.call("Create", c).status.ok());
+  const fs::path fifo = create_with_stdin(r);
   REQUIRE(r.call("Start", Rig::id_req<v2::StartRequest>()).status.ok());
   auto w = r.send("Wait", Rig::id_req<v2::WaitRequest>());
   auto ci = Rig::id_req<v2::CloseIORequest>();
