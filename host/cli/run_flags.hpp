@@ -4,6 +4,12 @@
 // the entries it needs (snapshot_create_flags()). check_run_host() asks this host what the flags
 // need of it (KVM, memory, the named kernel and initramfs). Every refusal happens before anything
 // starts and exits kExitUsage (125, as docker's own flag errors), naming the flag.
+//
+// Adding a flag: one entry in kRunFlags (run_flags.cpp), a field in RunFlags, and a good and a bad
+// case in tests/host/cli_flags_test.cpp (the test fails for an entry without both). docker's
+// `run IMAGE [CMD...]` fits beside `-- ARGV`: RunFlags::argv holds the positionals as given and
+// argv_after_dashdash says where a `--` put them, so IMAGE is argv[0] when that index is not 0;
+// --entrypoint, --pull and the like are entries whose setters fill fields of their own.
 #pragma once
 
 #include <chrono>
