@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "host/cli/exec_flags.hpp"
 #include "host/cli/flags.hpp"
 #include "host/cli/run_flags.hpp"
+#include "host/cli/vm_flags.hpp"
 
 using namespace nes;
 using namespace nes::cli;
@@ -457,4 +459,41 @@ TEST_CASE("exec's table: run's spellings and checks, then VM and ARGV") {
   CHECK(parse_exec({"--help"})->help);
   const std::string help = exec_help();
   for (const auto& e : exec_flags()) CHECK(help.find(flag_help_line(e.spec, e.value_name, e.help)) != std::string::npos);
+}
+
+TEST_CASE("stop's and kill's tables: flags anywhere, one VM, each value checked") {
+  auto s = parse_stop({"web", "-t", "5", "--state", "/s"});
+  REQUIRE(s);
+  CHECK(s->vm == "web");
+  CHECK(s->grace == std::chrono::seconds(5));
+  CHECK(s->state == "/s");
+  CHECK(parse_stop({"--timeout=0.5", "web"})->grace == std::chrono::milliseconds(500));
+  CHECK(parse_stop({"web"})->grace == std::chrono::seconds(30));
+  auto k = parse_kill({"-s", "SIGUSR1", "web"});
+  REQUIRE(k);
+  CHECK(k->signal == SIGUSR1);
+  CHECK(parse_kill({"--signal=15", "web"})->signal == 15);
+  CHECK(parse_kill({"web"})->signal == SIGKILL);
+  CHECK(*parse_signal("TERM") == SIGTERM);
+  CHECK(!parse_signal("65"));
+  CHECK(!parse_signal("NOPE"));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {parse_stop({"web", "-t", "0"}).error().message, "--time: expected seconds > 0"},
+      {parse_stop({"web", "--timeout", "x"}).error().message, "--timeout: expected seconds > 0"},
+      {parse_stop({"web", "--state="}).error().message, "--state: expected a path, got ''"},
+      {parse_stop({}).error().message, "exactly one VM is required"},
+      {parse_stop({"a", "b"}).error().message, "exactly one VM is required"},
+      {parse_stop({"../x"}).error().message, "VM: "},
+      {parse_stop({"web", "--bogus"}).error().message, "unknown flag --bogus"},
+      {parse_kill({"-s", "NOPE", "web"}).error().message, "--signal: expected a name (TERM, SIGUSR1, ...) or 1..64, got 'NOPE'"},
+      {parse_kill({"-s", "0", "web"}).error().message, "--signal: expected a name"},
+      {parse_kill({"-s"}).error().message, "--signal needs a value"},
+      {parse_kill({}).error().message, "exactly one VM is required"},
+  };
+  for (const auto& [got, want] : bad) {
+    CAPTURE(want);
+    CHECK(got.starts_with(want));
+  }
+  CHECK(parse_stop({"-h"})->help);
+  CHECK(parse_kill({"--help"})->help);
 }
