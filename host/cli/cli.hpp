@@ -1,7 +1,7 @@
 // The `neshost` CLI's seams: a subcommand table filled at static-initialisation time (each
 // host/cli/*.cpp command file registers its own), the flag parser (host/cli/flags.hpp), and serve_vm(), the
-// one-VM loop that `serve` (and a VMM runner such as `run`) builds on. Usage errors exit 2 and
-// name the flag.
+// one-VM loop that `serve` (and a VMM runner such as `run`) builds on. Usage errors exit 125 (as
+// docker's own flag errors) and name the flag.
 #pragma once
 
 #include <stdlib.h>
@@ -26,8 +26,10 @@
 
 namespace nes::cli {
 
-/// Exit status for a usage error (bad flag, bad value), as getopt-style tools do.
-inline constexpr int kExitUsage = 2;
+/// Exit status for a usage error (an unknown flag, a bad value, flags that exclude each other, what
+/// the flags ask of this host), the same for every command and given before anything starts: 125,
+/// docker's status for its own flag errors (docker/cli's FlagErrorFunc; `docker run`'s bad values).
+inline constexpr int kExitUsage = 125;
 
 /// One subcommand: `neshost NAME ...`. `main` returns the process exit status.
 struct Subcommand {

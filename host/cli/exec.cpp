@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "host/cli/cli.hpp"
+#include "host/cli/exec_flags.hpp"
 #include "host/cli/stdio.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "host/cli/terminal.hpp"
@@ -229,21 +230,6 @@ void ExecAttachments::start(control::Exec request, std::vector<host::Fd> fds, Co
 
 namespace {
 
-constexpr std::string_view kExecHelp = R"(usage: neshost exec [-i] [-t] [-e K=V]... [-w DIR] [-u UID[:GID]] [--state DIR] VM [--] ARGV...
-
-Runs ARGV in the running VM's guest beside its workload, as `docker exec`: the workload's
-environment with -e on top, its working directory and user unless -w/-u say otherwise; its own
-stdout and stderr (here), and stdin with -i. Exit status: ARGV's; 128+N for signal N; 127 not
-found, 126 cannot run; 125 when the VM cannot be reached.
-
-  -i, --interactive   forward our stdin (else the process reads /dev/null)
-  -t, --tty           a pseudo-terminal sized like ours (raw mode here with -i; SIGWINCH resizes)
-  -e, --env K=V|K     environment (repeatable; K alone: its value here, if set)
-  -w, --workdir DIR   working directory (absolute)
-  -u, --user UID[:GID] uid and gid, numeric (GID alone defaults to UID)
-      --state DIR     the state directory (default: as neshost run)
-)";
-
 int exec_error(std::string_view what) {
   fmt::print(stderr, "neshost exec: {}\n", what);
   return 125;
@@ -252,40 +238,16 @@ int exec_error(std::string_view what) {
 }  // namespace
 
 int exec_main(const Args& args) {
-  static constexpr FlagSpec kExecFlags[] = {{"interactive", false, "-i"}, {"tty", false, "-t"}, {"env", true, "-e"},
-                                            {"workdir", true, "-w"}, {"user", true, "-u"}, {"state"}};
-  auto p = parse_flags(kExecFlags, args, FlagOrder::options_first);
+  auto p = parse_exec(args);
   if (!p) return usage_error("exec", p.error().message);
   if (p->help) {
-    fmt::print("{}", kExecHelp);
+    fmt::print("{}", exec_help());
     return 0;
   }
-  proto::Exec ex;
-  for (const auto& [name, v] : p->given) {
-    if (name == "env") {
-      auto kv = parse_env(v);
-      if (!kv) return usage_error("exec", kv.error().message);
-      if (*kv) ex.env[(*kv)->first] = (*kv)->second;
-    } else if (name == "workdir") {
-      auto w = parse_workdir(v);
-      if (!w) return usage_error("exec", w.error().message);
-      ex.cwd = std::move(*w);
-    } else if (name == "user") {
-      auto u = parse_user(v);
-      if (!u) return usage_error("exec", u.error().message);
-      std::tie(ex.uid, ex.gid) = *u;
-    }
-  }
-  const bool interactive = p->has("interactive"), tty = p->has("tty");
-  const auto state = p->get("state");
-  auto& pos = p->positional;
-  if (pos.empty()) return usage_error("exec", "a VM and ARGV are required");
-  const std::string vm = pos[0];
-  if (auto id = host::check_vm_id(vm); !id) return usage_error("exec", "VM: " + id.error().message);
-  std::size_t i = 1;
-  if (i < pos.size() && pos[i] == "--") ++i;
-  if (i >= pos.size()) return usage_error("exec", "ARGV is required");
-  ex.argv.assign(pos.begin() + static_cast<std::ptrdiff_t>(i), pos.end());
+  const bool interactive = p->interactive, tty = p->tty;
+  const auto& state = p->state;
+  const std::string vm = p->vm;
+  proto::Exec ex = std::move(p->exec);
 
   proto::ExecProcess req;
   req.proc = 1;  // the monitor numbers it
@@ -299,7 +261,7 @@ int exec_main(const Args& args) {
   }
   if (auto ok = proto::validate(proto::HostMessage{req}); !ok) return usage_error("exec", ok.error().reason);
   // The workload's environment under ours; its cwd and user unless given.
-  control::Exec request{true, !p->has("workdir"), !p->has("user"), std::move(req)};
+  control::Exec request{true, !p->workdir_given, !p->user_given, std::move(req)};
 
   adopt_orphan("exec", state ? fs::path(*state) : default_state_dir(), vm);  // a dead monitor replaced first
   const fs::path ctl = host::control_path(state ? fs::path(*state) : default_state_dir(), vm);

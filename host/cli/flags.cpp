@@ -1,5 +1,6 @@
 // The CLI's flag parser and value parsers (host/cli/flags.hpp).
 #include "host/cli/flags.hpp"
+#include "host/cli/flag_table.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -37,8 +38,9 @@ host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& ar
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string_view a = args[i];
     if (a == "--") {
+      p.after_dashdash = p.positional.size();
       for (++i; i < args.size(); ++i) p.positional.emplace_back(args[i]);
-      break;
+      return p;
     }
     // -h is help unless the spec gives it to a flag (docker run's -h is --hostname).
     if (a == "--help" || (a == "-h" && !find_short(specs, "-h"))) {
@@ -96,7 +98,27 @@ host::Result<Parsed> parse_flags(std::span<const FlagSpec> specs, const Args& ar
     }
     record(p, spec->name, std::string(*value));
   }
+  p.after_dashdash = p.positional.size();
   return p;
+}
+
+std::string flag_help_line(const FlagSpec& spec, std::string_view value_name, std::string_view help) {
+  std::string names = spec.short_form.empty() ? fmt::format("--{}", spec.name)
+                                              : fmt::format("{}, --{}", spec.short_form, spec.name);
+  if (!value_name.empty()) names += fmt::format(" {}", value_name);
+  constexpr std::size_t kColumn = 21;  // the text starts at column 23 ("  " + 21)
+  std::string out = "  " + names;
+  if (names.size() < kColumn) out.append(kColumn - names.size(), ' ');
+  else out += "\n" + std::string(2 + kColumn, ' ');
+  for (std::size_t at = 0;;) {
+    const auto nl = help.find('\n', at);
+    out += help.substr(at, nl == std::string_view::npos ? std::string_view::npos : nl - at);
+    out += '\n';
+    if (nl == std::string_view::npos) break;
+    at = nl + 1;
+    out.append(2 + kColumn, ' ');
+  }
+  return out;
 }
 
 host::Result<std::chrono::milliseconds> parse_seconds(std::string_view flag, std::string_view v) {

@@ -1,7 +1,8 @@
 // The `neshost` CLI's one flag parser and its value parsers. Two orders, as docker spells its
 // commands: flags anywhere among the positionals (`neshost logs VM -f`), or options first and
 // the rest verbatim (`neshost run [OPTIONS] ARGV...`, where ARGV's own flags are the program's).
-// Errors name the flag; the subcommand turns them into exit status 2 (host/cli/cli.hpp usage_error).
+// Errors name the flag; the subcommand turns them into exit status 125, docker's status for its own
+// flag errors (host/cli/cli.hpp usage_error). A command's flags as one table: host/cli/flag_table.hpp.
 #pragma once
 
 #include <chrono>
@@ -42,6 +43,9 @@ struct Parsed {
   /// Every flag as given, in order (repeatable flags such as `--env` read this).
   std::vector<std::pair<std::string, std::string>> given;
   std::vector<std::string> positional;  // in order
+  /// Index into `positional` of the first argument after a `--` (positional.size() if none):
+  /// `run IMAGE CMD...` and `run -- ARGV...` differ by it.
+  std::size_t after_dashdash = 0;
   bool help = false;                    // -h or --help
   bool has(std::string_view f) const { return flags.find(f) != flags.end(); }
   std::optional<std::string> get(std::string_view f) const {

@@ -10,7 +10,7 @@ namespace {
 void print_help() {
   fmt::print("usage: neshost [--help|--version] COMMAND [ARGS...]\n\ncommands:\n");
   for (auto& s : nes::cli::subcommands()) fmt::print("  {:<10} {}\n", s.name, s.summary);
-  fmt::print("\n'neshost COMMAND --help' describes one. Exit 2: usage error.\n");
+  fmt::print("\n'neshost COMMAND --help' describes one. Exit 125: usage error (as docker's).\n");
 }
 }  // namespace
 

@@ -1,5 +1,5 @@
-// `neshost run`'s flags and plan (host/cli/plan.hpp): parse_run() reads the command line,
-// plan_run() turns it and a few plain facts about this host into everything the run does.
+// `neshost run`'s plan (host/cli/plan.hpp): plan_run() turns its flags (parse_run(),
+// host/cli/run_flags.cpp) and a few plain facts about this host into everything the run does.
 #include "host/cli/plan.hpp"
 
 #include <algorithm>
@@ -19,196 +19,6 @@ namespace nes::cli {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v) {
-  std::uint64_t mult = 1;
-  std::string_view num = v;
-  if (!v.empty()) {
-    char u = static_cast<char>(std::tolower(static_cast<unsigned char>(v.back())));
-    if (u == 'k' || u == 'm' || u == 'g') {
-      mult = u == 'k' ? 1024 : u == 'm' ? 1024 * 1024 : 1024ull * 1024 * 1024;
-      num.remove_suffix(1);
-    }
-  }
-  auto n = parse_uint(flag, num, 1, (1ull << 40) / mult);
-  if (!n) return host::Error{fmt::format("--{}: expected bytes with an optional k, m or g, got '{}'", flag, v)};
-  if (*n * mult < host::kMinLogSize)
-    return host::Error{fmt::format("--{}: {} is below the minimum 64k", flag, v)};
-  return *n * mult;
-}
-
-namespace {
-
-bool network_flag(std::string_view n) {
-  return n == "network" || n == "publish" || n == "dns" || n == "dns-search" || n == "dns-option" ||
-         n == "add-host";
-}
-
-/// The network's flags, in the order given, into o.network; then the default mode. Errors name
-/// the flag (exit 125).
-host::Status parse_network_flags(const std::vector<std::pair<std::string, std::string>>& given, RunFlags& o) {
-  auto& net = o.network;
-  for (const auto& [name, v] : given) {
-    if (name == "network") {
-      if (auto m = host::parse_network_mode(v, net); !m) return m;
-      o.network_given = true;
-    } else if (name == "publish") {
-      auto m = host::parse_publish(v);
-      if (!m) return m.error();
-      net.publish.push_back(*m);
-    } else if (name == "dns") {
-      auto a = proto::ip_from_text(v);
-      if (!a) return host::Error{fmt::format("--dns {}: not an IPv4 or IPv6 address", v)};
-      net.dns.push_back(*a);
-    } else if (name == "dns-search") {
-      net.dns_search.push_back(v);  // checked by host::check_network()
-    } else if (name == "dns-option") {
-      net.dns_options.push_back(v);  // checked by host::check_network()
-    } else if (name == "add-host") {
-      auto h = host::parse_add_host(v);
-      if (!h) return h.error();
-      net.hosts.push_back(std::move(*h));
-    }
-  }
-  if (o.network_given) return host::Ok{};
-  if (const char* env = std::getenv("NESHOST_NETWORK"); env && *env) {
-    if (auto m = host::parse_network_mode(env, net); !m)
-      return host::Error{"$NESHOST_NETWORK: " + m.error().message};
-    o.network_given = o.network_from_env = true;
-  } else {
-    net.mode = o.sandbox ? host::NetworkMode::none : host::NetworkMode::passt;
-  }
-  return host::Ok{};
-}
-
-host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<std::string, std::string>>& network) {
-  static constexpr FlagSpec kRunFlags[] = {
-      {"detach", false, "-d"}, {"interactive", false, "-i"}, {"tty", false, "-t"}, {"sandbox", false},
-      {"console", false}, {"read-only", false}, {"env", true, "-e"}, {"workdir", true, "-w"},
-      {"volume", true, "-v"}, {"kernel"}, {"initrd"}, {"rootfs"}, {"mem"}, {"cpus"}, {"accel"},
-      {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
-      {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"},
-      {"network"}, {"publish", true, "-p"}, {"dns"}, {"dns-search"}, {"dns-option"}, {"add-host"},
-      {"name"}, {"rm", false}, {"vmm-outlives", false}, {"stdin-hold", false}, {"snapshot"}};
-  auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
-  if (!parsed) return parsed.error();
-  RunFlags o;
-  o.help = parsed->help;
-  o.argv = std::move(parsed->positional);
-  std::optional<std::string> name_flag;
-  for (const auto& [name, v] : parsed->given) {
-    if (network_flag(name)) network.emplace_back(name, v);
-    else if (name == "detach") o.detach = true;
-    else if (name == "rm") o.rm = true;
-    else if (name == "vmm-outlives") o.vmm_outlives = true;
-    else if (name == "stdin-hold") o.stdin_hold = true;
-    else if (name == "interactive") o.interactive = true;
-    else if (name == "tty") o.tty = true;
-    else if (name == "sandbox") o.sandbox = true;
-    else if (name == "console") o.console = true;
-    else if (name == "read-only") o.read_only = true;
-    else if (name == "kernel") o.kernel = v;
-    else if (name == "initrd") o.initrd = v;
-    else if (name == "rootfs") o.rootfs = v;
-    else if (name == "state") o.state = v;
-    else if (name == "snapshot") {
-      // A NAME in the state dir's snapshots, or (with a '/') a snapshot's directory.
-      if (v.find('/') == std::string::npos)
-        if (auto c = vm::check_snapshot_name(v); !c) return host::Error{fmt::format("--snapshot: {}", c.error().message)};
-      o.snapshot = v;
-    } else if (name == "volume") {
-      auto vol = vm::parse_volume(v);
-      if (!vol) return vol.error();
-      o.volumes.push_back(std::move(*vol));
-      if (auto p = vm::check_volumes(o.volumes); !p) return p.error();
-      if (o.volumes.size() > kMaxVolumes)
-        return host::Error{fmt::format("--volume: at most {} volumes", kMaxVolumes)};
-    } else if (name == "rootfs-mode") {
-      if (v != "virtiofs" && v != "initramfs")
-        return host::Error{fmt::format("--rootfs-mode: expected virtiofs or initramfs, got '{}'", v)};
-      o.rootfs_initramfs = v == "initramfs";
-    }
-    else if (name == "hostname") o.hostname = v;
-    else if (name == "workdir") {
-      auto w = parse_workdir(v);
-      if (!w) return w.error();
-      o.workdir = std::move(*w);
-    } else if (name == "vm" || name == "name") {
-      if (auto id = host::check_vm_id(v); !id) return host::Error{fmt::format("--{}: {}", name, id.error().message)};
-      if (name == "name") name_flag = v;
-      else o.vm = v;
-    } else if (name == "mem") {
-      auto n = parse_uint("mem", v, 64, 1024 * 1024);
-      if (!n) return n.error();
-      o.mem = static_cast<std::uint32_t>(*n);
-      o.mem_given = true;
-    } else if (name == "cpus") {
-      auto n = parse_uint("cpus", v, 1, 64);
-      if (!n) return n.error();
-      o.cpus = static_cast<std::uint32_t>(*n);
-      o.cpus_given = true;
-    } else if (name == "accel") {
-      auto acc = vm::accel_from_string(v);
-      if (!acc) return host::Error{fmt::format("--accel: expected tcg, kvm or auto, got '{}'", v)};
-      o.accel = *acc;
-    } else if (name == "env") {
-      auto kv = parse_env(v);
-      if (!kv) return kv.error();
-      if (*kv) o.env[(*kv)->first] = (*kv)->second;
-    } else if (name == "group-add") {
-      auto g = parse_uint("group-add", v, 0, proto::kInvalidId - 1);
-      if (!g) return g.error();
-      if (o.groups.size() >= 64) return host::Error{"--group-add: at most 64 groups"};
-      o.groups.push_back(static_cast<std::uint32_t>(*g));
-    } else if (name == "user") {
-      auto u = parse_user(v);
-      if (!u) return u.error();
-      std::tie(o.uid, o.gid) = *u;
-    } else if (name == "on-exit") {
-      auto pol = host::on_exit_from_string(v);
-      if (!pol) return host::Error{fmt::format("--on-exit: expected stop, keep or remove, got '{}'", v)};
-      o.on_exit = *pol;
-    } else if (name == "timeout") {
-      auto ms = parse_seconds("timeout", v);
-      if (!ms) return ms.error();
-      o.timeout = *ms;
-    } else if (name == "grace") {
-      auto ms = parse_seconds("grace", v);
-      if (!ms) return ms.error();
-      o.grace = *ms;
-      o.grace_given = true;
-    } else if (name == "log-max-size") {
-      auto n = parse_size("log-max-size", v);
-      if (!n) return n.error();
-      o.log_max_size = *n;
-    } else if (name == "log-max-files") {
-      auto n = parse_uint("log-max-files", v, 1, 100);
-      if (!n) return n.error();
-      o.log_max_files = static_cast<unsigned>(*n);
-    } else if (name == "ready-timeout") {
-      auto ms = parse_seconds("ready-timeout", v);
-      if (!ms) return ms.error();
-      o.ready_timeout = *ms;
-    }
-  }
-  if (name_flag) {
-    if (o.vm && *o.vm != *name_flag)
-      return host::Error{fmt::format("--name {} and --vm {} name two VMs (--name is --vm, docker's spelling)",
-                                     *name_flag, *o.vm)};
-    o.vm = name_flag;
-  }
-  return o;
-}
-
-}  // namespace
-
-host::Result<RunFlags, RunError> parse_run(const Args& args) {
-  std::vector<std::pair<std::string, std::string>> network;
-  auto o = parse_run_flags(args, network);
-  if (!o) return RunError{o.error().message};
-  if (auto n = parse_network_flags(network, *o); !n) return RunError{n.error().message, kExitNetwork};
-  return std::move(*o);
-}
 
 namespace {
 /// The shares (virtiofsd daemons) `o` asks for, as plan_shares() makes them: the root over
@@ -280,18 +90,15 @@ host::Error snapshot_refusal(const SnapshotRef& ref, host::Error e, bool remake)
   return host::Error{std::move(msg), e.err};
 }
 
-host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
+host::Status check_run(const RunFlags& o, const PlanInputs& in) {
   using host::Error;
-  auto usage = [](std::string m) { return RunError{std::move(m)}; };
+  auto usage = [](std::string m) { return Error{std::move(m)}; };
   if (o.sandbox && (!o.volumes.empty() || o.rootfs))
     return usage("--sandbox runs no VM: --volume and --rootfs need one");
   if (o.initrd && o.rootfs && o.rootfs_initramfs)
     return usage("--initrd and --rootfs --rootfs-mode initramfs exclude each other");
   if (o.rootfs && !in.rootfs_dir)
     return usage(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
-  if (o.stdin_hold && !o.interactive) return usage("--stdin-hold needs -i");
-  if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
-    return usage("--read-only needs --rootfs DIR over virtiofs");
   for (const auto& v : o.volumes)
     if (v.file && in.euid != 0)
       return usage(fmt::format("--volume {}:{}: a single file is bind-mounted into a staging "
@@ -326,18 +133,17 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
                                vm::kHotplugPorts - nic, nic ? " beside its NIC" : "", shares,
                                nic ? "; --network none frees the NIC's port" : ""));
   }
-  // The network: bad input is refused as the host side's failure (125), before anything starts.
+  // The network: bad input is refused before anything starts.
   const auto& net = o.network;
   if (o.sandbox && (net.mode != host::NetworkMode::none || !net.hosts.empty() || !net.dns.empty() ||
                     !net.dns_search.empty() || !net.dns_options.empty()))
-    return RunError{net.mode == host::NetworkMode::none
+    return Error{net.mode == host::NetworkMode::none
                         ? std::string("--sandbox runs no VM and shares this host's network: --dns, --dns-search, "
                                       "--dns-option and --add-host need one")
                         : fmt::format("--sandbox runs no VM and shares this host's network: --network {}{} needs one "
                                       "(--network none only)",
-                                      host::to_string(net.mode), o.network_from_env ? " (from $NESHOST_NETWORK)" : ""),
-                    kExitNetwork};
-  if (auto c = host::check_network(net); !c) return RunError{c.error().message, kExitNetwork};
+                                      host::to_string(net.mode), o.network_from_env ? " (from $NESHOST_NETWORK)" : "")};
+  if (auto c = host::check_network(net); !c) return c;
   return host::Ok{};
 }
 
@@ -486,7 +292,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in);
 }  // namespace
 
 host::Result<RunPlan> plan_run(const RunFlags& o, const PlanInputs& in) {
-  if (auto c = check_run(o, in); !c) return host::Error{c.error().message};
+  if (auto c = check_run(o, in); !c) return c.error();
   if (o.snapshot && !in.snapshot) return host::Error{fmt::format("--snapshot {}: not loaded", *o.snapshot)};
   if (!in.snapshot) return plan_from(o, in);
   // The guest's grace is the snapshot's (recorded in snapshot.json): the host's deadlines follow

@@ -17,6 +17,7 @@
 
 #include "host/cli/cli.hpp"
 #include "host/cli/flags.hpp"
+#include "host/cli/run_flags.hpp"
 #include "host/cli/terminal.hpp"
 #include "host/lib/base.hpp"
 #include "host/lib/host.hpp"
@@ -29,9 +30,6 @@
 
 namespace nes::cli {
 
-/// At most this many -v volumes: one vhost-user-fs-pci device each (PCI slots on q35's root bus
-/// are plentiful; this bounds the daemons one command line can start).
-inline constexpr std::size_t kMaxVolumes = 16;
 /// The share --rootfs DIR is served as (over virtiofs).
 inline constexpr std::string_view kRootShareTag = "nes.root";
 /// Where file volumes are staged: the share's tag, and where the guest mounts it before binding
@@ -42,73 +40,6 @@ inline constexpr std::string_view kFileShareAt = "/run/nesinit/files";
 /// A restore: the number QEMU inherits its RAM's file at (the snapshot's `ram`, or with shares a
 /// private copy: vm::copy_ram()); QemuSpec::ram_file names /proc/self/fd/N. Passt's socket is 3.
 inline constexpr int kRamChildFd = 4;
-
-/// A `neshost run` flag error and the exit status it gets: kExitUsage (2) for most; 125 for bad
-/// network input (`--network`, `-p`, `--dns*`, `--add-host`: issue 26 wants them refused as the
-/// host side's failure, docker's 125, with no VM started).
-struct RunError {
-  std::string message;
-  int status = kExitUsage;
-};
-
-/// `neshost run`'s flags as parsed (kRunHelp in run.cpp documents each); defaults as there.
-struct RunFlags {
-  std::optional<std::filesystem::path> kernel, initrd, rootfs, state;
-  bool rootfs_initramfs = false;   // --rootfs-mode initramfs
-  std::vector<vm::Volume> volumes;
-  std::uint32_t mem = 256, cpus = 1;  // MiB, vCPUs
-  bool mem_given = false, cpus_given = false;  // --mem / --cpus on the command line
-  bool grace_given = false;                    // --grace on the command line
-  /// --snapshot NAME|DIR: restore the VM from that snapshot (neshost snapshot create: STATE's NAME,
-  /// or a snapshot's directory, a value with a '/') instead of booting one (docs/vm.md "Snapshots").
-  std::optional<std::string> snapshot;
-  vm::Accel accel = vm::Accel::auto_probe;
-  std::map<std::string, std::string> env;
-  std::optional<std::string> workdir, hostname, vm;
-  std::uint32_t uid = 0, gid = 0;
-  std::vector<std::uint32_t> groups;  // --group-add
-  bool read_only = false;             // --read-only
-  host::OnExitPolicy on_exit = host::OnExitPolicy::stop;
-  std::optional<std::chrono::milliseconds> timeout;
-  std::chrono::milliseconds ready_timeout{30000};
-  std::chrono::milliseconds grace{10000};
-  bool console = false, help = false;
-  bool detach = false, sandbox = false;
-  bool interactive = false, tty = false;
-  std::uint64_t log_max_size = 10u << 20;  // bytes
-  unsigned log_max_files = 5;
-  std::vector<std::string> argv;  // the workload's ARGV (empty only with help)
-  /// --network, -p, --dns, --dns-search, --dns-option, --add-host. The mode when no --network:
-  /// $NESHOST_NETWORK if set (tests set it to none: a VM with a NIC only in a test's own network
-  /// namespace), else none with --sandbox, else user (docker's default is a network too).
-  /// `link` (netns mode) is left for run.cpp to fill from the namespace before plan_run().
-  host::NetworkSpec network;
-  bool network_given = false;  // --network was on the command line (or $NESHOST_NETWORK set)
-  bool network_from_env = false;  // the mode came from $NESHOST_NETWORK (errors say so)
-  bool rm = false;             // --rm: the VM's state dir goes when the run ends (as `neshost rm`)
-  /// --vmm-outlives: as -d's VM, the VMM outlives this process and is adopted if it dies (for a
-  /// supervisor that runs `neshost run` in the foreground: the containerd shim).
-  bool vmm_outlives = false;
-  /// --stdin-hold (with -i): a FIFO stdin is held open for writing by this process until the
-  /// control request `close-stdin` (containerd's CloseIO), so the FIFO's writers going (a client
-  /// detached, a SIGKILLed shim) is not the workload's EOF.
-  bool stdin_hold = false;
-};
-
-/// The exit status of bad network input (`neshost run`): 125, as docker's daemon-side refusals.
-inline constexpr int kExitNetwork = 125;
-
-/// "10m", "512k", "1g", "65536": bytes, docker's --log-opt max-size units (1024-based).
-/// At least 64 KiB, at most 1 TiB; errors name `flag` (`--FLAG: ...`).
-host::Result<std::uint64_t> parse_size(std::string_view flag, std::string_view v);
-
-/// docker-run-style parsing: options until `--` or the first non-option; the rest is ARGV.
-/// Short forms as docker users type them (-d, -i, -t, -it, -e, -w, -v, -u, -h, -p). Each value is
-/// checked alone (errors name the flag; the network's exit 125, the rest 2); what flags mean
-/// together is check_run()'s. Reads what docker reads at this point: each -v HOST (it must exist;
-/// vm::parse_volume), for `-e K` K's value in our environment, and $NESHOST_NETWORK.
-/// --name is --vm (docker's spelling); both with different values is a usage error.
-host::Result<RunFlags, RunError> parse_run(const Args& args);
 
 /// What plan_run() needs from this host, as plain values; run.cpp gathers them (the probe, the
 /// environment, mkdtemp). `euid` and `rootfs_dir` are all check_run() reads.
@@ -237,16 +168,16 @@ host::Error snapshot_refusal(const SnapshotRef& ref, host::Error e, bool remake 
 /// never before; a longer window only delays the power-off of a VM nobody will adopt.
 inline constexpr std::chrono::milliseconds kDetachedReconnect{300000};
 
-/// The flags' cross-checks, each an error naming the flags (as `neshost run` prints them): usage
-/// errors (exit 2): --sandbox with -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs
-/// not a directory (inputs.rootfs_dir); --read-only without --rootfs over virtiofs; a file volume
-/// without root (inputs.euid); no ARGV (unless --help); with --snapshot, a flag the snapshot
-/// decides (--sandbox, --kernel, --initrd, --rootfs-mode initramfs, --console, --grace) or more
-/// shares than hot-plug ports (vm::kHotplugPorts, one fewer with a NIC). Network errors (exit 125):
-/// host::check_network()'s (-p without user/passt, a port published twice, ...); an IPv6 -p host
-/// address (both backends are IPv4 here); --sandbox with any network but none (it has no NIC and
-/// shares the host's network).
-host::StatusOf<RunError> check_run(const RunFlags& flags, const PlanInputs& inputs);
+/// The flags' cross-checks beyond each flag's own (run_flags()), each an error naming the flags
+/// (as `neshost run` prints them; all exit kExitUsage, nothing started): --sandbox with
+/// -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs not a directory
+/// (inputs.rootfs_dir); a file volume without root (inputs.euid); no ARGV (unless --help); with
+/// --snapshot, a flag the snapshot decides (--sandbox, --kernel, --initrd, --rootfs-mode
+/// initramfs, --console, --grace) or more shares than hot-plug ports (vm::kHotplugPorts, one fewer
+/// with a NIC); host::check_network()'s (-p without user/passt, a port published twice, ...); an
+/// IPv6 -p host address (both backends are IPv4 here); --sandbox with any network but none (it
+/// has no NIC and shares the host's network).
+host::Status check_run(const RunFlags& flags, const PlanInputs& inputs);
 
 /// The kernel the run boots: --kernel, else inputs.default_kernel (what the accelerator probe
 /// boots too, before the plan exists).

@@ -15,6 +15,7 @@
 #include "host/cli/cli.hpp"
 #include "host/cli/flags.hpp"
 #include "host/cli/plan.hpp"
+#include "host/cli/vm_flags.hpp"
 #include "host/lib/escape.hpp"
 #include "host/lib/network.hpp"
 #include "host/lib/base.hpp"
@@ -265,21 +266,12 @@ int port_main(const Args& args) {
 }
 
 int stop_main(const Args& args) {
-  static constexpr FlagSpec kFlags[] = {{"state"}, {"time", true, "-t"}, {"timeout"}};
-  auto p = parse_flags(kFlags, args);
+  auto p = parse_stop(args);
   if (!p) return usage_error("stop", p.error().message);
-  if (p->help) { fmt::print("{}", kStopHelp); return 0; }
-  if (p->positional.size() != 1) return usage_error("stop", "exactly one VM is required");
-  const std::string vm = p->positional[0];
-  if (auto id = host::check_vm_id(vm); !id) return usage_error("stop", "VM: " + id.error().message);
-  std::chrono::milliseconds grace = 30s;
-  for (auto f : {"time", "timeout"})
-    if (auto v = p->get(f)) {
-      auto ms = parse_seconds(f, *v);
-      if (!ms) return usage_error("stop", ms.error().message);
-      grace = *ms;
-    }
-  fs::path state = state_of(*p);
+  if (p->help) { fmt::print("{}\n{}", kStopHelp, flag_help(stop_flags())); return 0; }
+  const std::string vm = p->vm;
+  const std::chrono::milliseconds grace = p->grace;
+  const fs::path state = p->state ? *p->state : default_state_dir();
   auto s = load("stop", state, vm);
   if (!s) return 1;
   if (!s->monitor_alive) {
@@ -300,38 +292,13 @@ int stop_main(const Args& args) {
   return 0;
 }
 
-/// "TERM", "SIGTERM", "15" -> 15. nullopt if unknown.
-std::optional<int> parse_signal(std::string_view v) {
-  if (!v.empty() && v[0] >= '0' && v[0] <= '9') {
-    auto n = parse_uint("signal", v, 1, 64);
-    return n ? std::optional<int>(static_cast<int>(*n)) : std::nullopt;
-  }
-  if (v.starts_with("SIG")) v.remove_prefix(3);
-  static constexpr std::pair<std::string_view, int> kNames[] = {
-      {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"KILL", SIGKILL},
-      {"USR1", SIGUSR1}, {"USR2", SIGUSR2}, {"PIPE", SIGPIPE}, {"ALRM", SIGALRM},
-      {"TERM", SIGTERM}, {"CONT", SIGCONT}, {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
-      {"WINCH", SIGWINCH}};
-  for (auto [n, s] : kNames)
-    if (n == v) return s;
-  return std::nullopt;
-}
-
 int kill_main(const Args& args) {
-  static constexpr FlagSpec kFlags[] = {{"state"}, {"signal", true, "-s"}};
-  auto p = parse_flags(kFlags, args);
+  auto p = parse_kill(args);
   if (!p) return usage_error("kill", p.error().message);
-  if (p->help) { fmt::print("{}", kKillHelp); return 0; }
-  if (p->positional.size() != 1) return usage_error("kill", "exactly one VM is required");
-  const std::string vm = p->positional[0];
-  if (auto id = host::check_vm_id(vm); !id) return usage_error("kill", "VM: " + id.error().message);
-  int sig = SIGKILL;
-  if (auto v = p->get("signal")) {
-    auto s = parse_signal(*v);
-    if (!s) return usage_error("kill", fmt::format("--signal: expected a name (TERM, SIGUSR1, ...) or 1..64, got '{}'", *v));
-    sig = *s;
-  }
-  fs::path state = state_of(*p);
+  if (p->help) { fmt::print("{}\n{}", kKillHelp, flag_help(kill_flags())); return 0; }
+  const std::string vm = p->vm;
+  const int sig = p->signal;
+  const fs::path state = p->state ? *p->state : default_state_dir();
   auto s = load("kill", state, vm);
   if (!s) return 1;
   if (s->status != host::VmStatus::running || !monitor_pidfd(*s)) {

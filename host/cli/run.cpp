@@ -67,115 +67,6 @@ namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-constexpr std::string_view kRunHelp = R"(usage: neshost run [OPTIONS] [--] ARGV...
-
-Boot a QEMU microVM (q35) with nesinit as PID 1, run ARGV in it and exit with its exit status:
-the workload's code, 128+N if killed by signal N, 127/126 if it could not start, 124 on
---timeout, 125 for host-side failures (QEMU or the kernel missing, no `ready` in time, ...)
-and whenever workload output was lost (one line on stderr names each stream and its bytes;
-it overrides the workload's own status, not 124). A slow reader of our stdout only slows the VM down (the
-guest holds the workload's output, and its power-off, until we have read it): nothing is lost
-unless the VM is ended on purpose while its output is still owed (SIGINT/SIGTERM, neshost stop).
-The workload's stdout and stderr are neshost's stdout and stderr, byte-exact (a data channel of
-their own, never the serial console), and are also logged to STATE/VM/workload.log (CRI format,
-see `neshost logs`). Its stdin is /dev/null unless -i. The outcome record is written to
-STATE/VM/outcome.json (see `neshost inspect`); the kernel's and the init's own messages go to
-STATE/VM/console.log.
-
-  -i, --interactive    forward neshost's stdin to the workload (and its EOF)
-  -t, --tty            give the workload a pseudo-terminal sized like ours (SIGWINCH resizes
-                       it); with -i and a terminal on stdin, that terminal is in raw mode until
-                       neshost exits (^C then goes to the workload)
-  --log-max-size SIZE  rotate workload.log at SIZE bytes (k, m, g suffixes; default 10m, min 64k)
-  --log-max-files N    rotated files kept, the live one included (default 5; 1: truncate)
-
-  --kernel PATH        guest kernel (default: $NESHOST_KERNEL, else the one scripts/fetch-kernel.sh
-                       fetched)
-  --initrd PATH        initramfs with nesinit as /init (default: $NESHOST_INITRD, else the build's)
-  --snapshot NAME|DIR  restore the VM from a snapshot (neshost snapshot create NAME; a value with a
-                       '/' is a snapshot's directory) instead of booting it: its kernel, initramfs,
-                       command line, grace, accelerator, RAM and vCPUs (--mem, --cpus, --accel may
-                       be left out; if given they must match). Shares (at most 8; 7 with a NIC)
-                       and the NIC are plugged in after the restore. Refused (125) when missing,
-                       corrupt, made by another init build, kernel or QEMU, or another --mem,
-                       --cpus, --accel; --kernel, --initrd, --console, --grace, --sandbox and
-                       --rootfs-mode initramfs cannot be used with it, nor more shares (2)
-  --rootfs DIR         DIR is the guest's root: the workload sees it as / (with /proc, /sys, /dev,
-                       /run and a private /tmp), served over virtiofs, writes go to DIR
-  --rootfs-mode MODE   virtiofs (default) or initramfs: copy DIR into an initramfs instead
-                       (with nesinit and the kernel's modules; scripts/mkinitrd.sh), RAM-backed
-  -v, --volume HOST:GUEST[:ro]
-                       share host directory HOST at GUEST over virtiofs (repeatable); :ro makes
-                       it read-only on both sides (EROFS in the guest). A regular file HOST is
-                       bound at GUEST (as docker's file binds, e.g. /etc/hosts; needs root)
-  --mem MiB            guest RAM (default 256)
-  --cpus N             vCPUs (default 1)
-  --accel tcg|kvm|auto auto (default): KVM only if a short probe boot under KVM works, else TCG
-  -e, --env K=V|K      workload environment (repeatable; K alone: its value here, if set;
-                       PATH defaults to the usual one)
-  -w, --workdir DIR    workload working directory (default /)
-  -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID)
-  --group-add GID      a supplementary group of the workload (repeatable; default none)
-  --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
-  -h, --hostname NAME  guest hostname (default: the VM id, as docker run; --help for this text)
-  --on-exit POLICY     stop (default): power off, wait for QEMU; remove: also delete the VM's
-                       scratch files (console log); keep: leave the VM up after the workload
-                       exits until `neshost stop --state DIR VM` (or SIGTERM)
-  --state DIR          state directory (default: $NESHOST_STATE, else /var/lib/neshost as root,
-                       else ~/.local/state/neshost)
-  --vm ID              VM id, [A-Za-z0-9._-] (default: vm-<random>)
-  --timeout S          workload wall limit in seconds: `stop`, grace, shutdown; exit 124
-  --ready-timeout S    seconds from QEMU's start to the guest's `ready` (default 30)
-  --grace S            seconds between the workload's SIGTERM and SIGKILL in an ordered shutdown
-                       (default 10; the init's grace_ms); QEMU is killed if the guest has not
-                       powered off S+5 seconds after `shutdown`
-  --console            show every kernel and init message (the console), and neshost's events, on
-                       stderr
-  -d, --detach         run in the background: print the VM id once the workload started and
-                       exit 0; a monitor process (its own session) serves the VM from then on
-                       and logs to STATE/VM/monitor.log (see ps, inspect, wait, stop, kill, rm)
-  --sandbox            no VM: run the init as PID 1 of a fresh pid + mount namespace on this
-                       host (unshare; needs root), the workload in the host's filesystem. For
-                       development and tests of everything around the VM; no isolation
-  --name NAME          assign a name to the VM: its id (the same as --vm)
-  --rm                 automatically remove the VM's state (records, logs) when it exits
-                       (with -d: once its outcome is recorded)
-  --vmm-outlives       the VMM outlives this process (as with -d: recorded in STATE/VM/vmm.json,
-                       its channels redial) and a neshost command adopts it if this process dies
-                       (for a supervisor running `run` in the foreground: the containerd shim)
-  --stdin-hold         with -i and a FIFO on stdin: hold the FIFO open for writing until the
-                       control request close-stdin (the shim's CloseIO), so its writers going
-                       (a client detached, a supervisor SIGKILLed) is not the workload's EOF
-
-Network (bad values exit 125, nothing started):
-  --network MODE       connect the VM to a network: user (default; also passt, pasta: passt's
-                       user-mode network: outbound NAT, the host's loopback closed), slirp
-                       (also slirp4netns: QEMU's user-mode network; the guest *can* reach the
-                       host's loopback at 10.0.2.2), none (loopback only), netns:PATH (take
-                       over that network namespace's interface). Default: $NESHOST_NETWORK if
-                       set, else user (none with --sandbox)
-  -p, --publish [IP:]HOST:GUEST[/tcp|/udp]
-                       publish a guest port to the host (repeatable; user and slirp modes; IP
-                       defaults to 0.0.0.0, as docker's). The host port must be free
-  --dns IP             set a custom DNS server (repeatable, at most 3; user modes default to
-                       10.0.2.3, which forwards to the host's resolver)
-  --dns-search DOMAIN  set a custom DNS search domain (repeatable)
-  --dns-option OPT     set a DNS option (repeatable; resolv.conf's `options`)
-  --add-host NAME:IP   add a custom host-to-IP mapping to /etc/hosts (repeatable);
-                       NAME:host-gateway maps NAME to the host, and opens the host's loopback
-                       to this VM at that address (user and slirp modes)
-  See `neshost port VM` for a VM's published ports.
-SIGINT/SIGTERM: ordered shutdown of the guest; QEMU is killed after a deadline (a second signal:
-at once). Once the workload has ended, a signal ends the wait for the output still owed (what
-it cuts is counted and reported, exit 125); the last writes to our stdout/stderr wait for
-their readers however slow, until a signal (then the bytes left are counted, exit 125) or, after
---timeout, for --grace at most (counted too; the exit stays 124).
-Environment: NESHOST_APPEND (extra kernel command-line words, appended last, e.g. nesinit.log=debug);
-NESHOST_TCG_BOOT_WORDS=0 (a 1-vCPU TCG guest boots without `nolapic_timer noreplace-smp`, which
-spare it ~0.18 s: docs/vm.md "Boot time"; any other value keeps them); NESHOST_TCG_TB_MIB (TCG's
-translation buffer in MiB, default 16, 0: QEMU's 1 GiB; not digits or over 5 of them: ignored).
-)";
-
 // ---- small helpers ----
 
 fs::path env_or(const char* var, const char* dflt) {
@@ -363,28 +254,25 @@ namespace {
 
 /// `neshost run`: parse the flags, gather what the plan needs from this host, plan, carry it out.
 int run_main(const Args& args) {
-  // Usage errors exit 2 with a hint; bad network input 125 (RunError::status).
-  auto refuse = [](const RunError& e) {
-    if (e.status == kExitUsage) return usage_error("run", e.message);
-    fmt::print(stderr, "neshost run: {}\n", e.message);
-    return e.status;
-  };
+  // Every refusal before anything starts (a bad flag or value, flags that exclude each other, what
+  // they ask of this host, the network's own checks) exits kExitUsage (125), naming the flag.
+  auto refuse = [](const host::Error& e) { return usage_error("run", e.message); };
   auto parsed = parse_run(args);
   if (!parsed) return refuse(parsed.error());
   RunFlags o = std::move(*parsed);
   // --help is help whatever else is given (docker's: `docker run --help -i --rm` prints help).
   if (o.help) {
-    fmt::print("{}", kRunHelp);
+    fmt::print("{}", run_help());
     return 0;
   }
   PlanInputs in = flag_inputs(o);
   if (auto c = check_run(o, in); !c) return refuse(c.error());
+  if (auto c = check_run_host(o, real_host_probes()); !c) return refuse(c.error());
   // Before anything starts (and before -d's fork, so the creator says it): the network's own
-  // checks, each a 125 with nothing left behind.
+  // checks, each refused with nothing left behind.
   // netns mode's tap and redirects live until the VM has ended (torn down when this returns).
   std::optional<vm::NetnsAttachment> netns;
-  if (auto n = network_preflight(o, o.vm ? *o.vm : in.vm_id, netns); !n)
-    return refuse(RunError{n.error().message, kExitNetwork});
+  if (auto n = network_preflight(o, o.vm ? *o.vm : in.vm_id, netns); !n) return refuse(n.error());
   // No write of ours to a pipe or terminal may block (a stdout nobody reads must never keep us
   // past a deadline): our own non-blocking descriptions of stdout and stderr (and stdin for -i).
   make_own_nonblocking(1);

@@ -22,6 +22,7 @@
 
 #include "host/cli/cli.hpp"
 #include "host/cli/flags.hpp"
+#include "host/cli/run_flags.hpp"
 #include "host/lib/endpoint.hpp"
 #include "host/lib/record.hpp"
 #include "host/lib/state_dir.hpp"
@@ -54,19 +55,21 @@ NAME. A snapshot file touched since it was made is hashed at each restore (slowe
 ls: the snapshots in STATE, from their snapshot.json (NAME, when made, RAM, vCPUs, state bytes).
 rm: removes each NAME; a VM restored from it runs on (it holds its RAM file open).
 
-Options (create):
-  --state DIR          state directory (default: as neshost run)
-  --mem MIB            guest RAM (default 256); every restore runs with this
-  --cpus N             vCPUs (default 1)
-  --accel tcg|kvm|auto as neshost run
-  --grace SECS         the init's grace for the workload's SIGTERM (default 10): each restore's
-                       (recorded in the snapshot; `run --snapshot` takes no --grace)
-  --ready-timeout SECS how long the boot may take until the init is ready (default 30)
-Exit: create 0 done, 2 usage, 125 the snapshot could not be made (nothing is left), 130
-interrupted (SIGINT/SIGTERM; nothing is left); ls 0; rm 0, or 1 if a NAME was not there.
+Options (create), `neshost run`'s own (the same checks and defaults): every restore runs with its
+--mem and --cpus, and its --grace (`run --snapshot` takes no --grace);
+--ready-timeout bounds the boot until the init is ready.
 )";
 
-constexpr FlagSpec kCreateFlags[] = {{"state"}, {"mem"}, {"cpus"}, {"accel"}, {"grace"}, {"ready-timeout"}};
+constexpr std::string_view kSnapshotExit =
+    R"(Exit: create 0 done, 125 usage (nothing started) or the snapshot could not be made (nothing is
+left), 130 interrupted (SIGINT/SIGTERM; nothing is left); ls 0; rm 0, or 1 if a NAME was not there.
+)";
+
+/// `neshost snapshot --help`: the prose, create's option lines from run's table, the exits.
+std::string snapshot_help() {
+  return std::string(kSnapshotHelp) + flag_help(snapshot_create_flags()) + std::string(kSnapshotExit);
+}
+
 constexpr FlagSpec kStateFlags[] = {{"state"}};
 
 std::chrono::milliseconds left(Clock::time_point d) {
@@ -142,22 +145,14 @@ host::Result<host::Fd> create_private(const fs::path& p) {
 }
 
 int create(const Args& args) {
-  auto p = parse_flags(kCreateFlags, args);
-  if (!p) return usage_error("snapshot", p.error().message);
-  if (p->help) { fmt::print("{}", kSnapshotHelp); return 0; }
-  if (p->positional.size() != 1) return usage_error("snapshot", "create takes one NAME");
-  const std::string name(p->positional[0]);
-  if (auto c = vm::check_snapshot_name(name); !c) return usage_error("snapshot", c.error().message);
-  // The machine: run's flags, parsed by run's parser (the same checks and defaults).
-  std::vector<std::string> keep;
-  for (const auto& [flag, v] : p->given) {
-    keep.push_back("--" + flag);
-    keep.push_back(v);
-  }
-  Args run_args(keep.begin(), keep.end());
-  run_args.push_back("/bin/true");
-  auto flags = parse_run(run_args);
+  // The machine: run's own entries for the flags create takes (the same checks and defaults).
+  auto flags = parse_run_with(snapshot_create_flags(), args, FlagOrder::anywhere);
   if (!flags) return usage_error("snapshot", flags.error().message);
+  if (flags->help) { fmt::print("{}", snapshot_help()); return 0; }
+  if (flags->argv.size() != 1) return usage_error("snapshot", "create takes one NAME");
+  const std::string name = flags->argv[0];
+  if (auto c = vm::check_snapshot_name(name); !c) return usage_error("snapshot", c.error().message);
+  if (auto c = check_run_host(*flags, real_host_probes()); !c) return usage_error("snapshot", c.error().message);
   const fs::path state = flags->state ? *flags->state : default_state_dir();
   auto fail = [&](std::string_view why) {
     fmt::print(stderr, "neshost snapshot create {}: {}\n", name, why);
@@ -300,7 +295,7 @@ int create(const Args& args) {
 int list(const Args& args) {
   auto p = parse_flags(kStateFlags, args);
   if (!p) return usage_error("snapshot", p.error().message);
-  if (p->help) { fmt::print("{}", kSnapshotHelp); return 0; }
+  if (p->help) { fmt::print("{}", snapshot_help()); return 0; }
   if (!p->positional.empty()) return usage_error("snapshot", "ls takes no NAME");
   const fs::path state = p->get("state") ? fs::path(*p->get("state")) : default_state_dir();
   const fs::path root = snapshot_path(state, "x").parent_path();
@@ -328,7 +323,7 @@ int list(const Args& args) {
 int remove(const Args& args) {
   auto p = parse_flags(kStateFlags, args);
   if (!p) return usage_error("snapshot", p.error().message);
-  if (p->help) { fmt::print("{}", kSnapshotHelp); return 0; }
+  if (p->help) { fmt::print("{}", snapshot_help()); return 0; }
   if (p->positional.empty()) return usage_error("snapshot", "rm takes NAME...");
   for (const auto& n : p->positional)  // every name checked before any is removed
     if (auto c = vm::check_snapshot_name(n); !c) return usage_error("snapshot", c.error().message);
@@ -356,11 +351,11 @@ int remove(const Args& args) {
 
 int snapshot_main(const Args& args) {
   if (args.empty()) {
-    fmt::print(stderr, "{}", kSnapshotHelp);
+    fmt::print(stderr, "{}", snapshot_help());
     return kExitUsage;
   }
   if (args[0] == "--help" || args[0] == "-h") {
-    fmt::print("{}", kSnapshotHelp);
+    fmt::print("{}", snapshot_help());
     return 0;
   }
   const Args rest(args.begin() + 1, args.end());

@@ -500,7 +500,7 @@ def case_wait_json():
         check(st and st.get("vm") == "sig" and st.get("generation") == 1 and st.get("started_at") and st.get("reason"),
               "the record's vm, generation, times and reason: %s" % st)
         rc, out, err = c.nh("wait", "--state", c.state, "--format", "yaml", "sig")
-        check(rc == 2 and "--format" in err, "wait --format yaml is a usage error: %d %r" % (rc, err))
+        check(rc == 125 and "--format" in err, "wait --format yaml is a usage error: %d %r" % (rc, err))
     finally:
         c.finish()
 

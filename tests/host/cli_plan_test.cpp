@@ -58,12 +58,11 @@ std::string error_of(const Args& args, const PlanInputs& in = inputs()) {
 }
 
 /// The exit status `neshost run` gives `args` before anything starts (parse_run, check_run): 0 if
-/// accepted, 2 for a usage error, 125 for bad network input.
+/// accepted, kExitUsage (125, for every refusal) if not.
 int refusal(const Args& args, const PlanInputs& in = inputs()) {
   auto f = parse_run(args);
-  if (!f) return f.error().status;
-  auto c = check_run(*f, in);
-  return c ? 0 : c.error().status;
+  if (!f) return kExitUsage;
+  return check_run(*f, in) ? 0 : kExitUsage;
 }
 
 /// Sets (or with nullptr unsets) an environment variable for one scope, restoring it after.
@@ -594,9 +593,11 @@ TEST_CASE("every usage error, with the text neshost run prints") {
   REQUIRE(h);
   CHECK(h->help);
   CHECK(check_run(*h, inputs()));
-  auto r = parse_run({"--read-only", "true"});
+  auto r = parse_run({"--sandbox", "-v", "/tmp:/t", "true"});
   REQUIRE(r);
-  CHECK(check_run(*r, inputs()).error().message == "--read-only needs --rootfs DIR over virtiofs");
+  CHECK(check_run(*r, inputs()).error().message == "--sandbox runs no VM: --volume and --rootfs need one");
+  // What one flag needs of the others is its entry's check, in parse_run() already.
+  CHECK(parse_run({"--read-only", "true"}).error().message == "--read-only needs --rootfs DIR over virtiofs");
 }
 
 TEST_CASE("--network: user (passt, QEMU's end at fd 3) by default, $NESHOST_NETWORK, slirp, none, --sandbox") {
@@ -770,7 +771,7 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
     for (auto a : c.args) joined += std::string(a) + " ";
     CAPTURE(joined);
     CHECK(error_of(c.args) == c.error);
-    CHECK(refusal(c.args) == kExitNetwork);
+    CHECK(refusal(c.args) == kExitUsage);
   }
   {
     EnvVar bad("NESHOST_NETWORK", "bogus");
@@ -778,7 +779,7 @@ TEST_CASE("every network error exits 125 (and the others 2), with the text nesho
     CHECK(refusal({"true"}) == 125);
     CHECK(refusal({"--network", "none", "true"}) == 0);  // a flag given: the variable is not read
   }
-  // Usage errors stay 2.
+  // Every refusal is the same usage status.
   CHECK(error_of({"--name", "a", "--vm", "b", "true"}) == "--name a and --vm b name two VMs (--name is --vm, docker's spelling)");
   CHECK(refusal({"--name", "a", "--vm", "b", "true"}) == kExitUsage);
   CHECK(error_of({"--name", "-x", "true"}) == "--name: vm id '-x' starts with '-'");
@@ -889,19 +890,19 @@ TEST_CASE("--snapshot: the snapshot's machine, paused for its state; shares and 
       "--sandbox cannot be used with --snapshot: a snapshot is a VM's"));
 }
 
-TEST_CASE("--snapshot: what the snapshot decides is refused (2), a bad name too") {
+TEST_CASE("--snapshot: what the snapshot decides is refused (125), a bad name too") {
   const PlanInputs in = snapshot_inputs();
   CHECK(error_of({"--snapshot", "warm", "--kernel", "/k", "true"}, in).find("--kernel cannot be used with --snapshot") != std::string::npos);
-  CHECK(refusal({"--snapshot", "warm", "--initrd", "/i", "true"}, in) == 2);
-  CHECK(refusal({"--snapshot", "warm", "--sandbox", "true"}, in) == 2);
-  CHECK(refusal({"--snapshot", "warm", "--console", "true"}, in) == 2);
-  CHECK(refusal({"--snapshot", "warm", "--rootfs", "r", "--rootfs-mode", "initramfs", "true"}, in) == 2);
+  CHECK(refusal({"--snapshot", "warm", "--initrd", "/i", "true"}, in) == kExitUsage);
+  CHECK(refusal({"--snapshot", "warm", "--sandbox", "true"}, in) == kExitUsage);
+  CHECK(refusal({"--snapshot", "warm", "--console", "true"}, in) == kExitUsage);
+  CHECK(refusal({"--snapshot", "warm", "--rootfs", "r", "--rootfs-mode", "initramfs", "true"}, in) == kExitUsage);
   // Without --rootfs too: the snapshot's initramfs is what a restore runs.
-  CHECK(refusal({"--snapshot", "warm", "--rootfs-mode", "initramfs", "true"}, in) == 2);
+  CHECK(refusal({"--snapshot", "warm", "--rootfs-mode", "initramfs", "true"}, in) == kExitUsage);
   CHECK(error_of({"--snapshot", "warm", "--rootfs-mode", "initramfs", "true"}, in)
             .starts_with("--rootfs-mode initramfs cannot be used with --snapshot"));
   CHECK(refusal({"--snapshot", "../up", "true"}, in) == 0);   // a path: a snapshot's directory
-  CHECK(refusal({"--snapshot", ".hidden", "true"}, in) == 2);  // a name: no leading '.'
+  CHECK(refusal({"--snapshot", ".hidden", "true"}, in) == kExitUsage);  // a name: no leading '.'
   CHECK(error_of({"--snapshot", "warm", "--network", "none", "true"}, inputs()).find("not loaded") != std::string::npos);
 }
 

@@ -7,6 +7,7 @@ usage: cli_test.py NESHOST_BIN
 """
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_help_and_usage():
     ]
     for args, needle in cases:
         r = run(args)
-        check(r.returncode == 2, "exit 2 for %s (got %d)" % (args, r.returncode))
+        check(r.returncode == 125, "exit 125 for %s (got %d)" % (args, r.returncode))
         check(needle in r.stderr + r.stdout, "%r names %r: %r" % (args, needle, r.stderr))
 
 
@@ -256,7 +257,7 @@ def test_logs():
         r = run(["logs", "--state", st, "nosuch"])
         check(r.returncode == 1 and "no workload log" in r.stderr, "missing: %d %r" % (r.returncode, r.stderr))
         r = run(["logs", "--state", st, "--since", "later", "v1"])
-        check(r.returncode == 2 and "--since" in r.stderr, "bad --since: %d %r" % (r.returncode, r.stderr))
+        check(r.returncode == 125 and "--since" in r.stderr, "bad --since: %d %r" % (r.returncode, r.stderr))
 
 
 def test_output_lost_in_the_record():
@@ -348,6 +349,7 @@ def test_run_network_refusals():
             (["--add-host", "db"], {}, "neshost run: --add-host db: expected NAME:IP or NAME:host-gateway\n"),
         ]
         for args, extra, want in cases:
+            want += "Try 'neshost run --help'.\n"  # a usage error's hint, as every one's
             r = run(["run", "--state", state, "--vm", "n"] + args + ["--", "true"], env=dict(env, **extra))
             check(r.returncode == 125 and r.stderr == want and r.stdout == "",
                   "%s: exit %d, stderr %r (want 125, %r)" % (args, r.returncode, r.stderr, want))
@@ -365,9 +367,9 @@ def test_run_network_refusals():
               "-d with a failing passt: exit %d, stderr %r" % (r.returncode, r.stderr))
         check(not os.path.exists(os.path.join(state, "pf")), "-d with a failing passt left %s" %
               (os.path.exists(state) and os.listdir(state)))
-        # --name and --vm naming two VMs is a usage error (2), as before.
+        # --name and --vm naming two VMs is a usage error (125, as every usage error).
         r = run(["run", "--state", state, "--name", "a", "--vm", "b", "--", "true"], env=env)
-        check(r.returncode == 2 and "--name a and --vm b name two VMs" in r.stderr, "name/vm: %d %r" % (r.returncode, r.stderr))
+        check(r.returncode == 125 and "--name a and --vm b name two VMs" in r.stderr, "name/vm: %d %r" % (r.returncode, r.stderr))
         r = run(["run", "--help"])
         for flag in ("--network MODE", "-p, --publish", "--dns IP", "--dns-search", "--dns-option", "--add-host",
                      "--name NAME", "--rm", "NESHOST_TCG_BOOT_WORDS"):
@@ -380,6 +382,84 @@ def test_run_network_refusals():
             check(os.waitpid(-1, os.WNOHANG) is None, "no child left")
         except ChildProcessError:
             pass
+
+
+def test_run_usage_refusals_start_nothing():
+    """Every bad value, and what the flags ask of this host, exits 125 naming the flag before
+    anything starts: no state dir, nothing in the runtime dir, no QEMU (a stand-in on PATH that
+    would leave a mark), with and without -d (the creator refuses before it forks)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        state, rt, bin_dir = os.path.join(tmp, "state"), os.path.join(tmp, "rt"), os.path.join(tmp, "bin")
+        os.mkdir(rt)
+        os.mkdir(bin_dir)
+        mark = os.path.join(tmp, "qemu-ran")
+        stand_in(bin_dir, "qemu-system-x86_64", 'echo "$@" >> %s; exit 1' % mark)
+        kernel = os.path.join(tmp, "vmlinuz")
+        with open(kernel, "w") as f:
+            f.write("not a kernel, never booted\n")
+        env = dict(os.environ, TMPDIR=rt, PATH=bin_dir + ":" + os.environ.get("PATH", ""), NESHOST_KERNEL=kernel,
+                   NESHOST_NETWORK="none")
+        cases = [
+            (["-v", ":"], "--volume"),
+            (["-v", tmp + ":relative"], "--volume"),
+            (["-p", "abc"], "--publish abc"),
+            (["-h", "h" * 300], "--hostname: 300 bytes, the guest's limit is 64 (HOST_NAME_MAX)"),
+            (["--hostname", "a b"], "--hostname: expected 1..64 letters"),
+            (["--mem", "32"], "--mem: expected an integer 64..1048576, got '32'"),
+            (["--mem", "1048576"], "--mem 1048576: more than this host's memory"),
+            (["--cpus", "0"], "--cpus: expected an integer 1..64, got '0'"),
+            (["--timeout", "0"], "--timeout: expected seconds > 0"),
+            (["--ready-timeout", "soon"], "--ready-timeout: expected seconds > 0"),
+            (["-e", "=x"], "--env: expected K=V or K, got '=x'"),
+            (["-w", "rel"], "--workdir: 'rel' is not an absolute path"),
+            (["-u", "root"], "--user: expected UID[:GID]"),
+            (["--kernel", os.path.join(tmp, "none")], "--kernel '%s': No such file or directory" % os.path.join(tmp, "none")),
+            (["--initrd", tmp], "--initrd '%s': not a regular file" % tmp),
+            (["--rootfs", os.path.join(tmp, "none")], "--rootfs: '%s' is not a directory" % os.path.join(tmp, "none")),
+            (["--state", ""], "--state: expected a path, got ''"),
+            (["--stdin-hold"], "--stdin-hold needs -i"),
+            (["--bogus"], "unknown flag --bogus"),
+        ]
+        for args, needle in cases:
+            for detach in ([], ["-d"]):
+                r = run(["run", "--state", state, "--vm", "n"] + detach + args + ["--", "true"], env=env)
+                check(r.returncode == 125 and needle in r.stderr and r.stdout == "" and
+                      r.stderr.endswith("Try 'neshost run --help'.\n"),
+                      "%s: exit %d, stderr %r (want 125 naming %r)" % (detach + args, r.returncode, r.stderr[:300], needle))
+                check(not os.path.exists(state) and os.listdir(rt) == [] and not os.path.exists(mark),
+                      "%s: nothing started or left: %s %s %s" % (detach + args, os.path.exists(state) and os.listdir(state),
+                                                                 os.listdir(rt), os.path.exists(mark)))
+        # snapshot create takes run's entries: the same refusals, nothing made.
+        for args, needle in [(["--mem", "32"], "--mem: expected an integer"), (["--accel", "hvf"], "--accel: expected"),
+                             (["--rm"], "unknown flag --rm")]:
+            r = run(["snapshot", "create", "--state", state] + args + ["base"], env=env)
+            check(r.returncode == 125 and needle in r.stderr, "snapshot create %s: %d %r" % (args, r.returncode, r.stderr))
+            check(not os.path.exists(state) and not os.path.exists(mark), "snapshot create %s left something" % args)
+        # --accel kvm on a host without a usable KVM: said before anything starts. A private mount
+        # namespace (root) binds /dev/null over /dev/kvm where this host has one.
+        kvm_cmd = [NESHOST, "run", "--state", state, "--accel", "kvm", "--", "true"]
+        if not os.path.exists("/dev/kvm"):
+            argv = kvm_cmd
+        elif os.geteuid() == 0 and shutil.which("unshare"):
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    'mount --bind /dev/null /dev/kvm && exec "$@"', "sh"] + kvm_cmd
+        else:
+            argv = None
+            print("-- (--accel kvm without KVM: not root, and this host has /dev/kvm: not run)")
+        if argv:
+            for detach in ([], ["-d"]):
+                a = argv[:-2] + detach + argv[-2:]
+                r = subprocess.run(a, capture_output=True, text=True, timeout=30, env=env)
+                check(r.returncode == 125 and "neshost run: --accel kvm: KVM is missing on this host (/dev/kvm" in r.stderr,
+                      "--accel kvm without KVM %s: %d %r" % (detach, r.returncode, r.stderr))
+                check(not os.path.exists(state) and os.listdir(rt) == [] and not os.path.exists(mark),
+                      "--accel kvm without KVM %s started something" % detach)
+        # Every other command: the same status for its usage errors.
+        for args in (["ps", "--bogus"], ["logs"], ["stop", "-t", "0", "vm"], ["kill", "-s", "NOPE", "vm"],
+                     ["wait", "--format", "yaml", "vm"], ["exec", "vm"], ["port", "vm", "x"], ["rm"], ["serve"],
+                     ["snapshot", "nope"], ["inspect", "../x"], ["nonsense"]):
+            r = run(args + ["--state", state] if args[0] not in ("exec", "nonsense") else args, env=env)
+            check(r.returncode == 125, "%s: exit %d (want 125) %r" % (args, r.returncode, r.stderr))
 
 
 def test_port_and_ps_show_published_ports():
@@ -402,7 +482,7 @@ def test_port_and_ps_show_published_ports():
         r = run(["port", "--state", state, "web", "81"])
         check(r.returncode == 1 and "no published port 81/tcp" in r.stderr, "port web 81: %d %r" % (r.returncode, r.stderr))
         r = run(["port", "--state", state, "web", "x"])
-        check(r.returncode == 2, "port web x: %d" % r.returncode)
+        check(r.returncode == 125, "port web x: %d" % r.returncode)
         r = run(["port", "--state", state, "nosuch"])
         check(r.returncode == 1, "port nosuch: %d" % r.returncode)
         r = run(["ps", "-a", "--state", state])
@@ -413,7 +493,7 @@ def test_port_and_ps_show_published_ports():
 
 
 for t in [test_output_lost_in_the_record, test_logs, test_help_and_usage, test_serve_exit_code_then_wait_inspect_from_new_processes, test_outcomes_and_statuses,
-          test_keep_until_sigterm, test_in_use_is_refused, test_run_network_refusals,
+          test_keep_until_sigterm, test_in_use_is_refused, test_run_network_refusals, test_run_usage_refusals_start_nothing,
           test_port_and_ps_show_published_ports]:
     print("--", t.__name__, flush=True)
     t()

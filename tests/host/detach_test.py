@@ -309,7 +309,7 @@ wait
         check(rc == 1 and "running" in err, "rm refuses a running VM: %d %r" % (rc, err))
         check(c.inspect("w").get("status") == "running", "still running after the refused rm")
         rc, _, err = c.nh("kill", "--state", c.state, "-s", "BOGUS", "w")
-        check(rc == 2 and "--signal" in err, "bad signal name: %d %r" % (rc, err))
+        check(rc == 125 and "--signal" in err, "bad signal name: %d %r" % (rc, err))
         rc, _, err = c.nh("kill", "--state", c.state, "-s", "USR1", "w")
         check(rc == 0, "kill -s USR1: %d %r" % (rc, err))
         rc, _, _ = c.nh("wait", "--state", c.state, "w")
@@ -391,7 +391,7 @@ def case_exec():
         rc, _, err = ex("x", "true")
         check(rc == 125 and ("not running" in err or "has ended" in err), "exec into an ended VM: %d %r" % (rc, err))
         rc, _, err = ex("x")
-        check(rc == 2, "exec without ARGV: %d %r" % (rc, err))
+        check(rc == 125, "exec without ARGV: %d %r" % (rc, err))
     finally:
         c.finish()
 
@@ -403,7 +403,7 @@ def case_usage():
                              (["kill", "--state", c.state], "VM"), (["top", "--state", c.state], "VM"), (["rm", "--state", c.state], "VM"),
                              (["rm", "--state", c.state, "../x"], "VM")]:
             rc, _, err = c.nh(*args)
-            check(rc == 2 and needle in err, "%s: %d %r" % (args, rc, err))
+            check(rc == 125 and needle in err, "%s: %d %r" % (args, rc, err))
         rc, _, err = c.nh("stop", "--state", c.state, "nosuchvm")
         check(rc == 1 and "no running VM" in err, "stop unknown: %d %r" % (rc, err))
         rc, out, _ = c.nh("ps", "--state", c.state)
@@ -416,7 +416,7 @@ def case_usage():
         rc, out, err = c.nh("run", "--sandbox", "--state", c.state, "--vm", "u1", "-u", "1000", "--", "/bin/sh", "-c", "echo $(id -u):$(id -g)")
         check((rc, out) == (0, "1000:1000\n"), "run -u UID: %d %r %r" % (rc, out, err))
         rc, _, err = c.nh("run", "--sandbox", "--state", c.state, "-u", "root", "--", "true")
-        check(rc == 2 and "--user: expected UID[:GID]" in err, "run -u root: %d %r" % (rc, err))
+        check(rc == 125 and "--user: expected UID[:GID]" in err, "run -u root: %d %r" % (rc, err))
         rc, out, _ = c.nh("run", "--help")
         check(rc == 0 and "-u, --user UID[:GID]" in out, "run --help names -u")
         # A start that fails before the workload runs: the creator says why and exits with it.

@@ -723,7 +723,7 @@ def case_debian(c):
 
 
 def case_usage(c):
-    """Bad command lines: exit 2 naming the flag; nothing boots."""
+    """Bad command lines: exit 125 naming the flag; nothing boots."""
     for args, needle in [(["--mem", "10", "--", "true"], "--mem"),
                          (["--accel", "hvf", "--", "true"], "--accel"),
                          (["--initrd", "/x", "--rootfs", "/y", "--", "true"], "--rootfs"),
@@ -732,9 +732,9 @@ def case_usage(c):
                          (["--on-exit", "later", "--", "true"], "--on-exit"),
                          ([], "ARGV")]:
         rc, out, err = c.neshost("run", *args)
-        check(rc == 2 and needle in err, f"run {args}: rc {rc}, stderr {err!r}")
+        check(rc == 125 and needle in err, f"run {args}: rc {rc}, stderr {err!r}")
     rc, _, err = c.neshost("stop", "--bogus", "vm0")
-    check(rc == 2 and "--bogus" in err, f"stop with an unknown flag: {rc} {err!r}")
+    check(rc == 125 and "--bogus" in err, f"stop with an unknown flag: {rc} {err!r}")
     rc, _, err = c.neshost("stop", "--state", c.state, "nosuchvm")
     check(rc == 1 and "no running VM" in err, f"stop of an unknown VM: {rc} {err!r}")
     rc, _, err = c.neshost("run", "--kernel", "/nonexistent/vmlinuz", "--", "true")
@@ -751,13 +751,13 @@ def case_usage(c):
                         (f"{d}:w", "absolute"), (f"{d}:/proc", "/proc"), (f"{d}:/sys/x", "/sys"),
                         (f"{d}:/", "must not be /"), (f"{d}:/w:rox", "ro or rw"), (d, "HOST:GUEST")]:
         rc, _, err = c.neshost("run", "-v", vol, "--", "true")
-        check(rc == 2 and "--volume" in err and needle in err, f"-v {vol}: rc {rc}, stderr {err!r}")
+        check(rc == 125 and "--volume" in err and needle in err, f"-v {vol}: rc {rc}, stderr {err!r}")
     rc, _, err = c.neshost("run", "-v", f"{d}:/a", "--volume", f"{d}:/a:ro", "--", "true")
-    check(rc == 2 and "twice" in err, f"one GUEST twice: rc {rc}, stderr {err!r}")
+    check(rc == 125 and "twice" in err, f"one GUEST twice: rc {rc}, stderr {err!r}")
     rc, _, err = c.neshost("run", "--rootfs", f, "--", "true")
-    check(rc == 2 and "--rootfs" in err, f"--rootfs FILE: rc {rc}, stderr {err!r}")
+    check(rc == 125 and "--rootfs" in err, f"--rootfs FILE: rc {rc}, stderr {err!r}")
     rc, _, err = c.neshost("run", "--rootfs", d, "--rootfs-mode", "9p", "--", "true")
-    check(rc == 2 and "--rootfs-mode" in err, f"--rootfs-mode 9p: rc {rc}, stderr {err!r}")
+    check(rc == 125 and "--rootfs-mode" in err, f"--rootfs-mode 9p: rc {rc}, stderr {err!r}")
     # A virtiofsd that cannot start: 125, naming the share and carrying the daemon's own words.
     fake = os.path.join(c.tmp, "fake-virtiofsd")
     with open(fake, "w") as fh:
@@ -2003,10 +2003,10 @@ def case_snapshot_bad(c):
             f"has 512 (make it again: neshost snapshot rm --state {c.state} base; neshost snapshot create --state "
             f"{c.state} --mem 512 base)")
     refused("--snapshot", "base", "--cpus", "2", want="vCPUs (--cpus) 1; this run has 2")
-    refused("--snapshot", "base", "--kernel", "/nonexistent", want="--kernel cannot be used with --snapshot", code=2)
-    refused("--snapshot", "base", "--grace", "2", want="--grace cannot be used with --snapshot", code=2)
+    refused("--snapshot", "base", "--kernel", "/nonexistent", want="--kernel cannot be used with --snapshot")
+    refused("--snapshot", "base", "--grace", "2", want="--grace cannot be used with --snapshot")
     refused("--snapshot", "base", "--rootfs-mode", "initramfs", want="--rootfs-mode initramfs cannot be used with "
-            "--snapshot", code=2)
+            "--snapshot")
     # A snapshot's directory given: its refusals name it as given; inside STATE/.snapshots it is
     # made again there; any other directory is removed, made and moved there.
     refused("--snapshot", d, "--mem", "512", want=f"--snapshot {d}: made with memory (--mem, MiB) 256")
@@ -2069,7 +2069,7 @@ def case_snapshot_bad(c):
         f.write(meta_text[:200])  # cut short
     refused("--snapshot", "base", want="snapshot.json: not valid JSON (")
     rc, _, err = c.neshost("snapshot", "create", "--state", c.state, "../x")
-    check(rc == 2 and "snapshot name" in err, f"snapshot create ../x: {rc} {err!r}")
+    check(rc == 125 and "snapshot name" in err, f"snapshot create ../x: {rc} {err!r}")
 
 
 def case_snapshot_share(c):
