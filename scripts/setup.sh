@@ -38,7 +38,8 @@ rest_pkgs=(tini catatonit dumb-init   # the peers of the init's tests and benche
       golang-github-gogo-protobuf-dev containerd
       # the CRI tests and bench P11 (tests/cri): our CRI client's gRPC and protobuf for Debian's
       # python3, CNI's plugins (bridge, host-local, loopback), runc for containerd's runc runtime
-      python3-grpcio python3-protobuf containernetworking-plugins runc)
+      python3-grpcio python3-protobuf containernetworking-plugins runc
+      runsc)                          # gVisor: bench/p18_runsc.py's peer
 
 # missing PKG...: those of PKG... not installed (and Node.js/npm when there is no npm at all: a
 # machine may carry its own Node.js with npm bundled).

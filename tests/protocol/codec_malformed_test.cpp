@@ -416,6 +416,27 @@ TEST_CASE("invalid JSON text: each a DecodeError, never a message") {
         "message: invalid JSON (The input is not valid UTF-8)");
   // Integers beyond 64 bits are valid JSON in an unknown field, and out of range in a known one.
   CHECK(summary(decode_host(R"({"type":"stop","x":123456789012345678901234567890})")) == "ok");
+  // A number is refused only where a double would round it to infinity: at 2^1024 - 2^970 (the
+  // half-way point above DBL_MAX), in every spelling; what rounds to zero is valid.
+  const std::string limit =
+      "179769313486231580793728971405303415079934132710037826936173778980444968292764750946649017977"
+      "587207096330286416692887910946555547851940402630657488671505820681908902000708383676273854845"
+      "817711531764475730270069855571366959622842914819860834936475292719074168444365510704342711559"
+      "699508093042880177904174497792";
+  const std::string below = limit.substr(0, limit.size() - 1) + "1";
+  auto stop_x = [](const std::string& num) { return R"({"type":"stop","x":)" + num + "}"; };
+  for (const std::string& ok : {std::string("1.7976931348623157e308"), std::string("-1.7976931348623158e308"),
+                                below, below + ".99999", "0." + below + "e309", std::string("1e-400"),
+                                std::string("-0.0e99999999999999999999"), std::string("1E+2"), std::string("0.000e-7")}) {
+    CAPTURE(ok);
+    CHECK(summary(decode_host(stop_x(ok))) == "ok");
+  }
+  for (const std::string& bad : {limit, "-" + limit, limit + ".0", "0." + limit + "e309", limit.substr(0, 1) + "." + limit.substr(1) + "e308",
+                                 std::string("1.7976931348623159e308"), std::string("1e99999999999999999999999"), std::string("1e"), std::string("1e+"),
+                                 std::string("-"), std::string("--1"), std::string("1x"), std::string("0x10"), std::string("00")}) {
+    CAPTURE(bad);
+    CHECK(error_of(decode_host(stop_x(bad))) == "stop.x: invalid JSON (Problem while parsing a number)");
+  }
   CHECK(error_of(decode_host(R"({"type":"kill","signal":123456789012345678901234567890})")) ==
         "kill.signal: expected integer 1..64, got 123456789012345678901234567890");
 }
