@@ -179,13 +179,15 @@ class Proxy:
       fail[substr] = status      answer `status` to requests whose path contains substr
       redirect_blobs = True      answer blob GETs with 307 to /direct/<path> here, served as usual
       hold = digest              serve that blob's first half, then set `held`, wait for
-                                 `release`, and cut the connection
+                                 `release`, and cut the connection (hold_cut, the default) or
+                                 send the rest
     `gets` counts the GETs per path (redirect hops not counted twice)."""
 
     def __init__(self, upstream_port, ca_file, cert, key):
         self.fail = {}
         self.redirect_blobs = False
         self.hold = None
+        self.hold_cut = True
         self.held = threading.Event()
         self.release = threading.Event()
         self.gets = {}
@@ -249,6 +251,9 @@ class Proxy:
                     self.wfile.flush()
                     outer.held.set()
                     outer.release.wait(120)
+                    if not outer.hold_cut:
+                        self.wfile.write(data[half:])
+                        return
                     self.close_connection = True
                     try:
                         self.connection.shutdown(socket.SHUT_RDWR)
