@@ -54,7 +54,11 @@ TEST_CASE("challenge: malformed headers are refused, not guessed") {
   CHECK_FALSE(parse_challenge("Bearer realm=\"unterminated"));
   CHECK_FALSE(parse_challenge("Bearer justaword"));
   std::string many = "Bearer ";
-  for (int i = 0; i < 40; ++i) many += "k" + std::to_string(i) + "=v,";
+  for (int i = 0; i < 40; ++i) {
+    many += "k";
+    many += std::to_string(i);
+    many += "=v,";
+  }
   CHECK_FALSE(parse_challenge(many));
 }
 

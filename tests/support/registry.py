@@ -107,6 +107,12 @@ class _ThreadingServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address):
+        import sys
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that went away mid-answer (a cut transfer, ^C): expected in these tests
+        super().handle_error(request, client_address)
+
 
 def _tls_server(handler, cert, key):
     srv = _ThreadingServer(("127.0.0.1", 0), handler)
@@ -377,6 +383,15 @@ auth:
         """The registry's own file for a blob (a test corrupts it to make a tampering registry)."""
         h = digest.split(":", 1)[1]
         return os.path.join(self.storage, "docker/registry/v2/blobs/sha256", h[:2], h, "data")
+
+    def manifest(self, repo_tag):
+        """The manifest the registry serves for REPO:TAG (parsed JSON), read with skopeo. skopeo
+        compresses an uncompressed layer as it pushes it, so a layer's digest is read here."""
+        r = subprocess.run(["skopeo", "inspect", "--raw", "--cert-dir", self.ca_dir,
+                            "docker://%s/%s" % (self.host, repo_tag)], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError("skopeo inspect failed: " + r.stderr[-2000:])
+        return json.loads(r.stdout)
 
     def push(self, layout, ref, repo_tag, all_platforms=False, host=None):
         """skopeo copy oci:LAYOUT:REF -> docker://HOST/REPO_TAG as pusher (through our CA)."""
