@@ -292,6 +292,50 @@ def main():
                 check(n == gets_before.get(path), "after ^C: %s not downloaded again" % path)
         check(blobs(st10).get(big_digest) is True, "after ^C: the big layer complete and verified")
 
+        # --- SIGKILL mid-layer: nothing to clean up (the ingest file is O_TMPFILE) -------------
+        st12 = os.path.join(tmp, "s12")
+        px.hold, px.hold_cut = big_digest, True
+        px.held.clear()
+        px.release.clear()
+        p = subprocess.Popen([NESHOST, "pull", "-q"] + tls + ["%s/big:v1" % px.host, "--state", st12],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            check(px.held.wait(60), "SIGKILL: the big layer is half sent")
+            p.kill()
+            p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            px.release.set()
+        check(p.returncode == -signal.SIGKILL, "SIGKILL: killed (%r)" % p.returncode)
+        check_store_kept(st12, {}, "SIGKILL", absent=[big_digest])
+        px.hold = None
+        r = run(["pull", "-q"] + tls + ["%s/big:v1" % px.host], st12)
+        check(r.returncode == 0 and blobs(st12).get(big_digest) is True, "after SIGKILL: a pull completes (%s)" % r.stderr)
+
+        # --- a full disk mid-layer: STATE on a 8 MiB tmpfs in a private mount namespace -------
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            st13 = os.path.join(tmp, "s13")
+            os.makedirs(st13)
+            script = ('mount -t tmpfs -o size=8m tmpfs "$1" || exit 99; "$2" pull -q --cert-dir "$3" --state "$1" "$4"; '
+                      'echo "rc=$?"; echo "refs=$(cat "$1/images/index.json" 2>/dev/null | tr -d "\\n")"; '
+                      'cd "$1/images/blobs/sha256" && for f in *; do [ -f "$f" ] && echo "blob=$f $(sha256sum < "$f")"; done; '
+                      'echo "ingest=$(ls "$1/images/ingest" 2>/dev/null | grep -v "[.]lock$" | tr "\\n" " ")"')
+            r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", st13, NESHOST,
+                                ca, "%s/big:v1" % host], capture_output=True, text=True, timeout=120)
+            out = dict(l.split("=", 1) for l in r.stdout.splitlines() if "=" in l and l.split("=", 1)[0] in ("rc", "refs"))
+            check(out.get("rc") == "125", "full disk: exit 125 (%r %s)" % (out, r.stderr))
+            check("no space left" in r.stderr.lower() and host in r.stderr, "full disk: says so, naming the registry: %s"
+                  % r.stderr.strip())
+            named = json.loads(out["refs"]).get("manifests", []) if out.get("refs") else []
+            check(named == [], "full disk: no ref (%r)" % out.get("refs"))
+            bl = [l[5:].split() for l in r.stdout.splitlines() if l.startswith("blob=")]
+            check(all(b[0] == b[1] for b in bl) and big_digest[7:] not in [b[0] for b in bl],
+                  "full disk: every blob verified, the big one absent (%r)" % bl)
+            left = [l[7:].strip() for l in r.stdout.splitlines() if l.startswith("ingest=")]
+            check(left == [""], "full disk: nothing left in ingest/ but lock files (%r)" % left)
+
         # --- two pulls sharing a layer at once: it is downloaded once ------------------------
         st11 = os.path.join(tmp, "s11")
         px.hold, px.hold_cut = big_digest, False
