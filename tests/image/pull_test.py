@@ -200,6 +200,18 @@ def main():
             if made_root:
                 shutil.rmtree(certs_d, ignore_errors=True)
 
+        # --- --tls-verify=false against a registry without TLS: plain HTTP, as docker's insecure
+        tmp2 = os.path.join(tmp, "plain")
+        os.makedirs(tmp2)
+        with R.Registry(tmp2, tls=False) as plain:
+            plain.push(lay.d, "v1", "app:v1")
+            stp = os.path.join(tmp, "sp")
+            r = run(["pull", "-q", "%s/app:v1" % plain.host], stp)
+            failed(r, "plain HTTP with verification on", plain.host)
+            r = run(["pull", "-q", "--tls-verify=false", "%s/app:v1" % plain.host], stp)
+            check(r.returncode == 0 and refs(stp).get("%s/app:v1" % plain.host) == app["digest"],
+                  "--tls-verify=false falls back to plain HTTP (%s)" % r.stderr)
+
         # --- 404, 5xx, refused ------------------------------------------------------------------
         before = refs(st)
         r = run(["pull"] + tls + ["%s/app:nope" % host], st)

@@ -288,8 +288,10 @@ class Proxy:
 class Registry:
     """The registry, its token server and a proxy, in temp dir `tmp` (see the module's doc)."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, tls=True):
+        """`tls`=False: the registry speaks plain HTTP (its token server and proxy keep TLS)."""
         self.tmp = tmp
+        self.tls = tls
         self.proc = None
         self.tokens = None
         self.proxy = None
@@ -319,6 +321,7 @@ class Registry:
     def start(self):
         self.tokens = TokenServer(self.signer, self.cert, self.key)
         conf = os.path.join(self.tmp, "config.yml")
+        tls = "  tls:\n    certificate: %s\n    key: %s\n" % (self.cert, self.key) if self.tls else ""
         with open(conf, "w") as f:
             f.write(f"""version: 0.1
 log:
@@ -334,10 +337,7 @@ storage:
       enabled: false
 http:
   addr: 127.0.0.1:{self.port}
-  tls:
-    certificate: {self.cert}
-    key: {self.key}
-auth:
+{tls}auth:
   token:
     realm: https://127.0.0.1:{self.tokens.port}/token
     service: {SERVICE}
@@ -356,7 +356,8 @@ auth:
             raise RuntimeError("docker-registry exited: see " + self.log.name)
         self._drain = threading.Thread(target=self._copy_stderr, daemon=True)
         self._drain.start()
-        self.proxy = Proxy(self.port, os.path.join(self.ca_dir, "ca.crt"), self.cert, self.key)
+        if self.tls:
+            self.proxy = Proxy(self.port, os.path.join(self.ca_dir, "ca.crt"), self.cert, self.key)
 
     def _copy_stderr(self):
         for line in self.proc.stderr:
@@ -396,6 +397,8 @@ auth:
     def push(self, layout, ref, repo_tag, all_platforms=False, host=None):
         """skopeo copy oci:LAYOUT:REF -> docker://HOST/REPO_TAG as pusher (through our CA)."""
         cmd = ["skopeo", "copy", "--quiet", "--dest-cert-dir", self.ca_dir, "--dest-creds", "pusher:pushpw"]
+        if not self.tls:
+            cmd.append("--dest-tls-verify=false")
         if all_platforms:
             cmd.append("--all")
         cmd += ["oci:%s:%s" % (layout, ref), "docker://%s/%s" % (host or self.host, repo_tag)]
