@@ -549,6 +549,8 @@ Status Registry::fetch_blobs(std::string_view repo, std::vector<BlobJob>& jobs, 
       failed = Error{fmt::format("registry {}: interrupted", host_), EINTR};
       break;
     }
+    if (live.empty() && next >= jobs.size()) break;  // all done: no 200 ms poll for nothing
+    if (live.empty()) continue;                      // a 401 retry or the next jobs start now
     curl_multi_poll(multi, nullptr, 0, 200, nullptr);
   }
   for (auto& t : live) curl_multi_remove_handle(multi, t->easy);
