@@ -311,6 +311,10 @@ struct Registry::Impl {
     // large downloads. 256 KiB reads: fewer write() calls into the store.
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 256L * 1024);
+    // TLS 1.3: AES-128-GCM first, as Go's client (skopeo, docker) asks; OpenSSL's default order
+    // puts AES-256 first, which costs both ends more per byte for no practical gain here.
+    curl_easy_setopt(e, CURLOPT_TLS13_CIPHERS,
+                     "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
     if (share) curl_easy_setopt(e, CURLOPT_SHARE, share);
     if (!tls.verify) {
       curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
