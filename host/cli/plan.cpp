@@ -89,12 +89,13 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       {"user", true, "-u"}, {"hostname", true, "-h"}, {"on-exit"}, {"state"}, {"vm"}, {"timeout"}, {"ready-timeout"},
       {"grace"}, {"log-max-size"}, {"log-max-files"}, {"rootfs-mode"}, {"group-add"},
       {"network"}, {"publish", true, "-p"}, {"dns"}, {"dns-search"}, {"dns-option"}, {"add-host"},
-      {"name"}, {"rm", false}, {"vmm-outlives", false}, {"stdin-hold", false}, {"snapshot"}};
+      {"name"}, {"rm", false}, {"vmm-outlives", false}, {"stdin-hold", false}, {"snapshot"}, {"entrypoint"}};
   auto parsed = parse_flags(kRunFlags, args, FlagOrder::options_first);
   if (!parsed) return parsed.error();
   RunFlags o;
   o.help = parsed->help;
   o.argv = std::move(parsed->positional);
+  o.dash = !o.argv.empty() && args.size() > o.argv.size() && args[args.size() - o.argv.size() - 1] == "--";
   std::optional<std::string> name_flag;
   for (const auto& [name, v] : parsed->given) {
     if (network_flag(name)) network.emplace_back(name, v);
@@ -164,6 +165,9 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       auto u = parse_user(v);
       if (!u) return u.error();
       std::tie(o.uid, o.gid) = *u;
+      o.user_spec = v;
+    } else if (name == "entrypoint") {
+      o.entrypoint = v;
     } else if (name == "on-exit") {
       auto pol = host::on_exit_from_string(v);
       if (!pol) return host::Error{fmt::format("--on-exit: expected stop, keep or remove, got '{}'", v)};
@@ -399,7 +403,7 @@ host::Status plan_shares(const RunFlags& o, const PlanInputs& in, RunPlan& p) {
     return p.daemons.emplace_back(std::move(vo));
   };
   if (o.rootfs && !o.rootfs_initramfs) {
-    daemon(std::string(kRootShareTag), *in.rootfs_dir, o.read_only);
+    daemon(std::string(kRootShareTag), *in.rootfs_dir, o.read_only).overlay = o.rootfs_overlay;
     desc.root = proto::Root{std::string(kRootShareTag), o.read_only, proto::FsType::virtiofs};
   }
   // File volumes: one staging share for all of them. Each entry is both the daemon's bind (the

@@ -78,6 +78,15 @@ struct RunFlags {
   std::uint64_t log_max_size = 10u << 20;  // bytes
   unsigned log_max_files = 5;
   std::vector<std::string> argv;  // the workload's ARGV (empty only with help)
+  bool dash = false;  // ARGV came after `--` (never an IMAGE: docs/images.md "run")
+  /// `run [OPTIONS] IMAGE [COMMAND [ARG...]]`: set by host/cli/image.hpp apply_run_image() when
+  /// ARGV's first word names an image (docs/images.md "run"); nullopt otherwise.
+  std::optional<std::string> image;
+  std::optional<std::string> entrypoint;  // --entrypoint (IMAGE only)
+  std::optional<std::string> user_spec;   // --user as given (UID[:GID])
+  /// IMAGE without --read-only: the root share is this overlay (mounted by its virtiofsd, in its
+  /// own mount namespace) on --rootfs's directory.
+  std::optional<vm::OverlayRoot> rootfs_overlay;
   /// --network, -p, --dns, --dns-search, --dns-option, --add-host. The mode when no --network:
   /// $NESHOST_NETWORK if set (tests set it to none: a VM with a NIC only in a test's own network
   /// namespace), else none with --sandbox, else user (docker's default is a network too).

@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 constexpr std::string_view kPullHelp = R"(usage: neshost pull [--state DIR] [--platform OS/ARCH] [-q] [--cert-dir DIR] [--tls-verify=false] REF
 
 Download image REF ([REGISTRY/]REPOSITORY[:TAG|@DIGEST], docker's names: `debian` is
-docker.io/library/debian:latest) into the image store (STATE/images, an OCI layout). Every blob's
+docker.io/library/debian:latest) into the image store (STATE/.images, an OCI layout). Every blob's
 size and digest are checked as it arrives; nothing unverified enters the store, and the ref is
 set last. Several layers download at once; a layer already in the store is not downloaded again.
   --platform OS/ARCH[/VARIANT]  the image to take from a multi-platform index (default linux/amd64)

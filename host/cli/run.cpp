@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "host/cli/cli.hpp"
+#include "host/cli/image.hpp"
 #include "host/cli/exec.hpp"
 #include "host/cli/plan.hpp"
 #include "host/cli/stdio.hpp"
@@ -82,6 +83,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 constexpr std::string_view kRunHelp = R"(usage: neshost run [OPTIONS] [--] ARGV...
+       neshost run [OPTIONS] IMAGE [COMMAND [ARG...]]   (an image of the store: docs/images.md)
 
 Boot a QEMU microVM (q35) with nesinit as PID 1, run ARGV in it and exit with its exit status:
 the workload's code, 128+N if killed by signal N, 127/126 if it could not start, 124 on
@@ -131,6 +133,7 @@ STATE/VM/console.log.
   -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID)
   --group-add GID      a supplementary group of the workload (repeatable; default none)
   --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
+  --entrypoint CMD     IMAGE only: replaces the image's Entrypoint (and drops its Cmd), as docker's
   -h, --hostname NAME  guest hostname (default: the VM id, as docker run; --help for this text)
   --on-exit POLICY     stop (default): power off, wait for QEMU; remove: also delete the VM's
                        scratch files (console log); keep: leave the VM up after the workload
@@ -1321,6 +1324,10 @@ int run_main(const Args& args) {
     return 0;
   }
   PlanInputs in = flag_inputs(o);
+  // IMAGE [COMMAND...]: resolved, unpacked and rewritten as a --rootfs run (host/cli/image.hpp)
+  auto image = apply_run_image(o, o.state ? *o.state : in.state_dir, o.vm ? *o.vm : in.vm_id, in.rootfs_dir);
+  if (!image) return refuse(RunError{image.error().message, proto::kStatusHostFailure});
+  if (o.entrypoint && !*image) return refuse(RunError{"--entrypoint: only with an IMAGE (neshost run [OPTIONS] IMAGE [COMMAND...])"});
   if (auto c = check_run(o, in); !c) return refuse(c.error());
   // Before anything starts (and before -d's fork, so the creator says it): the network's own
   // checks, each a 125 with nothing left behind.

@@ -130,7 +130,7 @@ Result<Digest> BlobWriter::commit() {
 // ---- Store ----
 
 Result<Store> Store::open(const fs::path& state_dir) {
-  fs::path root = state_dir / "images";
+  fs::path root = state_dir / ".images";
   std::error_code ec;
   for (const char* sub : {"", "blobs/sha256", "ingest", "roots"}) {
     fs::create_directories(root / sub, ec);

@@ -1,14 +1,14 @@
-// The image store: an OCI image layout (image-spec image-layout.md) under STATE/images/, so that
-// skopeo (`oci:STATE/images:REF`) and umoci read and write it too (docs/images.md "The store"):
+// The image store: an OCI image layout (image-spec image-layout.md) under STATE/.images/, so that
+// skopeo (`oci:STATE/.images:REF`) and umoci read and write it too (docs/images.md "The store"):
 //
-//   STATE/images/oci-layout        {"imageLayoutVersion":"1.0.0"}
-//   STATE/images/index.json        the refs: one descriptor per ref, named by the annotation
+//   STATE/.images/oci-layout        {"imageLayoutVersion":"1.0.0"}
+//   STATE/.images/index.json        the refs: one descriptor per ref, named by the annotation
 //                                  org.opencontainers.image.ref.name (Reference::str() form)
-//   STATE/images/blobs/sha256/HEX  every blob, its name its verified SHA-256
-//   STATE/images/ingest/           blobs being written (O_TMPFILE: nothing left by a crash) and
+//   STATE/.images/blobs/sha256/HEX  every blob, its name its verified SHA-256
+//   STATE/.images/ingest/           blobs being written (O_TMPFILE: nothing left by a crash) and
 //                                  the per-digest lock files that make two writers of one blob wait
-//   STATE/images/roots/CONFIGHEX/  unpacked roots (host/image/unpack.hpp), one per image config
-//   STATE/images/lock, gc.lock     flock(2) files: index.json updates; writers (shared) vs GC
+//   STATE/.images/roots/CONFIGHEX/  unpacked roots (host/image/unpack.hpp), one per image config
+//   STATE/.images/lock, gc.lock     flock(2) files: index.json updates; writers (shared) vs GC
 //
 // Nothing unverified is ever visible: a blob appears in blobs/ only after its size and digest
 // matched what the writer expected (BlobWriter), index.json is replaced by temp + fsync + rename.
@@ -88,10 +88,10 @@ struct GcReport {
   std::uint64_t bytes = 0;      // blob bytes freed
 };
 
-/// The store under STATE/images (see the file comment).
+/// The store under STATE/.images (see the file comment).
 class Store {
  public:
-  /// Opens (and on first use creates) STATE/images. Errors name the path.
+  /// Opens (and on first use creates) STATE/.images. Errors name the path.
   static Result<Store> open(const std::filesystem::path& state_dir);
   const std::filesystem::path& root() const { return root_; }
   std::filesystem::path blob_path(const Digest& d) const { return root_ / "blobs/sha256" / d.hex; }

@@ -40,7 +40,7 @@ def run(args, state, timeout=120, stdin=None):
 
 def refs(state):
     """index.json's refs: {name: digest}."""
-    p = os.path.join(state, "images", "index.json")
+    p = os.path.join(state, ".images", "index.json")
     if not os.path.exists(p):
         return {}
     with open(p) as f:
@@ -51,7 +51,7 @@ def refs(state):
 
 def blobs(state):
     """{digest: verified?} of every file in blobs/sha256."""
-    d = os.path.join(state, "images", "blobs", "sha256")
+    d = os.path.join(state, ".images", "blobs", "sha256")
     out = {}
     if os.path.isdir(d):
         for name in os.listdir(d):
@@ -123,7 +123,7 @@ def main():
         check(lines[-1] == ref, "the last line is the ref")
         check(any(u is None and s == ["repository:app:pull"] for u, s in reg.tokens.requests),
               "an anonymous token for repository:app:pull was asked for")
-        sk = subprocess.run(["skopeo", "inspect", "--raw", "oci:%s/images:%s" % (st, ref)], capture_output=True,
+        sk = subprocess.run(["skopeo", "inspect", "--raw", "oci:%s/.images:%s" % (st, ref)], capture_output=True,
                             text=True, timeout=60)
         check(sk.returncode == 0 and app_config in sk.stdout, "skopeo reads the pulled image from the store")
 
@@ -291,7 +291,7 @@ def main():
             px.release.set()
         check(p.returncode == 130 and "interrupted" in err, "^C: exit 130, 'interrupted' (%d %s)" % (p.returncode, err))
         check_store_kept(st10, {}, "^C", absent=[big_digest])
-        ingest = os.path.join(st10, "images", "ingest")
+        ingest = os.path.join(st10, ".images", "ingest")
         check(not [f for f in os.listdir(ingest) if not f.endswith(".lock")] if os.path.isdir(ingest) else True,
               "^C: nothing left in ingest/ but lock files")
         px.hold = None
@@ -331,9 +331,9 @@ def main():
             st13 = os.path.join(tmp, "s13")
             os.makedirs(st13)
             script = ('mount -t tmpfs -o size=8m tmpfs "$1" || exit 99; "$2" pull -q --cert-dir "$3" --state "$1" "$4"; '
-                      'echo "rc=$?"; echo "refs=$(cat "$1/images/index.json" 2>/dev/null | tr -d "\\n")"; '
-                      'cd "$1/images/blobs/sha256" && for f in *; do [ -f "$f" ] && echo "blob=$f $(sha256sum < "$f")"; done; '
-                      'echo "ingest=$(ls "$1/images/ingest" 2>/dev/null | grep -v "[.]lock$" | tr "\\n" " ")"')
+                      'echo "rc=$?"; echo "refs=$(cat "$1/.images/index.json" 2>/dev/null | tr -d "\\n")"; '
+                      'cd "$1/.images/blobs/sha256" && for f in *; do [ -f "$f" ] && echo "blob=$f $(sha256sum < "$f")"; done; '
+                      'echo "ingest=$(ls "$1/.images/ingest" 2>/dev/null | grep -v "[.]lock$" | tr "\\n" " ")"')
             r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", st13, NESHOST,
                                 ca, "%s/big:v1" % host], capture_output=True, text=True, timeout=120)
             out = dict(l.split("=", 1) for l in r.stdout.splitlines() if "=" in l and l.split("=", 1)[0] in ("rc", "refs"))

@@ -85,13 +85,13 @@ TEST_CASE("a fresh store is an OCI layout") {
   TempDir t;
   auto s = Store::open(t.path);
   REQUIRE(s.ok());
-  CHECK(fs::is_regular_file(t.path / "images/oci-layout"));
-  CHECK(fs::is_directory(t.path / "images/blobs/sha256"));
+  CHECK(fs::is_regular_file(t.path / ".images/oci-layout"));
+  CHECK(fs::is_directory(t.path / ".images/blobs/sha256"));
   CHECK(s->refs()->empty());
   auto again = Store::open(t.path);
   REQUIRE(again.ok());
-  fs::remove(t.path / "images/oci-layout");
-  std::ofstream(t.path / "images/oci-layout") << "{}";
+  fs::remove(t.path / ".images/oci-layout");
+  std::ofstream(t.path / ".images/oci-layout") << "{}";
   CHECK(Store::open(t.path).error().message.find("oci-layout has no imageLayoutVersion") != std::string::npos);
 }
 

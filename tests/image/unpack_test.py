@@ -8,7 +8,7 @@ The image, made here from real files: three layers (tar+gzip, tar+zstd, tar) ove
 root, with a whiteout of a file and of a directory, an opaque directory, hard links, symlinks, a
 character and a block device, a fifo, a setuid binary, a setcap binary (security.capability),
 owners other than root, fixed mtimes, a directory replaced by a file. It goes into our store by
-`skopeo copy oci:… oci:STATE/images:…` (skopeo writing our layout), then both unpack it; the two
+`skopeo copy oci:… oci:STATE/.images:…` (skopeo writing our layout), then both unpack it; the two
 roots must agree on every path's type, mode, owner, link target, size, content hash, xattrs,
 device number and mtime, and on the hard-link groups.
 """
@@ -165,7 +165,7 @@ def main():
 
 def skopeo_in(src_layout, ref, state, name):
     r = subprocess.run(["skopeo", "--insecure-policy", "copy", "-q", f"oci:{src_layout}:{ref}",
-                        f"oci:{state}/images:{name}"], capture_output=True, text=True, timeout=120)
+                        f"oci:{state}/.images:{name}"], capture_output=True, text=True, timeout=120)
     check(r.returncode == 0, f"skopeo copy into our store: {r.stderr}")
 
 
@@ -233,7 +233,7 @@ def run(tool, tmp, busybox):
     check(r2.returncode == 0 and r2.stdout.strip() == ours, "a second unpack returns the cached root")
 
     # bad entries: each refused, naming the entry; nothing written outside, the store unchanged
-    outside = os.path.dirname(os.path.dirname(ours))  # STATE/images/roots
+    outside = os.path.dirname(os.path.dirname(ours))  # STATE/.images/roots
     for kind, says in [("dotdot", "entry '../evil': '..'"), ("deep-dotdot", "entry 'a/../../evil': '..'"),
                        ("absolute", "entry '/evil': absolute"),
                        ("symlink-parent", "entry 'esc/evil': its parent directory leaves the image root"),
@@ -243,13 +243,13 @@ def run(tool, tmp, busybox):
         bad_src = os.path.join(tmp, "bad-" + kind)
         layout.write_layout(bad_src, "b", [(bad_layer(kind), "tar")])
         skopeo_in(bad_src, "b", state, f"docker.io/library/bad:{kind}")
-        before = snapshot(os.path.join(state, "images"))
+        before = snapshot(os.path.join(state, ".images"))
         r = subprocess.run([tool, state, f"docker.io/library/bad:{kind}"], capture_output=True, text=True, timeout=60)
         check(r.returncode == 125, f"{kind}: exit {r.returncode}")
         check(says in r.stderr, f"{kind}: error says {says!r}: {r.stderr.strip()}")
-        check(snapshot(os.path.join(state, "images")) == before, f"{kind}: the store unchanged")
+        check(snapshot(os.path.join(state, ".images")) == before, f"{kind}: the store unchanged")
         for p in (os.path.join(tmp, "evil"), os.path.join(state, "evil"), os.path.join(outside, "evil"),
-                  "/evil", "/tmp/evil", os.path.join(state, "images", "evil")):
+                  "/evil", "/tmp/evil", os.path.join(state, ".images", "evil")):
             check(not os.path.exists(p), f"{kind}: nothing at {p}")
 
 
