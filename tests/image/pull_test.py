@@ -189,16 +189,17 @@ def main():
         st6 = os.path.join(tmp, "s6")
         certs_d = "/etc/docker/certs.d"
         made_root = not os.path.exists(certs_d)
-        mine = os.path.join(certs_d, host)
-        try:
-            os.makedirs(mine)
-            shutil.copy(os.path.join(ca, "ca.crt"), mine)
-            r = run(["pull", "-q", "%s/app:v1" % host], st6)
-            check(r.returncode == 0 and ref in refs(st6), "the CA from /etc/docker/certs.d/HOST:PORT (%s)" % r.stderr)
-        finally:
-            shutil.rmtree(mine, ignore_errors=True)
-            if made_root:
-                shutil.rmtree(certs_d, ignore_errors=True)
+        mine = os.path.join(certs_d, host)  # this test's port alone: removed below, whatever happens
+        if os.geteuid() == 0 and not os.path.exists(mine):
+            try:
+                os.makedirs(mine)
+                shutil.copy(os.path.join(ca, "ca.crt"), mine)
+                r = run(["pull", "-q", "%s/app:v1" % host], st6)
+                check(r.returncode == 0 and ref in refs(st6), "the CA from /etc/docker/certs.d/HOST:PORT (%s)" % r.stderr)
+            finally:
+                shutil.rmtree(mine, ignore_errors=True)
+                if made_root:
+                    shutil.rmtree(certs_d, ignore_errors=True)
 
         # --- --tls-verify=false against a registry without TLS: plain HTTP, as docker's insecure
         tmp2 = os.path.join(tmp, "plain")
