@@ -28,13 +28,11 @@ Status check_manifest(const Registry& reg, const FetchedManifest& fm, const Dige
   return Ok{};
 }
 
-}  // namespace
 
-Result<PullResult> pull(Store& store, const Reference& ref, const PullOptions& opt) {
-  Registry reg(ref.api_host(), opt.tls, opt.credential);
-  PullResult res;
-  res.ref_name = ref.str();
-
+/// Steps 1 and 2: the image manifest REF names for the platform, checked (its descriptor in
+/// `res.manifest`, REF's own digest in `res.resolved`), and its body.
+Result<std::pair<Manifest, std::string>> resolve(Registry& reg, const Reference& ref, const PullOptions& opt,
+                                                 PullResult& res) {
   // 1. The manifest REF names; by digest it must hash to that digest.
   const std::string want = ref.digest ? ref.digest->str() : ref.tag;
   const std::string what = fmt::format("manifest {}{}{}", ref.repository, ref.digest ? "@" : ":", want);
@@ -81,11 +79,13 @@ Result<PullResult> pull(Store& store, const Reference& ref, const PullOptions& o
       return Error{fmt::format("registry {}: {}: layer {} is {}, which neshost cannot unpack", reg.host(), what, i + 1,
                                man->layers[i].media_type)};
   res.manifest = mdesc;
+  return std::pair<Manifest, std::string>{std::move(*man), std::move(body)};
+}
 
-  // 3. Config and layers (each digest once), under the store's hold so that a gc() cannot take
-  //    blobs no ref names yet.
-  auto hold = store.hold();
-  if (!hold) return std::move(hold).error();
+/// Step 3: the config and the layers of `man` into the store (see pull.hpp).
+Status download(Store& store, Registry& reg, const Reference& ref, const Manifest& man, const PullOptions& opt,
+                PullResult& res) {
+  // 3. Config and layers, each digest once (the caller holds the store against gc()).
   std::vector<BlobEvent> blobs;
   std::set<Digest> seen;
   auto plan = [&](const Descriptor& d, bool cfg) {
@@ -99,8 +99,8 @@ Result<PullResult> pull(Store& store, const Reference& ref, const PullOptions& o
     if (e.state == BlobState::present) e.done = e.size;
     blobs.push_back(e);
   };
-  plan(man->config, true);
-  for (const auto& l : man->layers) plan(l, false);
+  plan(man.config, true);
+  for (const auto& l : man.layers) plan(l, false);
   if (opt.on_plan) opt.on_plan(blobs);
   auto emit = [&](const BlobEvent& e) {
     if (opt.on_blob) opt.on_blob(e);
@@ -170,6 +170,26 @@ Result<PullResult> pull(Store& store, const Reference& ref, const PullOptions& o
     if (opt.cancel && opt.cancel->load())
       return Error{fmt::format("registry {}: interrupted", reg.host()), EINTR};
   }
+
+  return Ok{};
+}
+
+}  // namespace
+
+Result<PullResult> pull(Store& store, const Reference& ref, const PullOptions& opt) {
+  Registry reg(ref.api_host(), opt.tls, opt.credential);
+  PullResult res;
+  res.ref_name = ref.str();
+  auto resolved = resolve(reg, ref, opt, res);
+  if (!resolved) return std::move(resolved).error();
+  const Manifest& man = resolved->first;
+  const std::string& body = resolved->second;
+  const Descriptor& mdesc = res.manifest;
+  // Under the store's hold from the first blob to the ref, so that a gc() cannot take blobs no
+  // ref names yet.
+  auto hold = store.hold();
+  if (!hold) return std::move(hold).error();
+  if (auto st = download(store, reg, ref, man, opt, res); !st) return std::move(st).error();
 
   // 4. The manifest blob, then the ref: the pull's commit point.
   auto mw = store.begin_blob(mdesc.digest, mdesc.size);
