@@ -130,7 +130,8 @@ STATE/VM/console.log.
   -e, --env K=V|K      workload environment (repeatable; K alone: its value here, if set;
                        PATH defaults to the usual one)
   -w, --workdir DIR    workload working directory (default /)
-  -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID)
+  -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID);
+                       with an IMAGE also names, USER[:GROUP] in its /etc/passwd, /etc/group
   --group-add GID      a supplementary group of the workload (repeatable; default none)
   --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
   --entrypoint CMD     IMAGE only: replaces the image's Entrypoint (and drops its Cmd), as docker's
