@@ -162,10 +162,9 @@ host::Result<RunFlags> parse_run_flags(const Args& args, std::vector<std::pair<s
       if (o.groups.size() >= 64) return host::Error{"--group-add: at most 64 groups"};
       o.groups.push_back(static_cast<std::uint32_t>(*g));
     } else if (name == "user") {
-      auto u = parse_user(v);
-      if (!u) return u.error();
-      std::tie(o.uid, o.gid) = *u;
+      // A name (USER[:GROUP]) only an IMAGE's /etc/passwd resolves: check_run refuses it otherwise.
       o.user_spec = v;
+      if (auto u = parse_user(v); u) std::tie(o.uid, o.gid) = *u;
     } else if (name == "entrypoint") {
       o.entrypoint = v;
     } else if (name == "on-exit") {
@@ -294,6 +293,8 @@ host::StatusOf<RunError> check_run(const RunFlags& o, const PlanInputs& in) {
   if (o.rootfs && !in.rootfs_dir)
     return usage(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
   if (o.stdin_hold && !o.interactive) return usage("--stdin-hold needs -i");
+  if (o.user_spec && !o.image)
+    if (auto u = parse_user(*o.user_spec); !u) return usage(u.error().message);
   if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
     return usage("--read-only needs --rootfs DIR over virtiofs");
   for (const auto& v : o.volumes)

@@ -83,7 +83,7 @@ struct RunFlags {
   /// ARGV's first word names an image (docs/images.md "run"); nullopt otherwise.
   std::optional<std::string> image;
   std::optional<std::string> entrypoint;  // --entrypoint (IMAGE only)
-  std::optional<std::string> user_spec;   // --user as given (UID[:GID])
+  std::optional<std::string> user_spec;   // --user as given: UID[:GID], or with an IMAGE names too
   /// IMAGE without --read-only: the root share is this overlay (mounted by its virtiofsd, in its
   /// own mount namespace) on --rootfs's directory.
   std::optional<vm::OverlayRoot> rootfs_overlay;

@@ -130,7 +130,8 @@ STATE/VM/console.log.
   -e, --env K=V|K      workload environment (repeatable; K alone: its value here, if set;
                        PATH defaults to the usual one)
   -w, --workdir DIR    workload working directory (default /)
-  -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID)
+  -u, --user UID[:GID] workload uid and gid, numeric (default 0:0; GID alone defaults to UID);
+                       with an IMAGE also names, USER[:GROUP] in its /etc/passwd, /etc/group
   --group-add GID      a supplementary group of the workload (repeatable; default none)
   --read-only          --rootfs DIR is read-only for the guest (EROFS), as docker's --read-only
   --entrypoint CMD     IMAGE only: replaces the image's Entrypoint (and drops its Cmd), as docker's
@@ -1308,6 +1309,17 @@ namespace {
 // ---- run ----
 
 /// `neshost run`: parse the flags, gather what the plan needs from this host, plan, carry it out.
+/// An image run's VM dir (apply_run_image made it) removed on the way out unless its VM started
+/// (a monitor.json): a refusal before that leaves no image.json blocking `rmi`, no layer.
+struct ImageRunLeftovers {
+  fs::path dir;
+  ~ImageRunLeftovers() {
+    std::error_code ec;
+    if (!dir.empty() && !fs::exists(dir / host::kMonitorFile, ec) && !ec)
+      (void)host::remove_vm(dir.parent_path(), dir.filename().string());
+  }
+};
+
 int run_main(const Args& args) {
   // Usage errors exit 2 with a hint; bad network input 125 (RunError::status).
   auto refuse = [](const RunError& e) {
@@ -1328,6 +1340,8 @@ int run_main(const Args& args) {
   auto image = apply_run_image(o, o.state ? *o.state : in.state_dir, o.vm ? *o.vm : in.vm_id, in.rootfs_dir);
   if (!image) return refuse(RunError{image.error().message, proto::kStatusHostFailure});
   if (o.entrypoint && !*image) return refuse(RunError{"--entrypoint: only with an IMAGE (neshost run [OPTIONS] IMAGE [COMMAND...])"});
+  // An image run refused before its VM started (no monitor.json) leaves nothing (image.json, its layer).
+  ImageRunLeftovers image_leftovers{*image ? (o.state ? *o.state : in.state_dir) / (o.vm ? *o.vm : in.vm_id) : fs::path()};
   if (auto c = check_run(o, in); !c) return refuse(c.error());
   // Before anything starts (and before -d's fork, so the creator says it): the network's own
   // checks, each a 125 with nothing left behind.

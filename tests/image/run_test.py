@@ -88,8 +88,13 @@ def run(tmp):
     check(not os.path.exists(os.path.join(state, "a2")), "--rm removed the VM's state and layer")
 
     # --entrypoint replaces Entrypoint and drops Cmd; --read-only: the root refuses writes
-    r = nh_run("a3", "--rm", "--read-only", "--entrypoint", "/bin/sh", "app:1", "-c", "echo ep; echo x > /srv/f || echo refused")
-    check(r.returncode == 0 and r.stdout == "ep\nrefused\n", f"--entrypoint, --read-only: {r.stdout!r} {r.stderr[-1500:]}")
+    # (and -u with names, resolved in the image's /etc/passwd and /etc/group)
+    r = nh_run("a3", "--rm", "--read-only", "-u", "root:staff", "--entrypoint", "/bin/sh", "app:1", "-c",
+               "echo ep $(id -u):$(id -g); echo x > /srv/f || echo refused")
+    check(r.returncode == 0 and r.stdout == "ep 0:50\nrefused\n", f"--entrypoint, --read-only, -u root:staff: {r.stdout!r} {r.stderr[-1500:]}")
+    r = nh_run("a5", "-u", "ghost", "app:1")
+    check(r.returncode == 125 and "unable to find user ghost" in r.stderr, f"-u ghost: {r.returncode} {r.stderr!r}")
+    check(not os.path.exists(os.path.join(state, "a5")), "nothing left by the refused run")
 
     # rmi refused while a1 (kept: no --rm) uses the image; an image not in the store
     r = subprocess.run([NESHOST, "rmi", "--state", state, "app:1"], capture_output=True, text=True, timeout=60)

@@ -70,6 +70,10 @@ def main():
     finish()
 
 
+def layout_name(ref):
+    return ref if ref.startswith("localhost") else "docker.io/library/" + ref
+
+
 def flip_largest_blob(archive):
     """`archive` (an OCI archive) again with one byte of its largest blob changed."""
     import io
@@ -235,6 +239,23 @@ def run(tmp, busybox):
     check(len(left) < n_before and full_id[7:] not in left, f"rmi removed the blobs ({n_before} -> {len(left)})")
     r = nh("images", "-q")
     check(r.stdout.decode().split() != [] and ids[0] not in r.stdout.decode(), f"images after rmi: {r.stdout!r}")
+
+    # --- two processes at once: two loads of images sharing blobs, and a tag, never corrupt it
+    procs = [subprocess.Popen([NESHOST, "load", "-q", "-i", a, "--state", STATE], stderr=subprocess.PIPE)
+             for a in (darch, oarch, darch)]
+    procs.append(subprocess.Popen([NESHOST, "tag", "other:1", "again:1", "--state", STATE], stderr=subprocess.PIPE))
+    rcs = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    check(all(rc == 0 for rc, _ in rcs), f"concurrent loads and a tag: {rcs}")
+    names = {tuple(ln.split()[:2]) for ln in nh("images").stdout.decode().splitlines()[1:]}
+    check({("busybox", "latest"), ("localhost:5000/team/app", "v1"), ("again", "1"), ("other", "1")} <= names,
+          f"every name after the race: {names}")
+    for ref in ("busybox:latest", "localhost:5000/team/app:v1"):
+        r = skopeo("inspect", f"oci:{STATE}/.images:{layout_name(ref)}")
+        check(r.returncode == 0, f"skopeo reads {ref} after the race: {r.stderr}")
+    check(not [f for f in os.listdir(os.path.join(STATE, ".images/ingest")) if not f.endswith(".lock")],
+          "nothing left in ingest/")
+    nh("rmi", "again:1")
+    nh("rmi", "-f", ids[0])
 
     # --- an untagged image (an OCI archive without a name), and prune
     noname = os.path.join(tmp, "noname.tar")
