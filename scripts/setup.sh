@@ -27,11 +27,13 @@ kernel_pkgs=(linux-source-6.1 make gcc flex bison bc libelf-dev xz-utils)
 # meson.build asks for), build the host side, the init (zig: npm) and the initramfs (busybox,
 # cpio), fetch the cloud kernel (its modules go into the default initramfs), and run QEMU.
 main_pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson-dev doctest-dev
-           libssl-dev python3 binutils file util-linux iproute2 cpio lz4 busybox-static qemu-system-x86)
+           libssl-dev python3 binutils file util-linux iproute2 cpio lz4 busybox-static qemu-system-x86
+           libarchive-dev libcurl4-openssl-dev)   # the image store (host/image/: unpack, load; pull)
 # Everything else, for scripts/test.sh and scripts/bench.sh.
 rest_pkgs=(tini catatonit dumb-init   # the peers of the init's tests and benches
       clang-14 libclang-rt-14-dev     # scripts/fuzz.sh (libFuzzer)
       debootstrap                     # scripts/mkdebroot.sh (a --rootfs to share)
+      docker-registry skopeo umoci    # the image store's tests (tests/image): a registry, interop
       debhelper                       # tests/install: dpkg-buildpackage -b
       # the containerd shim: protobuf, the task API .proto files; containerd for its tests
       protobuf-compiler libprotobuf-dev golang-github-containerd-containerd-dev golang-github-containerd-cgroups-dev

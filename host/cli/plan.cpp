@@ -93,6 +93,9 @@ host::Error snapshot_refusal(const SnapshotRef& ref, host::Error e, bool remake)
 host::Status check_run(const RunFlags& o, const PlanInputs& in) {
   using host::Error;
   auto usage = [](std::string m) { return Error{std::move(m)}; };
+  // -u names (USER[:GROUP]) are an IMAGE's to resolve (its /etc/passwd, /etc/group)
+  if (o.user_spec && !o.image)
+    if (auto u = parse_user(*o.user_spec); !u) return usage(u.error().message);
   if (o.sandbox && (!o.volumes.empty() || o.rootfs))
     return usage("--sandbox runs no VM: --volume and --rootfs need one");
   if (o.initrd && o.rootfs && o.rootfs_initramfs)
@@ -205,7 +208,7 @@ host::Status plan_shares(const RunFlags& o, const PlanInputs& in, RunPlan& p) {
     return p.daemons.emplace_back(std::move(vo));
   };
   if (o.rootfs && !o.rootfs_initramfs) {
-    daemon(std::string(kRootShareTag), *in.rootfs_dir, o.read_only);
+    daemon(std::string(kRootShareTag), *in.rootfs_dir, o.read_only).overlay = o.rootfs_overlay;
     desc.root = proto::Root{std::string(kRootShareTag), o.read_only, proto::FsType::virtiofs};
   }
   // File volumes: one staging share for all of them. Each entry is both the daemon's bind (the

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "host/cli/cli.hpp"
+#include "host/cli/image.hpp"
 #include "host/cli/plan.hpp"
 #include "host/cli/stdio.hpp"
 #include "host/cli/terminal.hpp"
@@ -252,6 +253,17 @@ namespace {
 
 // ---- run ----
 
+/// An image run's VM dir (apply_run_image made it) removed on the way out unless its VM started
+/// (a monitor.json): a refusal before that leaves no image.json blocking `rmi`, no layer.
+struct ImageRunLeftovers {
+  fs::path dir;
+  ~ImageRunLeftovers() {
+    std::error_code ec;
+    if (!dir.empty() && !fs::exists(dir / host::kMonitorFile, ec) && !ec)
+      (void)host::remove_vm(dir.parent_path(), dir.filename().string());
+  }
+};
+
 /// `neshost run`: parse the flags, gather what the plan needs from this host, plan, carry it out.
 int run_main(const Args& args) {
   // Every refusal before anything starts (a bad flag or value, flags that exclude each other, what
@@ -266,6 +278,16 @@ int run_main(const Args& args) {
     return 0;
   }
   PlanInputs in = flag_inputs(o);
+  // IMAGE [COMMAND...]: resolved, unpacked and rewritten as a --rootfs run (host/cli/image.hpp)
+  auto image = apply_run_image(o, o.state ? *o.state : in.state_dir, o.vm ? *o.vm : in.vm_id, in.rootfs_dir);
+  if (!image) {
+    fmt::print(stderr, "neshost run: {}\n", image.error().message);
+    return proto::kStatusHostFailure;
+  }
+  if (o.entrypoint && !*image)
+    return refuse(host::Error{"--entrypoint: only with an IMAGE (neshost run [OPTIONS] IMAGE [COMMAND...])"});
+  // An image run refused before its VM started (no monitor.json) leaves nothing (image.json, its layer).
+  ImageRunLeftovers image_leftovers{*image ? (o.state ? *o.state : in.state_dir) / (o.vm ? *o.vm : in.vm_id) : fs::path()};
   if (auto c = check_run(o, in); !c) return refuse(c.error());
   if (auto c = check_run_host(o, real_host_probes()); !c) return refuse(c.error());
   // Before anything starts (and before -d's fork, so the creator says it): the network's own

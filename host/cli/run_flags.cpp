@@ -51,6 +51,27 @@ Status check_hostname(std::string_view v) {
 namespace {
 
 /// A path flag's value: not empty (what it names is checked where it is used).
+// USER[:GROUP] as names an image's /etc/passwd and /etc/group could hold (POSIX's portable
+// user-name characters, at most 32, not all digits: a number is parse_user()'s to judge), or a
+// number on either side. Resolved later by host/image/run_image.hpp, only with an IMAGE.
+bool user_names_ok(std::string_view v) {
+  auto part_ok = [](std::string_view p, bool& digits) {
+    if (p.empty() || p.size() > 32) return false;
+    digits = true;
+    for (char c : p) {
+      if (c < '0' || c > '9') digits = false;
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+    }
+    return true;
+  };
+  auto colon = v.find(':');
+  bool d1 = false, d2 = false;
+  if (!part_ok(v.substr(0, colon), d1)) return false;
+  if (colon == std::string_view::npos) return !d1;
+  if (!part_ok(v.substr(colon + 1), d2)) return false;
+  return !(d1 && d2);
+}
+
 Status set_path(std::optional<fs::path>& into, std::string_view flag, std::string_view v) {
   if (v.empty()) return Error{fmt::format("--{}: expected a path, got ''", flag)};
   into = fs::path(v);
@@ -175,11 +196,21 @@ const RunFlag kRunFlags[] = {
      "workload working directory, absolute (default /)"},
     {{"user", true, "-u"}, "UID[:GID]",
      [](RunFlags& o, std::string_view v) -> Status {
+       // Names (USER[:GROUP]) only an IMAGE's /etc/passwd and /etc/group resolve: check_run()
+       // refuses them without one; here only what can be neither numbers nor names.
        auto u = parse_user(v);
-       if (!u) return u.error();
-       return std::tie(o.uid, o.gid) = *u, Ok{};
+       if (!u && !user_names_ok(v)) return u.error();
+       if (u) std::tie(o.uid, o.gid) = *u;
+       return o.user_spec = std::string(v), Ok{};
      },
-     "workload uid and gid, numeric (default 0:0; GID alone defaults to UID)"},
+     "workload uid and gid, numeric (default 0:0; GID alone defaults to UID);\n"
+     "with an IMAGE also names, USER[:GROUP] in its /etc/passwd, /etc/group"},
+    {{"entrypoint"}, "CMD",
+     [](RunFlags& o, std::string_view v) -> Status {
+       if (v.empty()) return Error{"--entrypoint: expected a command, got ''"};
+       return o.entrypoint = std::string(v), Ok{};
+     },
+     "IMAGE only: replaces the image's Entrypoint (and drops its Cmd), as docker's"},
     {{"group-add"}, "GID",
      [](RunFlags& o, std::string_view v) -> Status {
        auto g = parse_uint("group-add", v, 0, proto::kInvalidId - 1);
@@ -360,6 +391,7 @@ Status finish(RunFlags& o) {
 }
 
 constexpr std::string_view kRunUsage = R"(usage: neshost run [OPTIONS] [--] ARGV...
+       neshost run [OPTIONS] IMAGE [COMMAND [ARG...]]   (an image of the store: docs/images.md)
 
 Boot a QEMU microVM (q35) with nesinit as PID 1, run ARGV in it and exit with its exit status:
 the workload's code, 128+N if killed by signal N, 127/126 if it could not start, 124 on

@@ -31,6 +31,7 @@
 #include "host/lib/session.hpp"
 #include "host/vm/accel.hpp"
 #include "host/vm/qemu_argv.hpp"
+#include "host/vm/virtiofsd.hpp"
 #include "host/vm/volume.hpp"
 
 namespace nes::cli {
@@ -73,6 +74,16 @@ struct RunFlags {
   /// Index into `argv` of its first word after a `--` (argv.size() if there was none): where a
   /// positional IMAGE (`run IMAGE [CMD...]`, docker's form) would end and `-- ARGV` begin.
   std::size_t argv_after_dashdash = 0;
+  /// `run [OPTIONS] IMAGE [COMMAND [ARG...]]`: set by host/cli/image.hpp apply_run_image() when
+  /// ARGV's first word names an image (docs/images.md "run"); nullopt otherwise.
+  std::optional<std::string> image;
+  std::optional<std::string> entrypoint;  // --entrypoint (IMAGE only)
+  /// --user as given: UID[:GID], or with an IMAGE also USER[:GROUP] names (its /etc/passwd and
+  /// /etc/group resolve them: host/image/run_image.hpp); uid/gid hold the numbers when numeric.
+  std::optional<std::string> user_spec;
+  /// IMAGE without --read-only: the root share is this overlay (mounted by its virtiofsd, in its
+  /// own mount namespace) on --rootfs's directory.
+  std::optional<vm::OverlayRoot> rootfs_overlay;
   /// --network, -p, --dns, --dns-search, --dns-option, --add-host. The mode when no --network:
   /// $NESHOST_NETWORK if set (tests set it to none: a VM with a NIC only in a test's own network
   /// namespace), else none with --sandbox, else user (docker's default is a network too).

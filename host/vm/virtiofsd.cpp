@@ -33,13 +33,23 @@ std::vector<std::string> virtiofsd_argv(const VirtiofsdOptions& o) {
                              "--shared-dir=" + o.share.dir.native(), "--sandbox=namespace",
                              fmt::format("--cache={}", kCacheMode), "--log-level=info"};
   if (o.share.ro) a.emplace_back("--readonly");
-  if (o.binds.empty()) return a;
-  // Paths travel as positional arguments, never inside the script: nothing in them is parsed.
+  if (o.binds.empty() && !o.overlay) return a;
+  // Paths travel as positional arguments, never inside the script: nothing in them is parsed
+  // (overlayfs' own option string excepted: its paths are checked for ',' and ':' by the planner).
   std::vector<std::string> w{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
-                             "set -e; while [ \"$1\" != -- ]; do mount --bind -- \"$1\" \"$2\"; "
+                             "set -e; if [ \"$1\" = overlay ]; then "
+                             "mount -t overlay overlay -o \"lowerdir=$2,upperdir=$3,workdir=$4\" -- \"$5\"; shift 5; fi; "
+                             "while [ \"$1\" != -- ]; do mount --bind -- \"$1\" \"$2\"; "
                              "if [ \"$3\" = ro ]; then mount -o remount,bind,ro -- \"$2\"; fi; shift 3; done; "
                              "shift; exec \"$@\"",
                              "sh"};
+  if (o.overlay) {
+    w.emplace_back("overlay");
+    w.push_back(o.overlay->lower.native());
+    w.push_back(o.overlay->upper.native());
+    w.push_back(o.overlay->work.native());
+    w.push_back(o.share.dir.native());
+  }
   for (const auto& b : o.binds) {
     w.push_back(b.source.native());
     w.push_back(b.target.native());

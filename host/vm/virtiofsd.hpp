@@ -42,6 +42,13 @@ struct FileBind {
   bool ro = false;               // the bind is remounted read-only (EROFS through virtiofsd too)
 };
 
+/// An overlay mounted on the share's directory before virtiofsd starts (`neshost run IMAGE`'s
+/// writable root: the image's unpacked root below, the VM's own layer above; docs/images.md "run").
+/// Paths without ',' or ':' (overlayfs' option syntax), absolute.
+struct OverlayRoot {
+  std::filesystem::path lower, upper, work;
+};
+
 /// How to run one virtiofsd.
 struct VirtiofsdOptions {
   std::string program;            // virtiofsd (Rust, >= 1.11 for --readonly) or a wrapper that execs it
@@ -52,6 +59,8 @@ struct VirtiofsdOptions {
   /// Made in a private mount namespace of the daemon's own (util-linux unshare(1) and mount(8),
   /// so nothing reaches the host's mount table and the binds vanish with the daemon). Needs root.
   std::vector<FileBind> binds;
+  /// Mounted on share.dir in the same private mount namespace (before the binds).
+  std::optional<OverlayRoot> overlay;
   /// The daemon outlives this process (a detached VM's, docs/host.md "Re-adoption"): no death
   /// signal, SIGPIPE ignored (its stderr has no reader once we are gone). Default: it dies with us.
   bool outlive = false;
