@@ -50,15 +50,19 @@ host::Result<bool> apply_run_image(RunFlags& o, const std::filesystem::path& sta
   auto ref = im::parse_reference(word);
   if (!ref) return false;
   const bool explicit_ref = word.find_first_of(":/@") != std::string::npos;
+  auto absent = [&]() -> host::Result<bool> {
+    if (!explicit_ref) return false;
+    return host::Error{fmt::format("image {}: not in the store ({}): neshost pull {}, or neshost load", word,
+                                   state.string(), word)};
+  };
+  if (!im::Store::exists(state)) return absent();  // no store: nothing is made for `run sh`
   auto store = im::Store::open(state);
   if (!store) return host::Error{store.error().message};
   im::Descriptor mdesc;
   auto m = im::resolve_manifest(*store, ref->str(), "linux/amd64", &mdesc);
   if (!m) {
     if (m.error().err != ENOENT) return host::Error{fmt::format("image {}: {}", word, m.error().message)};
-    if (!explicit_ref) return false;
-    return host::Error{fmt::format("image {}: not in the store ({}): neshost pull {}, or neshost load", word,
-                                   state.string(), word)};
+    return absent();
   }
   o.image = ref->str();
   auto cfg_text = store->read_blob(m->config.digest, 4 << 20);

@@ -129,6 +129,11 @@ Result<Digest> BlobWriter::commit() {
 
 // ---- Store ----
 
+bool Store::exists(const fs::path& state_dir) {
+  struct stat st;
+  return ::stat((state_dir / ".images" / "index.json").c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 Result<Store> Store::open(const fs::path& state_dir) {
   fs::path root = state_dir / ".images";
   std::error_code ec;

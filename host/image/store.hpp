@@ -91,6 +91,9 @@ struct GcReport {
 /// The store under STATE/.images (see the file comment).
 class Store {
  public:
+  /// Whether STATE/.images holds a store (its index.json): what a reader that must not create
+  /// one checks first (`run sh` is not an image run and leaves the state dir as it was).
+  static bool exists(const std::filesystem::path& state_dir);
   /// Opens (and on first use creates) STATE/.images. Errors name the path.
   static Result<Store> open(const std::filesystem::path& state_dir);
   const std::filesystem::path& root() const { return root_; }

@@ -103,6 +103,11 @@ def run(tmp):
     check(r.returncode == 125 and "not in the store" in r.stderr and "neshost pull busybox:9.9" in r.stderr,
           f"run of an absent image: {r.returncode} {r.stderr!r}")
     check(not os.path.exists(os.path.join(state, "a4")), "nothing left for the absent image")
+    empty = os.path.join(tmp, "empty-state")
+    r = subprocess.run([NESHOST, "run", "--state", empty, "--vm", "a6", "busybox:9.9"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    check(r.returncode == 125 and "not in the store" in r.stderr, f"absent image, no store at all: {r.stderr!r}")
+    check(not os.path.exists(os.path.join(empty, ".images")), "no store made by a run")
 
 
 if __name__ == "__main__":
