@@ -382,10 +382,10 @@ def main():
         check({"%s/big:v1" % px.host, "%s/big:other" % px.host} <= set(refs(st11)), "shared: both refs")
         px.hold = None
 
-        # --- usage errors: exit 2 ----------------------------------------------------------------
-        check(run(["pull", "Bad//Ref"], st).returncode == 2, "a reference that does not parse: exit 2")
-        check(run(["pull", "--tls-verify=maybe", ref], st).returncode == 2, "--tls-verify=maybe: exit 2")
-        check(run(["pull"], st).returncode == 2, "no reference: exit 2")
+        # --- usage errors: exit 125----------------------------------------------------------------
+        check(run(["pull", "Bad//Ref"], st).returncode == 125, "a reference that does not parse: exit 125")
+        check(run(["pull", "--tls-verify=maybe", ref], st).returncode == 125, "--tls-verify=maybe: exit 125")
+        check(run(["pull"], st).returncode == 125, "no reference: exit 125")
     finish()
 
 

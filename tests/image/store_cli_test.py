@@ -209,7 +209,7 @@ def run(tmp, busybox):
     r = nh("load", "-i", os.path.join(tmp, "missing.tar"))
     check(r.returncode == 125 and "missing.tar" in r.stderr.decode(), f"load of a missing file: {r.stderr!r}")
     r = nh("tag", "busybox", "Bad:Tag")
-    check(r.returncode == 2 and "TARGET" in r.stderr.decode(), f"tag to a bad reference: usage: {r.stderr!r}")
+    check(r.returncode == 125 and "TARGET" in r.stderr.decode(), f"tag to a bad reference: usage: {r.stderr!r}")
     r = nh("rmi", "nosuch:1")
     check(r.returncode == 125 and "no such image: nosuch:1" in r.stderr.decode(), f"rmi of an unknown image: {r.stderr!r}")
     r = nh("image", "inspect", "nosuch")
