@@ -93,6 +93,8 @@ host::Error snapshot_refusal(const SnapshotRef& ref, host::Error e, bool remake)
 host::Status check_run(const RunFlags& o, const PlanInputs& in) {
   using host::Error;
   auto usage = [](std::string m) { return Error{std::move(m)}; };
+  if (o.read_only && (!o.rootfs || o.rootfs_initramfs))
+    return usage("--read-only needs --rootfs DIR over virtiofs, or an IMAGE");
   // -u names (USER[:GROUP]) are an IMAGE's to resolve (its /etc/passwd, /etc/group)
   if (o.user_spec && !o.image)
     if (auto u = parse_user(*o.user_spec); !u) return usage(u.error().message);
