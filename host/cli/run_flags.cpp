@@ -225,11 +225,9 @@ const RunFlag kRunFlags[] = {
      "--rootfs DIR or the IMAGE is read-only for the guest (EROFS; an IMAGE then\n"
      "has no writable layer), as docker's --read-only",
      [](const RunFlags& o) -> Status {
-       // Without --rootfs the first word may still be an IMAGE (a --rootfs run once resolved:
-       // check_run() asks again then); a word after `--` never is.
-       const bool may_be_image = !o.argv.empty() && o.argv_after_dashdash != 0;
-       if (o.rootfs_initramfs || (!o.rootfs && !may_be_image))
-         return Error{"--read-only needs --rootfs DIR over virtiofs, or an IMAGE"};
+       // Without --rootfs the ARGV's first word may still be an IMAGE (a --rootfs run once
+       // resolved): check_run() refuses --read-only with neither.
+       if (o.rootfs_initramfs) return Error{"--read-only needs --rootfs DIR over virtiofs, or an IMAGE"};
        return Ok{};
      }},
     {{"hostname", true, "-h"}, "NAME",

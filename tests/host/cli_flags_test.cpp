@@ -243,7 +243,6 @@ TEST_CASE("every `neshost run` flag: its good values set RunFlags, its bad ones 
       {"group-add", {"--group-add", "x"}, {}, "--group-add: expected an integer 0..4294967294, got 'x'"},
       {"group-add", groups65, {}, "--group-add: at most 64 groups"},
       {"read-only", {"--read-only", "--rootfs", "/r"}, [](F o) { return o.read_only; }},
-      {"read-only", {"--read-only", "--"}, {}, "--read-only needs --rootfs DIR over virtiofs"},
       {"read-only", {"--rootfs", "/r", "--rootfs-mode", "initramfs", "--read-only"}, {}, "--read-only needs --rootfs DIR over virtiofs"},
       {"hostname", {"-h", "box"}, [](F o) { return o.hostname == "box"; }},
       {"hostname", {"--hostname", h64}, [&](F o) { return o.hostname == h64; }},

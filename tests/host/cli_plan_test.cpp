@@ -597,9 +597,12 @@ TEST_CASE("every usage error, with the text neshost run prints") {
   REQUIRE(r);
   CHECK(check_run(*r, inputs()).error().message == "--sandbox runs no VM: --volume and --rootfs need one");
   // What one flag needs of the others is its entry's check, in parse_run() already.
-  // (ARGV after `--` is never an IMAGE, whose run would be a --rootfs one: check_run() asks then.)
-  CHECK(parse_run({"--read-only", "--", "true"}).error().message ==
+  CHECK(parse_run({"--read-only", "--rootfs", "/r", "--rootfs-mode", "initramfs", "true"}).error().message ==
         "--read-only needs --rootfs DIR over virtiofs, or an IMAGE");
+  // Without --rootfs, ARGV's first word may be an IMAGE (a --rootfs run once resolved): check_run's.
+  auto ro = parse_run({"--read-only", "true"});
+  REQUIRE(ro);
+  CHECK(check_run(*ro, inputs()).error().message == "--read-only needs --rootfs DIR over virtiofs, or an IMAGE");
 }
 
 TEST_CASE("--network: user (passt, QEMU's end at fd 3) by default, $NESHOST_NETWORK, slirp, none, --sandbox") {
