@@ -49,21 +49,38 @@ host::Result<bool> apply_run_image(RunFlags& o, const std::filesystem::path& sta
   const std::string word = o.argv.front();
   auto ref = im::parse_reference(word);
   if (!ref) return false;
-  const bool explicit_ref = word.find_first_of(":/@") != std::string::npos;
+  // A word with a registry, a tag or a digest names an image even when absent; with --pull always
+  // any first word does (docker's reading).
+  const bool explicit_ref = word.find_first_of(":/@") != std::string::npos || o.pull == RunFlags::Pull::always;
+  if (o.pull == RunFlags::Pull::always)
+    if (auto p = pull_for_run(state, *ref); !p) return host::Error{fmt::format("image {}: {}", word, p.error().message)};
+  bool pulled = o.pull == RunFlags::Pull::always;
   auto absent = [&]() -> host::Result<bool> {
     if (!explicit_ref) return false;
     return host::Error{fmt::format("image {}: not in the store ({}): neshost pull {}, or neshost load", word,
                                    state.string(), word)};
   };
-  if (!im::Store::exists(state)) return absent();  // no store: nothing is made for `run sh`
+  im::Descriptor mdesc;
+  auto find = [&]() -> host::Result<std::optional<im::Manifest>> {
+    if (!im::Store::exists(state)) return std::optional<im::Manifest>{};  // no store: nothing made for `run sh`
+    auto store = im::Store::open(state);
+    if (!store) return host::Error{store.error().message};
+    auto m = im::resolve_manifest(*store, ref->str(), "linux/amd64", &mdesc);
+    if (m) return std::optional<im::Manifest>{std::move(*m)};
+    if (m.error().err != ENOENT) return host::Error{fmt::format("image {}: {}", word, m.error().message)};
+    return std::optional<im::Manifest>{};
+  };
+  auto found = find();
+  if (!found) return found.error();
+  if (!*found && explicit_ref && !pulled && o.pull == RunFlags::Pull::missing) {
+    if (auto p = pull_for_run(state, *ref); !p) return host::Error{fmt::format("image {}: {}", word, p.error().message)};
+    found = find();
+    if (!found) return found.error();
+  }
+  if (!*found) return absent();
   auto store = im::Store::open(state);
   if (!store) return host::Error{store.error().message};
-  im::Descriptor mdesc;
-  auto m = im::resolve_manifest(*store, ref->str(), "linux/amd64", &mdesc);
-  if (!m) {
-    if (m.error().err != ENOENT) return host::Error{fmt::format("image {}: {}", word, m.error().message)};
-    return absent();
-  }
+  auto m = &**found;
   o.image = ref->str();
   auto cfg_text = store->read_blob(m->config.digest, 4 << 20);
   if (!cfg_text) return host::Error{fmt::format("image {}: {}", word, cfg_text.error().message)};

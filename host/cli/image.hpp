@@ -7,6 +7,7 @@
 #include <string>
 
 #include "host/cli/plan.hpp"
+#include "host/image/reference.hpp"
 #include "host/lib/base.hpp"
 
 namespace nes::cli {
@@ -24,7 +25,16 @@ namespace nes::cli {
 /// (rootfs.XXXXXX/upper and work, the overlay mounted on rootfs.XXXXXX/merged by its virtiofsd in
 /// its own mount namespace), and image.json in the VM's dir names the image (rmi refuses it).
 /// Returns whether it was an image run. Errors name the image and what failed (exit 125).
+/// With --pull missing (the default) an absent image whose first word has a registry, a tag or a
+/// digest is pulled first (pull_for_run()); --pull always pulls ARGV's first word whatever it
+/// is (docker's: it is an IMAGE then); --pull never refuses an absent one.
 host::Result<bool> apply_run_image(RunFlags& o, const std::filesystem::path& state, const std::string& vm,
                                    std::optional<std::filesystem::path>& rootfs_dir);
+
+/// `run --pull`: pulls `ref` into the store under `state` as `neshost pull` would (the
+/// credentials of `neshost login`, the registry's CA from certs.d or the system's, linux/amd64),
+/// docker's progress lines on stderr (the workload's stdout stays its own). Errors name the
+/// registry and the reason; ^C stops it with the store consistent (host/cli/pull.cpp).
+host::Status pull_for_run(const std::filesystem::path& state, const image::Reference& ref);
 
 }  // namespace nes::cli

@@ -60,6 +60,7 @@ std::string human(std::uint64_t n) {
 /// Progress on stdout: bars redrawn in place on a terminal (at most 10 times a second), one line
 /// per finished blob otherwise.
 struct Progress {
+  std::FILE* out = stdout;  // run --pull: stderr (the workload's stdout stays its own)
   bool tty = false;
   std::vector<image::BlobEvent> blobs;
   std::chrono::steady_clock::time_point last{};
@@ -88,20 +89,20 @@ struct Progress {
     auto now = std::chrono::steady_clock::now();
     if (!force && now - last < std::chrono::milliseconds(100)) return;
     last = now;
-    std::string out;
-    if (drawn) out += fmt::format("\033[{}A", blobs.size());
-    for (const auto& b : blobs) out += "\033[2K" + line(b) + "\n";
+    std::string text;
+    if (drawn) text += fmt::format("\033[{}A", blobs.size());
+    for (const auto& b : blobs) text += "\033[2K" + line(b) + "\n";
     drawn = true;
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    std::fflush(stdout);
+    std::fwrite(text.data(), 1, text.size(), out);
+    std::fflush(out);
   }
 
   void plan(const std::vector<image::BlobEvent>& all) {
     blobs = all;
     if (tty) return draw(true);
     for (const auto& b : blobs)
-      if (b.state == image::BlobState::present) fmt::print("{}\n", line(b));
-    std::fflush(stdout);
+      if (b.state == image::BlobState::present) fmt::print(out, "{}\n", line(b));
+    std::fflush(out);
   }
 
   void update(const image::BlobEvent& e) {
@@ -110,13 +111,46 @@ struct Progress {
     blobs[e.index] = e;
     if (tty) return draw(e.state != image::BlobState::downloading);
     if (e.state != before && e.state != image::BlobState::downloading) {
-      fmt::print("{}\n", e.state == image::BlobState::complete
+      fmt::print(out, "{}\n", e.state == image::BlobState::complete
                              ? fmt::format("{}: Pull complete ({})", id(e), human(e.size))
                              : line(e));
-      std::fflush(stdout);
+      std::fflush(out);
     }
   }
 };
+
+/// Pulls `ref` into the store under `state` with the credentials `neshost login` stored for its
+/// registry; progress on `out` (docker's lines, or bars on a terminal; nullptr: none). ^C and
+/// SIGTERM stop it (g_signal says which). Errors name the registry and the reason.
+host::Result<image::PullResult> pull_with_progress(const fs::path& state, const image::Reference& ref,
+                                                   image::PullOptions opt, std::FILE* out) {
+  auto cred = image::load_credential(state, ref.registry);
+  if (!cred) return cred.error();
+  opt.credential = *cred;
+  auto store = image::Store::open(state);
+  if (!store) return store.error();
+  Progress prog;
+  if (out) {
+    prog.out = out;
+    prog.tty = ::isatty(::fileno(out));
+    fmt::print(out, "{}: Pulling from {}\n", ref.digest ? ref.digest->str() : ref.tag, ref.familiar_name());
+    std::fflush(out);
+    opt.on_plan = [&](const std::vector<image::BlobEvent>& b) { prog.plan(b); };
+    opt.on_blob = [&](const image::BlobEvent& e) { prog.update(e); };
+  }
+  // ^C / SIGTERM: the transfers stop within 200 ms, the store stays as it was plus verified blobs.
+  struct sigaction sa {}, old_int {}, old_term {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+  opt.cancel = &g_stop;
+  auto res = image::pull(*store, ref, opt);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  if (out && prog.tty && prog.drawn) prog.draw(true);
+  return res;
+}
 
 int pull_main(const Args& args) {
   static constexpr FlagSpec specs[] = {{"state", true}, {"platform", true}, {"quiet", false, "-q"}, kCertDirFlag,
@@ -142,37 +176,7 @@ int pull_main(const Args& args) {
   const bool quiet = p->has("quiet");
   fs::path state = p->has("state") ? fs::path(*p->get("state")) : default_state_dir();
 
-  auto cred = image::load_credential(state, ref->registry);
-  if (!cred) {
-    fmt::print(stderr, "neshost pull: {}\n", cred.error().message);
-    return 125;
-  }
-  opt.credential = *cred;
-  auto store = image::Store::open(state);
-  if (!store) {
-    fmt::print(stderr, "neshost pull: {}\n", store.error().message);
-    return 125;
-  }
-
-  Progress prog;
-  prog.tty = ::isatty(1);
-  if (!quiet) {
-    fmt::print("{}: Pulling from {}\n", ref->digest ? ref->digest->str() : ref->tag, ref->familiar_name());
-    std::fflush(stdout);
-    opt.on_plan = [&](const std::vector<image::BlobEvent>& b) { prog.plan(b); };
-    opt.on_blob = [&](const image::BlobEvent& e) { prog.update(e); };
-  }
-  // ^C / SIGTERM: the transfers stop within 200 ms, the store stays as it was plus verified blobs.
-  struct sigaction sa {}, old_int {}, old_term {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
-  opt.cancel = &g_stop;
-  auto res = image::pull(*store, *ref, opt);
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  if (!quiet && prog.tty && prog.drawn) prog.draw(true);
+  auto res = pull_with_progress(state, *ref, opt, quiet ? nullptr : stdout);
   if (!res) {
     fmt::print(stderr, "neshost pull: {}\n", res.error().message);
     if (int sig = g_signal.load()) return 128 + sig;
@@ -190,6 +194,15 @@ int pull_main(const Args& args) {
 }
 
 }  // namespace
+
+host::Status pull_for_run(const fs::path& state, const image::Reference& ref) {
+  fmt::print(stderr, "Unable to find image '{}' locally\n", ref.familiar());
+  image::PullOptions opt;  // linux/amd64; the registry's CA from certs.d or the system's
+  auto res = pull_with_progress(state, ref, opt, stderr);
+  if (!res) return host::Error{"pull: " + res.error().message};
+  fmt::print(stderr, "Digest: {}\nStatus: Downloaded newer image for {}\n", res->resolved.str(), ref.familiar());
+  return host::Ok{};
+}
 
 const Registrar pull_reg{{"pull", "download an image from a registry into the image store", pull_main}};
 

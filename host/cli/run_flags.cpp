@@ -205,12 +205,23 @@ const RunFlag kRunFlags[] = {
      },
      "workload uid and gid, numeric (default 0:0; GID alone defaults to UID);\n"
      "with an IMAGE also names, USER[:GROUP] in its /etc/passwd, /etc/group"},
+    {{"pull"}, "POLICY",
+     [](RunFlags& o, std::string_view v) -> Status {
+       if (v == "missing") return o.pull = RunFlags::Pull::missing, Ok{};
+       if (v == "always") return o.pull = RunFlags::Pull::always, Ok{};
+       if (v == "never") return o.pull = RunFlags::Pull::never, Ok{};
+       return Error{fmt::format("--pull: expected missing, always or never, got '{}'", v)};
+     },
+     "IMAGE only: missing (default): pull an IMAGE not in the store first;\n"
+     "always: pull ARGV's first word (an IMAGE then) before the run; never"},
     {{"entrypoint"}, "CMD",
      [](RunFlags& o, std::string_view v) -> Status {
-       if (v.empty()) return Error{"--entrypoint: expected a command, got ''"};
+       // "" clears the image's Entrypoint (docker's); a NUL byte could never be exec'd
+       if (v.find('\0') != std::string_view::npos) return Error{"--entrypoint: a NUL byte in the command"};
        return o.entrypoint = std::string(v), Ok{};
      },
-     "IMAGE only: replaces the image's Entrypoint (and drops its Cmd), as docker's"},
+     "IMAGE only: replaces the image's Entrypoint (and drops its Cmd; \"\"\n"
+     "clears it), as docker's"},
     {{"group-add"}, "GID",
      [](RunFlags& o, std::string_view v) -> Status {
        auto g = parse_uint("group-add", v, 0, proto::kInvalidId - 1);

@@ -78,6 +78,8 @@ struct RunFlags {
   /// ARGV's first word names an image (docs/images.md "run"); nullopt otherwise.
   std::optional<std::string> image;
   std::optional<std::string> entrypoint;  // --entrypoint (IMAGE only)
+  /// --pull: when an IMAGE is fetched from its registry first (docker's policies).
+  enum class Pull { missing, always, never } pull = Pull::missing;
   /// --user as given: UID[:GID], or with an IMAGE also USER[:GROUP] names (its /etc/passwd and
   /// /etc/group resolve them: host/image/run_image.hpp); uid/gid hold the numbers when numeric.
   std::optional<std::string> user_spec;

@@ -90,6 +90,33 @@ def image(tmp, name, files, layers=1, arch="amd64", layout=None):
     return lay, d, [l["digest"] for l in man["layers"]], man["config"]["digest"]
 
 
+def run_pull(tmp, reg, host, busybox):
+    """`neshost run --pull`: missing (the default) pulls an absent IMAGE first, its progress on
+    stderr and the workload's stdout its own; never refuses an absent one with the store kept;
+    always pulls again (every blob already there). The registry's CA comes from certs.d."""
+    lay, d, _, _ = image(tmp, "runme", {"bin/busybox": busybox, "etc/hello": b"hello from the image\n"})
+    lay.tag(d, "v1")
+    reg.push(lay.d, "v1", "runme:v1")
+    ref = "%s/runme:v1" % host
+    st = os.path.join(tmp, "s-run")
+    argv = ["/bin/busybox", "cat", "/etc/hello"]
+
+    def run(args, timeout=240):  # --state before IMAGE: what follows it is the workload's
+        return subprocess.run([NESHOST, "run", "--state", st] + args, capture_output=True, text=True, timeout=timeout)
+    r = run(["--rm", "--pull", "never", ref] + argv)
+    failed(r, "run --pull never, absent", "not in the store")
+    check_store_kept(st, {}, "run --pull never")
+    r = run(["--rm", ref] + argv)
+    check(r.returncode == 0 and r.stdout == "hello from the image\n",
+          "run --pull missing: pulled, then ran (%r %s)" % (r.stdout, r.stderr[-1500:]))
+    check("Unable to find image" in r.stderr and "Digest: " + d["digest"] in r.stderr,
+          "run --pull missing: docker's lines on stderr (%s)" % r.stderr[-800:])
+    check(refs(st).get(ref) == d["digest"], "run --pull missing: the ref is in the store")
+    r = run(["--rm", "--pull", "always", ref] + argv)
+    check(r.returncode == 0 and r.stdout == "hello from the image\n" and "Already exists" in r.stderr,
+          "run --pull always: pulled again, every blob already there (%s)" % r.stderr[-800:])
+
+
 def main():
     with R.TempDir() as tmp, R.Registry(tmp) as reg:
         host, ca = reg.host, reg.ca_dir
@@ -196,6 +223,7 @@ def main():
                 shutil.copy(os.path.join(ca, "ca.crt"), mine)
                 r = run(["pull", "-q", "%s/app:v1" % host], st6)
                 check(r.returncode == 0 and ref in refs(st6), "the CA from /etc/docker/certs.d/HOST:PORT (%s)" % r.stderr)
+                run_pull(tmp, reg, host, busybox)
             finally:
                 shutil.rmtree(mine, ignore_errors=True)
                 if made_root:

@@ -464,12 +464,14 @@ class Layout:
 
 
 def tree(root, files):
-    """Writes {relative path: bytes} under root; returns root."""
+    """Writes {relative path: bytes} under root (a path under bin/ executable, 0755); returns root."""
     for rel, data in files.items():
         p = os.path.join(root, rel)
         os.makedirs(os.path.dirname(p), exist_ok=True)
         with open(p, "wb") as f:
             f.write(data)
+        if rel.startswith("bin/"):
+            os.chmod(p, 0o755)
     return root
 
 
