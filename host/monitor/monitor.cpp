@@ -61,6 +61,10 @@ host::Result<UnixAddr> unix_addr(const fs::path& path) {
   std::string p = path.string();
   if (p.size() >= sizeof a.sa.sun_path) {
     a.dir.reset(::open(path.parent_path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    // No directory yet (the monitor has not made its VM's dir): no monitor, as ENOENT at connect
+    // says (the shim's early controls retry on that: host/shim/deliver.hpp not_ready_yet()).
+    if (!a.dir && errno == ENOENT)
+      return host::Error{fmt::format("no monitor at {}: its directory does not exist yet", path.string())};
     if (!a.dir) return host::Error{fmt::format("open {}: {}", path.parent_path().string(), errno_text(errno))};
     p = fmt::format("/proc/self/fd/{}/{}", a.dir.get(), path.filename().string());
     if (p.size() >= sizeof a.sa.sun_path)
