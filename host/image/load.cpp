@@ -86,7 +86,7 @@ class Stage {
       s.path = dir_ / std::to_string(n);
       host::Fd out(::open(s.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
       if (!out) return host::errno_error(errno, fmt::format("{}: staging {}", what_, name));
-      Sha256 h;
+      vm::Sha256 h;
       const void* buf;
       size_t size;
       la_int64_t off;
@@ -108,7 +108,7 @@ class Stage {
         h.update(std::as_bytes(std::span(static_cast<const char*>(buf), size)));
         s.size += size;
       }
-      s.digest = h.digest();
+      s.digest = sha256_digest(h);
       files_[name] = std::move(s);
     }
     return Ok{};

@@ -40,7 +40,7 @@ int openat2_beneath(int dirfd, const std::string& path, int flags) {
 /// The bytes libarchive reads, hashed and counted on the way (the layer's digest checked at the end).
 struct Source {
   int fd;
-  Sha256 hash;
+  vm::Sha256 hash;
   std::uint64_t read = 0;
   char buf[1 << 17];
   int err = 0;
@@ -150,8 +150,8 @@ class Applier {
     }
     if (src.read != layer_.size)
       return Error{fmt::format("layer {}: {} bytes in the store, the manifest says {}", layer_.digest.str(), src.read, layer_.size)};
-    if (src.hash.digest() != layer_.digest)
-      return Error{fmt::format("layer {}: its bytes hash to {} (the store was altered)", layer_.digest.str(), src.hash.digest().str())};
+    if (sha256_digest(src.hash) != layer_.digest)
+      return Error{fmt::format("layer {}: its bytes hash to {} (the store was altered)", layer_.digest.str(), sha256_digest(src.hash).str())};
     // directory times last, deepest first: their entries changed them as they were written
     for (auto it = dir_times_.rbegin(); it != dir_times_.rend(); ++it) {
       host::Fd parent(openat2_beneath(root_, it->parent, O_PATH | O_DIRECTORY));
