@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include "host/image/entry_name.hpp"
+
 namespace nes::image {
 
 namespace fs = std::filesystem;
@@ -184,20 +186,9 @@ class Applier {
     std::string pre = what.empty() ? std::string() : fmt::format("{} '{}': ", what, raw.substr(0, 512));
     if (raw.size() > 4096) return bad(entry, pre + "name longer than 4096 bytes");
     if (!raw.empty() && raw.front() == '/') return bad(entry, pre + "absolute name: it would land outside the image root");
-    std::string out;
-    size_t i = 0;
-    while (i <= raw.size()) {
-      size_t j = raw.find('/', i);
-      if (j == std::string_view::npos) j = raw.size();
-      std::string_view c = raw.substr(i, j - i);
-      if (c == "..") return bad(entry, pre + "'..' in its name: it would land outside the image root");
-      if (!c.empty() && c != ".") {
-        if (!out.empty()) out += '/';
-        out += c;
-      }
-      i = j + 1;
-    }
-    return out;
+    std::optional<std::string> out = clean_entry_name(raw, false);
+    if (!out) return bad(entry, pre + "'..' in its name: it would land outside the image root");
+    return std::move(*out);
   }
 
   /// The parent directory of `path` (relative, clean), resolved beneath the root; missing parents
