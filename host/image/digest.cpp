@@ -1,7 +1,5 @@
 #include "host/image/digest.hpp"
 
-#include <openssl/evp.h>
-
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -30,36 +28,15 @@ Result<Digest> Digest::from_hex(std::string_view hex) {
   return Digest{std::string(hex)};
 }
 
-Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
-  if (!ctx_ || EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) std::abort();  // out of memory
-}
-
-Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
-
-void Sha256::update(std::span<const std::byte> bytes) {
-  if (!ended_ && !bytes.empty()) EVP_DigestUpdate(ctx_, bytes.data(), bytes.size());
-}
-
-Digest Sha256::digest() {
-  if (!ended_) {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    EVP_DigestFinal_ex(ctx_, md, &n);
-    static constexpr char kHex[] = "0123456789abcdef";
-    d_.hex.clear();
-    for (unsigned i = 0; i < n; ++i) {
-      d_.hex += kHex[md[i] >> 4];
-      d_.hex += kHex[md[i] & 15];
-    }
-    ended_ = true;
-  }
-  return d_;
+Digest sha256_digest(vm::Sha256& h) {
+  if (!h.ok()) std::abort();  // out of memory
+  return Digest{h.hex()};
 }
 
 Digest sha256_of(std::string_view bytes) {
-  Sha256 h;
+  vm::Sha256 h;
   h.update(bytes);
-  return h.digest();
+  return sha256_digest(h);
 }
 
 }  // namespace nes::image

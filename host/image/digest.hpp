@@ -1,15 +1,13 @@
 // Content digests of the image store (host/image/): the `Digest` value type of the OCI image spec
-// ("sha256:<64 lowercase hex>", descriptor.md "Digests") and a streaming SHA-256 on OpenSSL's EVP.
+// ("sha256:<64 lowercase hex>", descriptor.md "Digests") and SHA-256 digests
+// (streamed through vm::Sha256, OpenSSL's EVP).
 #pragma once
 
-#include <cstddef>
-#include <span>
 #include <string>
 #include <string_view>
 
 #include "host/lib/base.hpp"
-
-struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX
+#include "host/vm/sha256.hpp"
 
 namespace nes::image {
 
@@ -35,24 +33,10 @@ struct Digest {
   auto operator<=>(const Digest&) const = default;
 };
 
-/// An incremental SHA-256 (libcrypto EVP): update() any number of times, then digest().
-class Sha256 {
- public:
-  Sha256();
-  ~Sha256();
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  /// Feeds bytes (a no-op after digest()).
-  void update(std::span<const std::byte> bytes);
-  void update(std::string_view bytes) { update(std::as_bytes(std::span(bytes.data(), bytes.size()))); }
-  /// The digest of everything fed before the first call (later calls return the same).
-  Digest digest();
-
- private:
-  evp_md_ctx_st* ctx_;
-  bool ended_ = false;
-  Digest d_;
-};
+/// The Digest of everything fed to `h` (vm::Sha256, libcrypto EVP: update() any number of times,
+/// then this; as vm::Sha256::hex(), the first call ends `h` and later calls return the same).
+/// Aborts if libcrypto could not make its context (out of memory).
+Digest sha256_digest(vm::Sha256& h);
 
 /// The SHA-256 digest of `bytes`.
 Digest sha256_of(std::string_view bytes);

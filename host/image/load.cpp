@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "host/image/entry_name.hpp"
 #include "host/image/reference.hpp"
 
 namespace nes::image {
@@ -35,24 +36,8 @@ struct ArchiveCloser {
   void operator()(struct archive* a) const { archive_read_free(a); }
 };
 
-std::string clean_name(std::string_view raw) {
-  std::string out;
-  size_t i = 0;
-  while (i <= raw.size()) {
-    size_t j = raw.find('/', i);
-    if (j == std::string_view::npos) j = raw.size();
-    std::string_view c = raw.substr(i, j - i);
-    if (c == "..") {
-      auto s = out.rfind('/');
-      out = s == std::string::npos ? std::string() : out.substr(0, s);
-    } else if (!c.empty() && c != ".") {
-      if (!out.empty()) out += '/';
-      out += c;
-    }
-    i = j + 1;
-  }
-  return out;
-}
+/// `raw` made relative and clean; a ".." drops the component before it (nothing above the root).
+std::string clean_name(std::string_view raw) { return *clean_entry_name(raw, true); }
 
 /// The archive, staged: every regular file under `dir` by number, hashed; symlinks remembered.
 class Stage {
@@ -86,7 +71,7 @@ class Stage {
       s.path = dir_ / std::to_string(n);
       host::Fd out(::open(s.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
       if (!out) return host::errno_error(errno, fmt::format("{}: staging {}", what_, name));
-      Sha256 h;
+      vm::Sha256 h;
       const void* buf;
       size_t size;
       la_int64_t off;
@@ -108,7 +93,7 @@ class Stage {
         h.update(std::as_bytes(std::span(static_cast<const char*>(buf), size)));
         s.size += size;
       }
-      s.digest = h.digest();
+      s.digest = sha256_digest(h);
       files_[name] = std::move(s);
     }
     return Ok{};

@@ -113,7 +113,7 @@ Result<Digest> BlobWriter::commit() {
   failed_ = true;  // one commit per writer
   if (written_ != expected_size_)
     return Error{fmt::format("blob {}: size mismatch: expected {} bytes, got {}", expected_.str(), expected_size_, written_)};
-  Digest got = hash_->digest();
+  Digest got = sha256_digest(*hash_);
   if (got != expected_)
     return Error{fmt::format("blob {}: digest mismatch: the {} bytes received hash to {}", expected_.str(), written_, got.str())};
   if (::fsync(file_.get()) != 0) return host::errno_error(errno, fmt::format("blob {}: fsync", expected_.str()));
@@ -181,7 +181,7 @@ Result<BlobWriter> Store::begin_blob(const Digest& expected, std::uint64_t expec
   }
   w.file_.reset(::open((root_ / "ingest").c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644));
   if (!w.file_) return host::errno_error(errno, fmt::format("blob {}: create in {}", expected.str(), (root_ / "ingest").string()));
-  w.hash_ = std::make_unique<Sha256>();
+  w.hash_ = std::make_unique<vm::Sha256>();
   return w;
 }
 

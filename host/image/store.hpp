@@ -71,7 +71,7 @@ class BlobWriter {
   Digest expected_;
   std::uint64_t expected_size_ = 0, written_ = 0;
   host::Fd file_, lock_;  // the O_TMPFILE, and the per-digest lock (ingest/HEX.lock)
-  std::unique_ptr<Sha256> hash_;
+  std::unique_ptr<vm::Sha256> hash_;
   bool present_ = false, failed_ = false;
 };
 

@@ -18,6 +18,8 @@
 
 #include <fmt/format.h>
 
+#include "host/image/entry_name.hpp"
+
 namespace nes::image {
 
 namespace fs = std::filesystem;
@@ -40,7 +42,7 @@ int openat2_beneath(int dirfd, const std::string& path, int flags) {
 /// The bytes libarchive reads, hashed and counted on the way (the layer's digest checked at the end).
 struct Source {
   int fd;
-  Sha256 hash;
+  vm::Sha256 hash;
   std::uint64_t read = 0;
   char buf[1 << 17];
   int err = 0;
@@ -150,8 +152,8 @@ class Applier {
     }
     if (src.read != layer_.size)
       return Error{fmt::format("layer {}: {} bytes in the store, the manifest says {}", layer_.digest.str(), src.read, layer_.size)};
-    if (src.hash.digest() != layer_.digest)
-      return Error{fmt::format("layer {}: its bytes hash to {} (the store was altered)", layer_.digest.str(), src.hash.digest().str())};
+    if (sha256_digest(src.hash) != layer_.digest)
+      return Error{fmt::format("layer {}: its bytes hash to {} (the store was altered)", layer_.digest.str(), sha256_digest(src.hash).str())};
     // directory times last, deepest first: their entries changed them as they were written
     for (auto it = dir_times_.rbegin(); it != dir_times_.rend(); ++it) {
       host::Fd parent(openat2_beneath(root_, it->parent, O_PATH | O_DIRECTORY));
@@ -184,20 +186,9 @@ class Applier {
     std::string pre = what.empty() ? std::string() : fmt::format("{} '{}': ", what, raw.substr(0, 512));
     if (raw.size() > 4096) return bad(entry, pre + "name longer than 4096 bytes");
     if (!raw.empty() && raw.front() == '/') return bad(entry, pre + "absolute name: it would land outside the image root");
-    std::string out;
-    size_t i = 0;
-    while (i <= raw.size()) {
-      size_t j = raw.find('/', i);
-      if (j == std::string_view::npos) j = raw.size();
-      std::string_view c = raw.substr(i, j - i);
-      if (c == "..") return bad(entry, pre + "'..' in its name: it would land outside the image root");
-      if (!c.empty() && c != ".") {
-        if (!out.empty()) out += '/';
-        out += c;
-      }
-      i = j + 1;
-    }
-    return out;
+    std::optional<std::string> out = clean_entry_name(raw, false);
+    if (!out) return bad(entry, pre + "'..' in its name: it would land outside the image root");
+    return std::move(*out);
   }
 
   /// The parent directory of `path` (relative, clean), resolved beneath the root; missing parents

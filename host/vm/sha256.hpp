@@ -1,7 +1,9 @@
-// SHA-256 with libcrypto, as lowercase hex: a snapshot's files (host/vm/snapshot.hpp) and the
-// shim's names (host/shim/identity.hpp).
+// SHA-256 with libcrypto, as lowercase hex: a snapshot's files (host/vm/snapshot.hpp), the
+// shim's names (host/shim/identity.hpp) and the image store's digests (host/image/digest.hpp).
 #pragma once
 
+#include <cstddef>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -21,6 +23,10 @@ class Sha256 {
   bool ok() const { return ctx_ != nullptr; }
   /// Feeds `bytes` into the digest; after hex() it does nothing (the digest is ended).
   void update(std::string_view bytes);
+  /// The same for raw bytes (a blob's or a layer's chunks).
+  void update(std::span<const std::byte> bytes) {
+    update(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  }
   /// The digest of everything fed before the first call: 64 lowercase hex digits. The first call
   /// ends the digest and keeps the result, which every later call returns ("" if !ok()).
   std::string hex();

@@ -84,11 +84,11 @@ TEST_CASE("bad references: each names what is wrong") {
 
 TEST_CASE("Digest and Sha256") {
   CHECK(sha256_of("").hex == kHex);
-  Sha256 h;
+  nes::vm::Sha256 h;
   h.update("hello ");
   h.update("world");
-  CHECK(h.digest().str() == "sha256:b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9");
-  CHECK(h.digest() == h.digest());
+  CHECK(sha256_digest(h).str() == "sha256:b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9");
+  CHECK(sha256_digest(h) == sha256_digest(h));
   CHECK(Digest::parse("sha256:" + kHex)->hex == kHex);
   CHECK(Digest::parse("sha256:" + kHex)->short_id() == "e3b0c44298fc");
   CHECK(!Digest::parse("sha256:" + kHex.substr(1)).ok());

@@ -34,34 +34,13 @@
 #include "host/vm/sha256.hpp"
 #include "host/vm/snapshot.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/vm/capture.hpp"
 
 using namespace nes::vm;
 using namespace std::chrono_literals;
+using nes::test::Capture;
 
 namespace {
-
-/// Collects bytes from a drain thread.
-struct Capture {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::string data;
-  ByteSink sink() {
-    return [this](std::string_view b) {
-      std::lock_guard lk(mu);
-      data.append(b);
-      cv.notify_all();
-    };
-  }
-  /// Waits (bounded) until `s` has arrived.
-  bool wait_for_text(std::string_view s, std::chrono::milliseconds bound) {
-    std::unique_lock lk(mu);
-    return cv.wait_for(lk, bound, [&] { return data.find(s) != std::string::npos; });
-  }
-  std::string get() {
-    std::lock_guard lk(mu);
-    return data;
-  }
-};
 
 /// A temp directory removed on every path, where a test writes fake VMMs as shell scripts.
 struct TempDir : nes::test::TempDir {

@@ -23,27 +23,13 @@
 
 #include "host/vm/vmm.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/vm/capture.hpp"
 
 using namespace nes::vm;
 using namespace std::chrono_literals;
+using nes::test::Capture;
 
 namespace {
-
-/// Bytes a sink received (the drain thread writes, the test reads).
-struct Capture {
-  std::mutex mu;
-  std::string text;
-  ByteSink sink() {
-    return [this](std::string_view b) {
-      std::lock_guard l(mu);
-      text.append(b);
-    };
-  }
-  std::string get() {
-    std::lock_guard l(mu);
-    return text;
-  }
-};
 
 /// A QMP peer on `path` that greets as QEMU `version` once `go` (a pipe) is readable (at most 10 s) and answers every request `{"return":{}}`
 /// with its id; `seen` gets each request line. Serves one connection, until it closes.
