@@ -177,7 +177,11 @@ void DataIo::on_poll(const pollfd* p) {
   stdio_handle(p);
   const std::size_t nexec = std::min(execs_.size(), proto::kExecMax);
   for (std::size_t i = 0; i < nexec; ++i) exec_handle(execs_[i], p + kStdioFds + kExecFds * i);
-  if (data_ && mux_ && mux_->tx_pending()) write_data();
+  if (data_ && mux_ && mux_->tx_pending()) {
+    write_data();
+    // An exec'd process's outputs are done once its last frames are out (take_outputs_done).
+    for (std::size_t i = 0; i < nexec; ++i) exec_outputs_done(execs_[i]);
+  }
 }
 
 void DataIo::flush_poll_set(pollfd* p, std::uint64_t now) {
@@ -297,9 +301,14 @@ void DataIo::exec_handle(ExecFds& x, const pollfd* p) {
   if ((p[kExecIn].revents | (x.fds.terminal ? p[kExecOut].revents : 0)) & (POLLOUT | POLLERR | POLLHUP))
     write_stdin(c, x.fds);
   stdin_side(c, x.fds);
-  if (mux_->take_outputs_done(x.proc))
-    events_.push(ev::ExecOutputsDone{x.proc, true, account(c, x.fds, proto::Stream::out, true),
-                                          err_account(c, x.fds, true)});
+  exec_outputs_done(x);
+}
+
+void DataIo::exec_outputs_done(ExecFds& x) {
+  StdioCore* c = mux_ ? mux_->core(x.proc) : nullptr;
+  if (c && mux_->take_outputs_done(x.proc))
+    events_.push(ev::ExecOutputsDone{x.proc, true, account(*c, x.fds, proto::Stream::out, true),
+                                          err_account(*c, x.fds, true)});
 }
 /// Direct mode: frames what waits in `s`'s pipe and moves it to the channel with splice(2),
 /// up to kDirectBurst frames while the channel takes them.

@@ -126,6 +126,8 @@ class DataIo {
   void stdin_side(StdioCore& c, StdioFds& f);
   void exec_poll_set(ExecFds& x, pollfd* p);
   void exec_handle(ExecFds& x, const pollfd* p);
+  /// ExecOutputsDone for `x` once its outputs are at EOF and written (StdioMux::take_outputs_done).
+  void exec_outputs_done(ExecFds& x);
   void move_output(proto::Stream s, base::Fd& fd);
   void read_eof(proto::Stream s, base::Fd& fd);
   bool open_frame_pipe();

@@ -69,6 +69,13 @@ bool StdioMux::take_outputs_done(std::uint16_t proc) {
     reported = &s->outputs_reported;
   }
   if (*reported || !core(proc)->outputs_done() || !core(proc)->delivered()) return false;
+  // An exec'd process is closed (its core and what it holds discarded) once reported, and its
+  // account calls every byte read sent: its frames, eofs included, are written first.
+  if (proc != 0) {
+    const StdioCore& c = *core(proc);
+    const bool eofs = c.eof_framed(proto::Stream::out) && (c.terminal() || c.eof_framed(proto::Stream::err));
+    if (c.channel_open() && (c.buffered() > 0 || !eofs)) return false;
+  }
   *reported = true;
   return true;
 }

@@ -58,7 +58,9 @@ class StdioMux {
   /// A core for `proc` is held, open or closed with its turn not over (tests).
   bool holds(std::uint16_t proc) const;
   /// True once, the first time it is asked after `proc`'s outputs are both at EOF (the loop
-  /// reports OutputsDone or ExecOutputsDone then); false for a closed or unknown process.
+  /// reports OutputsDone or ExecOutputsDone then); false for a closed or unknown process. An
+  /// exec'd process's only once its frames are written too (while the channel is open): its
+  /// report closes it, which discards what its core still holds.
   bool take_outputs_done(std::uint16_t proc);
 
   // ---- to the host

@@ -317,6 +317,30 @@ TEST_CASE("channel closed: no turn under way, closed cores go, every core discar
   CHECK(!m.tx_pending());
 }
 
+TEST_CASE("an exec'd process's outputs are done once its frames are written: its report closes it") {
+  // The slow_exec CI failure: the init reported `exec_exited` (and closed the process, its core
+  // discarded) while its core still held bytes its output_end called sent; the host waited for
+  // them in vain and reported them lost.
+  StdioMux m(pipes());
+  REQUIRE(m.open(1, pipes()));
+  const std::string bytes(100000, 'x');
+  m.core(1)->on_output(Stream::out, bytes);
+  m.core(1)->on_output_eof(Stream::out);
+  m.core(1)->on_output_eof(Stream::err);
+  CHECK(!m.take_outputs_done(1));  // read in full, none of it written
+  std::string wire;
+  drain(m, wire, 4096, 1);  // a short write: the rest still held
+  CHECK(!m.take_outputs_done(1));
+  drain(m, wire);
+  CHECK(m.take_outputs_done(1));
+  m.close(1);
+  const auto fs = decode(wire, {1});
+  CHECK(data_of(fs, 1) == bytes);
+  int eofs = 0;
+  for (const proto::Frame& f : fs) eofs += f.proc == 1 && f.kind == proto::FrameKind::eof;
+  CHECK(eofs == 2);
+}
+
 TEST_CASE("outputs done: reported once per process, never for a closed one") {
   StdioMux m(pipes());
   REQUIRE(m.open(1, pipes()));
@@ -328,6 +352,9 @@ TEST_CASE("outputs done: reported once per process, never for a closed one") {
   CHECK(!m.take_outputs_done(0));
   m.core(1)->on_output_eof(Stream::out);
   m.core(1)->on_output_eof(Stream::err);
+  CHECK(!m.take_outputs_done(1));  // an exec'd process's eofs are not written yet
+  std::string wire;
+  drain(m, wire);
   CHECK(m.take_outputs_done(1));
   CHECK(!m.take_outputs_done(1));
   m.core(2)->on_output_eof(Stream::out);
