@@ -780,6 +780,17 @@ void Session::timer_fired(TimerKind k, WallTime now, DataLinkState data) {
 void Session::stop_deadline(WallTime now, DataLinkState data) {
   if (stop_deadline_on_output(data)) return;
   if (vm_exited_) {
+    // Lines still arriving are the guest's last ones, read late by a loaded host: wait on (what
+    // a VM that is gone left queued is finite), at most kExitRestartsMax more deadlines.
+    if (stream_open() && !outcome_ && lines_ != lines_at_exit_arm_ && exit_restarts_ < kExitRestartsMax) {
+      lines_at_exit_arm_ = lines_;
+      ++exit_restarts_;
+      log("stop_deferred", fmt::format("the VM exited and its last lines are still being read; the stop deadline "
+                                       "restarts ({} ms, {} of {})",
+                                       cfg_.stop_timeout.count(), exit_restarts_, kExitRestartsMax));
+      arm(TimerKind::stop, cfg_.stop_timeout);
+      return;
+    }
     // The VM is gone but its stream never reached EOF: stop waiting for late bytes.
     if (!outcome_) lost("VM exited; its channel stayed open and no outcome arrived", now);
     close_stream();
@@ -811,8 +822,9 @@ void Session::vm_exited(WallTime now) {
   }
   if (stream_open() && (!outcome_ || await_reports_)) {
     // Bytes the guest wrote just before power-off may still be queued ahead of the EOF: read
-    // them first (bounded by the stop deadline) so a reported outcome, or its count of the
-    // output it could not deliver, is never lost.
+    // them first (bounded by the stop deadline, which restarts while lines still arrive) so a
+    // reported outcome, or its count of the output it could not deliver, is never lost.
+    lines_at_exit_arm_ = lines_;
     arm(TimerKind::stop, cfg_.stop_timeout);
     return;
   }

@@ -369,6 +369,12 @@ class Session {
   std::uint32_t replay_bytes_ = 0;  // boot.stdio.replay_bytes as sent (0: data channel resume off)
   bool data_open_ = false;        // the data channel is connected (data_opened/data_closed)
   bool stop_deferred_said_ = false;  // the stop deadline's restart was logged (once)
+  /// After vm_exited with the stream still open: lines_ when the stop deadline was last armed,
+  /// and how often it restarted because lines still arrived (a loaded host reading the guest's
+  /// last backlog), at most kExitRestartsMax times.
+  std::uint64_t lines_at_exit_arm_ = 0;
+  unsigned exit_restarts_ = 0;
+  static constexpr unsigned kExitRestartsMax = 10;
   /// A process exec() started, until its end (act::ExecEnded).
   struct ExecState {
     bool has_stdio = false;  // its own streams on the data channel

@@ -332,6 +332,32 @@ TEST_CASE("vm_exited before an outcome: queued bytes are read first") {
   CHECK(p.s.finished());
 }
 
+TEST_CASE("vm_exited before an outcome: the deadline restarts while lines still arrive, bounded") {
+  Probe p;
+  p.booted();
+  p.s.vm_exited(p.t);
+  p.pump();
+  p.feed(test::started_line());          // a loaded host still reading the guest's backlog
+  p.s.timer_fired(TimerKind::stop, p.t);
+  p.pump();
+  CHECK(!p.s.outcome());                 // not lost: lines arrived since the deadline was armed
+  CHECK(p.armed.back() == TimerKind::stop);
+  p.feed(test::exited_line(4));          // the report, read late
+  CHECK(p.outcome().exit_code == std::optional<std::uint8_t>(4));
+  // Nothing new since the last restart: the next deadline ends the wait.
+  Probe q;
+  q.booted();
+  q.s.vm_exited(q.t);
+  q.pump();
+  for (int i = 0; i < 12; ++i) {  // a stream that never stops: at most 10 restarts
+    q.feed(test::started_line());
+    q.s.timer_fired(TimerKind::stop, q.t);
+    q.pump();
+  }
+  CHECK(q.outcome().outcome == proto::Outcome::channel_lost);
+  CHECK(q.outcome().reason.find("stayed open") != std::string::npos);
+}
+
 TEST_CASE("vm_exited with no stream: channel_lost at once") {
   Probe p;
   p.s.vm_started(p.t);
