@@ -34,6 +34,7 @@ rest_pkgs=(tini catatonit dumb-init   # the peers of the init's tests and benche
       clang-14 libclang-rt-14-dev     # scripts/fuzz.sh (libFuzzer)
       debootstrap                     # scripts/mkdebroot.sh (a --rootfs to share)
       docker-registry skopeo umoci    # the image store's tests (tests/image): a registry, interop
+      zstd openssl libcap2-bin        # tests/image: tar+zstd layers, the test CA and token signer, setcap
       debhelper                       # tests/install: dpkg-buildpackage -b
       # the containerd shim: protobuf, the task API .proto files; containerd for its tests
       protobuf-compiler libprotobuf-dev golang-github-containerd-containerd-dev golang-github-containerd-cgroups-dev
