@@ -51,35 +51,40 @@ host::Result<bool> apply_run_image(RunFlags& o, const std::filesystem::path& sta
   if (!ref) return false;
   // A word with a registry, a tag or a digest names an image even when absent; with --pull always
   // any first word does (docker's reading).
-  const bool explicit_ref = word.find_first_of(":/@") != std::string::npos || o.pull == RunFlags::Pull::always;
-  if (o.pull == RunFlags::Pull::always)
+  const bool always = o.pull == RunFlags::Pull::always;
+  const bool explicit_ref = always || word.find_first_of(":/@") != std::string::npos;
+  auto pull = [&]() -> host::Status {
     if (auto p = pull_for_run(state, *ref); !p) return host::Error{fmt::format("image {}: {}", word, p.error().message)};
-  bool pulled = o.pull == RunFlags::Pull::always;
-  auto absent = [&]() -> host::Result<bool> {
-    if (!explicit_ref) return false;
-    return host::Error{fmt::format("image {}: not in the store ({}): neshost pull {}, or neshost load", word,
-                                   state.string(), word)};
+    return host::Ok{};
   };
+  if (always)
+    if (auto p = pull(); !p) return p.error();
+  // The store (a path: each lookup reads index.json anew, so one opened before a pull sees it).
+  std::optional<im::Store> store;
   im::Descriptor mdesc;
   auto find = [&]() -> host::Result<std::optional<im::Manifest>> {
-    if (!im::Store::exists(state)) return std::optional<im::Manifest>{};  // no store: nothing made for `run sh`
-    auto store = im::Store::open(state);
-    if (!store) return host::Error{store.error().message};
+    if (!store) {
+      if (!im::Store::exists(state)) return std::optional<im::Manifest>{};  // no store: nothing made for `run sh`
+      auto s = im::Store::open(state);
+      if (!s) return host::Error{s.error().message};
+      store.emplace(std::move(*s));
+    }
     auto m = im::resolve_manifest(*store, ref->str(), "linux/amd64", &mdesc);
     if (m) return std::optional<im::Manifest>{std::move(*m)};
     if (m.error().err != ENOENT) return host::Error{fmt::format("image {}: {}", word, m.error().message)};
     return std::optional<im::Manifest>{};
   };
   auto found = find();
-  if (!found) return found.error();
-  if (!*found && explicit_ref && !pulled && o.pull == RunFlags::Pull::missing) {
-    if (auto p = pull_for_run(state, *ref); !p) return host::Error{fmt::format("image {}: {}", word, p.error().message)};
+  if (found && !*found && explicit_ref && o.pull == RunFlags::Pull::missing) {
+    if (auto p = pull(); !p) return p.error();
     found = find();
-    if (!found) return found.error();
   }
-  if (!*found) return absent();
-  auto store = im::Store::open(state);
-  if (!store) return host::Error{store.error().message};
+  if (!found) return found.error();
+  if (!*found) {
+    if (!explicit_ref) return false;
+    return host::Error{fmt::format("image {}: not in the store ({}): neshost pull {}, or neshost load", word,
+                                   state.string(), word)};
+  }
   auto m = &**found;
   o.image = ref->str();
   auto cfg_text = store->read_blob(m->config.digest, 4 << 20);
