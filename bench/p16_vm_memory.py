@@ -16,7 +16,6 @@ Configurations, the order rotated every round:
 Medians over rounds, each with its per-round range; ratios against tb-default.
 Usage: p16_vm_memory.py NESHOST [ROUNDS]   (default 5)
 """
-import json
 import os
 import shutil
 import statistics
@@ -26,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
-from procs import pss_kib  # noqa: E402
+from procs import pss_kib, vm_pids  # noqa: E402
 
 CONFIGS = [("tb-default", {"NESHOST_TCG_TB_MIB": "0"}, []),
            ("tb-16", {"NESHOST_TCG_TB_MIB": "16"}, []),
@@ -63,10 +62,7 @@ def one(neshost, env, extra):
         if r.returncode != 0:
             raise RuntimeError(f"run -d failed: {r.stderr.strip()}")
         vm = r.stdout.split()[-1]
-        with open(os.path.join(state, vm, "vmm.json")) as f:
-            qemu = json.load(f)["vmm"]["pid"]
-        with open(os.path.join(state, vm, "monitor.json")) as f:
-            monitor = json.load(f)["pid"]
+        qemu, monitor = vm_pids(state, vm)
         q, m, maps = pss_kib(qemu), pss_kib(monitor), anon_maps(qemu)
         subprocess.run([neshost, "rm", "-f", "--state", state, vm], capture_output=True, timeout=120)
         vm = None

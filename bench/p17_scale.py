@@ -12,7 +12,6 @@ VM directory, lock or record in the state dir.
 Usage: p17_scale.py NESHOST [N]   (default 50)
 """
 import concurrent.futures
-import json
 import os
 import shutil
 import statistics
@@ -22,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "support"))
-from procs import pss_kib  # noqa: E402
+from procs import pss_kib, vm_pids  # noqa: E402
 
 
 def procs_naming(path):
@@ -66,10 +65,7 @@ def main():
     def pss_per_vm(ids):
         per = []
         for vm in ids:
-            with open(os.path.join(state, vm, "vmm.json")) as f:
-                q = json.load(f)["vmm"]["pid"]
-            with open(os.path.join(state, vm, "monitor.json")) as f:
-                m = json.load(f)["pid"]
+            q, m = vm_pids(state, vm)
             per.append((pss_kib(q) + pss_kib(m)) / 1024)
         return statistics.median(per)
 

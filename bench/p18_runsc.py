@@ -16,7 +16,6 @@ invocation (scripts/bench.sh runs it; not a test). Prints markdown rows for benc
 Every runsc uses a private --root in a temp dir; everything started is ended and removed.
 Usage: p18_runsc.py NESHOST [ROUNDS]   (default 5)
 """
-import json
 import os
 import shutil
 import statistics
@@ -28,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 sys.path.insert(0, HERE)
-from procs import pss_kib  # noqa: E402
+from procs import pss_kib, vm_pids  # noqa: E402
 from p12_start import neshost_env  # noqa: E402
 
 RUNSC = ["runsc", "--platform=ptrace", "--network=none"]
@@ -97,10 +96,7 @@ def idle_ours(nh):
         if r.returncode != 0:
             raise SystemExit(f"p18: run -d failed: {r.stderr.strip()}")
         vm = r.stdout.split()[-1]
-        with open(os.path.join(state, vm, "vmm.json")) as f:
-            qemu = json.load(f)["vmm"]["pid"]
-        with open(os.path.join(state, vm, "monitor.json")) as f:
-            monitor = json.load(f)["pid"]
+        qemu, monitor = vm_pids(state, vm)
         return pss_kib(qemu) + pss_kib(monitor)
     finally:
         if vm:

@@ -1,5 +1,6 @@
 """The test processes' view of /proc: one scan, shared by the Python end-to-end tests (which
 processes a run left, which QEMU a neshost started, whether a pid still lives)."""
+import json
 import os
 from typing import Iterator, NamedTuple, Optional
 
@@ -51,3 +52,13 @@ def pss_kib(pid):
     except OSError:
         pass
     return 0
+
+
+def vm_pids(state, vm):
+    """(QEMU's pid, its monitor's pid) of detached VM `vm` under STATE, as its records name them
+    (STATE/VM/vmm.json "vmm"."pid", STATE/VM/monitor.json "pid")."""
+    with open(os.path.join(state, vm, "vmm.json")) as f:
+        qemu = json.load(f)["vmm"]["pid"]
+    with open(os.path.join(state, vm, "monitor.json")) as f:
+        monitor = json.load(f)["pid"]
+    return qemu, monitor
