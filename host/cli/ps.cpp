@@ -45,7 +45,7 @@ Stop a running VM: the stop is persisted first (a natural exit that comes later 
 VM's status from stopped into exited), then its monitor shuts the guest down in order (SIGTERM
 to the workload, the init's grace, SIGKILL, power-off) as SIGTERM to `neshost run` does. Waits
 for the monitor to exit; after S seconds (default 30) the workload is sent SIGKILL, 30 s later
-the monitor is killed (its VMM dies with it). A VM whose workload has ended but whose output its
+the monitor is killed (its VMM dies with it); `-t 0` sends SIGKILL at once, as docker's. A VM whose workload has ended but whose output its
 monitor is still delivering (a slow reader) is ended at once: what it could not deliver is
 counted and recorded (`neshost run` then exits 125 saying so). Exit 0 once stopped, 1 if no such
 VM is running.
@@ -288,6 +288,8 @@ int stop_main(const Args& args) {
     }
   }
   // A VM kept up after its outcome (--on-exit keep) is stopped too: its monitor powers it off.
+  // -t 0 (docker's): no ordered shutdown, the workload is sent SIGKILL at once.
+  if (grace.count() == 0) return end_monitor("stop", state, *s, false, 30s) ? 0 : 1;
   if (!end_monitor("stop", state, *s, true, grace)) return 1;
   return 0;
 }

@@ -21,8 +21,10 @@ Status set_state(Opts& o, std::string_view v) {
   return o.state = std::filesystem::path(v), Ok{};
 }
 
+/// -t 0 is docker's "SIGKILL at once" (no ordered shutdown); any other value as parse_seconds().
 template <class Opts>
 Status set_grace(Opts& o, std::string_view flag, std::string_view v) {
+  if (v == "0") return o.grace = std::chrono::milliseconds(0), Ok{};
   auto ms = parse_seconds(flag, v);
   if (!ms) return ms.error();
   return o.grace = *ms, Ok{};
@@ -30,7 +32,7 @@ Status set_grace(Opts& o, std::string_view flag, std::string_view v) {
 
 const Flag<StopFlags> kStopFlags[] = {
     {{"time", true, "-t"}, "S", [](StopFlags& o, std::string_view v) { return set_grace(o, "time", v); },
-     "seconds the guest has to shut down in order before the workload gets\nSIGKILL (default 30)"},
+     "seconds the guest has to shut down in order before the workload gets\nSIGKILL (default 30; 0: SIGKILL at once, docker's -t 0)"},
     {{"timeout"}, "S", [](StopFlags& o, std::string_view v) { return set_grace(o, "timeout", v); },
      "the same as --time (docker's older spelling)"},
     {{"state"}, "DIR", set_state<StopFlags>, "state directory (default: as neshost run)"},

@@ -19,7 +19,7 @@ namespace nes::cli {
 /// `neshost stop [--state DIR] [-t S] VM`.
 struct StopFlags {
   std::optional<std::filesystem::path> state;
-  std::chrono::milliseconds grace{30000};  // -t/--time/--timeout: SIGKILL after it
+  std::chrono::milliseconds grace{30000};  // -t/--time/--timeout: SIGKILL after it; 0: at once
   std::string vm;
   bool help = false;
 };

@@ -474,6 +474,7 @@ TEST_CASE("stop's and kill's tables: flags anywhere, one VM, each value checked"
   CHECK(s->state == "/s");
   CHECK(parse_stop({"--timeout=0.5", "web"})->grace == std::chrono::milliseconds(500));
   CHECK(parse_stop({"web"})->grace == std::chrono::seconds(30));
+  CHECK(parse_stop({"web", "-t", "0"})->grace == std::chrono::milliseconds(0));  // docker's: SIGKILL at once
   auto k = parse_kill({"-s", "SIGUSR1", "web"});
   REQUIRE(k);
   CHECK(k->signal == SIGUSR1);
@@ -483,7 +484,7 @@ TEST_CASE("stop's and kill's tables: flags anywhere, one VM, each value checked"
   CHECK(!parse_signal("65"));
   CHECK(!parse_signal("NOPE"));
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {parse_stop({"web", "-t", "0"}).error().message, "--time: expected seconds > 0"},
+      {parse_stop({"web", "-t", "-1"}).error().message, "--time: expected seconds > 0"},
       {parse_stop({"web", "--timeout", "x"}).error().message, "--timeout: expected seconds > 0"},
       {parse_stop({"web", "--state="}).error().message, "--state: expected a path, got ''"},
       {parse_stop({}).error().message, "exactly one VM is required"},

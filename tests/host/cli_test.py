@@ -455,7 +455,7 @@ def test_run_usage_refusals_start_nothing():
                 check(not os.path.exists(state) and os.listdir(rt) == [] and not os.path.exists(mark),
                       "--accel kvm without KVM %s started something" % detach)
         # Every other command: the same status for its usage errors.
-        for args in (["ps", "--bogus"], ["logs"], ["stop", "-t", "0", "vm"], ["kill", "-s", "NOPE", "vm"],
+        for args in (["ps", "--bogus"], ["logs"], ["stop", "-t", "-1", "vm"], ["kill", "-s", "NOPE", "vm"],
                      ["wait", "--format", "yaml", "vm"], ["exec", "vm"], ["port", "vm", "x"], ["rm"], ["serve"],
                      ["snapshot", "nope"], ["inspect", "../x"], ["nonsense"]):
             r = run(args + ["--state", state] if args[0] not in ("exec", "nonsense") else args, env=env)

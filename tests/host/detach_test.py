@@ -259,6 +259,17 @@ def case_stop_races_natural_exit():
         check(rows.get("s", {}).get("status") == "stopped (0)", "ps -a: %s" % rows)
         rc, _, err = c.nh("stop", "--state", c.state, "s")
         check(rc == 1 and "no running VM" in err, "stop again: %d %r" % (rc, err))
+        # -t 0 (docker's): SIGKILL at once, even to a workload that ignores SIGTERM (with -t 30 it
+        # would hold the stop for 30 s).
+        rc, _, err = c.run_d("z", "/bin/sh", "-c", "trap '' TERM; echo ready > %s; cat %s > /dev/null; exit 3" %
+                             (ready, go))
+        check(rc == 0, "run -d z: %r" % err)
+        check(c.read_fifo(ready).strip() == "ready", "z running")
+        rc, _, err = c.nh("stop", "-t", "0", "--state", c.state, "z")
+        check(rc == 0, "stop -t 0: %d %r" % (rc, err))
+        st = c.inspect("z")
+        check((st.get("status"), st.get("outcome"), st.get("signal"), st.get("exit_status")) ==
+              ("stopped", "signaled", 9, 137), "stop -t 0: SIGKILL at once: %s" % st)
         # The other order: the outcome is recorded first (kept VM), then stop: stays exited.
         rc, _, err = c.run_d("e", "/bin/sh", "-c", "exit 7", extra=("--on-exit", "keep"))
         check(rc == 0, "keep: %r" % err)
