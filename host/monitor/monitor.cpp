@@ -12,6 +12,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <deque>
 #include <cstring>
@@ -355,9 +356,18 @@ ControlServer::~ControlServer() {
 
 // ---- control socket: the dispatch ----
 
+bool AppliedSeqs::seen(std::uint64_t seq) const { return std::find(kept.begin(), kept.end(), seq) != kept.end(); }
+
+void AppliedSeqs::keep(std::uint64_t seq) {
+  if (seen(seq)) return;
+  if (kept.size() == control::kSeqsKept) kept.pop_front();
+  kept.push_back(seq);
+}
+
 ControlServer::Handler control_handler(ControlHandlers handlers) {
   auto hs = std::make_shared<const ControlHandlers>(std::move(handlers));
-  return [hs](std::string_view line, std::vector<host::Fd> fds, ControlServer::Reply send) {
+  auto applied = std::make_shared<AppliedSeqs>();
+  return [hs, applied](std::string_view line, std::vector<host::Fd> fds, ControlServer::Reply send) {
     ControlRespond respond = [send = std::move(send)](control::Reply r) {
       const bool more = !control::is_final(r);
       send(control::encode(r), more);
@@ -370,7 +380,11 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
           "generation: this monitor serves generation {} of the VM; the request targets generation {}",
           hs->generation, *targeted->generation)});
     auto* req = &targeted->request;
+    const auto seq = targeted->seq;
+    // A journaled control applied before (its answer lost, the shim replaced): Ok, not again.
+    if (seq && applied->seen(*seq)) return respond(control::Ok{});
     auto answer = [&](const host::Status& s) {
+      if (s && seq) applied->keep(*seq);
       respond(s ? control::Reply{control::Ok{}} : control::Reply{control::Error{s.error().message}});
     };
     auto unserved = [&](std::string_view what) { respond(control::Error{fmt::format("{}: not served here", what)}); };
@@ -416,6 +430,10 @@ host::Result<control::Reply> control_request(const fs::path& path, const control
   if (request.generation && r)
     if (auto* e = std::get_if<control::Error>(&*r); e && e->message.starts_with("unknown request 'generation "))
       return control_request_once(path, control::Targeted{std::nullopt, request.request}, timeout);
+  // Likewise one that predates the sequence prefix: it cannot dedupe, the request goes once.
+  if (request.seq && r)
+    if (auto* e = std::get_if<control::Error>(&*r); e && e->message.starts_with("unknown request 'seq "))
+      return control_request_once(path, control::Targeted{request.generation, request.request}, timeout);
   return r;
 }
 

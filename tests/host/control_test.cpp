@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "host/monitor/control.hpp"
@@ -553,4 +554,87 @@ TEST_CASE("fencing: a monitor that predates the prefix gets the bare request onc
   REQUIRE(r.ok());
   CHECK(std::holds_alternative<ctl::Ok>(*r));
   CHECK(lines == std::vector<std::string>{"generation 3 kill 9", "kill 9"});
+}
+
+TEST_CASE("journaled controls: `seq S` after any generation, its exact line, and back; malformed ones named") {
+  using T = ctl::Targeted;
+  const std::vector<std::pair<T, std::string>> cases{
+      {T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}, "seq 1 kill 10"},
+      {T{3, ctl::Kill{9, 2}, 17}, "generation 3 seq 17 kill 9 2"},
+      {T{std::nullopt, ctl::Pause{}, ctl::kSeqMax}, "seq 9007199254740991 pause"},
+      {T{std::nullopt, ctl::Resume{}, 5}, "seq 5 resume"},
+  };
+  for (const auto& [t, line] : cases) {
+    CHECK(ctl::encode(t) == line);
+    auto back = ctl::parse_targeted(line);
+    REQUIRE(back.ok());
+    CHECK(*back == t);
+    CHECK(ctl::validate(t).ok());
+  }
+  auto bad = [](std::string_view l) { return ctl::parse_targeted(l).error().message; };
+  CHECK(bad("seq 0 pause") == "seq: S: expected an integer 1..9007199254740991, got '0'");
+  CHECK(bad("seq x pause") == "seq: S: expected an integer 1..9007199254740991, got 'x'");
+  CHECK(bad("seq 4") == "seq: expected S REQUEST");
+  CHECK(bad("seq 4 seq 5 pause") == "unknown request 'seq 5 pause'");
+  CHECK(bad("seq 4 generation 3 pause") == "unknown request 'generation 3 pause'");  // generation first
+  CHECK_FALSE(ctl::validate(T{std::nullopt, ctl::Stop{}, 0}).ok());
+}
+
+TEST_CASE("journaled controls: a sequence number the monitor applied is answered Ok, not applied again") {
+  nes::test::TempDir dir("ctlseq");
+  const fs::path path = dir.path / "control.sock";
+  std::mutex mu;
+  std::vector<std::string> calls;
+  bool refuse = true;
+  ControlHandlers h;
+  h.kill = [&](const ctl::Kill& k) {
+    std::lock_guard lock(mu);
+    calls.push_back(fmt::format("kill {}", k.signal));
+    return host::Status{host::Ok{}};
+  };
+  h.pause = [&] {
+    std::lock_guard lock(mu);
+    calls.push_back("pause");
+    if (std::exchange(refuse, false)) return host::Status{host::Error{"the guest is not ready yet"}};
+    return host::Status{host::Ok{}};
+  };
+  Served served(path, std::move(h));
+  using T = ctl::Targeted;
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}).ok());  // its answer was lost: again
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 2}).ok());  // a second signal of its own
+  CHECK(control_call(path, ctl::Kill{10, std::nullopt}).ok());                       // unnumbered: always applied
+  // A refusal is not kept: the same number tried again is applied.
+  CHECK_FALSE(control_call(path, T{std::nullopt, ctl::Pause{}, 3}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Pause{}, 3}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Pause{}, 3}).ok());
+  // The last kSeqsKept are kept: 4..67 push 1 out (applied again), 2 is out too, 67 is kept.
+  for (std::uint64_t s = 4; s < 4 + ctl::kSeqsKept; ++s) CHECK(control_call(path, T{std::nullopt, ctl::Kill{12, std::nullopt}, s}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{12, std::nullopt}, 3 + ctl::kSeqsKept}).ok());
+  std::lock_guard lock(mu);
+  std::vector<std::string> want{"kill 10", "kill 10", "kill 10", "pause", "pause"};
+  want.insert(want.end(), ctl::kSeqsKept, "kill 12");
+  want.push_back("kill 10");
+  CHECK(calls == want);
+}
+
+TEST_CASE("journaled controls: a monitor that predates the prefix gets the request without it once") {
+  nes::test::TempDir dir("ctlseqold");
+  const fs::path path = dir.path / "control.sock";
+  boost::asio::io_context io;
+  std::vector<std::string> lines;
+  auto s = ControlServer::start(io, path, [&](std::string_view line, std::vector<host::Fd>, ControlServer::Reply send) {
+    lines.emplace_back(line);
+    auto r = ctl::parse_request(line);
+    send(ctl::encode(r ? ctl::Reply{ctl::Ok{}} : ctl::Reply{ctl::Error{r.error().message}}), false);
+  });
+  REQUIRE(s.ok());
+  std::thread loop([&] { io.run_for(std::chrono::seconds(30)); });
+  auto r = control_request(path, ctl::Targeted{std::nullopt, ctl::Kill{9, std::nullopt}, 4});
+  io.stop();
+  loop.join();
+  REQUIRE(r.ok());
+  CHECK(std::holds_alternative<ctl::Ok>(*r));
+  CHECK(lines == std::vector<std::string>{"seq 4 kill 9", "kill 9"});
 }

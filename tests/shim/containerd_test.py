@@ -594,13 +594,14 @@ def kill_and_delete(d, tid, want):
     check(f"exit code {want}" in err, f"ctr task delete {tid}: {err!r}, want {want}{d.tail()}")
 
 
-def replace_shim(d, tid, between=lambda: None, created=False):
+def replace_shim(d, tid, between=lambda: None, created=False, fault=None, status="RUNNING"):
     """The live replacement the seed's shim is qualified by: containerd stopped, task `tid`'s
     shim SIGKILLed, `between()` called, then a new shim started by hand on the same bundle and
     socket (`start`, with the dead one's own arguments and environment; it must print the
     bundle's address) and containerd started again. The task's `neshost run` must outlive it
     and the task be RUNNING with the same pid; a `created` task (its pid the shim's) must be
-    CREATED again."""
+    CREATED again. The replacement runs with NESINIT_SHIM_FAULT=`fault` if set; `status` is the
+    one the task must have after it (None: not checked)."""
     pid = d.tasks()[tid][0]
     shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and f"-id {tid}" in q.cmd and d.tmp in q.cmd]
     check(len(shims) == 1, f"shim processes: {[(q.pid, q.cmd) for q in shims]}")
@@ -609,6 +610,8 @@ def replace_shim(d, tid, between=lambda: None, created=False):
     with open(f"/proc/{shims[0].pid}/environ", "rb") as f:
         env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
     env.pop("NESINIT_SHIM_FAULT", None)  # the replacement runs without the old shim's fault point
+    if fault:
+        env["NESINIT_SHIM_FAULT"] = fault
     bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", tid)
     d.stop()
     os.kill(shims[0].pid, signal.SIGKILL)
@@ -622,8 +625,8 @@ def replace_shim(d, tid, between=lambda: None, created=False):
     d.start()
     if created:
         check(d.tasks().get(tid, ("", ""))[1] == "CREATED", f"after the replacement: {d.tasks()}, want {tid} CREATED{d.tail()}")
-    else:
-        check(d.tasks().get(tid) == (pid, "RUNNING"), f"after the replacement: {d.tasks()}, want ({pid}, RUNNING){d.tail()}")
+    elif status:
+        check(d.tasks().get(tid) == (pid, status), f"after the replacement: {d.tasks()}, want ({pid}, {status}){d.tail()}")
 
 
 def case_created_states(d):
@@ -1144,6 +1147,83 @@ def case_journal_eio_exit(d):
         d.ctr("container", "delete", "jx")
     finally:
         d.env.pop("NESINIT_SHIM_FAULT", None)
+
+
+def case_control_replayed(d):
+    """issue 44: Kill, Pause and Resume are journaled (a per-task sequence number in the task's
+    record before the control is sent; the monitor applies a number once). The shim is frozen at
+    a fault point (NESINIT_SHIM_FAULT=stop:POINT), then replaced as a SIGKILLed shim is
+    (containerd stopped, the frozen shim SIGKILLed, a new one started by hand), four times in a
+    row on one task:
+    - `control:recorded` in a Kill (SIGUSR1): the signal never left the dead shim; the
+      replacement sends it: the workload's trap ran once.
+    - `control:sent` in a Pause: the VM paused, its answer lost; the replacement sends it again
+      with its number: PAUSED, and the monitor said `paused` once (not a second stop).
+    - `control:recorded` in a Resume: the replacement resumes it: RUNNING, `resumed` said once.
+    - `control:sent` in a Kill (SIGUSR1): the replacement's resend is not applied: after a
+      SIGUSR2 through the new shim (a fence) the trap ran for SIGUSR1 twice in all, not three times.
+    The record keeps no control unanswered after each replacement, and the task ends with 143."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    out = os.path.join(d.tmp, "tq.log")
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", "tq")
+    text = lambda: open(out, errors="replace").read() if os.path.exists(out) else ""
+    fired = lambda point: open(d.log, errors="replace").read().count(f"fault point {point}: SIGSTOP")
+
+    def pending():
+        with open(os.path.join(bundle, "nesinit-task.json")) as f:
+            return json.load(f).get("controls", [])
+
+    def frozen_at(args, point):
+        """`ctr task ARGS` through the shim, which freezes at `point`: the ctr (it fails when
+        containerd stops) and the count of the point's firings before."""
+        before = fired(point)
+        p = d.popen_ctr("task", *args)
+        until(lambda: fired(point) > before, f"ctr task {' '.join(args)}: fault point {point} fired{d.tail()}")
+        return p
+
+    d.env["NESINIT_SHIM_FAULT"] = "stop:control:recorded"
+    d.stop()
+    d.start()
+    try:
+        d.ctr("run", "-d", "--log-uri", "file://" + out, "--runtime", RUNTIME, "--rootfs", root, "tq", "/bin/sh", "-c",
+              "trap 'echo usr1' USR1; trap 'echo usr2' USR2; echo up; while :; do sleep 0.1; done")
+    finally:
+        d.env.pop("NESINIT_SHIM_FAULT", None)
+    until(lambda: "up\n" in text(), "tq's workload running")
+    ctrs = []
+    try:
+        ctrs.append(frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:recorded"))
+        check([c["request"] for c in pending()] == ["kill 10"], f"recorded before sending: {pending()}")
+        check(text().count("usr1") == 0, f"a kill sent by a shim frozen before sending: {text()!r}")
+        replace_shim(d, "tq", fault="stop:control:sent")
+        until(lambda: text().count("usr1") == 1, "the recorded kill sent by the replacement")
+        check(pending() == [], f"controls left recorded: {pending()}")
+
+        ctrs.append(frozen_at(("pause", "tq"), "control:sent"))
+        replace_shim(d, "tq", fault="stop:control:recorded", status="PAUSED")
+        check(pending() == [], f"controls left recorded: {pending()}")
+
+        ctrs.append(frozen_at(("resume", "tq"), "control:recorded"))
+        replace_shim(d, "tq", fault="stop:control:sent", status=None)
+        until(lambda: d.tasks().get("tq", ("", ""))[1] == "RUNNING", f"tq resumed by the replacement{d.tail()}")
+        check(pending() == [], f"controls left recorded: {pending()}")
+        check(text().count(": paused\n") == 1 and text().count(": resumed\n") == 1,
+              f"the monitor paused and resumed once each: {text()[-2000:]!r}")
+
+        ctrs.append(frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:sent"))
+        until(lambda: text().count("usr1") == 2, "the kill applied before the shim froze")
+        replace_shim(d, "tq")
+        d.ctr("task", "kill", "-s", "SIGUSR2", "tq")
+        until(lambda: "usr2" in text(), "the fence's SIGUSR2")
+        check(text().count("usr1") == 2, f"a kill the monitor applied was applied again: {text()!r}")
+        check(pending() == [], f"controls left recorded: {pending()}")
+    finally:
+        for p in ctrs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    kill_and_delete(d, "tq", 143)
+    d.ctr("container", "delete", "tq")
 
 
 def all_procs():
