@@ -1226,6 +1226,45 @@ def case_control_replayed(d):
     d.ctr("container", "delete", "tq")
 
 
+def case_closeio_replaced(d):
+    """issue 44: CloseIO with the shim frozen after it recorded it (`close-io:recorded`: the
+    record says stdin_closed, the shim's writer still held and the monitor not yet told), then
+    replaced as a SIGKILLed shim is. The replacement holds no writer and tells the monitor
+    (`close-stdin`), so the workload reads its EOF and ends with its own 9 (a replacement that
+    held the FIFO again, or never told the monitor, would leave it reading forever)."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", "tc")
+    point = "close-io:recorded"
+    fired = lambda: open(d.log, errors="replace").read().count(f"fault point {point}: SIGSTOP")
+    d.env["NESINIT_SHIM_FAULT"] = "stop:" + point
+    d.stop()
+    d.start()
+    p = None
+    try:
+        p = subprocess.Popen(["ctr", "--address", d.sock, "run", "--runtime", RUNTIME, "--rootfs", root, "tc", "/bin/sh",
+                              "-c", "echo up; cat > /in.txt; exit 9"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=d.env)
+        d.env.pop("NESINIT_SHIM_FAULT", None)
+        wait_line(p, "up")
+        p.stdin.write(b"one\n")
+        p.stdin.close()  # ctr's CloseIO
+        until(lambda: fired() > 0, f"CloseIO: fault point {point} fired{d.tail()}")
+        with open(os.path.join(bundle, "nesinit-task.json")) as f:
+            check(json.load(f).get("stdin_closed") is True, "CloseIO recorded before the shim froze")
+        replace_shim(d, "tc", status=None)
+    finally:
+        d.env.pop("NESINIT_SHIM_FAULT", None)
+        if p is not None:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    rc, err = delete_when_ended(d, "tc")
+    check("exit code 9" in err, f"ctr task delete tc: {rc}, {err!r}, want the workload's own 9 after its EOF{d.tail()}")
+    with open(os.path.join(root, "in.txt")) as f:
+        check(f.read() == "one\n", "the workload's stdin before its EOF")
+    d.ctr("container", "delete", "tc")
+
+
 def all_procs():
     return [(q.pid, q.cmd) for q in processes()]
 
