@@ -418,7 +418,7 @@ host::Result<control::Reply> control_request_once(const fs::path& path, const co
 
 host::Result<control::Reply> control_request(const fs::path& path, const control::Request& request,
                                              std::chrono::milliseconds timeout) {
-  return control_request(path, control::Targeted{std::nullopt, request}, timeout);
+  return control_request(path, control::Targeted{std::nullopt, request, std::nullopt}, timeout);
 }
 
 host::Result<control::Reply> control_request(const fs::path& path, const control::Targeted& request,
@@ -429,11 +429,11 @@ host::Result<control::Reply> control_request(const fs::path& path, const control
   // state dir and cannot check, so the bare request goes once.
   if (request.generation && r)
     if (auto* e = std::get_if<control::Error>(&*r); e && e->message.starts_with("unknown request 'generation "))
-      return control_request_once(path, control::Targeted{std::nullopt, request.request}, timeout);
+      return control_request_once(path, control::Targeted{std::nullopt, request.request, std::nullopt}, timeout);
   // Likewise one that predates the sequence prefix: it cannot dedupe, the request goes once.
   if (request.seq && r)
     if (auto* e = std::get_if<control::Error>(&*r); e && e->message.starts_with("unknown request 'seq "))
-      return control_request_once(path, control::Targeted{request.generation, request.request}, timeout);
+      return control_request_once(path, control::Targeted{request.generation, request.request, std::nullopt}, timeout);
   return r;
 }
 
@@ -473,7 +473,7 @@ host::Result<control::Reply> control_request_once(const fs::path& path, const co
 }  // namespace
 
 host::Status control_call(const fs::path& path, const control::Request& request, std::chrono::milliseconds timeout) {
-  return control_call(path, control::Targeted{std::nullopt, request}, timeout);
+  return control_call(path, control::Targeted{std::nullopt, request, std::nullopt}, timeout);
 }
 
 host::Status control_call(const fs::path& path, const control::Targeted& request, std::chrono::milliseconds timeout) {
@@ -485,7 +485,7 @@ host::Status control_call(const fs::path& path, const control::Targeted& request
 
 host::Result<ControlSession> ControlSession::open(const fs::path& path, const control::Request& request,
                                                  const std::vector<int>& fds) {
-  return open(path, control::Targeted{std::nullopt, request}, fds);
+  return open(path, control::Targeted{std::nullopt, request, std::nullopt}, fds);
 }
 
 host::Result<ControlSession> ControlSession::open(const fs::path& path, const control::Targeted& request,

@@ -258,7 +258,12 @@ ttrpc::Reply Container::kill_task(std::uint32_t signal) {
   }
   if (!monitor_alive())  // exited, its exit not yet seen here
     return fail(ttrpc::Code::not_found, "process already finished");
-  host::Status reply = journaled_call(*this, cli::control::Kill{static_cast<int>(signal), std::nullopt}, 2s);
+  // Recorded before it is sent (control_journal.hpp); a record that cannot be written fails the
+  // Kill, except SIGKILL, which ends the session below whatever happens.
+  auto t = record_control(*this, cli::control::Kill{static_cast<int>(signal), std::nullopt});
+  if (!t && signal != SIGKILL) return fail(ttrpc::Code::internal, fmt::format("kill {}: {}", signal, t.error().message));
+  host::Status reply = t ? cli::control_call(shim.control(), *t, 2s) : host::Status{t.error()};
+  if (t) control_answered(*this, *t->seq);
   if (signal == SIGKILL) {
     // SIGKILL must end the task whatever the guest does: if the VM has not exited 10 s after
     // the guest was told (or at once when it cannot be told), its whole session is killed

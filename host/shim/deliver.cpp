@@ -77,13 +77,13 @@ void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path contr
 }
 
 Attempt control_attempt(const std::filesystem::path& control, const cli::control::Request& request) {
-  return control_attempt(control, cli::control::Targeted{std::nullopt, request});
+  return control_attempt(control, cli::control::Targeted{std::nullopt, request, std::nullopt});
 }
 
 void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Request request,
                         std::chrono::milliseconds bound, std::function<bool()> still_wanted,
                         std::function<void(host::Status)> done) {
-  deliver_when_ready(io, std::move(control), cli::control::Targeted{std::nullopt, std::move(request)}, bound,
+  deliver_when_ready(io, std::move(control), cli::control::Targeted{std::nullopt, std::move(request), std::nullopt}, bound,
                      std::move(still_wanted), std::move(done));
 }
 

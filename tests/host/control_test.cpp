@@ -274,11 +274,11 @@ TEST_CASE("encode keeps one line within the bounds; validate says what cannot be
 TEST_CASE("fencing: a request aimed at a generation, its exact line, and back; malformed prefixes named") {
   using T = ctl::Targeted;
   std::vector<std::pair<T, std::string>> cases = {
-      {T{3, ctl::Stop{}}, "generation 3 stop"},
-      {T{1, ctl::Kill{9, 2}}, "generation 1 kill 9 2"},
-      {T{ctl::kGenerationMax, ctl::Resize{24, 80, std::nullopt}}, "generation 9007199254740991 resize 24 80"},
-      {T{7, ctl::Ps{}}, "generation 7 ps"},
-      {T{std::nullopt, ctl::Kill{15, std::nullopt}}, "kill 15"},  // no target: the bare request
+      {T{3, ctl::Stop{}, std::nullopt}, "generation 3 stop"},
+      {T{1, ctl::Kill{9, 2}, std::nullopt}, "generation 1 kill 9 2"},
+      {T{ctl::kGenerationMax, ctl::Resize{24, 80, std::nullopt}, std::nullopt}, "generation 9007199254740991 resize 24 80"},
+      {T{7, ctl::Ps{}, std::nullopt}, "generation 7 ps"},
+      {T{std::nullopt, ctl::Kill{15, std::nullopt}, std::nullopt}, "kill 15"},  // no target: the bare request
   };
   for (auto& [t, line] : cases) {
     CAPTURE(line);
@@ -288,7 +288,7 @@ TEST_CASE("fencing: a request aimed at a generation, its exact line, and back; m
     CHECK(*back == t);
     CHECK(ctl::validate(t).ok());
   }
-  ctl::Targeted x{5, ctl::Exec{true, false, false, sample_exec()}};
+  ctl::Targeted x{5, ctl::Exec{true, false, false, sample_exec()}, std::nullopt};
   auto xb = ctl::parse_targeted(ctl::encode(x));
   REQUIRE(xb.ok());
   CHECK(*xb == x);
@@ -306,7 +306,7 @@ TEST_CASE("fencing: a request aimed at a generation, its exact line, and back; m
   CHECK(bad("generation 3 generation 3 stop") == "unknown request 'generation 3 stop'");
   // The plain parser (a monitor before the prefix) does not know it: what the client's retry sees.
   CHECK(ctl::parse_request("generation 3 stop").error().message == "unknown request 'generation 3 stop'");
-  CHECK_FALSE(ctl::validate(ctl::Targeted{0, ctl::Stop{}}).ok());
+  CHECK_FALSE(ctl::validate(ctl::Targeted{0, ctl::Stop{}, std::nullopt}).ok());
 }
 
 // ---- the real server over a real Unix socket ----
@@ -517,17 +517,17 @@ TEST_CASE("fencing: a monitor refuses a request aimed at another generation; the
     return host::Status{host::Ok{}};
   };
   Served served(path, std::move(h));
-  auto stale = control_request(path, ctl::Targeted{3, ctl::Stop{}});
+  auto stale = control_request(path, ctl::Targeted{3, ctl::Stop{}, std::nullopt});
   REQUIRE(stale.ok());
   CHECK(*stale == ctl::Reply{ctl::Error{
                       "generation: this monitor serves generation 4 of the VM; the request targets generation 3"}});
-  CHECK(control_call(path, ctl::Targeted{5, ctl::Stop{}}).error().message.find("targets generation 5") !=
+  CHECK(control_call(path, ctl::Targeted{5, ctl::Stop{}, std::nullopt}).error().message.find("targets generation 5") !=
         std::string::npos);
   {
     std::lock_guard lock(mu);
     CHECK(calls.empty());  // neither reached the handler
   }
-  CHECK(control_call(path, ctl::Targeted{4, ctl::Stop{}}).ok());
+  CHECK(control_call(path, ctl::Targeted{4, ctl::Stop{}, std::nullopt}).ok());
   CHECK(control_call(path, ctl::Stop{}).ok());  // an older client: not checked
   CHECK(raw_exchange(path, "generation 0 stop\n") ==
         "error: generation: G: expected an integer 1..9007199254740991, got '0'\n");
@@ -548,7 +548,7 @@ TEST_CASE("fencing: a monitor that predates the prefix gets the bare request onc
   });
   REQUIRE(s.ok());
   std::thread loop([&] { io.run_for(std::chrono::seconds(30)); });
-  auto r = control_request(path, ctl::Targeted{3, ctl::Kill{9, std::nullopt}});
+  auto r = control_request(path, ctl::Targeted{3, ctl::Kill{9, std::nullopt}, std::nullopt});
   io.stop();
   loop.join();
   REQUIRE(r.ok());
