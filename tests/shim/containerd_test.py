@@ -1174,12 +1174,15 @@ def case_control_replayed(d):
             return json.load(f).get("controls", [])
 
     def frozen_at(args, point):
-        """`ctr task ARGS` through the shim, which freezes at `point`: the ctr (it fails when
-        containerd stops) and the count of the point's firings before."""
+        """`ctr task ARGS` through the shim, which freezes at `point`; then that ctr is ended (its
+        call cancelled, so containerd's shutdown does not wait for the frozen shim's answer)."""
         before = fired(point)
         p = d.popen_ctr("task", *args)
-        until(lambda: fired(point) > before, f"ctr task {' '.join(args)}: fault point {point} fired{d.tail()}")
-        return p
+        try:
+            until(lambda: fired(point) > before, f"ctr task {' '.join(args)}: fault point {point} fired{d.tail()}")
+        finally:
+            p.kill()
+            p.communicate()
 
     d.env["NESINIT_SHIM_FAULT"] = "stop:control:recorded"
     d.stop()
@@ -1190,38 +1193,31 @@ def case_control_replayed(d):
     finally:
         d.env.pop("NESINIT_SHIM_FAULT", None)
     until(lambda: "up\n" in text(), "tq's workload running")
-    ctrs = []
-    try:
-        ctrs.append(frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:recorded"))
-        check([c["request"] for c in pending()] == ["kill 10"], f"recorded before sending: {pending()}")
-        check(text().count("usr1") == 0, f"a kill sent by a shim frozen before sending: {text()!r}")
-        replace_shim(d, "tq", fault="stop:control:sent")
-        until(lambda: text().count("usr1") == 1, "the recorded kill sent by the replacement")
-        check(pending() == [], f"controls left recorded: {pending()}")
+    frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:recorded")
+    check([c["request"] for c in pending()] == ["kill 10"], f"recorded before sending: {pending()}")
+    check(text().count("usr1") == 0, f"a kill sent by a shim frozen before sending: {text()!r}")
+    replace_shim(d, "tq", fault="stop:control:sent")
+    until(lambda: text().count("usr1") == 1, "the recorded kill sent by the replacement")
+    until(lambda: pending() == [], "no control left recorded")
 
-        ctrs.append(frozen_at(("pause", "tq"), "control:sent"))
-        replace_shim(d, "tq", fault="stop:control:recorded", status="PAUSED")
-        check(pending() == [], f"controls left recorded: {pending()}")
+    frozen_at(("pause", "tq"), "control:sent")
+    replace_shim(d, "tq", fault="stop:control:recorded", status="PAUSED")
+    until(lambda: pending() == [], "no control left recorded")
 
-        ctrs.append(frozen_at(("resume", "tq"), "control:recorded"))
-        replace_shim(d, "tq", fault="stop:control:sent", status=None)
-        until(lambda: d.tasks().get("tq", ("", ""))[1] == "RUNNING", f"tq resumed by the replacement{d.tail()}")
-        check(pending() == [], f"controls left recorded: {pending()}")
-        check(text().count(": paused\n") == 1 and text().count(": resumed\n") == 1,
-              f"the monitor paused and resumed once each: {text()[-2000:]!r}")
+    frozen_at(("resume", "tq"), "control:recorded")
+    replace_shim(d, "tq", fault="stop:control:sent", status=None)
+    until(lambda: d.tasks().get("tq", ("", ""))[1] == "RUNNING", f"tq resumed by the replacement{d.tail()}")
+    until(lambda: pending() == [], "no control left recorded")
+    check(text().count(": paused\n") == 1 and text().count(": resumed\n") == 1,
+          f"the monitor paused and resumed once each: {text()[-2000:]!r}")
 
-        ctrs.append(frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:sent"))
-        until(lambda: text().count("usr1") == 2, "the kill applied before the shim froze")
-        replace_shim(d, "tq")
-        d.ctr("task", "kill", "-s", "SIGUSR2", "tq")
-        until(lambda: "usr2" in text(), "the fence's SIGUSR2")
-        check(text().count("usr1") == 2, f"a kill the monitor applied was applied again: {text()!r}")
-        check(pending() == [], f"controls left recorded: {pending()}")
-    finally:
-        for p in ctrs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
+    frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:sent")
+    until(lambda: text().count("usr1") == 2, "the kill applied before the shim froze")
+    replace_shim(d, "tq")
+    d.ctr("task", "kill", "-s", "SIGUSR2", "tq")
+    until(lambda: "usr2" in text(), "the fence's SIGUSR2")
+    check(text().count("usr1") == 2, f"a kill the monitor applied was applied again: {text()!r}")
+    until(lambda: pending() == [], "no control left recorded")
     kill_and_delete(d, "tq", 143)
     d.ctr("container", "delete", "tq")
 
