@@ -1246,7 +1246,7 @@ def case_closeio_replaced(d):
         p.stdin.close()  # ctr's CloseIO
         until(lambda: fired() > 0, f"CloseIO: fault point {point} fired{d.tail()}")
         p.kill()  # its CloseIO call cancelled: containerd's shutdown waits for no answer
-        p.communicate()
+        p.wait()
         with open(os.path.join(bundle, "nesinit-task.json")) as f:
             check(json.load(f).get("stdin_closed") is True, "CloseIO recorded before the shim froze")
         replace_shim(d, "tc", status=None)
@@ -1255,7 +1255,9 @@ def case_closeio_replaced(d):
         if p is not None:
             if p.poll() is None:
                 p.kill()
-            p.communicate()
+            p.wait()  # its stdin is closed already: not communicate()
+            p.stdout.close()
+            p.stderr.close()
     rc, err = delete_when_ended(d, "tc")
     check("exit code 9" in err, f"ctr task delete tc: {rc}, {err!r}, want the workload's own 9 after its EOF{d.tail()}")
     with open(os.path.join(root, "in.txt")) as f:
