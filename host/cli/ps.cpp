@@ -171,7 +171,8 @@ bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmStat
   auto ctl = host::control_path(state, s.vm);
   // Aimed at the generation read from the state dir: a monitor of a newer one refuses it.
   auto r = control_request(ctl, control::Targeted{target_of(s), ordered ? control::Request{control::Stop{}}
-                                                                        : control::Request{control::Kill{SIGKILL, std::nullopt}}});
+                                                                        : control::Request{control::Kill{SIGKILL, std::nullopt}},
+                                                  std::nullopt});
   if (!r || !std::holds_alternative<control::Ok>(*r)) {
     // No control socket (or the guest cannot take the request now): SIGTERM asks the monitor
     // for the same ordered shutdown.
@@ -179,7 +180,7 @@ bool end_monitor(std::string_view cmd, const fs::path& state, const host::VmStat
     ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGTERM, nullptr, 0);
   }
   if (wait_exit(pidfd, grace)) return true;
-  (void)control_request(ctl, control::Targeted{target_of(s), control::Kill{SIGKILL, std::nullopt}});
+  (void)control_request(ctl, control::Targeted{target_of(s), control::Kill{SIGKILL, std::nullopt}, std::nullopt});
   if (wait_exit(pidfd, 30s)) return true;
   fmt::print(stderr, "neshost {}: VM '{}' did not stop; killing its monitor (pid {})\n", cmd, s.vm,
              s.monitor->monitor.pid);
@@ -307,7 +308,7 @@ int kill_main(const Args& args) {
     fmt::print(stderr, "neshost kill: no running VM '{}' in {} ({})\n", vm, state.string(), status_cell(*s));
     return 1;
   }
-  auto r = control_request(host::control_path(state, vm), control::Targeted{target_of(*s), control::Kill{sig, std::nullopt}});
+  auto r = control_request(host::control_path(state, vm), control::Targeted{target_of(*s), control::Kill{sig, std::nullopt}, std::nullopt});
   if (!r) { fmt::print(stderr, "neshost kill: {}\n", r.error().message); return 1; }
   if (!std::holds_alternative<control::Ok>(*r)) {
     fmt::print(stderr, "neshost kill: VM '{}': {}\n", vm, control::encode(*r));
@@ -343,7 +344,8 @@ int pause_main(const Args& args, bool resume) {
     }
     auto r = control_request(host::control_path(state, vm),
                              control::Targeted{target_of(*s), resume ? control::Request{control::Resume{}}
-                                                                     : control::Request{control::Pause{}}});
+                                                                     : control::Request{control::Pause{}},
+                                               std::nullopt});
     if (!r || !std::holds_alternative<control::Ok>(*r)) {
       fmt::print(stderr, "neshost {}: VM '{}': {}\n", cmd, vm, r ? control::encode(*r) : r.error().message);
       rc = 1;

@@ -201,7 +201,8 @@ std::string encode(const Request& r) {
 }
 
 std::string encode(const Targeted& t) {
-  return t.generation ? fmt::format("generation {} {}", *t.generation, encode(t.request)) : encode(t.request);
+  std::string line = t.seq ? fmt::format("seq {} {}", *t.seq, encode(t.request)) : encode(t.request);
+  return t.generation ? fmt::format("generation {} {}", *t.generation, line) : line;
 }
 
 std::string encode(const Reply& r) {
@@ -243,22 +244,33 @@ host::Result<Request> parse_request(std::string_view line) {
   return host::Error{fmt::format("unknown request {}", quoted(line))};
 }
 
-host::Result<Targeted> parse_targeted(std::string_view line) {
-  constexpr std::string_view kPrefix = "generation ";
-  if (!line.starts_with(kPrefix)) {
-    auto r = parse_request(line);
-    if (!r) return r.error();
-    return Targeted{std::nullopt, std::move(*r)};
-  }
-  if (auto c = check_line("request", line, kRequestMax); !c) return c.error();
-  line.remove_prefix(kPrefix.size());
+namespace {
+/// `PREFIX N REST`: N (1..max) and REST; nullopt N when `line` does not start with PREFIX.
+host::Result<std::pair<std::optional<std::uint64_t>, std::string_view>> strip_number(std::string_view line,
+                                                                                      std::string_view name,
+                                                                                      std::string_view field,
+                                                                                      std::uint64_t max) {
+  const std::string prefix = std::string(name) + " ";
+  if (!line.starts_with(prefix)) return std::pair{std::optional<std::uint64_t>{}, line};
+  line.remove_prefix(prefix.size());
   const auto sp = line.find(' ');
-  auto g = number("generation", "G", line.substr(0, sp), 1, static_cast<std::int64_t>(kGenerationMax));
+  auto n = number(name, field, line.substr(0, sp), 1, static_cast<std::int64_t>(max));
+  if (!n) return n.error();
+  if (sp == std::string_view::npos) return host::Error{fmt::format("{}: expected {} REQUEST", name, field)};
+  return std::pair{std::optional<std::uint64_t>{static_cast<std::uint64_t>(*n)}, line.substr(sp + 1)};
+}
+}  // namespace
+
+host::Result<Targeted> parse_targeted(std::string_view line) {
+  if (auto c = check_line("request", line, kRequestMax); !c) return c.error();
+  auto g = strip_number(line, "generation", "G", kGenerationMax);
   if (!g) return g.error();
-  if (sp == std::string_view::npos) return host::Error{"generation: expected G REQUEST"};
-  auto r = parse_request(line.substr(sp + 1));
+  auto s = strip_number(g->second, "seq", "S", kSeqMax);
+  if (!s) return s.error();
+  auto r = parse_request(s->second);
   if (!r) return r.error();
-  Targeted t{static_cast<std::uint64_t>(*g), std::move(*r)};
+  Targeted t{g->first, std::move(*r), s->first};
+  if (!t.generation && !t.seq) return t;  // the bare request, as before the prefixes
   // As written back (an exec's defaults spelled out): what a peer re-sending it must still fit.
   if (auto n = encode(t).size(); n > kRequestMax)
     return host::Error{fmt::format("request: over {} bytes as encoded ({})", kRequestMax, n)};

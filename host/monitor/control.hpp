@@ -131,11 +131,24 @@ using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume, Wait, 
 /// (`generation` unset: the bare request, as clients before it send) any monitor of the VM
 /// takes the request. A monitor that predates the prefix answers `error: unknown request ...`;
 /// control_request() then sends the bare request once (that monitor cannot check).
+///
+/// A journaled control (additive, after any generation prefix): `seq S ` (S 1..2^53-1) before
+/// the request, e.g. `generation 3 seq 17 kill 10`: the containerd shim's per-task sequence
+/// number, recorded in its task record before it is sent (docs/containerd.md "Controls
+/// journaled"). A monitor that already applied sequence S (answered Ok, one of the last
+/// kSeqsKept) answers Ok again without applying it twice; a failed one is not kept (a retry
+/// tries it again). A monitor that predates the prefix answers `error: unknown request 'seq
+/// ...`; control_request() then sends the request without it once.
 struct Targeted {
   std::optional<std::uint64_t> generation;
   Request request;
+  std::optional<std::uint64_t> seq;
   bool operator==(const Targeted&) const = default;
 };
+/// How many applied sequence numbers a monitor remembers (the oldest forgotten first).
+inline constexpr std::size_t kSeqsKept = 64;
+/// The largest sequence number (JSON's exact integers, as the task record keeps it).
+inline constexpr std::uint64_t kSeqMax = proto::kGenerationMax;
 /// The largest generation a request may target (JSON's exact integers, as the protocol's).
 inline constexpr std::uint64_t kGenerationMax = proto::kGenerationMax;
 
@@ -203,8 +216,9 @@ std::string encode(const Reply& r);
 /// `kill: SIGNAL: expected an integer 1..64, got '65'`, `request: over 65536 bytes`,
 /// `unknown request 'frob'` (the text quoted at most 64 bytes, escaped).
 host::Result<Request> parse_request(std::string_view line);
-/// One request line (without its '\n') with an optional `generation G ` prefix. Errors as
-/// parse_request, and `generation: G: expected an integer 1..9007199254740991, got '0'`.
+/// One request line (without its '\n') with an optional `generation G ` prefix, then an
+/// optional `seq S ` prefix. Errors as parse_request, and `generation: G: expected an integer
+/// 1..9007199254740991, got '0'` (likewise `seq: S: ...`).
 host::Result<Targeted> parse_targeted(std::string_view line);
 /// One reply line (without its '\n'). Errors name the reply and the field, e.g.
 /// `exit: STATUS: expected an integer 0..255, got '300'`, `unknown reply 'hello'`.

@@ -12,6 +12,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <deque>
 #include <cstring>
@@ -355,9 +356,18 @@ ControlServer::~ControlServer() {
 
 // ---- control socket: the dispatch ----
 
+bool AppliedSeqs::seen(std::uint64_t seq) const { return std::find(kept.begin(), kept.end(), seq) != kept.end(); }
+
+void AppliedSeqs::keep(std::uint64_t seq) {
+  if (seen(seq)) return;
+  if (kept.size() == control::kSeqsKept) kept.pop_front();
+  kept.push_back(seq);
+}
+
 ControlServer::Handler control_handler(ControlHandlers handlers) {
   auto hs = std::make_shared<const ControlHandlers>(std::move(handlers));
-  return [hs](std::string_view line, std::vector<host::Fd> fds, ControlServer::Reply send) {
+  auto applied = std::make_shared<AppliedSeqs>();
+  return [hs, applied](std::string_view line, std::vector<host::Fd> fds, ControlServer::Reply send) {
     ControlRespond respond = [send = std::move(send)](control::Reply r) {
       const bool more = !control::is_final(r);
       send(control::encode(r), more);
@@ -370,7 +380,11 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
           "generation: this monitor serves generation {} of the VM; the request targets generation {}",
           hs->generation, *targeted->generation)});
     auto* req = &targeted->request;
+    const auto seq = targeted->seq;
+    // A journaled control applied before (its answer lost, the shim replaced): Ok, not again.
+    if (seq && applied->seen(*seq)) return respond(control::Ok{});
     auto answer = [&](const host::Status& s) {
+      if (s && seq) applied->keep(*seq);
       respond(s ? control::Reply{control::Ok{}} : control::Reply{control::Error{s.error().message}});
     };
     auto unserved = [&](std::string_view what) { respond(control::Error{fmt::format("{}: not served here", what)}); };
@@ -404,7 +418,7 @@ host::Result<control::Reply> control_request_once(const fs::path& path, const co
 
 host::Result<control::Reply> control_request(const fs::path& path, const control::Request& request,
                                              std::chrono::milliseconds timeout) {
-  return control_request(path, control::Targeted{std::nullopt, request}, timeout);
+  return control_request(path, control::Targeted{std::nullopt, request, std::nullopt}, timeout);
 }
 
 host::Result<control::Reply> control_request(const fs::path& path, const control::Targeted& request,
@@ -415,7 +429,11 @@ host::Result<control::Reply> control_request(const fs::path& path, const control
   // state dir and cannot check, so the bare request goes once.
   if (request.generation && r)
     if (auto* e = std::get_if<control::Error>(&*r); e && e->message.starts_with("unknown request 'generation "))
-      return control_request_once(path, control::Targeted{std::nullopt, request.request}, timeout);
+      return control_request_once(path, control::Targeted{std::nullopt, request.request, std::nullopt}, timeout);
+  // Likewise one that predates the sequence prefix: it cannot dedupe, the request goes once.
+  if (request.seq && r)
+    if (auto* e = std::get_if<control::Error>(&*r); e && e->message.starts_with("unknown request 'seq "))
+      return control_request_once(path, control::Targeted{request.generation, request.request, std::nullopt}, timeout);
   return r;
 }
 
@@ -455,7 +473,7 @@ host::Result<control::Reply> control_request_once(const fs::path& path, const co
 }  // namespace
 
 host::Status control_call(const fs::path& path, const control::Request& request, std::chrono::milliseconds timeout) {
-  return control_call(path, control::Targeted{std::nullopt, request}, timeout);
+  return control_call(path, control::Targeted{std::nullopt, request, std::nullopt}, timeout);
 }
 
 host::Status control_call(const fs::path& path, const control::Targeted& request, std::chrono::milliseconds timeout) {
@@ -467,7 +485,7 @@ host::Status control_call(const fs::path& path, const control::Targeted& request
 
 host::Result<ControlSession> ControlSession::open(const fs::path& path, const control::Request& request,
                                                  const std::vector<int>& fds) {
-  return open(path, control::Targeted{std::nullopt, request}, fds);
+  return open(path, control::Targeted{std::nullopt, request, std::nullopt}, fds);
 }
 
 host::Result<ControlSession> ControlSession::open(const fs::path& path, const control::Targeted& request,

@@ -7,6 +7,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -122,10 +123,20 @@ struct ControlHandlers {
   std::function<host::Status()> close_stdin;
 };
 
+/// The sequence numbers of the journaled controls (control::Targeted::seq) a monitor applied:
+/// the last control::kSeqsKept, the oldest forgotten first.
+struct AppliedSeqs {
+  std::deque<std::uint64_t> kept;
+  bool seen(std::uint64_t seq) const;
+  void keep(std::uint64_t seq);
+};
+
 /// The server's dispatch: each line parsed with control::parse_targeted (a line that does not
 /// parse is answered "error: " and why, naming the field; one aimed at another generation than
 /// handlers.generation, "error: generation: ..."), handed to its handler in `handlers`,
-/// the handler's answer encoded with control::encode. For ControlServer::start.
+/// the handler's answer encoded with control::encode. A request with a sequence number whose
+/// answer was Ok before (one of the last control::kSeqsKept) is answered Ok and not handed on
+/// again. For ControlServer::start.
 ControlServer::Handler control_handler(ControlHandlers handlers);
 
 /// A connected control socket for a request that lives on (`exec`): the request sent with

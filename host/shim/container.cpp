@@ -500,6 +500,7 @@ ttrpc::Reply Container::close_stdin(ExecProc* x) {
       return fail(ttrpc::Code::internal, fmt::format("task {}: CloseIO: record: {}", id, w.error().message));
     }
   }
+  fault_point("close-io:recorded");  // a replacement holds no writer and tells the monitor again
   (p ? static_cast<Process&>(*p) : task).stdin_hold.reset();
   if (tell_monitor) deliver_close_stdin();
   return empty();

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -133,6 +134,8 @@ class Container {
   bool readopt();
   void deliver_close_stdin();
   void deliver_resize(std::uint32_t height, std::uint32_t width);
+  void publish_paused(bool resume);
+  std::size_t replay_recorded_controls();
 
   // The shim's own task's monitor.
   host::Fd pidfd_;
@@ -142,6 +145,7 @@ class Container {
   std::optional<boost::asio::posix::stream_descriptor> exit_watch_;
   boost::asio::steady_timer kill_timer_;  // SIGKILL's deadline for the guest
   unsigned resize_gen_ = 0;               // the latest ResizePty's delivery (deliver.hpp)
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> last_size_;  // its (rows, cols)
   bool close_stdin_told_ = false;         // close-stdin is (being) delivered to the monitor
 };
 

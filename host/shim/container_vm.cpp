@@ -18,6 +18,7 @@
 
 #include "host/monitor/adopt.hpp"
 #include "host/shim/container.hpp"
+#include "host/shim/control_journal.hpp"
 #include "host/shim/deliver.hpp"
 #include "host/shim/exec_journal.hpp"
 #include "host/shim/fault_point.hpp"
@@ -235,6 +236,7 @@ std::optional<std::string> Container::restore() {
   adopted_ = *ident;
   watch_exit(p.release());
   std::string said = fmt::format("re-adopted from its record: monitor pid {}, VM {}", rec.pid, rec.vm);
+  if (auto n = replay_recorded_controls()) said += fmt::format("; {} recorded control(s) sent again", n);
   if (auto n = restore_exec_journal(shim); !n.empty()) said += "; execs: " + n;
   return said;
 }
@@ -256,7 +258,12 @@ ttrpc::Reply Container::kill_task(std::uint32_t signal) {
   }
   if (!monitor_alive())  // exited, its exit not yet seen here
     return fail(ttrpc::Code::not_found, "process already finished");
-  host::Status reply = cli::control_call(shim.control(), cli::control::Kill{static_cast<int>(signal), std::nullopt}, 2s);
+  // Recorded before it is sent (control_journal.hpp); a record that cannot be written fails the
+  // Kill, except SIGKILL, which ends the session below whatever happens.
+  auto t = record_control(*this, cli::control::Kill{static_cast<int>(signal), std::nullopt});
+  if (!t && signal != SIGKILL) return fail(ttrpc::Code::internal, fmt::format("kill {}: {}", signal, t.error().message));
+  host::Status reply = t ? cli::control_call(shim.control(), *t, 2s) : host::Status{t.error()};
+  if (t) control_answered(*this, *t->seq);
   if (signal == SIGKILL) {
     // SIGKILL must end the task whatever the guest does: if the VM has not exited 10 s after
     // the guest was told (or at once when it cannot be told), its whole session is killed
@@ -282,9 +289,12 @@ ttrpc::Reply Container::kill_task(std::uint32_t signal) {
 }
 
 void Container::kill_later(std::uint32_t signal, ttrpc::Respond respond) {
-  deliver_when_ready(shim.io, shim.control(), cli::control::Kill{static_cast<int>(signal), std::nullopt}, kControlWait,
+  auto t = record_control(*this, cli::control::Kill{static_cast<int>(signal), std::nullopt});
+  if (!t) return respond(fail(ttrpc::Code::internal, fmt::format("kill {}: {}", signal, t.error().message)));
+  deliver_when_ready(shim.io, shim.control(), *t, kControlWait,
                      [this] { return task.phase == Phase::running && monitor_alive(); },
-                     [signal, respond = std::move(respond)](host::Status st) {
+                     [this, seq = *t->seq, signal, respond = std::move(respond)](host::Status st) {
+                       control_answered(*this, seq);
                        if (st) return respond(empty());
                        respond(fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, st.error().message)));
                      });
@@ -306,22 +316,39 @@ void Container::pause_resume(bool resume, ttrpc::Respond respond) {
   if (vm_paused() != resume)
     return respond(fail(ttrpc::Code::failed_precondition,
                         fmt::format("{}: task {} is {}paused", what, id, resume ? "not " : "already ")));
-  deliver_when_ready(shim.io, shim.control(),
-                     resume ? cli::control::Request{cli::control::Resume{}} : cli::control::Request{cli::control::Pause{}},
-                     kControlWait, [this] { return task.phase == Phase::running; },
-                     [this, resume, what, respond = std::move(respond)](host::Status r) {
+  auto t = record_control(*this, resume ? cli::control::Request{cli::control::Resume{}} : cli::control::Request{cli::control::Pause{}});
+  if (!t) return respond(fail(ttrpc::Code::internal, fmt::format("{} {}: {}", what, id, t.error().message)));
+  deliver_when_ready(shim.io, shim.control(), *t, kControlWait, [this] { return task.phase == Phase::running; },
+                     [this, seq = *t->seq, resume, what, respond = std::move(respond)](host::Status r) {
+                       control_answered(*this, seq);
                        if (!r) return respond(fail(ttrpc::Code::unknown, fmt::format("{} {}: {}", what, id, r.error().message)));
-                       if (resume) {
-                         ev::TaskResumed e;
-                         e.set_container_id(id);
-                         shim.events.publish("/tasks/resumed", e);
-                       } else {
-                         ev::TaskPaused e;
-                         e.set_container_id(id);
-                         shim.events.publish("/tasks/paused", e);
-                       }
+                       publish_paused(resume);
                        respond(empty());
                      });
+}
+
+/// /tasks/resumed (`resume`) or /tasks/paused, as runc's shim publishes after its answer.
+void Container::publish_paused(bool resume) {
+  if (resume) {
+    ev::TaskResumed e;
+    e.set_container_id(id);
+    shim.events.publish("/tasks/resumed", e);
+  } else {
+    ev::TaskPaused e;
+    e.set_container_id(id);
+    shim.events.publish("/tasks/paused", e);
+  }
+}
+
+/// The controls the shim before this one recorded and did not see answered: sent again with
+/// their numbers (the monitor applies each once); a Pause or Resume that took effect publishes
+/// its event, which the shim before may not have.
+std::size_t Container::replay_recorded_controls() {
+  return replay_controls(*this, [this](const cli::control::Request& r, host::Status st) {
+    if (!st) return;
+    if (std::holds_alternative<cli::control::Pause>(r)) publish_paused(false);
+    if (std::holds_alternative<cli::control::Resume>(r)) publish_paused(true);
+  });
 }
 
 /// ctr resizes right after Start, before `neshost run` has its control socket: the latest size
@@ -330,11 +357,15 @@ void Container::pause_resume(bool resume, ttrpc::Respond respond) {
 /// answer, when not "ok", and a size never delivered go to the shim's log.
 void Container::deliver_resize(std::uint32_t height, std::uint32_t width) {
   const cli::control::Resize size{static_cast<std::uint16_t>(height), static_cast<std::uint16_t>(width), std::nullopt};
+  // The size already delivered (or on its way): nothing to tell (a terminal's SIGWINCH storm).
+  if (last_size_ == std::pair{height, width}) return;
+  last_size_ = std::pair{height, width};
   const unsigned gen = ++resize_gen_;
   retry_when_ready(
       shim.io, [path = shim.control(), size] { return control_attempt(path, size); }, 30s,
       [this, gen] { return gen == resize_gen_ && task.phase == Phase::running; },
-      [this, size](host::Status st, Delivered how) {
+      [this, size, gen](host::Status st, Delivered how) {
+        if (how != Delivered::unwanted && !st && gen == resize_gen_) last_size_.reset();  // not told: the next one is
         if (how == Delivered::gave_up)
           log("{}: {} not delivered in 30 s", id, cli::control::encode(cli::control::Request{size}));
         else if (how == Delivered::answered && !st)

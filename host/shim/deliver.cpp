@@ -54,7 +54,7 @@ void retry_when_ready(boost::asio::io_context& io, std::function<Attempt()> atte
   d->next();
 }
 
-Attempt control_attempt(const std::filesystem::path& control, const cli::control::Request& request) {
+Attempt control_attempt(const std::filesystem::path& control, const cli::control::Targeted& request) {
   std::error_code ec;
   if (!std::filesystem::exists(control, ec))
     return Attempt{true, host::Error{fmt::format("no monitor at {} yet", control.string())}};
@@ -64,7 +64,7 @@ Attempt control_attempt(const std::filesystem::path& control, const cli::control
   return Attempt{};
 }
 
-void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Request request,
+void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Targeted request,
                         std::chrono::milliseconds bound, std::function<bool()> still_wanted,
                         std::function<void(host::Status)> done) {
   retry_when_ready(
@@ -74,6 +74,17 @@ void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path contr
         return Attempt{!r && not_ready_yet(r.error()), std::move(r)};
       },
       bound, std::move(still_wanted), [done = std::move(done)](host::Status st, Delivered) { done(std::move(st)); });
+}
+
+Attempt control_attempt(const std::filesystem::path& control, const cli::control::Request& request) {
+  return control_attempt(control, cli::control::Targeted{std::nullopt, request, std::nullopt});
+}
+
+void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Request request,
+                        std::chrono::milliseconds bound, std::function<bool()> still_wanted,
+                        std::function<void(host::Status)> done) {
+  deliver_when_ready(io, std::move(control), cli::control::Targeted{std::nullopt, std::move(request), std::nullopt}, bound,
+                     std::move(still_wanted), std::move(done));
 }
 
 }  // namespace nes::shim

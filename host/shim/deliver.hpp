@@ -41,6 +41,8 @@ void retry_when_ready(boost::asio::io_context& io, std::function<Attempt()> atte
 /// while the socket does not exist or the monitor does not answer (no reply, no connection);
 /// the monitor's reply is the answer (Ok, or its line, e.g. "error: ...", as the error).
 Attempt control_attempt(const std::filesystem::path& control, const cli::control::Request& request);
+/// As above, a journaled control (its sequence number: a retry after a lost answer is applied once).
+Attempt control_attempt(const std::filesystem::path& control, const cli::control::Targeted& request);
 
 /// Sends `request` to the control socket `control` on `io`'s thread: at once, then every 20 ms
 /// while not_ready_yet() says so and `still_wanted()` is true, for at most `bound` from the first
@@ -50,6 +52,11 @@ Attempt control_attempt(const std::filesystem::path& control, const cli::control
 /// called on `io`'s thread only, `done` exactly once (unless `io` is destroyed first). A
 /// retry_when_ready() whose try is one control_call.
 void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Request request,
+                        std::chrono::milliseconds bound, std::function<bool()> still_wanted,
+                        std::function<void(host::Status)> done);
+/// As above, a journaled control (control::Targeted: its sequence number, so a try whose answer
+/// was lost and that is tried again is applied once).
+void deliver_when_ready(boost::asio::io_context& io, std::filesystem::path control, cli::control::Targeted request,
                         std::chrono::milliseconds bound, std::function<bool()> still_wanted,
                         std::function<void(host::Status)> done);
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "host/shim/container.hpp"
+#include "host/shim/control_journal.hpp"
 #include "host/shim/fault_point.hpp"
 #include "host/shim/log.hpp"
 #include "host/shim/rpc.hpp"
@@ -163,11 +164,13 @@ bool on_started(ExecProc& x, std::uint32_t pid, std::uint16_t proc) {
   v2::StartResponse r;
   r.set_pid(pid);
   if (auto rs = std::exchange(x.start_respond, std::nullopt)) (*rs)(ok(r));
-  if (auto sz = std::exchange(x.pending_resize, std::nullopt))
+  if (auto sz = std::exchange(x.pending_resize, std::nullopt)) {
+    x.last_size = *sz;
     (void)cli::control_request(shim.control(),
                                cli::control::Resize{static_cast<std::uint16_t>(sz->first),
                                                     static_cast<std::uint16_t>(sz->second), x.proc},
                                2s);
+  }
   if (auto sig = std::exchange(x.pending_signal, std::nullopt)) (void)x.kill(*sig);
   return true;
 }
@@ -261,7 +264,8 @@ ttrpc::Reply ExecProc::kill(std::uint32_t signal) {
     return empty();
   }
   if (phase != Phase::running || proc == 0) return fail(ttrpc::Code::failed_precondition, fmt::format("{}: not started", name()));
-  auto done = cli::control_call(shim.control(), cli::control::Kill{static_cast<int>(signal), proc}, 2s);
+  // Journaled in the task's record (control_journal.hpp): a replaced shim sends it again, once.
+  auto done = journaled_call(shim.own(), cli::control::Kill{static_cast<int>(signal), proc}, 2s);
   if (done) return empty();
   return fail(ttrpc::Code::unavailable, fmt::format("kill {}: {}", signal, done.error().message));
 }
@@ -273,10 +277,14 @@ ttrpc::Reply ExecProc::resize(std::uint32_t height, std::uint32_t width) {
     pending_resize = std::pair{height, width};
     return empty();
   }
+  if (last_size == std::pair{height, width}) return empty();  // told already: nothing changes
   auto done = cli::control_call(shim.control(),
                                 cli::control::Resize{static_cast<std::uint16_t>(height), static_cast<std::uint16_t>(width), proc},
                                 2s);
-  if (done) return empty();
+  if (done) {
+    last_size = std::pair{height, width};
+    return empty();
+  }
   return fail(ttrpc::Code::unavailable, fmt::format("resize: {}", done.error().message));
 }
 

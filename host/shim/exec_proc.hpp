@@ -49,6 +49,7 @@ struct ExecProc : Process {
   std::optional<ttrpc::Respond> start_respond;
   std::optional<std::pair<std::uint32_t, std::uint32_t>> pending_resize;  // height, width before it started
   std::optional<std::uint32_t> pending_signal;  // a Kill that came while its Start was in flight
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> last_size;  // the size the monitor was told (ResizePty)
   // Until the monitor's control socket takes the request (a VM just started has none yet).
   cli::control::Exec request;
   host::Fd in, out, err;

@@ -10,7 +10,10 @@ namespace nes::shim {
 /// `fault_points`, on by default only where the tests are built, never in the host-only
 /// configuration that is packaged) and the environment variable NESINIT_SHIM_FAULT equals `name`
 /// (e.g. "create:mounted"), the shim says so on stderr and SIGKILLs itself there, so a test puts
-/// a kill between an intent and its effect without timing it. Otherwise nothing.
+/// a kill between an intent and its effect without timing it. With "stop:" + `name` (e.g.
+/// "stop:control:sent") it stops itself (SIGSTOP) there instead, for a test that stops
+/// containerd, SIGKILLs the frozen shim and starts a replacement (a shim that dies while
+/// containerd runs is cleaned up, not replaced). Otherwise nothing.
 void fault_point(std::string_view name);
 
 /// Where a test may fail a durable write as a full or broken disk would: with fault points built

@@ -25,6 +25,14 @@ std::string encode_task_record(const TaskRecord& r) {
   if (r.terminal) pod += R"(,"terminal":true)";
   if (r.created) pod += R"(,"created":true)";
   if (r.stdin_closed) pod += R"(,"stdin_closed":true)";
+  if (r.control_seq) pod += fmt::format(R"(,"control_seq":{})", r.control_seq);
+  if (!r.controls.empty()) {
+    pod += R"(,"controls":[)";
+    for (std::size_t i = 0; i < r.controls.size(); ++i)
+      pod += fmt::format(R"({}{{"seq":{},"request":{}}})", i ? "," : "", r.controls[i].seq,
+                         host::json_string(r.controls[i].request));
+    pod += "]";
+  }
   return fmt::format(R"({{"schema_version":1,"id":{},"vm":{},"state_dir":{},"pid":{},"pid_start":{},"mounted_rootfs":{}{}}})"
                      "\n",
                      host::json_string(r.id), host::json_string(r.vm), host::json_string(r.state_dir.string()), r.pid,
@@ -72,6 +80,21 @@ Result<TaskRecord> parse_task_record(std::string_view json) {
     return Error{"nesinit-task.json: created: expected a boolean"};
   if (auto e = o["stdin_closed"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_bool().get(r.stdin_closed))
     return Error{"nesinit-task.json: stdin_closed: expected a boolean"};
+  if (auto e = o["control_seq"]; e.error() != simdjson::NO_SUCH_FIELD && e.get_uint64().get(r.control_seq))
+    return Error{"nesinit-task.json: control_seq: expected an integer"};
+  if (auto e = o["controls"]; e.error() != simdjson::NO_SUCH_FIELD) {
+    simdjson::dom::array a;
+    if (e.get_array().get(a) || a.size() > kPendingControlsMax)
+      return Error{fmt::format("nesinit-task.json: controls: expected an array of at most {}", kPendingControlsMax)};
+    for (auto c : a) {
+      PendingControl pc;
+      if (c["seq"].get_uint64().get(pc.seq) || pc.seq == 0 || pc.seq > r.control_seq)
+        return Error{"nesinit-task.json: controls: seq: expected an integer 1..control_seq"};
+      if (c["request"].get_string().get(s)) return Error{"nesinit-task.json: controls: request: expected a string"};
+      pc.request = std::string(s);
+      r.controls.push_back(std::move(pc));
+    }
+  }
   return r;
 }
 

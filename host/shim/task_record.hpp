@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "host/lib/base.hpp"
 
@@ -21,6 +22,17 @@ inline constexpr const char* kTaskFile = "nesinit-task.json";
 /// What Delete answered (pid, exit status, exited_at), kept in the bundle so a retried Delete,
 /// a later shim or `shim delete` answers the same (containerd removes the bundle after).
 inline constexpr const char* kReceiptFile = "nesinit-deleted.json";
+
+/// A journaled control (docs/containerd.md "Controls journaled"): its sequence number and its
+/// control request line (host/monitor/control.hpp, e.g. `kill 10 3`, `pause`), recorded before
+/// it is sent and removed once the monitor answered.
+struct PendingControl {
+  std::uint64_t seq = 0;
+  std::string request;
+  bool operator==(const PendingControl&) const = default;
+};
+/// How many controls may be recorded unanswered at once (a further one is refused).
+inline constexpr std::size_t kPendingControlsMax = 64;
 
 /// The persisted part of the task (`<bundle>/nesinit-task.json`, schema_version 1).
 struct TaskRecord {
@@ -47,6 +59,12 @@ struct TaskRecord {
   /// CloseIO closed the task's stdin: a replaced shim tells the monitor again (`close-stdin`,
   /// idempotent) and holds no writer of its own. Optional (absent: false).
   bool stdin_closed = false;
+  /// The last control sequence number used for this task's VM (its monitor's; a pod's containers
+  /// and execs share it), and the controls recorded and not yet answered, oldest first: a
+  /// replaced shim sends each again with its number (the monitor applies each once). Optional
+  /// (absent: 0, none); the shim's own task's record only.
+  std::uint64_t control_seq = 0;
+  std::vector<PendingControl> controls;
   bool operator==(const TaskRecord&) const = default;
 };
 /// One JSON object plus '\n'.

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "host/monitor/control.hpp"
@@ -273,11 +274,11 @@ TEST_CASE("encode keeps one line within the bounds; validate says what cannot be
 TEST_CASE("fencing: a request aimed at a generation, its exact line, and back; malformed prefixes named") {
   using T = ctl::Targeted;
   std::vector<std::pair<T, std::string>> cases = {
-      {T{3, ctl::Stop{}}, "generation 3 stop"},
-      {T{1, ctl::Kill{9, 2}}, "generation 1 kill 9 2"},
-      {T{ctl::kGenerationMax, ctl::Resize{24, 80, std::nullopt}}, "generation 9007199254740991 resize 24 80"},
-      {T{7, ctl::Ps{}}, "generation 7 ps"},
-      {T{std::nullopt, ctl::Kill{15, std::nullopt}}, "kill 15"},  // no target: the bare request
+      {T{3, ctl::Stop{}, std::nullopt}, "generation 3 stop"},
+      {T{1, ctl::Kill{9, 2}, std::nullopt}, "generation 1 kill 9 2"},
+      {T{ctl::kGenerationMax, ctl::Resize{24, 80, std::nullopt}, std::nullopt}, "generation 9007199254740991 resize 24 80"},
+      {T{7, ctl::Ps{}, std::nullopt}, "generation 7 ps"},
+      {T{std::nullopt, ctl::Kill{15, std::nullopt}, std::nullopt}, "kill 15"},  // no target: the bare request
   };
   for (auto& [t, line] : cases) {
     CAPTURE(line);
@@ -287,7 +288,7 @@ TEST_CASE("fencing: a request aimed at a generation, its exact line, and back; m
     CHECK(*back == t);
     CHECK(ctl::validate(t).ok());
   }
-  ctl::Targeted x{5, ctl::Exec{true, false, false, sample_exec()}};
+  ctl::Targeted x{5, ctl::Exec{true, false, false, sample_exec()}, std::nullopt};
   auto xb = ctl::parse_targeted(ctl::encode(x));
   REQUIRE(xb.ok());
   CHECK(*xb == x);
@@ -305,7 +306,7 @@ TEST_CASE("fencing: a request aimed at a generation, its exact line, and back; m
   CHECK(bad("generation 3 generation 3 stop") == "unknown request 'generation 3 stop'");
   // The plain parser (a monitor before the prefix) does not know it: what the client's retry sees.
   CHECK(ctl::parse_request("generation 3 stop").error().message == "unknown request 'generation 3 stop'");
-  CHECK_FALSE(ctl::validate(ctl::Targeted{0, ctl::Stop{}}).ok());
+  CHECK_FALSE(ctl::validate(ctl::Targeted{0, ctl::Stop{}, std::nullopt}).ok());
 }
 
 // ---- the real server over a real Unix socket ----
@@ -516,17 +517,17 @@ TEST_CASE("fencing: a monitor refuses a request aimed at another generation; the
     return host::Status{host::Ok{}};
   };
   Served served(path, std::move(h));
-  auto stale = control_request(path, ctl::Targeted{3, ctl::Stop{}});
+  auto stale = control_request(path, ctl::Targeted{3, ctl::Stop{}, std::nullopt});
   REQUIRE(stale.ok());
   CHECK(*stale == ctl::Reply{ctl::Error{
                       "generation: this monitor serves generation 4 of the VM; the request targets generation 3"}});
-  CHECK(control_call(path, ctl::Targeted{5, ctl::Stop{}}).error().message.find("targets generation 5") !=
+  CHECK(control_call(path, ctl::Targeted{5, ctl::Stop{}, std::nullopt}).error().message.find("targets generation 5") !=
         std::string::npos);
   {
     std::lock_guard lock(mu);
     CHECK(calls.empty());  // neither reached the handler
   }
-  CHECK(control_call(path, ctl::Targeted{4, ctl::Stop{}}).ok());
+  CHECK(control_call(path, ctl::Targeted{4, ctl::Stop{}, std::nullopt}).ok());
   CHECK(control_call(path, ctl::Stop{}).ok());  // an older client: not checked
   CHECK(raw_exchange(path, "generation 0 stop\n") ==
         "error: generation: G: expected an integer 1..9007199254740991, got '0'\n");
@@ -547,10 +548,93 @@ TEST_CASE("fencing: a monitor that predates the prefix gets the bare request onc
   });
   REQUIRE(s.ok());
   std::thread loop([&] { io.run_for(std::chrono::seconds(30)); });
-  auto r = control_request(path, ctl::Targeted{3, ctl::Kill{9, std::nullopt}});
+  auto r = control_request(path, ctl::Targeted{3, ctl::Kill{9, std::nullopt}, std::nullopt});
   io.stop();
   loop.join();
   REQUIRE(r.ok());
   CHECK(std::holds_alternative<ctl::Ok>(*r));
   CHECK(lines == std::vector<std::string>{"generation 3 kill 9", "kill 9"});
+}
+
+TEST_CASE("journaled controls: `seq S` after any generation, its exact line, and back; malformed ones named") {
+  using T = ctl::Targeted;
+  const std::vector<std::pair<T, std::string>> cases{
+      {T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}, "seq 1 kill 10"},
+      {T{3, ctl::Kill{9, 2}, 17}, "generation 3 seq 17 kill 9 2"},
+      {T{std::nullopt, ctl::Pause{}, ctl::kSeqMax}, "seq 9007199254740991 pause"},
+      {T{std::nullopt, ctl::Resume{}, 5}, "seq 5 resume"},
+  };
+  for (const auto& [t, line] : cases) {
+    CHECK(ctl::encode(t) == line);
+    auto back = ctl::parse_targeted(line);
+    REQUIRE(back.ok());
+    CHECK(*back == t);
+    CHECK(ctl::validate(t).ok());
+  }
+  auto bad = [](std::string_view l) { return ctl::parse_targeted(l).error().message; };
+  CHECK(bad("seq 0 pause") == "seq: S: expected an integer 1..9007199254740991, got '0'");
+  CHECK(bad("seq x pause") == "seq: S: expected an integer 1..9007199254740991, got 'x'");
+  CHECK(bad("seq 4") == "seq: expected S REQUEST");
+  CHECK(bad("seq 4 seq 5 pause") == "unknown request 'seq 5 pause'");
+  CHECK(bad("seq 4 generation 3 pause") == "unknown request 'generation 3 pause'");  // generation first
+  CHECK_FALSE(ctl::validate(T{std::nullopt, ctl::Stop{}, 0}).ok());
+}
+
+TEST_CASE("journaled controls: a sequence number the monitor applied is answered Ok, not applied again") {
+  nes::test::TempDir dir("ctlseq");
+  const fs::path path = dir.path / "control.sock";
+  std::mutex mu;
+  std::vector<std::string> calls;
+  bool refuse = true;
+  ControlHandlers h;
+  h.kill = [&](const ctl::Kill& k) {
+    std::lock_guard lock(mu);
+    calls.push_back(fmt::format("kill {}", k.signal));
+    return host::Status{host::Ok{}};
+  };
+  h.pause = [&] {
+    std::lock_guard lock(mu);
+    calls.push_back("pause");
+    if (std::exchange(refuse, false)) return host::Status{host::Error{"the guest is not ready yet"}};
+    return host::Status{host::Ok{}};
+  };
+  Served served(path, std::move(h));
+  using T = ctl::Targeted;
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}).ok());  // its answer was lost: again
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 2}).ok());  // a second signal of its own
+  CHECK(control_call(path, ctl::Kill{10, std::nullopt}).ok());                       // unnumbered: always applied
+  // A refusal is not kept: the same number tried again is applied.
+  CHECK_FALSE(control_call(path, T{std::nullopt, ctl::Pause{}, 3}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Pause{}, 3}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Pause{}, 3}).ok());
+  // The last kSeqsKept are kept: 4..67 push 1 out (applied again), 2 is out too, 67 is kept.
+  for (std::uint64_t s = 4; s < 4 + ctl::kSeqsKept; ++s) CHECK(control_call(path, T{std::nullopt, ctl::Kill{12, std::nullopt}, s}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{10, std::nullopt}, 1}).ok());
+  CHECK(control_call(path, T{std::nullopt, ctl::Kill{12, std::nullopt}, 3 + ctl::kSeqsKept}).ok());
+  std::lock_guard lock(mu);
+  std::vector<std::string> want{"kill 10", "kill 10", "kill 10", "pause", "pause"};
+  want.insert(want.end(), ctl::kSeqsKept, "kill 12");
+  want.push_back("kill 10");
+  CHECK(calls == want);
+}
+
+TEST_CASE("journaled controls: a monitor that predates the prefix gets the request without it once") {
+  nes::test::TempDir dir("ctlseqold");
+  const fs::path path = dir.path / "control.sock";
+  boost::asio::io_context io;
+  std::vector<std::string> lines;
+  auto s = ControlServer::start(io, path, [&](std::string_view line, std::vector<host::Fd>, ControlServer::Reply send) {
+    lines.emplace_back(line);
+    auto r = ctl::parse_request(line);
+    send(ctl::encode(r ? ctl::Reply{ctl::Ok{}} : ctl::Reply{ctl::Error{r.error().message}}), false);
+  });
+  REQUIRE(s.ok());
+  std::thread loop([&] { io.run_for(std::chrono::seconds(30)); });
+  auto r = control_request(path, ctl::Targeted{std::nullopt, ctl::Kill{9, std::nullopt}, 4});
+  io.stop();
+  loop.join();
+  REQUIRE(r.ok());
+  CHECK(std::holds_alternative<ctl::Ok>(*r));
+  CHECK(lines == std::vector<std::string>{"seq 4 kill 9", "kill 9"});
 }

@@ -594,13 +594,14 @@ def kill_and_delete(d, tid, want):
     check(f"exit code {want}" in err, f"ctr task delete {tid}: {err!r}, want {want}{d.tail()}")
 
 
-def replace_shim(d, tid, between=lambda: None, created=False):
+def replace_shim(d, tid, between=lambda: None, created=False, fault=None, status="RUNNING"):
     """The live replacement the seed's shim is qualified by: containerd stopped, task `tid`'s
     shim SIGKILLed, `between()` called, then a new shim started by hand on the same bundle and
     socket (`start`, with the dead one's own arguments and environment; it must print the
     bundle's address) and containerd started again. The task's `neshost run` must outlive it
     and the task be RUNNING with the same pid; a `created` task (its pid the shim's) must be
-    CREATED again."""
+    CREATED again. The replacement runs with NESINIT_SHIM_FAULT=`fault` if set; `status` is the
+    one the task must have after it (None: not checked)."""
     pid = d.tasks()[tid][0]
     shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and f"-id {tid}" in q.cmd and d.tmp in q.cmd]
     check(len(shims) == 1, f"shim processes: {[(q.pid, q.cmd) for q in shims]}")
@@ -609,6 +610,8 @@ def replace_shim(d, tid, between=lambda: None, created=False):
     with open(f"/proc/{shims[0].pid}/environ", "rb") as f:
         env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
     env.pop("NESINIT_SHIM_FAULT", None)  # the replacement runs without the old shim's fault point
+    if fault:
+        env["NESINIT_SHIM_FAULT"] = fault
     bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", tid)
     d.stop()
     os.kill(shims[0].pid, signal.SIGKILL)
@@ -622,8 +625,8 @@ def replace_shim(d, tid, between=lambda: None, created=False):
     d.start()
     if created:
         check(d.tasks().get(tid, ("", ""))[1] == "CREATED", f"after the replacement: {d.tasks()}, want {tid} CREATED{d.tail()}")
-    else:
-        check(d.tasks().get(tid) == (pid, "RUNNING"), f"after the replacement: {d.tasks()}, want ({pid}, RUNNING){d.tail()}")
+    elif status:
+        check(d.tasks().get(tid) == (pid, status), f"after the replacement: {d.tasks()}, want ({pid}, {status}){d.tail()}")
 
 
 def case_created_states(d):
@@ -1144,6 +1147,122 @@ def case_journal_eio_exit(d):
         d.ctr("container", "delete", "jx")
     finally:
         d.env.pop("NESINIT_SHIM_FAULT", None)
+
+
+def case_control_replayed(d):
+    """issue 44: Kill, Pause and Resume are journaled (a per-task sequence number in the task's
+    record before the control is sent; the monitor applies a number once). The shim is frozen at
+    a fault point (NESINIT_SHIM_FAULT=stop:POINT), then replaced as a SIGKILLed shim is
+    (containerd stopped, the frozen shim SIGKILLed, a new one started by hand), four times in a
+    row on one task:
+    - `control:recorded` in a Kill (SIGUSR1): the signal never left the dead shim; the
+      replacement sends it: the workload's trap ran once.
+    - `control:sent` in a Pause: the VM paused, its answer lost; the replacement sends it again
+      with its number: PAUSED, and the monitor said `paused` once (not a second stop).
+    - `control:recorded` in a Resume: the replacement resumes it: RUNNING, `resumed` said once.
+    - `control:sent` in a Kill (SIGUSR1): the replacement's resend is not applied: after a
+      SIGUSR2 through the new shim (a fence) the trap ran for SIGUSR1 twice in all, not three times.
+    The record keeps no control unanswered after each replacement, and the task ends with 143."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    out = os.path.join(d.tmp, "tq.log")
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", "tq")
+    text = lambda: open(out, errors="replace").read() if os.path.exists(out) else ""
+    fired = lambda point: open(d.log, errors="replace").read().count(f"fault point {point}: SIGSTOP")
+
+    def pending():
+        with open(os.path.join(bundle, "nesinit-task.json")) as f:
+            return json.load(f).get("controls", [])
+
+    def frozen_at(args, point):
+        """`ctr task ARGS` through the shim, which freezes at `point`; then that ctr is ended (its
+        call cancelled, so containerd's shutdown does not wait for the frozen shim's answer)."""
+        before = fired(point)
+        p = d.popen_ctr("task", *args)
+        try:
+            until(lambda: fired(point) > before, f"ctr task {' '.join(args)}: fault point {point} fired{d.tail()}")
+        finally:
+            p.kill()
+            p.communicate()
+
+    d.env["NESINIT_SHIM_FAULT"] = "stop:control:recorded"
+    d.stop()
+    d.start()
+    try:
+        d.ctr("run", "-d", "--log-uri", "file://" + out, "--runtime", RUNTIME, "--rootfs", root, "tq", "/bin/sh", "-c",
+              "trap 'echo usr1' USR1; trap 'echo usr2' USR2; echo up; while :; do sleep 0.1; done")
+    finally:
+        d.env.pop("NESINIT_SHIM_FAULT", None)
+    until(lambda: "up\n" in text(), "tq's workload running")
+    frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:recorded")
+    check([c["request"] for c in pending()] == ["kill 10"], f"recorded before sending: {pending()}")
+    check(text().count("usr1") == 0, f"a kill sent by a shim frozen before sending: {text()!r}")
+    replace_shim(d, "tq", fault="stop:control:sent")
+    until(lambda: text().count("usr1") == 1, "the recorded kill sent by the replacement")
+    until(lambda: pending() == [], "no control left recorded")
+
+    frozen_at(("pause", "tq"), "control:sent")
+    replace_shim(d, "tq", fault="stop:control:recorded", status="PAUSED")
+    until(lambda: pending() == [], "no control left recorded")
+
+    frozen_at(("resume", "tq"), "control:recorded")
+    replace_shim(d, "tq", fault="stop:control:sent", status=None)
+    until(lambda: d.tasks().get("tq", ("", ""))[1] == "RUNNING", f"tq resumed by the replacement{d.tail()}")
+    until(lambda: pending() == [], "no control left recorded")
+    check(text().count(": paused\n") == 1 and text().count(": resumed\n") == 1,
+          f"the monitor paused and resumed once each: {text()[-2000:]!r}")
+
+    frozen_at(("kill", "-s", "SIGUSR1", "tq"), "control:sent")
+    until(lambda: text().count("usr1") == 2, "the kill applied before the shim froze")
+    replace_shim(d, "tq")
+    d.ctr("task", "kill", "-s", "SIGUSR2", "tq")
+    until(lambda: "usr2" in text(), "the fence's SIGUSR2")
+    check(text().count("usr1") == 2, f"a kill the monitor applied was applied again: {text()!r}")
+    until(lambda: pending() == [], "no control left recorded")
+    kill_and_delete(d, "tq", 143)
+    d.ctr("container", "delete", "tq")
+
+
+def case_closeio_replaced(d):
+    """issue 44: CloseIO with the shim frozen after it recorded it (`close-io:recorded`: the
+    record says stdin_closed, the shim's writer still held and the monitor not yet told), then
+    replaced as a SIGKILLed shim is. The replacement holds no writer and tells the monitor
+    (`close-stdin`), so the workload reads its EOF and ends with its own 9 (a replacement that
+    held the FIFO again, or never told the monitor, would leave it reading forever)."""
+    root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", "tc")
+    point = "close-io:recorded"
+    fired = lambda: open(d.log, errors="replace").read().count(f"fault point {point}: SIGSTOP")
+    d.env["NESINIT_SHIM_FAULT"] = "stop:" + point
+    d.stop()
+    d.start()
+    p = None
+    try:
+        p = subprocess.Popen(["ctr", "--address", d.sock, "run", "--runtime", RUNTIME, "--rootfs", root, "tc", "/bin/sh",
+                              "-c", "echo up; cat > /in.txt; exit 9"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=d.env)
+        d.env.pop("NESINIT_SHIM_FAULT", None)
+        wait_line(p, "up")
+        p.stdin.write(b"one\n")
+        p.stdin.close()  # ctr's CloseIO
+        until(lambda: fired() > 0, f"CloseIO: fault point {point} fired{d.tail()}")
+        p.kill()  # its CloseIO call cancelled: containerd's shutdown waits for no answer
+        p.wait()
+        with open(os.path.join(bundle, "nesinit-task.json")) as f:
+            check(json.load(f).get("stdin_closed") is True, "CloseIO recorded before the shim froze")
+        replace_shim(d, "tc", status=None)
+    finally:
+        d.env.pop("NESINIT_SHIM_FAULT", None)
+        if p is not None:
+            if p.poll() is None:
+                p.kill()
+            p.wait()  # its stdin is closed already: not communicate()
+            p.stdout.close()
+            p.stderr.close()
+    rc, err = delete_when_ended(d, "tc")
+    check("exit code 9" in err, f"ctr task delete tc: {rc}, {err!r}, want the workload's own 9 after its EOF{d.tail()}")
+    with open(os.path.join(root, "in.txt")) as f:
+        check(f.read() == "one\n", "the workload's stdin before its EOF")
+    d.ctr("container", "delete", "tc")
 
 
 def all_procs():

@@ -452,6 +452,25 @@ TEST_CASE("the task record: a pod's fields round-trip; a record without them par
       R"({"schema_version":1,"id":"t","vm":"ctr-0123456789abcdef01234567","state_dir":"/s","pid":0,"pid_start":0,"mounted_rootfs":false,"stdin_closed":1})");
   REQUIRE(!bad2);
   CHECK(bad2.error().message == "nesinit-task.json: stdin_closed: expected a boolean");
+  // The controls journal: the last number used and the ones not yet answered, in order.
+  t.control_seq = 9;
+  t.controls = {{7, "kill 10 3"}, {9, "pause"}};
+  auto tc = shim::parse_task_record(shim::encode_task_record(t));
+  REQUIRE(tc);
+  CHECK(*tc == t);
+  CHECK(old->control_seq == 0);
+  CHECK(old->controls.empty());
+  const std::string head =
+      R"({"schema_version":1,"id":"t","vm":"ctr-0123456789abcdef01234567","state_dir":"/s","pid":0,"pid_start":0,"mounted_rootfs":false,)";
+  auto bad3 = shim::parse_task_record(head + R"("control_seq":2,"controls":[{"seq":3,"request":"pause"}]})");
+  REQUIRE(!bad3);
+  CHECK(bad3.error().message == "nesinit-task.json: controls: seq: expected an integer 1..control_seq");
+  auto bad4 = shim::parse_task_record(head + R"("control_seq":2,"controls":[{"seq":2}]})");
+  REQUIRE(!bad4);
+  CHECK(bad4.error().message == "nesinit-task.json: controls: request: expected a string");
+  auto bad5 = shim::parse_task_record(head + R"("control_seq":"x"})");
+  REQUIRE(!bad5);
+  CHECK(bad5.error().message == "nesinit-task.json: control_seq: expected an integer");
 }
 
 TEST_CASE("unknown ids and exec ids are NOT_FOUND; Exec, Pause and Stats need a running task; Update names what it cannot change") {
