@@ -132,7 +132,7 @@ Status download(Store& store, Registry& reg, const Reference& ref, const Manifes
       j.size = e.size;
       j.write = [&, i](std::span<const std::byte> b) { return writers[i]->write(b); };
       j.finish = [&, i]() -> Status {
-        auto c = writers[i]->commit();
+        auto c = writers[i]->commit(false);  // the directory once, before the ref (pull())
         if (!c) return std::move(c).error();
         blobs[i].state = BlobState::complete;
         blobs[i].done = blobs[i].size;
@@ -196,8 +196,11 @@ Result<PullResult> pull(Store& store, const Reference& ref, const PullOptions& o
   if (!mw) return at(reg, mw.error());
   if (!mw->present()) {
     if (auto st = mw->write(body); !st) return at(reg, st.error());
-    if (auto c = mw->commit(); !c) return at(reg, c.error());
+    if (auto c = mw->commit(false); !c) return at(reg, c.error());
   }
+  // Every blob's link durable (one fsync of blobs/sha256 for all of them, and for any another
+  // writer committed that we found present) before index.json names them.
+  if (auto st = store.sync_blobs(); !st) return at(reg, st.error());
   Descriptor named = mdesc;
   named.platform.reset();
   if (auto st = store.set_ref(res.ref_name, named); !st) return std::move(st).error();

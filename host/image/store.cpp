@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 
@@ -72,7 +73,7 @@ std::string index_json(const std::vector<Descriptor>& manifests) {
 
 }  // namespace
 
-Status write_file_durable(const fs::path& path, std::string_view data, unsigned mode) {
+Status write_file_durable(const fs::path& path, std::string_view data, unsigned mode, bool sync_dir) {
   fs::path tmp = path;
   tmp += fmt::format(".{}.tmp", ::getpid());
   host::Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
@@ -84,7 +85,7 @@ Status write_file_durable(const fs::path& path, std::string_view data, unsigned 
     ::unlink(tmp.c_str());
     return w;
   }
-  return fsync_dir(path.parent_path());
+  return sync_dir ? fsync_dir(path.parent_path()) : Status(Ok{});
 }
 
 // ---- BlobWriter ----
@@ -96,18 +97,46 @@ Status BlobWriter::write(std::span<const std::byte> bytes) {
     failed_ = true;
     return Error{fmt::format("blob {}: more than the expected {} bytes", expected_.str(), expected_size_)};
   }
-  auto w = write_all(file_.get(), reinterpret_cast<const char*>(bytes.data()), bytes.size(),
+  hash_->update(bytes);
+  written_ += bytes.size();
+  while (!bytes.empty()) {
+    if (buf_.empty() && bytes.size() >= kWriteChunk) {  // a whole chunk: straight to the file
+      if (auto f = put(bytes.first(kWriteChunk)); !f) return f;
+      bytes = bytes.subspan(kWriteChunk);
+      continue;
+    }
+    const std::size_t take = std::min(bytes.size(), kWriteChunk - buf_.size());
+    buf_.insert(buf_.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+    bytes = bytes.subspan(take);
+    if (buf_.size() == kWriteChunk)
+      if (auto f = flush(); !f) return f;
+  }
+  return Ok{};
+}
+
+Status BlobWriter::flush() {
+  if (buf_.empty()) return Ok{};
+  auto f = put(buf_);
+  buf_.clear();
+  return f;
+}
+
+Status BlobWriter::put(std::span<const std::byte> piece) {
+  auto w = write_all(file_.get(), reinterpret_cast<const char*>(piece.data()), piece.size(),
                      fmt::format("blob {}: write", expected_.str()));
   if (!w) {
     failed_ = true;
     return w;
   }
-  hash_->update(bytes);
-  written_ += bytes.size();
+  // Writeback of this piece starts now (asynchronously: no wait), so the fsync in commit() finds
+  // at most the last piece dirty. An error here is only advice lost: the fsync still decides.
+  (void)::sync_file_range(file_.get(), static_cast<off_t>(in_file_), static_cast<off_t>(piece.size()),
+                          SYNC_FILE_RANGE_WRITE);
+  in_file_ += piece.size();
   return Ok{};
 }
 
-Result<Digest> BlobWriter::commit() {
+Result<Digest> BlobWriter::commit(bool sync_dir) {
   if (present_) return expected_;
   if (failed_ || !file_) return Error{fmt::format("blob {}: writer already failed", expected_.str())};
   failed_ = true;  // one commit per writer
@@ -116,13 +145,15 @@ Result<Digest> BlobWriter::commit() {
   Digest got = sha256_digest(*hash_);
   if (got != expected_)
     return Error{fmt::format("blob {}: digest mismatch: the {} bytes received hash to {}", expected_.str(), written_, got.str())};
+  if (auto f = flush(); !f) return f.error();
   if (::fsync(file_.get()) != 0) return host::errno_error(errno, fmt::format("blob {}: fsync", expected_.str()));
   fs::path dst = root_ / "blobs/sha256" / expected_.hex;
   std::string proc = fmt::format("/proc/self/fd/{}", file_.get());
   if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, dst.c_str(), AT_SYMLINK_FOLLOW) != 0 && errno != EEXIST)
     return host::errno_error(errno, fmt::format("blob {}: link into {}", expected_.str(), dst.parent_path().string()));
   file_.reset();
-  if (auto s = fsync_dir(dst.parent_path()); !s) return s.error();
+  if (sync_dir)
+    if (auto s = fsync_dir(dst.parent_path()); !s) return s.error();
   lock_.reset();
   return expected_;
 }
@@ -145,10 +176,14 @@ Result<Store> Store::open(const fs::path& state_dir) {
   if (!fs::exists(root / "oci-layout") || !fs::exists(root / "index.json")) {
     auto l = s.lock_index();
     if (!l) return l.error();
+    // Both files fsynced, the directory once (write_index() fsyncs it after its rename).
     if (!fs::exists(root / "oci-layout"))
-      if (auto w = write_file_durable(root / "oci-layout", kLayoutFile); !w) return w.error();
-    if (!fs::exists(root / "index.json"))
+      if (auto w = write_file_durable(root / "oci-layout", kLayoutFile, 0644, false); !w) return w.error();
+    if (!fs::exists(root / "index.json")) {
       if (auto w = s.write_index({}); !w) return w.error();
+    } else if (auto d = fsync_dir(root); !d) {
+      return d.error();
+    }
   }
   auto layout = [&]() -> Result<std::string> {
     host::Fd fd(::open((root / "oci-layout").c_str(), O_RDONLY | O_CLOEXEC));
@@ -182,8 +217,11 @@ Result<BlobWriter> Store::begin_blob(const Digest& expected, std::uint64_t expec
   w.file_.reset(::open((root_ / "ingest").c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644));
   if (!w.file_) return host::errno_error(errno, fmt::format("blob {}: create in {}", expected.str(), (root_ / "ingest").string()));
   w.hash_ = std::make_unique<vm::Sha256>();
+  w.buf_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(expected_size, BlobWriter::kWriteChunk)));
   return w;
 }
+
+Status Store::sync_blobs() const { return fsync_dir(root_ / "blobs/sha256"); }
 
 bool Store::has_blob(const Digest& d) const {
   struct stat st;

@@ -50,19 +50,27 @@ class BlobWriter {
   BlobWriter(BlobWriter&&) noexcept = default;
   BlobWriter& operator=(BlobWriter&&) noexcept = default;
   ~BlobWriter() = default;
-  /// Appends bytes. Fails (naming the digest) once more than the expected size arrived, or on a
-  /// write error (ENOSPC: the disk is full); the writer is then spent (commit fails).
+  /// Appends bytes (hashed now, written to the file in kWriteChunk pieces, each handed to the
+  /// kernel's writeback at once: sync_file_range(2), so the commit's fsync waits for the last
+  /// piece only, not the whole blob). Fails (naming the digest) once more than the expected size
+  /// arrived, or on a write error (ENOSPC: the disk is full); the writer is then spent.
   Status write(std::span<const std::byte> bytes);
   Status write(std::string_view s) { return write(std::as_bytes(std::span(s.data(), s.size()))); }
   /// Checks size and digest against the expected ones, fsyncs, and links the blob into
-  /// blobs/sha256/ (fsynced there). A blob already present (present(), or written meanwhile by
-  /// another writer) is a success. Errors name the digest, what was expected and what came.
-  Result<Digest> commit();
+  /// blobs/sha256/, whose directory is fsynced too unless `sync_dir` is false: a caller
+  /// committing several blobs then calls Store::sync_blobs() once before a ref names them (a
+  /// pull: one directory fsync instead of one per blob). A blob already present (present(), or
+  /// written meanwhile by another writer) is a success. Errors name the digest, what was
+  /// expected and what came.
+  Result<Digest> commit(bool sync_dir = true);
   /// The blob was already in the store when this writer began: write() discards, commit() is a no-op.
   bool present() const { return present_; }
   /// Bytes accepted so far.
   std::uint64_t written() const { return written_; }
   const Digest& expected() const { return expected_; }
+  /// Bytes gathered per write(2) to the file: 4100 16 KiB TLS records of a 67 MB layer become
+  /// 67 writes, and each MiB starts its writeback while the next arrives.
+  static constexpr std::size_t kWriteChunk = 1u << 20;
 
  private:
   friend class Store;
@@ -72,6 +80,10 @@ class BlobWriter {
   std::uint64_t expected_size_ = 0, written_ = 0;
   host::Fd file_, lock_;  // the O_TMPFILE, and the per-digest lock (ingest/HEX.lock)
   std::unique_ptr<vm::Sha256> hash_;
+  std::vector<std::byte> buf_;     // bytes hashed, not yet written (< kWriteChunk)
+  std::uint64_t in_file_ = 0;      // bytes written to file_ (and handed to writeback)
+  Status flush();                  // buf_ -> put()
+  Status put(std::span<const std::byte> piece);  // write(2), then sync_file_range(SYNC_FILE_RANGE_WRITE)
   bool present_ = false, failed_ = false;
 };
 
@@ -107,6 +119,9 @@ class Store {
   /// present() and discards what it is given.
   Result<BlobWriter> begin_blob(const Digest& expected, std::uint64_t expected_size, bool wait = true);
   bool has_blob(const Digest& d) const;
+  /// fsyncs blobs/sha256 (the links of blobs committed with commit(false)); what a writer calls
+  /// before a ref names its blobs. Errors name the directory.
+  Status sync_blobs() const;
   /// The blob's bytes, at most `max` (an error beyond), digest checked again.
   Result<std::string> read_blob(const Digest& d, std::uint64_t max) const;
   /// The blob opened read-only (streamed by the unpacker, which checks the digest as it reads).
@@ -142,7 +157,9 @@ class Store {
   std::filesystem::path root_;
 };
 
-/// Writes `data` to `path` durably: a temp beside it, fsync, rename, fsync of the directory.
-Status write_file_durable(const std::filesystem::path& path, std::string_view data, unsigned mode = 0644);
+/// Writes `data` to `path` durably: a temp beside it, fsync, rename, fsync of the directory
+/// (unless `sync_dir` is false: the caller fsyncs the directory once after several files).
+Status write_file_durable(const std::filesystem::path& path, std::string_view data, unsigned mode = 0644,
+                          bool sync_dir = true);
 
 }  // namespace nes::image
