@@ -548,7 +548,7 @@ TEST_CASE("exec.container.mounts (additive): wire shape, round trip, errors nami
   CHECK(err(R"({"dst":"/a"})") == "exec.container.mounts[0].fs: missing (expected bind or tmpfs)");
   CHECK(err(R"({"dst":"/a","fs":"virtiofs","src":"/x"})").starts_with("exec.container.mounts[0].fs: expected"));
   CHECK(err(R"({"dst":"/a","fs":"tmpfs","propagation":"up"})").starts_with("exec.container.mounts[0].propagation: expected private"));
-  CHECK(err(R"({"dst":"/a","fs":"tmpfs","data":")" + std::string(257, 'a') + ""}")
+  CHECK(err(R"({"dst":"/a","fs":"tmpfs","data":")" + std::string(257, 'a') + R"("})")
             .starts_with("exec.container.mounts[0].data: expected tmpfs options"));
   std::string many;
   for (int i = 0; i <= 64; ++i) many += std::string(i ? "," : "") + R"({"dst":"/a","fs":"tmpfs"})";
