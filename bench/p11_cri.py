@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "cri"))
 import cri_harness as h  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 from procs import pss_kib  # noqa: E402
+from cri_test import atomic_dir  # noqa: E402
 
 BOUND = 300  # seconds: the most one pod's start may take
 
@@ -50,16 +51,41 @@ def first_line(path):
         return False
 
 
-def start_pod(d, handler, name):
-    """One pod with one container, to its first log line. Returns (pod id, phase times in s:
-    run, create, start, first output, total)."""
+def kubelet_mounts(d, name):
+    """The mounts a kubelet gives a pod's container (issue 48), made on the host as it makes
+    them: the service-account token (a projected volume in the AtomicWriter's `..data` layout),
+    a ConfigMap, a Secret, an emptyDir, a read-only hostPath, /etc/hosts and
+    /dev/termination-log: seven CRI mounts."""
+    M = d.cri.pb.Mount
+    kub = os.path.join(d.tmp, "kubelet", name)
+    vol = lambda kind, v: os.path.join(kub, "volumes", f"kubernetes.io~{kind}", v)  # noqa: E731
+    sa, cm, sec, ed = vol("projected", "kube-api-access"), vol("configmap", "cfg"), vol("secret", "sec"), vol("empty-dir", "ed")
+    atomic_dir(sa, {"token": "t", "ca.crt": "ca", "namespace": "p11"}, 0o644, "2026_12_07_00_00_00.1")
+    atomic_dir(cm, {"app.conf": "x"}, 0o644, "2026_12_07_00_00_00.2")
+    atomic_dir(sec, {"password": "y"}, 0o400, "2026_12_07_00_00_00.3")
+    os.makedirs(ed)
+    os.makedirs(os.path.join(kub, "containers"))
+    term, hosts = os.path.join(kub, "containers", "term"), os.path.join(kub, "etc-hosts")
+    for p in (term, hosts):
+        open(p, "w").close()
+    return [M(container_path="/etc/hosts", host_path=hosts), M(container_path="/dev/termination-log", host_path=term),
+            M(container_path="/var/run/secrets/kubernetes.io/serviceaccount", host_path=sa, readonly=True),
+            M(container_path="/etc/config", host_path=cm, readonly=True),
+            M(container_path="/etc/secret", host_path=sec, readonly=True),
+            M(container_path="/data", host_path=ed), M(container_path="/host", host_path=d.tmp, readonly=True)]
+
+
+def start_pod(d, handler, name, mounts=False):
+    """One pod with one container (with a kubelet's mounts when `mounts`), to its first log
+    line. Returns (pod id, phase times in s: run, create, start, first output, total)."""
     pb = d.cri.pb
     cfg = pod_config(d, name)
+    ms = kubelet_mounts(d, name) if mounts else []
     t0 = time.monotonic()
     pod = d.cri.RunPodSandbox(config=cfg, runtime_handler=handler, deadline=BOUND).pod_sandbox_id
     t1 = time.monotonic()
     c = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg, deadline=BOUND, config=pb.ContainerConfig(
-        metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image=h.BUSYBOX_IMAGE),
+        metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image=h.BUSYBOX_IMAGE), mounts=ms,
         command=["/bin/sh", "-c", "echo first; exec sleep 100000"], log_path="c.log")).container_id
     t2 = time.monotonic()
     d.cri.StartContainer(container_id=c, deadline=BOUND)
@@ -121,10 +147,16 @@ def main():
     try:
         d.import_images()
         times = {k: [] for k in handlers}
+        vtimes = {(k, m): [] for k in handlers for m in (False, True)}  # with a kubelet's mounts or not
+        variants = list(vtimes)
         for i in range(runs):
             for k in handlers[i % len(handlers):] + handlers[:i % len(handlers)]:  # rotate who goes first
                 pod, t = start_pod(d, k, f"t{k}{i}")
                 times[k].append(t)
+                remove_pod(d, pod)
+            for k, m in variants[i % len(variants):] + variants[:i % len(variants)]:
+                pod, t = start_pod(d, k, f"v{k}{int(m)}{i}", mounts=m)
+                vtimes[(k, m)].append(t[4])
                 remove_pod(d, pod)
         mem = {k: {n: memory(d, k, n) for n in (1, 4)} for k in handlers}
         left = d.audit()
@@ -162,6 +194,14 @@ def main():
     row("P11 phase: CreateContainer", "ms", 1, "{:.0f}", 1000)
     row("P11 phase: StartContainer", "ms", 2, "{:.0f}", 1000)
     row("P11 phase: StartContainer answered → first log line", "ms", 3, "{:.1f}", 1000)
+    vmed = {k: statistics.median(v) for k, v in vtimes.items()}
+    nm_ = vmed.get((h.NESINIT_HANDLER, True))
+    print(f"| P11 CRI pod start with a kubelet's mounts (token dir, ConfigMap, Secret, emptyDir, hostPath, /etc/hosts, "
+          f"/dev/termination-log) / without, same one-container pod (median of {runs} each, alternating with runc's; "
+          f"{stamp}, load {load:.1f}; nesinit {nm_:.2f} vs {vmed[(h.NESINIT_HANDLER, False)]:.2f} s; "
+          f"runc {vmed[(h.RUNC_HANDLER, True)]:.3f} vs {vmed[(h.RUNC_HANDLER, False)]:.3f} s; goal ≤ 1.1) | × | "
+          + (f"{nm_ / vmed[(h.NESINIT_HANDLER, False)]:.2f}" if nm_ else "not measured")
+          + f" | containerd's runc runtime, same | {vmed[(h.RUNC_HANDLER, True)] / vmed[(h.RUNC_HANDLER, False)]:.2f} | — |")
     for npods in (1, 4):
         rm, rby = mem[h.RUNC_HANDLER][npods]
         nm = mem.get(h.NESINIT_HANDLER, {}).get(npods)

@@ -54,6 +54,67 @@ constexpr Row kRunc[] = {
 };
 #undef NES_DEV
 
+/// One of the spec's mounts (proto::ContainerMount) under root `r`, as runc makes it: the
+/// target's parents, the target (a directory, or an empty file for a bind of a file), the mount,
+/// a bind's remount with its flags (a bind ignores them until remounted), its propagation.
+/// `dst` resolved inside root `r` as securejoin does for runc: each symlink met on the way is
+/// read and followed inside `r` (an absolute target from `r`, `..` never above it), at most 40;
+/// the path relative to `r` (starting with '/'), its components then free of symlinks that
+/// exist now. What does not exist yet is kept as written.
+std::string resolve_in_root(const std::string& r, std::string_view dst) {
+  std::string out;  // resolved so far, relative to r
+  std::string rest(dst);
+  int links = 0;
+  while (!rest.empty()) {
+    std::size_t i = rest.find_first_not_of('/');
+    if (i == std::string::npos) break;
+    std::size_t j = rest.find('/', i);
+    std::string name = rest.substr(i, j == std::string::npos ? std::string::npos : j - i);
+    rest = j == std::string::npos ? std::string() : rest.substr(j);
+    if (name == ".") continue;
+    if (name == "..") {
+      out.resize(out.rfind('/') == std::string::npos ? 0 : out.rfind('/'));
+      continue;
+    }
+    char buf[4096];
+    const std::string full = r + out + "/" + name;
+    ssize_t n = links < 40 ? ::readlink(full.c_str(), buf, sizeof buf) : -1;
+    if (n <= 0 || static_cast<std::size_t>(n) >= sizeof buf) {
+      out += "/" + name;
+      continue;
+    }
+    ++links;
+    std::string target(buf, static_cast<std::size_t>(n));
+    if (target.front() == '/') out.clear();
+    rest = target + "/" + rest;
+  }
+  return out.empty() ? std::string("/") : out;
+}
+
+void plan_mount(const proto::ContainerMount& m, const std::string& r, std::vector<ContainerStep>& s) {
+  using S = ContainerStep;
+  const std::string dst = resolve_in_root(r, m.dst);
+  const std::string at = r + dst;
+  for (std::size_t i = dst.find('/', 1); i != std::string::npos; i = dst.find('/', i + 1))
+    s.push_back({S::mkdir, r + dst.substr(0, i), {}, nullptr, 0755});
+  struct stat st {};
+  const bool bind = m.fs == proto::FsType::bind;
+  const bool file = bind && ::stat(m.src.c_str(), &st) == 0 && !S_ISDIR(st.st_mode);
+  s.push_back({file ? S::touch : S::mkdir, at, {}, nullptr, file ? 0644u : 0755u});
+  const unsigned long flags = (m.ro ? MS_RDONLY : 0) | (m.nosuid ? MS_NOSUID : 0) | (m.nodev ? MS_NODEV : 0) |
+                              (m.noexec ? MS_NOEXEC : 0);
+  if (bind) {
+    s.push_back({S::mount, m.src, at, nullptr, MS_BIND | MS_REC});
+    if (flags) s.push_back({S::mount, {}, at, nullptr, MS_REMOUNT | MS_BIND | flags});
+  } else {
+    S& t = s.emplace_back(S{S::mount, "tmpfs", at, "tmpfs", flags});
+    t.opts = m.data;
+  }
+  const std::string& p = m.propagation;
+  unsigned long prop = p.ends_with("slave") ? MS_SLAVE : p.ends_with("shared") ? MS_SHARED : 0;
+  if (prop) s.push_back({S::mount, {}, at, nullptr, prop | (p.front() == 'r' ? MS_REC : 0)});
+}
+
 }  // namespace
 
 std::vector<ContainerStep> plan_container(const proto::Container& c, const std::vector<std::string>& etc) {
@@ -78,6 +139,7 @@ std::vector<ContainerStep> plan_container(const proto::Container& c, const std::
     s.push_back({S::touch, at, {}, nullptr, 0644});
     s.push_back({S::mount, "/etc/" + f, at, nullptr, MS_BIND});
   }
+  for (const proto::ContainerMount& m : c.mounts) plan_mount(m, r, s);
   if (c.readonly) s.push_back({S::mount, {}, r, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY});
   s.push_back({S::pivot, r, {}});
   if (c.hostname) s.push_back({S::hostname, *c.hostname, {}});
@@ -90,7 +152,8 @@ int run_container(const std::vector<ContainerStep>& steps, int& failed) {
     int rc = 0;
     switch (s.kind) {
       case ContainerStep::mount:
-        rc = ::mount(s.a.empty() ? nullptr : s.a.c_str(), s.b.c_str(), s.fstype, s.flags, s.data);
+        rc = ::mount(s.a.empty() ? nullptr : s.a.c_str(), s.b.c_str(), s.fstype, s.flags,
+                     s.data ? s.data : s.opts.empty() ? nullptr : s.opts.c_str());
         break;
       case ContainerStep::mkdir:
         rc = ::mkdir(s.a.c_str(), static_cast<mode_t>(s.flags));
@@ -132,8 +195,9 @@ int run_container(const std::vector<ContainerStep>& steps, int& failed) {
 std::string describe(const ContainerStep& s) {
   switch (s.kind) {
     case ContainerStep::mount:
-      if (s.flags & MS_REMOUNT) return fmt::format("remount {} read-only", s.b);
+      if (s.flags & MS_REMOUNT) return fmt::format("remount {}{}", s.b, s.flags & MS_RDONLY ? " read-only" : " with its flags");
       if (s.flags & MS_PRIVATE) return "make the mounts private";
+      if (s.flags & (MS_SLAVE | MS_SHARED)) return fmt::format("set the propagation of {}", s.b);
       return fmt::format("mount {} on {}", s.a, s.b);
     case ContainerStep::mkdir: return fmt::format("mkdir {}", s.a);
     case ContainerStep::touch: return fmt::format("create {}", s.a);

@@ -21,6 +21,7 @@ struct ContainerStep {
   const char* fstype = nullptr;
   unsigned long flags = 0;
   const char* data = nullptr;
+  std::string opts;  // mount(2)'s data when `data` is null and this is not empty (a tmpfs's options)
 };
 
 /// The steps, in order, for `c` (its root already checked to be a directory), run in a fresh
@@ -29,8 +30,10 @@ struct ContainerStep {
 /// urandom, tty bound from the init's /dev, a new devpts at /dev/pts with ptmx -> pts/ptmx,
 /// fd/stdin/stdout/stderr links, tmpfs /dev/shm, /dev/mqueue), /sys read-only, the init's
 /// /etc/hosts and /etc/resolv.conf (and /etc/hostname when the container has no hostname of its
-/// own) bound over the root's for each name in `etc` (those the init has), the root remounted
-/// read-only if `readonly`, then the root switched (pivot_root, or on the initramfs, where
+/// own) bound over the root's for each name in `etc` (those the init has), then `c.mounts` in
+/// order (proto::ContainerMount: the target's parents made as directories, the target as its
+/// bind's source is, a directory unless `src` is a file; a bind remounted with its flags; its
+/// propagation applied), the root remounted read-only if `readonly`, then the root switched (pivot_root, or on the initramfs, where
 /// pivot_root is refused, a move onto / and chroot as switch_root(8)), then the hostname.
 std::vector<ContainerStep> plan_container(const proto::Container& c, const std::vector<std::string>& etc);
 

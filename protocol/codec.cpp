@@ -547,6 +547,29 @@ void enc(Buf& b, const ExecProcess& m) {
       key(b, "readonly");
       put_bool(b, true);
     }
+    if (!m.container->mounts.empty()) {  // additive: omitted when none
+      key(b, "mounts");
+      b.push_back('[');
+      bool first = true;
+      for (const ContainerMount& cm : m.container->mounts) {
+        if (!first) b.push_back(',');
+        first = false;
+        b.push_back('{');
+        key(b, "dst", true);
+        put_string(b, cm.dst);
+        key(b, "fs");
+        put_string(b, to_string(cm.fs));
+        if (!cm.src.empty()) key(b, "src"), put_string(b, cm.src);
+        if (cm.ro) key(b, "ro"), put_bool(b, true);
+        if (cm.nosuid) key(b, "nosuid"), put_bool(b, true);
+        if (cm.nodev) key(b, "nodev"), put_bool(b, true);
+        if (cm.noexec) key(b, "noexec"), put_bool(b, true);
+        if (!cm.data.empty()) key(b, "data"), put_string(b, cm.data);
+        if (!cm.propagation.empty()) key(b, "propagation"), put_string(b, cm.propagation);
+        b.push_back('}');
+      }
+      b.push_back(']');
+    }
     b.push_back('}');
   }
   if (m.in) {
@@ -1532,6 +1555,68 @@ bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
   return sig || missing(p, "signal", kSignal, err);
 }
 
+constexpr std::array kContainerFsTypes{FsType::bind, FsType::tmpfs};
+
+/// Whether `p` is an absolute path of 2..kContainerRootMax bytes with no empty, "." or ".."
+/// component (a container mount's `dst`: it never leaves the container's root).
+bool clean_abs_path(std::string_view p) {
+  if (p.size() < 2 || p.size() > kContainerRootMax || p[0] != '/' || p.back() == '/') return false;
+  std::size_t i = 1;
+  while (i <= p.size()) {
+    std::size_t j = p.find('/', i);
+    if (j == std::string_view::npos) j = p.size();
+    const std::string_view c = p.substr(i, j - i);
+    if (c.empty() || c == "." || c == "..") return false;
+    i = j + 1;
+  }
+  return p.find('\0') == std::string_view::npos;
+}
+
+/// exec.container.mounts[i] (ContainerMount): `dst` and `fs` required; `src` required for bind.
+[[gnu::noinline]] bool dec_container_mount(od::value v, const Path& p, ContainerMount& out, Err& err) {
+  bool dst = false, fs = false;
+  bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "dst") {
+      dst = true;
+      if (!get_str(fv, fp, out.dst, err)) return false;
+      if (!clean_abs_path(out.dst))
+        return err.expected(fp, "absolute path of 2..4000 bytes without '.' or '..'", excerpt_json(out.dst));
+      return true;
+    }
+    if (k == "src") {
+      if (!get_str(fv, fp, out.src, err)) return false;
+      if (out.src.empty() || out.src.size() > kContainerRootMax || out.src[0] != '/' ||
+          out.src.find('\0') != std::string::npos)
+        return err.expected(fp, "absolute path of 1..4000 bytes", excerpt_json(out.src));
+      return true;
+    }
+    if (k == "fs") return fs = true, get_enum(fv, fp, kContainerFsTypes, out.fs, err);
+    if (k == "ro") return get_bool(fv, fp, out.ro, err);
+    if (k == "nosuid") return get_bool(fv, fp, out.nosuid, err);
+    if (k == "nodev") return get_bool(fv, fp, out.nodev, err);
+    if (k == "noexec") return get_bool(fv, fp, out.noexec, err);
+    if (k == "data") {
+      if (!get_str(fv, fp, out.data, err)) return false;
+      if (out.data.size() > 256 || out.data.find('\0') != std::string::npos)
+        return err.expected(fp, "tmpfs options of at most 256 bytes", excerpt_json(out.data));
+      return true;
+    }
+    if (k == "propagation") {
+      if (!get_str(fv, fp, out.propagation, err)) return false;
+      for (std::string_view n : {"private", "rprivate", "slave", "rslave", "shared", "rshared"})
+        if (out.propagation == n) return true;
+      return err.expected(fp, "private, rprivate, slave, rslave, shared or rshared", excerpt_json(out.propagation));
+    }
+    return true;
+  });
+  if (!ok) return false;
+  if (!dst) return missing(p, "dst", "absolute path", err);
+  if (!fs) return missing(p, "fs", "bind or tmpfs", err);
+  if (out.fs == FsType::bind && out.src.empty()) return missing(p, "src", "absolute path", err);
+  return true;
+}
+
 /// exec.container: `root` required, an absolute path of 2..kContainerRootMax bytes other than "/";
 /// `hostname` a DNS name; `readonly` a boolean.
 [[gnu::noinline]] bool dec_container(od::value v, const Path& p, Container& out, Err& err) {
@@ -1547,6 +1632,11 @@ bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
     }
     if (k == "hostname") return get_dns_name(fv, fp, out.hostname.emplace(), err);
     if (k == "readonly") return get_bool(fv, fp, out.readonly, err);
+    if (k == "mounts")
+      return each_element(fv, fp, "array of objects", err, [&](std::size_t i, od::value el) {
+        if (i >= kContainerMountsMax) return err.fail(fp, fmt::format("more than {} mounts", kContainerMountsMax));
+        return dec_container_mount(el, fp[i], out.mounts.emplace_back(), err);
+      });
     return true;
   });
   if (!ok) return false;

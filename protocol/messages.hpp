@@ -34,6 +34,7 @@ inline constexpr const char* kFeatureExec = "exec";            // exec, list_pro
 inline constexpr const char* kFeatureNetwork = "network";      // boot.network
 inline constexpr const char* kFeatureDataResume = "data_resume";  // boot.stdio.replay_bytes > 0
 inline constexpr const char* kFeatureContainer = "container";      // exec.container, exec.in
+inline constexpr const char* kFeatureContainerMounts = "container_mounts";  // exec.container.mounts non-empty
 // The v2 additive fields of the reference's own list, named since 0.3 (issue 44): an init that
 // predates them would run the workload with other groups, another hostname, the wrong clock or
 // CRNG, or power off instead of rebooting, and say nothing.
@@ -47,7 +48,7 @@ inline constexpr const char* kFeatureRealtime = "realtime";  // boot.realtime_ns
 inline std::vector<std::string> all_features() {
   return {kFeatureStdio,    kFeatureRoot,    kFeatureReconnect, kFeatureExec,     kFeatureNetwork,
           kFeatureDataResume, kFeatureContainer, kFeatureGroups, kFeatureMountFs, kFeatureHostname,
-          kFeatureHalt,     kFeatureEntropy, kFeatureRealtime};
+          kFeatureHalt,     kFeatureEntropy, kFeatureRealtime, kFeatureContainerMounts};
 }
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
@@ -448,12 +449,39 @@ inline constexpr std::size_t kContainerRootMax = 4000;
 /// `hostname`, UTS namespace, as runc gives a container; the VM's network. `root` an absolute
 /// guest path of a directory (the container's rootfs, e.g. under the pod's share), 2..4000 bytes,
 /// not "/"; `hostname` as boot.hostname's rules (1..253 of letters, digits, '-', '.', '_'; unset:
-/// the VM's UTS namespace is shared); `readonly` its root read-only. Wire names: "root",
-/// "hostname", "readonly".
+/// the VM's UTS namespace is shared); `readonly` its root read-only (after its mounts are made);
+/// `mounts` (ContainerMount). Wire names: "root", "hostname", "readonly", "mounts".
+/// Most `exec.container.mounts` one container takes (a kubelet's pod spec has a handful).
+inline constexpr std::size_t kContainerMountsMax = 64;
+
+/// One mount of a container (additive, `exec.container.mounts[]`; docs/protocol.md
+/// "Containers"), made in its mount namespace after runc's defaults, in order, as runc makes the
+/// spec's `mounts`: `fs` `bind` binds the guest path `src` (a directory or a file, e.g. a volume
+/// the shim carried into the pod's share) on root + `dst` (its parents made as directories, the
+/// target made as `src` is: a directory or an empty file), recursively; `tmpfs` mounts a fresh
+/// tmpfs there with `data` (tmpfs options: `size=`, `mode=`, `nr_inodes=`, `uid=`, `gid=`, at
+/// most 256 bytes). `ro`, `nosuid`, `nodev`, `noexec` the mount's flags; `propagation` one of
+/// `private` (default), `rprivate`, `slave`, `rslave`, `shared`, `rshared`, applied to the mount
+/// after it is made. `dst` absolute, no `.`/`..` component, 2..4000 bytes; `src` (bind) absolute,
+/// 1..4000 bytes. Wire names: "dst", "src", "fs", "ro", "nosuid", "nodev", "noexec", "data",
+/// "propagation".
+struct ContainerMount {
+  std::string dst;
+  std::string src;
+  FsType fs = FsType::bind;  // bind or tmpfs
+  bool ro = false, nosuid = false, nodev = false, noexec = false;
+  std::string data;
+  std::string propagation;  // empty: private
+  bool operator==(const ContainerMount&) const = default;
+};
+
 struct Container {
   std::string root;
   std::optional<std::string> hostname;
   bool readonly = false;
+  /// Its mounts beyond runc's defaults (additive: absent or empty, none), at most
+  /// kContainerMountsMax.
+  std::vector<ContainerMount> mounts;
   bool operator==(const Container&) const = default;
 };
 

@@ -11,6 +11,7 @@
 
 #include "host/shim/container.hpp"
 #include "host/shim/control_journal.hpp"
+#include "host/shim/pod_mounts.hpp"
 #include "host/shim/fault_point.hpp"
 #include "host/shim/log.hpp"
 #include "host/shim/rpc.hpp"
@@ -72,7 +73,8 @@ void ExecProc::start(std::optional<std::uint16_t> in_proc, ttrpc::Respond respon
   proto::ExecProcess m = exec_message(spec, !stdin_path.empty(), terminal, pending_resize);
   if (!exec) {
     const Container* c = shim.pod_container(id);
-    m.container = proto::Container{c->guest_root, c->hostname, spec.root_ro};
+    m.container = proto::Container{c->guest_root, c->hostname, spec.root_ro,
+                                   pod_guest_mounts(spec, std::filesystem::path(c->guest_root).parent_path().string())};
   }
   m.in = in_proc;
   if (auto okm = proto::validate(proto::HostMessage{m}); !okm)

@@ -162,6 +162,35 @@ Result<TaskSpec> parse_oci_process(std::string_view json) {
   return s;
 }
 
+/// A tmpfs mount `f` (config.json's mounts[N]) at `dst` with `opts`: flags kept, the tmpfs
+/// options passed on (size=, mode=, nr_inodes=, uid=, gid=: digits, with a size's k/m/g/% suffix),
+/// anything else refused naming `f.options`.
+static Result<Tmpfs> parse_tmpfs(const std::string& f, std::string_view dst, const std::vector<std::string>& opts) {
+  Tmpfs t{std::string(dst)};
+  t.field = f;
+  if (auto g = vm::check_guest_path(dst, true); !g)
+    return field_error(f + ".destination", g.error().message);
+  for (const auto& o : opts) {
+    if (o == "ro") t.ro = true;
+    else if (o == "nosuid") t.nosuid = true;
+    else if (o == "nodev") t.nodev = true;
+    else if (o == "noexec") t.noexec = true;
+    else if (o == "rw" || o == "private" || o == "rprivate" || o == "strictatime" || o == "relatime" || o == "noatime") {}
+    else {
+      const auto eq = o.find('=');
+      const std::string k = o.substr(0, eq == std::string::npos ? 0 : eq);
+      const std::string v = eq == std::string::npos ? std::string() : o.substr(eq + 1);
+      const bool known = k == "size" || k == "mode" || k == "nr_inodes" || k == "uid" || k == "gid";
+      const bool digits = !v.empty() && std::all_of(v.begin(), v.end() - (k == "size" ? 1 : 0), [](char c) { return c >= '0' && c <= '9'; }) &&
+                          (k != "size" || std::string_view("0123456789kKmMgG%").find(v.back()) != std::string_view::npos);
+      if (!known || !digits)
+        return field_error(f + ".options", fmt::format("'{}' not supported for a tmpfs (ro, nosuid, nodev, noexec, size=, mode=, nr_inodes=, uid=, gid= are)", o));
+      t.data += (t.data.empty() ? "" : ",") + o;
+    }
+  }
+  return t;
+}
+
 /// config.json's `mounts` into `s.volumes` (binds; the guest's own file systems where the init
 /// mounts them are accepted, anything else refused naming the field); `checked` gets each bind
 /// as neshost run parses it (vm::parse_volume).
@@ -191,17 +220,34 @@ static host::Status parse_mounts(dom::object top, TaskSpec& s, std::vector<vm::V
       if (bind) {
         if (src.empty() || src.front() != '/') return field_error(f + ".source", "expected an absolute host path");
         Volume v{std::filesystem::path(src), std::string(dst), false};
-        for (const auto& o : opts) v.ro = v.ro || o == "ro";
+        v.rbind = type == "rbind";
+        for (const auto& o : opts) {
+          v.ro = v.ro || o == "ro";
+          v.nosuid = v.nosuid || o == "nosuid";
+          v.nodev = v.nodev || o == "nodev";
+          v.noexec = v.noexec || o == "noexec";
+          v.rbind = v.rbind || o == "rbind";
+          if (o == "private" || o == "rprivate" || o == "slave" || o == "rslave" || o == "shared" || o == "rshared")
+            v.propagation = o;
+        }
         s.volumes.push_back(std::move(v));
+        const Volume opt = s.volumes.back();
         if (src.find(':') != std::string_view::npos || dst.find(':') != std::string_view::npos)
           return field_error(f, "a ':' in source or destination is not supported");
         auto pv = vm::parse_volume(fmt::format("{}:{}{}", src, dst, s.volumes.back().ro ? ":ro" : ""));
         if (!pv)
           return field_error(f + ".source", pv.error().message);
-        s.volumes.back() = Volume{pv->host, pv->guest, pv->ro};
+        s.volumes.back() = opt;
+        s.volumes.back().host = pv->host;
+        s.volumes.back().guest = pv->guest;
         checked.push_back(std::move(*pv));
         if (auto p = vm::check_volumes(checked); !p) return field_error(f + ".destination", p.error().message);
         if (checked.size() > kMaxVolumes) return field_error(f, fmt::format("more than {} bind mounts", kMaxVolumes));
+      } else if (type == "tmpfs" && !guest_provided(type, dst)) {
+        auto t = parse_tmpfs(f, dst, opts);
+        if (!t) return t.error();
+        s.tmpfs.push_back(std::move(*t));
+        if (s.tmpfs.size() > kMaxVolumes) return field_error(f, fmt::format("more than {} tmpfs mounts", kMaxVolumes));
       } else if (!guest_provided(type, dst)) {
         return field_error(f + ".type", fmt::format("'{}' at {} not supported in a microVM (bind mounts of directories, "
                                                    "and the guest's own proc, sysfs, devpts, tmpfs, mqueue, cgroup "

@@ -22,7 +22,24 @@ struct Volume {
   std::filesystem::path host;  // absolute, symlinks resolved
   std::string guest;           // absolute guest path
   bool ro = false;
+  /// The spec's other options that a pod's container honours in the guest (a task of its own
+  /// runs `neshost run --volume`, which has none of them): `nosuid`, `nodev`, `noexec`;
+  /// `rbind` (else a plain bind, without the source's submounts); the propagation
+  /// (`rprivate`, `rslave`, ...; empty: private).
+  bool nosuid = false, nodev = false, noexec = false, rbind = false;
+  std::string propagation;
   bool operator==(const Volume&) const = default;
+};
+
+/// A tmpfs the spec mounts where the guest's init mounts none (`ctr run --mount type=tmpfs`,
+/// docker's --tmpfs): a pod's container gets it as a guest tmpfs (host/shim/pod_mounts.hpp); a
+/// task of its own refuses it at Create naming `field`.
+struct Tmpfs {
+  std::string guest;  // absolute guest path
+  bool ro = false, nosuid = false, nodev = false, noexec = false;
+  std::string data;   // its size=, mode=, nr_inodes=, uid=, gid= options, comma-separated
+  std::string field;  // "mounts[N]"
+  bool operator==(const Tmpfs&) const = default;
 };
 
 /// The OCI annotation that names a snapshot to restore the task's VM from (TaskSpec::snapshot).
@@ -40,6 +57,7 @@ struct TaskSpec {
   bool root_ro = false;           // root.readonly
   std::string hostname;           // hostname (may be empty)
   std::vector<Volume> volumes;    // bind mounts
+  std::vector<Tmpfs> tmpfs;       // tmpfs mounts not met by the guest's own
   /// linux.namespaces' `network` entry's path (CNI's /var/run/netns/NAME): the VM takes over that
   /// namespace's interface (`--network netns:PATH`). Empty: no such entry, or one without a path
   /// (a new namespace of its own): `neshost run`'s default network (user mode).

@@ -22,6 +22,7 @@
 #include "host/shim/exec_journal.hpp"
 #include "host/shim/identity.hpp"
 #include "host/shim/log.hpp"
+#include "host/shim/pod_mounts.hpp"
 #include "host/shim/process.hpp"
 #include "host/shim/task_service.hpp"
 
@@ -133,6 +134,7 @@ static void unmount_pod_share(const fs::path& at, bool container) {
   ::umount2(at.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
   if (container) {
     const fs::path share = at.parent_path().parent_path();
+    unmount_pod_volumes(share, at.parent_path().filename().string());  // its volumes beside it
     const fs::path real = pod_share_real(share, at.lexically_relative(share));
     ::rmdir(real.c_str());
     ::rmdir(real.parent_path().c_str());

@@ -12,6 +12,7 @@ NESHOST_INITRD. Needs root. Ends with every pod removed, the daemon stopped, eve
 reaped and its directory removed; what is left is a failure.
 """
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -174,6 +175,181 @@ def case_multi(d, handler):
         check(e.code.name == "NOT_FOUND", f"PodSandboxStatus of a removed pod: {e}")
     # Nothing left: the containers' processes, the shim, its socket, the rootfs and netns mounts,
     # the veth, the IP (bounded: a shim exits after its last task's delete).
+    try:
+        until(lambda: not d.audit(), "nothing left after RemovePodSandbox", bound=30)
+    except Failure:
+        raise Failure(f"left after RemovePodSandbox: {d.audit()}{d.tail()}")
+
+
+def atomic_dir(path, files, mode, ts):
+    """A volume directory as the kubelet's AtomicWriter writes a projected, ConfigMap or Secret
+    volume: the files in `..TS`, `..data` -> `..TS` swapped in by an atomic rename of
+    `..data_tmp`, each name a symlink `NAME` -> `..data/NAME`; the previous `..TS` removed. Called
+    again with new contents and another TS, it is the kubelet's rotation of the volume."""
+    os.makedirs(path, exist_ok=True)
+    old = os.readlink(os.path.join(path, "..data")) if os.path.islink(os.path.join(path, "..data")) else None
+    new = f"..{ts}"
+    os.mkdir(os.path.join(path, new), 0o755)
+    for name, text in files.items():
+        fp = os.path.join(path, new, name)
+        with open(fp, "w") as f:
+            f.write(text)
+        os.chmod(fp, mode)
+    os.symlink(new, os.path.join(path, "..data_tmp"))
+    os.rename(os.path.join(path, "..data_tmp"), os.path.join(path, "..data"))
+    for name in files:
+        if not os.path.islink(os.path.join(path, name)):
+            os.symlink(os.path.join("..data", name), os.path.join(path, name))
+    if old:
+        shutil.rmtree(os.path.join(path, old))
+
+
+def mount_flags(text, dst):
+    """`ro` or `rw` of the mount at `dst` in a /proc/mounts text (the last one there), or None."""
+    got = None
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[1] == dst:
+            got = f[3].split(",")[0]
+    return got
+
+
+def case_mounts(d, handler):
+    """A pod's volumes as a kubelet sends them (issue 48), in one pod: the service-account token
+    (a projected volume in the AtomicWriter's `..data` layout), a ConfigMap, a Secret (0400), an
+    emptyDir shared by two containers, a Memory emptyDir (the kubelet's tmpfs on the host), a
+    read-only hostPath, the kubelet's /etc/hosts and /dev/termination-log files. Every mount is
+    where the spec says, ro or rw as it says, with its files' modes; the shared emptyDir is
+    shared both ways and with the host; a write to the read-only hostPath fails; the second
+    container's termination message is in the host file the kubelet reads; the token rotated on
+    the host (the `..data` rename) is read rotated in the container; (ours) a mount the VM cannot
+    give (a unix socket) fails CreateContainer naming the container and the field, the pod and its
+    running container untouched. Ends with nothing left (audit)."""
+    pb = d.cri.pb
+    cfg = pod_config(d, "vols", "vols-pod")
+    uid = cfg.metadata.uid
+    kub = os.path.join(d.tmp, "kubelet", "pods", uid)
+    vol = lambda kind, name: os.path.join(kub, "volumes", f"kubernetes.io~{kind}", name)  # noqa: E731
+    sa, cm, sec = vol("projected", "kube-api-access-x7k2p"), vol("configmap", "cfg"), vol("secret", "sec")
+    shared, mem = vol("empty-dir", "shared"), vol("empty-dir", "mem")
+    atomic_dir(sa, {"token": "token-1", "ca.crt": "ca", "namespace": "nescri"}, 0o644, "2026_12_07_22_00_00.1")
+    atomic_dir(cm, {"app.conf": "mode=blue"}, 0o644, "2026_12_07_22_00_00.2")
+    atomic_dir(sec, {"password": "s3cret"}, 0o400, "2026_12_07_22_00_00.3")
+    for p in (shared, mem):
+        os.makedirs(p)
+        os.chmod(p, 0o777)
+    # The Memory emptyDir: the kubelet's tmpfs on the host, here in the daemon's mount namespace.
+    subprocess.run(["nsenter", "-t", str(d.proc.pid), "-m", "mount", "-n", "-t", "tmpfs", "-o", "size=16m,mode=1777",
+                    "nescri-mem", mem], check=True, timeout=h.BOUND)
+    hostpath = os.path.join(d.tmp, "hostpath")
+    os.makedirs(hostpath)
+    with open(os.path.join(hostpath, "hello"), "w") as f:
+        f.write("from-the-host")
+    os.makedirs(os.path.join(kub, "containers", "app"))
+    os.makedirs(os.path.join(kub, "containers", "side"))
+    term_a, term_b = os.path.join(kub, "containers", "app", "a1b2"), os.path.join(kub, "containers", "side", "c3d4")
+    etc_hosts = os.path.join(kub, "etc-hosts")
+    for p in (term_a, term_b, etc_hosts):
+        open(p, "w").close()
+        os.chmod(p, 0o666)
+    M = pb.Mount
+    common = [M(container_path="/etc/hosts", host_path=etc_hosts),
+              M(container_path="/dev/termination-log", host_path=term_a),
+              M(container_path="/shared", host_path=shared)]
+    app_mounts = common + [
+        M(container_path="/var/run/secrets/kubernetes.io/serviceaccount", host_path=sa, readonly=True),
+        M(container_path="/etc/config", host_path=cm, readonly=True),
+        M(container_path="/etc/secret", host_path=sec, readonly=True),
+        M(container_path="/cache", host_path=mem),
+        M(container_path="/host", host_path=hostpath, readonly=True)]
+
+    def cfg_with(name, script, mounts):
+        c = container_config(d, name, script)
+        c.mounts.extend(mounts)
+        return c
+
+    pod = d.cri.RunPodSandbox(config=cfg, runtime_handler=handler).pod_sandbox_id
+    app = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg, config=cfg_with(
+        "app", "trap 'exit 0' TERM; echo up; sleep 100000 & wait", app_mounts)).container_id
+    d.cri.StartContainer(container_id=app)
+
+    def sh(script, want_rc=0):
+        r = d.cri.ExecSync(container_id=app, cmd=["/bin/sh", "-c", script], timeout=60)
+        if want_rc is not None:
+            check(r.exit_code == want_rc, f"ExecSync {script!r}: exit {r.exit_code}, want {want_rc}; {r.stdout!r} {r.stderr!r}")
+        return r.stdout.decode()
+
+    mounts = sh("cat /proc/mounts")
+    want = {"/var/run/secrets/kubernetes.io/serviceaccount": "ro", "/etc/config": "ro", "/etc/secret": "ro",
+            "/shared": "rw", "/cache": "rw", "/host": "ro", "/dev/termination-log": "rw"}
+    got = {k: mount_flags(mounts, k) for k in want}
+    check(got == want, f"the mounts' flags in the container: {got}, want {want}\n{mounts}")
+    got = sh("cat /var/run/secrets/kubernetes.io/serviceaccount/token; echo; cat /etc/config/app.conf; echo; "
+             "cat /etc/secret/password; echo; cat /host/hello").split("\n")
+    check(got == ["token-1", "mode=blue", "s3cret", "from-the-host"], f"the volumes' contents: {got}")
+    # The kubelet's layout, as it wrote it (symlinks through `..data`), and the files' modes.
+    ls = sh("ls -ln /var/run/secrets/kubernetes.io/serviceaccount/")
+    check("..data -> ..2026_12_07_22_00_00.1" in ls and "token -> ..data/token" in ls, f"the token dir: {ls}")
+    modes = [l.split()[0] for l in sh("ls -lnL /etc/secret/password /etc/config/app.conf; ls -lnd /cache /shared")
+             .splitlines()]
+    check(modes == ["-rw-r--r--", "-r--------", "drwxrwxrwt", "drwxrwxrwx"], f"modes (config, secret, /cache, /shared): {modes}")
+    # Read-write volumes reach the host; the read-only hostPath refuses a write.
+    sh("echo from-app > /shared/from-app && echo in-memory > /cache/m")
+    with open(os.path.join(shared, "from-app")) as f:
+        check(f.read() == "from-app\n", "the shared emptyDir's file on the host")
+    with open(d.daemon_root(os.path.join(mem, "m"))) as f:
+        check(f.read() == "in-memory\n", "the Memory emptyDir's file in the kubelet's tmpfs")
+    sh("echo x > /host/nope", want_rc=None)
+    check(not os.path.exists(os.path.join(hostpath, "nope")), "a write through the read-only hostPath reached the host")
+
+    # A second container shares the emptyDir both ways and leaves a termination message.
+    side_mounts = [M(container_path="/etc/hosts", host_path=etc_hosts),
+                   M(container_path="/dev/termination-log", host_path=term_b),
+                   M(container_path="/shared", host_path=shared)]
+    side = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg, config=cfg_with(
+        "side", "cat /shared/from-app && echo from-side > /shared/from-side && "
+                "printf 'side finished: ok' > /dev/termination-log", side_mounts)).container_id
+    d.cri.StartContainer(container_id=side)
+    cs = until(lambda: (lambda s: s if s.state == pb.CONTAINER_EXITED else None)(
+        d.cri.ContainerStatus(container_id=side).status), "the side container exited")
+    check(cs.exit_code == 0, f"side: exit {cs.exit_code} ({cs.reason!r} {cs.message!r})")
+    with open(cs.log_path) as f:
+        out = [t for s_, t in parse_cri_log(f.read()) if s_ == "stdout"]
+    check(out == ["from-app"], f"side read {out} from the shared emptyDir")
+    check(sh("cat /shared/from-side") == "from-side\n", "app reads side's file")
+    with open(term_b) as f:
+        check(f.read() == "side finished: ok", "the termination message in the kubelet's file")
+
+    # The kubelet rotates the token: a new `..TS`, `..data` renamed over; the container reads the new one.
+    atomic_dir(sa, {"token": "token-2", "ca.crt": "ca", "namespace": "nescri"}, 0o644, "2026_12_07_23_00_00.4")
+    until(lambda: sh("cat /var/run/secrets/kubernetes.io/serviceaccount/token") == "token-2",
+          "the rotated token read in the container", bound=30, step=0.2)
+
+    if handler == h.NESINIT_HANDLER:
+        # A mount the VM cannot give (a unix socket: no connection crosses a VM): refused naming
+        # the container and the field; the pod and its running container untouched.
+        sock_path = os.path.join(kub, "agent.sock")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(sock_path)
+        try:
+            d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg, config=cfg_with(
+                "bad", "true", [M(container_path="/run/agent.sock", host_path=sock_path)]))
+            raise Failure("CreateContainer with a socket mount succeeded")
+        except CriError as e:
+            msg = str(e)
+            check("container '" in msg and "mounts[" in msg and ".source" in msg, f"the refusal names no container and field: {msg}")
+        finally:
+            srv.close()
+        check(d.cri.ContainerStatus(container_id=app).status.state == pb.CONTAINER_RUNNING, "app after the refusal")
+        check(sh("echo alive") == "alive\n", "ExecSync into app after the refusal")
+        check(d.cri.PodSandboxStatus(pod_sandbox_id=pod).status.state == pb.SANDBOX_READY, "pod after the refusal")
+
+    d.cri.StopContainer(container_id=app, timeout=30)
+    d.cri.StopPodSandbox(pod_sandbox_id=pod)
+    d.cri.RemovePodSandbox(pod_sandbox_id=pod)
+    subprocess.run(["nsenter", "-t", str(d.proc.pid), "-m", "umount", "-n", mem], check=True, timeout=h.BOUND)
+    check(os.path.exists(os.path.join(hostpath, "hello")) and os.path.exists(os.path.join(sa, "..data")),
+          "the host's volumes after the pod's removal")
     try:
         until(lambda: not d.audit(), "nothing left after RemovePodSandbox", bound=30)
     except Failure:

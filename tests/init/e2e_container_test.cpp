@@ -89,16 +89,33 @@ TEST_CASE("containers: own root, pid namespace and hostname; shared loopback; ex
   CAPTURE(out1);
   CHECK(out1 == "pid=1\nweb\na\nno-b\nprocs: /proc/1\ndev-ok\nsys-ro\nhosts-ok\nready\n");
 
-  // 2: container b: its own root, PID 1 too; fetches a's page over 127.0.0.1 (bounded retries
-  // while httpd binds), then exits 5.
-  REQUIRE(sb.send(in_container(2, b, "db", {"/bin/sh", "-c",
+  // 2: container b: its own root, PID 1 too, with mounts (exec.container.mounts: a volume
+  // read-write and read-only, a file at /dev/termination-log, a tmpfs); fetches a's page over
+  // 127.0.0.1 (bounded retries while httpd binds), then exits 5.
+  const fs::path vol = sb.dir() / "vol", term = sb.dir() / "termination-log";
+  fs::create_directories(vol);
+  std::ofstream(vol / "seed") << "seed\n";
+  std::ofstream(term) << "";
+  proto::ExecProcess x2 = in_container(2, b, "db", {"/bin/sh", "-c",
       "echo pid=$$; hostname; cat /marker-b; test -e /marker-a || echo no-a; echo procs: /proc/[0-9]*; "
+      "cat /data/vol/seed; echo from-b > /data/vol/from-b; printf bye > /dev/termination-log; "
+      "(echo x > /ro/y) 2>/dev/null || echo ro-refused; grep -q ' /scratch tmpfs ' /proc/mounts && echo scratch-tmpfs; "
+      "test -k /scratch && echo sticky; "
       "n=0; until wget -q -O - http://127.0.0.1:8080/index.html; do n=$((n+1)); "
-      "[ $n -lt 500 ] || exit 9; usleep 10000; done; exit 5"})));
+      "[ $n -lt 500 ] || exit 9; usleep 10000; done; exit 5"});
+  x2.container->mounts = {{"/data/vol", vol.string(), proto::FsType::bind},
+                          {"/ro", vol.string(), proto::FsType::bind, true},
+                          {"/dev/termination-log", term.string(), proto::FsType::bind},
+                          {"/scratch", "", proto::FsType::tmpfs, false, true, true, false, "size=1m,mode=1777"}};
+  REQUIRE(sb.send(x2));
   CHECK(next_after_accounts<proto::ExecStarted>(sb).proc == 2);
   auto e2 = next_exec_exit(sb);
   CHECK(e2 == proto::ExecExited{2, 5, std::nullopt});
-  CHECK(sb.proc_data(2, Stream::out) == "pid=1\ndb\nb\nno-a\nprocs: /proc/1\npage-of-a\n");
+  CHECK(sb.proc_data(2, Stream::out) ==
+        "pid=1\ndb\nb\nno-a\nprocs: /proc/1\nseed\nro-refused\nscratch-tmpfs\nsticky\npage-of-a\n");
+  CHECK(slurp((vol / "from-b").string()) == "from-b\n");  // the host's directory itself
+  CHECK(slurp(term.string()) == "bye");                   // the host's file itself
+  CHECK(!fs::exists(vol / "y"));
 
   // 3: an exec into container a: a's root, a's pid namespace (httpd is its PID 1), its hostname.
   proto::ExecProcess x3;

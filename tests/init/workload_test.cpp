@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -251,6 +252,45 @@ TEST_CASE("plan_container: private first, the root bound onto itself, runc's mou
   const auto v = plan_container(proto::Container{"/pod/c2"}, {"hostname"});
   CHECK(describe(v.back()) == "pivot_root into /pod/c2");
   CHECK(describe(v[v.size() - 2]) == "mount /etc/hostname on /pod/c2/etc/hostname");
+  const JoinPlan j = plan_join(58);
+  CHECK(j.ns[0] == "/proc/58/ns/uts");
+}
+
+TEST_CASE("plan_container: the spec's mounts after runc's, a symlink in the root followed inside it, before the read-only remount") {
+  TempDir t{"ctrmounts"};
+  const std::string r = (t.path / "root").string();
+  fs::create_directories(r + "/run");
+  fs::create_directory_symlink("/run", r + "/var-run-link");  // an image's /var/run -> /run, absolute
+  fs::create_directories(r + "/var");
+  fs::create_directory_symlink("../run", r + "/var/run");      // ... or relative
+  const std::string dir = (t.path / "vol").string(), file = (t.path / "term").string();
+  fs::create_directories(dir);
+  std::ofstream(file) << "";
+  proto::Container c{r, std::nullopt, true};
+  c.mounts.push_back({"/var/run/secrets/sa", dir, proto::FsType::bind, true, false, false, false, "", "rslave"});
+  c.mounts.push_back({"/var-run-link/x", dir, proto::FsType::bind});
+  c.mounts.push_back({"/dev/termination-log", file, proto::FsType::bind});
+  c.mounts.push_back({"/cache", "", proto::FsType::tmpfs, false, true, true, false, "size=1m,mode=1777"});
+  const auto s = plan_container(c, {});
+  std::vector<std::string> all;
+  for (const auto& st : s) all.push_back(describe(st));
+  auto at = [&](const std::string& d) { return std::find(all.begin(), all.end(), d) - all.begin(); };
+  const auto n = static_cast<long>(all.size());
+  // Inside the root: /var/run resolved to the root's /run, never the VM's.
+  CHECK(at("mkdir " + r + "/run/secrets") < n);
+  CHECK(at("mkdir " + r + "/run/secrets/sa") < at("mount " + dir + " on " + r + "/run/secrets/sa"));
+  CHECK(at("remount " + r + "/run/secrets/sa read-only") < n);
+  CHECK(at("set the propagation of " + r + "/run/secrets/sa") < n);
+  CHECK(at("mount " + dir + " on " + r + "/run/x") < n);
+  CHECK(at("create " + r + "/dev/termination-log") > at("mount tmpfs on " + r + "/dev"));  // after runc's /dev
+  CHECK(at("mount " + file + " on " + r + "/dev/termination-log") < n);
+  CHECK(at("remount " + r + "/dev/termination-log read-only") == n);  // rw: no remount
+  const auto tm = at("mount tmpfs on " + r + "/cache");
+  REQUIRE(tm < n);
+  CHECK(s[static_cast<std::size_t>(tm)].opts == "size=1m,mode=1777");
+  CHECK((s[static_cast<std::size_t>(tm)].flags & (MS_NOSUID | MS_NODEV)) == (MS_NOSUID | MS_NODEV));
+  CHECK(all[all.size() - 2] == "remount " + r + " read-only");  // the root last, after its mounts
+  CHECK(all.back() == "pivot_root into " + r);
   const JoinPlan j = plan_join(58);
   CHECK(j.ns[0] == "/proc/58/ns/uts");
   CHECK(j.ns[1] == "/proc/58/ns/pid");

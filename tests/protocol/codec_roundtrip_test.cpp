@@ -522,3 +522,35 @@ TEST_CASE("exec.container and exec.in (additive): wire shape, round trip, errors
   CHECK(err(R"("in":0)") == "exec.in: expected integer 1..65535, got 0");
   CHECK(err(R"("in":2,"container":{"root":"/r"})").starts_with("exec.in: set with exec.container"));
 }
+
+TEST_CASE("exec.container.mounts (additive): wire shape, round trip, errors naming the field") {
+  ExecProcess ex;
+  ex.proc = 2;
+  ex.exec.argv = {"sh"};
+  ContainerMount b{"/var/run/secrets/kubernetes.io/serviceaccount", "/run/nes/pod/d/m0", FsType::bind, true, true, true,
+                   true, "", "rslave"};
+  ContainerMount t{"/cache", "", FsType::tmpfs, false, true, false, false, "size=1m,mode=1777", ""};
+  ex.container = Container{"/run/nes/pod/d/rootfs", std::nullopt, false, {b, t}};
+  const std::string line = encode(HostMessage{ex});
+  CHECK(line.ends_with(R"("container":{"root":"/run/nes/pod/d/rootfs","mounts":[)"
+                       R"({"dst":"/var/run/secrets/kubernetes.io/serviceaccount","fs":"bind","src":"/run/nes/pod/d/m0",)"
+                       R"("ro":true,"nosuid":true,"nodev":true,"noexec":true,"propagation":"rslave"},)"
+                       R"({"dst":"/cache","fs":"tmpfs","nosuid":true,"data":"size=1m,mode=1777"}]}})"));
+  HostDecoded d = decode_host(line);
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<ExecProcess>(std::get<HostMessage>(d)) == ex);
+
+  const std::string head = R"({"type":"exec","proc":1,"exec":{"argv":["sh"],"uid":0,"gid":0},"container":{"root":"/r","mounts":[)";
+  auto err = [&](const std::string& m) { return error_of(decode_host(head + m + "]}}")); };
+  CHECK(err(R"({"dst":"/a/../b","fs":"bind","src":"/x"})").starts_with("exec.container.mounts[0].dst: expected absolute path"));
+  CHECK(err(R"({"dst":"/a/","fs":"bind","src":"/x"})").starts_with("exec.container.mounts[0].dst: expected absolute path"));
+  CHECK(err(R"({"dst":"/a","fs":"bind"})") == "exec.container.mounts[0].src: missing (expected absolute path)");
+  CHECK(err(R"({"dst":"/a"})") == "exec.container.mounts[0].fs: missing (expected bind or tmpfs)");
+  CHECK(err(R"({"dst":"/a","fs":"virtiofs","src":"/x"})").starts_with("exec.container.mounts[0].fs: expected"));
+  CHECK(err(R"({"dst":"/a","fs":"tmpfs","propagation":"up"})").starts_with("exec.container.mounts[0].propagation: expected private"));
+  CHECK(err(R"({"dst":"/a","fs":"tmpfs","data":")" + std::string(257, 'a') + R"("})")
+            .starts_with("exec.container.mounts[0].data: expected tmpfs options"));
+  std::string many;
+  for (int i = 0; i <= 64; ++i) many += std::string(i ? "," : "") + R"({"dst":"/a","fs":"tmpfs"})";
+  CHECK(err(many) == "exec.container.mounts: more than 64 mounts");
+}

@@ -53,7 +53,7 @@ TEST_CASE("ctr's default spec becomes the task; in-kernel confinement is ignored
   CHECK(s->hostname == "box");
   CHECK(s->groups == std::vector<std::uint32_t>{0, 10});
   REQUIRE(s->volumes.size() == 1);
-  CHECK(s->volumes[0] == shim::Volume{std::filesystem::canonical("/tmp"), "/data", true});
+  CHECK(s->volumes[0] == shim::Volume{.host = std::filesystem::canonical("/tmp"), .guest = "/data", .ro = true, .rbind = true});
   auto a = shim::run_args(*s, {"ctr-x", "/st", true});
   std::vector<std::string> want = {"run", "--vmm-outlives", "--vm", "ctr-x", "--state", "/st", "--rootfs", "/b/t1/rootfs", "--user", "0:0",
                                    "--workdir", "/", "--group-add", "10", "--hostname", "box", "--env", "PATH=/bin",
@@ -85,7 +85,10 @@ TEST_CASE("what a microVM cannot honour is refused, naming the field") {
            {"{" + ok_process + R"(, "mounts": [{"destination": "/a:b", "type": "bind", "source": "/tmp"}]})", "mounts[0]"},
            {"{" + ok_process + R"(, "mounts": [{"destination": "/x", "type": "bind", "source": "/tmp"},
                                                {"destination": "/x", "type": "bind", "source": "/"}]})", "mounts[1].destination"},
-           {"{" + ok_process + R"(, "mounts": [{"destination": "/scratch", "type": "tmpfs", "source": "tmpfs"}]})", "mounts[0].type"},
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/scratch", "type": "tmpfs", "source": "tmpfs", "options": ["huge=always"]}]})", "mounts[0].options"},
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/scratch", "type": "tmpfs", "source": "tmpfs", "options": ["size=x"]}]})", "mounts[0].options"},
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/s/../x", "type": "tmpfs", "source": "tmpfs"}]})", "mounts[0].destination"},
+           {"{" + ok_process + R"(, "mounts": [{"destination": "/n", "type": "nfs", "source": "h:/x"}]})", "mounts[0].type"},
            {R"({"process": {"args": ["x"], "user": {"uid": 4294967295}}, "root": {"path": "/r"}})", "process.user"},
            {"{" + ok_process + R"(, "annotations": {"io.nesinit.snapshot": "rel/dir"}})", "annotations.io.nesinit.snapshot"},
            {"{" + ok_process + R"(, "annotations": {"io.nesinit.snapshot": 1}})", "annotations.io.nesinit.snapshot"},
@@ -110,8 +113,24 @@ TEST_CASE("CRI's single-file binds (/etc/hosts, /dev/termination-log) become fil
   auto s = shim::parse_oci_spec(json, "/b");
   REQUIRE_MESSAGE(s, s.error().message);
   REQUIRE(s->volumes.size() == 2);
-  CHECK(s->volumes[0] == shim::Volume{std::filesystem::canonical(d.path / "etc-hosts"), "/etc/hosts", true});
-  CHECK(s->volumes[1] == shim::Volume{std::filesystem::canonical(d.path / "termination-log"), "/dev/termination-log", false});
+  CHECK(s->volumes[0] == shim::Volume{.host = std::filesystem::canonical(d.path / "etc-hosts"), .guest = "/etc/hosts",
+                                      .ro = true, .rbind = true, .propagation = "rprivate"});
+  CHECK(s->volumes[1] == shim::Volume{.host = std::filesystem::canonical(d.path / "termination-log"),
+                                      .guest = "/dev/termination-log", .rbind = true});
+}
+
+TEST_CASE("a tmpfs where the guest mounts none, and a bind's options, are kept for a pod's container") {
+  nes::test::TempDir d;
+  const std::string json = R"({"process": {"args": ["/bin/true"]}, "root": {"path": "/r"}, "mounts": [
+      {"destination": "/cache", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "size=16m", "mode=1777"]},
+      {"destination": "/v", "type": "bind", "source": ")" + d.path.string() + R"(", "options": ["bind", "nosuid", "noexec", "rslave"]}]})";
+  auto s = shim::parse_oci_spec(json, "/b");
+  REQUIRE_MESSAGE(s, s.error().message);
+  REQUIRE(s->tmpfs.size() == 1);
+  CHECK(s->tmpfs[0] == shim::Tmpfs{"/cache", false, true, true, false, "size=16m,mode=1777", "mounts[0]"});
+  REQUIRE(s->volumes.size() == 1);
+  CHECK(s->volumes[0] == shim::Volume{.host = std::filesystem::canonical(d.path), .guest = "/v", .nosuid = true,
+                                      .noexec = true, .propagation = "rslave"});
 }
 
 TEST_CASE("CRI's bind of the pod's shm directory over /dev/shm is met by the guest's own /dev/shm") {

@@ -20,6 +20,7 @@
 
 #include "containerd_pb.h"
 #include "host/shim/fault_point.hpp"
+#include "host/shim/pod_mounts.hpp"
 #include "host/shim/task_service.hpp"
 #include "host/shim/ttrpc.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -354,13 +355,35 @@ TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and 
   CHECK(other.status.code == ttrpc::Code::invalid_argument);
   CHECK(other.status.message ==
         "container 'c1': annotations.io.kubernetes.cri.sandbox-id: sandbox 'elsewhere' is not this shim's pod (sandbox 't1')");
+  // A bind whose source does not exist, a mount type the VM cannot give: refused naming the
+  // container and the field, nothing recorded or mounted.
+  const fs::path gone = r.tmp.path / "gone";
   auto bind = container("c2", "container", "t1",
-                        R"("mounts": [{"destination": "/data", "type": "bind", "source": "/tmp", "options": ["rbind"]}], )");
+                        R"("mounts": [{"destination": "/data", "type": "bind", "source": ")" + gone.string() +
+                            R"(", "options": ["rbind"]}], )");
   CHECK(bind.status.code == ttrpc::Code::invalid_argument);
-  CHECK(bind.status.message.starts_with("container 'c2': mounts: a bind at /data is not supported for a pod's container yet"));
+  CHECK(bind.status.message.starts_with("container 'c2': config.json: mounts[0].source: "));
+  CHECK(bind.status.message.find("No such file or directory") != std::string::npos);
   CHECK(!fs::exists(r.tmp.path / "c2" / "nesinit-task.json"));
+  auto nfs = container("c2", "container", "t1", R"("mounts": [{"destination": "/n", "type": "nfs", "source": "h:/x"}], )");
+  CHECK(nfs.status.code == ttrpc::Code::invalid_argument);
+  CHECK(nfs.status.message.starts_with("container 'c2': config.json: mounts[0].type: 'nfs' at /n not supported"));
+  auto opt = container("c2", "container", "t1", R"("mounts": [{"destination": "/t", "type": "tmpfs", "source": "tmpfs", "options": ["size=1m", "huge=always"]}], )");
+  CHECK(opt.status.code == ttrpc::Code::invalid_argument);
+  CHECK(opt.status.message.starts_with("container 'c2': config.json: mounts[0].options: 'huge=always' not supported"));
 
-  REQUIRE(container("c3", "container", "t1").status.ok());
+  // Its volumes (a directory read-write, a file read-only, a tmpfs) beside its rootfs in the
+  // pod's share: the host's directory and file themselves, ro enforced on the host too.
+  const fs::path vol = r.tmp.path / "vol", file = r.tmp.path / "token";
+  fs::create_directories(vol);
+  std::ofstream(vol / "seen") << "host";
+  std::ofstream(file) << "t1";
+  REQUIRE(container("c3", "container", "t1",
+                    R"("mounts": [{"destination": "/data", "type": "bind", "source": ")" + vol.string() +
+                        R"(", "options": ["rbind", "rprivate", "rw"]}, {"destination": "/etc/hosts", "type": "bind", "source": ")" +
+                        file.string() + R"(", "options": ["rbind", "ro"]}, {"destination": "/dev/termination-log", "type": "bind", "source": ")" +
+                        file.string() + R"(", "options": ["rbind", "ro", "nosuid"]}, {"destination": "/scratch", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "size=1m", "mode=1777"]}], )")
+              .status.ok());
   CHECK(container("c3", "container", "t1").status.code == ttrpc::Code::already_exists);
   auto crec = shim::load_task_record(r.tmp.path / "c3");
   REQUIRE((crec && *crec));
@@ -370,6 +393,34 @@ TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and 
   CHECK(croot.parent_path().parent_path() == share);
   CHECK(mounted_at(croot));
   CHECK(fs::exists(croot / "mine"));  // the container's root, seen through the pod's share
+  // /etc/hosts is the guest's own: not carried; the directory m0, the file m1.
+  const fs::path cdir = croot.parent_path();
+  CHECK(mounted_at(cdir / "m0"));
+  CHECK(mounted_at(cdir / "m1"));
+  CHECK(!fs::exists(cdir / "m2"));
+  CHECK(fs::exists(cdir / "m0" / "seen"));
+  std::ofstream(cdir / "m0" / "from-share") << "x";  // read-write: a write reaches the host's directory
+  CHECK(fs::exists(vol / "from-share"));
+  {
+    std::string t;
+    std::ifstream(cdir / "m1") >> t;
+    CHECK(t == "t1");
+  }
+  CHECK(::open((cdir / "m1").c_str(), O_WRONLY | O_CLOEXEC) == -1);
+  CHECK(errno == EROFS);
+  {
+    auto sp = shim::parse_oci_spec(*shim::read_oci_config(r.tmp.path / "c3"), r.tmp.path / "c3");
+    REQUIRE(sp);
+    auto gm = shim::pod_guest_mounts(*sp, "/run/nes/pod/D");
+    REQUIRE(gm.size() == 3);
+    CHECK(gm[0].dst == "/data");
+    CHECK(gm[0].src == "/run/nes/pod/D/m0");
+    CHECK((gm[0].fs == nes::proto::FsType::bind && !gm[0].ro && gm[0].propagation == "rprivate"));
+    CHECK(gm[1].dst == "/scratch");  // ordered by depth, as containerd's CRI orders them
+    CHECK((gm[1].fs == nes::proto::FsType::tmpfs && gm[1].nosuid && gm[1].data == "size=1m,mode=1777"));
+    CHECK(gm[2].dst == "/dev/termination-log");
+    CHECK((gm[2].src == "/run/nes/pod/D/m1" && gm[2].ro && gm[2].nosuid));
+  }
   v2::StateRequest sr;
   sr.set_id("c3");
   auto st = parse<v2::StateResponse>(r.call("State", sr));
@@ -397,7 +448,9 @@ TEST_CASE("a pod's sandbox: its share mounted; a container's Create checked and 
   auto d = parse<v2::DeleteResponse>(r.call("Delete", dr));
   CHECK(d.exit_status() == 137);
   CHECK(!mounted_at(croot));
+  CHECK(!mounted_at(croot.parent_path() / "m0"));
   CHECK(!fs::exists(croot.parent_path()));
+  CHECK(fs::exists(vol / "seen"));  // the host's volume untouched
   CHECK(!fs::exists(r.tmp.path / "c3" / "nesinit-task.json"));
   CHECK(fs::exists(r.tmp.path / "c3" / "rootfs" / "mine"));  // its own files untouched
   CHECK(r.call("State", sr).status.code == ttrpc::Code::not_found);
