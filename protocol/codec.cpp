@@ -524,6 +524,23 @@ void enc(Buf& b, const Kill& m) {
     put_int(b, *m.proc);
   }
 }
+/// `{"memory_max":N,...}`: the set fields of `r`, in their declared order.
+void enc(Buf& b, const ContainerResources& r) {
+  b.push_back('{');
+  bool first = true;
+  auto field = [&](std::string_view name, const auto& v) {
+    if (!v) return;
+    key(b, name, first);
+    first = false;
+    put_int(b, *v);
+  };
+  field("memory_max", r.memory_max);
+  field("cpu_quota", r.cpu_quota);
+  field("cpu_period", r.cpu_period);
+  field("cpu_weight", r.cpu_weight);
+  field("pids_max", r.pids_max);
+  b.push_back('}');
+}
 void enc(Buf& b, const ExecProcess& m) {
   open(b, "exec");
   key(b, "proc");
@@ -546,6 +563,10 @@ void enc(Buf& b, const ExecProcess& m) {
     if (m.container->readonly) {
       key(b, "readonly");
       put_bool(b, true);
+    }
+    if (m.container->resources) {  // additive (feature "resources")
+      key(b, "resources");
+      enc(b, *m.container->resources);
     }
     b.push_back('}');
   }
@@ -1532,6 +1553,29 @@ bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
   return sig || missing(p, "signal", kSignal, err);
 }
 
+/// exec.container.resources: each field an integer in its cgroup file's range (ContainerResources).
+bool dec_resources(od::value v, const Path& p, ContainerResources& out, Err& err) {
+  constexpr auto kMax = static_cast<std::int64_t>(kResourceMax);
+  constexpr auto kPeriodMin = static_cast<std::int64_t>(kCpuPeriodMin);
+  constexpr auto kPeriodMax = static_cast<std::int64_t>(kCpuPeriodMax);
+  constexpr std::string_view kN = "integer 0..9007199254740991";
+  return each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "memory_max") return get_ranged(fv, fp, 0, kMax, kN, out.memory_max.emplace(), err);
+    if (k == "pids_max") return get_ranged(fv, fp, 0, kMax, kN, out.pids_max.emplace(), err);
+    if (k == "cpu_quota") {
+      if (!get_ranged(fv, fp, 0, kMax, kN, out.cpu_quota.emplace(), err)) return false;
+      if (*out.cpu_quota != 0 && *out.cpu_quota < kCpuQuotaMin)
+        return err.expected(fp, "0 (no limit) or 1000..9007199254740991 (µs)", std::to_string(*out.cpu_quota));
+      return true;
+    }
+    if (k == "cpu_period")
+      return get_ranged(fv, fp, kPeriodMin, kPeriodMax, "integer 1000..1000000 (µs)", out.cpu_period.emplace(), err);
+    if (k == "cpu_weight") return get_ranged(fv, fp, 1, kCpuWeightMax, "integer 1..10000", out.cpu_weight.emplace(), err);
+    return true;
+  });
+}
+
 /// exec.container: `root` required, an absolute path of 2..kContainerRootMax bytes other than "/";
 /// `hostname` a DNS name; `readonly` a boolean.
 [[gnu::noinline]] bool dec_container(od::value v, const Path& p, Container& out, Err& err) {
@@ -1547,6 +1591,10 @@ bool dec(od::document& doc, const Path& p, Kill& out, Err& err) {
     }
     if (k == "hostname") return get_dns_name(fv, fp, out.hostname.emplace(), err);
     if (k == "readonly") return get_bool(fv, fp, out.readonly, err);
+    if (k == "resources") {
+      if (is_null(fv)) return out.resources.reset(), true;
+      return dec_resources(fv, fp, out.resources.emplace(), err);
+    }
     return true;
   });
   if (!ok) return false;

@@ -916,6 +916,12 @@ Status Session::exec(const proto::ExecProcess& x) {
       !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureContainer) != features_->end()))
     return Error{fmt::format("exec.{}: the guest's init does not implement containers (no \"{}\" in ready.features)",
                              x.container ? "container" : "in", proto::kFeatureContainer)};
+  // An init without it would start the container with no limits of its own, and say nothing.
+  if (x.container && x.container->resources &&
+      !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureResources) != features_->end()))
+    return Error{fmt::format("exec.container.resources: the guest's init does not implement a container's cgroup "
+                             "(no \"{}\" in ready.features): update the guest's init",
+                             proto::kFeatureResources)};
   // An init without it would run the process with only its gid, and say nothing.
   if (!x.exec.groups.empty() &&
       !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureGroups) != features_->end()))

@@ -71,7 +71,7 @@ void ExecProc::start(std::optional<std::uint16_t> in_proc, ttrpc::Respond respon
   proto::ExecProcess m = exec_message(spec, !stdin_path.empty(), terminal, pending_resize);
   if (!exec) {
     const Container* c = shim.pod_container(id);
-    m.container = proto::Container{c->guest_root, c->hostname, spec.root_ro};
+    m.container = proto::Container{c->guest_root, c->hostname, spec.root_ro, spec.resources};
   }
   m.in = in_proc;
   if (auto okm = proto::validate(proto::HostMessage{m}); !okm)
