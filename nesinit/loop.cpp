@@ -197,6 +197,7 @@ class Pid1 final : private DataEvents {
                    },
                    [&](act::PowerOff& p) { power_off(p.halt); },
                    [&](act::ListProcesses&) { pending_.push_front(ev::ProcessList{read_processes()}); },
+                   [&](act::ContainerResources& c) { pending_.push_front(ev::ResourcesDone{container_resources(c.req)}); },
                    [&](act::SpawnExec& x) { do_spawn_exec(x); },
                    [&](act::CloseExec& x) { data_.close_exec(x.proc); },
                    [&](act::CheckHeld& c) { pending_.push_front(ev::Held{c.proc, data_.held(c.proc)}); },
@@ -393,6 +394,23 @@ class Pid1 final : private DataEvents {
     // Started first, then (with no streams) its outputs are done at once.
     if (!x.stdio) pending_.push_front(ev::ExecOutputsDone{x.proc});
     pending_.push_front(ev::ExecStarted{x.proc, *r});
+  }
+
+  /// act::ContainerResources: the update written (refused naming the field), then the use read.
+  proto::ContainerResourcesReply container_resources(const proto::ContainerResourcesRequest& r) {
+    proto::ContainerResourcesReply out{r.proc, std::nullopt, std::nullopt};
+    auto dir = cgroups_.running(r.proc);
+    if (!dir) {
+      out.error = fmt::format("proc: container {} has no cgroup of its own", r.proc);
+      return out;
+    }
+    if (r.update) {
+      if (auto s = write_resources(*dir, *r.update, true); !s) out.error = s.error().message;
+      else log_.info("cgroup", "container {}: limits updated", r.proc);
+    }
+    if (auto st = read_stats(*dir)) out.stats = *st;
+    else if (!out.error) out.error = st.error().message;
+    return out;
   }
 
   /// Bytes written to either channel: the final flush's measure of progress.

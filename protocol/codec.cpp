@@ -324,6 +324,34 @@ void enc(Buf& b, const Processes& m) {
   }
 }
 
+void enc(Buf& b, const ContainerResourcesReply& m) {
+  open(b, "container_resources");
+  key(b, "proc");
+  put_int(b, m.proc);
+  if (m.error) {
+    key(b, "error");
+    put_string(b, *m.error);
+  }
+  if (m.stats) {
+    const CgroupStats& t = *m.stats;
+    key(b, "stats");
+    b.push_back('{');
+    const std::pair<std::string_view, std::uint64_t> f[] = {
+        {"memory_current", t.memory_current}, {"memory_max", t.memory_max}, {"memory_anon", t.memory_anon},
+        {"memory_file", t.memory_file}, {"oom_kills", t.oom_kills}, {"cpu_usage_usec", t.cpu_usage_usec},
+        {"cpu_user_usec", t.cpu_user_usec}, {"cpu_system_usec", t.cpu_system_usec},
+        {"cpu_nr_periods", t.cpu_nr_periods}, {"cpu_nr_throttled", t.cpu_nr_throttled},
+        {"cpu_throttled_usec", t.cpu_throttled_usec}, {"pids_current", t.pids_current}, {"pids_max", t.pids_max}};
+    bool first = true;
+    for (const auto& [name, v] : f) {
+      key(b, name, first);
+      first = false;
+      put_int(b, v);
+    }
+    b.push_back('}');
+  }
+}
+
 void enc(Buf& b, const ExecStarted& m) {
   open(b, "exec_started");
   key(b, "proc");
@@ -576,6 +604,15 @@ void enc(Buf& b, const ExecProcess& m) {
   }
 }
 void enc(Buf& b, const ListProcesses&) { open(b, "list_processes"); }
+void enc(Buf& b, const ContainerResourcesRequest& m) {
+  open(b, "container_resources");
+  key(b, "proc");
+  put_int(b, m.proc);
+  if (m.update) {
+    key(b, "update");
+    enc(b, *m.update);
+  }
+}
 
 template <class Variant>
 std::string encode_any(const Variant& m, bool newline, const GuestEnvelope* env = nullptr) {
@@ -1703,6 +1740,48 @@ bool dec(od::document& doc, const Path& p, OutputEnd& out, Err& err) {
   return unsent || missing(p, "unsent", kBytes53, err);
 }
 
+bool dec(od::document& doc, const Path& p, ContainerResourcesRequest& out, Err& err) {
+  bool proc = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "proc") return proc = true, get_ranged(fv, p / k, 1, 65535, kProc, out.proc, err);
+        if (k == "update") {
+          if (is_null(fv)) return out.update.reset(), true;
+          return dec_resources(fv, p / k, out.update.emplace(), err);
+        }
+        return true;
+      }))
+    return false;
+  return proc || missing(p, "proc", kProc, err);
+}
+
+bool dec(od::document& doc, const Path& p, ContainerResourcesReply& out, Err& err) {
+  bool proc = false;
+  const auto max = static_cast<std::int64_t>(kResourceMax);
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        const Path fp = p / k;
+        if (k == "proc") return proc = true, get_ranged(fv, fp, 1, 65535, kProc, out.proc, err);
+        if (k == "error") return get_str(fv, fp, out.error.emplace(), err);
+        if (k == "stats") {
+          CgroupStats& t = out.stats.emplace();
+          std::pair<std::string_view, std::uint64_t*> f[] = {
+              {"memory_current", &t.memory_current}, {"memory_max", &t.memory_max}, {"memory_anon", &t.memory_anon},
+              {"memory_file", &t.memory_file}, {"oom_kills", &t.oom_kills}, {"cpu_usage_usec", &t.cpu_usage_usec},
+              {"cpu_user_usec", &t.cpu_user_usec}, {"cpu_system_usec", &t.cpu_system_usec},
+              {"cpu_nr_periods", &t.cpu_nr_periods}, {"cpu_nr_throttled", &t.cpu_nr_throttled},
+              {"cpu_throttled_usec", &t.cpu_throttled_usec}, {"pids_current", &t.pids_current},
+              {"pids_max", &t.pids_max}};
+          return each_field(fv, fp, "object", err, [&](std::string_view tk, od::value tv) {
+            for (auto& [name, at] : f)
+              if (tk == name) return get_ranged(tv, fp / tk, 0, max, kBytes53, *at, err);
+            return true;
+          });
+        }
+        return true;
+      }))
+    return false;
+  return proc || missing(p, "proc", kProc, err);
+}
+
 // ---- the three passes ----
 
 constexpr std::string_view kTag(const Ready*) { return "ready"; }
@@ -1724,6 +1803,8 @@ constexpr std::string_view kTag(const ExecFailed*) { return "exec_failed"; }
 constexpr std::string_view kTag(const ExecExited*) { return "exec_exited"; }
 constexpr std::string_view kTag(const OutputEnd*) { return "output_end"; }
 constexpr std::string_view kTag(const NetworkFailed*) { return "network_failed"; }
+constexpr std::string_view kTag(const ContainerResourcesRequest*) { return "container_resources"; }
+constexpr std::string_view kTag(const ContainerResourcesReply*) { return "container_resources"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

@@ -35,6 +35,8 @@ inline constexpr const char* kFeatureNetwork = "network";      // boot.network
 inline constexpr const char* kFeatureDataResume = "data_resume";  // boot.stdio.replay_bytes > 0
 inline constexpr const char* kFeatureContainer = "container";      // exec.container, exec.in
 inline constexpr const char* kFeatureResources = "resources";      // exec.container.resources
+inline constexpr const char* kFeatureContainerStats = "container_stats";    // container_resources
+inline constexpr const char* kFeatureContainerUpdate = "container_update";  // container_resources.update
 // The v2 additive fields of the reference's own list, named since 0.3 (issue 44): an init that
 // predates them would run the workload with other groups, another hostname, the wrong clock or
 // CRNG, or power off instead of rebooting, and say nothing.
@@ -48,7 +50,8 @@ inline constexpr const char* kFeatureRealtime = "realtime";  // boot.realtime_ns
 inline std::vector<std::string> all_features() {
   return {kFeatureStdio,    kFeatureRoot,    kFeatureReconnect, kFeatureExec,     kFeatureNetwork,
           kFeatureDataResume, kFeatureContainer, kFeatureGroups, kFeatureMountFs, kFeatureHostname,
-          kFeatureHalt,     kFeatureEntropy, kFeatureRealtime, kFeatureResources};
+          kFeatureHalt,     kFeatureEntropy, kFeatureRealtime, kFeatureResources,
+          kFeatureContainerStats, kFeatureContainerUpdate};
 }
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
@@ -218,10 +221,43 @@ struct OutputEnd {
   bool operator==(const OutputEnd&) const = default;
 };
 
+/// One container's use of its cgroup (docs/protocol.md "Container resources"), as cgroup v2's
+/// files say it: memory.current, memory.max (0 = "max"), memory.stat's anon and file,
+/// memory.events' oom_kill; cpu.stat's usage_usec, user_usec, system_usec, nr_periods,
+/// nr_throttled, throttled_usec; pids.current, pids.max (0 = "max"). Bytes, µs, counts; each
+/// 0..2^53-1. What containerd's cgroups v2 Metrics carry (the shim's Stats).
+struct CgroupStats {
+  std::uint64_t memory_current = 0;
+  std::uint64_t memory_max = 0;
+  std::uint64_t memory_anon = 0;
+  std::uint64_t memory_file = 0;
+  std::uint64_t oom_kills = 0;
+  std::uint64_t cpu_usage_usec = 0;
+  std::uint64_t cpu_user_usec = 0;
+  std::uint64_t cpu_system_usec = 0;
+  std::uint64_t cpu_nr_periods = 0;
+  std::uint64_t cpu_nr_throttled = 0;
+  std::uint64_t cpu_throttled_usec = 0;
+  std::uint64_t pids_current = 0;
+  std::uint64_t pids_max = 0;
+  bool operator==(const CgroupStats&) const = default;
+};
+
+/// The answer to `container_resources` (additive, features "container_stats" and
+/// "container_update"): the container `exec` started as `proc`; `error` set: the update (or the
+/// read) was refused or failed, its text naming the field (`memory_max: ...`), nothing changed
+/// by a refused update; `stats` its cgroup's use after the update, when it could be read.
+struct ContainerResourcesReply {
+  std::uint16_t proc = 0;
+  std::optional<std::string> error;
+  std::optional<CgroupStats> stats;
+  bool operator==(const ContainerResourcesReply&) const = default;
+};
+
 /// Any message the guest sends.
 using GuestMessage = std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited,
                                   ProtocolError, Processes, ExecStarted, ExecFailed, ExecExited,
-                                  OutputEnd, NetworkFailed>;
+                                  OutputEnd, NetworkFailed, ContainerResourcesReply>;
 
 // ---- host -> guest -----------------------------------------------------------------------------
 
@@ -469,28 +505,6 @@ struct ContainerResources {
   bool operator==(const ContainerResources&) const = default;
 };
 
-/// One container's use of its cgroup (docs/protocol.md "Container resources"), as cgroup v2's
-/// files say it: memory.current, memory.max (0 = "max"), memory.stat's anon and file,
-/// memory.events' oom_kill; cpu.stat's usage_usec, user_usec, system_usec, nr_periods,
-/// nr_throttled, throttled_usec; pids.current, pids.max (0 = "max"). Bytes, µs, counts; each
-/// 0..2^53-1. What containerd's cgroups v2 Metrics carry (the shim's Stats).
-struct CgroupStats {
-  std::uint64_t memory_current = 0;
-  std::uint64_t memory_max = 0;
-  std::uint64_t memory_anon = 0;
-  std::uint64_t memory_file = 0;
-  std::uint64_t oom_kills = 0;
-  std::uint64_t cpu_usage_usec = 0;
-  std::uint64_t cpu_user_usec = 0;
-  std::uint64_t cpu_system_usec = 0;
-  std::uint64_t cpu_nr_periods = 0;
-  std::uint64_t cpu_nr_throttled = 0;
-  std::uint64_t cpu_throttled_usec = 0;
-  std::uint64_t pids_current = 0;
-  std::uint64_t pids_max = 0;
-  bool operator==(const CgroupStats&) const = default;
-};
-
 /// A container inside the VM (additive, feature "container"; docs/protocol.md "Containers"):
 /// the process `exec` starts gets its own root, mount, pid (it is PID 1 there) and, with
 /// `hostname`, UTS namespace, as runc gives a container; the VM's network. `root` an absolute
@@ -530,7 +544,17 @@ struct ListProcesses {
   bool operator==(const ListProcesses&) const = default;
 };
 
+/// A running container's cgroup (additive; docs/protocol.md "Container resources"): the
+/// container `exec` started as `proc` (1..65535); `update` set (feature "container_update"):
+/// its set fields are written first (a memory_max below what the container uses is refused);
+/// then its use is read (feature "container_stats"). Answered by one container_resources.
+struct ContainerResourcesRequest {
+  std::uint16_t proc = 0;
+  std::optional<ContainerResources> update;
+  bool operator==(const ContainerResourcesRequest&) const = default;
+};
+
 /// Any message the host sends.
-using HostMessage = std::variant<Boot, Stop, Shutdown, Kill, ListProcesses, ExecProcess>;
+using HostMessage = std::variant<Boot, Stop, Shutdown, Kill, ListProcesses, ExecProcess, ContainerResourcesRequest>;
 
 }  // namespace nes::proto

@@ -158,4 +158,36 @@ Result<Out> parse_resources_json(std::string_view json, std::string_view field) 
   return parse_resources(e, field);
 }
 
+proto::ContainerResources merged(const std::optional<proto::ContainerResources>& now,
+                                 const proto::ContainerResources& u) {
+  proto::ContainerResources r = now.value_or(proto::ContainerResources{});
+  if (u.memory_max) r.memory_max = u.memory_max;
+  if (u.cpu_quota) r.cpu_quota = u.cpu_quota;
+  if (u.cpu_period) r.cpu_period = u.cpu_period;
+  if (u.cpu_weight) r.cpu_weight = u.cpu_weight;
+  if (u.pids_max) r.pids_max = u.pids_max;
+  return r;
+}
+
+host::Status fits_vm(const std::vector<proto::ContainerResources>& limits, std::uint32_t mem_mib, std::uint32_t cpus) {
+  std::uint64_t mem = 0;
+  double cpu = 0;
+  for (const auto& l : limits) {
+    if (l.memory_max && *l.memory_max) mem += *l.memory_max;
+    if (l.cpu_quota && *l.cpu_quota) cpu += static_cast<double>(*l.cpu_quota) / static_cast<double>(l.cpu_period.value_or(100000));
+  }
+  const std::uint64_t vm_mem = static_cast<std::uint64_t>(mem_mib) << 20;
+  if (mem > vm_mem)
+    return Error{fmt::format("linux.resources.memory.limit: the pod's containers' memory limits would add up to {} MiB, "
+                             "beyond its VM's {} MiB; a pod's VM does not grow after it boots (no memory hot-plug in "
+                             "the guest): not changed (recreate the pod with the larger request)",
+                             (mem + (1u << 20) - 1) >> 20, mem_mib)};
+  if (cpu > static_cast<double>(cpus) + 1e-9)
+    return Error{fmt::format("linux.resources.cpu.quota: the pod's containers' CPU quotas would add up to {:.2f} CPUs, "
+                             "beyond its VM's {} vCPUs; a pod's VM does not grow after it boots (no CPU hot-plug in "
+                             "the guest): not changed (recreate the pod with the larger request)",
+                             cpu, cpus)};
+  return host::Ok{};
+}
+
 }  // namespace nes::shim

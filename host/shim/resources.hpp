@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <simdjson.h>
 
@@ -36,5 +37,17 @@ host::Result<std::optional<proto::ContainerResources>> parse_resources(simdjson:
 /// naming `field`.
 host::Result<std::optional<proto::ContainerResources>> parse_resources_json(std::string_view json,
                                                                             std::string_view field);
+
+/// `now` with every field `update` sets replaced (what the container has after an Update).
+proto::ContainerResources merged(const std::optional<proto::ContainerResources>& now,
+                                 const proto::ContainerResources& update);
+
+/// Whether the pod's containers' limits `limits` (each container's, the updated one included)
+/// fit its VM of `mem_mib` MiB and `cpus` vCPUs: the memory limits set (not 0) add up to at most
+/// the VM's RAM, the CPU quotas set to at most its vCPUs. A pod's VM does not grow after its
+/// boot (the lean guest kernel has no memory or CPU hot-plug), so an Update past it is refused:
+/// the Error names `field` (linux.resources.memory.limit or linux.resources.cpu.quota), both
+/// sums and the VM's size.
+host::Status fits_vm(const std::vector<proto::ContainerResources>& limits, std::uint32_t mem_mib, std::uint32_t cpus);
 
 }  // namespace nes::shim
