@@ -18,11 +18,11 @@ namespace {
 
 constexpr std::uint64_t kMax53 = proto::kResourceMax;
 
-/// Writes `text` to `dir/file` (one write(2), as cgroupfs wants); the Error names `field`, the
-/// value and the file.
+/// Writes `text` to `dir/file` (one write(2), as cgroupfs wants; O_TRUNC as runc opens them);
+/// the Error names `field`, the value and the file.
 base::Status put(const std::string& dir, const char* file, std::string_view field, const std::string& text) {
   const std::string path = dir + "/" + file;
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
   int err = fd < 0 ? errno : 0;
   if (fd >= 0) {
     if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) err = errno ? errno : EIO;

@@ -325,7 +325,7 @@ void enc(Buf& b, const Processes& m) {
 }
 
 void enc(Buf& b, const ContainerResourcesReply& m) {
-  open(b, "container_resources");
+  open(b, "container_resources_reply");
   key(b, "proc");
   put_int(b, m.proc);
   if (m.error) {
@@ -1804,7 +1804,7 @@ constexpr std::string_view kTag(const ExecExited*) { return "exec_exited"; }
 constexpr std::string_view kTag(const OutputEnd*) { return "output_end"; }
 constexpr std::string_view kTag(const NetworkFailed*) { return "network_failed"; }
 constexpr std::string_view kTag(const ContainerResourcesRequest*) { return "container_resources"; }
-constexpr std::string_view kTag(const ContainerResourcesReply*) { return "container_resources"; }
+constexpr std::string_view kTag(const ContainerResourcesReply*) { return "container_resources_reply"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

@@ -243,7 +243,7 @@ struct CgroupStats {
   bool operator==(const CgroupStats&) const = default;
 };
 
-/// The answer to `container_resources` (additive, features "container_stats" and
+/// `container_resources_reply`, the answer to `container_resources` (additive, features "container_stats" and
 /// "container_update"): the container `exec` started as `proc`; `error` set: the update (or the
 /// read) was refused or failed, its text naming the field (`memory_max: ...`), nothing changed
 /// by a refused update; `stats` its cgroup's use after the update, when it could be read.
@@ -547,7 +547,7 @@ struct ListProcesses {
 /// A running container's cgroup (additive; docs/protocol.md "Container resources"): the
 /// container `exec` started as `proc` (1..65535); `update` set (feature "container_update"):
 /// its set fields are written first (a memory_max below what the container uses is refused);
-/// then its use is read (feature "container_stats"). Answered by one container_resources.
+/// then its use is read (feature "container_stats"). Answered by one container_resources_reply.
 struct ContainerResourcesRequest {
   std::uint16_t proc = 0;
   std::optional<ContainerResources> update;

@@ -191,7 +191,7 @@ struct ProcessList {
   bool operator==(const ProcessList&) const = default;
 };
 
-/// `ok JSON`, JSON the protocol's `container_resources` message from the guest (one line): the
+/// `ok JSON`, JSON the protocol's `container_resources_reply` message from the guest (one line): the
 /// answer to `resources` (its `error` set when the guest refused the update). Final.
 struct ResourcesReply {
   proto::ContainerResourcesReply reply;
