@@ -275,7 +275,7 @@ struct TaskService::Impl : Shim {
                      std::function<void(host::Result<proto::ContainerResourcesReply>)> done) {
     const auto path = control();
     askers.emplace_back([this, path, r, done = std::move(done)]() mutable {
-      auto a = cli::container_resources(path, r);
+      auto a = monitor::container_resources(path, r);
       asio::post(io, [this, id = std::this_thread::get_id(), a = std::move(a), done = std::move(done)]() mutable {
         for (auto it = askers.begin(); it != askers.end(); ++it)
           if (it->get_id() == id) {
