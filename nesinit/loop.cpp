@@ -15,6 +15,7 @@
 #include <deque>
 #include <optional>
 
+#include "cgroup.hpp"
 #include "data_io.hpp"
 #include "guest.hpp"
 #include "mounts.hpp"
@@ -196,6 +197,7 @@ class Pid1 final : private DataEvents {
                    },
                    [&](act::PowerOff& p) { power_off(p.halt); },
                    [&](act::ListProcesses&) { pending_.push_front(ev::ProcessList{read_processes()}); },
+                   [&](act::ContainerResources& c) { pending_.push_front(ev::ResourcesDone{container_resources(c.req)}); },
                    [&](act::SpawnExec& x) { do_spawn_exec(x); },
                    [&](act::CloseExec& x) { data_.close_exec(x.proc); },
                    [&](act::CheckHeld& c) { pending_.push_front(ev::Held{c.proc, data_.held(c.proc)}); },
@@ -359,8 +361,27 @@ class Pid1 final : private DataEvents {
       if (!null) return failed(base::errno_error(errno, "exec: open /dev/null"));
       cfds = ChildFds{{null.get(), null.get(), null.get()}, false};
     }
+    // The container's cgroup (cgroup.hpp), in the VM only: a sandbox's /sys/fs/cgroup is the
+    // machine's, not the init's to change (a container with limits is refused there).
+    std::string procs;
+    const bool own_cgroup = x.container && mode_ == Mode::guest;
+    if (x.container && !own_cgroup && x.container->resources)
+      return failed(base::Error{"exec.container.resources: no cgroup of its own outside a VM (sandbox mode)", EPERM});
+    if (own_cgroup) {
+      auto made = cgroups_.create(x.proc, x.container->resources);
+      if (!made) {
+        base::Error e = std::move(made).error();
+        e.message = (x.container->resources ? "exec.container.resources." : "exec.container: ") + e.message;
+        return failed(std::move(e));
+      }
+      procs = std::move(*made);
+    } else if (x.in_pid > 0 && mode_ == Mode::guest) {
+      procs = cgroups_.procs_of(x.in_pid);
+    }
+    if (!procs.empty()) where.cgroup_procs = procs.c_str();
     log_.info("exec", "process {}: {}", x.proc, x.exec.argv.empty() ? std::string() : x.exec.argv[0]);
     auto r = spawn(x.exec, x.geometry, Stdio::inherit, reaper_, &cfds, Role::exec, where);
+    if (own_cgroup) r ? cgroups_.started(x.proc, *r) : cgroups_.failed(x.proc);
     null.reset();
     data_.exec_spawned(x.proc, static_cast<bool>(r));
     if (!r) {
@@ -373,6 +394,23 @@ class Pid1 final : private DataEvents {
     // Started first, then (with no streams) its outputs are done at once.
     if (!x.stdio) pending_.push_front(ev::ExecOutputsDone{x.proc});
     pending_.push_front(ev::ExecStarted{x.proc, *r});
+  }
+
+  /// act::ContainerResources: the update written (refused naming the field), then the use read.
+  proto::ContainerResourcesReply container_resources(const proto::ContainerResourcesRequest& r) {
+    proto::ContainerResourcesReply out{r.proc, std::nullopt, std::nullopt};
+    auto dir = cgroups_.running(r.proc);
+    if (!dir) {
+      out.error = fmt::format("proc: container {} has no cgroup of its own", r.proc);
+      return out;
+    }
+    if (r.update) {
+      if (auto s = write_resources(*dir, *r.update, true); !s) out.error = s.error().message;
+      else log_.info("cgroup", "container {}: limits updated", r.proc);
+    }
+    if (auto st = read_stats(*dir)) out.stats = *st;
+    else if (!out.error) out.error = st.error().message;
+    return out;
   }
 
   /// Bytes written to either channel: the final flush's measure of progress.
@@ -482,7 +520,10 @@ class Pid1 final : private DataEvents {
     Reaped r = reaper_.reap();
     if (r.orphans) log_.debug("reap", "{} orphan(s) reaped", r.orphans);
     if (r.workload) pending_.push_back(ev::Exited{*r.workload});
-    for (const ExecReaped& x : r.execs) pending_.push_back(ev::ExecReaped{x.pid, x.status});
+    for (const ExecReaped& x : r.execs) {
+      cgroups_.reaped(x.pid);
+      pending_.push_back(ev::ExecReaped{x.pid, x.status});
+    }
     if (r.no_children && session_.waiting_for_children()) pending_.push_back(ev::NoChildren{});
   }
 
@@ -573,6 +614,7 @@ class Pid1 final : private DataEvents {
   proto::LineReader reader_;
   std::deque<Event> pending_;
   DataIo data_{log_, *this};  // the data channel (boot.stdio) and the fds of its processes
+  ContainerCgroups cgroups_;  // the cgroups of the containers exec started (guest mode)
   std::optional<std::uint64_t> deadline_[kTimerCount];
   bool is_port_ = false;    // the channel is a virtio-serial port (no EOF semantics)
   bool keep_out_ = false;   // out_ waits for the port act::CloseChannel closed to be reopened

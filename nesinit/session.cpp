@@ -227,6 +227,7 @@ void Session::on(const ev::Message& m) {
                                   [&](const proto::Shutdown&) { on_shutdown_msg(); },
                                   // Answered in any phase: it changes nothing.
                                   [&](const proto::ListProcesses&) { out_.push_back(act::ListProcesses{}); },
+                                  [&](const proto::ContainerResourcesRequest& r) { on_container_resources(r); },
                               },
                               hm);
                  },
@@ -361,6 +362,13 @@ void Session::on(const ev::OutputsDone& d) {
 }
 
 void Session::on(const ev::ProcessList& p) { send(p.list); }
+void Session::on(const ev::ResourcesDone& d) { send(d.reply); }
+
+void Session::on_container_resources(const proto::ContainerResourcesRequest& r) {
+  for (const ExecState& e : execs_)
+    if (e.proc == r.proc && e.container && e.pid > 0 && !e.held) return out_.push_back(act::ContainerResources{r});
+  send(proto::ContainerResourcesReply{r.proc, fmt::format("proc: no container is running as process {}", r.proc), std::nullopt});
+}
 
 void Session::on_stop(std::string_view why) {
   if (workload_pid_ <= 0) {

@@ -126,6 +126,7 @@ struct Held { std::uint16_t proc; std::uint64_t bytes; };
 /// already at EOF (their accounts went out with ExecOutputsDone).
 struct ExecClosed { std::uint16_t proc; OutputAccount out; std::optional<OutputAccount> err = OutputAccount{}; bool outputs_done = false; };
 struct ProcessList { proto::Processes list; };    // act::ListProcesses's result (read from /proc)
+struct ResourcesDone { proto::ContainerResourcesReply reply; };  // act::ContainerResources's result
 struct ExecStarted { std::uint16_t proc; std::int32_t pid; };          // act::SpawnExec succeeded
 struct ExecFailed { std::uint16_t proc; proto::StartFailed failure; };  // ... or failed: nothing runs
 struct ExecReaped { std::int32_t pid; proto::WorkloadExited status; };  // an exec'd pid was reaped
@@ -138,7 +139,7 @@ using Event = std::variant<ev::Start, ev::ChannelUp, ev::Line, ev::Message, ev::
                            ev::Exited, ev::Signal, ev::TimerFired, ev::NoChildren, ev::DataUp,
                            ev::DataFailed, ev::DataError, ev::DataLost, ev::OutputsDone, ev::DialFailed,
                            ev::Flushing, ev::ProcessList, ev::ExecStarted, ev::ExecFailed,
-                           ev::ExecReaped, ev::ExecOutputsDone, ev::Held, ev::ExecClosed>;
+                           ev::ExecReaped, ev::ExecOutputsDone, ev::Held, ev::ExecClosed, ev::ResourcesDone>;
 
 // ---- actions -----------------------------------------------------------------------------------
 namespace act {
@@ -209,6 +210,9 @@ struct Flush {};
 struct CloseChannel {};
 struct PowerOff { proto::Halt halt; };  // the final act: unmount, reboot(2). Never returns.
 struct ListProcesses {};  // read the guest's processes (procs.hpp): ProcessList
+/// Update (when `req.update` is set) and read the cgroup of the running container `req.proc`
+/// (cgroup.hpp): ResourcesDone.
+struct ContainerResources { proto::ContainerResourcesRequest req; };
 /// Start `exec` beside the workload (the host's `exec`), in its own session and process group,
 /// `geometry` in its environment; its streams as `stdio` says, framed as process `proc` on the
 /// data channel (unset: /dev/null). ExecStarted or ExecFailed; later ExecOutputsDone.
@@ -231,7 +235,7 @@ struct CheckHeld { std::uint16_t proc; };
 using Action = std::variant<act::Send, act::DialData, act::DataGiveUp, act::Dial, act::Seed, act::Mount, act::Spawn, act::SignalGroup, act::SignalAll,
                             act::ArmTimer, act::CancelTimer, act::Note, act::Flush, act::PowerOff,
                             act::ListProcesses, act::SpawnExec, act::CloseExec, act::CheckHeld,
-                            act::CloseChannel>;
+                            act::CloseChannel, act::ContainerResources>;
 using Actions = std::vector<Action>;
 
 /// Where the session is.
@@ -331,6 +335,8 @@ class Session {
   void on(const ev::DialFailed&);
   void on(const ev::Flushing&);
   void on(const ev::ProcessList&);
+  void on(const ev::ResourcesDone&);
+  void on_container_resources(const proto::ContainerResourcesRequest& r);
   void on(const ev::ExecStarted&);
   void on(const ev::ExecFailed&);
   void on(const ev::ExecReaped&);

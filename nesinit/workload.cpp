@@ -64,6 +64,7 @@ std::string_view to_string(SpawnStep s) {
     case SpawnStep::stdio: return "dup2 stdio";
     case SpawnStep::terminal: return "TIOCSCTTY";
     case SpawnStep::container: return "exec.container.root:";
+    case SpawnStep::cgroup: return "exec.container: join its cgroup";
     case SpawnStep::join: return "exec.in:";
   }
   return "?";
@@ -90,6 +91,16 @@ struct ChildReport {
   std::int32_t err = 0;
   std::int32_t index = 0;  // the failing container step or namespace (SpawnStep::container, join)
 };
+
+/// Moves the calling process into the cgroup whose cgroup.procs is `procs` (cgroup.hpp): 0 or
+/// the errno. System calls only (a vfork-style child).
+int join_cgroup(const char* procs) {
+  int fd = ::open(procs, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  int err = ::write(fd, "0", 1) == 1 ? 0 : errno;
+  ::close(fd);
+  return err;
+}
 
 void close_fds_from_3() {
   // Every fd >= 3 is closed now: the workload starts with exactly fds 0-2, whatever the init had
@@ -164,6 +175,9 @@ int child_main(void* p) {
   if (::sigprocmask(SIG_SETMASK, &none, nullptr) != 0) fail(SpawnStep::sigmask, errno);
   // A new container: its root, /proc, /dev, /sys and /etc files (container.hpp), before the
   // exec's cwd and PATH search, which are then the container's.
+  if (a->where->steps && a->where->cgroup_procs) {
+    if (int err = join_cgroup(a->where->cgroup_procs); err != 0) fail(SpawnStep::cgroup, err);
+  }
   if (a->where->steps) {
     int err = run_container(*a->where->steps, a->report.index);
     if (err != 0) fail(SpawnStep::container, err);
@@ -205,6 +219,9 @@ constexpr std::size_t kChildStack = 32 * 1024;
 /// (CLONE_PARENT: the init reaps it), and exits. It shares the init's memory, as child_main.
 int join_main(void* p) {
   auto* a = static_cast<ChildArgs*>(p);
+  // The container's cgroup first (its path is the VM's, not the container's): the process it
+  // starts inherits it. Best effort when it is gone (the container is ending).
+  if (a->where->cgroup_procs) (void)join_cgroup(a->where->cgroup_procs);
   int err = join_container(*a->where->join, a->report.index);
   if (err != 0) {
     a->report = {static_cast<std::int32_t>(SpawnStep::join), err, a->report.index};

@@ -32,7 +32,7 @@ std::vector<std::string> exec_candidates(const std::string& argv0, const std::st
 
 /// The set-up step that failed in the child.
 enum class SpawnStep : int { fork = 1, pipe, setsid, console, sigmask, chdir, setgroups, setgid,
-                             setuid, exec, stdio, terminal, container, join };
+                             setuid, exec, stdio, terminal, container, join, cgroup };
 std::string_view to_string(SpawnStep s);
 
 /// start_failed's class for a failing step and errno: exec ENOENT/ENOTDIR -> not_found (127 in
@@ -62,10 +62,12 @@ enum class Role { workload, exec };
 /// Where the process runs (exec.container / exec.in): `steps` set: a new container (its own
 /// mount and pid namespaces, and UTS with `uts`), the steps run in the child before the exec;
 /// `join` set: inside a running one (its namespaces and root). Neither: the init's own.
+/// `cgroup_procs` set: the child writes its pid there first (the container's cgroup, cgroup.hpp).
 struct Enclosure {
   const std::vector<ContainerStep>* steps = nullptr;
   bool uts = false;
   const JoinPlan* join = nullptr;
+  const char* cgroup_procs = nullptr;
 };
 
 /// Start `exec`. On success the child has exec'd and its pid is registered with `reaper` (it may

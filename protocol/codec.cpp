@@ -324,6 +324,34 @@ void enc(Buf& b, const Processes& m) {
   }
 }
 
+void enc(Buf& b, const ContainerResourcesReply& m) {
+  open(b, "container_resources_reply");
+  key(b, "proc");
+  put_int(b, m.proc);
+  if (m.error) {
+    key(b, "error");
+    put_string(b, *m.error);
+  }
+  if (m.stats) {
+    const CgroupStats& t = *m.stats;
+    key(b, "stats");
+    b.push_back('{');
+    const std::pair<std::string_view, std::uint64_t> f[] = {
+        {"memory_current", t.memory_current}, {"memory_max", t.memory_max}, {"memory_anon", t.memory_anon},
+        {"memory_file", t.memory_file}, {"oom_kills", t.oom_kills}, {"cpu_usage_usec", t.cpu_usage_usec},
+        {"cpu_user_usec", t.cpu_user_usec}, {"cpu_system_usec", t.cpu_system_usec},
+        {"cpu_nr_periods", t.cpu_nr_periods}, {"cpu_nr_throttled", t.cpu_nr_throttled},
+        {"cpu_throttled_usec", t.cpu_throttled_usec}, {"pids_current", t.pids_current}, {"pids_max", t.pids_max}};
+    bool first = true;
+    for (const auto& [name, v] : f) {
+      key(b, name, first);
+      first = false;
+      put_int(b, v);
+    }
+    b.push_back('}');
+  }
+}
+
 void enc(Buf& b, const ExecStarted& m) {
   open(b, "exec_started");
   key(b, "proc");
@@ -524,6 +552,23 @@ void enc(Buf& b, const Kill& m) {
     put_int(b, *m.proc);
   }
 }
+/// `{"memory_max":N,...}`: the set fields of `r`, in their declared order.
+void enc(Buf& b, const ContainerResources& r) {
+  b.push_back('{');
+  bool first = true;
+  auto field = [&](std::string_view name, const auto& v) {
+    if (!v) return;
+    key(b, name, first);
+    first = false;
+    put_int(b, *v);
+  };
+  field("memory_max", r.memory_max);
+  field("cpu_quota", r.cpu_quota);
+  field("cpu_period", r.cpu_period);
+  field("cpu_weight", r.cpu_weight);
+  field("pids_max", r.pids_max);
+  b.push_back('}');
+}
 void enc(Buf& b, const ExecProcess& m) {
   open(b, "exec");
   key(b, "proc");
@@ -570,6 +615,10 @@ void enc(Buf& b, const ExecProcess& m) {
       }
       b.push_back(']');
     }
+    if (m.container->resources) {  // additive (feature "resources")
+      key(b, "resources");
+      enc(b, *m.container->resources);
+    }
     b.push_back('}');
   }
   if (m.in) {
@@ -578,6 +627,15 @@ void enc(Buf& b, const ExecProcess& m) {
   }
 }
 void enc(Buf& b, const ListProcesses&) { open(b, "list_processes"); }
+void enc(Buf& b, const ContainerResourcesRequest& m) {
+  open(b, "container_resources");
+  key(b, "proc");
+  put_int(b, m.proc);
+  if (m.update) {
+    key(b, "update");
+    enc(b, *m.update);
+  }
+}
 
 template <class Variant>
 std::string encode_any(const Variant& m, bool newline, const GuestEnvelope* env = nullptr) {
@@ -1617,6 +1675,29 @@ bool clean_abs_path(std::string_view p) {
   return true;
 }
 
+/// exec.container.resources: each field an integer in its cgroup file's range (ContainerResources).
+bool dec_resources(od::value v, const Path& p, ContainerResources& out, Err& err) {
+  constexpr auto kMax = static_cast<std::int64_t>(kResourceMax);
+  constexpr auto kPeriodMin = static_cast<std::int64_t>(kCpuPeriodMin);
+  constexpr auto kPeriodMax = static_cast<std::int64_t>(kCpuPeriodMax);
+  constexpr std::string_view kN = "integer 0..9007199254740991";
+  return each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
+    const Path fp = p / k;
+    if (k == "memory_max") return get_ranged(fv, fp, 0, kMax, kN, out.memory_max.emplace(), err);
+    if (k == "pids_max") return get_ranged(fv, fp, 0, kMax, kN, out.pids_max.emplace(), err);
+    if (k == "cpu_quota") {
+      if (!get_ranged(fv, fp, 0, kMax, kN, out.cpu_quota.emplace(), err)) return false;
+      if (*out.cpu_quota != 0 && *out.cpu_quota < kCpuQuotaMin)
+        return err.expected(fp, "0 (no limit) or 1000..9007199254740991 (µs)", std::to_string(*out.cpu_quota));
+      return true;
+    }
+    if (k == "cpu_period")
+      return get_ranged(fv, fp, kPeriodMin, kPeriodMax, "integer 1000..1000000 (µs)", out.cpu_period.emplace(), err);
+    if (k == "cpu_weight") return get_ranged(fv, fp, 1, kCpuWeightMax, "integer 1..10000", out.cpu_weight.emplace(), err);
+    return true;
+  });
+}
+
 /// exec.container: `root` required, an absolute path of 2..kContainerRootMax bytes other than "/";
 /// `hostname` a DNS name; `readonly` a boolean.
 [[gnu::noinline]] bool dec_container(od::value v, const Path& p, Container& out, Err& err) {
@@ -1637,6 +1718,10 @@ bool clean_abs_path(std::string_view p) {
         if (i >= kContainerMountsMax) return err.fail(fp, fmt::format("more than {} mounts", kContainerMountsMax));
         return dec_container_mount(el, fp[i], out.mounts.emplace_back(), err);
       });
+    if (k == "resources") {
+      if (is_null(fv)) return out.resources.reset(), true;
+      return dec_resources(fv, fp, out.resources.emplace(), err);
+    }
     return true;
   });
   if (!ok) return false;
@@ -1745,6 +1830,48 @@ bool dec(od::document& doc, const Path& p, OutputEnd& out, Err& err) {
   return unsent || missing(p, "unsent", kBytes53, err);
 }
 
+bool dec(od::document& doc, const Path& p, ContainerResourcesRequest& out, Err& err) {
+  bool proc = false;
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        if (k == "proc") return proc = true, get_ranged(fv, p / k, 1, 65535, kProc, out.proc, err);
+        if (k == "update") {
+          if (is_null(fv)) return out.update.reset(), true;
+          return dec_resources(fv, p / k, out.update.emplace(), err);
+        }
+        return true;
+      }))
+    return false;
+  return proc || missing(p, "proc", kProc, err);
+}
+
+bool dec(od::document& doc, const Path& p, ContainerResourcesReply& out, Err& err) {
+  bool proc = false;
+  const auto max = static_cast<std::int64_t>(kResourceMax);
+  if (!each_top_field(doc, p, err, [&](std::string_view k, od::value fv) {
+        const Path fp = p / k;
+        if (k == "proc") return proc = true, get_ranged(fv, fp, 1, 65535, kProc, out.proc, err);
+        if (k == "error") return get_str(fv, fp, out.error.emplace(), err);
+        if (k == "stats") {
+          CgroupStats& t = out.stats.emplace();
+          std::pair<std::string_view, std::uint64_t*> f[] = {
+              {"memory_current", &t.memory_current}, {"memory_max", &t.memory_max}, {"memory_anon", &t.memory_anon},
+              {"memory_file", &t.memory_file}, {"oom_kills", &t.oom_kills}, {"cpu_usage_usec", &t.cpu_usage_usec},
+              {"cpu_user_usec", &t.cpu_user_usec}, {"cpu_system_usec", &t.cpu_system_usec},
+              {"cpu_nr_periods", &t.cpu_nr_periods}, {"cpu_nr_throttled", &t.cpu_nr_throttled},
+              {"cpu_throttled_usec", &t.cpu_throttled_usec}, {"pids_current", &t.pids_current},
+              {"pids_max", &t.pids_max}};
+          return each_field(fv, fp, "object", err, [&](std::string_view tk, od::value tv) {
+            for (auto& [name, at] : f)
+              if (tk == name) return get_ranged(tv, fp / tk, 0, max, kBytes53, *at, err);
+            return true;
+          });
+        }
+        return true;
+      }))
+    return false;
+  return proc || missing(p, "proc", kProc, err);
+}
+
 // ---- the three passes ----
 
 constexpr std::string_view kTag(const Ready*) { return "ready"; }
@@ -1766,6 +1893,8 @@ constexpr std::string_view kTag(const ExecFailed*) { return "exec_failed"; }
 constexpr std::string_view kTag(const ExecExited*) { return "exec_exited"; }
 constexpr std::string_view kTag(const OutputEnd*) { return "output_end"; }
 constexpr std::string_view kTag(const NetworkFailed*) { return "network_failed"; }
+constexpr std::string_view kTag(const ContainerResourcesRequest*) { return "container_resources"; }
+constexpr std::string_view kTag(const ContainerResourcesReply*) { return "container_resources_reply"; }
 
 template <class T>
 constexpr std::string_view tag_of = kTag(static_cast<const T*>(nullptr));

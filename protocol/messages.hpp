@@ -35,6 +35,9 @@ inline constexpr const char* kFeatureNetwork = "network";      // boot.network
 inline constexpr const char* kFeatureDataResume = "data_resume";  // boot.stdio.replay_bytes > 0
 inline constexpr const char* kFeatureContainer = "container";      // exec.container, exec.in
 inline constexpr const char* kFeatureContainerMounts = "container_mounts";  // exec.container.mounts non-empty
+inline constexpr const char* kFeatureResources = "resources";      // exec.container.resources
+inline constexpr const char* kFeatureContainerStats = "container_stats";    // container_resources
+inline constexpr const char* kFeatureContainerUpdate = "container_update";  // container_resources.update
 // The v2 additive fields of the reference's own list, named since 0.3 (issue 44): an init that
 // predates them would run the workload with other groups, another hostname, the wrong clock or
 // CRNG, or power off instead of rebooting, and say nothing.
@@ -48,7 +51,8 @@ inline constexpr const char* kFeatureRealtime = "realtime";  // boot.realtime_ns
 inline std::vector<std::string> all_features() {
   return {kFeatureStdio,    kFeatureRoot,    kFeatureReconnect, kFeatureExec,     kFeatureNetwork,
           kFeatureDataResume, kFeatureContainer, kFeatureGroups, kFeatureMountFs, kFeatureHostname,
-          kFeatureHalt,     kFeatureEntropy, kFeatureRealtime, kFeatureContainerMounts};
+          kFeatureHalt,     kFeatureEntropy, kFeatureRealtime, kFeatureContainerMounts, kFeatureResources,
+          kFeatureContainerStats, kFeatureContainerUpdate};
 }
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
@@ -218,10 +222,43 @@ struct OutputEnd {
   bool operator==(const OutputEnd&) const = default;
 };
 
+/// One container's use of its cgroup (docs/protocol.md "Container resources"), as cgroup v2's
+/// files say it: memory.current, memory.max (0 = "max"), memory.stat's anon and file,
+/// memory.events' oom_kill; cpu.stat's usage_usec, user_usec, system_usec, nr_periods,
+/// nr_throttled, throttled_usec; pids.current, pids.max (0 = "max"). Bytes, µs, counts; each
+/// 0..2^53-1. What containerd's cgroups v2 Metrics carry (the shim's Stats).
+struct CgroupStats {
+  std::uint64_t memory_current = 0;
+  std::uint64_t memory_max = 0;
+  std::uint64_t memory_anon = 0;
+  std::uint64_t memory_file = 0;
+  std::uint64_t oom_kills = 0;
+  std::uint64_t cpu_usage_usec = 0;
+  std::uint64_t cpu_user_usec = 0;
+  std::uint64_t cpu_system_usec = 0;
+  std::uint64_t cpu_nr_periods = 0;
+  std::uint64_t cpu_nr_throttled = 0;
+  std::uint64_t cpu_throttled_usec = 0;
+  std::uint64_t pids_current = 0;
+  std::uint64_t pids_max = 0;
+  bool operator==(const CgroupStats&) const = default;
+};
+
+/// `container_resources_reply`, the answer to `container_resources` (additive, features "container_stats" and
+/// "container_update"): the container `exec` started as `proc`; `error` set: the update (or the
+/// read) was refused or failed, its text naming the field (`memory_max: ...`), nothing changed
+/// by a refused update; `stats` its cgroup's use after the update, when it could be read.
+struct ContainerResourcesReply {
+  std::uint16_t proc = 0;
+  std::optional<std::string> error;
+  std::optional<CgroupStats> stats;
+  bool operator==(const ContainerResourcesReply&) const = default;
+};
+
 /// Any message the guest sends.
 using GuestMessage = std::variant<Ready, Mounted, MountFailed, Started, StartFailed, WorkloadExited,
                                   ProtocolError, Processes, ExecStarted, ExecFailed, ExecExited,
-                                  OutputEnd, NetworkFailed>;
+                                  OutputEnd, NetworkFailed, ContainerResourcesReply>;
 
 // ---- host -> guest -----------------------------------------------------------------------------
 
@@ -444,13 +481,39 @@ struct Kill {
 /// under it: "/dev/pts", "/etc/resolv.conf").
 inline constexpr std::size_t kContainerRootMax = 4000;
 
+/// Bounds of `exec.container.resources` (cgroup v2's own: kernel/sched/core.c, Documentation/
+/// admin-guide/cgroup-v2.rst). cpu.max's period and quota in µs, cpu.weight's range.
+inline constexpr std::uint64_t kCpuPeriodMin = 1000;       // µs
+inline constexpr std::uint64_t kCpuPeriodMax = 1000000;    // µs (1 s)
+inline constexpr std::uint64_t kCpuQuotaMin = 1000;        // µs
+inline constexpr std::uint32_t kCpuWeightMax = 10000;
+inline constexpr std::uint64_t kResourceMax = 9007199254740991ull;  // 2^53-1: exact in JSON
+
+/// A container's limits in the guest (additive, feature "resources"; docs/protocol.md
+/// "Container resources"): the init gives each container a cgroup v2 of its own and writes these
+/// into it, as runc writes an OCI spec's `linux.resources` on cgroup v2. Each field unset: that
+/// file is left as the kernel made it (no limit). `memory_max` bytes (memory.max; 0 = "max", no
+/// limit); `cpu_quota` µs per `cpu_period` µs (cpu.max; quota 0 = "max"; period
+/// kCpuPeriodMin..kCpuPeriodMax, default 100000); `cpu_weight` 1..10000 (cpu.weight; runc's
+/// conversion from shares is the host's); `pids_max` (pids.max; 0 = "max"). Wire names as the
+/// fields'. Each value 0..2^53-1.
+struct ContainerResources {
+  std::optional<std::uint64_t> memory_max;
+  std::optional<std::uint64_t> cpu_quota;
+  std::optional<std::uint64_t> cpu_period;
+  std::optional<std::uint32_t> cpu_weight;
+  std::optional<std::uint64_t> pids_max;
+  bool operator==(const ContainerResources&) const = default;
+};
+
 /// A container inside the VM (additive, feature "container"; docs/protocol.md "Containers"):
 /// the process `exec` starts gets its own root, mount, pid (it is PID 1 there) and, with
 /// `hostname`, UTS namespace, as runc gives a container; the VM's network. `root` an absolute
 /// guest path of a directory (the container's rootfs, e.g. under the pod's share), 2..4000 bytes,
 /// not "/"; `hostname` as boot.hostname's rules (1..253 of letters, digits, '-', '.', '_'; unset:
 /// the VM's UTS namespace is shared); `readonly` its root read-only (after its mounts are made);
-/// `mounts` (ContainerMount). Wire names: "root", "hostname", "readonly", "mounts".
+/// `mounts` (ContainerMount). Wire names: "root", "hostname", "readonly", "mounts", "resources"
+/// (additive, feature "resources": its cgroup's limits).
 /// Most `exec.container.mounts` one container takes (a kubelet's pod spec has a handful).
 inline constexpr std::size_t kContainerMountsMax = 64;
 
@@ -482,6 +545,7 @@ struct Container {
   /// Its mounts beyond runc's defaults (additive: absent or empty, none), at most
   /// kContainerMountsMax.
   std::vector<ContainerMount> mounts;
+  std::optional<ContainerResources> resources;
   bool operator==(const Container&) const = default;
 };
 
@@ -509,7 +573,17 @@ struct ListProcesses {
   bool operator==(const ListProcesses&) const = default;
 };
 
+/// A running container's cgroup (additive; docs/protocol.md "Container resources"): the
+/// container `exec` started as `proc` (1..65535); `update` set (feature "container_update"):
+/// its set fields are written first (a memory_max below what the container uses is refused);
+/// then its use is read (feature "container_stats"). Answered by one container_resources_reply.
+struct ContainerResourcesRequest {
+  std::uint16_t proc = 0;
+  std::optional<ContainerResources> update;
+  bool operator==(const ContainerResourcesRequest&) const = default;
+};
+
 /// Any message the host sends.
-using HostMessage = std::variant<Boot, Stop, Shutdown, Kill, ListProcesses, ExecProcess>;
+using HostMessage = std::variant<Boot, Stop, Shutdown, Kill, ListProcesses, ExecProcess, ContainerResourcesRequest>;
 
 }  // namespace nes::proto

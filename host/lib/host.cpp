@@ -107,6 +107,12 @@ struct Vm {
     std::shared_ptr<asio::steady_timer> deadline;
   };
   std::deque<ProcessWaiter> process_waiters;
+  // Host::async_container_resources requests waiting for the guest's answer, oldest first.
+  struct ResourceWaiter {
+    std::function<void(Result<proto::ContainerResourcesReply>)> handler;
+    std::shared_ptr<asio::steady_timer> deadline;
+  };
+  std::deque<ResourceWaiter> resource_waiters;
   // Processes exec() started and not yet ended, by process number.
   struct ExecProc {
     ExecHooks hooks;
@@ -134,6 +140,7 @@ struct Vm {
     for (auto& [proc, x] : execs)
       if (x.timer) x.timer->cancel();
     for (auto& w : process_waiters) w.deadline->cancel();
+    for (auto& w : resource_waiters) w.deadline->cancel();
   }
 };
 
@@ -263,6 +270,8 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
             finished(vm);
           } else if constexpr (std::is_same_v<T, act::Processes>) {
             answer_processes(vm, std::move(x.list));
+          } else if constexpr (std::is_same_v<T, act::Resources>) {
+            answer_resources(vm, std::move(x.reply));
           } else if constexpr (std::is_same_v<T, act::ExecReport>) {
             exec_report(vm, std::move(x.report));
           } else if constexpr (std::is_same_v<T, act::OutputEnd>) {
@@ -540,6 +549,15 @@ struct Host::Impl : std::enable_shared_from_this<Host::Impl> {
   }
   void fail_process_waiters(const std::shared_ptr<Vm>& vm, const std::string& why) {
     while (!vm->process_waiters.empty()) answer_processes(vm, Error{why});
+    while (!vm->resource_waiters.empty()) answer_resources(vm, Error{why});
+  }
+  /// The oldest waiting async_container_resources request gets `r` (posted).
+  void answer_resources(const std::shared_ptr<Vm>& vm, Result<proto::ContainerResourcesReply> r) {
+    if (vm->resource_waiters.empty()) return;  // late: its request already timed out
+    auto w = std::move(vm->resource_waiters.front());
+    vm->resource_waiters.pop_front();
+    w.deadline->cancel();
+    asio::post(io, [h = std::move(w.handler), r = std::move(r)]() mutable { h(std::move(r)); });
   }
 
   // ---- exec: the session decides each process's end (act::ExecEnded); here only its effects ----
@@ -1256,6 +1274,31 @@ void Host::async_list_processes(const std::string& id, std::function<void(Result
       // A timer's completion: not inside any caller of ours, so the handler runs right here.
       h(Error{fmt::format("list_processes: no answer within {} ms (an init that predates it does not answer)",
                           kListProcessesWait.count())});
+      return;
+    }
+  });
+  impl_->drain(vm);
+}
+
+void Host::async_container_resources(const std::string& id, const proto::ContainerResourcesRequest& r,
+                                     std::function<void(Result<proto::ContainerResourcesReply>)> handler) {
+  auto fail = [&](Error e) { asio::post(impl_->io, [h = std::move(handler), e = std::move(e)]() { h(e); }); };
+  auto vm = impl_->find(id);
+  if (!vm) return fail(no_vm(id));
+  if (vm->resource_waiters.size() >= kListProcessesInFlight)
+    return fail(Error{fmt::format("container_resources: {} requests already wait for VM {}", kListProcessesInFlight, id)});
+  if (auto s = vm->core.container_resources(r); !s) return fail(s.error());
+  auto t = std::make_shared<asio::steady_timer>(impl_->io, kListProcessesWait);
+  vm->resource_waiters.push_back({std::move(handler), t});
+  std::weak_ptr<Vm> weak = vm;
+  t->async_wait([weak, t](error_code ec) {
+    auto v = weak.lock();
+    if (ec || !v) return;
+    for (auto it = v->resource_waiters.begin(); it != v->resource_waiters.end(); ++it) {
+      if (it->deadline != t) continue;
+      auto h = std::move(it->handler);
+      v->resource_waiters.erase(it);
+      h(Error{fmt::format("container_resources: no answer within {} ms", kListProcessesWait.count())});
       return;
     }
   });

@@ -199,6 +199,13 @@ class Host {
   static constexpr std::chrono::milliseconds kListProcessesWait{2000};
   static constexpr std::size_t kListProcessesInFlight = 16;
 
+  /// A running container's cgroup in the guest (`container_resources`: `r.update` written first,
+  /// then its use read), at most kListProcessesWait from now; the handler runs on the
+  /// io_context, once, with the guest's answer (its `error` set when the guest refused) or an
+  /// Error as async_list_processes' (answers arrive in the order asked).
+  void async_container_resources(const std::string& vm, const proto::ContainerResourcesRequest& r,
+                                 std::function<void(Result<proto::ContainerResourcesReply>)> handler);
+
   /// The VM's durable outcome: immediately if recorded for the VM's current generation (on disk
   /// too, e.g. written by an earlier process), else when it becomes durable. For an unregistered
   /// VM: whatever the state dir holds, or an error. The handler runs on the io_context.

@@ -427,6 +427,8 @@ void Session::handle_message(const proto::GuestMessage& m, WallTime now) {
           log_guest("guest_protocol_error", bounded(msg.reason));
         } else if constexpr (std::is_same_v<T, proto::Processes>) {
           out_.push_back(act::Processes{msg});
+        } else if constexpr (std::is_same_v<T, proto::ContainerResourcesReply>) {
+          out_.push_back(act::Resources{msg});
         } else if constexpr (std::is_same_v<T, proto::ExecStarted> || std::is_same_v<T, proto::ExecFailed> ||
                              std::is_same_v<T, proto::ExecExited>) {
           exec_report(msg);
@@ -922,6 +924,12 @@ Status Session::exec(const proto::ExecProcess& x) {
     return Error{fmt::format("exec.container.mounts: the guest's init does not implement a container's mounts (no \"{}\" "
                              "in ready.features): update the guest's init",
                              proto::kFeatureContainerMounts)};
+  // An init without it would start the container with no limits of its own, and say nothing.
+  if (x.container && x.container->resources &&
+      !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureResources) != features_->end()))
+    return Error{fmt::format("exec.container.resources: the guest's init does not implement a container's cgroup "
+                             "(no \"{}\" in ready.features): update the guest's init",
+                             proto::kFeatureResources)};
   // An init without it would run the process with only its gid, and say nothing.
   if (!x.exec.groups.empty() &&
       !(features_ && std::find(features_->begin(), features_->end(), proto::kFeatureGroups) != features_->end()))
@@ -941,6 +949,20 @@ Status Session::kill_exec(int signal, std::uint16_t proc) {
   if (!link_at_least(Link::ready)) return Error{"kill: no booted session to signal"};
   send(proto::Kill{static_cast<std::uint8_t>(signal), proc});
   log("kill_sent", fmt::format("signal={} proc={}", signal, proc));
+  return Ok{};
+}
+
+Status Session::container_resources(const proto::ContainerResourcesRequest& r) {
+  if (finished()) return Error{"container_resources: the session is over"};
+  if (!link_at_least(Link::ready)) return Error{"container_resources: no guest connected"};
+  if (auto ok = proto::validate(proto::HostMessage{r}); !ok) return Error{ok.error().reason};
+  const char* need = r.update ? proto::kFeatureContainerUpdate : proto::kFeatureContainerStats;
+  if (!(features_ && std::find(features_->begin(), features_->end(), need) != features_->end()))
+    return Error{fmt::format("container_resources{}: the guest's init does not implement it (no \"{}\" in "
+                             "ready.features): update the guest's init",
+                             r.update ? ".update" : "", need)};
+  send(r);
+  log("container_resources_sent", fmt::format("proc={} update={}", r.proc, r.update.has_value()));
   return Ok{};
 }
 

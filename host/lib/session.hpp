@@ -163,6 +163,7 @@ enum class Milestone {
 struct Log { std::string kind; std::string detail; Milestone milestone = Milestone::other; };
 struct Finished {};                                     // nothing more happens for this VM
 struct Processes { proto::Processes list; };            // the guest's answer to list_processes()
+struct Resources { proto::ContainerResourcesReply reply; };  // ... to container_resources()
 /// What the guest said of a process exec() started: exec_started, exec_failed or exec_exited.
 struct ExecReport { std::variant<proto::ExecStarted, proto::ExecFailed, proto::ExecExited> report; };
 /// The guest's account of one output stream (protocol `output_end`: sent, unsent); the owner,
@@ -187,7 +188,7 @@ using Action = std::variant<act::Send, act::CloseStream, act::ArmTimer, act::Can
                             act::WriteRecord, act::CallDestroy, act::CallRemove, act::Log,
                             act::Finished, act::Processes, act::ExecReport, act::OutputEnd,
                             act::CutOutput, act::ArmExecTimer, act::CancelExecTimer,
-                            act::ExecEnded>;
+                            act::ExecEnded, act::Resources>;
 
 /// The state machine. Not thread-safe: one owner feeds it events and executes take()'s actions
 /// in order. It holds no guest bytes: the owner frames them (feed_lines() below, with a
@@ -261,6 +262,11 @@ class Session {
   /// Ask the guest for its processes (`list_processes`); the answer is act::Processes. Needs a
   /// guest that sent `ready` on an open stream.
   Status list_processes();
+  /// Ask the guest to update (r.update) and read the cgroup of a running container
+  /// (`container_resources`, docs/protocol.md "Container resources"); the answer is
+  /// act::Resources. Refused naming the feature when the guest's init lacks "container_stats"
+  /// (or "container_update" with an update).
+  Status container_resources(const proto::ContainerResourcesRequest& r);
   /// Start another process in the guest (`exec`, docs/protocol.md "Exec"); its reports come as
   /// act::ExecReport, its end as act::ExecEnded (after its output: its eofs, or data_drain after
   /// its exec_exited while no output moves). Needs a booted session on an open stream whose

@@ -160,6 +160,7 @@ host::Result<Reply> parse_processes(std::string_view json) {
   auto d = proto::decode_guest(json);
   if (auto* e = std::get_if<proto::DecodeError>(&d)) return host::Error{"ps: JSON: " + e->reason};
   auto* m = std::get_if<proto::GuestMessage>(&d);
+  if (auto* c = m ? std::get_if<proto::ContainerResourcesReply>(m) : nullptr) return Reply{ResourcesReply{std::move(*c)}};
   auto* p = m ? std::get_if<proto::Processes>(m) : nullptr;
   if (!p) return host::Error{"ps: JSON: expected a `processes` message"};
   // As written back (defaults spelled out): what a peer re-sending it must still fit.
@@ -187,6 +188,9 @@ std::string encode(const Request& r) {
     std::string operator()(const Resume&) const { return "resume"; }
     std::string operator()(const Wait& w) const { return fmt::format("wait {}", w.proc); }
     std::string operator()(const CloseStdin&) const { return "close-stdin"; }
+    std::string operator()(const Resources& r) const {
+      return "resources " + proto::encode(proto::HostMessage{r.request});
+    }
     std::string operator()(const Exec& x) const {
       char flags[3];
       std::size_t n = 0;
@@ -218,6 +222,7 @@ std::string encode(const Reply& r) {
     std::string operator()(const ProcessList& p) const {
       return "ok " + proto::encode(proto::GuestMessage{p.processes});
     }
+    std::string operator()(const ResourcesReply& r) const { return "ok " + proto::encode(proto::GuestMessage{r.reply}); }
   };
   return std::visit(V{}, r);
 }
@@ -241,6 +246,15 @@ host::Result<Request> parse_request(std::string_view line) {
     return bare ? host::Error{"resize: expected ROWS COLS [PROC], each 1..65535"} : parse_resize(args);
   if (verb == "exec") return bare ? host::Error{"exec: expected FLAGS JSON"} : parse_exec(args);
   if (verb == "wait") return bare ? host::Error{"wait: expected PROC"} : parse_wait(args);
+  if (verb == "resources") {
+    if (bare) return host::Error{"resources: expected JSON (a container_resources message)"};
+    auto d = proto::decode_host(args);
+    if (auto* e = std::get_if<proto::DecodeError>(&d)) return host::Error{"resources: JSON: " + e->reason};
+    auto* m = std::get_if<proto::HostMessage>(&d);
+    auto* r = m ? std::get_if<proto::ContainerResourcesRequest>(m) : nullptr;
+    if (!r) return host::Error{"resources: JSON: expected a `container_resources` message"};
+    return Request{Resources{std::move(*r)}};
+  }
   return host::Error{fmt::format("unknown request {}", quoted(line))};
 }
 

@@ -121,8 +121,16 @@ struct CloseStdin {
   bool operator==(const CloseStdin&) const = default;
 };
 
+/// `resources JSON`: a running container's cgroup in the guest (the shim's Update and Stats of a
+/// pod's container): JSON is the protocol's `container_resources` message (its `proc` the
+/// container's process number, `update` the limits to write). Reply: ResourcesReply or Error.
+struct Resources {
+  proto::ContainerResourcesRequest request;
+  bool operator==(const Resources&) const = default;
+};
+
 /// Any control request.
-using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume, Wait, CloseStdin>;
+using Request = std::variant<Stop, Kill, Resize, Ps, Exec, Pause, Resume, Wait, CloseStdin, Resources>;
 
 /// A request aimed at one generation of the VM (fencing, additive): on the wire the prefix
 /// `generation G ` (G 1..2^53-1) before the request, e.g. `generation 3 kill 9`. A monitor that
@@ -196,8 +204,15 @@ struct ProcessList {
   bool operator==(const ProcessList&) const = default;
 };
 
+/// `ok JSON`, JSON the protocol's `container_resources_reply` message from the guest (one line): the
+/// answer to `resources` (its `error` set when the guest refused the update). Final.
+struct ResourcesReply {
+  proto::ContainerResourcesReply reply;
+  bool operator==(const ResourcesReply&) const = default;
+};
+
 /// Any reply line.
-using Reply = std::variant<Ok, Error, Waiting, Started, Exited, ProcessList>;
+using Reply = std::variant<Ok, Error, Waiting, Started, Exited, ProcessList, ResourcesReply>;
 
 /// Whether `r` ends its connection (Ok, Error, Exited, ProcessList) or more lines follow
 /// (Waiting, Started).

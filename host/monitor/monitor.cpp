@@ -400,6 +400,13 @@ ControlServer::Handler control_handler(ControlHandlers handlers) {
                   : control::Reply{control::Error{r.error().message}});
       });
     }
+    if (auto* r = std::get_if<control::Resources>(&*req)) {
+      if (!hs->resources) return unserved("resources");
+      return hs->resources(r->request, [respond](host::Result<proto::ContainerResourcesReply> a) {
+        respond(a ? control::Reply{control::ResourcesReply{std::move(*a)}}
+                  : control::Reply{control::Error{a.error().message}});
+      });
+    }
     if (std::holds_alternative<control::CloseStdin>(*req))
       return hs->close_stdin ? answer(hs->close_stdin()) : unserved("close-stdin");
     if (auto* w = std::get_if<control::Wait>(&*req)) return hs->wait ? hs->wait(*w, std::move(respond)) : unserved("wait");
@@ -560,6 +567,15 @@ host::Result<proto::Processes> guest_processes(const fs::path& path) {
   if (auto* e = std::get_if<control::Error>(&*r)) return host::Error{e->message};
   if (auto* l = std::get_if<control::ProcessList>(&*r)) return std::move(l->processes);
   return host::Error{fmt::format("{}: the reply to ps is not a process list", path.string())};
+}
+
+host::Result<proto::ContainerResourcesReply> container_resources(const fs::path& path,
+                                                                 const proto::ContainerResourcesRequest& req) {
+  auto r = control_request(path, control::Resources{req});
+  if (!r) return r.error();
+  if (auto* e = std::get_if<control::Error>(&*r)) return host::Error{e->message};
+  if (auto* a = std::get_if<control::ResourcesReply>(&*r)) return std::move(a->reply);
+  return host::Error{fmt::format("{}: the reply to resources is not a container_resources answer", path.string())};
 }
 
 }  // namespace nes::monitor

@@ -87,6 +87,12 @@ class ControlServer {
 /// no monitor, its error line (e.g. the guest did not answer), a reply that is not `processes`.
 host::Result<proto::Processes> guest_processes(const std::filesystem::path& path);
 
+/// A pod's container's cgroup through the control socket at `path` (request `resources`): the
+/// guest's answer (its `error` set when it refused), or an Error (no monitor, the monitor's
+/// error line: the guest did not answer, an init without the feature).
+host::Result<proto::ContainerResourcesReply> container_resources(const std::filesystem::path& path,
+                                                                 const proto::ContainerResourcesRequest& r);
+
 /// The longest reply line control_request() and ControlSession read: bytes (control::kReplyMax).
 inline constexpr std::size_t kControlReplyMax = control::kReplyMax;
 /// The longest request line the control socket reads: bytes (control::kRequestMax).
@@ -113,6 +119,10 @@ struct ControlHandlers {
   std::function<host::Status()> pause, resume;
   /// `ps`: calls `done` once, now or later on the io_context; answered "ok JSON" / "error: WHY".
   std::function<void(std::function<void(host::Result<proto::Processes>)> done)> ps;
+  /// `resources JSON`: calls `done` once; answered "ok JSON" / "error: WHY".
+  std::function<void(const proto::ContainerResourcesRequest& r,
+                     std::function<void(host::Result<proto::ContainerResourcesReply>)> done)>
+      resources;
   /// `exec FLAGS JSON` with the fds it carried (at most 3): answers through `respond` at least
   /// once, a final reply last (Waiting and Started say more follows).
   std::function<void(control::Exec request, std::vector<host::Fd> fds, ControlRespond respond)> exec;

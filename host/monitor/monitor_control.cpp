@@ -24,6 +24,7 @@ void Monitor::start_control(host::Host& h, const std::string& id) {
   ch.resume = [this] { return ctl_resume(); };
   ch.resize = [&h, id](const control::Resize& r) { return h.send_resize(id, r.rows, r.cols, r.proc.value_or(0)); };
   ch.ps = [&h, id](auto done) { h.async_list_processes(id, std::move(done)); };
+  ch.resources = [&h, id](const auto& r, auto done) { h.async_container_resources(id, r, std::move(done)); };
   ch.exec = [this](control::Exec x, std::vector<host::Fd> fds, ControlRespond respond) {
     ctl_exec(std::move(x), std::move(fds), std::move(respond));
   };

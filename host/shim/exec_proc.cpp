@@ -74,7 +74,8 @@ void ExecProc::start(std::optional<std::uint16_t> in_proc, ttrpc::Respond respon
   if (!exec) {
     const Container* c = shim.pod_container(id);
     m.container = proto::Container{c->guest_root, c->hostname, spec.root_ro,
-                                   pod_guest_mounts(spec, std::filesystem::path(c->guest_root).parent_path().string())};
+                                   pod_guest_mounts(spec, std::filesystem::path(c->guest_root).parent_path().string()),
+                                   spec.resources};
   }
   m.in = in_proc;
   if (auto okm = proto::validate(proto::HostMessage{m}); !okm)

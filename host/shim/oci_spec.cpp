@@ -8,6 +8,7 @@
 #include <simdjson.h>
 
 #include "base/small_file.hpp"
+#include "host/shim/resources.hpp"
 #include "host/vm/qemu_argv.hpp"
 #include "host/vm/volume.hpp"
 #include "protocol/messages.hpp"
@@ -267,6 +268,11 @@ static host::Status parse_linux(dom::object top, TaskSpec& s) {
     if (dom::element v; !linux_["seccomp"].get(v))
       return field_error("linux.seccomp", "not supported: the guest kernel runs no seccomp filter for the task (the "
                                           "VM is its isolation boundary); remove the profile");
+    if (dom::element r; !linux_["resources"].get(r)) {
+      auto res = parse_resources(r, "linux.resources");
+      if (!res) return Error{"config.json: " + res.error().message};
+      s.resources = *res;
+    }
     if (dom::array d; !linux_["devices"].get_array().get(d) && d.size() > 0)
       return field_error("linux.devices", "not supported: host device nodes cannot be passed into the microVM");
     // The other namespaces confine a process on a shared kernel (ignored, see the top); the

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "host/lib/base.hpp"
+#include "protocol/messages.hpp"
 
 namespace nes::shim {
 
@@ -68,6 +69,9 @@ struct TaskSpec {
   /// annotations["io.nesinit.snapshot"]: a snapshot's directory (absolute; `neshost snapshot
   /// create`): the VM is restored from it (`--snapshot`) instead of booted. Empty: none.
   std::filesystem::path snapshot;
+  /// linux.resources (host/shim/resources.hpp): a pod's container's cgroup in the guest; unset:
+  /// none asked for. A task of its own has the VM as its limit and ignores it.
+  std::optional<proto::ContainerResources> resources;
   bool operator==(const TaskSpec&) const = default;
 };
 

@@ -17,6 +17,8 @@
 #include "containerd_pb.h"
 #include "host/monitor/monitor.hpp"
 #include "host/shim/container.hpp"
+#include "host/shim/pod.hpp"
+#include "host/shim/resources.hpp"
 #include "host/shim/rpc.hpp"
 
 namespace nes::shim {
@@ -223,12 +225,72 @@ struct TaskService::Impl : Shim {
   /// FAILED_PRECONDITION naming each resource it asked for (the LinuxResources JSON containerd
   /// sends: `memory.limit`, `cpu.quota`, ...; an annotation by its key). One that asks for nothing
   /// is OK.
-  ttrpc::Reply update(const std::string& p) {
-    auto req = parse<v2::UpdateTaskRequest>(p);
-    if (!req) return fail(ttrpc::Code::invalid_argument, "UpdateTaskRequest: malformed");
+  void update(ttrpc::Call&& call, ttrpc::Respond respond) {
+    auto req = parse<v2::UpdateTaskRequest>(call.payload);
+    if (!req) return respond(fail(ttrpc::Code::invalid_argument, "UpdateTaskRequest: malformed"));
     Container* c = nullptr;
     ExecProc* x = nullptr;
-    if (auto r = lookup(req->id(), "", &c, &x); !r.status.ok()) return r;
+    if (auto r = lookup(req->id(), "", &c, &x); !r.status.ok()) return respond(std::move(r));
+    if (!c->own) return update_container(*c, *req, std::move(respond));
+    respond(update_vm(*req));
+  }
+
+  /// Update of a pod's container (docs/containerd.md "Resources of a pod's containers"): its
+  /// LinuxResources checked (errors name the container and the field), the pod's sum checked
+  /// against its VM (fits_vm), then written to its cgroup in the guest (control `resources`),
+  /// whose refusal (a memory limit below what it uses) is INVALID_ARGUMENT naming both.
+  void update_container(Container& c, const v2::UpdateTaskRequest& req, ttrpc::Respond respond) {
+    const std::string& cid = c.id;
+    auto bad = [&](ttrpc::Code code, const std::string& m) { respond(fail(code, fmt::format("container '{}': {}", cid, m))); };
+    for (const auto& [k, v] : req.annotations())
+      return bad(ttrpc::Code::invalid_argument, fmt::format("annotations.{}: not applied to a running container", k.substr(0, 128)));
+    if (!req.has_resources() || req.resources().value().empty()) return respond(empty());
+    auto res = parse_resources_json(req.resources().value(), "linux.resources");
+    if (!res) return bad(ttrpc::Code::invalid_argument, res.error().message);
+    if (!*res) return respond(empty());
+    if (c.process().phase != Phase::running || !c.init || c.init->proc == 0)
+      return bad(ttrpc::Code::failed_precondition, "not running: its limits are set at its Start");
+    std::vector<proto::ContainerResources> pod;
+    for (const auto& [id, other] : containers)
+      if (!other->own && other.get() != &c && other->init && other->process().phase == Phase::running && other->init->spec.resources)
+        pod.push_back(*other->init->spec.resources);
+    const proto::ContainerResources next = merged(c.init->spec.resources, **res);
+    pod.push_back(next);
+    if (auto f = fits_vm(pod, own().spec.mem_mib.value_or(kPodBaseMemMib), own().spec.cpus.value_or(kPodBaseCpus)); !f)
+      return bad(ttrpc::Code::failed_precondition, f.error().message);
+    proto::ContainerResourcesRequest r{c.init->proc, **res};
+    ask_resources(cid, r, [this, cid, next, respond = std::move(respond)](host::Result<proto::ContainerResourcesReply> a) {
+      if (!a) return respond(fail(ttrpc::Code::unavailable, fmt::format("container '{}': update: {}", cid, a.error().message)));
+      if (a->error)
+        return respond(fail(ttrpc::Code::invalid_argument,
+                            fmt::format("container '{}': linux.resources: {} (in its cgroup in the pod's VM)", cid, *a->error)));
+      if (Container* now = pod_container(cid); now && now->init) now->init->spec.resources = next;
+      respond(empty());
+    });
+  }
+
+  /// Asks the VM's monitor about container `cid`'s cgroup on a thread of its own (the shim's
+  /// loop never waits for a guest); `done` runs on the loop.
+  void ask_resources(const std::string& cid, const proto::ContainerResourcesRequest& r,
+                     std::function<void(host::Result<proto::ContainerResourcesReply>)> done) {
+    const auto path = control();
+    askers.emplace_back([this, path, r, done = std::move(done)]() mutable {
+      auto a = monitor::container_resources(path, r);
+      asio::post(io, [this, id = std::this_thread::get_id(), a = std::move(a), done = std::move(done)]() mutable {
+        for (auto it = askers.begin(); it != askers.end(); ++it)
+          if (it->get_id() == id) {
+            it->join();
+            askers.erase(it);
+            break;
+          }
+        done(std::move(a));
+      });
+    });
+  }
+
+  /// Update of the shim's own task (a VM of its own, or the pod's sandbox).
+  ttrpc::Reply update_vm(const v2::UpdateTaskRequest& r) {
+    const v2::UpdateTaskRequest* req = &r;
     std::vector<std::string> asked;
     if (req->has_resources() && !req->resources().value().empty()) {
       simdjson::dom::parser jp;
@@ -322,6 +384,46 @@ struct TaskService::Impl : Shim {
     if (own().vm_paused())
       return respond(fail(ttrpc::Code::failed_precondition,
                           fmt::format("stats: task {} is paused: its guest cannot answer", req->id())));
+    if (!c->own && c->init && c->init->proc != 0) {
+      // A pod's container: its own cgroup's figures (an init without them: the VM's, as before).
+      const std::string cid = c->id;
+      proto::ContainerResourcesRequest r{c->init->proc, std::nullopt};
+      return ask_resources(cid, r, [this, cid, respond = std::move(respond)](host::Result<proto::ContainerResourcesReply> a) mutable {
+        if (!a || !a->stats) return vm_stats(std::move(respond));
+        respond(ok(container_metrics(*a->stats)));
+      });
+    }
+    vm_stats(std::move(respond));
+  }
+
+  /// containerd's cgroups v2 Metrics of one container's cgroup in the guest, as runc's shim
+  /// fills them from the container's own cgroup (memory usage = memory.current, usage_limit =
+  /// memory.max or 0 for none, anon, file, oom_kill; cpu.stat's; pids).
+  static v2::StatsResponse container_metrics(const proto::CgroupStats& s) {
+    ::io::containerd::cgroups::v2::Metrics m;
+    m.mutable_pids()->set_current(s.pids_current);
+    m.mutable_pids()->set_limit(s.pids_max);
+    auto* cpu = m.mutable_cpu();
+    cpu->set_usage_usec(s.cpu_usage_usec);
+    cpu->set_user_usec(s.cpu_user_usec);
+    cpu->set_system_usec(s.cpu_system_usec);
+    cpu->set_nr_periods(s.cpu_nr_periods);
+    cpu->set_nr_throttled(s.cpu_nr_throttled);
+    cpu->set_throttled_usec(s.cpu_throttled_usec);
+    auto* mem = m.mutable_memory();
+    mem->set_usage(s.memory_current);
+    mem->set_usage_limit(s.memory_max);
+    mem->set_anon(s.memory_anon);
+    mem->set_file(s.memory_file);
+    m.mutable_memory_events()->set_oom_kill(s.oom_kills);
+    v2::StatsResponse r;
+    r.mutable_stats()->set_type_url("io.containerd.cgroups.v2.Metrics");
+    r.mutable_stats()->set_value(m.SerializeAsString());
+    return r;
+  }
+
+  /// Stats from the guest's totals (the shim's own task, or a container of an older init).
+  void vm_stats(ttrpc::Respond respond) {
     const auto path = control();
     askers.emplace_back([this, path, respond = std::move(respond)]() mutable {
       auto list = cli::guest_processes(path);
@@ -386,7 +488,7 @@ void TaskService::register_on(ttrpc::Server& server) {
   sync("Shutdown", &Impl::shutdown);
   async("Pause", &Impl::pause);
   async("Resume", &Impl::resume);
-  sync("Update", &Impl::update);
+  async("Update", &Impl::update);
   async("Wait", &Impl::wait);
   // Known, and answered clearly: containerd maps UNIMPLEMENTED to ErrNotImplemented.
   for (const char* m : {"Checkpoint"}) {

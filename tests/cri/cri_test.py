@@ -47,13 +47,15 @@ def pod_config(d, name, hostname):
                                                  cpu_period=POD_CPU_PERIOD)))
 
 
-def container_config(d, name, script):
+def container_config(d, name, script, resources=None):
     """A ContainerConfig for the busybox image running `sh -c SCRIPT`, its log at NAME.log; the
-    pod's network and IPC, a pid namespace of its own (what the kubelet sends by default)."""
+    pod's network and IPC, a pid namespace of its own (what the kubelet sends by default);
+    `resources` its LinuxContainerResources (its limits), if any."""
     pb = d.cri.pb
     return pb.ContainerConfig(metadata=pb.ContainerMetadata(name=name, attempt=0),
                               image=pb.ImageSpec(image=h.BUSYBOX_IMAGE), command=["/bin/sh", "-c", script],
                               log_path=f"{name}.log", linux=pb.LinuxContainerConfig(
+                                  resources=resources,
                                   security_context=pb.LinuxContainerSecurityContext(namespace_options=pb.NamespaceOption(
                                       network=pb.POD, pid=pb.CONTAINER, ipc=pb.POD))))
 
@@ -350,6 +352,74 @@ def case_mounts(d, handler):
     subprocess.run(["nsenter", "-t", str(d.proc.pid), "-m", "umount", "-n", mem], check=True, timeout=h.BOUND)
     check(os.path.exists(os.path.join(hostpath, "hello")) and os.path.exists(os.path.join(sa, "..data")),
           "the host's volumes after the pod's removal")
+
+
+# A busybox shell that holds N MiB in a variable (command substitution reads it all into memory).
+def hold_mib(n):
+    return f"x=$(head -c {n}m /dev/zero | tr '\\0' a); echo held ${{#x}}"
+
+
+def case_resources(d, handler):
+    """Per-container resources (issue 48), one pod of three containers, each with a memory limit
+    (the kubelet's LinuxContainerResources): `oom` allocates past its 16 MiB and is OOM-killed
+    alone (exit 137; the pod and the others run on); `grow` (16 MiB): 24 MiB in an ExecSync is
+    killed (137), UpdateContainerResources to 64 MiB, then the same ExecSync holds it (exit 0);
+    `holder` holds 8 MiB: ContainerStats of holder and grow differ (memory usage, and the
+    holder's above 8 MiB). With ours, the bad input of an Update (below what holder uses, a
+    negative limit, past the pod VM's size) fails naming the container and the field, holder
+    and the pod untouched."""
+    pb = d.cri.pb
+    cfg = pod_config(d, "res", "res-pod")
+    pod = d.cri.RunPodSandbox(config=cfg, runtime_handler=handler).pod_sandbox_id
+    lim = lambda mib: pb.LinuxContainerResources(memory_limit_in_bytes=mib << 20, cpu_shares=512)
+    ids = {}
+    for name, script, mib in (("holder", hold_mib(8) + "; trap 'exit 0' TERM; while :; do sleep 1; done", 32),
+                              ("grow", "trap 'exit 0' TERM; echo up; while :; do sleep 1; done", 16)):
+        ids[name] = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg,
+                                          config=container_config(d, name, script, lim(mib))).container_id
+        d.cri.StartContainer(container_id=ids[name])
+    until(lambda: "held 8388608" in open(os.path.join(cfg.log_directory, "holder.log")).read(), "holder holds 8 MiB")
+    oom = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg,
+                                config=container_config(d, "oom", hold_mib(64) + "; exit 0", lim(16))).container_id
+    d.cri.StartContainer(container_id=oom)
+    os_ = until(lambda: (lambda s: s if s.state == pb.CONTAINER_EXITED else None)(
+        d.cri.ContainerStatus(container_id=oom).status), "the oom container exited")
+    check(os_.exit_code == 137, f"oom: exit {os_.exit_code}, want 137 (OOM-killed; reason {os_.reason!r})")
+    for name in ("holder", "grow"):
+        st = d.cri.ContainerStatus(container_id=ids[name]).status
+        check(st.state == pb.CONTAINER_RUNNING, f"{name} after oom's end: {state_name(d, st)}")
+    check(d.cri.PodSandboxStatus(pod_sandbox_id=pod).status.state == pb.SANDBOX_READY, "pod not READY after oom")
+
+    # grow: 24 MiB is past its 16 MiB (the exec is killed, grow runs on); raised to 64, it fits.
+    r = d.cri.ExecSync(container_id=ids["grow"], cmd=["/bin/sh", "-c", hold_mib(24)], timeout=60)
+    check(r.exit_code == 137, f"24 MiB under 16 MiB: exit {r.exit_code}, want 137; {r.stdout!r} {r.stderr!r}")
+    d.cri.UpdateContainerResources(container_id=ids["grow"], linux=lim(64))
+    r = d.cri.ExecSync(container_id=ids["grow"], cmd=["/bin/sh", "-c", hold_mib(24)], timeout=60)
+    check((r.exit_code, r.stdout) == (0, b"held 25165824\n"),
+          f"24 MiB under 64 MiB after Update: exit {r.exit_code}, {r.stdout!r} {r.stderr!r}")
+
+    # ContainerStats per container: each its own cgroup's figures.
+    def mem(name):
+        s = d.cri.ContainerStats(container_id=ids[name]).stats
+        return s.memory.usage_bytes.value, s.memory.working_set_bytes.value, s.cpu.usage_core_nano_seconds.value
+    hm, gm = mem("holder"), mem("grow")
+    check(hm[0] > 8 << 20 and hm[0] != gm[0] and gm[0] > 0, f"ContainerStats: holder {hm}, grow {gm}")
+
+    if handler == h.NESINIT_HANDLER:
+        def refused(name, res, words):
+            try:
+                d.cri.UpdateContainerResources(container_id=ids[name], linux=res)
+            except CriError as e:
+                check(ids[name] in str(e) and all(w in str(e) for w in words), f"Update {res}: {e}")
+                return
+            raise Failure(f"Update of {name} with {res} was accepted")
+        refused("holder", lim(1), ["memory_max", "below", "memory.current"])
+        refused("holder", pb.LinuxContainerResources(memory_limit_in_bytes=-5), ["linux.resources.memory.limit", "-5"])
+        refused("grow", lim(1024), ["linux.resources.memory.limit", "beyond its VM's 320 MiB"])
+        st = d.cri.ContainerStatus(container_id=ids["holder"]).status
+        check(st.state == pb.CONTAINER_RUNNING, f"holder after the refused updates: {state_name(d, st)}")
+    d.cri.StopPodSandbox(pod_sandbox_id=pod)
+    d.cri.RemovePodSandbox(pod_sandbox_id=pod)
     try:
         until(lambda: not d.audit(), "nothing left after RemovePodSandbox", bound=30)
     except Failure:

@@ -99,6 +99,11 @@ TEST_CASE("every request: its exact line, and back") {
   check_request(ctl::Exec{true, true, true, sample_exec()}, "exec ecu " + std::string(kSampleExecJson));
   check_request(ctl::Exec{true, false, false, sample_exec()}, "exec e " + std::string(kSampleExecJson));
   check_request(ctl::Exec{true, false, true, sample_exec()}, "exec eu " + std::string(kSampleExecJson));
+  check_request(ctl::Resources{proto::ContainerResourcesRequest{3, std::nullopt}},
+                R"(resources {"type":"container_resources","proc":3})");
+  check_request(ctl::Resources{proto::ContainerResourcesRequest{4, proto::ContainerResources{67108864, std::nullopt,
+                                                                                             std::nullopt, std::nullopt, 0}}},
+                R"(resources {"type":"container_resources","proc":4,"update":{"memory_max":67108864,"pids_max":0}})");
   // FLAGS in any order parse the same; written back in the order ecu.
   auto any_order = ctl::parse_request("exec uce " + std::string(kSampleExecJson));
   REQUIRE(any_order.ok());
@@ -123,6 +128,8 @@ TEST_CASE("every reply: its exact line, and back") {
   check_reply(ctl::ProcessList{sample_processes()},
               R"(ok {"type":"processes","processes":[{"pid":1,"ppid":0,"uid":0,"cmd":"/sbin/nesinit"},)"
               R"({"pid":7,"ppid":1,"uid":1000,"cmd":"sleep 1000"}]})");
+  check_reply(ctl::ResourcesReply{proto::ContainerResourcesReply{3, std::string("memory_max: refused"), std::nullopt}},
+              R"(ok {"type":"container_resources_reply","proc":3,"error":"memory_max: refused"})");
   // What monitors and clients before this definition tolerated, parsed the same.
   auto w = ctl::parse_reply("ok waiting");
   REQUIRE(w.ok());
@@ -139,6 +146,22 @@ TEST_CASE("every reply: its exact line, and back") {
   for (const ctl::Reply& r : {ctl::Reply{ctl::Ok{}}, ctl::Reply{ctl::Error{"x"}}, ctl::Reply{ctl::Exited{0, ""}},
                               ctl::Reply{ctl::ProcessList{}}})
     CHECK(ctl::is_final(r));
+}
+
+TEST_CASE("resources: a malformed container_resources is refused naming the field") {
+  auto r = ctl::parse_request("resources");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message == "resources: expected JSON (a container_resources message)");
+  r = ctl::parse_request(R"(resources {"type":"container_resources","proc":0})");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message == "resources: JSON: container_resources.proc: expected integer 1..65535, got 0");
+  r = ctl::parse_request(R"(resources {"type":"container_resources","proc":1,"update":{"memory_max":-1}})");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message ==
+        "resources: JSON: container_resources.update.memory_max: expected integer 0..9007199254740991, got -1");
+  r = ctl::parse_request(R"(resources {"type":"list_processes"})");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message == "resources: JSON: expected a `container_resources` message");
 }
 
 TEST_CASE("malformed requests: each field refused, named") {

@@ -554,3 +554,33 @@ TEST_CASE("exec.container.mounts (additive): wire shape, round trip, errors nami
   for (int i = 0; i <= 64; ++i) many += std::string(i ? "," : "") + R"({"dst":"/a","fs":"tmpfs"})";
   CHECK(err(many) == "exec.container.mounts: more than 64 mounts");
 }
+
+TEST_CASE("exec.container.resources (additive, feature resources): wire shape, round trip, errors naming the field") {
+  ExecProcess ex;
+  ex.proc = 2;
+  ex.exec.argv = {"sh"};
+  ex.container = Container{"/c"};
+  ex.container->resources = ContainerResources{64u << 20, 50000, 100000, 39, 100};
+  const std::string line = encode(HostMessage{ex});
+  CHECK(line.ends_with(R"("container":{"root":"/c","resources":{"memory_max":67108864,"cpu_quota":50000,)"
+                       R"("cpu_period":100000,"cpu_weight":39,"pids_max":100}}})"));
+  HostDecoded d = decode_host(line);
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<ExecProcess>(std::get<HostMessage>(d)) == ex);
+  // Unset fields are not written; 0 (no limit) is.
+  ex.container->resources = ContainerResources{0, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+  CHECK(encode(HostMessage{ex}).ends_with(R"("resources":{"memory_max":0}}})"));
+  d = decode_host(encode(HostMessage{ex}));
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<ExecProcess>(std::get<HostMessage>(d)) == ex);
+
+  const std::string head = R"({"type":"exec","proc":1,"exec":{"argv":["sh"],"uid":0,"gid":0},"container":{"root":"/r","resources":)";
+  auto err = [&](const std::string& r) { return error_of(decode_host(head + r + "}}")); };
+  CHECK(err(R"({"memory_max":-1})") == "exec.container.resources.memory_max: expected integer 0..9007199254740991, got -1");
+  CHECK(err(R"({"pids_max":"x"})").starts_with("exec.container.resources.pids_max: expected integer"));
+  CHECK(err(R"({"cpu_quota":999})") == "exec.container.resources.cpu_quota: expected 0 (no limit) or 1000..9007199254740991 (µs), got 999");
+  CHECK(err(R"({"cpu_period":999})") == "exec.container.resources.cpu_period: expected integer 1000..1000000 (µs), got 999");
+  CHECK(err(R"({"cpu_weight":0})") == "exec.container.resources.cpu_weight: expected integer 1..10000, got 0");
+  CHECK(err(R"({"cpu_weight":10001})") == "exec.container.resources.cpu_weight: expected integer 1..10000, got 10001");
+  CHECK(err(R"([])").starts_with("exec.container.resources: expected object"));
+}

@@ -130,6 +130,8 @@ inline std::vector<HostMessage> host_samples() {
   v.emplace_back(Kill{9});
   v.emplace_back(Kill{64});
   v.emplace_back(ListProcesses{});
+  v.emplace_back(ContainerResourcesRequest{3, std::nullopt});
+  v.emplace_back(ContainerResourcesRequest{65535, ContainerResources{0, 1000, 1000000, 10000, 9007199254740991ull}});
   v.emplace_back(Kill{9, 1});
   v.emplace_back(Kill{64, 65535});
   Boot net = reference_boot();
@@ -191,6 +193,8 @@ inline std::vector<GuestMessage> guest_samples() {
   v.emplace_back(Ready{kProtocolVersion, std::nullopt, std::vector<std::string>{}});
   v.emplace_back(NetworkFailed{"52:54:00:12:34:56", "find", "no link with MAC 52:54:00:12:34:56 within 5000 ms", 19});
   v.emplace_back(NetworkFailed{"", "", "", 0});
+  v.emplace_back(ContainerResourcesReply{1, std::nullopt, CgroupStats{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}});
+  v.emplace_back(ContainerResourcesReply{65535, "memory_max: refused", std::nullopt});
   return v;
 }
 
