@@ -171,9 +171,12 @@ void adopt_output(const fs::path& state, const std::string& vm, const host::VmmI
     host::Fd& fd;
     std::uint64_t& skip;
     std::string& backlog;
+    bool& counted;
   };
-  for (Side s : {Side{"stdout", v.stdout_sink, host::OutputStream::out, pos.out, run.out_sink, run.skip_out, run.backlog_out},
-                 Side{"stderr", v.stderr_sink, host::OutputStream::err, pos.err, run.err_sink, run.skip_err, run.backlog_err}}) {
+  for (Side s : {Side{"stdout", v.stdout_sink, host::OutputStream::out, pos.out, run.out_sink, run.skip_out,
+                      run.backlog_out, run.count_out},
+                 Side{"stderr", v.stderr_sink, host::OutputStream::err, pos.err, run.err_sink, run.skip_err,
+                      run.backlog_err, run.count_err}}) {
     if (!s.sink) continue;
     auto f = open_sink(*s.sink);
     if (!f) {
@@ -193,6 +196,7 @@ void adopt_output(const fs::path& state, const std::string& vm, const host::VmmI
         "guest's replay already there; {} bytes lost\n",
         vm, s.name, s.sink->path.string(), had, s.backlog.size(), s.skip, missing);
     s.fd = std::move(*f);
+    s.counted = true;
   }
   run.output_tally = std::move(*tally);
 }

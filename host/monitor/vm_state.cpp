@@ -100,6 +100,8 @@ host::Status write_vmm_records(const RunPlan& plan, VmResources& run) {
       v.stderr_sink.reset();
     } else {
       run.output_tally = std::move(*t);
+      run.count_out = v.stdout_sink.has_value();
+      run.count_err = v.stderr_sink.has_value();
     }
   }
   // netns mode: the tap and redirects, so that whoever ends the VM tears them down.

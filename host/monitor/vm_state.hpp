@@ -51,6 +51,8 @@ struct VmResources {
   /// A VMM that outlives us with its output going to sinks another process can reopen (vmm.json's
   /// `stdout`/`stderr`): each stream's bytes written there, counted (host/monitor/output_resume.hpp).
   std::optional<OutputTally> output_tally;
+  /// Which streams' writers go to a recorded sink, and so are counted in output_tally.
+  bool count_out = false, count_err = false;
   /// A replacement's: the recorded sinks reopened (absent: our own fds 1 and 2), the bytes of each
   /// stream (stdout, stderr) the sink already has of what the guest replays (dropped), and what
   /// it lacks before that (taken back out of workload.log, written first).
