@@ -282,6 +282,10 @@ def case_exit7(d):
     rc, out, err = d.run("--rootfs", root, "t1i", "/bin/sh", "-c", "read x; echo got:$x; cat; echo eof; exit 3",
                          check_rc=False, stdin_bytes=b"abc\nrest\n")
     check(rc == 3 and out == "got:abc\nrest\neof\n", f"stdin: exit {rc}, stdout {out!r}; stderr {err!r}{d.tail()}")
+    # The shim names what it was qualified against (docs/containerd.md "Qualified against").
+    v = subprocess.run([SHIM, "-v"], capture_output=True, text=True, timeout=BOUND)
+    check(v.returncode == 0 and "Qualified against:" in v.stdout and "containerd 1.6." in v.stdout
+          and "containerd 1.7." in v.stdout, f"shim -v: exit {v.returncode}, {v.stdout!r}")
 
 
 def case_parallel(d):
