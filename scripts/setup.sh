@@ -2,7 +2,7 @@
 # One-time (idempotent) set-up on a fresh Debian 12 machine, as root: Debian packages, the pinned
 # zig toolchain (npm ci), simdjson's amalgamation, the guest kernels (scripts/fetch-kernel.sh,
 # scripts/build-kernel.sh), virtiofsd (scripts/fetch-virtiofsd.sh), passt (scripts/fetch-passt.sh),
-# the CRI API's api.proto (scripts/fetch-cri-api.sh), and a configured build directory `build/`.
+# the CRI API's api.proto (scripts/fetch-cri-api.sh), containerd 1.7 (scripts/fetch-containerd.sh), and a configured build directory `build/`.
 # Each step is skipped when already done.
 # Usage: scripts/setup.sh [--main] [BUILD_DIR [meson options…]]
 #   --main: only what README command 1 (scripts/run-main.sh) and the `neshost` examples after it
@@ -102,6 +102,9 @@ scripts/fetch-virtiofsd.sh >/dev/null
 scripts/fetch-passt.sh >/dev/null
 # The Kubernetes CRI API (api.proto, runtime.v1) for tests/cri: Debian 13's, unpacked, not installed.
 ((main)) || scripts/fetch-cri-api.sh >/dev/null
+# Debian 13's containerd 1.7 beside the system's 1.6: the CRI suite and a pass of shim-qualify
+# also run against it (docs/containerd.md "Qualified against"). Unpacked, not installed.
+((main)) || scripts/fetch-containerd.sh >/dev/null
 
 # 3. The lean kernel must exist before meson configures (host/vm/meson.build checks it).
 if ! wait "$kernel_pid"; then

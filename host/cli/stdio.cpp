@@ -98,6 +98,7 @@ void FdWriter::write(std::string_view b) {
 }
 
 void FdWriter::written(std::size_t n) {
+  if (on_written) on_written(n);
   front_off_ += n;
   queued_ -= n;
   if (front_off_ == q_.front().size()) {

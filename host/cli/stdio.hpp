@@ -53,6 +53,9 @@ class FdWriter {
   /// Called (on the io_context) whenever a write leaves the queue empty (all written, or
   /// discarded after an error). It must not destroy the writer (post that).
   std::function<void()> on_empty;
+  /// Called (synchronously, right after the write(2)) with each count of bytes the fd took: a
+  /// caller that must know what was delivered counts here (host/monitor/output_resume.hpp).
+  std::function<void(std::size_t)> on_written;
   /// What flush() did with the queue.
   struct Flushed {
     std::size_t left = 0;      // bytes not written (dropped), 0 when all went out

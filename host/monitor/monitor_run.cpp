@@ -67,8 +67,8 @@ Monitor::Monitor(const cli::RunPlan& plan, cli::RuntimeDir& rt, VmResources& run
       started_notify_(started_notify),
       argv_(std::move(argv)),
       on_resumed_(std::move(on_resumed)),
-      out_(io_, 1, cli::kOutputQueueCap),
-      err_(io_, 2, cli::kOutputQueueCap),
+      out_(io_, run.out_sink ? run.out_sink.get() : 1, cli::kOutputQueueCap),
+      err_(io_, run.err_sink ? run.err_sink.get() : 2, cli::kOutputQueueCap),
       execs_(io_, plan.vm, [this] { update_pause(); }),
       winch_(io_),
       pause_(plan.sandbox ? std::filesystem::path() : plan.runtime_dir / "qmp.sock", plan.serve.state_dir, plan.vm,
@@ -96,6 +96,11 @@ cli::ServeEmbedder Monitor::embedder() {
     execs_.set_host(&h);
   };
   emb.stdio.data = [this](const std::string&, proto::Stream st, std::string_view b) {
+    // A replacement: what the sink already has of the guest's replay is not written again.
+    std::uint64_t& skip = st == proto::Stream::err ? run_.skip_err : run_.skip_out;
+    const std::size_t drop = static_cast<std::size_t>(std::min<std::uint64_t>(skip, b.size()));
+    skip -= drop;
+    b.remove_prefix(drop);
     (st == proto::Stream::err ? err_ : out_).write(b);
     update_pause();
   };

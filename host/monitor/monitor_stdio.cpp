@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -21,6 +22,14 @@ namespace nes::monitor {
 void Monitor::setup_stdio() {
   out_.on_drained = [this] { update_pause(); };
   err_.on_drained = [this] { update_pause(); };
+  // Each byte written to a recorded sink counted at once (output.pos), so a replacement goes on
+  // at the first byte not yet delivered; a replacement writes what the sink lacked first.
+  if (run_.output_tally && run_.count_out)
+    out_.on_written = [this](std::size_t n) { run_.output_tally->add(host::OutputStream::out, n); };
+  if (run_.output_tally && run_.count_err)
+    err_.on_written = [this](std::size_t n) { run_.output_tally->add(host::OutputStream::err, n); };
+  if (!run_.backlog_out.empty()) out_.write(std::exchange(run_.backlog_out, {}));
+  if (!run_.backlog_err.empty()) err_.write(std::exchange(run_.backlog_err, {}));
   if (plan_.interactive) make_pump(0, 0);
   hold_stdin();
   if (plan_.tty) {

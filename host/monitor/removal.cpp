@@ -68,6 +68,7 @@ Status remove_scratch_files(const fs::path& dir) {
   for (auto& r : rotated_logs(wl)) files.push_back(r);
   files.push_back(wl);
   files.push_back(dir / (std::string(kWorkloadLog) + ".pos"));
+  files.push_back(dir / "output.pos");  // host/monitor/output_resume.hpp kOutputPos: counts of the log's bytes
   bool first = true;
   for (const auto& f : files) {
     if (::unlink(f.c_str()) != 0) {

@@ -15,6 +15,7 @@
 
 #include "host/lib/state_dir.hpp"
 #include "host/monitor/duties.hpp"
+#include "host/monitor/output_resume.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "host/monitor/say.hpp"
 #include "host/monitor/vm_monitor.hpp"
@@ -146,6 +147,60 @@ void reclaim_netns(const std::string& vm, const host::VmmInfo& v, host::Fd netns
     say("neshost monitor: VM {}: netns {}: gone, and tap {} with it\n", vm, v.netns->path.string(), v.netns->tap);
 }
 
+/// The output's sinks the monitor gone recorded (containerd's FIFOs, a --log-uri file), reopened
+/// so the output goes on there at the first byte not yet delivered (host/monitor/output_resume.hpp):
+/// `output.pos` says what each sink has, workload.log.pos where the guest's replay starts. The
+/// sink ahead of the log: that many replayed bytes are dropped; behind it: the bytes between come
+/// back out of workload.log first. Without a sink (or it cannot be opened) the stream goes to
+/// workload.log alone, said.
+void adopt_output(const fs::path& state, const std::string& vm, const host::VmmInfo& v, std::uint64_t generation,
+                  VmResources& run) {
+  if (!v.stdout_sink && !v.stderr_sink) return;
+  auto tally = OutputTally::open(state, vm, false);
+  if (!tally) {
+    say("neshost monitor: VM {}: {}: the output goes to workload.log alone\n", vm, tally.error().message);
+    return;
+  }
+  const fs::path log = host::vm_path(state, vm, host::kWorkloadLog);
+  const host::LogPositions pos = host::read_log_positions(log.string() + ".pos").value_or(host::LogPositions{});
+  struct Side {
+    const char* name;
+    const std::optional<host::VmmSink>& sink;
+    host::OutputStream stream;
+    std::uint64_t logged;
+    host::Fd& fd;
+    std::uint64_t& skip;
+    std::string& backlog;
+    bool& counted;
+  };
+  for (Side s : {Side{"stdout", v.stdout_sink, host::OutputStream::out, pos.out, run.out_sink, run.skip_out,
+                      run.backlog_out, run.count_out},
+                 Side{"stderr", v.stderr_sink, host::OutputStream::err, pos.err, run.err_sink, run.skip_err,
+                      run.backlog_err, run.count_err}}) {
+    if (!s.sink) continue;
+    auto f = open_sink(*s.sink);
+    if (!f) {
+      say("neshost monitor: VM {}: {}: {}: it goes to workload.log alone\n", vm, s.name, f.error().message);
+      continue;
+    }
+    const std::uint64_t had = tally->delivered(s.stream);
+    std::uint64_t missing = 0;
+    if (had >= s.logged) {
+      s.skip = had - s.logged;
+    } else {
+      auto lb = logged_bytes(log, s.stream, generation, had, s.logged, pos.file);
+      s.backlog = std::move(lb.bytes);
+      missing = lb.missing;
+    }
+    say("neshost monitor: VM {}: {} goes on to {} at byte {}: {} bytes from workload.log first, {} bytes of the "
+        "guest's replay already there; {} bytes lost\n",
+        vm, s.name, s.sink->path.string(), had, s.backlog.size(), s.skip, missing);
+    s.fd = std::move(*f);
+    s.counted = true;
+  }
+  run.output_tally = std::move(*tally);
+}
+
 }  // namespace
 
 int Monitor::take_over(const fs::path& state, const std::string& vm, host::Fd notify) {
@@ -190,6 +245,7 @@ int Monitor::take_over(const fs::path& state, const std::string& vm, host::Fd no
   run.vmm_info = v;
   run.adopt_stdin = plan.serve.session.descriptor.stdio && plan.serve.session.descriptor.stdio->attach_stdin;
   run.stdin_source = v.stdin_source;
+  adopt_output(state, vm, v, mon->generation, run);
   cli::RuntimeDir rt(v.runtime_dir);
   host::Fd netns_fd = open_vmm_netns(v);
   host::Fd no_notify;

@@ -88,6 +88,22 @@ host::Status write_vmm_records(const RunPlan& plan, VmResources& run) {
       }
     }
   }
+  // The output's sinks, when another process can open them again (containerd's FIFOs, a
+  // --log-uri file): a replacement writes on to them at the first byte not yet delivered.
+  v.stdout_sink = output_sink_of(1);
+  v.stderr_sink = output_sink_of(2);
+  if (v.stdout_sink || v.stderr_sink) {
+    auto t = OutputTally::open(cfg.state_dir, vmid, true);
+    if (!t) {
+      say("neshost run: {} (a replacement monitor writes the output to workload.log alone)\n", t.error().message);
+      v.stdout_sink.reset();
+      v.stderr_sink.reset();
+    } else {
+      run.output_tally = std::move(*t);
+      run.count_out = v.stdout_sink.has_value();
+      run.count_err = v.stderr_sink.has_value();
+    }
+  }
   // netns mode: the tap and redirects, so that whoever ends the VM tears them down.
   if (plan.network.mode == host::NetworkMode::netns && plan.network.link)
     v.netns = host::VmmNetns{plan.network.netns, plan.network.link->tap, plan.network.link->name};

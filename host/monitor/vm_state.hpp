@@ -15,6 +15,7 @@
 #include "host/cli/plan.hpp"
 #include "host/lib/base.hpp"
 #include "host/monitor/console_log.hpp"
+#include "host/monitor/output_resume.hpp"
 #include "host/monitor/stdin_spool.hpp"
 #include "host/monitor/vmm_record.hpp"
 #include "host/vm/passt.hpp"
@@ -47,6 +48,17 @@ struct VmResources {
   /// the original recorded one) once the guest said its stdin position, else ends stdin (EOF).
   bool adopt_stdin = false;
   std::optional<host::VmmStdin> stdin_source;
+  /// A VMM that outlives us with its output going to sinks another process can reopen (vmm.json's
+  /// `stdout`/`stderr`): each stream's bytes written there, counted (host/monitor/output_resume.hpp).
+  std::optional<OutputTally> output_tally;
+  /// Which streams' writers go to a recorded sink, and so are counted in output_tally.
+  bool count_out = false, count_err = false;
+  /// A replacement's: the recorded sinks reopened (absent: our own fds 1 and 2), the bytes of each
+  /// stream (stdout, stderr) the sink already has of what the guest replays (dropped), and what
+  /// it lacks before that (taken back out of workload.log, written first).
+  host::Fd out_sink, err_sink;
+  std::uint64_t skip_out = 0, skip_err = 0;
+  std::string backlog_out, backlog_err;
 };
 
 /// `fd` as a stdin source another process can open again (host::VmmStdin): a FIFO or a regular

@@ -94,6 +94,38 @@ std::int64_t boottime_ns() {
   return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+namespace {
+
+/// `,"stdout":{...},"stderr":{...}` for the sinks recorded (nothing for none).
+std::string sinks(const VmmInfo& v) {
+  std::string out;
+  for (auto [name, sink] : {std::pair{"stdout", &v.stdout_sink}, {"stderr", &v.stderr_sink}})
+    if (*sink)
+      out += fmt::format(R"(,"{}":{{"kind":"{}","path":{}}})", name,
+                         (*sink)->kind == VmmSink::Kind::fifo ? "fifo" : "file", json_string((*sink)->path.native()));
+  return out;
+}
+
+/// The sinks back; errors name the field ("stdout.kind: expected fifo or file").
+Status parse_sinks(simdjson::dom::object& obj, VmmInfo& v) {
+  for (auto [name, sink] : {std::pair{"stdout", &v.stdout_sink}, {"stderr", &v.stderr_sink}}) {
+    simdjson::dom::element e;
+    if (obj[name].get(e) || e.is_null()) continue;  // absent (an older vmm.json): none
+    std::string_view s;
+    VmmSink k;
+    if (e["kind"].get_string().get(s) || (s != "fifo" && s != "file"))
+      return Error{fmt::format("{}.kind: expected fifo or file", name)};
+    k.kind = s == "fifo" ? VmmSink::Kind::fifo : VmmSink::Kind::file;
+    if (e["path"].get_string().get(s) || s.empty() || s[0] != '/' || s.size() > 4096)
+      return Error{fmt::format("{}.path: expected an absolute path", name)};
+    k.path = std::string(s);
+    *sink = std::move(k);
+  }
+  return Ok{};
+}
+
+}  // namespace
+
 std::string encode_vmm(const VmmInfo& v) {
   std::string daemons = "[";
   for (std::size_t i = 0; i < v.daemons.size(); ++i)
@@ -113,7 +145,7 @@ std::string encode_vmm(const VmmInfo& v) {
                                    v.stdin_source->kind == VmmStdin::Kind::fifo ? "fifo" : "file",
                                    json_string(v.stdin_source->path.native()), v.stdin_source->offset)
                      : std::string("null"),
-      duties(v));
+      duties(v) + sinks(v));
 }
 
 Result<VmmInfo> parse_vmm(std::string_view json) {
@@ -189,6 +221,7 @@ Result<VmmInfo> parse_vmm(std::string_view json) {
     v.stdin_source = std::move(src);
   }
   if (auto d = parse_duties(obj, v); !d) return d.error();
+  if (auto d = parse_sinks(obj, v); !d) return d.error();
   return v;
 }
 

@@ -51,6 +51,19 @@ struct VmmStdin {
   bool operator==(const VmmStdin&) const = default;
 };
 
+/// Where the workload's stdout or stderr goes when another process can open it again, so that a
+/// replacement monitor writes on to it at the first byte not yet delivered (`output.pos`,
+/// host/monitor/owed_output.hpp): containerd's FIFO (opened read-write, as the shim opens it:
+/// the pipe never loses its last reader) or a regular file (`ctr run --log-uri file://`,
+/// appended to). A terminal, a socket or an anonymous pipe cannot be reopened: none is recorded
+/// and a replacement writes the output to workload.log alone, as before.
+struct VmmSink {
+  enum class Kind { fifo, file };
+  Kind kind = Kind::fifo;
+  std::filesystem::path path;  // absolute
+  bool operator==(const VmmSink&) const = default;
+};
+
 /// netns mode's attachment (host/vm/netns.hpp), so that whoever ends the VM tears the tap and the
 /// redirects down, not only the monitor that made them: the namespace's path as given, the tap's
 /// name and the interface it is tied to.
@@ -93,6 +106,8 @@ struct VmmInfo {
   std::optional<std::chrono::milliseconds> wall_timeout;
   std::optional<std::int64_t> wall_deadline_ns;
   std::optional<VmmNetns> netns;  // `netns`: netns mode's attachment (absent in other modes)
+  /// `stdout`, `stderr`: the workload's output sinks (VmmSink; absent: none a replacement can open).
+  std::optional<VmmSink> stdout_sink, stderr_sink;
   bool operator==(const VmmInfo&) const = default;
 };
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -36,6 +37,7 @@
 #include "host/shim/identity.hpp"
 #include "host/shim/log.hpp"
 #include "host/shim/pod.hpp"
+#include "host/shim/runtime_info.hpp"
 #include "host/shim/task_service.hpp"
 #include "host/shim/ttrpc.hpp"
 
@@ -50,7 +52,7 @@ using namespace nes;
 /// -name=VALUE, --name likewise; booleans take no value.
 struct Flags {
   std::string ns, address, publish_binary, id, bundle, socket, action;
-  bool debug = false, version = false;
+  bool debug = false, version = false, info = false;
 };
 
 int bail(std::string_view msg) {
@@ -64,7 +66,7 @@ host::Result<Flags> parse(int argc, char** argv) {
                                                 {"publish-binary", &f.publish_binary},
                                                 {"id", &f.id},         {"bundle", &f.bundle},
                                                 {"socket", &f.socket}};
-  std::map<std::string, bool*> bools = {{"debug", &f.debug}, {"v", &f.version}};
+  std::map<std::string, bool*> bools = {{"debug", &f.debug}, {"v", &f.version}, {"info", &f.info}};
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -250,8 +252,12 @@ int main(int argc, char** argv) {
   auto f = parse(argc, argv);
   if (!f) return bail(f.error().message);
   if (f->version) {
-    fmt::print("containerd-shim-nesinit-v2:\n  Version: {}\n", NESINIT_SHIM_VERSION);
+    fmt::print("{}", shim::version_text(NESINIT_SHIM_VERSION));
     return 0;
+  }
+  if (f->info) {  // containerd 2.x: RuntimeInfo on stdout, binary (host/shim/runtime_info.hpp)
+    const std::string b = shim::runtime_info(NESINIT_SHIM_VERSION);
+    return ::fwrite(b.data(), 1, b.size(), stdout) == b.size() && ::fflush(stdout) == 0 ? 0 : 1;
   }
   if (f->ns.empty()) return bail("shim namespace cannot be empty");
   if (f->action == "start") {

@@ -431,13 +431,22 @@ HANDLERS = (h.RUNC_HANDLER, h.NESINIT_HANDLER)
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in CASES or sys.argv[2] not in HANDLERS:
-        print(f"usage: cri_test.py {{{','.join(CASES)}}} {{{','.join(HANDLERS)}}}", file=sys.stderr)
+    want = sys.argv[3][len("--containerd="):] if len(sys.argv) == 4 and sys.argv[3].startswith("--containerd=") else None
+    if len(sys.argv) != (4 if want else 3) or sys.argv[1] not in CASES or sys.argv[2] not in HANDLERS:
+        print(f"usage: cri_test.py {{{','.join(CASES)}}} {{{','.join(HANDLERS)}}} [--containerd=VERSION]",
+              file=sys.stderr)
         return 2
     if os.geteuid() != 0:
         print("SKIP: needs root (containerd)")
         return 77
-    case, handler = sys.argv[1:]
+    case, handler = sys.argv[1:3]
+    # The containerd on PATH is the one this run means (1.7 through scripts/fetch-containerd.sh's
+    # directory first on PATH): a wrong PATH fails here, not as a silent pass against 1.6.
+    ver = subprocess.run(["containerd", "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    print(f"containerd: {ver}", flush=True)
+    if want and f" {want}." not in ver and f" v{want}." not in ver:
+        print(f"FAIL: containerd on PATH is not {want}: {ver!r}", file=sys.stderr)
+        return 1
     shim, env = None, {}
     if handler == h.NESINIT_HANDLER:
         shim = os.environ["NESHOST_SHIM"]

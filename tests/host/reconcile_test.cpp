@@ -20,6 +20,8 @@
 
 #include <fmt/format.h>
 
+#include "host/lib/log_writer.hpp"
+#include "host/monitor/output_resume.hpp"
 #include "host/monitor/reconcile.hpp"
 #include "host/monitor/stdin_spool.hpp"
 #include "host/monitor/vmm_record.hpp"
@@ -714,4 +716,99 @@ TEST_CASE("take_over_generation: only an orphaned generation, once; monitor.json
   again = take_over_generation(t.path, "vm-a", *identity_of(last.pid));
   REQUIRE_FALSE(again);
   CHECK(again.error().message.find("is gone") != std::string::npos);
+}
+
+TEST_CASE("vmm.json's output sinks: absent is none, a FIFO and a file round-trip, bad ones are named") {
+  auto me = self_identity();
+  REQUIRE(me);
+  VmmInfo v = vmm_info(3, *me);
+  const std::string plain = encode_vmm(v);
+  CHECK(plain.find("\"stdout\"") == std::string::npos);
+  auto back = parse_vmm(plain);
+  REQUIRE(back);
+  CHECK_FALSE(back->stdout_sink);
+  CHECK_FALSE(back->stderr_sink);
+  v.stdout_sink = VmmSink{VmmSink::Kind::fifo, "/run/containerd/fifo/1/t-stdout"};
+  v.stderr_sink = VmmSink{VmmSink::Kind::file, "/var/log/t.log"};
+  auto both = parse_vmm(encode_vmm(v));
+  REQUIRE(both);
+  CHECK(*both == v);
+  std::string text = encode_vmm(v);
+  auto at = text.find("\"kind\":\"fifo\"");
+  REQUIRE(at != std::string::npos);
+  auto r = parse_vmm(std::string(text).replace(at, 13, "\"kind\":\"tty\""));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == "stdout.kind: expected fifo or file");
+  at = text.find("\"/var/log/t.log\"");
+  r = parse_vmm(std::string(text).replace(at, 16, "\"t.log\""));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == "stderr.path: expected an absolute path");
+}
+
+TEST_CASE("output.pos: counts survive the process (a child adds, dies by SIGKILL; the parent reads them)") {
+  TempDir t("nes-outpos");
+  REQUIRE(open_vm_dir(t.path, "vm-o", true));
+  {
+    auto tally = monitor::OutputTally::open(t.path, "vm-o", true);
+    REQUIRE(tally);
+    CHECK(tally->delivered(OutputStream::out) == 0);
+    pid_t c = ::fork();
+    REQUIRE(c >= 0);
+    if (c == 0) {
+      tally->add(OutputStream::out, 1000);
+      tally->add(OutputStream::err, 7);
+      tally->add(OutputStream::out, 24);
+      ::kill(::getpid(), SIGKILL);
+      ::_exit(1);
+    }
+    int st = 0;
+    REQUIRE(::waitpid(c, &st, 0) == c);
+    CHECK(WIFSIGNALED(st));
+  }
+  auto again = monitor::OutputTally::open(t.path, "vm-o", false);
+  REQUIRE(again);
+  CHECK(again->delivered(OutputStream::out) == 1024);
+  CHECK(again->delivered(OutputStream::err) == 7);
+  // A file of another size is refused, naming it.
+  ::truncate((t.path / "vm-o" / "output.pos").c_str(), 3);
+  auto bad = monitor::OutputTally::open(t.path, "vm-o", false);
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().message.find("output.pos: 3 bytes, not 16") != std::string::npos);
+}
+
+TEST_CASE("logged_bytes: a stream's bytes between two positions come back out of workload.log, across rotation") {
+  TempDir t("nes-logged");
+  LogOptions o;
+  o.path = t.path / "workload.log";
+  o.max_size = kMinLogSize;
+  o.max_files = 3;
+  o.generation = 2;
+  std::string out_all, err_all;
+  {
+    auto w = LogWriter::open(o);
+    REQUIRE(w);
+    for (int i = 1; i <= 6000; ++i) {
+      std::string line = fmt::format("n{}\n", i);
+      (*w)->write(OutputStream::out, line, wall_now());
+      out_all += line;
+      if (i % 100 == 0) {
+        (*w)->write(OutputStream::err, fmt::format("e{}\n", i), wall_now());
+        err_all += fmt::format("e{}\n", i);
+      }
+      if (i == 5500) (*w)->gap(OutputStream::out, "12 bytes of stdout lost", wall_now());
+    }
+  }
+  const std::uint64_t size = fs::file_size(o.path);
+  auto got = monitor::logged_bytes(o.path, OutputStream::out, 2, out_all.size() - 600, out_all.size(), size);
+  CHECK(got.missing == 0);
+  CHECK(got.bytes == out_all.substr(out_all.size() - 600));
+  auto e = monitor::logged_bytes(o.path, OutputStream::err, 2, err_all.size() - 50, err_all.size(), size);
+  CHECK(e.bytes == err_all.substr(err_all.size() - 50));
+  // Another generation's records are not this one's.
+  CHECK(monitor::logged_bytes(o.path, OutputStream::out, 3, 0, 10, size).missing == 10);
+  // Rotated away: what the files no longer hold is counted as missing, at the front.
+  auto all = monitor::logged_bytes(o.path, OutputStream::out, 2, 0, out_all.size(), size);
+  CHECK(all.missing > 0);
+  CHECK(all.missing + all.bytes.size() == out_all.size());
+  CHECK(all.bytes == out_all.substr(all.missing));
 }

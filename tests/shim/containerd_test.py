@@ -94,6 +94,14 @@ class Daemon:
         logf.close()
         until(lambda: self.ctr("version", check_rc=False)[0] == 0, "containerd answering")
 
+    def version(self):
+        """`containerd --version` and `ctr --version` as this daemon's PATH finds them."""
+        out = []
+        for prog in ("containerd", "ctr"):
+            r = subprocess.run([prog, "--version"], capture_output=True, text=True, timeout=BOUND, env=self.env)
+            out.append(r.stdout.strip())
+        return "; ".join(out)
+
     def stop(self):
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
@@ -274,6 +282,10 @@ def case_exit7(d):
     rc, out, err = d.run("--rootfs", root, "t1i", "/bin/sh", "-c", "read x; echo got:$x; cat; echo eof; exit 3",
                          check_rc=False, stdin_bytes=b"abc\nrest\n")
     check(rc == 3 and out == "got:abc\nrest\neof\n", f"stdin: exit {rc}, stdout {out!r}; stderr {err!r}{d.tail()}")
+    # The shim names what it was qualified against (docs/containerd.md "Qualified against").
+    v = subprocess.run([SHIM, "-v"], capture_output=True, text=True, timeout=BOUND)
+    check(v.returncode == 0 and "Qualified against:" in v.stdout and "containerd 1.6." in v.stdout
+          and "containerd 1.7." in v.stdout, f"shim -v: exit {v.returncode}, {v.stdout!r}")
 
 
 def case_parallel(d):
@@ -913,25 +925,54 @@ def case_fifo_reattach(d):
 def case_monitor_killed(d):
     """issue 28: the task's `neshost run` (its VM's monitor) SIGKILLed while the workload runs: the
     VM runs on (--vmm-outlives), the shim has a replacement monitor adopt it, and the attached
-    `ctr run` still gets the workload's real exit status (7); nothing is left."""
+    `ctr run` still gets the workload's real exit status (7); nothing is left. issue 48: killed
+    mid-stream, while the workload writes numbered lines: the replacement writes on to
+    containerd's FIFO at the first byte not yet delivered (output.pos, workload.log), so ctr's
+    stdout has every line exactly once, in order, lines written after the kill included."""
     root = busybox_root(os.path.join(d.tmp, "rootfs"))
+    # Numbered lines until /go, a pause every 50 so the stream spans the kill and the takeover.
     p = d.popen_ctr("run", "--rm", "--runtime", RUNTIME, "--rootfs", root, "tm", "/bin/sh", "-c",
-                    "echo up; while [ ! -e /go ]; do sleep 0.2; done; exit 7")
+                    "echo up; i=1; while [ ! -e /go ]; do echo n$i; i=$((i+1)); "
+                    "[ $((i % 50)) = 0 ] && sleep 0.05; done; echo last$i; exit 7")
+    buf = bytearray()
+    drain = threading.Thread(target=lambda: [buf.extend(c) for c in iter(lambda: p.stdout.read1(65536), b"")],
+                             daemon=True)
+    drain.start()
+    def numbers():
+        return [int(x[1:]) for x in bytes(buf).decode(errors="replace").split("\n")[:-1] if x.startswith("n")]
+    def last_number():
+        n = numbers()
+        return n[-1] if n else 0
     try:
-        wait_line(p, "up")
+        until(lambda: last_number() >= 300 or p.poll() is not None, "300 numbered lines on ctr's stdout")
         mons = [q for q, cmd in all_procs() if "--vmm-outlives" in cmd and root in cmd]
         check(len(mons) == 1, f"the task's neshost run: {mons}")
         vm_procs = [q for q, cmd in all_procs() if "qemu-system" in cmd and d.tmp in cmd]
         os.kill(mons[0], signal.SIGKILL)
+        at_kill = last_number()
         until(lambda: any(" monitor " in cmd and d.tmp in cmd for _, cmd in all_procs()), "a replacement monitor")
         check(vm_procs and all(alive(q) for q in vm_procs), "QEMU outlived its monitor")
+        # The output goes on reaching ctr through the replacement (before issue 48 it went to
+        # workload.log alone and ctr's stdout fell silent here).
+        until(lambda: last_number() >= at_kill + 300, f"lines past n{at_kill + 300} on ctr's stdout after the "
+              f"monitor's SIGKILL{monitor_logs(d)}")
         open(os.path.join(root, "go"), "w").close()
-        rc, out, err = finish(p)
+        rc = p.wait(timeout=BOUND)
+        drain.join(timeout=BOUND)
+        err = p.stderr.read().decode(errors="replace")
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     check(rc == 7, f"ctr run after the monitor's replacement: exit {rc}, want 7; stderr {err!r}{d.tail()}")
+    lines = bytes(buf).decode(errors="replace").split("\n")
+    n = numbers()
+    check(lines[0] == "up" and n == list(range(1, len(n) + 1)) and lines[-2] == f"last{len(n) + 1}" and lines[-1] == "",
+          f"ctr's stdout is not up, n1..nK each once in order, lastK+1: {len(n)} numbered lines, "
+          f"duplicates {len(n) - len(set(n))}, first out of order at "
+          f"{next((i for i, x in enumerate(n) if x != i + 1), None)}, head {lines[:3]}, tail {lines[-3:]}"
+          f"{monitor_logs(d)}")
+    print(f"monitor_killed: {len(n)} lines, the monitor SIGKILLed after n{at_kill}", flush=True)
     until(lambda: not any(alive(q) for q in vm_procs), "QEMU ended")
     check(d.tasks() == {}, f"tasks left: {d.tasks()}")
 
@@ -1731,6 +1772,14 @@ def audit(d, keep, cgroups_before):
     return left
 
 
+def switch_containerd(d, bindir):
+    """Restarts `d`'s containerd from `bindir` (containerd, ctr first on its PATH), on the same
+    config, root and state: every case after runs against that containerd and its ctr."""
+    d.stop()
+    d.env["PATH"] = bindir + ":" + d.env["PATH"]
+    d.start()
+
+
 def qualify(passes):
     """The qualification matrix (issue 29): every case, `passes` times in a row, against ONE
     private containerd (in a network namespace of its own, lo up, as the netns case needs),
@@ -1744,12 +1793,24 @@ def qualify(passes):
             with open(path, "rb") as f:
                 print(f"artifact {name} {hashlib.sha256(f.read()).hexdigest()} {os.path.basename(path)}")
     cgroups_before = cgroup_dirs()
+    # NESINIT_CONTAINERD17: a directory with containerd 1.7's containerd, ctr and runc shim
+    # (scripts/fetch-containerd.sh): the last pass runs against it, the daemon restarted on the
+    # same root and state (an upgrade in place, as an operator does), so the shim is qualified
+    # against 1.6 and 1.7 at the cost of no extra pass.
+    c17 = os.environ.get("NESINIT_CONTAINERD17", "")
+    if c17 and not os.path.isfile(os.path.join(c17, "containerd")):
+        print(f"FAIL: NESINIT_CONTAINERD17={c17}: no containerd there", file=sys.stderr)
+        return 1
     d = Daemon()
     keep = set(os.listdir(d.tmp)) | {"s", "neshost"}  # shim sockets' dir, the KVM probe's cache
     rows, ok = [], True
     try:
         for n in range(1, passes + 1):
             t_pass = time.monotonic()
+            if n == passes and c17 and passes >= 2:
+                switch_containerd(d, c17)
+            if n == 1 or (n == passes and c17):
+                print(f"pass {n}: {d.version()}", flush=True)
             for name, case in CASES.items():
                 t0 = time.monotonic()
                 try:
