@@ -23,8 +23,12 @@ version=$(dpkg-query -W -f='${Version}' linux-source-6.1)
 key=$( { echo "$version"; cat "$frag" "$0"; } | sha256sum | cut -c1-16)
 dest=$top/.cache/kernel/lean
 out=$dest/$key
+mkdir -p "$dest"
+# One build per key at a time: a second set-up (another worktree sharing this cache, a second
+# shell) waits here for the first and then finds its vmlinux, instead of building it again.
+exec 9>"$dest/.lock"
+flock 9
 if [[ ! -f $out/vmlinux ]]; then
-  mkdir -p "$dest"
   work=$(mktemp -d "$dest/build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
   start=$SECONDS
