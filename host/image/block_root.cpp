@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
-#include "host/vm/process.hpp"
+#include "host/image/tool.hpp"
 #include "host/vm/sha256.hpp"
 
 namespace nes::image {
@@ -26,8 +26,6 @@ namespace sj = simdjson;
 namespace {
 
 constexpr std::uint64_t kMaxRecord = 4096;
-constexpr std::size_t kStderrTail = 2048;  // the last bytes of a tool's stderr kept for its error
-constexpr auto kToolBound = std::chrono::hours(1);  // a mkfs of a many-GiB root under load
 
 /// The identity of the file when it was hashed: any change means "hash it again".
 struct Identity {
@@ -100,36 +98,6 @@ Result<std::string> hash_fd(int fd, const fs::path& what) {
     off += r;
   }
   return sha256_digest(h).str();
-}
-
-/// Runs `argv` to its end, its output kept (the last kStderrTail bytes of stdout+stderr) for the
-/// error. Errors name the tool: not installed (`package` named), or how it ended and what it said.
-Status run_tool(const std::vector<std::string>& argv, std::string_view package) {
-  if (auto p = vm::resolve_program(argv[0]); !p)
-    return Error{fmt::format("{} (install Debian's {})", p.error().message, package), ENOENT};
-  auto out = std::make_shared<std::pair<std::mutex, std::string>>();
-  auto sink = [out](std::string_view s) {
-    std::lock_guard g(out->first);
-    out->second.append(s);
-    if (out->second.size() > kStderrTail) out->second.erase(0, out->second.size() - kStderrTail);
-  };
-  vm::LaunchOptions o;
-  o.argv = argv;
-  o.console = sink;
-  o.diagnostics = sink;
-  auto proc = vm::VmProcess::launch(std::move(o));
-  if (!proc) return Error{fmt::format("{}: {}", argv[0], proc.error().message), proc.error().err};
-  auto ex = (*proc)->wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(kToolBound));
-  if (!ex) ex = (*proc)->terminate(std::chrono::seconds(5));
-  (*proc)->finish_output(std::chrono::seconds(5));
-  if (ex->code == 0) return Ok{};
-  std::string said;
-  {
-    std::lock_guard g(out->first);
-    said = out->second;
-  }
-  while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
-  return Error{fmt::format("{} {}: {}", argv[0], vm::describe(*ex), said.empty() ? "(no output)" : said), EIO};
 }
 
 /// What `mke2fs -d` needs for `dir`: bytes of data blocks and the inode count (lstat, never
