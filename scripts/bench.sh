@@ -15,7 +15,8 @@
 # translation buffer, the guest's RAM size) by bench/p16_vm_memory.py, and side by side with gVisor
 # (`runsc do`, ptrace platform: P12 cold and warm start, P16 an idle sandbox's host PSS, P8 a 256 MiB
 # file read inside) by bench/p18_runsc.py, P15's pull row (`neshost pull`
-# from a registry on 127.0.0.1 against `skopeo copy` of the same image) by bench/p15_pull.py.
+# from a registry on 127.0.0.1 against `skopeo copy` of the same image) by bench/p15_pull.py, P19 (an
+# image's block root built, EROFS against ext4, and its cached case) by bench/p19_block_root.py.
 # Each bench's rows replace its figures' rows in bench/results/latest.md (one row per figure, with
 # the date, load and commit it was measured at), the replaced rows appended to
 # bench/results/history.md (scripts/bench-results.py), right after that bench: a run cut short
@@ -28,7 +29,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 scripts/setup.sh build
-ninja -C build bench/bench bench/storm bench/floor_init bench/host_bench bench/stdio_bench nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
+ninja -C build bench/bench bench/storm bench/floor_init bench/host_bench bench/stdio_bench bench/block_root_tool nesinit/nesinit host/cli/neshost host/vm/initrd.cpio \
   host/shim/containerd-shim-nesinit-v2 tests/vm/vm_net_probe tests/cri/api_pb2.py
 latest=bench/results/latest.md history=bench/results/history.md
 mkdir -p bench/results
@@ -56,6 +57,7 @@ record python3 bench/p13_adopt.py build/host/cli/neshost build/nesinit/nesinit 1
 record python3 bench/p16_vm_memory.py build/host/cli/neshost 5
 record python3 bench/p18_runsc.py build/host/cli/neshost 5
 record python3 bench/p15_pull.py build/host/cli/neshost 5
+record python3 bench/p19_block_root.py build/bench/block_root_tool 3
 record python3 tests/host/data_resume_e2e.py build/host/cli/neshost build/nesinit/nesinit --bench 10
 record /usr/bin/python3 bench/p11_cri.py build/tests/cri 7 --nesinit build/host/shim/containerd-shim-nesinit-v2 build/host/cli/neshost \
   build/host/vm/initrd.cpio  # Debian's python3: python3-grpcio

@@ -28,7 +28,8 @@ kernel_pkgs=(linux-source-6.1 make gcc flex bison bc libelf-dev xz-utils)
 # cpio), fetch the cloud kernel (its modules go into the default initramfs), and run QEMU.
 main_pkgs=(meson ninja-build g++ pkg-config cmake libboost-dev libfmt-dev libsimdjson-dev doctest-dev
            libssl-dev python3 binutils file util-linux iproute2 cpio lz4 busybox-static qemu-system-x86
-           libarchive-dev libcurl4-openssl-dev)   # the image store (host/image/: unpack, load; pull)
+           libarchive-dev libcurl4-openssl-dev   # the image store (host/image/: unpack, load; pull)
+           erofs-utils e2fsprogs)   # an image's block root: mkfs.erofs, mke2fs -d (host/image/block_root.*)
 # Everything else, for scripts/test.sh and scripts/bench.sh.
 rest_pkgs=(tini catatonit dumb-init   # the peers of the init's tests and benches
       clang-14 libclang-rt-14-dev     # scripts/fuzz.sh (libFuzzer)

@@ -136,11 +136,15 @@ std::string encode_snapshot_meta(const SnapshotMeta& m) {
   return fmt::format(
       R"({{"format":{},"name":{},"created":{},"qemu_version":{},"accel":{},"mem_mib":{},"cpus":{},"grace_ms":{},)"
       R"("firmware":{},)"
-      R"("append":{},"kernel":{},"initrd":{},"state":{},"ram":{},"ready":{}}})",
+      R"("append":{},"kernel":{},"initrd":{},"state":{},"ram":{},"ready":{},"root":{}}})",
       m.format, host::json_string(m.name), host::json_string(m.created), host::json_string(m.qemu_version),
       host::json_string(m.accel), m.mem_mib, m.cpus, m.grace_ms, m.firmware ? host::json_string(*m.firmware) : "null",
       host::json_string(m.append), file_json(m.kernel), file_json(m.initrd), file_json(m.state), file_json(m.ram),
-      host::json_string(m.ready));
+      host::json_string(m.ready),
+      m.root ? fmt::format(R"({{"image":{},"path":{},"digest":{},"fs":{}}})", host::json_string(m.root->image),
+                           host::json_string(m.root->path.native()), host::json_string(m.root->digest),
+                           host::json_string(m.root->fs))
+             : std::string("null"));
 }
 
 host::Result<SnapshotMeta> decode_snapshot_meta(std::string_view json) {
@@ -200,6 +204,25 @@ host::Result<SnapshotMeta> decode_snapshot_meta(std::string_view json) {
   if (m.accel != "tcg" && m.accel != "kvm") return bad("accel", "not tcg or kvm");
   if (m.ready.empty() || m.ready.size() > 64 * 1024 || m.ready.find('\n') != std::string::npos)
     return bad("ready", "empty, longer than 64 KiB or more than one line");
+  if (simdjson::dom::element re; !o["root"].get(re) && !re.is_null()) {
+    simdjson::dom::object ro;
+    if (re.get(ro)) return bad("root", "not an object or null");
+    SnapshotRoot r;
+    auto digest = [](std::string_view d) {
+      return d.size() == 71 && d.starts_with("sha256:") &&
+             d.substr(7).find_first_not_of("0123456789abcdef") == std::string_view::npos;
+    };
+    std::string_view v;
+    if (ro["image"].get_string().get(v) || !digest(v)) return bad("root.image", "missing or not sha256:<64 hex digits>");
+    r.image = std::string(v);
+    if (ro["path"].get_string().get(v) || v.empty() || v.front() != '/') return bad("root.path", "missing or not absolute");
+    r.path = std::string(v);
+    if (ro["digest"].get_string().get(v) || !digest(v)) return bad("root.digest", "missing or not sha256:<64 hex digits>");
+    r.digest = std::string(v);
+    if (ro["fs"].get_string().get(v) || (v != "erofs" && v != "ext4")) return bad("root.fs", "missing or not erofs or ext4");
+    r.fs = std::string(v);
+    m.root = std::move(r);
+  }
   return m;
 }
 

@@ -50,6 +50,17 @@ struct SnapshotFile {
   bool operator==(const SnapshotFile&) const = default;
 };
 
+/// The image root a snapshot's VM had attached (issue 47, docs/images.md "Warm starts"): a block
+/// root (host/image/block_root.hpp) is a virtio-blk disk, part of the machine the migration stream
+/// describes, so a restore attaches the same file again, after checking it is still these bytes.
+struct SnapshotRoot {
+  std::string image;           // the image's config digest, "sha256:HEX" (docker's IMAGE ID)
+  std::filesystem::path path;  // the block root's file (STATE/.images/roots/HEX/root.erofs)
+  std::string digest;          // its "sha256:HEX"
+  std::string fs;              // "erofs" or "ext4"
+  bool operator==(const SnapshotRoot&) const = default;
+};
+
 /// What a snapshot was made from; a restore must match each (check_snapshot()).
 struct SnapshotMeta {
   std::uint32_t format = kSnapshotFormat;
@@ -68,6 +79,9 @@ struct SnapshotMeta {
   SnapshotFile state;         // state.qemu (path relative to the snapshot's directory)
   SnapshotFile ram;           // ram (likewise)
   std::string ready;          // the guest's `ready` line, without its '\n'
+  /// The image root attached when it was made (`snapshot create --image`); none: a bare VM.
+  /// snapshot.json's `root` (absent or null: none), so format 2's snapshots read as before.
+  std::optional<SnapshotRoot> root;
   bool operator==(const SnapshotMeta&) const = default;
 };
 

@@ -906,4 +906,32 @@ TEST_CASE("snapshot.json: round trip, and each bad field named") {
   CHECK(bad(R"("name":"warm")", R"("name":".x")").find("name") != std::string::npos);
   CHECK(bad(R"("accel":"tcg")", R"("accel":"hvf")").find("accel") != std::string::npos);
   CHECK(!decode_snapshot_meta("[]"));
+
+  // With an image's block root (issue 47): round trip; each of its fields checked; a format-2
+  // snapshot without `root` reads as a bare VM's.
+  CHECK(text.find(R"("root":null)") != std::string::npos);
+  std::string no_root = text;
+  no_root.replace(no_root.find(R"(,"root":null)"), 12, "");
+  auto bare = decode_snapshot_meta(no_root);
+  REQUIRE(bare);
+  CHECK(!bare->root);
+  m.root = SnapshotRoot{"sha256:" + std::string(64, 'e'), "/s/.images/roots/x/root.erofs", "sha256:" + std::string(64, 'f'),
+                        "erofs"};
+  const std::string with_root = encode_snapshot_meta(m);
+  back = decode_snapshot_meta(with_root);
+  REQUIRE(back);
+  CHECK(*back == m);
+  auto bad_root = [&](std::string from, std::string to) {
+    std::string t = with_root;
+    auto at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    t.replace(at, from.size(), to);
+    auto r = decode_snapshot_meta(t);
+    return r ? std::string() : r.error().message;
+  };
+  CHECK(bad_root(R"("fs":"erofs")", R"("fs":"xfs")").find("root.fs") != std::string::npos);
+  CHECK(bad_root(R"("path":"/s/)", R"("path":"s/)").find("root.path") != std::string::npos);
+  CHECK(bad_root("sha256:" + std::string(64, 'f'), "sha256:zz").find("root.digest") != std::string::npos);
+  CHECK(bad_root("sha256:" + std::string(64, 'e'), "e").find("root.image") != std::string::npos);
+  CHECK(bad_root(R"("root":{)", R"("root":[],"x":{)").find("root: not an object or null") != std::string::npos);
 }
