@@ -23,6 +23,10 @@ inline constexpr const char* kNewRoot = "/nesinit.root";
 /// /dev, /proc, /sys, /run, /tmp, the shares and the files bound over /etc land in memory, never
 /// in the host's directory (docker's --read-only over a plain root). seal_read_only("/") then
 /// makes it read-only once the shares and the network are in place, before the workload runs.
+/// A block root (fs erofs or ext4, docs/protocol.md "Block roots"): the disk whose virtio-blk
+/// serial is `root.tag` (block.hpp) mounted read-only is the lower layer of an overlay whose upper
+/// is a tmpfs capped at `root.upper_mib` or the scratch disk of serial `root.upper`, always (not
+/// only with `ro`); the overlay is the new root.
 MountStatus switch_root(const proto::Root& root, const Log& log);
 
 /// Where a read-only root's share and its tmpfs wait below the overlay (directories of the
@@ -31,10 +35,13 @@ inline constexpr const char* kRootLower = "/nesinit.lower";
 inline constexpr const char* kRootUpper = "/nesinit.upper";
 
 /// Mounts on `target` an overlay of `lower` (a directory, read-only to us) under a fresh tmpfs
-/// mounted on `upper` (its layers `upper`/u and `upper`/w), the overlay's root taking the mode and
-/// owner of `lower`'s. Writes to `target` land in the tmpfs until seal_read_only(). Errors: the
-/// step that failed ("tmpfs", "overlay", ...) with its errno.
-base::Status stage_read_only(const std::string& lower, const std::string& upper, const std::string& target);
+/// mounted on `upper` (`size=` `upper_mib` MiB when not 0), or with `upper_dev` that device's
+/// ext4 read-write (a block root's scratch disk); its layers are `upper`/u and `upper`/w (made
+/// if missing: a scratch disk keeps them), the overlay's root taking the mode and owner of
+/// `lower`'s when u is new. Writes to `target` land in the upper until seal_read_only(). Errors:
+/// the step that failed ("mount tmpfs", "mount overlay", ...) with its errno.
+base::Status stage_read_only(const std::string& lower, const std::string& upper, const std::string& target,
+                             std::uint32_t upper_mib = 0, const std::string& upper_dev = {});
 
 /// Makes the mount on `at` read-only (a bind remount: MS_RDONLY on that mount alone; the mounts
 /// on top of it keep their own flags). Errors: mount(2)'s errno.

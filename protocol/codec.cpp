@@ -484,6 +484,14 @@ void enc(Buf& b, const Boot& m) {
       key(b, "fs");
       put_string(b, to_string(m.root->fs));
     }
+    if (m.root->upper_mib) {  // additive (root_block): omitted when 0
+      key(b, "upper_mib");
+      put_int(b, m.root->upper_mib);
+    }
+    if (m.root->upper) {
+      key(b, "upper");
+      put_string(b, *m.root->upper);
+    }
     b.push_back('}');
   }
   key(b, "geometry");
@@ -1085,8 +1093,24 @@ bool dec_mount(od::value v, const Path& p, Mount& out, Err& err) {
   return true;
 }
 
-constexpr std::array kRootFsTypes{FsType::virtiofs, FsType::ninep};
+constexpr std::array kRootFsTypes{FsType::virtiofs, FsType::ninep, FsType::erofs, FsType::ext4};
 
+/// A virtio-blk serial: 1..kBlockSerialMax bytes of [A-Za-z0-9._-] (what QEMU's serial= takes
+/// unquoted and /sys/block/*/serial shows as is).
+bool valid_block_serial(std::string_view s) {
+  if (s.empty() || s.size() > kBlockSerialMax) return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == '-'))
+      return false;
+  return true;
+}
+
+constexpr std::string_view kSerial = "virtio-blk serial of 1..20 of [A-Za-z0-9._-]";
+
+/// boot.root: `tag` required and non-empty; a block root's (fs erofs/ext4) tag and `upper` are
+/// virtio-blk serials; `upper_mib` 0..kUpperMibMax; `upper` and `upper_mib` only for a block root,
+/// never both.
 bool dec_root(od::value v, const Path& p, Root& out, Err& err) {
   bool tag = false;
   bool ok = each_field(v, p, "object", err, [&](std::string_view k, od::value fv) {
@@ -1099,10 +1123,24 @@ bool dec_root(od::value v, const Path& p, Root& out, Err& err) {
     }
     if (k == "ro") return get_bool(fv, fp, out.ro, err);
     if (k == "fs") return get_enum(fv, fp, kRootFsTypes, out.fs, err);
+    if (k == "upper_mib") return get_ranged(fv, fp, 0, kUpperMibMax, "integer 0..1048576", out.upper_mib, err);
+    if (k == "upper") {
+      if (!get_str(fv, fp, out.upper.emplace(), err)) return false;
+      return valid_block_serial(*out.upper) || err.expected(fp, kSerial, excerpt_json(*out.upper));
+    }
     return true;
   });
   if (!ok) return false;
   if (!tag) return missing(p, "tag", "string", err);
+  if (is_block_fs(out.fs)) {
+    if (!valid_block_serial(out.tag)) return err.expected(p / "tag", kSerial, excerpt_json(out.tag));
+    if (out.upper && out.upper_mib)
+      return err.fail(p / "upper_mib", "not with upper (a scratch disk's size is its own)");
+    if (out.upper && *out.upper == out.tag) return err.fail(p / "upper", "the same disk as tag");
+  } else {
+    if (out.upper) return err.fail(p / "upper", "only with a block root (fs erofs or ext4)");
+    if (out.upper_mib) return err.fail(p / "upper_mib", "only with a block root (fs erofs or ext4)");
+  }
   return true;
 }
 

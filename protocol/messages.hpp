@@ -47,12 +47,13 @@ inline constexpr const char* kFeatureHostname = "hostname";  // boot.hostname
 inline constexpr const char* kFeatureHalt = "halt";          // boot.on_exit.halt
 inline constexpr const char* kFeatureEntropy = "entropy";    // boot.entropy
 inline constexpr const char* kFeatureRealtime = "realtime";  // boot.realtime_ns
+inline constexpr const char* kFeatureRootBlock = "root_block";  // boot.root.fs erofs/ext4 (a block root)
 /// Every feature this build's init implements, as it announces them.
 inline std::vector<std::string> all_features() {
   return {kFeatureStdio,    kFeatureRoot,    kFeatureReconnect, kFeatureExec,     kFeatureNetwork,
           kFeatureDataResume, kFeatureContainer, kFeatureGroups, kFeatureMountFs, kFeatureHostname,
           kFeatureHalt,     kFeatureEntropy, kFeatureRealtime, kFeatureContainerMounts, kFeatureResources,
-          kFeatureContainerStats, kFeatureContainerUpdate};
+          kFeatureContainerStats, kFeatureContainerUpdate, kFeatureRootBlock};
 }
 
 /// Bounds of the channel-survival fields (docs/protocol.md "Channel survival").
@@ -274,8 +275,9 @@ struct Exec {
   bool operator==(const Exec&) const = default;
 };
 
-/// Share file system. virtiofs (default), 9p, tmpfs (tag is only a name), bind (tag is a guest path).
-enum class FsType { virtiofs, ninep, tmpfs, bind };
+/// Share file system. virtiofs (default), 9p, tmpfs (tag is only a name), bind (tag is a guest path);
+/// erofs and ext4 only for `boot.root` (a block root: tag is the disk's virtio-blk serial).
+enum class FsType { virtiofs, ninep, tmpfs, bind, erofs, ext4 };
 
 /// One share to mount, always nosuid,nodev. `at` is an absolute guest path.
 struct Mount {
@@ -286,15 +288,32 @@ struct Mount {
   bool operator==(const Mount&) const = default;
 };
 
+/// Longest virtio-blk serial, in bytes (VIRTIO_BLK_ID_BYTES): a block root's `tag` and `upper`.
+inline constexpr std::size_t kBlockSerialMax = 20;
+/// Largest `root.upper_mib` (1 TiB): a tmpfs cap, never a reservation.
+inline constexpr std::uint32_t kUpperMibMax = 1u << 20;
+
 /// A share as the root file system instead of the initramfs: the init mounts it and switches
 /// root into it (its /dev, /proc, /sys, /run moved there, a fresh tmpfs on /tmp) before `mounts`,
-/// whose `at` paths are then inside it. virtiofs or 9p only. Absent: the initramfs stays the root.
+/// whose `at` paths are then inside it. virtiofs or 9p: `tag` is the share's tag. Absent: the
+/// initramfs stays the root.
+/// A block root (fs erofs or ext4; feature root_block; docs/protocol.md "Block roots"): `tag` is
+/// the virtio-blk serial (1..20 of [A-Za-z0-9._-]) of a read-only disk holding that file system,
+/// mounted read-only as the lower layer of an overlay whose upper is a tmpfs capped at
+/// `upper_mib` MiB (0: tmpfs's default, half of RAM) or, with `upper`, the ext4 file system of the
+/// writable disk of that serial (a persistent layer; `upper_mib` must then be 0). `ro`: the
+/// overlay is sealed read-only before the workload (--read-only).
 struct Root {
   std::string tag;
   bool ro = false;
   FsType fs = FsType::virtiofs;
+  std::uint32_t upper_mib = 0;       // wire name "upper_mib"; 0 = omitted
+  std::optional<std::string> upper;  // wire name "upper": a scratch disk's serial
   bool operator==(const Root&) const = default;
 };
+
+/// Whether `fs` is a block root's file system (erofs, ext4).
+inline bool is_block_fs(FsType fs) { return fs == FsType::erofs || fs == FsType::ext4; }
 
 /// The output the workload should produce; the init hands it over uninterpreted.
 struct Geometry {

@@ -79,6 +79,8 @@ std::string_view to_string(FsType f) {
     case FsType::ninep: return "9p";
     case FsType::tmpfs: return "tmpfs";
     case FsType::bind: return "bind";
+    case FsType::erofs: return "erofs";
+    case FsType::ext4: return "ext4";
   }
   return "virtiofs";
 }

@@ -100,6 +100,7 @@ std::optional<std::string> missing_feature(const SessionConfig& cfg,
   const Need needs[] = {
       {d.stdio.has_value(), proto::kFeatureStdio, "stdio"},
       {d.root.has_value(), proto::kFeatureRoot, "root"},
+      {d.root && proto::is_block_fs(d.root->fs), proto::kFeatureRootBlock, "root.fs"},
       {d.network.has_value(), proto::kFeatureNetwork, "network"},
       {cfg.reconnect.count() > 0, proto::kFeatureReconnect, "reconnect_ms"},
       {!d.exec.groups.empty(), proto::kFeatureGroups, "exec.groups"},

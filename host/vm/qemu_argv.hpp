@@ -55,6 +55,17 @@ struct FsDevice {
   std::filesystem::path socket;   // virtiofsd's vhost-user socket (< 108 bytes)
 };
 
+/// One virtio-blk disk: a raw file the guest finds by `serial` (/sys/block/*/serial; the init's
+/// block roots, docs/protocol.md "Block roots"). `read_only`: QEMU opens the file O_RDONLY and the
+/// guest sees a read-only disk, so any number of VMs share one file (an image's root); a
+/// writable one (a scratch disk) belongs to one VM. Built in even with snapshot_layout: a
+/// virtio-blk disk migrates (its file is not in the stream, only the device's state).
+struct BlockDevice {
+  std::filesystem::path path;  // an existing raw image file (no ',' restriction: escaped)
+  std::string serial;          // 1..20 of [A-Za-z0-9._-] (virtio-blk's 20-byte serial), unique
+  bool read_only = true;
+};
+
 /// One VM's QEMU invocation.
 struct QemuSpec {
   std::string qemu = "qemu-system-x86_64";  // looked up in PATH if it has no '/'
@@ -85,6 +96,11 @@ struct QemuSpec {
   /// Shares. Any at all makes guest RAM a shared memfd (`memory-backend-memfd,share=on` + one NUMA
   /// node): vhost-user daemons map guest memory to serve requests in place.
   std::vector<FsDevice> fs_devices;
+  /// Disks: `-drive file=PATH,if=none,id=blkN,format=raw,readonly=on|off` (QEMU's default
+  /// cache: the host's page cache, shared by every VM of one image)
+  /// + `-device virtio-blk-pci,drive=blkN,serial=SERIAL`, in this order (so a snapshot's restore
+  /// rebuilds the same PCI slots). docs/vm.md "Block devices" says why these options.
+  std::vector<BlockDevice> block_devices;
   /// The NIC: the -netdev/-device options host::qemu_net_args() builds (host/lib/network.hpp),
   /// appended as given (already in QEMU's syntax). Empty: no NIC (-nodefaults gives none).
   /// A `stream` netdev on an fd names a number valid in QEMU (LaunchOptions::fds).
@@ -124,7 +140,7 @@ std::string hotplug_port(std::size_t i);
 /// The serial console is QEMU's stdout (`-chardev stdio`): the launcher gives QEMU /dev/null as
 /// stdin and a pipe as stdout, so QEMU never touches a terminal. No monitor, no default devices.
 /// Error: a message naming the field (kernel, mem_mib, cpus, accel, tcg_tb_mib, port_name, channel_socket,
-/// data_socket, data_port_name, fs_devices[i].tag/socket, net_args: not -netdev/-device VALUE
+/// data_socket, data_port_name, fs_devices[i].tag/socket, block_devices[i].path/serial, net_args: not -netdev/-device VALUE
 /// pairs, qmp_socket, snapshot_layout: fs_devices or a -device in net_args given, ram_file: without
 /// snapshot_layout or missing with it, incoming: without qmp_socket or snapshot_layout).
 host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& spec);

@@ -1092,7 +1092,10 @@ TEST_CASE("features: a descriptor field the guest's init lacks is refused before
   };
   const std::string old_ready = R"({"type":"ready","protocol_version":2})" "\n";
   const std::string some = R"({"type":"ready","protocol_version":2,"features":["stdio","exec"]})" "\n";
+  const std::string rooted = R"({"type":"ready","protocol_version":2,"features":["stdio","exec","root"]})" "\n";
   const std::vector<Case> cases = {
+      // Issue 47: a block root needs root_block besides root; a share root does not.
+      {rooted.c_str(), "root", false}, {rooted.c_str(), "root.fs", true}, {some.c_str(), "root.fs", true},
       {old_ready.c_str(), "", false}, {old_ready.c_str(), "stdio", true}, {old_ready.c_str(), "network", true},
       {some.c_str(), "stdio", false}, {some.c_str(), "root", true},      {some.c_str(), "network", true},
       // Issue 44: the reference's additive fields, each refused by an init that does not name it.
@@ -1107,6 +1110,7 @@ TEST_CASE("features: a descriptor field the guest's init lacks is refused before
       {"stdio", "stdio"},         {"root", "root"},         {"network", "network"},
       {"exec.groups", "groups"},  {"mounts[].fs", "mount_fs"}, {"hostname", "hostname"},
       {"on_exit.halt", "halt"},   {"entropy", "entropy"},   {"realtime_ns", "realtime"},
+      {"root.fs", "root_block"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.ready);
@@ -1114,6 +1118,7 @@ TEST_CASE("features: a descriptor field the guest's init lacks is refused before
     SessionConfig cfg = Probe::cfg(OnExitPolicy::stop, proto::kDefaultLineCap);
     if (c.field == "stdio") cfg.descriptor.stdio = proto::Stdio{};
     if (c.field == "root") cfg.descriptor.root = proto::Root{"r"};
+    if (c.field == "root.fs") cfg.descriptor.root = proto::Root{"disk0", false, proto::FsType::erofs, 64};
     if (c.field == "network") cfg.descriptor.network = proto::Network{};
     if (c.field == "exec.groups") cfg.descriptor.exec.groups = {10, 20};
     if (c.field == "mounts[].fs") cfg.descriptor.mounts.push_back(proto::Mount{"scratch", "/scratch", false, proto::FsType::tmpfs});
@@ -1146,6 +1151,7 @@ TEST_CASE("features: a descriptor field the guest's init lacks is refused before
     cfg.descriptor.on_exit.halt = proto::Halt::reboot;
     cfg.descriptor.entropy = proto::Entropy{};
     cfg.descriptor.realtime_ns = 1;
+    cfg.descriptor.root = proto::Root{"disk0", true, proto::FsType::ext4, 0, "scratch0"};
     Probe p(cfg);
     p.start();
     p.feed(test::ready_line());

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "base/fd.hpp"
+#include "nesinit/block.hpp"
 #include "nesinit/mounts.hpp"
 #include "nesinit/rootfs.hpp"
 #include "nesinit/transport.hpp"
@@ -305,4 +306,54 @@ TEST_CASE("a read-only root: mount points made in memory, then sealed; nothing l
   std::sort(top.begin(), top.end());
   CHECK(top == std::vector<std::string>{"bin", "etc"});
   CHECK(fs::is_empty(dir / "etc"));
+}
+
+// Issue 47: a block root's disks are found by their virtio-blk serial, not by /dev/vdX's probe order.
+TEST_CASE("find_block_device: the disk whose sysfs serial matches, a trailing newline ignored; none is ENODEV, bounded") {
+  TempDir t;
+  const fs::path sys = t.path / "block";
+  for (const char* d : {"vda", "vdb", "vdc", "loop0"}) fs::create_directories(sys / d);
+  std::ofstream(sys / "vda/serial") << "nes.upper\n";
+  std::ofstream(sys / "vdc/serial") << "nes.root\n";  // vdb and loop0: no serial attribute
+  auto r = find_block_device("nes.root", 0, sys.c_str());
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(*r == "/dev/vdc");
+  CHECK(*find_block_device("nes.upper", 0, sys.c_str()) == "/dev/vda");
+  auto none = find_block_device("nes.ro", 30, sys.c_str());  // a prefix of a serial is not it
+  REQUIRE(!none.ok());
+  CHECK(none.error().err == ENODEV);
+  CHECK(none.error().message.starts_with("no disk with serial nes.ro"));
+  CHECK(find_block_device("x", 0, (t.path / "missing").c_str()).error().err == ENODEV);
+}
+
+// Issue 47: a block root's tmpfs upper is capped at upper_mib: a write past it is ENOSPC for the
+// writer, and the overlay (and the lower) stay as they were.
+TEST_CASE("stage_read_only: upper_mib caps the tmpfs upper; past it a write is ENOSPC") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root (a mount namespace of its own)");
+    return;
+  }
+  TempDir t;
+  const fs::path dir = t.path / "root", upper = t.path / "upper", nr = t.path / "new";
+  fs::create_directories(dir / "etc");
+  fs::create_directories(nr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(100);
+    if (!stage_read_only(dir.string(), upper.string(), nr.string(), 1)) ::_exit(101);
+    const int fd = ::open((nr / "big").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) ::_exit(102);
+    static char chunk[64 * 1024];
+    int err = 0;
+    for (int i = 0; i < 64 && !err; ++i)  // 4 MiB at most into a 1 MiB upper
+      if (::write(fd, chunk, sizeof chunk) < 0) err = errno;
+    ::close(fd);
+    ::_exit(err == ENOSPC ? 0 : 103);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(!fs::exists(dir / "big"));
 }

@@ -273,7 +273,7 @@ TEST_CASE("schema table: the reasons read as the contract says") {
         R"(boot.mounts[0].fs: expected one of "virtiofs", "9p", "tmpfs", "bind", got "xfs")");
   CHECK(boot_with({"mounts", 0, "ro"}, R"("yes")") == R"(boot.mounts[0].ro: expected boolean, got "yes")");
   CHECK(boot_with({"root", "fs"}, R"("bind")") ==
-        R"(boot.root.fs: expected one of "virtiofs", "9p", got "bind")");
+        R"(boot.root.fs: expected one of "virtiofs", "9p", "erofs", "ext4", got "bind")");
   CHECK(boot_with({"on_exit", "halt"}, R"("halt")") ==
         R"(boot.on_exit.halt: expected one of "poweroff", "reboot", got "halt")");
   CHECK(boot_with({"geometry"}, "[]") == "boot.geometry: expected object, got array");

@@ -116,7 +116,7 @@ TEST_CASE("ready.features: an array of strings; absent is none") {
   CHECK(encode(GuestMessage{Ready{2, std::nullopt, all_features()}}) ==
         R"({"type":"ready","protocol_version":2,"features":["stdio","root","reconnect","exec","network","data_resume","container",)"
         R"("groups","mount_fs","hostname","halt","entropy","realtime","container_mounts","resources","container_stats",)"
-        R"("container_update"]})");
+        R"("container_update","root_block"]})");
   // Decoded back, every name survives (an older host ignores those it does not know).
   auto back = decode_guest(encode(GuestMessage{Ready{2, std::nullopt, all_features()}}));
   REQUIRE(summary(back) == "ok");

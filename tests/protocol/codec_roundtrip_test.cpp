@@ -584,3 +584,48 @@ TEST_CASE("exec.container.resources (additive, feature resources): wire shape, r
   CHECK(err(R"({"cpu_weight":10001})") == "exec.container.resources.cpu_weight: expected integer 1..10000, got 10001");
   CHECK(err(R"([])").starts_with("exec.container.resources: expected object"));
 }
+
+TEST_CASE("boot.root: a block root (erofs/ext4 on a virtio-blk serial) round-trips; bad values name the field") {
+  Boot b = reference_boot();
+  b.root = Root{"nes.root", false, FsType::erofs, 64};
+  CHECK(encode(HostMessage{b}).find(R"("root":{"tag":"nes.root","ro":false,"fs":"erofs","upper_mib":64},)") !=
+        std::string::npos);
+  auto d = decode_host(encode(HostMessage{b}));
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<Boot>(std::get<HostMessage>(d)).root == b.root);
+  b.root = Root{"a", true, FsType::ext4, 0, std::string(20, 'u')};
+  CHECK(encode(HostMessage{b}).find(R"("root":{"tag":"a","ro":true,"fs":"ext4","upper":"uuuuuuuuuuuuuuuuuuuu"},)") !=
+        std::string::npos);
+  d = decode_host(encode(HostMessage{b}));
+  REQUIRE(summary(d) == "ok");
+  CHECK(std::get<Boot>(std::get<HostMessage>(d)).root == b.root);
+  CHECK(is_block_fs(FsType::erofs));
+  CHECK(is_block_fs(FsType::ext4));
+  CHECK(!is_block_fs(FsType::virtiofs));
+
+  auto err = [](const std::string& root) {
+    std::string line(kReferenceBootLine.substr(0, kReferenceBootLine.size() - 1));
+    return error_of(decode_host(line + R"(,"root":)" + root + "}"));
+  };
+  CHECK(err(R"({"tag":"x","fs":"erofs","upper_mib":1048577})") ==
+        "boot.root.upper_mib: expected integer 0..1048576, got 1048577");
+  CHECK(err(R"({"tag":"x","fs":"erofs","upper_mib":-1})") == "boot.root.upper_mib: expected integer 0..1048576, got -1");
+  CHECK(err(R"({"tag":"x","fs":"erofs","upper_mib":"8"})") == R"(boot.root.upper_mib: expected integer 0..1048576, got "8")");
+  CHECK(err(R"({"tag":"x","fs":"erofs","upper":""})") ==
+        R"(boot.root.upper: expected virtio-blk serial of 1..20 of [A-Za-z0-9._-], got "")");
+  CHECK(err(R"({"tag":"x","fs":"erofs","upper":"a,b"})").starts_with("boot.root.upper: expected virtio-blk serial"));
+  CHECK(err(R"({"tag":"x","fs":"erofs","upper":7})") == "boot.root.upper: expected string, got 7");
+  CHECK(err(R"({"tag":")" + std::string(21, 'a') + R"(","fs":"erofs"})").starts_with("boot.root.tag: expected virtio-blk serial"));
+  CHECK(err(R"({"tag":"a b","fs":"ext4"})") == R"(boot.root.tag: expected virtio-blk serial of 1..20 of [A-Za-z0-9._-], got "a b")");
+  CHECK(err(R"({"tag":"x","fs":"ext4","upper":"s","upper_mib":8})") ==
+        "boot.root.upper_mib: not with upper (a scratch disk's size is its own)");
+  CHECK(err(R"({"tag":"x","fs":"ext4","upper":"x"})") == "boot.root.upper: the same disk as tag");
+  CHECK(err(R"({"tag":"x","upper":"s"})") == "boot.root.upper: only with a block root (fs erofs or ext4)");
+  CHECK(err(R"({"tag":"x","fs":"9p","upper_mib":8})") == "boot.root.upper_mib: only with a block root (fs erofs or ext4)");
+  // A share root's tag keeps its own (looser) rule: a virtiofs tag may be longer than a serial.
+  CHECK(err(R"({"tag":")" + std::string(30, 'a') + R"(","fs":"virtiofs"})") == "");
+  // erofs/ext4 are a root's alone: a share is never a block device.
+  CHECK(error_of(decode_host(R"({"type":"boot","exec":{"argv":["x"],"uid":0,"gid":0},"mounts":[{"tag":"t","at":"/t","fs":"erofs"}],)"
+                             R"("geometry":{"width":1,"height":1,"fps":1},"on_exit":{"terminal":true}})"))
+            .starts_with(R"(boot.mounts[0].fs: expected one of "virtiofs", "9p", "tmpfs", "bind", got "erofs")"));
+}
