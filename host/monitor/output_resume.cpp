@@ -28,6 +28,7 @@ host::Result<OutputTally> OutputTally::open(const fs::path& state, const std::st
   const fs::path path = host::vm_path(state, vm, kOutputPos);
   auto f = host::open_vm_file(state, vm, kOutputPos, O_RDWR | (create ? O_CREAT | O_TRUNC : 0));
   if (!f) return host::Error{fmt::format("{}: {}", path.string(), f.error().message)};
+  if (!*f) return host::Error{fmt::format("{}: missing", path.string())};  // ENOENT without O_CREAT
   struct stat st{};
   if (::fstat(f->get(), &st) != 0) return host::Error{fmt::format("{}: fstat: {}", path.string(), std::strerror(errno))};
   if (create && ::ftruncate(f->get(), kTallyBytes) != 0)
