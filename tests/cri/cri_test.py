@@ -362,8 +362,8 @@ def hold_mib(n):
 def case_resources(d, handler):
     """Per-container resources (issue 48), one pod of three containers, each with a memory limit
     (the kubelet's LinuxContainerResources): `oom` allocates past its 16 MiB and is OOM-killed
-    alone (exit 137; the pod and the others run on); `grow` (16 MiB): 24 MiB in an ExecSync is
-    killed (137), UpdateContainerResources to 64 MiB, then the same ExecSync holds it (exit 0);
+    alone (exit 137; the pod and the others run on); `grow` (8 MiB): 12 MiB in an ExecSync is
+    killed (137), UpdateContainerResources to 48 MiB, then the same ExecSync holds it (exit 0);
     `holder` holds 8 MiB: ContainerStats of holder and grow differ (memory usage, and the
     holder's above 8 MiB). With ours, the bad input of an Update (below what holder uses, a
     negative limit, past the pod VM's size) fails naming the container and the field, holder
@@ -374,7 +374,7 @@ def case_resources(d, handler):
     lim = lambda mib: pb.LinuxContainerResources(memory_limit_in_bytes=mib << 20, cpu_shares=512)
     ids = {}
     for name, script, mib in (("holder", hold_mib(8) + "; trap 'exit 0' TERM; while :; do sleep 1; done", 32),
-                              ("grow", "trap 'exit 0' TERM; echo up; while :; do sleep 1; done", 16)):
+                              ("grow", "trap 'exit 0' TERM; echo up; while :; do sleep 1; done", 8)):
         ids[name] = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg,
                                           config=container_config(d, name, script, lim(mib))).container_id
         d.cri.StartContainer(container_id=ids[name])
@@ -390,13 +390,16 @@ def case_resources(d, handler):
         check(st.state == pb.CONTAINER_RUNNING, f"{name} after oom's end: {state_name(d, st)}")
     check(d.cri.PodSandboxStatus(pod_sandbox_id=pod).status.state == pb.SANDBOX_READY, "pod not READY after oom")
 
-    # grow: 24 MiB is past its 16 MiB (the exec is killed, grow runs on); raised to 64, it fits.
-    r = d.cri.ExecSync(container_id=ids["grow"], cmd=["/bin/sh", "-c", hold_mib(24)], timeout=60)
-    check(r.exit_code == 137, f"24 MiB under 16 MiB: exit {r.exit_code}, want 137; {r.stdout!r} {r.stderr!r}")
-    d.cri.UpdateContainerResources(container_id=ids["grow"], linux=lim(64))
-    r = d.cri.ExecSync(container_id=ids["grow"], cmd=["/bin/sh", "-c", hold_mib(24)], timeout=60)
-    check((r.exit_code, r.stdout) == (0, b"held 25165824\n"),
-          f"24 MiB under 64 MiB after Update: exit {r.exit_code}, {r.stdout!r} {r.stderr!r}")
+    # grow: 12 MiB is past its 8 MiB (the exec is killed, grow runs on); raised to 48, it fits
+    # (a shell holding N bytes peaks at a few times N while it reads them).
+    r = d.cri.ExecSync(container_id=ids["grow"], cmd=["/bin/sh", "-c", hold_mib(12)], timeout=60)
+    check(r.exit_code == 137, f"12 MiB under 8 MiB: exit {r.exit_code}, want 137; {r.stdout!r} {r.stderr!r}")
+    st = d.cri.ContainerStatus(container_id=ids["grow"]).status
+    check(st.state == pb.CONTAINER_RUNNING, f"grow after its exec's OOM kill: {state_name(d, st)}")
+    d.cri.UpdateContainerResources(container_id=ids["grow"], linux=lim(48))
+    r = d.cri.ExecSync(container_id=ids["grow"], cmd=["/bin/sh", "-c", hold_mib(12)], timeout=60)
+    check((r.exit_code, r.stdout) == (0, b"held 12582912\n"),
+          f"12 MiB under 48 MiB after Update: exit {r.exit_code}, {r.stdout!r} {r.stderr!r}")
 
     # ContainerStats per container: each its own cgroup's figures.
     def mem(name):
