@@ -28,6 +28,6 @@ int main(int argc, char** argv) {
     return 125;
   }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("{} {} {} {:.3f}\n", r->path.string(), r->digest, r->size, s);
+  fmt::print("{} {} {} {:.6f}\n", r->path.string(), r->digest, r->size, s);
   return 0;
 }
