@@ -289,6 +289,8 @@ void env_inputs(PlanInputs& in) {
     for (const char* c = tb; ok && *c; ++c) ok = *c >= '0' && *c <= '9', v = v * 10 + static_cast<std::uint32_t>(*c - '0');
     if (ok) in.tcg_tb_mib = v;
   }
+  if (const char* f = std::getenv("NESHOST_FREE_PAGE_REPORTING"); f && (std::string_view(f) == "0" || std::string_view(f) == "1"))
+    in.free_page_reporting = *f == '1';  // a measuring knob too: any other value keeps the default
 }
 
 namespace {
@@ -364,6 +366,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
     spec.cpus = o.cpus;
     spec.accel = in.accel;
     spec.tcg_tb_mib = in.tcg_tb_mib;
+    spec.free_page_reporting = in.free_page_reporting;
     spec.channel_socket = p.channel_socket;
     spec.data_socket = p.data_socket;
     spec.qmp_socket = in.runtime_dir / "qmp.sock";  // pause/unpause (host/monitor/pause.hpp)

@@ -68,6 +68,9 @@ struct PlanInputs {
   /// smaller than with QEMU's 1 GiB default, no boot or workload time lost that we could measure:
   /// docs/vm.md "Host memory per VM"); $NESHOST_TCG_TB_MIB sets it, 0 for QEMU's default.
   std::uint32_t tcg_tb_mib = 16;
+  /// vm::QemuSpec::free_page_reporting (a virtio-balloon that hands freed guest pages back);
+  /// $NESHOST_FREE_PAGE_REPORTING=1 sets it, 0 clears it (bench P16's A/B).
+  bool free_page_reporting = false;
   /// The machine `neshost snapshot create` saves (snapshot_machine()), planned with neither a
   /// NIC nor a share: in a snapshot's layout (QemuSpec::snapshot_layout), its
   /// `nesinit.modules=` listing virtio_net and virtiofs too (a restore may plug in both; with a

@@ -435,7 +435,9 @@ their readers however slow, until a signal (then the bytes left are counted, exi
 Environment: NESHOST_APPEND (extra kernel command-line words, appended last, e.g. nesinit.log=debug);
 NESHOST_TCG_BOOT_WORDS=0 (a 1-vCPU TCG guest boots without `nolapic_timer noreplace-smp`, which
 spare it ~0.18 s: docs/vm.md "Boot time"; any other value keeps them); NESHOST_TCG_TB_MIB (TCG's
-translation buffer in MiB, default 16, 0: QEMU's 1 GiB; not digits or over 5 of them: ignored).
+translation buffer in MiB, default 16, 0: QEMU's 1 GiB; not digits or over 5 of them: ignored);
+NESHOST_FREE_PAGE_REPORTING=1 or 0 (a virtio-balloon with free page reporting: the guest's freed
+pages handed back to the host; default 0).
 )";
 
 /// /proc/meminfo's MemTotal in MiB.

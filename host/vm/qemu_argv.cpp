@@ -91,6 +91,7 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
       return fail(fmt::format("data_socket: '{}' is longer than sun_path ({} bytes)",
                               s.data_socket->native(), proto::kUnixPathMax));
   }
+  if (s.free_page_reporting) add({"-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on"});
   for (std::size_t i = 0; i < s.fs_devices.size(); ++i) {
     const auto& d = s.fs_devices[i];
     if (auto t = check_share_tag(d.tag); !t) return fail(fmt::format("fs_devices[{}].tag: {}", i, t.error().message));

@@ -79,6 +79,13 @@ struct QemuSpec {
   /// code it translated, kept resident once touched. 0: QEMU's default (1 GiB, of which an idle
   /// VM of ours touched 30 MiB). Ignored under KVM. docs/vm.md "Host memory per VM".
   std::uint32_t tcg_tb_mib = 0;
+  /// Guest memory handed back: a virtio-balloon device with free page reporting
+  /// (`-device virtio-balloon-pci,free-page-reporting=on`; the guest kernel needs
+  /// CONFIG_VIRTIO_BALLOON and CONFIG_PAGE_REPORTING, kernel/nesinit.config): the guest reports
+  /// the pages it freed and QEMU discards them (MADV_DONTNEED, or a hole punched in a shared
+  /// memfd/file), so RAM a workload touched and freed stops counting on the host. The balloon
+  /// itself is never inflated. false: no balloon device. docs/vm.md "Host memory per VM".
+  bool free_page_reporting = false;
   std::optional<std::filesystem::path> channel_socket;  // a *listening* Unix socket: QEMU connects
   /// The virtio-serial port's name as the guest sees it (protocol/channels.hpp).
   std::string port_name = proto::kLifecyclePortName;

@@ -138,6 +138,17 @@ TEST_CASE("qemu_argv: TCG's translation buffer as tb-size, under TCG only, bound
   CHECK(r.error().message == "tcg_tb_mib: 65537 MiB is outside 0..65536");
 }
 
+TEST_CASE("qemu_argv: free page reporting is a virtio-balloon device, only when asked") {
+  auto s = base_spec();
+  auto r = qemu_argv(s);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(std::find_if(r->begin(), r->end(), [](const std::string& x) { return x.find("balloon") != std::string::npos; }) == r->end());
+  s.free_page_reporting = true;
+  r = qemu_argv(s);
+  REQUIRE_MESSAGE(r.ok(), r.error().message);
+  CHECK(has_pair(*r, "-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on"));
+}
+
 TEST_CASE("qemu_argv: kvm, sizes, no initrd, comma in the socket path") {
   auto s = base_spec();
   s.accel = Accel::kvm;
