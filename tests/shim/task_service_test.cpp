@@ -143,6 +143,17 @@ TEST_CASE("Create without config.json: INVALID_ARGUMENT naming the file; nothing
   CHECK(s.status.code == ttrpc::Code::not_found);
 }
 
+TEST_CASE("Create of a task of its own with a tmpfs the guest does not mount: INVALID_ARGUMENT naming the field; nothing created") {
+  Rig r("exit 0", false);
+  std::ofstream(r.bundle / "config.json") << R"({"process": {"args": ["/bin/sh"], "cwd": "/"}, "root": {"path": "rootfs"},
+      "mounts": [{"destination": "/scratch", "type": "tmpfs", "source": "tmpfs", "options": ["size=1m"]}]})";
+  auto a = r.create();
+  CHECK(a.status.code == ttrpc::Code::invalid_argument);
+  CHECK(a.status.message == "config.json: mounts[0].type: 'tmpfs' at /scratch not supported for a task of its own (a pod's "
+                            "container gets one)");
+  CHECK(!fs::exists(r.bundle / "nesinit-task.json"));
+}
+
 TEST_CASE("Create, Wait before Start, Start, exit 7: the waiter and State get 7; Delete; Shutdown exits") {
   Rig r("exit 7");
   REQUIRE(r.create().status.ok());
