@@ -18,6 +18,7 @@
 
 #include "host/cli/cli.hpp"
 #include "host/cli/flags.hpp"
+#include "host/image/block_root.hpp"
 #include "host/image/catalog.hpp"
 #include "host/image/load.hpp"
 #include "host/image/run_image.hpp"
@@ -113,6 +114,16 @@ host::Result<bool> apply_run_image(RunFlags& o, const std::filesystem::path& sta
   std::string rec = fmt::format(R"({{"ref":{},"config":"{}","manifest":"{}"}})" "\n", im::json_quote(*o.image),
                                 m->config.digest.str(), mdesc.digest.str());
   if (auto w = im::write_file_durable(vm_dir / im::kVmImageFile, rec, 0600); !w) return w.error();
+  if (o.rootfs_block) {
+    // --rootfs-mode block: the image's EROFS file (built once per image config, shared by every
+    // VM of it, verified against its recorded digest before this boot) as a read-only disk; the
+    // writable layer is the guest's (docs/vm.md "Block devices").
+    auto br = im::ensure_block_root(*store, m->config.digest.str());
+    if (!br) return host::Error{fmt::format("image {}: block root: {}", word, br.error().message)};
+    if (auto v = im::verify_block_root(*br); !v) return host::Error{fmt::format("image {}: {}", word, v.error().message)};
+    o.rootfs = br->path;
+    return true;
+  }
   if (o.read_only) {
     o.rootfs = *root;
   } else {

@@ -25,7 +25,7 @@ namespace {
 /// virtiofs, each directory volume, one for all file volumes.
 std::size_t share_count(const RunFlags& o) {
   const auto files = std::count_if(o.volumes.begin(), o.volumes.end(), [](const vm::Volume& v) { return v.file; });
-  return (o.rootfs && !o.rootfs_initramfs) + (o.volumes.size() - static_cast<std::size_t>(files)) + (files > 0);
+  return (o.rootfs && !o.rootfs_initramfs && !o.rootfs_block) + (o.volumes.size() - static_cast<std::size_t>(files)) + (files > 0);
 }
 }  // namespace
 
@@ -102,7 +102,12 @@ host::Status check_run(const RunFlags& o, const PlanInputs& in) {
     return usage("--sandbox runs no VM: --volume and --rootfs need one");
   if (o.initrd && o.rootfs && o.rootfs_initramfs)
     return usage("--initrd and --rootfs --rootfs-mode initramfs exclude each other");
-  if (o.rootfs && !in.rootfs_dir)
+  if (o.upper_mib && !o.rootfs_block) return usage("--upper-size needs --rootfs-mode block");
+  if (o.rootfs_block && !o.rootfs) return usage("--rootfs-mode block needs --rootfs FILE (an EROFS or ext4 image)");
+  if (o.rootfs_block && (!in.rootfs_file || !in.rootfs_fs))
+    return usage(fmt::format("--rootfs: {}", in.rootfs_block_error.empty() ? o.rootfs->string() + ": not probed"
+                                                                           : in.rootfs_block_error));
+  if (o.rootfs && !o.rootfs_block && !in.rootfs_dir)
     return usage(fmt::format("--rootfs: '{}' is not a directory", o.rootfs->string()));
   for (const auto& v : o.volumes)
     if (v.file && in.euid != 0)
@@ -114,6 +119,7 @@ host::Status check_run(const RunFlags& o, const PlanInputs& in) {
   if (o.snapshot) {
     for (auto [given, flag] : {std::pair{o.sandbox, "--sandbox"}, {o.kernel.has_value(), "--kernel"},
                                {o.initrd.has_value(), "--initrd"}, {o.rootfs_initramfs, "--rootfs-mode initramfs"},
+                               {o.rootfs_block, "--rootfs-mode block"},
                                {o.console, "--console"}, {o.grace_given, "--grace"}})
       if (given) {
         const std::string_view f = flag;
@@ -209,7 +215,10 @@ host::Status plan_shares(const RunFlags& o, const PlanInputs& in, RunPlan& p) {
     vo.share = {std::move(tag), dir, ro};
     return p.daemons.emplace_back(std::move(vo));
   };
-  if (o.rootfs && !o.rootfs_initramfs) {
+  if (o.rootfs && o.rootfs_block) {
+    // A block root: no daemon; the disk is QEMU's (plan_from), found by the guest by its serial.
+    desc.root = proto::Root{std::string(kRootShareTag), o.read_only, *in.rootfs_fs, o.upper_mib};
+  } else if (o.rootfs && !o.rootfs_initramfs) {
     daemon(std::string(kRootShareTag), *in.rootfs_dir, o.read_only).overlay = o.rootfs_overlay;
     desc.root = proto::Root{std::string(kRootShareTag), o.read_only, proto::FsType::virtiofs};
   }
@@ -248,12 +257,14 @@ host::Status plan_shares(const RunFlags& o, const PlanInputs& in, RunPlan& p) {
 /// The guest's kernel modules, as `nesinit.modules=…` (the init loads only their groups, built by
 /// scripts/mkinitrd.sh): the virtio-serial channel's (virtio_pci, virtio_console), virtio_net
 /// for a NIC, virtiofs for shares; a snapshot's machine (PlanInputs::snapshot_machine) both, as a
-/// restore may plug in either. Not vsock (the channel is a virtio port here) nor virtio_blk
-/// (no disks): each module not loaded is boot time saved (docs/vm.md "Boot").
+/// restore may plug in either; virtio_blk for a block root. Not vsock (the channel is a virtio
+/// port here): each module not loaded is boot time saved (docs/vm.md "Boot"). A block root's
+/// erofs and overlay are the lean kernel's built-ins (kernel/nesinit.config).
 std::string guest_modules(const RunPlan& p, const PlanInputs& in) {
   std::string m = "nesinit.modules=virtio_pci,virtio_console";
   if (p.network.mode != host::NetworkMode::none || in.snapshot_machine) m += ",virtio_net";
   if (!p.daemons.empty() || in.snapshot_machine) m += ",virtiofs";
+  if (p.qemu_block) m += ",virtio_blk";
   return m;
 }
 
@@ -350,6 +361,7 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
   p.rm = o.rm;
   p.vmm_survives = o.detach || o.vmm_outlives;
   if (p.vmm_survives) p.serve.session.reconnect = kDetachedReconnect;
+  p.qemu_block = !o.sandbox && o.rootfs && o.rootfs_block;
   p.cmdline = plan_cmdline(o, in, p);
   if (o.sandbox) {
     p.sandbox_argv = {"unshare", "--pid", "--fork", "--mount-proc", "--kill-child", in.nesinit.string(),
@@ -408,6 +420,8 @@ host::Result<RunPlan> plan_from(const RunFlags& o, const PlanInputs& in) {
       p.snapshot_ref = snapshot_ref(o);
     } else {
       for (const auto& d : p.daemons) spec.fs_devices.push_back({d.share.tag, d.socket});
+      // A block root: the image file read-only (every VM of it shares the file), its serial the tag.
+      if (o.rootfs && o.rootfs_block) spec.block_devices.push_back({*in.rootfs_file, std::string(kRootShareTag), true});
       host::NetBackendIo io;
       if (p.passt) io.passt_fd = vm::kPasstChildFd;
       auto nic = host::qemu_net_args(p.network, io);

@@ -47,6 +47,11 @@ struct PlanInputs {
   std::uint32_t euid = 0;  // geteuid(): file volumes need root
   /// --rootfs DIR resolved (fs::canonical) if DIR is a directory; nullopt if it is not (an error).
   std::optional<std::filesystem::path> rootfs_dir;
+  /// --rootfs FILE --rootfs-mode block: FILE resolved (fs::canonical) and its file system
+  /// (vm::probe_block_fs); unset when FILE could not be probed, `rootfs_block_error` saying why.
+  std::optional<std::filesystem::path> rootfs_file;
+  std::optional<proto::FsType> rootfs_fs;
+  std::string rootfs_block_error;
   /// Used where no flag names them: $NESHOST_KERNEL / $NESHOST_INITRD or the build's defaults,
   /// the init (for --sandbox and mkinitrd), scripts/mkinitrd.sh, the virtiofsd to run.
   std::filesystem::path default_kernel, default_initrd, nesinit, mkinitrd, virtiofsd;
@@ -112,6 +117,7 @@ struct RunPlan {
   /// whose `binds` each target an empty file staging_dir/N the caller creates). `log` is left
   /// empty: the caller puts it in the VM's state dir.
   std::vector<vm::VirtiofsdOptions> daemons;
+  bool qemu_block = false;              // a block root's disk is attached (--rootfs-mode block)
   vm::KernelCmdline cmdline;            // the kernel command line, as values
   /// What QEMU runs (append = kernel_cmdline(cmdline), fs_devices = the daemons' sockets); nullopt
   /// with --sandbox. vm::qemu_argv() checks it when the run launches it.
@@ -174,9 +180,10 @@ inline constexpr std::chrono::milliseconds kDetachedReconnect{300000};
 /// The flags' cross-checks beyond each flag's own (run_flags()), each an error naming the flags
 /// (as `neshost run` prints them; all exit kExitUsage, nothing started): --sandbox with
 /// -v/--rootfs; --initrd with --rootfs-mode initramfs; --rootfs not a directory
-/// (inputs.rootfs_dir); a file volume without root (inputs.euid); no ARGV (unless --help); with
+/// (inputs.rootfs_dir), or with --rootfs-mode block not an EROFS/ext4 file (inputs.rootfs_fs);
+/// --upper-size without --rootfs-mode block; a file volume without root (inputs.euid); no ARGV (unless --help); with
 /// --snapshot, a flag the snapshot decides (--sandbox, --kernel, --initrd, --rootfs-mode
-/// initramfs, --console, --grace) or more shares than hot-plug ports (vm::kHotplugPorts, one fewer
+/// initramfs or block, --console, --grace) or more shares than hot-plug ports (vm::kHotplugPorts, one fewer
 /// with a NIC); host::check_network()'s (-p without user/passt, a port published twice, ...); an
 /// IPv6 -p host address (both backends are IPv4 here); --sandbox with any network but none (it
 /// has no NIC and shares the host's network).

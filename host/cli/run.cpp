@@ -39,6 +39,7 @@
 #include "host/vm/accel.hpp"
 #include "host/vm/netns.hpp"
 #include "host/vm/passt.hpp"
+#include "host/vm/block_image.hpp"
 #include "host/vm/qemu_argv.hpp"
 #include "host/vm/volume.hpp"
 #include "protocol/codec.hpp"
@@ -100,13 +101,23 @@ using monitor::say;
 
 // ---- the plan's inputs ----
 
+/// --rootfs --rootfs-mode block: its image file probed (vm::probe_block_fs), so a missing,
+/// unreadable or unknown one is refused (125) before anything starts; the result in `in`.
+void probe_rootfs_file(const RunFlags& o, PlanInputs& in) {
+  std::error_code ec;
+  if (auto f = vm::probe_block_fs(*o.rootfs); !f) in.rootfs_block_error = f.error().message;
+  else if (auto c = fs::canonical(*o.rootfs, ec); ec) in.rootfs_block_error = o.rootfs->string() + ": " + ec.message();
+  else in.rootfs_fs = *f, in.rootfs_file = c;
+}
+
 /// What check_run() reads, and the VM id and state dir -d needs before the plan exists.
 PlanInputs flag_inputs(const RunFlags& o) {
   PlanInputs in;
   in.euid = ::geteuid();
   if (o.rootfs) {
     std::error_code ec;
-    if (fs::is_directory(*o.rootfs, ec)) in.rootfs_dir = fs::canonical(*o.rootfs, ec);
+    if (o.rootfs_block) probe_rootfs_file(o, in);
+    else if (fs::is_directory(*o.rootfs, ec)) in.rootfs_dir = fs::canonical(*o.rootfs, ec);
   }
   if (!o.vm) in.vm_id = random_vm_id();
   if (!o.state) in.state_dir = default_state_dir();
@@ -284,6 +295,7 @@ int run_main(const Args& args) {
     fmt::print(stderr, "neshost run: {}\n", image.error().message);
     return proto::kStatusHostFailure;
   }
+  if (*image && o.rootfs_block) probe_rootfs_file(o, in);  // the image's block root (apply_run_image)
   if (o.entrypoint && !*image)
     return refuse(host::Error{"--entrypoint: only with an IMAGE (neshost run [OPTIONS] IMAGE [COMMAND...])"});
   // An image run refused before its VM started (no monitor.json) leaves nothing (image.json, its layer).

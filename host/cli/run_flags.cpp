@@ -136,12 +136,28 @@ const RunFlag kRunFlags[] = {
      "/run and a private /tmp), served over virtiofs, writes go to DIR"},
     {{"rootfs-mode"}, "MODE",
      [](RunFlags& o, std::string_view v) -> Status {
-       if (v != "virtiofs" && v != "initramfs")
-         return Error{fmt::format("--rootfs-mode: expected virtiofs or initramfs, got '{}'", v)};
+       if (v != "virtiofs" && v != "initramfs" && v != "block")
+         return Error{fmt::format("--rootfs-mode: expected virtiofs, initramfs or block, got '{}'", v)};
+       o.rootfs_block = v == "block";
+       o.rootfs_mode_given = true;
        return o.rootfs_initramfs = v == "initramfs", Ok{};
      },
      "virtiofs (default) or initramfs: copy DIR into an initramfs instead\n"
-     "(with nesinit and the kernel's modules; scripts/mkinitrd.sh), RAM-backed"},
+     "(with nesinit and the kernel's modules; scripts/mkinitrd.sh), RAM-backed;\n"
+     "block: --rootfs names an EROFS or ext4 image FILE (with an IMAGE: the\n"
+     "image's own EROFS file, built once), attached read-only (virtio-blk)\n"
+     "under a writable overlay in memory (--upper-size)"},
+    {{"upper-size"}, "MIB",
+     [](RunFlags& o, std::string_view v) -> Status {
+       std::uint32_t n = 0;
+       bool ok = !v.empty() && v.size() <= 7;
+       for (char c : v) ok = ok && c >= '0' && c <= '9', n = n * 10 + static_cast<std::uint32_t>(c - '0');
+       if (!ok || n < 1 || n > proto::kUpperMibMax)
+         return Error{fmt::format("--upper-size: expected MiB 1..{}, got '{}'", proto::kUpperMibMax, v)};
+       return o.upper_mib = n, Ok{};
+     },
+     "--rootfs-mode block: the writable layer's size cap in MiB (default: half\n"
+     "of the guest's RAM); writes past it fail with ENOSPC"},
     {{"volume", true, "-v"}, "HOST:GUEST[:ro]",
      [](RunFlags& o, std::string_view v) -> Status {
        auto vol = vm::parse_volume(v);

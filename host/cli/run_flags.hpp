@@ -47,6 +47,13 @@ inline constexpr std::size_t kMaxHostname = 64;
 struct RunFlags {
   std::optional<std::filesystem::path> kernel, initrd, rootfs, state;
   bool rootfs_initramfs = false;   // --rootfs-mode initramfs
+  /// --rootfs-mode block: --rootfs names an EROFS or ext4 image file, the guest's root as a
+  /// read-only virtio-blk disk under a writable overlay (docs/vm.md "Block devices").
+  bool rootfs_block = false;
+  bool rootfs_mode_given = false;  // --rootfs-mode on the command line (an IMAGE's default is its own)
+  /// --upper-size MIB: a block root's writable layer (a tmpfs) capped at this many MiB; 0: the
+  /// guest's default (half of its RAM).
+  std::uint32_t upper_mib = 0;
   std::vector<vm::Volume> volumes;
   std::uint32_t mem = 256, cpus = 1;  // MiB, vCPUs
   bool mem_given = false, cpus_given = false;  // --mem / --cpus on the command line

@@ -213,7 +213,7 @@ TEST_CASE("every `neshost run` flag: its good values set RunFlags, its bad ones 
       {"rootfs", {"--rootfs", "/r"}, [](F o) { return o.rootfs == "/r"; }},
       {"rootfs", {"--rootfs", ""}, {}, "--rootfs: expected a path, got ''"},
       {"rootfs-mode", {"--rootfs-mode", "initramfs"}, [](F o) { return o.rootfs_initramfs; }},
-      {"rootfs-mode", {"--rootfs-mode", "9p"}, {}, "--rootfs-mode: expected virtiofs or initramfs, got '9p'"},
+      {"rootfs-mode", {"--rootfs-mode", "9p"}, {}, "--rootfs-mode: expected virtiofs, initramfs or block, got '9p'"},
       {"volume", {"-v", dir + ":/data:ro"}, [](F o) { return o.volumes.size() == 1 && o.volumes[0].guest == "/data" && o.volumes[0].ro; }},
       {"volume", {"-v", ":"}, {}, "--volume"},
       {"volume", {"-v", dir + ":rel"}, {}, "--volume"},

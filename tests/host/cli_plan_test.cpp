@@ -561,7 +561,7 @@ TEST_CASE("every usage error, with the text neshost run prints") {
       {{"--log-max-size", "1k", "true"}, "--log-max-size: 1k is below the minimum 64k"},
       {{"--log-max-size", "10q", "true"}, "--log-max-size: expected bytes with an optional k, m or g, got '10q'"},
       {{"--log-max-files", "0", "true"}, "--log-max-files: expected an integer 1..100, got '0'"},
-      {{"--rootfs-mode", "9p", "true"}, "--rootfs-mode: expected virtiofs or initramfs, got '9p'"},
+      {{"--rootfs-mode", "9p", "true"}, "--rootfs-mode: expected virtiofs, initramfs or block, got '9p'"},
       {{"--vm", "-x", "true"}, "--vm: vm id '-x' starts with '-'"},
       {{"--vm", "a/b", "true"}, "--vm: vm id may hold only [A-Za-z0-9._-]; got byte 0x2f"},
       {{"-w", "rel", "true"}, "--workdir: 'rel' is not an absolute path"},
@@ -959,4 +959,36 @@ TEST_CASE("--snapshot refusals: named as given, with how to make the snapshot ag
   CHECK(p->snapshot_ref.given == "/state/.snapshots/warm");
   CHECK(p->snapshot_ref.state == std::optional<fs::path>("/st"));
   CHECK(p->snapshot_ref.flags == Strings{"--mem", "256"});
+}
+
+TEST_CASE("--rootfs FILE --rootfs-mode block: the image file as a read-only virtio-blk disk, the descriptor's block root") {
+  PlanInputs in = inputs();
+  in.rootfs_file = "/img/root.erofs";  // what run.cpp probed --rootfs to (vm::probe_block_fs)
+  in.rootfs_fs = proto::FsType::erofs;
+  auto r = plan({"--rootfs", "root.erofs", "--rootfs-mode", "block", "--upper-size", "64", "true"}, in);
+  REQUIRE_MESSAGE(r, r.error().message);
+  CHECK(r->daemons.empty());  // no virtiofsd: the disk is QEMU's
+  CHECK(r->serve.session.descriptor.root == proto::Root{"nes.root", false, proto::FsType::erofs, 64});
+  REQUIRE(r->qemu->block_devices.size() == 1);
+  CHECK(r->qemu->block_devices[0].path == "/img/root.erofs");
+  CHECK(r->qemu->block_devices[0].serial == "nes.root");
+  CHECK(r->qemu->block_devices[0].read_only);
+  CHECK(r->qemu->fs_devices.empty());
+  CHECK(r->qemu->append.find(",virtio_blk") != std::string::npos);
+  in.rootfs_fs = proto::FsType::ext4;
+  auto ro = plan({"--rootfs", "root.ext4", "--rootfs-mode", "block", "--read-only", "true"}, in);
+  REQUIRE_MESSAGE(ro, ro.error().message);
+  CHECK(ro->serve.session.descriptor.root == proto::Root{"nes.root", true, proto::FsType::ext4, 0});
+
+  // Refusals (125, nothing started), each naming the flag.
+  CHECK(error_of({"--upper-size", "8", "true"}) == "--upper-size needs --rootfs-mode block");
+  CHECK(error_of({"--rootfs-mode", "block", "true"}).starts_with("--rootfs-mode block needs --rootfs FILE"));
+  PlanInputs bad = inputs();
+  bad.rootfs_block_error = "/x.erofs: No such file or directory";
+  CHECK(error_of({"--rootfs", "/x.erofs", "--rootfs-mode", "block", "true"}, bad) == "--rootfs: /x.erofs: No such file or directory");
+  CHECK(refusal({"--rootfs", "/x.erofs", "--rootfs-mode", "block", "true"}, bad) == 125);
+  CHECK(!parse_run({"--rootfs-mode", "blocks", "true"}));
+  CHECK(!parse_run({"--upper-size", "0", "true"}));
+  CHECK(!parse_run({"--upper-size", "1048577", "true"}));
+  CHECK(!parse_run({"--upper-size", "8m", "true"}));
 }

@@ -706,6 +706,63 @@ def case_rootfs_read_only(c):
     check(os.listdir(os.path.join(root, "etc")) == [], "DIR's etc/ was written")
 
 
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def case_rootfs_block(c):
+    """issue 47: --rootfs FILE --rootfs-mode block, an EROFS image of a busybox root, in two VMs at
+    once (one read-write with a 4 MiB upper, one --read-only): the writer's writes, renames and a
+    deletion of an image file (a whiteout) land in its upper, a write past the upper's cap is ENOSPC
+    and the VM ends normally; the read-only VM has no writable root and still sees the deleted
+    file; the image file is byte for byte unchanged. A missing file or a directory is refused (125)
+    before anything starts."""
+    root = os.path.join(c.tmp, "rootfs")
+    for d in ("bin", "etc", "srv/dir"):
+        os.makedirs(os.path.join(root, d))
+    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    for applet in ("sh", "cat", "mount", "grep", "touch", "cut", "ls", "mv", "rm", "dd", "tail"):
+        os.symlink("busybox", os.path.join(root, "bin", applet))
+    for name, text in (("keep.txt", "kept\n"), ("gone.txt", "image file\n")):
+        with open(os.path.join(root, "etc", name), "w") as f:
+            f.write(text)
+    image = os.path.join(c.tmp, "root.erofs")
+    subprocess.run(["mkfs.erofs", "-q", image, root], check=True, capture_output=True, timeout=BOUND)
+    before = sha256_file(image)
+    rw = c.start("--rootfs", image, "--rootfs-mode", "block", "--upper-size", "4", "--", "/bin/sh", "-c",
+                 "echo new > /new.txt && mv /etc/keep.txt /etc/moved.txt && rm /etc/gone.txt && "
+                 "rm -r /srv/dir && echo changed; [ -e /etc/gone.txt ] || echo gone-absent; "
+                 "[ -e /etc/keep.txt ] || echo keep-absent; [ -e /srv/dir ] || echo dir-absent; cat /new.txt /etc/moved.txt; "
+                 "mount | grep ' on / ' | cut -d' ' -f1-5; "
+                 "dd if=/dev/zero of=/big bs=1M count=16 2>&1 | grep -o 'No space left on device'; "
+                 "echo after-enospc; exit 5", vm="rw")
+    ro = c.start("--rootfs", image, "--rootfs-mode", "block", "--read-only", "--", "/bin/sh", "-c",
+                 "touch /written 2>/dev/null; echo touch=$?; cat /etc/gone.txt; echo tmp > /tmp/t && echo tmp=ok; "
+                 "mount | grep ' on / ' | cut -d' ' -f1-6 | cut -d, -f1; exit 3", vm="ro")
+    rc_rw, rc_ro = rw.finish(), ro.finish()
+    out_rw, err_rw = rw.out.decode(errors="replace"), rw.err.decode(errors="replace")
+    out_ro, err_ro = ro.out.decode(errors="replace"), ro.err.decode(errors="replace")
+    check(rc_rw == 5, f"rw: exit status {rc_rw}, want 5; stderr:\n{err_rw}")
+    check(lines(out_rw) == ["changed", "gone-absent", "keep-absent", "dir-absent", "new", "kept", "overlay on / type overlay",
+                            "No space left on device", "after-enospc"], f"rw: stdout {out_rw!r}")
+    check(rc_ro == 3, f"ro: exit status {rc_ro}, want 3; stderr:\n{err_ro}")
+    check(lines(out_ro) == ["touch=1", "image file", "tmp=ok", "overlay on / type overlay (ro"], f"ro: stdout {out_ro!r}")
+    check(sha256_file(image) == before, "the image file was written")
+    # Refused before anything starts: a missing image file, a directory, a file of neither kind.
+    junk = os.path.join(c.tmp, "junk.img")
+    with open(junk, "wb") as f:
+        f.write(b"\0" * 4096)
+    for bad, word in ((os.path.join(c.tmp, "missing.erofs"), "No such file"), (root, "not a regular file"),
+                      (junk, "neither an EROFS nor an ext4")):
+        rc, out, err = c.run("--rootfs", bad, "--rootfs-mode", "block", "--", "/bin/true", vm="bad")
+        check(rc == 125 and "--rootfs" in err and word in err, f"--rootfs {bad}: rc {rc}, stderr {err!r}")
+        check(not os.path.exists(os.path.join(c.state, "bad", "monitor.json")), f"--rootfs {bad}: a VM was started")
+
+
 def case_debian(c):
     """A real Debian userland (debootstrap --variant=minbase, cached under .cache/) as --rootfs:
     its own dpkg counts the same packages the host counts in that tree."""
