@@ -91,7 +91,6 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
       return fail(fmt::format("data_socket: '{}' is longer than sun_path ({} bytes)",
                               s.data_socket->native(), proto::kUnixPathMax));
   }
-  if (s.free_page_reporting) add({"-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on"});
   for (std::size_t i = 0; i < s.fs_devices.size(); ++i) {
     const auto& d = s.fs_devices[i];
     if (auto t = check_share_tag(d.tag); !t) return fail(fmt::format("fs_devices[{}].tag: {}", i, t.error().message));
@@ -192,6 +191,7 @@ host::Result<std::vector<std::string>> qemu_argv(const QemuSpec& s) {
   if (s.snapshot_layout)
     for (std::size_t i = 0; i < kHotplugPorts; ++i)
       add({"-device", fmt::format("pcie-root-port,id={},bus=pcie.0,chassis={}", hotplug_port(i), i + 1)});
+  if (s.free_page_reporting) add({"-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on"});
   if (s.qmp_socket) add({"-qmp", "unix:" + s.qmp_socket->native() + ",server=on,wait=off"});
   if (s.incoming) add({"-S", "-incoming", "defer"});  // -S: paused after the load, until `cont`
   return a;
