@@ -1726,7 +1726,7 @@ bool dec_resources(od::value v, const Path& p, ContainerResources& out, Err& err
     if (k == "cpu_quota") {
       if (!get_ranged(fv, fp, 0, kMax, kN, out.cpu_quota.emplace(), err)) return false;
       if (*out.cpu_quota != 0 && *out.cpu_quota < kCpuQuotaMin)
-        return err.expected(fp, "0 (no limit) or 1000..9007199254740991 (µs)", std::to_string(*out.cpu_quota));
+        return err.expected(fp, "0 (no limit) or 1000..9007199254740991 (µs)", fmt::format("{}", *out.cpu_quota));
       return true;
     }
     if (k == "cpu_period")

@@ -214,6 +214,8 @@ TEST_CASE("every `neshost run` flag: its good values set RunFlags, its bad ones 
       {"rootfs", {"--rootfs", ""}, {}, "--rootfs: expected a path, got ''"},
       {"rootfs-mode", {"--rootfs-mode", "initramfs"}, [](F o) { return o.rootfs_initramfs; }},
       {"rootfs-mode", {"--rootfs-mode", "9p"}, {}, "--rootfs-mode: expected virtiofs, initramfs or block, got '9p'"},
+      {"upper-size", {"--upper-size", "64"}, [](F o) { return o.upper_mib == 64; }},
+      {"upper-size", {"--upper-size", "0"}, {}, "--upper-size: expected MiB 1..1048576, got '0'"},
       {"volume", {"-v", dir + ":/data:ro"}, [](F o) { return o.volumes.size() == 1 && o.volumes[0].guest == "/data" && o.volumes[0].ro; }},
       {"volume", {"-v", ":"}, {}, "--volume"},
       {"volume", {"-v", dir + ":rel"}, {}, "--volume"},
@@ -354,7 +356,7 @@ TEST_CASE("run --help: every entry's line from the table, today's prose kept aro
   }
   for (const char* prose : {"Usage errors exit 125 before anything starts", "\nNetwork:\n  --network MODE",
                             "  See `neshost port VM` for a VM's published ports.\nSIGINT/SIGTERM: ordered shutdown",
-                            "Environment: NESHOST_APPEND", "ignored).\n"})
+                            "Environment: NESHOST_APPEND", "default 0).\n"})
     CHECK(help.find(prose) != std::string::npos);
   // No option line is wider than 100 columns (the text's own lines stay under ~80).
   std::size_t at = 0, widest = 0;

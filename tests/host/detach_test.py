@@ -269,7 +269,7 @@ def case_stop_races_natural_exit():
         check(rc == 0, "stop -t 0: %d %r" % (rc, err))
         st = c.inspect("z")
         check((st.get("status"), st.get("outcome"), st.get("signal"), st.get("exit_status")) ==
-              ("stopped", "signaled", 9, 137), "stop -t 0: SIGKILL at once: %s" % st)
+              ("stopped", "signalled", 9, 137), "stop -t 0: SIGKILL at once: %s" % st)
         # The other order: the outcome is recorded first (kept VM), then stop: stays exited.
         rc, _, err = c.run_d("e", "/bin/sh", "-c", "exit 7", extra=("--on-exit", "keep"))
         check(rc == 0, "keep: %r" % err)
