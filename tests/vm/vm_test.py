@@ -731,7 +731,7 @@ def case_rootfs_block(c):
         with open(os.path.join(root, "etc", name), "w") as f:
             f.write(text)
     image = os.path.join(c.tmp, "root.erofs")
-    subprocess.run(["mkfs.erofs", "-q", image, root], check=True, capture_output=True, timeout=BOUND)
+    subprocess.run(["mkfs.erofs", "--quiet", image, root], check=True, capture_output=True, timeout=BOUND)
     before = sha256_file(image)
     rw = c.start("--rootfs", image, "--rootfs-mode", "block", "--upper-size", "4", "--", "/bin/sh", "-c",
                  "echo new > /new.txt && mv /etc/keep.txt /etc/moved.txt && rm /etc/gone.txt && "
