@@ -290,7 +290,7 @@ def case_mounts(d, handler):
              "cat /etc/secret/password; echo; cat /host/hello").split("\n")
     check(got == ["token-1", "mode=blue", "s3cret", "from-the-host"], f"the volumes' contents: {got}")
     # The kubelet's layout, as it wrote it (symlinks through `..data`), and the files' modes.
-    ls = sh("ls -ln /var/run/secrets/kubernetes.io/serviceaccount/")
+    ls = sh("ls -lna /var/run/secrets/kubernetes.io/serviceaccount/")
     check("..data -> ..2026_12_07_22_00_00.1" in ls and "token -> ..data/token" in ls, f"the token dir: {ls}")
     modes = [l.split()[0] for l in sh("ls -lnL /etc/secret/password /etc/config/app.conf; ls -lnd /cache /shared")
              .splitlines()]
@@ -333,15 +333,21 @@ def case_mounts(d, handler):
         sock_path = os.path.join(kub, "agent.sock")
         srv = socket.socket(socket.AF_UNIX)
         srv.bind(sock_path)
+        bad = None
         try:
-            d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg, config=cfg_with(
-                "bad", "true", [M(container_path="/run/agent.sock", host_path=sock_path)]))
-            raise Failure("CreateContainer with a socket mount succeeded")
+            # CRI's CreateContainer only records the container; the task (the shim's Create, which
+            # refuses) is made at StartContainer.
+            bad = d.cri.CreateContainer(pod_sandbox_id=pod, sandbox_config=cfg, config=cfg_with(
+                "bad", "true", [M(container_path="/run/agent.sock", host_path=sock_path)])).container_id
+            d.cri.StartContainer(container_id=bad)
+            raise Failure("StartContainer with a socket mount succeeded")
         except CriError as e:
             msg = str(e)
             check("container '" in msg and "mounts[" in msg and ".source" in msg, f"the refusal names no container and field: {msg}")
         finally:
             srv.close()
+            if bad is not None:
+                d.cri.RemoveContainer(container_id=bad)
         check(d.cri.ContainerStatus(container_id=app).status.state == pb.CONTAINER_RUNNING, "app after the refusal")
         check(sh("echo alive") == "alive\n", "ExecSync into app after the refusal")
         check(d.cri.PodSandboxStatus(pod_sandbox_id=pod).status.state == pb.SANDBOX_READY, "pod after the refusal")
