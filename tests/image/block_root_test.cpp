@@ -24,6 +24,8 @@
 
 #include <fmt/format.h>
 
+#include "tests/support/temp_dir.hpp"
+
 #include "host/image/block_root.hpp"
 
 using namespace nes::image;
@@ -33,18 +35,7 @@ namespace {
 
 const std::string kHex(64, 'c');
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "image-block-root-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()));
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using nes::test::TempDir;  // tests/support/temp_dir.hpp
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

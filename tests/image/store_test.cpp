@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "tests/support/temp_dir.hpp"
+
 #include "host/image/store.hpp"
 
 using namespace nes::image;
@@ -21,18 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "image-store-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()));
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using nes::test::TempDir;  // tests/support/temp_dir.hpp
 
 /// Every file under `dir` (relative path -> content), lock files aside (they are the store's
 /// flock(2) files, never content): what "the store is unchanged" compares.

@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "tests/support/temp_dir.hpp"
+
 #include "host/image/writable_layer.hpp"
 
 using namespace nes::image;
@@ -21,18 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "image-upper-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()));
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using nes::test::TempDir;  // tests/support/temp_dir.hpp
 
 std::string sh(const std::string& cmd) {
   FILE* p = ::popen(cmd.c_str(), "r");
