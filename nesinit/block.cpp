@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <ctime>
 
+#include "base/fd.hpp"
+
 namespace nes::init {
 
 namespace {
@@ -15,11 +17,10 @@ namespace {
 /// Whether `dir`/`name`/serial holds `serial` (one read: the attribute is a few bytes).
 bool serial_is(const char* dir, const char* name, std::string_view serial) {
   const std::string path = std::string(dir) + "/" + name + "/serial";
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;  // not a virtio-blk disk (no serial attribute)
+  base::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return false;  // not a virtio-blk disk (no serial attribute)
   char buf[64];
-  ssize_t n = ::read(fd, buf, sizeof buf);
-  ::close(fd);
+  ssize_t n = ::read(fd.get(), buf, sizeof buf);
   if (n <= 0) return false;
   std::string_view got(buf, static_cast<std::size_t>(n));
   while (!got.empty() && (got.back() == '\n' || got.back() == '\0')) got.remove_suffix(1);
