@@ -89,6 +89,7 @@ ttrpc::Reply Container::spawn() {
   }
   task.phase = Phase::running;
   task.pid = static_cast<std::uint32_t>(pid);
+  task.hold_output();  // a replacement monitor's output reaches containerd's reader (issue 48)
   watch_exit(watch_fd);
   ev::TaskStart e;
   e.set_container_id(id);
@@ -151,8 +152,9 @@ void Container::on_exit() {
 /// replacement monitor takes the VM over (host/monitor/adopt.hpp; blocks the loop at most 15
 /// s) and the task goes on until that one ends, its record the task's exit. Control requests
 /// (Kill, Exec, ResizePty, Pids) reach it through the same control socket path. Output after
-/// the replacement goes to the VM's workload.log, not containerd's FIFOs (they were the dead
-/// monitor's stdio). false: nothing to adopt (the VM ended, or is gone with its monitor).
+/// the replacement goes on to containerd's FIFOs at the first byte not yet delivered
+/// (host/monitor/output_resume.hpp; the shim's output holds keep containerd reading). false:
+/// nothing to adopt (the VM ended, or is gone with its monitor).
 bool Container::readopt() {
   std::string said;
   auto st = cli::ensure_monitor(rec.state_dir, rec.vm, shim.cfg.neshost, 15s, &said);
@@ -232,6 +234,7 @@ std::optional<std::string> Container::restore() {
   } else {
     task.hold_stdin();  // as Start holds it (the monitor holds the read end)
   }
+  task.hold_output();  // as Start holds them
   restored_ = true;
   adopted_ = *ident;
   watch_exit(p.release());

@@ -110,12 +110,23 @@ void Process::hold_stdin() {
   if (!stdin_path.empty() && !exec) stdin_reader.reset(::open(stdin_path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
 }
 
+void Process::hold_output() {
+  auto hold = [](const std::string& path) {
+    if (path.empty() || path.starts_with("file://")) return Fd{};
+    return Fd(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+  };
+  stdout_hold = hold(stdout_path);
+  stderr_hold = hold(stderr_path);
+}
+
 void Process::stop(std::uint32_t status, std::int64_t at_ns) {
   phase = Phase::stopped;
   exit_status = status;
   exited_at_ns = at_ns;
   stdin_hold.reset();
   stdin_reader.reset();
+  stdout_hold.reset();
+  stderr_hold.reset();
 }
 
 void Process::report_exit(Publisher& events, const std::string& container) {

@@ -48,6 +48,12 @@ struct Process {
   // While the task's monitor is replaced (SIGKILLed, then adopted: docs/host.md "Re-adoption"),
   // a client's writes wait in the FIFO instead of failing with EPIPE; the replacement reads on.
   host::Fd stdin_reader;
+  // The task's: a writer (and reader) of the shim's own on each output FIFO, as runc's shim
+  // holds one, until the task ends. The monitor is otherwise the FIFO's one writer: SIGKILLed,
+  // it would end containerd's read (EOF: ctr stops copying and closes its end), and what its
+  // replacement writes on at the first byte not yet delivered (host/monitor/output_resume.hpp)
+  // would wait in a pipe nobody reads (issue 48).
+  host::Fd stdout_hold, stderr_hold;
   std::vector<ttrpc::Respond> waiters;  // Wait calls answered at its exit
 
   /// containerd's status for `phase` (none and deleted: STOPPED).
@@ -65,7 +71,11 @@ struct Process {
   /// for the task, a reader; non-blocking opens, which succeed once a read end is open (ours in
   /// open_streams(), the monitor's after a shim's restore).
   void hold_stdin();
-  /// It ended with `status` at `at_ns`: stopped, its stdin hold closed.
+  /// The task's output FIFOs held (stdout_hold, stderr_hold; a `file://` or no path: nothing),
+  /// read-write non-blocking opens, which never wait for a peer.
+  void hold_output();
+  /// It ended with `status` at `at_ns`: stopped, its stdin and output holds closed (containerd's
+  /// reader sees EOF once the monitor, gone by now, has closed its end too).
   void stop(std::uint32_t status, std::int64_t at_ns);
   /// Publishes its /tasks/exit (`container`: the task's id) and answers every waiter.
   void report_exit(Publisher& events, const std::string& container);
