@@ -613,10 +613,18 @@ def replace_shim(d, tid, between=lambda: None, created=False, fault=None, status
     bundle's address) and containerd started again. The task's `neshost run` must outlive it
     and the task be RUNNING with the same pid; a `created` task (its pid the shim's) must be
     CREATED again. The replacement runs with NESINIT_SHIM_FAULT=`fault` if set; `status` is the
-    one the task must have after it (None: not checked)."""
-    pid = d.tasks()[tid][0]
+    one the task must have after it (None: not checked). A shim frozen at a fault point answers
+    no State (containerd's `ctr task ls` then says pid 0, UNKNOWN after its state timeout), so
+    the task's pid is then read from the shim's own record (nesinit-task.json "pid")."""
     shims = [q for q in processes() if q.cmd.split(" ")[0].endswith(SHIM_NAME) and f"-id {tid}" in q.cmd and d.tmp in q.cmd]
     check(len(shims) == 1, f"shim processes: {[(q.pid, q.cmd) for q in shims]}")
+    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", tid)
+    if shims[0].state == "T":
+        with open(os.path.join(bundle, "nesinit-task.json")) as f:
+            pid = str(json.load(f)["pid"])
+    else:
+        pid = d.tasks()[tid][0]
+    check(int(pid) > 0, f"task {tid}: pid {pid}")
     with open(f"/proc/{shims[0].pid}/cmdline", "rb") as f:
         argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
     with open(f"/proc/{shims[0].pid}/environ", "rb") as f:
@@ -624,7 +632,6 @@ def replace_shim(d, tid, between=lambda: None, created=False, fault=None, status
     env.pop("NESINIT_SHIM_FAULT", None)  # the replacement runs without the old shim's fault point
     if fault:
         env["NESINIT_SHIM_FAULT"] = fault
-    bundle = os.path.join(d.tmp, "state", "io.containerd.runtime.v2.task", "default", tid)
     d.stop()
     os.kill(shims[0].pid, signal.SIGKILL)
     until(lambda: not alive(shims[0].pid), "the old shim gone")
@@ -1214,13 +1221,28 @@ def case_control_replayed(d):
         with open(os.path.join(bundle, "nesinit-task.json")) as f:
             return json.load(f).get("controls", [])
 
+    def frozen(point):
+        """tq's shim is stopped (SIGSTOP) and runs with NESINIT_SHIM_FAULT=stop:`point`, its only
+        fault point. A replacement started by hand while containerd was down logs to /dev/null
+        (no reader on the bundle's `log` FIFO then), so its freeze is seen in /proc, not the log."""
+        for q in processes():
+            if q.cmd.split(" ")[0].endswith(SHIM_NAME) and "-id tq" in q.cmd and d.tmp in q.cmd and q.state == "T":
+                try:
+                    with open(f"/proc/{q.pid}/environ", "rb") as f:
+                        return f"NESINIT_SHIM_FAULT=stop:{point}".encode() in f.read().split(b"\0")
+                except OSError:
+                    return False
+        return False
+
     def frozen_at(args, point):
-        """`ctr task ARGS` through the shim, which freezes at `point`; then that ctr is ended (its
-        call cancelled, so containerd's shutdown does not wait for the frozen shim's answer)."""
+        """`ctr task ARGS` through the shim, which freezes at `point` (its log says so, or, for a
+        replacement, /proc does); then that ctr is ended (its call cancelled, so containerd's
+        shutdown does not wait for the frozen shim's answer)."""
         before = fired(point)
         p = d.popen_ctr("task", *args)
         try:
-            until(lambda: fired(point) > before, f"ctr task {' '.join(args)}: fault point {point} fired{d.tail()}")
+            until(lambda: fired(point) > before or frozen(point),
+                  f"ctr task {' '.join(args)}: fault point {point} fired{d.tail()}")
         finally:
             p.kill()
             p.communicate()
