@@ -13,7 +13,7 @@ namespace nes::shim {
 /// "containerd 1.6.20 (Debian 12)", "containerd 1.7.24 (Debian 13)".
 inline constexpr std::string_view kQualifiedAgainst[] = {
     "containerd 1.6.20 (Debian 12: shim-qualify passes 1-2, tests/cri)",
-    "containerd 1.7.24 (Debian 13: shim-qualify pass 3, tests/cri cri-nesinit-multi-c17)",
+    "containerd 1.7.24 (Debian 13: tests/cri cri-nesinit-multi-c17)",
 };
 
 /// `-v`'s text: "containerd-shim-nesinit-v2:\n  Version: V\n  Qualified against:\n    ...\n".
