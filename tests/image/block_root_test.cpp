@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "tests/support/shell_output.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include "host/image/block_root.hpp"
@@ -49,17 +50,8 @@ void spit(const fs::path& p, std::string_view s) {
   f << s;
 }
 
-/// Output of a shell command (the test's own tools: dump.erofs, debugfs).
-std::string sh(const std::string& cmd) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
+using sh_fn = std::string (*)(const std::string&);
+constexpr sh_fn sh = nes::test::shell_output;  // tests/support/shell_output.hpp
 
 // A VFS_CAP_REVISION_2 security.capability value: cap_net_raw (13) permitted, effective.
 std::string cap_value() {

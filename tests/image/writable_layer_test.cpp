@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "tests/support/shell_output.hpp"
 #include "tests/support/temp_dir.hpp"
 
 #include "host/image/writable_layer.hpp"
@@ -25,16 +26,8 @@ namespace {
 
 using nes::test::TempDir;  // tests/support/temp_dir.hpp
 
-std::string sh(const std::string& cmd) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
+using sh_fn = std::string (*)(const std::string&);
+constexpr sh_fn sh = nes::test::shell_output;  // tests/support/shell_output.hpp
 
 std::optional<std::uint64_t> size_of(std::string_view v) {
   StorageOpts o;
